@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages accumcheck builds and tests with.
+# Idempotent: when every package is already present it changes nothing and
+# does not touch the network.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libboost-dev libmpfr-dev libgmp-dev
+  librapidcheck-dev libgtest-dev libfccp-dev libtomlplusplus-dev
+  libcli11-dev libfmt-dev libbenchmark-dev libopenblas-dev
+)
+# The PyTorch adapter and the side-by-side benchmark use Debian's torch.
+if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

@@ -1,0 +1,55 @@
+// The engine contract: what Trainer<Engine> (sim/trainer.hpp) asks of an
+// engine.  Engines only do tensor math; every accumulation decision (when
+// to zero, how to weight, when to step, clip and schedule) is the
+// trainer's.  Implemented by Oracle (oracle/, Boost.Multiprecision) and
+// Device<Executor> (gpu/, float32; emulated and CUDA executors).
+//
+// Model (sim/scenario.hpp ModelSpec): an MLP of Linear layers with the
+// activation between them (none after the last), then the loss:
+//   mse            l_i = (1/d_out) * sum_j (y_ij - t_ij)^2   (nn.MSELoss per sample)
+//   cross_entropy  l_i = -log softmax(y_i)[label_i]          (nn.CrossEntropyLoss per sample)
+//   gelu is the exact erf form: x * (1 + erf(x / sqrt 2)) / 2.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <vector>
+
+#include "sim/scenario.hpp"
+
+namespace accumcheck {
+
+// Everything an engine holds between calls, in its own Real type: enough
+// to restart a run anywhere (teacher forcing).
+template <class Real>
+struct EngineState {
+  std::vector<Real> params;
+  std::vector<Real> grads;     // the .grad buffers, accumulated in place
+  std::vector<Real> exp_avg;   // SGD momentum_buffer, or Adam's m
+  std::vector<Real> exp_avg_sq;  // Adam's v (empty for SGD)
+  int64_t optimizer_steps = 0;   // PyTorch's state['step']
+};
+
+template <class E>
+concept Engine = requires(E e, const E ce, const std::vector<int64_t>& ids,
+                          typename E::Real r, const OptimizerSpec& opt) {
+  typename E::Real;
+  // grads = 0.
+  { e.zero_grad() } -> std::same_as<void>;
+  // grads += (1/weight_den) * sum_{i in ids} d l_i / d params  ("+=", like
+  // loss.backward()); returns sum_{i in ids} l_i (unweighted).
+  { e.forward_backward(ids, int64_t{1}) } -> std::same_as<typename E::Real>;
+  // grads += (lambda/den) * params: the gradient of lambda*|p|^2/(2*den).
+  { e.add_l2(double{}, int64_t{1}) } -> std::same_as<void>;
+  // sqrt(sum grads^2), over every tensor (clip_grad_norm_'s total norm).
+  { e.grad_norm() } -> std::same_as<typename E::Real>;
+  // grads *= f.
+  { e.scale_grads(r) } -> std::same_as<void>;
+  // One optimizer.step() with learning rate lr (PyTorch conventions,
+  // DESIGN.md section 3); increments optimizer_steps first.
+  { e.optimizer_step(opt, double{}) } -> std::same_as<void>;
+  { ce.state() } -> std::same_as<EngineState<typename E::Real>>;
+  { e.set_state(ce.state()) } -> std::same_as<void>;
+};
+
+}  // namespace accumcheck

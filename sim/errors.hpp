@@ -1,0 +1,46 @@
+// Input errors: everything a user can get wrong in a file they hand us.
+// Each names the file, the line and column (0 when unknown), the key or
+// column, and what was expected; the CLI prints what() and exits with 2.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace accumcheck {
+
+class InputError : public std::runtime_error {
+ public:
+  InputError(std::string file, int64_t line, int64_t column, std::string key,
+             std::string message)
+      : std::runtime_error(format(file, line, column, key, message)),
+        file_(std::move(file)),
+        line_(line),
+        column_(column),
+        key_(std::move(key)) {}
+
+  const std::string& file() const { return file_; }
+  int64_t line() const { return line_; }
+  int64_t column() const { return column_; }
+  const std::string& key() const { return key_; }
+
+ private:
+  static std::string format(const std::string& file, int64_t line,
+                            int64_t column, const std::string& key,
+                            const std::string& message) {
+    std::string s = file;
+    if (line > 0) s += ":" + std::to_string(line);
+    if (column > 0) s += ":" + std::to_string(column);
+    s += ": ";
+    if (!key.empty()) s += key + ": ";
+    return s + message;
+  }
+  std::string file_;
+  int64_t line_, column_;
+  std::string key_;
+};
+
+// Kept as the name the scenario code uses.
+using ScenarioError = InputError;
+
+}  // namespace accumcheck

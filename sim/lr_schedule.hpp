@@ -1,0 +1,50 @@
+// Learning-rate schedules, as the multiplier S(n) after n scheduler.step()
+// calls, with the formulas of PyTorch and Transformers pinned exactly,
+// including past their horizon (some pitfalls run past it):
+//   constant   S(n) = 1
+//   step       S(n) = gamma^floor(n / step_size)            (StepLR)
+//   linear     warmup n/W, then max(0, (T-n)/max(1,T-W))   (get_linear_schedule_with_warmup)
+//   cosine     warmup n/W, then 0.5*(1+cos(pi*p)), p=(n-W)/max(1,T-W)
+//                                                  (get_cosine_schedule_with_warmup, 0.5 cycles:
+//                                                   past T the cosine rises again)
+// Computed in double, as the Python schedulers compute them; every engine
+// takes the same double lr (the oracle exactly, float32 engines rounded).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "sim/scenario.hpp"
+
+namespace accumcheck {
+
+inline double lr_multiplier(const ScheduleSpec& s, int64_t n) {
+  const double x = double(n);
+  switch (s.kind) {
+    case ScheduleKind::constant:
+      return 1.0;
+    case ScheduleKind::step:
+      return std::pow(s.gamma, double(n / std::max<int64_t>(1, s.step_size)));
+    case ScheduleKind::linear:
+    case ScheduleKind::cosine: {
+      if (n < s.warmup) return x / double(std::max<int64_t>(1, s.warmup));
+      const double span = double(std::max<int64_t>(1, s.total - s.warmup));
+      if (s.kind == ScheduleKind::linear)
+        return std::max(0.0, double(s.total - n) / span);
+      const double progress = double(n - s.warmup) / span;
+      return std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));
+    }
+  }
+  return 1.0;
+}
+
+// schedule-horizon-in-micro-steps: every length counted in micro-batches.
+inline ScheduleSpec stretched(ScheduleSpec s, int64_t k) {
+  s.warmup *= k;
+  s.total *= k;
+  s.step_size *= k;
+  return s;
+}
+
+}  // namespace accumcheck

@@ -1,0 +1,119 @@
+#include "sim/pitfalls.hpp"
+
+namespace accumcheck {
+
+namespace {
+struct Entry {
+  Pitfall pitfall;
+  std::string_view id;
+  std::string_view story;
+};
+constexpr Entry kCatalog[] = {
+    {Pitfall::no_loss_normalization, "no-loss-normalization",
+     "forgets the /K: each micro-batch mean is back-propagated whole, G = K*g"},
+    {Pitfall::sample_mean_of_means, "sample-mean-of-means",
+     "micro-batch mean / K with unequal micro-batches: samples weigh 1/(K*b_k), not 1/N"},
+    {Pitfall::zero_grad_every_micro_step, "zero-grad-every-micro-step",
+     "zero_grad at the top of the micro-batch loop: only the last micro-batch counts"},
+    {Pitfall::seed_002_loop, "seed-002-loop",
+     "seed 002's loop verbatim: zero_grad inside the loop, the step `if` after it"},
+    {Pitfall::zero_grad_never, "zero-grad-never",
+     "never zeroes: every step applies the sum of all gradients so far"},
+    {Pitfall::step_every_micro_step, "step-every-micro-step",
+     "optimizer.step outside the `if`: K updates per window on growing partial sums"},
+    {Pitfall::partial_cycle_scale_by_k, "partial-cycle-scale-by-k",
+     "the partial last window of r < K micro-batches is still divided by K"},
+    {Pitfall::partial_cycle_drop, "partial-cycle-drop",
+     "the partial last window is never stepped; its samples go unseen"},
+    {Pitfall::partial_cycle_leak, "partial-cycle-leak",
+     "no step and no zeroing at epoch end: leftovers leak into the next epoch"},
+    {Pitfall::scheduler_per_micro_step, "scheduler-per-micro-step",
+     "scheduler.step() after every micro-step: step t uses S(t*K + K - 1)"},
+    {Pitfall::schedule_horizon_in_micro_steps, "schedule-horizon-in-micro-steps",
+     "warmup and horizon counted in micro-batches: the schedule runs K times too slowly"},
+    {Pitfall::clip_per_micro_step, "clip-per-micro-step",
+     "clip_grad_norm_ after every backward, on the running sum"},
+    {Pitfall::l2_in_loss_unnormalized, "l2-in-loss-unnormalized",
+     "lambda*|theta|^2/2 added to every micro-loss without /K: decay K times too strong"},
+};
+
+const Entry& entry(Pitfall p) {
+  for (const Entry& e : kCatalog)
+    if (e.pitfall == p) return e;
+  return kCatalog[0];  // unreachable: kCatalog lists every enumerator
+}
+}  // namespace
+
+std::string_view pitfall_id(Pitfall p) { return entry(p).id; }
+std::string_view pitfall_story(Pitfall p) { return entry(p).story; }
+
+std::optional<Pitfall> pitfall_from_id(std::string_view id) {
+  for (const Entry& e : kCatalog)
+    if (e.id == id) return e.pitfall;
+  return std::nullopt;
+}
+
+Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
+  Behavior b;
+  for (Pitfall p : pitfalls) {
+    switch (p) {
+      case Pitfall::no_loss_normalization:
+        b.normalization = Normalization::micro_mean;
+        break;
+      case Pitfall::sample_mean_of_means:
+        b.normalization = Normalization::micro_mean_over_window_micros;
+        break;
+      case Pitfall::zero_grad_every_micro_step:
+        b.zero_grad = ZeroGradTiming::every_micro_step;
+        break;
+      case Pitfall::seed_002_loop:
+        // The seed's loop divides each micro-batch mean by K literally.
+        b.seed_002_loop = true;
+        b.normalization = Normalization::micro_mean_over_k;
+        break;
+      case Pitfall::zero_grad_never:
+        b.zero_grad = ZeroGradTiming::never;
+        break;
+      case Pitfall::step_every_micro_step:
+        b.step_every_micro_step = true;
+        break;
+      case Pitfall::partial_cycle_scale_by_k:
+        b.normalization = Normalization::micro_mean_over_k;
+        break;
+      case Pitfall::partial_cycle_drop:
+        b.partial = PartialWindow::drop;
+        break;
+      case Pitfall::partial_cycle_leak:
+        // The `if (i + 1) % K == 0` loop with `loss / K`: the leftover
+        // micro-batches were weighted 1/(K*b_k) like every other.
+        b.partial = PartialWindow::leak;
+        b.normalization = Normalization::micro_mean_over_k;
+        break;
+      case Pitfall::scheduler_per_micro_step:
+        b.scheduler_per_micro_step = true;
+        break;
+      case Pitfall::schedule_horizon_in_micro_steps:
+        b.schedule_horizon_in_micro_steps = true;
+        break;
+      case Pitfall::clip_per_micro_step:
+        b.clip_per_micro_step = true;
+        break;
+      case Pitfall::l2_in_loss_unnormalized:
+        b.l2_unnormalized = true;
+        break;
+    }
+  }
+  return b;
+}
+
+std::string semantics_name(const std::vector<Pitfall>& pitfalls) {
+  if (pitfalls.empty()) return "correct";
+  std::string s;
+  for (Pitfall p : pitfalls) {
+    if (!s.empty()) s += "+";
+    s += pitfall_id(p);
+  }
+  return s;
+}
+
+}  // namespace accumcheck

@@ -1,0 +1,90 @@
+// The pitfall catalog (DESIGN.md section 5) and the trainer behaviour each
+// one switches.  Ids are spelled exactly as DESIGN.md writes them, in code,
+// scenario files, traces and output.
+//
+// A pitfall is a switch on the one trainer loop (sim/trainer.hpp), never a
+// copy of it: `Behavior` is the full set of switches, `correct` is the
+// default-constructed value, and each pitfall edits one or two fields, so
+// pairs of pitfalls compose (certification ranks pairs).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace accumcheck {
+
+enum class Pitfall {
+  no_loss_normalization,
+  sample_mean_of_means,
+  zero_grad_every_micro_step,
+  seed_002_loop,
+  zero_grad_never,
+  step_every_micro_step,
+  partial_cycle_scale_by_k,
+  partial_cycle_drop,
+  partial_cycle_leak,
+  scheduler_per_micro_step,
+  schedule_horizon_in_micro_steps,
+  clip_per_micro_step,
+  l2_in_loss_unnormalized,
+};
+
+inline constexpr Pitfall kAllPitfalls[] = {
+    Pitfall::no_loss_normalization,      Pitfall::sample_mean_of_means,
+    Pitfall::zero_grad_every_micro_step, Pitfall::seed_002_loop,
+    Pitfall::zero_grad_never,            Pitfall::step_every_micro_step,
+    Pitfall::partial_cycle_scale_by_k,   Pitfall::partial_cycle_drop,
+    Pitfall::partial_cycle_leak,         Pitfall::scheduler_per_micro_step,
+    Pitfall::schedule_horizon_in_micro_steps, Pitfall::clip_per_micro_step,
+    Pitfall::l2_in_loss_unnormalized,
+};
+
+// "zero-grad-every-micro-step" etc.
+std::string_view pitfall_id(Pitfall p);
+std::optional<Pitfall> pitfall_from_id(std::string_view id);
+// One sentence: what the trainer does wrong.
+std::string_view pitfall_story(Pitfall p);
+
+// How each micro-batch's summed per-item loss is weighted before backward.
+// Every weight is 1/integer, so the oracle applies it exactly.
+enum class Normalization {
+  window_items,       // 1/N_w: the window's item count, before 1st backward
+  micro_mean,         // 1/b_k: the micro-batch mean, /K forgotten
+  micro_mean_over_window_micros,  // 1/(K_w*b_k): mean of means
+  micro_mean_over_k,  // 1/(K*b_k): the `loss / K` loop, K literal
+};
+
+enum class ZeroGradTiming { after_step, every_micro_step, never };
+
+// What happens to a partial last window (r < K micro-batches).
+ // (partial-cycle-scale-by-k is a normalization: the window is stepped
+// with every micro-batch weighted 1/(K*b_k), K literal.)
+enum class PartialWindow {
+  step,  // stepped (normalized as `normalization` says)
+  drop,            // not stepped, gradients zeroed at epoch end
+  leak,            // not stepped, not zeroed: joins the next window
+};
+
+struct Behavior {
+  Normalization normalization = Normalization::window_items;
+  ZeroGradTiming zero_grad = ZeroGradTiming::after_step;
+  PartialWindow partial = PartialWindow::step;
+  bool step_every_micro_step = false;
+  bool scheduler_per_micro_step = false;
+  bool schedule_horizon_in_micro_steps = false;
+  bool clip_per_micro_step = false;
+  bool l2_unnormalized = false;
+  bool seed_002_loop = false;
+
+  bool operator==(const Behavior&) const = default;
+};
+
+// The behaviour of a trainer with these pitfalls (empty: `correct`).
+Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
+
+// "correct", or the ids joined by "+".
+std::string semantics_name(const std::vector<Pitfall>& pitfalls);
+
+}  // namespace accumcheck

@@ -1,0 +1,77 @@
+// What one trainer run leaves behind: the event log and, per optimizer
+// step, the accumulated gradient just before the step and the parameters
+// just after it; per window, the parameters at the window's end (runs that
+// step at different rates are compared there).  Real is the engine's own
+// number type, so oracle runs keep their 50 digits.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace accumcheck {
+
+enum class EventKind {
+  zero_grad,
+  forward_backward,
+  clip,
+  optimizer_step,
+  scheduler_step
+};
+
+inline std::string_view event_name(EventKind k) {
+  switch (k) {
+    case EventKind::zero_grad: return "zero_grad";
+    case EventKind::forward_backward: return "forward_backward";
+    case EventKind::clip: return "clip";
+    case EventKind::optimizer_step: return "optimizer_step";
+    case EventKind::scheduler_step: return "scheduler_step";
+  }
+  return "?";
+}
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct Event {
+  int64_t epoch = 0;
+  int64_t step = 0;   // optimizer steps taken before this event
+  int64_t micro = 0;  // micro-step within the window (-1: window level)
+  EventKind kind = EventKind::zero_grad;
+  int64_t samples = 0;  // forward_backward: items in the micro-batch
+  int64_t tokens = 0;   // token losses: loss-bearing tokens
+  double loss = kNaN;   // forward_backward: the micro-batch's mean item loss
+  double lr = kNaN;     // optimizer_step: lr used; scheduler_step: lr after
+  double grad_norm = kNaN;  // clip: the pre-clip total norm
+};
+
+template <class Real>
+struct StepRecord {
+  int64_t step = 0;    // optimizer step index, from 0
+  int64_t epoch = 0;
+  int64_t window = 0;  // global window index the step belongs to
+  double lr = kNaN;
+  double grad_norm = kNaN;  // of the gradient handed to the optimizer
+  std::vector<Real> grad;   // just before the step (after any clipping)
+  std::vector<Real> param;  // just after the step
+};
+
+template <class Real>
+struct WindowRecord {
+  int64_t window = 0;  // global index, from 0
+  int64_t epoch = 0;
+  int64_t steps = 0;    // optimizer steps taken by the window's end
+  double loss = kNaN;   // mean item loss over the window's forward passes
+  std::vector<Real> param;  // parameters at the window's end
+};
+
+template <class Real>
+struct Run {
+  std::string name;  // "reference", "correct", or the scenario's semantics
+  std::vector<Event> events;
+  std::vector<StepRecord<Real>> steps;
+  std::vector<WindowRecord<Real>> windows;
+};
+
+}  // namespace accumcheck

@@ -1,0 +1,123 @@
+// Scenario: the validated, engine-agnostic description of one experiment.
+//
+// A scenario file (TOML, see README "Scenario format") parses into this
+// struct; every engine and every run mode reads only this.  All
+// hyperparameters are held as the double the file spells; engines round
+// them to their own precision exactly as PyTorch would (float32 engines
+// round once, the oracle takes the double exactly).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sim/pitfalls.hpp"
+
+namespace accumcheck {
+
+enum class Activation { identity, tanh, relu, gelu };
+enum class LossKind { mse, cross_entropy };
+
+struct ModelSpec {
+  // Layer widths from input to output: {d_in, h1, ..., d_out}. Two entries
+  // is linear regression; every hidden layer applies `activation`.
+  std::vector<int64_t> widths;
+  Activation activation = Activation::tanh;
+  LossKind loss = LossKind::mse;
+  int64_t d_in() const { return widths.front(); }
+  int64_t d_out() const { return widths.back(); }
+};
+
+enum class DataSource { generated, csv };
+
+struct DataSpec {
+  DataSource source = DataSource::generated;
+  int64_t samples = 0;    // dataset size n
+  bool dyadic = false;    // generated values n/2^k: every product exact
+  std::string csv_path;   // absolute, resolved against the scenario file
+  uint64_t seed = 0;      // the scenario seed (data, init, shuffles, masks)
+  bool shuffle = true;    // seeded shuffle per epoch
+};
+
+struct BatchingSpec {
+  int64_t micro_batch = 1;   // b
+  int64_t accumulation = 1;  // K
+  int64_t epochs = 1;
+  int64_t ranks = 1;  // R data-parallel ranks (DistributedSampler sharding)
+  int64_t max_steps = -1;  // stop after this many optimizer steps (-1: all)
+};
+
+enum class OptimizerKind { sgd, adam, adamw };
+
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::sgd;
+  double lr = 0.1;
+  double momentum = 0.0;      // SGD only
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
+  double weight_decay = 0.0;  // coupled (SGD, Adam) or decoupled (AdamW)
+  double l2_in_loss = 0.0;    // lambda: loss += lambda*|theta|^2/2
+};
+
+enum class LrScaling { none, linear, sqrt };
+
+enum class ScheduleKind { constant, step, linear, cosine };
+
+struct ScheduleSpec {
+  ScheduleKind kind = ScheduleKind::constant;
+  int64_t warmup = 0;     // linear, cosine: warmup steps
+  int64_t total = 0;      // linear, cosine: horizon in scheduler steps
+  int64_t step_size = 1;  // step: decay every step_size scheduler steps
+  double gamma = 0.1;     // step: decay factor
+};
+
+struct ClipSpec {
+  bool enabled = false;
+  double max_norm = 1.0;
+};
+
+// How the scenario's trainer deviates from `correct`; the accepted
+// semantics is what certification and [expect] judge against.
+struct TrainerSpec {
+  std::vector<Pitfall> pitfalls;  // empty: the `correct` trainer
+  std::vector<Pitfall> accepted;  // empty: `correct` is accepted
+  // The lr-scaling lesson (seeds 001, 003, 002): the trainer's lr is the
+  // scenario's lr times 1, K or sqrt(K).
+  LrScaling lr_scaling = LrScaling::none;
+};
+
+enum class ExpectKind {
+  matches_reference,   // the trainer stays within tolerance of the
+                       // large-batch reference at every window boundary
+  diverges_from_reference,  // it leaves the reference by > min_distance
+  never_steps,              // it performs no optimizer step at all
+};
+
+struct ExpectSpec {
+  ExpectKind kind = ExpectKind::matches_reference;
+  // diverges: the relative parameter distance to the reference must
+  // exceed this at step `at_step` (or at the last step if -1).
+  double min_distance = 0.0;
+  int64_t at_step = -1;
+};
+
+struct Scenario {
+  std::string name;   // file stem
+  std::string path;   // the file it came from
+  std::string story;  // one line for `accumcheck list`
+  std::string digest; // hex FNV-1a 64 of the file bytes
+  ModelSpec model;
+  DataSpec data;
+  BatchingSpec batching;
+  OptimizerSpec optimizer;
+  ScheduleSpec schedule;
+  ClipSpec clip;
+  TrainerSpec trainer;
+  ExpectSpec expect;
+};
+
+// One-line self-description, enough to rerun the case:
+// "mlp(4-8-3,tanh,mse) n=20 b=3 K=4 adam lr=0.001 zero-grad-never".
+std::string describe(const Scenario& s);
+
+}  // namespace accumcheck

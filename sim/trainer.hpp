@@ -1,0 +1,258 @@
+// Trainer<Engine>: the only training loop in accumcheck.
+//
+// Every engine (oracle, emulated device, CUDA device) and every semantics
+// (`correct`, each pitfall, pairs of pitfalls, the large-batch reference)
+// runs through this file.  A pitfall is a field of Behavior
+// (sim/pitfalls.hpp), read at exactly the point of the loop where the
+// buggy trainer's call order differs from the correct one.
+//
+// The `correct` window (DESIGN.md section 5):
+//   N_w = items in the window, counted before the first backward;
+//   for each micro-batch k: backward of (sum of item losses) / N_w  (+=);
+//   clip once; optimizer.step(); scheduler.step(); zero_grad().
+// The partial last window is stepped with its own N_w.
+//
+// Pinned call orders of the pitfalls, per micro-step:
+//   [zero_grad if zero-grad-every-micro-step or seed-002-loop]
+//   forward_backward (weight 1/den, den from `normalization`)
+//   [l2: grads += lambda/(K_w or 1) * theta]
+//   [clip if clip-per-micro-step]
+//   [optimizer.step if step-every-micro-step]
+//   [scheduler.step if scheduler-per-micro-step]   (after the boundary's step)
+// and at the window's end the boundary block (step, scheduler, zero_grad)
+// as the behaviour says.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "sim/engine.hpp"
+#include "sim/lr_schedule.hpp"
+#include "sim/pitfalls.hpp"
+#include "sim/plan.hpp"
+#include "sim/run.hpp"
+#include "sim/scenario.hpp"
+
+namespace accumcheck {
+
+struct TrainerCounters {
+  int64_t optimizer_steps = 0;  // optimizer.step() calls so far
+  int64_t scheduler_steps = 0;  // scheduler.step() calls so far
+  int64_t windows = 0;          // windows finished so far
+};
+
+struct TrainerOptions {
+  bool record_values = true;  // keep grads/params per step and window
+  bool record_events = true;
+  int64_t max_steps = -1;     // stop after this many optimizer steps
+};
+
+// The trainer's lr before any schedule: the scenario's lr, scaled by K or
+// sqrt(K) when the scenario teaches that advice.
+inline double base_lr(const Scenario& s) {
+  const double K = double(s.batching.accumulation);
+  switch (s.trainer.lr_scaling) {
+    case LrScaling::none: return s.optimizer.lr;
+    case LrScaling::linear: return s.optimizer.lr * K;
+    case LrScaling::sqrt: return s.optimizer.lr * std::sqrt(K);
+  }
+  return s.optimizer.lr;
+}
+
+template <Engine E>
+class Trainer {
+ public:
+  using Real = typename E::Real;
+
+  Trainer(E& engine, const Scenario& scenario, Behavior behavior,
+          double base_lr, TrainerOptions options = {})
+      : e_(engine),
+        s_(scenario),
+        b_(behavior),
+        base_lr_(base_lr),
+        opt_(options),
+        schedule_(behavior.schedule_horizon_in_micro_steps
+                      ? stretched(scenario.schedule,
+                                  scenario.batching.accumulation)
+                      : scenario.schedule) {}
+
+  // Runs every epoch of `plan` from the engine's current state.
+  Run<Real> run(const Plan& plan, std::string name) {
+    run_ = Run<Real>{};
+    run_.name = std::move(name);
+    K_ = plan.accumulation;
+    for (size_t ep = 0; ep < plan.epochs.size() && !done(); ++ep) {
+      const EpochPlan& epoch = plan.epochs[ep];
+      for (size_t w = 0; w < epoch.windows.size() && !done(); ++w)
+        window(epoch.windows[w], int64_t(ep), w + 1 == epoch.windows.size(),
+               epoch.micro_steps());
+    }
+    return std::move(run_);
+  }
+
+  // Teacher forcing: one window from the engine's current state (set it
+  // with Engine::set_state) and the given counters.  The window is treated
+  // as the last of an epoch of `epoch_micro_steps` micro-steps when
+  // `last_of_epoch`.  Returns the records of that window alone.
+  Run<Real> run_window(const Window& w, int64_t K, TrainerCounters counters,
+                       bool last_of_epoch = false,
+                       int64_t epoch_micro_steps = 0) {
+    run_ = Run<Real>{};
+    K_ = K;
+    c_ = counters;
+    window(w, 0, last_of_epoch, epoch_micro_steps);
+    return std::move(run_);
+  }
+
+  const TrainerCounters& counters() const { return c_; }
+  double current_lr() const {
+    return base_lr_ * lr_multiplier(schedule_, c_.scheduler_steps);
+  }
+
+ private:
+  bool done() const {
+    return opt_.max_steps >= 0 && c_.optimizer_steps >= opt_.max_steps;
+  }
+
+  // 1/den is the weight of each item loss of one rank's micro-batch shard.
+  int64_t weight_den(const Window& w, int64_t shard_items) const {
+    const int64_t R = int64_t(w.micro.front().shards.size());
+    const int64_t Kw = int64_t(w.micro.size());
+    switch (b_.normalization) {
+      case Normalization::window_items: return w.items();
+      case Normalization::micro_mean: return shard_items * R;
+      case Normalization::micro_mean_over_window_micros:
+        return Kw * shard_items * R;
+      case Normalization::micro_mean_over_k: return K_ * shard_items * R;
+    }
+    return w.items();
+  }
+
+  void event(EventKind kind, int64_t micro, auto&&... set) {
+    if (!opt_.record_events) return;
+    Event ev;
+    ev.epoch = epoch_;
+    ev.step = c_.optimizer_steps;
+    ev.micro = micro;
+    ev.kind = kind;
+    (set(ev), ...);
+    run_.events.push_back(ev);
+  }
+
+  void zero_grad(int64_t micro) {
+    e_.zero_grad();
+    event(EventKind::zero_grad, micro);
+  }
+
+  // clip_grad_norm_: coef = c / (norm + 1e-6), clamped to 1, in the
+  // engine's arithmetic (float32 tensors in PyTorch).
+  void clip(int64_t micro) {
+    const Real norm = e_.grad_norm();
+    const Real coef = Real(s_.clip.max_norm) / (norm + Real(1e-6));
+    if (coef < Real(1)) e_.scale_grads(coef);
+    event(EventKind::clip, micro,
+          [&](Event& ev) { ev.grad_norm = static_cast<double>(norm); });
+  }
+
+  void optimizer_step(int64_t micro) {
+    const double lr = current_lr();
+    StepRecord<Real> rec;
+    rec.step = c_.optimizer_steps;
+    rec.epoch = epoch_;
+    rec.window = c_.windows;
+    rec.lr = lr;
+    rec.grad_norm = static_cast<double>(e_.grad_norm());
+    if (opt_.record_values) rec.grad = e_.state().grads;
+    e_.optimizer_step(s_.optimizer, lr);
+    event(EventKind::optimizer_step, micro, [&](Event& ev) { ev.lr = lr; });
+    ++c_.optimizer_steps;
+    if (opt_.record_values) rec.param = e_.state().params;
+    run_.steps.push_back(std::move(rec));
+  }
+
+  void scheduler_step(int64_t micro) {
+    ++c_.scheduler_steps;
+    event(EventKind::scheduler_step, micro,
+          [&](Event& ev) { ev.lr = current_lr(); });
+  }
+
+  void window(const Window& w, int64_t epoch, bool last_of_epoch,
+              int64_t epoch_micro_steps) {
+    epoch_ = epoch;
+    const int64_t Kw = int64_t(w.micro.size());
+    const bool steps_at_boundary =
+        !b_.seed_002_loop &&
+        !(w.partial && b_.partial != PartialWindow::step);
+    const bool clipping = s_.clip.enabled;
+    double loss_sum = 0;
+    int64_t loss_items = 0;
+
+    for (int64_t k = 0; k < Kw; ++k) {
+      if (b_.seed_002_loop || b_.zero_grad == ZeroGradTiming::every_micro_step)
+        zero_grad(k);
+      for (const auto& shard : w.micro[size_t(k)].shards) {
+        if (shard.empty()) continue;
+        const int64_t items = int64_t(shard.size());
+        const double loss =
+            static_cast<double>(e_.forward_backward(shard, weight_den(w, items)));
+        loss_sum += loss;
+        loss_items += items;
+        event(EventKind::forward_backward, k, [&](Event& ev) {
+          ev.samples = items;
+          ev.loss = loss / double(items);
+        });
+      }
+      if (s_.optimizer.l2_in_loss != 0.0)
+        e_.add_l2(s_.optimizer.l2_in_loss, b_.l2_unnormalized ? 1 : Kw);
+      if (clipping && b_.clip_per_micro_step) clip(k);
+      if (b_.step_every_micro_step && steps_at_boundary && !done())
+        optimizer_step(k);
+      if (b_.scheduler_per_micro_step) scheduler_step(k);
+    }
+
+    // The boundary block.
+    if (b_.seed_002_loop) {
+      // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
+      if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
+        if (clipping && !b_.clip_per_micro_step) clip(-1);
+        optimizer_step(-1);
+        if (!b_.scheduler_per_micro_step) scheduler_step(-1);
+        zero_grad(-1);
+      }
+    } else if (!steps_at_boundary) {
+      if (b_.partial == PartialWindow::drop) zero_grad(-1);
+      // leak: neither step nor zero_grad; the sum carries on.
+    } else {
+      if (!b_.step_every_micro_step && !done()) {
+        if (clipping && !b_.clip_per_micro_step) clip(-1);
+        optimizer_step(-1);
+      }
+      if (!b_.scheduler_per_micro_step) scheduler_step(-1);
+      if (b_.zero_grad == ZeroGradTiming::after_step) zero_grad(-1);
+    }
+
+    WindowRecord<Real> rec;
+    rec.window = c_.windows;
+    rec.epoch = epoch;
+    rec.steps = c_.optimizer_steps;
+    rec.loss = loss_items ? loss_sum / double(loss_items) : kNaN;
+    if (opt_.record_values) rec.param = e_.state().params;
+    run_.windows.push_back(std::move(rec));
+    ++c_.windows;
+  }
+
+  E& e_;
+  const Scenario& s_;
+  Behavior b_;
+  double base_lr_;
+  TrainerOptions opt_;
+  ScheduleSpec schedule_;
+  TrainerCounters c_;
+  Run<Real> run_;
+  int64_t K_ = 1;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace accumcheck
