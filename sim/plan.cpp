@@ -29,7 +29,7 @@ Plan make_plan(const Scenario& s) {
     const std::vector<int64_t> order = epoch_order(s, e);
     const int64_t n = int64_t(order.size());
     const int64_t per_rank = (n + R - 1) / R;  // DistributedSampler padding
-    std::vector<std::vector<int64_t>> shard(size_t(R));
+    std::vector<std::vector<int64_t>> shard(static_cast<size_t>(R));
     for (int64_t i = 0; i < per_rank * R; ++i)
       shard[size_t(i % R)].push_back(order[size_t(i % n)]);
     const int64_t micro_steps = (per_rank + b - 1) / b;
