@@ -91,6 +91,7 @@ enum class ExpectKind {
                        // large-batch reference at every window boundary
   diverges_from_reference,  // it leaves the reference by > min_distance
   never_steps,              // it performs no optimizer step at all
+  matches_accepted,  // it stays within tolerance of the accepted semantics
 };
 
 struct ExpectSpec {
