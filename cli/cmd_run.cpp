@@ -1,0 +1,99 @@
+// `accumcheck run`: replay a scenario side by side and judge its verdict.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.hpp"
+#include "cli/table.hpp"
+#include "gpu/device.hpp"
+#include "gpu/emulated.hpp"
+#include "oracle/oracle.hpp"
+#include "sim/data.hpp"
+#include "sim/errors.hpp"
+#include "sim/experiment.hpp"
+#include "sim/layout.hpp"
+#include "sim/scenario_parse.hpp"
+#include "sim/trace.hpp"
+#ifdef ACCUMCHECK_HAVE_CUDA
+#include "gpu/cuda/cuda_executor.hpp"
+#endif
+
+namespace accumcheck::cli {
+
+namespace {
+
+// Oracle runs are exact up to rounding at `digits` decimal digits; runs
+// that agree in real arithmetic differ by far less than 10^-(digits-10)
+// relative (ten digits of headroom for the ~10^4 operations a step chain
+// accumulates), and a real difference is far larger.
+double oracle_match_tolerance(unsigned digits) {
+  return std::pow(10.0, -double(int(digits) - 10));
+}
+
+template <class Real>
+void write_runs(const std::string& dir, const Scenario& s,
+                const ParamLayout& layout, const Experiment<Real>& x,
+                const std::string& engine, const std::string& precision) {
+  TraceWriter w(s, engine, precision);
+  add_run(w, x.reference, layout);
+  add_run(w, x.correct, layout);
+  if (x.accepted) add_run(w, *x.accepted, layout);
+  add_run(w, x.trainer, layout);
+  write_trace(dir, w);
+}
+
+template <class Real>
+void print_table(const Scenario& s, const Experiment<Real>& x,
+                 const std::string& engine, int rows) {
+  std::printf("%s  [%s]\n%s\n%s\n\n", s.name.c_str(), engine.c_str(),
+              s.story.c_str(), describe(s).c_str());
+  std::printf("%s\n", side_by_side(x, size_t(rows)).c_str());
+}
+
+}  // namespace
+
+int run_command(const RunOptions& o) {
+  Scenario s = parse_scenario_file(o.scenario);
+  if (o.steps >= 0) s.batching.max_steps = o.steps;
+  const Dataset data = make_dataset(s);
+  const ParamLayout layout = layout_of(s.model);
+  const std::vector<float> init = initial_parameters(s, layout);
+  for (const std::string& note : data.notes)
+    std::fprintf(stderr, "note: %s\n", note.c_str());
+
+  // The verdict is always the oracle's: it is exact.
+  set_oracle_digits(o.digits);
+  const auto oracle = run_experiment(s, [&] {
+    return std::make_unique<Oracle<OracleReal>>(s.model, data, init);
+  });
+  const Verdict verdict =
+      judge(s, oracle, oracle_match_tolerance(o.digits));
+
+  const std::string dir = o.out.empty() ? "out/" + s.name : o.out;
+  const std::string digits = std::to_string(o.digits) + " digits";
+  if (o.engine == "oracle") {
+    if (!o.quiet) print_table(s, oracle, "oracle, " + digits, o.rows);
+    if (!o.no_trace) write_runs(dir, s, layout, oracle, "oracle", digits);
+  } else if (o.engine == "device") {
+    EmulatedExecutor exec;
+    const auto device = run_experiment(s, [&] {
+      return std::make_unique<Device<EmulatedExecutor>>(s.model, data, init,
+                                                        exec);
+    });
+    if (!o.quiet) print_table(s, device, "device, float32, emulated", o.rows);
+    if (!o.no_trace)
+      write_runs(dir, s, layout, device, "device-emulated", "float32");
+  } else {
+    throw InputError(o.scenario, 0, 0, "--engine",
+                     "cuda: not available in this build");
+  }
+  std::printf("verdict (oracle, %s): %s\n", digits.c_str(),
+              verdict.message.c_str());
+  if (!o.quiet && !o.no_trace)
+    std::printf("trace: %s/{events,values,meta}.csv\n", dir.c_str());
+  return verdict.holds ? 0 : 1;
+}
+
+}  // namespace accumcheck::cli

@@ -1,0 +1,26 @@
+// The `accumcheck` subcommands.  Each returns the process exit code:
+// 0 success (the verdict holds), 1 the verdict does not hold, 2 bad input.
+#pragma once
+
+#include <string>
+
+namespace accumcheck::cli {
+
+struct RunOptions {
+  std::string scenario;
+  std::string engine = "oracle";  // oracle | device | cuda
+  std::string out;                // trace directory; default out/<name>
+  long long steps = -1;           // stop after N optimizer steps
+  unsigned digits = 50;           // oracle precision
+  int rows = 40;                  // table rows before sampling
+  bool quiet = false;             // the verdict line only
+  bool no_trace = false;
+};
+int run_command(const RunOptions& o);
+
+struct ListOptions {
+  std::string dir;  // default: the scenarios/ folder of this checkout
+};
+int list_command(const ListOptions& o);
+
+}  // namespace accumcheck::cli

@@ -1,0 +1,72 @@
+// accumcheck: the command line.  See README.md, "Commands".
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.hpp"
+#include "sim/errors.hpp"
+
+int main(int argc, char** argv) {
+  using namespace accumcheck::cli;
+  CLI::App app{
+      "accumcheck: a deterministic simulator and verification suite for "
+      "gradient accumulation.\nExit codes: 0 success / verdict holds, 1 "
+      "verdict does not hold, 2 bad input, 3 internal error."};
+  app.require_subcommand(1);
+
+  RunOptions run;
+  auto* run_cmd = app.add_subcommand(
+      "run",
+      "Replay a scenario: large-batch reference | correct accumulation | the "
+      "scenario's trainer, side by side per window; write the trace CSVs and "
+      "check the scenario's [expect] verdict.");
+  run_cmd->add_option("scenario", run.scenario, "scenario file (.toml)")
+      ->required();
+  run_cmd
+      ->add_option("--engine", run.engine,
+                   "engine that runs the table and the trace: oracle "
+                   "(Boost.Multiprecision), device (float32 kernels on the "
+                   "CPU), cuda (float32 kernels on a GPU); the verdict is "
+                   "always judged by the oracle")
+      ->check(CLI::IsMember({"oracle", "device", "cuda"}))
+      ->capture_default_str();
+  run_cmd->add_option("--out", run.out,
+                      "trace directory (default: out/<scenario name>)");
+  run_cmd->add_option("--steps", run.steps,
+                      "stop after N optimizer steps (default: the scenario's)");
+  run_cmd
+      ->add_option("--digits", run.digits,
+                   "oracle precision in decimal digits")
+      ->check(CLI::Range(20u, 1000u))
+      ->capture_default_str();
+  run_cmd->add_option("--rows", run.rows, "table rows before sampling")
+      ->check(CLI::Range(4, 100000))
+      ->capture_default_str();
+  run_cmd->add_flag("--quiet", run.quiet, "print the verdict line only");
+  run_cmd->add_flag("--no-trace", run.no_trace, "write no trace files");
+
+  ListOptions list;
+  auto* list_cmd = app.add_subcommand(
+      "list", "List the scenarios with a one-line story each.");
+  list_cmd->add_option("--dir", list.dir,
+                       "scenario folder (default: this checkout's scenarios/)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    if (*run_cmd) return run_command(run);
+    if (*list_cmd) return list_command(list);
+  } catch (const accumcheck::InputError& e) {
+    std::fprintf(stderr, "accumcheck: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    // Not the user's input: a fault of accumcheck or of the machine.
+    std::fprintf(stderr, "accumcheck: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 2;
+}
