@@ -1,0 +1,46 @@
+// RapidCheck generators for scenarios.
+//
+// Floats are built from small integer mantissas and exponents (m * 2^-e),
+// never with gen::real: they are exact in float32, cover small exponents,
+// and shrink towards simple values.  Each property forces the trigger of
+// the pitfall it tests through `Triggers`, so nothing passes vacuously.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <string>
+
+#include "sim/scenario.hpp"
+
+namespace accumcheck::properties {
+
+struct Triggers {
+  bool accumulation = true;    // K >= 2
+  bool partial_window = false; // the epoch's micro-step count % K != 0
+  bool short_micro = false;    // the last micro-batch is short (b >= 2)
+  bool schedule = false;       // a non-constant lr schedule
+  bool clip = false;           // clipping enabled
+  bool adam = false;           // Adam or AdamW
+  bool sgd_plain = false;      // SGD, no momentum, no weight decay, no L2
+  bool no_clip = false;        // clipping disabled
+  bool no_weight_decay = false;  // no coupled decay, no L2 in the loss
+  bool smooth = false;         // tanh or gelu (no ReLU kinks), mse
+  bool dyadic_bitwise = false; // the bitwise tier: dyadic, identity/relu,
+                               // mse, b and K powers of two, full windows
+  bool full_windows = false;   // K divides the micro-step count, no short
+  bool single_epoch = false;
+  int max_width = 8;
+};
+
+rc::Gen<Scenario> scenario(const Triggers& t);
+
+// A power-of-two scaled small integer: m * 2^-e.
+rc::Gen<double> dyadic_real(int m_lo, int m_hi, int e_lo, int e_hi);
+
+}  // namespace accumcheck::properties
+
+namespace rc {
+// A failing case prints as a complete, ready-to-run scenario file.
+void showValue(const accumcheck::Scenario& s, std::ostream& os);
+}  // namespace rc

@@ -1,0 +1,85 @@
+#include "properties/harness.hpp"
+
+#include <algorithm>
+
+namespace accumcheck::properties {
+
+double oracle_tolerance() {
+  return std::pow(10.0, -double(int(oracle_digits()) - 10));
+}
+
+Case::Case(Scenario sc)
+    : s(std::move(sc)),
+      data(make_dataset(s)),
+      layout(layout_of(s.model)),
+      init(initial_parameters(s, layout)),
+      plan(make_plan(s)) {}
+
+std::unique_ptr<O> Case::oracle() const {
+  return std::make_unique<O>(s.model, data, init);
+}
+
+Run<R> Case::run(const Plan& p, const std::vector<Pitfall>& pitfalls,
+                 double lr, EngineState<R>* final_state) const {
+  auto o = oracle();
+  Trainer<O> t(*o, s, behavior_of(pitfalls), lr);
+  Run<R> r = t.run(p, semantics_name(pitfalls));
+  if (final_state) *final_state = o->state();
+  return r;
+}
+
+double rel(const std::vector<R>& a, const std::vector<R>& b) {
+  return relative_distance(a, b);
+}
+
+std::vector<R> weighted_gradient(
+    O& o, const std::vector<std::pair<std::vector<int64_t>, int64_t>>& parts) {
+  o.zero_grad();
+  for (const auto& [ids, den] : parts)
+    if (!ids.empty()) o.forward_backward(ids, den);
+  return o.state().grads;
+}
+
+namespace {
+std::mutex stats_mutex;
+std::map<std::string, PropertyStats>& stats() {
+  static std::map<std::string, PropertyStats> m;
+  return m;
+}
+}  // namespace
+
+void record_ratio(const std::string& property, double ratio) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  auto& s = stats()[property];
+  s.worst_ratio = std::max(s.worst_ratio, ratio);
+}
+
+void record_gap(const std::string& property, double ratio) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  auto& s = stats()[property];
+  s.min_gap_ratio = s.min_gap_ratio < 0 ? ratio : std::min(s.min_gap_ratio, ratio);
+}
+
+void record_case(const std::string& property) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  ++stats()[property].cases;
+}
+
+std::map<std::string, PropertyStats> property_stats() {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  return stats();
+}
+
+void assert_close(const std::string& property, const std::vector<R>& a,
+                  const std::vector<R>& b, double tol, const char* what) {
+  RC_ASSERT(a.size() == b.size());
+  RC_ASSERT(!a.empty());
+  const double d = rel(a, b);
+  record_ratio(property, d / tol);
+  if (!(d <= tol)) {
+    RC_FAIL(std::string(what) + ": relative difference " +
+            std::to_string(d) + " exceeds tolerance " + std::to_string(tol));
+  }
+}
+
+}  // namespace accumcheck::properties

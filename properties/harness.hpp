@@ -1,0 +1,83 @@
+// Shared machinery of the property battery: a generated case with its data
+// and engines, oracle tolerances, teacher-forced predictions, and the
+// statistics every property reports (cases, worst error/bound).
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "oracle/oracle.hpp"
+#include "sim/data.hpp"
+#include "sim/experiment.hpp"
+#include "sim/layout.hpp"
+#include "sim/plan.hpp"
+#include "sim/scenario.hpp"
+#include "sim/trainer.hpp"
+
+namespace accumcheck::properties {
+
+using O = Oracle<OracleReal>;
+using R = OracleReal;
+
+// Oracle runs that agree in real arithmetic differ only by rounding at
+// `digits` decimal digits, amplified by at most ~10^4 operations per chain
+// and the conditioning of a few steps: 10^-(digits-10) leaves ten digits
+// of headroom and is still 10^30 times smaller than any real difference a
+// pitfall makes in these small models.
+double oracle_tolerance();
+
+struct Case {
+  Scenario s;
+  Dataset data;
+  ParamLayout layout;
+  std::vector<float> init;
+  Plan plan;
+
+  explicit Case(Scenario sc);
+  std::unique_ptr<O> oracle() const;
+  // A trainer run on the oracle with these pitfalls (lr as the scenario's
+  // trainer: scaled when the scenario says so).
+  Run<R> run(const Plan& p, const std::vector<Pitfall>& pitfalls,
+             double lr, EngineState<R>* final_state = nullptr) const;
+};
+
+// Normwise relative difference |a - b| / |b| (|a - b| when b = 0).
+double rel(const std::vector<R>& a, const std::vector<R>& b);
+
+// The gradient sum_k sum_{i in shard} (1/den_k) dl_i/dtheta of a list of
+// (shard, den) at the oracle's current parameters, on a zeroed buffer.
+std::vector<R> weighted_gradient(
+    O& o, const std::vector<std::pair<std::vector<int64_t>, int64_t>>& parts);
+
+// Statistics per property, printed by tests and `accumcheck check`.
+struct PropertyStats {
+  int64_t cases = 0;
+  double worst_ratio = 0;       // max error / tolerance over all checks
+  double min_gap_ratio = -1;    // min predicted gap / tolerance where a
+                                // difference was asserted (-1: none)
+};
+void record_ratio(const std::string& property, double ratio);
+void record_gap(const std::string& property, double ratio);
+void record_case(const std::string& property);
+std::map<std::string, PropertyStats> property_stats();
+
+// Asserts rel(a, b) <= tol and records the ratio.
+void assert_close(const std::string& property, const std::vector<R>& a,
+                  const std::vector<R>& b, double tol, const char* what);
+
+struct Property {
+  std::string name;    // "equivalence.oracle"
+  std::string engine;  // "oracle" or "device"
+  std::string claim;   // one line
+  std::function<void()> body;  // uses *gen and RC_ASSERT
+};
+const std::vector<Property>& all_properties();
+
+}  // namespace accumcheck::properties

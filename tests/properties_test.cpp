@@ -1,0 +1,69 @@
+// The property battery as GoogleTest tests: one RC_GTEST_PROP per property
+// of properties/ (RC_PARAMS sets cases and seed; CTest pins both), and a
+// closing table of cases and worst error/tolerance per property.
+#include <rapidcheck/gtest.h>
+
+#include <cstdio>
+
+#include "properties/harness.hpp"
+
+namespace accumcheck::properties {
+namespace {
+
+void run_property(const std::string& name) {
+  for (const Property& p : all_properties())
+    if (p.name == name) return p.body();
+  RC_FAIL("no property named " + name);
+}
+
+class StatsPrinter : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    const auto stats = property_stats();
+    if (stats.empty()) return;
+    std::printf("\n%-44s %6s %12s %14s\n", "property", "cases", "worst err/tol",
+                "min gap/tol");
+    for (const auto& [name, s] : stats)
+      std::printf("%-44s %6lld %12.3g %14s\n", name.c_str(), (long long)s.cases,
+                  s.worst_ratio,
+                  s.min_gap_ratio < 0 ? "-" : std::to_string(s.min_gap_ratio).c_str());
+  }
+};
+const auto* const kStats = ::testing::AddGlobalTestEnvironment(new StatsPrinter);
+
+}  // namespace
+
+RC_GTEST_PROP(Equivalence, Oracle, ()) { run_property("equivalence.oracle"); }
+RC_GTEST_PROP(LossNormalization, NoLossNormalizationWeights, ()) {
+  run_property("loss-normalization.no-loss-normalization");
+}
+RC_GTEST_PROP(LossNormalization, SgdAtKTimesLr, ()) {
+  run_property("loss-normalization.sgd-at-k-lr");
+}
+RC_GTEST_PROP(LossNormalization, AdamEpsOverK, ()) {
+  run_property("loss-normalization.adam-eps-over-k");
+}
+RC_GTEST_PROP(LossNormalization, SampleMeanOfMeans, ()) {
+  run_property("loss-normalization.sample-mean-of-means");
+}
+RC_GTEST_PROP(ZeroGrad, EveryMicroStep, ()) { run_property("zero-grad.every-micro-step"); }
+RC_GTEST_PROP(ZeroGrad, Seed002Loop, ()) { run_property("zero-grad.seed-002-loop"); }
+RC_GTEST_PROP(ZeroGrad, Never, ()) { run_property("zero-grad.never"); }
+RC_GTEST_PROP(ZeroGrad, StepEveryMicroStep, ()) {
+  run_property("zero-grad.step-every-micro-step");
+}
+RC_GTEST_PROP(Partial, CorrectWeighsOneOverN, ()) {
+  run_property("partial.correct-weighs-1-over-n");
+}
+RC_GTEST_PROP(Partial, ScaleByK, ()) { run_property("partial.scale-by-k"); }
+RC_GTEST_PROP(Partial, Drop, ()) { run_property("partial.drop"); }
+RC_GTEST_PROP(Partial, Leak, ()) { run_property("partial.leak"); }
+RC_GTEST_PROP(Scheduler, Drift, ()) { run_property("scheduler.drift"); }
+RC_GTEST_PROP(Clip, PerMicroStep, ()) { run_property("clip.per-micro-step"); }
+RC_GTEST_PROP(Decay, L2InLossUnnormalized, ()) {
+  run_property("decay.l2-in-loss-unnormalized");
+}
+RC_GTEST_PROP(Decay, AdamWOncePerStep, ()) { run_property("decay.adamw-once-per-step"); }
+RC_GTEST_PROP(Inertness, Oracle, ()) { run_property("inertness.oracle"); }
+
+}  // namespace accumcheck::properties
