@@ -23,4 +23,15 @@ struct ListOptions {
 };
 int list_command(const ListOptions& o);
 
+struct CheckOptions {
+  int cases = 100;
+  unsigned long long seed = 1;
+  std::string property;         // substring filter on property names
+  std::string engine = "all";   // all | oracle | device
+  std::string out = "out/counterexamples";
+  unsigned digits = 50;
+  bool list = false;
+};
+int check_command(const CheckOptions& o);
+
 }  // namespace accumcheck::cli

@@ -51,6 +51,29 @@ int main(int argc, char** argv) {
   list_cmd->add_option("--dir", list.dir,
                        "scenario folder (default: this checkout's scenarios/)");
 
+  CheckOptions check;
+  auto* check_cmd = app.add_subcommand(
+      "check",
+      "Run the property battery (RapidCheck): equivalence to the large batch, "
+      "loss normalization, zero_grad timing, partial windows, scheduler drift, "
+      "clipping, decay, inertness. Failures are shrunk and written as scenario "
+      "files.");
+  check_cmd->add_option("--cases", check.cases, "cases per property")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  check_cmd->add_option("--seed", check.seed, "RapidCheck seed")->capture_default_str();
+  check_cmd->add_option("--property", check.property,
+                        "only properties whose name contains this");
+  check_cmd->add_option("--engine", check.engine, "which engine's properties")
+      ->check(CLI::IsMember({"all", "oracle", "device"}))
+      ->capture_default_str();
+  check_cmd->add_option("--out", check.out, "where shrunk counterexamples go")
+      ->capture_default_str();
+  check_cmd->add_option("--digits", check.digits, "oracle precision in decimal digits")
+      ->check(CLI::Range(20u, 1000u))
+      ->capture_default_str();
+  check_cmd->add_flag("--list", check.list, "list the properties and exit");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,6 +83,7 @@ int main(int argc, char** argv) {
   try {
     if (*run_cmd) return run_command(run);
     if (*list_cmd) return list_command(list);
+    if (*check_cmd) return check_command(check);
   } catch (const accumcheck::InputError& e) {
     std::fprintf(stderr, "accumcheck: %s\n", e.what());
     return 2;

@@ -1,0 +1,46 @@
+#!/usr/bin/python3
+"""The device engine's benchmark step, in PyTorch, for the side-by-side bench.
+
+One training step of an MLP 256-512-10 (tanh, cross-entropy) on a batch of
+32, Adam, float32, single thread: zero_grad, forward, backward, step.  The
+same work as bench/device_bench.cpp's BM_DeviceStepMlp256_512_10.
+Prints one line: "pytorch_steps_per_s <value>".
+"""
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import torch  # noqa: E402
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Tanh(),
+                                torch.nn.Linear(512, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.rand(32, 256) * 2 - 1
+    y = torch.randint(0, 10, (32,))
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(50):
+        step()
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 2.0
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            step()
+        n += 20
+    print(f"pytorch_steps_per_s {n / (time.perf_counter() - t0):.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
