@@ -25,8 +25,8 @@ namespace {
 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                        0666);
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) fail(errno, "cannot create " + tmp);
   size_t done = 0;
   while (done < bytes.size()) {
@@ -62,8 +62,7 @@ std::string read_file_bytes(const std::string& path) {
                      std::string("cannot open file: ") + std::strerror(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
-  if (in.bad())
-    throw InputError(path, 0, 0, "", "cannot read file");
+  if (in.bad()) throw InputError(path, 0, 0, "", "cannot read file");
   return std::move(ss).str();
 }
 

@@ -102,7 +102,8 @@ Dataset from_csv(const Scenario& s) {
   d.loss = s.model.loss;
 
   std::vector<std::string> expected;
-  for (int64_t j = 0; j < d.d_in; ++j) expected.push_back(fmt::format("x{}", j));
+  for (int64_t j = 0; j < d.d_in; ++j)
+    expected.push_back(fmt::format("x{}", j));
   if (d.loss == LossKind::mse)
     for (int64_t j = 0; j < d.d_out; ++j)
       expected.push_back(fmt::format("y{}", j));
@@ -130,14 +131,13 @@ Dataset from_csv(const Scenario& s) {
     const std::vector<char*> names = split(header);
     for (size_t c = 0; c < std::max(names.size(), ncols); ++c) {
       if (c < names.size() && c < ncols && expected[c] == names[c]) continue;
-      const std::string what =
-          fmt::format("expected the header {} (model widths {}..{}, {})",
-                      expected_text(), d.d_in, d.d_out,
-                      d.loss == LossKind::mse ? "mse" : "cross-entropy");
+      const std::string what = fmt::format(
+          "expected the header {} (model widths {}..{}, {})", expected_text(),
+          d.d_in, d.d_out, d.loss == LossKind::mse ? "mse" : "cross-entropy");
       if (c >= names.size())
-        throw InputError(file, 1, 0, expected[c],
-                         fmt::format("missing column '{}'; {}", expected[c],
-                                     what));
+        throw InputError(
+            file, 1, 0, expected[c],
+            fmt::format("missing column '{}'; {}", expected[c], what));
       if (c >= ncols)
         throw InputError(file, 1, 0, names[c],
                          fmt::format("extra column '{}'; {}", names[c], what));
@@ -165,7 +165,8 @@ Dataset from_csv(const Scenario& s) {
       }
       for (size_t c = 0; c < ncols; ++c) {
         const std::string_view text(row[c]);
-        const bool is_label = d.loss == LossKind::cross_entropy && c + 1 == ncols;
+        const bool is_label =
+            d.loss == LossKind::cross_entropy && c + 1 == ncols;
         if (is_label) {
           int64_t v = -1;
           const auto r =
@@ -194,8 +195,9 @@ Dataset from_csv(const Scenario& s) {
     if (d.n == 0)
       throw InputError(file, 1, 0, "", "no data rows after the header");
     if (rounded)
-      d.notes.push_back(fmt::format("{} values rounded to float32 (first at {}:{})",
-                                    rounded, file, first_rounded_line));
+      d.notes.push_back(
+          fmt::format("{} values rounded to float32 (first at {}:{})", rounded,
+                      file, first_rounded_line));
   } catch (const io::error::base& e) {
     // Anything else the parser refuses (e.g. an over-long line).
     throw InputError(file, line_no + 1, 0, "", e.what());
@@ -228,9 +230,9 @@ std::vector<float> initial_parameters(const Scenario& s,
     for (int64_t k = 0; k < v.size(); ++k) {
       const uint64_t bits =
           random_bits(s.data.seed, Stream::init, uint64_t(t), uint64_t(k));
-      p[size_t(v.offset + k)] =
-          s.data.dyadic ? float(double(dyadic_pm1(bits)) * scale)
-                        : float(double(uniform_pm1(bits)) * bound);
+      p[size_t(v.offset + k)] = s.data.dyadic
+                                    ? float(double(dyadic_pm1(bits)) * scale)
+                                    : float(double(uniform_pm1(bits)) * bound);
     }
   }
   return p;

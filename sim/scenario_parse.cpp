@@ -3,6 +3,7 @@
 #include "sim/scenario_parse.hpp"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +11,6 @@
 #include <limits>
 #include <optional>
 #include <span>
-#include <toml++/toml.h>
 #include <utility>
 #include <vector>
 
@@ -69,8 +69,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     row[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      row[j] = std::min(
+          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
       diag = up;
     }
   }
@@ -93,13 +93,27 @@ std::string toml_string(std::string_view s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\t': out += "\\t"; break;
-      case '\n': out += "\\n"; break;
-      case '\f': out += "\\f"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if ((unsigned char)c < 0x20 || c == 0x7f)
           out += fmt::format("\\u{:04X}", (unsigned)(unsigned char)c);
@@ -128,9 +142,12 @@ std::string got(const toml::node& n) {
       return n.as_boolean()->get() ? "got true" : "got false";
     case toml::node_type::string:
       return "got " + toml_string(n.as_string()->get());
-    case toml::node_type::array: return "got an array";
-    case toml::node_type::table: return "got a table";
-    default: return "got a date/time";
+    case toml::node_type::array:
+      return "got an array";
+    case toml::node_type::table:
+      return "got a table";
+    default:
+      return "got a date/time";
   }
 }
 
@@ -147,9 +164,8 @@ struct NumberRule {
 constexpr NumberRule kPositive{"a number > 0", [](double x) { return x > 0; }};
 constexpr NumberRule kNonNegative{"a number >= 0",
                                   [](double x) { return x >= 0; }};
-constexpr NumberRule kUnitInterval{"a number in [0, 1)", [](double x) {
-                                     return x >= 0 && x < 1;
-                                   }};
+constexpr NumberRule kUnitInterval{"a number in [0, 1)",
+                                   [](double x) { return x >= 0 && x < 1; }};
 
 class Parser {
  public:
@@ -157,8 +173,8 @@ class Parser {
 
   [[noreturn]] void fail(const toml::source_region& r, const std::string& key,
                          const std::string& msg) const {
-    throw InputError(file_, int64_t(r.begin.line), int64_t(r.begin.column),
-                     key, msg);
+    throw InputError(file_, int64_t(r.begin.line), int64_t(r.begin.column), key,
+                     msg);
   }
   [[noreturn]] void fail(const toml::node* n, const std::string& key,
                          const std::string& msg) const {
@@ -190,8 +206,10 @@ class Section {
         continue;
       std::string msg = fmt::format("unknown key '{}' in [{}]", k.str(), name_);
       const std::string_view guess = closest(k.str(), keys_);
-      if (!guess.empty()) msg += fmt::format("; did you mean '{}'?", guess);
-      else msg += "; known keys: " + join(keys_);
+      if (!guess.empty())
+        msg += fmt::format("; did you mean '{}'?", guess);
+      else
+        msg += "; known keys: " + join(keys_);
       p_.fail(k.source(), key(k.str()), msg);
     }
   }
@@ -269,9 +287,9 @@ class Section {
   }
 
   template <class E, size_t N>
-  std::optional<E> choice(std::string_view k,
-                          const std::pair<std::string_view, E> (&names)[N])
-      const {
+  std::optional<E> choice(
+      std::string_view k,
+      const std::pair<std::string_view, E> (&names)[N]) const {
     const toml::node* n = node(k);
     if (!n) return std::nullopt;
     std::vector<std::string_view> spelled;
@@ -287,7 +305,8 @@ class Section {
       if (name == s) return v;
     std::string msg = fmt::format("expected {}, {}", what, got(*n));
     const std::string_view guess = closest(s, spelled);
-    if (!guess.empty()) msg += fmt::format("; did you mean {}?", toml_string(guess));
+    if (!guess.empty())
+      msg += fmt::format("; did you mean {}?", toml_string(guess));
     p_.fail(n, key(k), msg);
   }
 
@@ -352,8 +371,8 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
                          got(el)));
     m.widths.push_back(v->get());
   }
-  m.activation = sec.choice("activation", kActivations)
-                     .value_or(Activation::tanh);
+  m.activation =
+      sec.choice("activation", kActivations).value_or(Activation::tanh);
   m.loss = sec.choice("loss", kLosses).value_or(LossKind::mse);
   if (m.loss == LossKind::cross_entropy && m.d_out() < 2)
     p.fail(sec.node("loss"), "model.loss",
@@ -463,8 +482,8 @@ void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc) {
 
 void parse_expect(const Section& sec, ExpectSpec& e) {
   e = ExpectSpec{};
-  e.kind = sec.choice("verdict", kVerdicts)
-               .value_or(ExpectKind::matches_reference);
+  e.kind =
+      sec.choice("verdict", kVerdicts).value_or(ExpectKind::matches_reference);
   if (e.kind == ExpectKind::diverges_from_reference) {
     e.min_distance = sec.required_number("min_distance", kPositive);
     e.at_step = sec.integer("at_step", -1).value_or(-1);
@@ -476,7 +495,7 @@ void parse_expect(const Section& sec, ExpectSpec& e) {
   }
 }
 
-constexpr std::string_view kSections[] = {"model",     "data",   "batching",
+constexpr std::string_view kSections[] = {"model",     "data",     "batching",
                                           "optimizer", "schedule", "clip",
                                           "trainer",   "expect"};
 
@@ -510,8 +529,8 @@ Scenario parse_scenario_string(std::string_view text,
       msg += table ? fmt::format("; did you mean [{}]?", guess)
                    : fmt::format("; did you mean '{}'?", guess);
     else
-      msg += "; known sections: " + Section::join({std::begin(kSections),
-                                                   std::end(kSections)});
+      msg += "; known sections: " +
+             Section::join({std::begin(kSections), std::end(kSections)});
     p.fail(k.source(), std::string(k.str()), msg);
   }
 
@@ -598,7 +617,8 @@ std::string to_toml(const Scenario& s) {
   line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
 
   o += "\n[data]\n";
-  if (s.data.source == DataSource::csv) line("csv", toml_string(s.data.csv_path));
+  if (s.data.source == DataSource::csv)
+    line("csv", toml_string(s.data.csv_path));
   line("samples", integer(s.data.samples));
   line("seed", std::to_string(s.data.seed));
   line("dyadic", boolean(s.data.dyadic));
@@ -682,8 +702,8 @@ std::string describe(const Scenario& s) {
     d += fmt::format(" max_steps={}", s.batching.max_steps);
 
   const OptimizerSpec& o = s.optimizer;
-  d += fmt::format(" {} lr={}",
-                   name_of<OptimizerKind>(kOptimizers, o.kind), o.lr);
+  d += fmt::format(" {} lr={}", name_of<OptimizerKind>(kOptimizers, o.kind),
+                   o.lr);
   if (o.kind == OptimizerKind::sgd) {
     if (o.momentum != 0) d += fmt::format(" momentum={}", o.momentum);
   } else {
@@ -694,7 +714,8 @@ std::string describe(const Scenario& s) {
 
   const ScheduleSpec& sc = s.schedule;
   switch (sc.kind) {
-    case ScheduleKind::constant: break;
+    case ScheduleKind::constant:
+      break;
     case ScheduleKind::step:
       d += fmt::format(" step(size={},gamma={})", sc.step_size, sc.gamma);
       break;

@@ -34,8 +34,8 @@ constexpr std::string_view kEventsHeader =
 constexpr std::string_view kValuesHeader = "run,step,kind,tensor,index,value";
 constexpr std::string_view kMetaHeader = "key,value";
 constexpr std::string_view kRequiredMeta[] = {
-    "schema", "scenario", "scenario_digest", "engine", "precision",
-    "tool_version"};
+    "schema", "scenario",  "scenario_digest",
+    "engine", "precision", "tool_version"};
 
 constexpr EventKind kEventKinds[] = {
     EventKind::zero_grad, EventKind::forward_backward, EventKind::clip,
@@ -44,14 +44,17 @@ constexpr EventKind kEventKinds[] = {
 // A text field: double-quoted when it holds the separator, a quote, or
 // edge whitespace (which the reader would trim).  Line breaks cannot be
 // represented in a line-based CSV and are refused.
-void append_field(std::string& out, std::string_view s) {
+void check_field(std::string_view s) {
   if (s.find_first_of("\n\r") != std::string_view::npos)
     throw std::invalid_argument(
         fmt::format("trace field holds a line break: '{}'", s));
-  const bool quote =
-      s.find_first_of(",\"") != std::string_view::npos ||
-      (!s.empty() && (s.front() == ' ' || s.front() == '\t' ||
-                      s.back() == ' ' || s.back() == '\t'));
+}
+
+void append_field(std::string& out, std::string_view s) {
+  check_field(s);
+  const bool quote = s.find_first_of(",\"") != std::string_view::npos ||
+                     (!s.empty() && (s.front() == ' ' || s.front() == '\t' ||
+                                     s.back() == ' ' || s.back() == '\t'));
   if (!quote) {
     out += s;
     return;
@@ -76,9 +79,9 @@ std::string_view value_kind_name(ValueKind k) {
   return k == ValueKind::param ? "param" : "grad";
 }
 
-TraceWriter::TraceWriter(std::string scenario_name,
-                         std::string scenario_digest, std::string engine,
-                         std::string precision, std::string tool_version) {
+TraceWriter::TraceWriter(std::string scenario_name, std::string scenario_digest,
+                         std::string engine, std::string precision,
+                         std::string tool_version) {
   meta_ = {{"schema", std::string(kTraceSchema)},
            {"scenario", std::move(scenario_name)},
            {"scenario_digest", std::move(scenario_digest)},
@@ -94,6 +97,8 @@ void TraceWriter::add_meta(std::string key, std::string value) {
   for (const auto& [k, v] : meta_)
     if (k == key)
       throw std::invalid_argument("trace meta key '" + key + "' set twice");
+  check_field(key);
+  check_field(value);
   meta_.emplace_back(std::move(key), std::move(value));
   meta_text_.clear();
 }
@@ -113,6 +118,7 @@ const std::string& TraceWriter::meta_csv() const {
 
 void TraceWriter::begin_run(std::string_view name) {
   if (name.empty()) throw std::invalid_argument("trace run without a name");
+  check_field(name);
   if (std::find(runs_.begin(), runs_.end(), name) != runs_.end())
     throw std::invalid_argument(
         fmt::format("trace run '{}' added twice", name));
@@ -123,8 +129,8 @@ void TraceWriter::add_event(const Event& e) {
   if (runs_.empty()) throw std::logic_error("add_event before begin_run");
   std::string& o = events_;
   append_field(o, runs_.back());
-  fmt::format_to(std::back_inserter(o), ",{},{},{},{},{},{},", e.epoch,
-                 e.step, e.micro, event_name(e.kind), e.samples, e.tokens);
+  fmt::format_to(std::back_inserter(o), ",{},{},{},{},{},{},", e.epoch, e.step,
+                 e.micro, event_name(e.kind), e.samples, e.tokens);
   append_real(o, e.loss);
   o += ',';
   append_real(o, e.lr);
@@ -139,8 +145,7 @@ void TraceWriter::add_value(int64_t step, ValueKind kind,
   if (runs_.empty()) throw std::logic_error("add_value before begin_run");
   std::string& o = values_;
   append_field(o, runs_.back());
-  fmt::format_to(std::back_inserter(o), ",{},{},", step,
-                 value_kind_name(kind));
+  fmt::format_to(std::back_inserter(o), ",{},{},", step, value_kind_name(kind));
   append_field(o, tensor);
   fmt::format_to(std::back_inserter(o), ",{},", index);
   append_real(o, value);
@@ -175,9 +180,9 @@ struct CsvFile {
   CsvFile(std::string p, std::string_view header) : path(std::move(p)) {
     bytes = read_file_bytes(path);
     if (bytes.empty())
-      throw InputError(path, 1, 0, "",
-                       fmt::format("empty file; expected the header {}",
-                                   header));
+      throw InputError(
+          path, 1, 0, "",
+          fmt::format("empty file; expected the header {}", header));
     if (bytes.back() != '\n') {
       const int64_t lines =
           int64_t(std::count(bytes.begin(), bytes.end(), '\n')) + 1;
@@ -352,8 +357,8 @@ Trace read_trace(const std::string& dir) {
     std::string run, event;
     char *epoch, *step, *micro, *samples, *tokens, *loss, *lr, *norm;
     int64_t line = 0;
-    while (f.row(r, line, run, epoch, step, micro, event, samples, tokens,
-                 loss, lr, norm)) {
+    while (f.row(r, line, run, epoch, step, micro, event, samples, tokens, loss,
+                 lr, norm)) {
       TraceRun& tr = runs.at(f, line, run);
       TraceEvent te;
       te.line = line;
@@ -361,9 +366,9 @@ Trace read_trace(const std::string& dir) {
       e.epoch = f.integer(line, "epoch", epoch, 0);
       e.step = f.integer(line, "step", step, 0);
       e.micro = f.integer(line, "micro", micro, -1);
-      const auto* kind = std::find_if(
-          std::begin(kEventKinds), std::end(kEventKinds),
-          [&](EventKind k) { return event_name(k) == event; });
+      const auto* kind =
+          std::find_if(std::begin(kEventKinds), std::end(kEventKinds),
+                       [&](EventKind k) { return event_name(k) == event; });
       if (kind == std::end(kEventKinds))
         f.fail(line, "event",
                fmt::format("unknown event '{}'; expected zero_grad, "
@@ -471,11 +476,11 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
     }
     const TensorView& tv = *it->second;
     if (v.index >= tv.size())
-      throw InputError(file, v.line, 0, "index",
-                       fmt::format("index {} out of range for {} [{} x {}] "
-                                   "({} elements)",
-                                   v.index, tv.name, tv.rows, tv.cols,
-                                   tv.size()));
+      throw InputError(
+          file, v.line, 0, "index",
+          fmt::format("index {} out of range for {} [{} x {}] "
+                      "({} elements)",
+                      v.index, tv.name, tv.rows, tv.cols, tv.size()));
     if (steps.empty() || steps.back().step != v.step) {
       steps.push_back(TraceStep{v.step, {}, {}});
       count_grad.push_back(0);
@@ -495,11 +500,11 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
     for (const auto& [count, kind] :
          {std::pair{count_grad[i], "grad"}, std::pair{count_param[i], "param"}})
       if (count != 0 && count != layout.total)
-        throw InputError(file, last_line[i], 0, kind,
-                         fmt::format("run '{}' step {}: {} of {} {} values "
-                                     "given; expected all or none",
-                                     run.name, steps[i].step, count,
-                                     layout.total, kind));
+        throw InputError(
+            file, last_line[i], 0, kind,
+            fmt::format("run '{}' step {}: {} of {} {} values "
+                        "given; expected all or none",
+                        run.name, steps[i].step, count, layout.total, kind));
   }
   return steps;
 }
