@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -346,7 +347,7 @@ std::vector<Pitfall> pitfall_list(const Parser& p, const Section& sec,
       std::string msg = fmt::format("unknown pitfall id '{}'", id);
       const std::string_view guess = closest(id, ids);
       if (!guess.empty()) msg += fmt::format("; did you mean '{}'?", guess);
-      p.fail(&el, key, msg + "; known ids: " + Section::join(ids));
+      p.fail(&el, key, msg + " Known ids: " + Section::join(ids));
     }
     if (std::find(out.begin(), out.end(), *q) != out.end())
       p.fail(&el, key, fmt::format("pitfall id '{}' listed twice", id));
@@ -529,8 +530,9 @@ Scenario parse_scenario_string(std::string_view text,
       msg += table ? fmt::format("; did you mean [{}]?", guess)
                    : fmt::format("; did you mean '{}'?", guess);
     else
-      msg += "; known sections: " +
-             Section::join({std::begin(kSections), std::end(kSections)});
+      msg += fmt::format(
+          "; expected 'story' or a section [{}]",
+          Section::join({std::begin(kSections), std::end(kSections)}));
     p.fail(k.source(), std::string(k.str()), msg);
   }
 
@@ -620,6 +622,11 @@ std::string to_toml(const Scenario& s) {
   if (s.data.source == DataSource::csv)
     line("csv", toml_string(s.data.csv_path));
   line("samples", integer(s.data.samples));
+  // TOML integers are signed 64-bit: a larger seed has no spelling.
+  if (s.data.seed > uint64_t(kIntMax))
+    throw std::invalid_argument(fmt::format(
+        "to_toml: data.seed {} does not fit a TOML integer (< 2^63)",
+        s.data.seed));
   line("seed", std::to_string(s.data.seed));
   line("dyadic", boolean(s.data.dyadic));
   line("shuffle", boolean(s.data.shuffle));

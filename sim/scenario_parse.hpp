@@ -49,7 +49,9 @@ Scenario parse_scenario_string(std::string_view text,
 
 // A complete scenario file for `s`: every setting spelled out, doubles in
 // shortest round-trip form, so parse_scenario_string(to_toml(s)) equals s
-// (name, path and digest aside, which come from the file).
+// (name, path and digest aside, which come from the file; settings that
+// do not apply, such as momentum under Adam, are left out).  Throws
+// std::invalid_argument for a seed >= 2^63, which TOML cannot spell.
 std::string to_toml(const Scenario& s);
 
 }  // namespace accumcheck

@@ -100,20 +100,17 @@ void TraceWriter::add_meta(std::string key, std::string value) {
   check_field(key);
   check_field(value);
   meta_.emplace_back(std::move(key), std::move(value));
-  meta_text_.clear();
 }
 
-const std::string& TraceWriter::meta_csv() const {
-  if (meta_text_.empty()) {
-    meta_text_ = std::string(kMetaHeader) + "\n";
-    for (const auto& [k, v] : meta_) {
-      append_field(meta_text_, k);
-      meta_text_ += ',';
-      append_field(meta_text_, v);
-      meta_text_ += '\n';
-    }
+std::string TraceWriter::meta_csv() const {
+  std::string o = std::string(kMetaHeader) + "\n";
+  for (const auto& [k, v] : meta_) {
+    append_field(o, k);
+    o += ',';
+    append_field(o, v);
+    o += '\n';
   }
-  return meta_text_;
+  return o;
 }
 
 void TraceWriter::begin_run(std::string_view name) {

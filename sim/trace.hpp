@@ -49,13 +49,12 @@ class TraceWriter {
   void add_value(int64_t step, ValueKind kind, std::string_view tensor,
                  int64_t index, double value);
 
-  const std::string& meta_csv() const;
+  std::string meta_csv() const;
   const std::string& events_csv() const { return events_; }
   const std::string& values_csv() const { return values_; }
 
  private:
   std::vector<std::pair<std::string, std::string>> meta_;
-  mutable std::string meta_text_;
   std::vector<std::string> runs_;
   std::string events_, values_;
 };

@@ -172,7 +172,7 @@ TEST(ScenarioParse, BadPitfallId) {
       with(kBase, "\"zero-grad-never\"", "\"zero-grad-every-microstep\""), 29,
       13, "trainer.pitfalls[0]",
       "unknown pitfall id 'zero-grad-every-microstep'; did you mean "
-      "'zero-grad-every-micro-step'?; known ids: "
+      "'zero-grad-every-micro-step'? Known ids: "
       "no-loss-normalization, ");
 }
 
