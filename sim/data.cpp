@@ -1,0 +1,241 @@
+// Generated and CSV datasets, and initial parameters (sim/data.hpp).
+#include "sim/data.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <system_error>
+
+// The Fast C++ CSV Parser needs <limits> before it.
+#include <libfccp/csv.h>
+
+#include "sim/atomic_file.hpp"
+#include "sim/errors.hpp"
+#include "sim/rng.hpp"
+
+namespace accumcheck {
+
+namespace {
+
+Dataset generated(const Scenario& s) {
+  Dataset d;
+  d.n = s.data.samples;
+  d.d_in = s.model.d_in();
+  d.d_out = s.model.d_out();
+  d.loss = s.model.loss;
+  const uint64_t seed = s.data.seed;
+  auto value = [&](Stream stream, int64_t i, int64_t j) {
+    const uint64_t bits = random_bits(seed, stream, uint64_t(i), uint64_t(j));
+    return s.data.dyadic ? dyadic_pm1(bits) : uniform_pm1(bits);
+  };
+  d.x.resize(size_t(d.n * d.d_in));
+  for (int64_t i = 0; i < d.n; ++i)
+    for (int64_t j = 0; j < d.d_in; ++j)
+      d.x[size_t(i * d.d_in + j)] = value(Stream::input, i, j);
+  if (d.loss == LossKind::mse) {
+    d.y.resize(size_t(d.n * d.d_out));
+    for (int64_t i = 0; i < d.n; ++i)
+      for (int64_t j = 0; j < d.d_out; ++j)
+        d.y[size_t(i * d.d_out + j)] = value(Stream::target, i, j);
+  } else {
+    d.label.resize(size_t(d.n));
+    for (int64_t i = 0; i < d.n; ++i)
+      d.label[size_t(i)] = int32_t(uniform_index(
+          random_bits(seed, Stream::target, uint64_t(i)), uint64_t(d.d_out)));
+  }
+  return d;
+}
+
+// The CSV dialect: comma-separated, no quoting, spaces and tabs trimmed,
+// no comment lines (every line is a row).
+using Trim = io::trim_chars<' ', '\t'>;
+using Quote = io::no_quote_escape<','>;
+
+// Splits one line into its fields with the parser's own column chopper.
+std::vector<char*> split(char* line) {
+  std::vector<char*> cols;
+  while (line) {
+    char *begin, *end;
+    io::detail::chop_next_column<Quote>(line, begin, end);
+    Trim::trim(begin, end);
+    Quote::unescape(begin, end);
+    cols.push_back(begin);
+  }
+  return cols;
+}
+
+// A decimal number, correctly rounded to float32 once.  Sets `inexact`
+// when the text is not exactly a float32 value (judged against its double
+// rounding, so a value within 2^-53 relative of a float counts as exact).
+std::optional<float> parse_float32(std::string_view t, bool& inexact) {
+  if (!t.empty() && t.front() == '+') t.remove_prefix(1);
+  if (t.empty()) return std::nullopt;
+  double d;
+  const auto rd = std::from_chars(t.data(), t.data() + t.size(), d);
+  if (rd.ec != std::errc() || rd.ptr != t.data() + t.size() ||
+      !std::isfinite(d))
+    return std::nullopt;
+  float f;
+  const auto rf = std::from_chars(t.data(), t.data() + t.size(), f);
+  if (rf.ec == std::errc::result_out_of_range) {
+    // Beyond float32's range, or below its smallest subnormal.
+    if (std::fabs(d) > double(std::numeric_limits<float>::max()))
+      return std::nullopt;
+    f = float(d);
+  } else if (rf.ec != std::errc()) {
+    return std::nullopt;
+  }
+  inexact = double(f) != d;
+  return f;
+}
+
+Dataset from_csv(const Scenario& s) {
+  const std::string& file = s.data.csv_path;
+  Dataset d;
+  d.d_in = s.model.d_in();
+  d.d_out = s.model.d_out();
+  d.loss = s.model.loss;
+
+  std::vector<std::string> expected;
+  for (int64_t j = 0; j < d.d_in; ++j)
+    expected.push_back(fmt::format("x{}", j));
+  if (d.loss == LossKind::mse)
+    for (int64_t j = 0; j < d.d_out; ++j)
+      expected.push_back(fmt::format("y{}", j));
+  else
+    expected.push_back("label");
+  const size_t ncols = expected.size();
+  auto expected_text = [&] {
+    std::string t;
+    for (const std::string& e : expected) {
+      if (!t.empty()) t += ',';
+      t += e;
+    }
+    return t;
+  };
+
+  const std::string bytes = read_file_bytes(file);
+  int64_t line_no = 0;
+  try {
+    io::LineReader in(file, bytes.data(), bytes.data() + bytes.size());
+    char* header = in.next_line();
+    if (!header)
+      throw InputError(file, 1, 0, "",
+                       "empty file; expected the header " + expected_text());
+    line_no = 1;
+    const std::vector<char*> names = split(header);
+    for (size_t c = 0; c < std::max(names.size(), ncols); ++c) {
+      if (c < names.size() && c < ncols && expected[c] == names[c]) continue;
+      const std::string what = fmt::format(
+          "expected the header {} (model widths {}..{}, {})", expected_text(),
+          d.d_in, d.d_out, d.loss == LossKind::mse ? "mse" : "cross-entropy");
+      if (c >= names.size())
+        throw InputError(
+            file, 1, 0, expected[c],
+            fmt::format("missing column '{}'; {}", expected[c], what));
+      if (c >= ncols)
+        throw InputError(file, 1, 0, names[c],
+                         fmt::format("extra column '{}'; {}", names[c], what));
+      throw InputError(file, 1, 0, names[c],
+                       fmt::format("column {} is '{}', expected '{}'; {}",
+                                   c + 1, names[c], expected[c], what));
+    }
+
+    std::vector<int> order(ncols);
+    for (size_t c = 0; c < ncols; ++c) order[c] = int(c);
+    std::vector<char*> row(ncols);
+    int64_t rounded = 0, first_rounded_line = 0;
+    while (char* line = in.next_line()) {
+      line_no = int64_t(in.get_file_line());
+      try {
+        io::detail::parse_line<Trim, Quote>(line, row.data(), order);
+      } catch (const io::error::too_few_columns&) {
+        throw InputError(file, line_no, 0, "",
+                         fmt::format("too few columns; expected {} ({})", ncols,
+                                     expected_text()));
+      } catch (const io::error::too_many_columns&) {
+        throw InputError(file, line_no, 0, "",
+                         fmt::format("too many columns; expected {} ({})",
+                                     ncols, expected_text()));
+      }
+      for (size_t c = 0; c < ncols; ++c) {
+        const std::string_view text(row[c]);
+        const bool is_label =
+            d.loss == LossKind::cross_entropy && c + 1 == ncols;
+        if (is_label) {
+          int64_t v = -1;
+          const auto r =
+              std::from_chars(text.data(), text.data() + text.size(), v);
+          if (r.ec != std::errc() || r.ptr != text.data() + text.size() ||
+              v < 0 || v >= d.d_out)
+            throw InputError(
+                file, line_no, 0, expected[c],
+                fmt::format("expected an integer class id in 0..{}, got '{}'",
+                            d.d_out - 1, text));
+          d.label.push_back(int32_t(v));
+          continue;
+        }
+        bool inexact = false;
+        const std::optional<float> v = parse_float32(text, inexact);
+        if (!v)
+          throw InputError(
+              file, line_no, 0, expected[c],
+              fmt::format("expected a finite number (float32 range), got '{}'",
+                          text));
+        if (inexact && rounded++ == 0) first_rounded_line = line_no;
+        (c < size_t(d.d_in) ? d.x : d.y).push_back(*v);
+      }
+      ++d.n;
+    }
+    if (d.n == 0)
+      throw InputError(file, 1, 0, "", "no data rows after the header");
+    if (rounded)
+      d.notes.push_back(
+          fmt::format("{} values rounded to float32 (first at {}:{})", rounded,
+                      file, first_rounded_line));
+  } catch (const io::error::base& e) {
+    // Anything else the parser refuses (e.g. an over-long line).
+    throw InputError(file, line_no + 1, 0, "", e.what());
+  }
+  if (s.data.samples != 0 && s.data.samples != d.n)
+    throw InputError(file, 0, 0, "data.samples",
+                     fmt::format("the scenario says {} samples, the file has "
+                                 "{} rows",
+                                 s.data.samples, d.n));
+  return d;
+}
+
+}  // namespace
+
+Dataset make_dataset(const Scenario& s) {
+  return s.data.source == DataSource::csv ? from_csv(s) : generated(s);
+}
+
+std::vector<float> initial_parameters(const Scenario& s,
+                                      const ParamLayout& layout) {
+  std::vector<float> p(size_t(layout.total));
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    const TensorView& v = layout.tensors[t];
+    const double fan_in = double(std::max<int64_t>(1, v.fan_in));
+    // Dyadic: the largest power of two <= 1/sqrt(fan_in), exactly.
+    double scale = 1.0;
+    if (s.data.dyadic)
+      while (scale * scale * fan_in > 1.0) scale *= 0.5;
+    const double bound = 1.0 / std::sqrt(fan_in);
+    for (int64_t k = 0; k < v.size(); ++k) {
+      const uint64_t bits =
+          random_bits(s.data.seed, Stream::init, uint64_t(t), uint64_t(k));
+      p[size_t(v.offset + k)] = s.data.dyadic
+                                    ? float(double(dyadic_pm1(bits)) * scale)
+                                    : float(double(uniform_pm1(bits)) * bound);
+    }
+  }
+  return p;
+}
+
+}  // namespace accumcheck

@@ -1,0 +1,746 @@
+// Scenario files: TOML -> Scenario with precise errors, Scenario -> TOML,
+// and describe().
+#include "sim/scenario_parse.hpp"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "sim/atomic_file.hpp"
+#include "sim/data.hpp"
+#include "sim/errors.hpp"
+
+namespace accumcheck {
+
+namespace {
+
+constexpr int64_t kMaxWidth = 4096;
+constexpr int64_t kIntMax = std::numeric_limits<int64_t>::max();
+
+template <class E>
+using Names = std::span<const std::pair<std::string_view, E>>;
+
+constexpr std::pair<std::string_view, Activation> kActivations[] = {
+    {"tanh", Activation::tanh},
+    {"relu", Activation::relu},
+    {"gelu", Activation::gelu},
+    {"identity", Activation::identity}};
+constexpr std::pair<std::string_view, LossKind> kLosses[] = {
+    {"mse", LossKind::mse}, {"cross-entropy", LossKind::cross_entropy}};
+constexpr std::pair<std::string_view, OptimizerKind> kOptimizers[] = {
+    {"sgd", OptimizerKind::sgd},
+    {"adam", OptimizerKind::adam},
+    {"adamw", OptimizerKind::adamw}};
+constexpr std::pair<std::string_view, ScheduleKind> kSchedules[] = {
+    {"constant", ScheduleKind::constant},
+    {"step", ScheduleKind::step},
+    {"linear", ScheduleKind::linear},
+    {"cosine", ScheduleKind::cosine}};
+constexpr std::pair<std::string_view, LrScaling> kLrScalings[] = {
+    {"none", LrScaling::none},
+    {"linear", LrScaling::linear},
+    {"sqrt", LrScaling::sqrt}};
+constexpr std::pair<std::string_view, ExpectKind> kVerdicts[] = {
+    {"matches-reference", ExpectKind::matches_reference},
+    {"diverges-from-reference", ExpectKind::diverges_from_reference},
+    {"never-steps", ExpectKind::never_steps}};
+
+template <class E>
+std::string_view name_of(Names<E> names, E value) {
+  for (const auto& [n, v] : names)
+    if (v == value) return n;
+  return "?";
+}
+
+// Levenshtein distance, for "did you mean".
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min(
+          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest candidate within a small edit distance, or "".
+template <class Range>
+std::string_view closest(std::string_view word, const Range& candidates) {
+  std::string_view best;
+  size_t best_d = std::max<size_t>(2, word.size() / 4) + 1;
+  for (std::string_view c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_d) best = c, best_d = d;
+  }
+  return best;
+}
+
+std::string toml_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if ((unsigned char)c < 0x20 || c == 0x7f)
+          out += fmt::format("\\u{:04X}", (unsigned)(unsigned char)c);
+        else
+          out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// Shortest round-trip text of a double, always spelled as a TOML float.
+std::string float_text(double x) {
+  std::string s = fmt::format("{}", x);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+// "got 0", "got \"tahn\"", "got an array".
+std::string got(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::integer:
+      return "got " + std::to_string(n.as_integer()->get());
+    case toml::node_type::floating_point:
+      return "got " + float_text(n.as_floating_point()->get());
+    case toml::node_type::boolean:
+      return n.as_boolean()->get() ? "got true" : "got false";
+    case toml::node_type::string:
+      return "got " + toml_string(n.as_string()->get());
+    case toml::node_type::array:
+      return "got an array";
+    case toml::node_type::table:
+      return "got a table";
+    default:
+      return "got a date/time";
+  }
+}
+
+std::string int_range_text(int64_t lo, int64_t hi) {
+  if (hi == kIntMax) return fmt::format("an integer >= {}", lo);
+  return fmt::format("an integer in {}..{}", lo, hi);
+}
+
+// A number predicate with its wording ("a number > 0").
+struct NumberRule {
+  std::string_view text;
+  bool (*ok)(double);
+};
+constexpr NumberRule kPositive{"a number > 0", [](double x) { return x > 0; }};
+constexpr NumberRule kNonNegative{"a number >= 0",
+                                  [](double x) { return x >= 0; }};
+constexpr NumberRule kUnitInterval{"a number in [0, 1)",
+                                   [](double x) { return x >= 0 && x < 1; }};
+
+class Parser {
+ public:
+  Parser(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const toml::source_region& r, const std::string& key,
+                         const std::string& msg) const {
+    throw InputError(file_, int64_t(r.begin.line), int64_t(r.begin.column), key,
+                     msg);
+  }
+  [[noreturn]] void fail(const toml::node* n, const std::string& key,
+                         const std::string& msg) const {
+    if (n) fail(n->source(), key, msg);
+    throw InputError(file_, 0, 0, key, msg);
+  }
+
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+};
+
+// One [section]: checks its keys against the allowed ones and reads typed,
+// range-checked values.
+class Section {
+ public:
+  Section(const Parser& p, const toml::table& root, std::string name,
+          std::initializer_list<std::string_view> keys)
+      : p_(p), name_(std::move(name)), keys_(keys) {
+    const toml::node* n = root.get(name_);
+    if (n && !n->is_table())
+      p_.fail(n, name_, "expected a table [" + name_ + "], " + got(*n));
+    table_ = n ? n->as_table() : nullptr;
+    if (!table_) return;
+    for (auto&& [k, v] : *table_) {
+      (void)v;
+      if (std::find(keys_.begin(), keys_.end(), k.str()) != keys_.end())
+        continue;
+      std::string msg = fmt::format("unknown key '{}' in [{}]", k.str(), name_);
+      const std::string_view guess = closest(k.str(), keys_);
+      if (!guess.empty())
+        msg += fmt::format("; did you mean '{}'?", guess);
+      else
+        msg += "; known keys: " + join(keys_);
+      p_.fail(k.source(), key(k.str()), msg);
+    }
+  }
+
+  bool present() const { return table_ != nullptr; }
+  std::string key(std::string_view k) const {
+    return name_ + "." + std::string(k);
+  }
+  const toml::node* node(std::string_view k) const {
+    return table_ ? table_->get(k) : nullptr;
+  }
+  bool has(std::string_view k) const { return node(k) != nullptr; }
+
+  [[noreturn]] void missing(std::string_view k, std::string_view what) const {
+    const std::string msg =
+        fmt::format("missing required key '{}'; expected {}", k, what);
+    if (table_) p_.fail(table_->source(), key(k), msg);
+    p_.fail(nullptr, key(k),
+            fmt::format("{} (section [{}] is absent)", msg, name_));
+  }
+  [[noreturn]] void bad(std::string_view k, std::string_view what) const {
+    const toml::node* n = node(k);
+    p_.fail(n, key(k), fmt::format("expected {}, {}", what, got(*n)));
+  }
+  // Rejects a key that has no meaning under the chosen setting.
+  void forbid(std::string_view k, std::string_view why) const {
+    if (const toml::node* n = node(k))
+      p_.fail(n, key(k), fmt::format("'{}' {}", k, why));
+  }
+
+  std::optional<int64_t> integer(std::string_view k, int64_t lo,
+                                 int64_t hi = kIntMax) const {
+    const toml::node* n = node(k);
+    if (!n) return std::nullopt;
+    const auto* v = n->as_integer();
+    if (!v || v->get() < lo || v->get() > hi) bad(k, int_range_text(lo, hi));
+    return v->get();
+  }
+  int64_t required_integer(std::string_view k, int64_t lo,
+                           int64_t hi = kIntMax) const {
+    if (!has(k)) missing(k, int_range_text(lo, hi));
+    return *integer(k, lo, hi);
+  }
+
+  std::optional<double> number(std::string_view k, NumberRule rule) const {
+    const toml::node* n = node(k);
+    if (!n) return std::nullopt;
+    double x;
+    if (const auto* i = n->as_integer())
+      x = double(i->get());
+    else if (const auto* f = n->as_floating_point())
+      x = f->get();
+    else
+      bad(k, rule.text);
+    if (!std::isfinite(x) || !rule.ok(x)) bad(k, rule.text);
+    return x;
+  }
+  double required_number(std::string_view k, NumberRule rule) const {
+    if (!has(k)) missing(k, rule.text);
+    return *number(k, rule);
+  }
+
+  std::optional<bool> boolean(std::string_view k) const {
+    const toml::node* n = node(k);
+    if (!n) return std::nullopt;
+    if (!n->is_boolean()) bad(k, "true or false");
+    return n->as_boolean()->get();
+  }
+
+  std::optional<std::string> string(std::string_view k) const {
+    const toml::node* n = node(k);
+    if (!n) return std::nullopt;
+    if (!n->is_string()) bad(k, "a string");
+    return n->as_string()->get();
+  }
+
+  template <class E, size_t N>
+  std::optional<E> choice(
+      std::string_view k,
+      const std::pair<std::string_view, E> (&names)[N]) const {
+    const toml::node* n = node(k);
+    if (!n) return std::nullopt;
+    std::vector<std::string_view> spelled;
+    for (const auto& [name, v] : names) spelled.push_back(name);
+    std::string what = "one of";
+    for (size_t i = 0; i < N; ++i) {
+      what += i ? ", " : " ";
+      what += toml_string(spelled[i]);
+    }
+    if (!n->is_string()) bad(k, what);
+    const std::string& s = n->as_string()->get();
+    for (const auto& [name, v] : names)
+      if (name == s) return v;
+    std::string msg = fmt::format("expected {}, {}", what, got(*n));
+    const std::string_view guess = closest(s, spelled);
+    if (!guess.empty())
+      msg += fmt::format("; did you mean {}?", toml_string(guess));
+    p_.fail(n, key(k), msg);
+  }
+
+  static std::string join(const std::vector<std::string_view>& v) {
+    std::string s;
+    for (std::string_view x : v) {
+      if (!s.empty()) s += ", ";
+      s += x;
+    }
+    return s;
+  }
+
+ private:
+  const Parser& p_;
+  std::string name_;
+  std::vector<std::string_view> keys_;
+  const toml::table* table_ = nullptr;
+};
+
+std::vector<Pitfall> pitfall_list(const Parser& p, const Section& sec,
+                                  std::string_view k) {
+  std::vector<Pitfall> out;
+  const toml::node* n = sec.node(k);
+  if (!n) return out;
+  const auto* arr = n->as_array();
+  if (!arr) sec.bad(k, "an array of pitfall ids");
+  std::vector<std::string_view> ids;
+  for (Pitfall q : kAllPitfalls) ids.push_back(pitfall_id(q));
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::node& el = (*arr)[i];
+    const std::string key = fmt::format("{}[{}]", sec.key(k), i);
+    if (!el.is_string())
+      p.fail(&el, key, "expected a pitfall id (a string), " + got(el));
+    const std::string& id = el.as_string()->get();
+    const std::optional<Pitfall> q = pitfall_from_id(id);
+    if (!q) {
+      std::string msg = fmt::format("unknown pitfall id '{}'", id);
+      const std::string_view guess = closest(id, ids);
+      if (!guess.empty()) msg += fmt::format("; did you mean '{}'?", guess);
+      p.fail(&el, key, msg + " Known ids: " + Section::join(ids));
+    }
+    if (std::find(out.begin(), out.end(), *q) != out.end())
+      p.fail(&el, key, fmt::format("pitfall id '{}' listed twice", id));
+    out.push_back(*q);
+  }
+  return out;
+}
+
+void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
+  const toml::node* wn = sec.node("widths");
+  if (!wn) sec.missing("widths", "an array of >= 2 layer widths");
+  const auto* arr = wn->as_array();
+  if (!arr || arr->size() < 2)
+    sec.bad("widths", "an array of >= 2 layer widths {d_in, ..., d_out}");
+  m.widths.clear();
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::node& el = (*arr)[i];
+    const auto* v = el.as_integer();
+    if (!v || v->get() < 1 || v->get() > kMaxWidth)
+      p.fail(&el, fmt::format("model.widths[{}]", i),
+             fmt::format("expected {}, {}", int_range_text(1, kMaxWidth),
+                         got(el)));
+    m.widths.push_back(v->get());
+  }
+  m.activation =
+      sec.choice("activation", kActivations).value_or(Activation::tanh);
+  m.loss = sec.choice("loss", kLosses).value_or(LossKind::mse);
+  if (m.loss == LossKind::cross_entropy && m.d_out() < 2)
+    p.fail(sec.node("loss"), "model.loss",
+           fmt::format("cross-entropy needs d_out >= 2 classes (the last "
+                       "entry of model.widths), got {}",
+                       m.d_out()));
+}
+
+std::string resolve_csv(const std::string& scenario_path,
+                        const std::string& csv) {
+  namespace fs = std::filesystem;
+  fs::path p(csv);
+  if (p.is_relative()) {
+    std::error_code ec;
+    fs::path base = fs::absolute(fs::path(scenario_path), ec).parent_path();
+    p = base / p;
+  }
+  return p.lexically_normal().string();
+}
+
+void parse_data(const Parser& p, const Section& sec, Scenario& s) {
+  DataSpec& d = s.data;
+  d.seed = uint64_t(sec.integer("seed", 0).value_or(0));
+  d.dyadic = sec.boolean("dyadic").value_or(false);
+  d.shuffle = sec.boolean("shuffle").value_or(true);
+  const std::optional<int64_t> samples = sec.integer("samples", 1);
+  if (const std::optional<std::string> csv = sec.string("csv")) {
+    if (csv->empty()) sec.bad("csv", "a path to a CSV file");
+    d.source = DataSource::csv;
+    d.csv_path = resolve_csv(p.file(), *csv);
+    d.samples = 0;
+    // Reads and checks the whole file (header against the model, every
+    // value); the row count is the sample count.
+    const Dataset ds = make_dataset(s);
+    if (samples && *samples != ds.n)
+      p.fail(sec.node("samples"), "data.samples",
+             fmt::format("expected {} (the rows of {}) or no value, got {}",
+                         ds.n, d.csv_path, *samples));
+    d.samples = ds.n;
+  } else {
+    d.source = DataSource::generated;
+    if (!samples) sec.missing("samples", "an integer >= 1 (or a csv file)");
+    d.samples = *samples;
+  }
+}
+
+void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
+  BatchingSpec& b = s.batching;
+  b.micro_batch = sec.required_integer("micro_batch", 1);
+  b.accumulation = sec.required_integer("accumulation", 1);
+  b.epochs = sec.integer("epochs", 1).value_or(1);
+  b.ranks = sec.integer("ranks", 1).value_or(1);
+  b.max_steps = sec.integer("max_steps", -1).value_or(-1);
+  if (b.micro_batch > s.data.samples)
+    p.fail(sec.node("micro_batch"), "batching.micro_batch",
+           fmt::format("expected an integer in 1..{} (data.samples), got {}",
+                       s.data.samples, b.micro_batch));
+  if (b.ranks > s.data.samples)
+    p.fail(sec.node("ranks"), "batching.ranks",
+           fmt::format("expected an integer in 1..{} (data.samples), got {}",
+                       s.data.samples, b.ranks));
+}
+
+void parse_optimizer(const Section& sec, OptimizerSpec& o) {
+  o = OptimizerSpec{};
+  o.kind = sec.choice("kind", kOptimizers).value_or(OptimizerKind::sgd);
+  o.lr = sec.required_number("lr", kPositive);
+  if (o.kind == OptimizerKind::sgd) {
+    for (std::string_view k : {"beta1", "beta2", "eps"})
+      sec.forbid(k, "applies to kind = \"adam\" or \"adamw\" only");
+    o.momentum = sec.number("momentum", kUnitInterval).value_or(0.0);
+  } else {
+    sec.forbid("momentum", "applies to kind = \"sgd\" only");
+    o.beta1 = sec.number("beta1", kUnitInterval).value_or(o.beta1);
+    o.beta2 = sec.number("beta2", kUnitInterval).value_or(o.beta2);
+    o.eps = sec.number("eps", kPositive).value_or(o.eps);
+  }
+  o.weight_decay = sec.number("weight_decay", kNonNegative).value_or(0.0);
+  o.l2_in_loss = sec.number("l2_in_loss", kNonNegative).value_or(0.0);
+}
+
+void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc) {
+  sc = ScheduleSpec{};
+  sc.kind = sec.choice("kind", kSchedules).value_or(ScheduleKind::constant);
+  const bool horizon =
+      sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine;
+  if (!horizon) {
+    sec.forbid("warmup", "applies to kind = \"linear\" or \"cosine\" only");
+    sec.forbid("total", "applies to kind = \"linear\" or \"cosine\" only");
+  }
+  if (sc.kind != ScheduleKind::step) {
+    sec.forbid("step_size", "applies to kind = \"step\" only");
+    sec.forbid("gamma", "applies to kind = \"step\" only");
+  }
+  if (horizon) {
+    sc.warmup = sec.integer("warmup", 0).value_or(0);
+    sc.total = sec.required_integer("total", 1);
+    if (sc.total <= sc.warmup)
+      p.fail(sec.node("total"), "schedule.total",
+             fmt::format("expected an integer > schedule.warmup = {}, got {}",
+                         sc.warmup, sc.total));
+  } else if (sc.kind == ScheduleKind::step) {
+    sc.step_size = sec.integer("step_size", 1).value_or(1);
+    sc.gamma = sec.number("gamma", kPositive).value_or(sc.gamma);
+  }
+}
+
+void parse_expect(const Section& sec, ExpectSpec& e) {
+  e = ExpectSpec{};
+  e.kind =
+      sec.choice("verdict", kVerdicts).value_or(ExpectKind::matches_reference);
+  if (e.kind == ExpectKind::diverges_from_reference) {
+    e.min_distance = sec.required_number("min_distance", kPositive);
+    e.at_step = sec.integer("at_step", -1).value_or(-1);
+  } else {
+    sec.forbid("min_distance",
+               "applies to verdict = \"diverges-from-reference\" only");
+    sec.forbid("at_step",
+               "applies to verdict = \"diverges-from-reference\" only");
+  }
+}
+
+constexpr std::string_view kSections[] = {"model",     "data",     "batching",
+                                          "optimizer", "schedule", "clip",
+                                          "trainer",   "expect"};
+
+}  // namespace
+
+Scenario parse_scenario_string(std::string_view text,
+                               const std::string& path_for_errors) {
+  const Parser p(path_for_errors);
+  toml::table root;
+  try {
+    root = toml::parse(text, std::string(path_for_errors));
+  } catch (const toml::parse_error& e) {
+    p.fail(e.source(), "",
+           "TOML syntax error: " + std::string(e.description()));
+  }
+
+  // Top level: `story` and the known sections only.
+  for (auto&& [k, v] : root) {
+    if (k.str() == "story") continue;
+    if (std::find(std::begin(kSections), std::end(kSections), k.str()) !=
+        std::end(kSections))
+      continue;
+    std::vector<std::string_view> known(std::begin(kSections),
+                                        std::end(kSections));
+    const bool table = v.is_table();
+    if (!table) known.push_back("story");
+    std::string msg = table ? fmt::format("unknown section [{}]", k.str())
+                            : fmt::format("unknown key '{}'", k.str());
+    const std::string_view guess = closest(k.str(), known);
+    if (!guess.empty())
+      msg += table ? fmt::format("; did you mean [{}]?", guess)
+                   : fmt::format("; did you mean '{}'?", guess);
+    else
+      msg += fmt::format(
+          "; expected 'story' or a section [{}]",
+          Section::join({std::begin(kSections), std::end(kSections)}));
+    p.fail(k.source(), std::string(k.str()), msg);
+  }
+
+  Scenario s;
+  s.path = path_for_errors;
+  s.name = std::filesystem::path(path_for_errors).stem().string();
+  s.digest = digest_hex(text);
+
+  const toml::node* story = root.get("story");
+  if (!story)
+    p.fail(nullptr, "story",
+           "missing required key 'story'; expected a one-line description");
+  if (!story->is_string() || story->as_string()->get().empty() ||
+      story->as_string()->get().find('\n') != std::string::npos)
+    p.fail(story, "story",
+           "expected a non-empty one-line string, " + got(*story));
+  s.story = story->as_string()->get();
+
+  const Section model(p, root, "model", {"widths", "activation", "loss"});
+  const Section data(p, root, "data",
+                     {"samples", "seed", "dyadic", "shuffle", "csv"});
+  const Section batching(
+      p, root, "batching",
+      {"micro_batch", "accumulation", "epochs", "ranks", "max_steps"});
+  const Section optimizer(p, root, "optimizer",
+                          {"kind", "lr", "momentum", "beta1", "beta2", "eps",
+                           "weight_decay", "l2_in_loss"});
+  const Section schedule(p, root, "schedule",
+                         {"kind", "warmup", "total", "step_size", "gamma"});
+  const Section clip(p, root, "clip", {"max_norm"});
+  const Section trainer(p, root, "trainer",
+                        {"pitfalls", "accepted", "lr_scaling"});
+  const Section expect(p, root, "expect",
+                       {"verdict", "min_distance", "at_step"});
+
+  parse_model(p, model, s.model);
+  parse_data(p, data, s);
+  parse_batching(p, batching, s);
+  parse_optimizer(optimizer, s.optimizer);
+  parse_schedule(p, schedule, s.schedule);
+  if (const std::optional<double> c = clip.number("max_norm", kPositive)) {
+    s.clip.enabled = true;
+    s.clip.max_norm = *c;
+  }
+  s.trainer.pitfalls = pitfall_list(p, trainer, "pitfalls");
+  s.trainer.accepted = pitfall_list(p, trainer, "accepted");
+  s.trainer.lr_scaling =
+      trainer.choice("lr_scaling", kLrScalings).value_or(LrScaling::none);
+  parse_expect(expect, s.expect);
+  return s;
+}
+
+Scenario parse_scenario_file(const std::string& path) {
+  return parse_scenario_string(read_file_bytes(path), path);
+}
+
+std::string to_toml(const Scenario& s) {
+  std::string o;
+  auto line = [&o](std::string_view key, const std::string& value) {
+    o += fmt::format("{} = {}\n", key, value);
+  };
+  auto integer = [](int64_t v) { return std::to_string(v); };
+  auto boolean = [](bool v) { return std::string(v ? "true" : "false"); };
+  auto ids = [](const std::vector<Pitfall>& v) {
+    std::string r = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) r += ", ";
+      r += toml_string(pitfall_id(v[i]));
+    }
+    return r + "]";
+  };
+
+  line("story", toml_string(s.story));
+
+  o += "\n[model]\n";
+  std::string widths = "[";
+  for (size_t i = 0; i < s.model.widths.size(); ++i) {
+    if (i) widths += ", ";
+    widths += integer(s.model.widths[i]);
+  }
+  line("widths", widths + "]");
+  line("activation",
+       toml_string(name_of<Activation>(kActivations, s.model.activation)));
+  line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
+
+  o += "\n[data]\n";
+  if (s.data.source == DataSource::csv)
+    line("csv", toml_string(s.data.csv_path));
+  line("samples", integer(s.data.samples));
+  // TOML integers are signed 64-bit: a larger seed has no spelling.
+  if (s.data.seed > uint64_t(kIntMax))
+    throw std::invalid_argument(fmt::format(
+        "to_toml: data.seed {} does not fit a TOML integer (< 2^63)",
+        s.data.seed));
+  line("seed", std::to_string(s.data.seed));
+  line("dyadic", boolean(s.data.dyadic));
+  line("shuffle", boolean(s.data.shuffle));
+
+  o += "\n[batching]\n";
+  line("micro_batch", integer(s.batching.micro_batch));
+  line("accumulation", integer(s.batching.accumulation));
+  line("epochs", integer(s.batching.epochs));
+  line("ranks", integer(s.batching.ranks));
+  line("max_steps", integer(s.batching.max_steps));
+
+  const OptimizerSpec& opt = s.optimizer;
+  o += "\n[optimizer]\n";
+  line("kind", toml_string(name_of<OptimizerKind>(kOptimizers, opt.kind)));
+  line("lr", float_text(opt.lr));
+  if (opt.kind == OptimizerKind::sgd) {
+    line("momentum", float_text(opt.momentum));
+  } else {
+    line("beta1", float_text(opt.beta1));
+    line("beta2", float_text(opt.beta2));
+    line("eps", float_text(opt.eps));
+  }
+  line("weight_decay", float_text(opt.weight_decay));
+  line("l2_in_loss", float_text(opt.l2_in_loss));
+
+  const ScheduleSpec& sc = s.schedule;
+  o += "\n[schedule]\n";
+  line("kind", toml_string(name_of<ScheduleKind>(kSchedules, sc.kind)));
+  if (sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) {
+    line("warmup", integer(sc.warmup));
+    line("total", integer(sc.total));
+  } else if (sc.kind == ScheduleKind::step) {
+    line("step_size", integer(sc.step_size));
+    line("gamma", float_text(sc.gamma));
+  }
+
+  if (s.clip.enabled) {
+    o += "\n[clip]\n";
+    line("max_norm", float_text(s.clip.max_norm));
+  }
+
+  o += "\n[trainer]\n";
+  line("pitfalls", ids(s.trainer.pitfalls));
+  line("accepted", ids(s.trainer.accepted));
+  line("lr_scaling",
+       toml_string(name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling)));
+
+  o += "\n[expect]\n";
+  line("verdict", toml_string(name_of<ExpectKind>(kVerdicts, s.expect.kind)));
+  if (s.expect.kind == ExpectKind::diverges_from_reference) {
+    line("min_distance", float_text(s.expect.min_distance));
+    line("at_step", integer(s.expect.at_step));
+  }
+  return o;
+}
+
+std::string describe(const Scenario& s) {
+  std::string model;
+  for (size_t i = 0; i < s.model.widths.size(); ++i) {
+    if (i) model += '-';
+    model += std::to_string(s.model.widths[i]);
+  }
+  const bool hidden = s.model.widths.size() > 2;
+  std::string d = fmt::format(
+      "{}({}{},{})", hidden ? "mlp" : "linear", model,
+      hidden ? fmt::format(
+                   ",{}", name_of<Activation>(kActivations, s.model.activation))
+             : std::string(),
+      name_of<LossKind>(kLosses, s.model.loss));
+  d += fmt::format(" n={}", s.data.samples);
+  if (s.data.source == DataSource::csv)
+    d += fmt::format(" csv={}", s.data.csv_path);
+  else
+    d += fmt::format(" seed={}{}", s.data.seed, s.data.dyadic ? " dyadic" : "");
+  if (!s.data.shuffle) d += " no-shuffle";
+  d += fmt::format(" b={} K={} R={}", s.batching.micro_batch,
+                   s.batching.accumulation, s.batching.ranks);
+  if (s.batching.epochs != 1) d += fmt::format(" epochs={}", s.batching.epochs);
+  if (s.batching.max_steps >= 0)
+    d += fmt::format(" max_steps={}", s.batching.max_steps);
+
+  const OptimizerSpec& o = s.optimizer;
+  d += fmt::format(" {} lr={}", name_of<OptimizerKind>(kOptimizers, o.kind),
+                   o.lr);
+  if (o.kind == OptimizerKind::sgd) {
+    if (o.momentum != 0) d += fmt::format(" momentum={}", o.momentum);
+  } else {
+    d += fmt::format(" betas=({},{}) eps={}", o.beta1, o.beta2, o.eps);
+  }
+  if (o.weight_decay != 0) d += fmt::format(" wd={}", o.weight_decay);
+  if (o.l2_in_loss != 0) d += fmt::format(" l2={}", o.l2_in_loss);
+
+  const ScheduleSpec& sc = s.schedule;
+  switch (sc.kind) {
+    case ScheduleKind::constant:
+      break;
+    case ScheduleKind::step:
+      d += fmt::format(" step(size={},gamma={})", sc.step_size, sc.gamma);
+      break;
+    case ScheduleKind::linear:
+    case ScheduleKind::cosine:
+      d += fmt::format(" {}(w={},T={})",
+                       name_of<ScheduleKind>(kSchedules, sc.kind), sc.warmup,
+                       sc.total);
+      break;
+  }
+  if (s.clip.enabled) d += fmt::format(" clip={}", s.clip.max_norm);
+  if (s.trainer.lr_scaling != LrScaling::none)
+    d += fmt::format(" lr-scaling={}",
+                     name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling));
+  d += fmt::format(" {}", semantics_name(s.trainer.pitfalls));
+  if (!s.trainer.accepted.empty())
+    d += fmt::format(" accepted={}", semantics_name(s.trainer.accepted));
+  return d;
+}
+
+}  // namespace accumcheck

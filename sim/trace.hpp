@@ -1,0 +1,143 @@
+// Traces: the one versioned trace schema (DESIGN.md section 7).
+//
+// A trace is a folder of three tidy CSV files (steps counted from 0):
+//   meta.csv    key,value          schema, scenario, scenario_digest,
+//                                  engine, precision, tool_version, extras
+//   events.csv  run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm
+//   values.csv  run,step,kind,tensor,index,value
+//                 kind grad: the gradient handed to optimizer step `step`
+//                 kind param: the parameters just after it
+// Several runs ("reference", "correct", a pitfall id...) share the files,
+// told apart by `run`; each run's rows are contiguous.  Floats are written
+// with 17 significant digits (%.17g) so they read back exactly; NaN is an
+// empty field.  Fields holding ',' or '"' are double-quoted.  Files are
+// written atomically and their bytes depend only on the content.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "sim/layout.hpp"
+#include "sim/run.hpp"
+
+namespace accumcheck {
+
+inline constexpr std::string_view kTraceSchema = "accumcheck-trace/1";
+
+enum class ValueKind { param, grad };
+std::string_view value_kind_name(ValueKind k);
+
+// Accumulates the rows of one trace, run after run.
+class TraceWriter {
+ public:
+  // The required meta rows.  tool_version defaults to this build's.
+  TraceWriter(std::string scenario_name, std::string scenario_digest,
+              std::string engine, std::string precision,
+              std::string tool_version = "");
+
+  // Extra meta rows (BLAS, device, ...), written after the required ones
+  // in the order added.  A key may appear once.
+  void add_meta(std::string key, std::string value);
+
+  // Starts a run; its name must be new.  Rows added until the next
+  // begin_run belong to it.
+  void begin_run(std::string_view name);
+  void add_event(const Event& e);
+  void add_value(int64_t step, ValueKind kind, std::string_view tensor,
+                 int64_t index, double value);
+
+  std::string meta_csv() const;
+  const std::string& events_csv() const { return events_; }
+  const std::string& values_csv() const { return values_; }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> meta_;
+  std::vector<std::string> runs_;
+  std::string events_, values_;
+};
+
+// A run's events, then per optimizer step its gradient and parameters
+// (layout order, flat index within each tensor), Real -> double.
+template <class Real>
+void add_run(TraceWriter& w, const Run<Real>& run, const ParamLayout& layout) {
+  w.begin_run(run.name);
+  for (const Event& e : run.events) w.add_event(e);
+  for (const StepRecord<Real>& s : run.steps) {
+    const std::pair<ValueKind, const std::vector<Real>*> kinds[] = {
+        {ValueKind::grad, &s.grad}, {ValueKind::param, &s.param}};
+    for (const auto& [kind, vals] : kinds) {
+      if (vals->empty()) continue;
+      for (const TensorView& t : layout.tensors)
+        for (int64_t i = 0; i < t.size(); ++i)
+          w.add_value(s.step, kind, t.name, i,
+                      static_cast<double>((*vals)[size_t(t.offset + i)]));
+    }
+  }
+}
+
+// Writes meta.csv, events.csv and values.csv into `dir` (created when
+// missing), each atomically.
+void write_trace(const std::string& dir, const TraceWriter& w);
+
+struct TraceEvent {
+  Event event;
+  int64_t line = 0;  // in events.csv
+};
+
+struct TraceValue {
+  int64_t step = 0;
+  ValueKind kind = ValueKind::param;
+  std::string tensor;
+  int64_t index = 0;
+  double value = 0;
+  int64_t line = 0;  // in values.csv
+};
+
+struct TraceRun {
+  std::string name;
+  std::vector<TraceEvent> events;  // file order
+  std::vector<TraceValue> values;  // file order
+};
+
+struct Trace {
+  std::string dir;
+  std::vector<std::pair<std::string, std::string>> meta;  // file order
+  std::vector<TraceRun> runs;  // in order of first appearance
+
+  // The meta value for `key`, or "" when absent.
+  std::string meta_value(std::string_view key) const;
+  // The run called `name`, or nullptr.
+  const TraceRun* run(std::string_view name) const;
+  std::string events_path() const;
+  std::string values_path() const;
+  std::string meta_path() const;
+};
+
+// Reads a trace folder.  Every malformed input is an InputError naming the
+// file and line: a missing or unknown column, a schema version other than
+// kTraceSchema, a missing required meta key, an unknown event or kind, a
+// non-number where a number belongs (NaN is only ever an empty field), a
+// file whose last line has no line end (truncated), steps going backwards
+// within a run, a run's rows split by another run's, a duplicated meta key
+// or values row.  (Events carry no rank, so identical events rows are
+// legitimate with R > 1 and are not rejected.)  Digests and tensor shapes
+// against a scenario are the caller's (see check_values).
+Trace read_trace(const std::string& dir);
+
+// Per optimizer step of a run, the flat gradient and parameters in
+// `layout`'s order (empty when the run wrote none of that kind).
+struct TraceStep {
+  int64_t step = 0;
+  std::vector<double> grad, param;
+};
+
+// Checks a run's values against `layout` (every tensor name known, every
+// index in range, each step's grad or param complete) and gathers them by
+// step.  Throws InputError naming values.csv and the offending line.
+std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
+                                    const ParamLayout& layout);
+
+}  // namespace accumcheck

@@ -1,0 +1,386 @@
+// Traces: write -> read is exact, bytes are deterministic, and every kind
+// of malformed file is an InputError naming the file and line.
+#include "sim/trace.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "sim/atomic_file.hpp"
+#include "sim/errors.hpp"
+
+namespace accumcheck {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+ParamLayout layout() {
+  ModelSpec m;
+  m.widths = {2, 3, 1};
+  return layout_of(m);  // 0.weight 3x2, 0.bias 3, 2.weight 1x3, 2.bias 1
+}
+
+// Values chosen to stress exact printing: non-terminating binary
+// fractions, extremes, subnormals, signed zero, infinities.
+double tricky(int64_t i) {
+  const double v[] = {0.1,          1.0 / 3.0,
+                      -2.0 / 3.0,   1e-300,
+                      5e-324,       std::numeric_limits<double>::max(),
+                      -0.0,         123456789.123456789,
+                      double(0.1f), kInf,
+                      -kInf,        std::nextafter(1.0, 2.0),
+                      1.0};
+  return v[i % int64_t(std::size(v))] * (i / int64_t(std::size(v)) + 1);
+}
+
+template <class Real>
+Run<Real> make_run(const std::string& name, int64_t steps, int64_t total) {
+  Run<Real> r;
+  r.name = name;
+  for (int64_t t = 0; t < steps; ++t) {
+    for (int64_t k = 0; k < 2; ++k) {
+      Event fb;
+      fb.epoch = t / 2;
+      fb.step = t;
+      fb.micro = k;
+      fb.kind = EventKind::forward_backward;
+      fb.samples = 3;
+      fb.loss = tricky(t * 2 + k);
+      r.events.push_back(fb);
+    }
+    Event clip;
+    clip.epoch = t / 2;
+    clip.step = t;
+    clip.micro = -1;
+    clip.kind = EventKind::clip;
+    clip.grad_norm = 1.0 / 7.0 + double(t);
+    r.events.push_back(clip);
+    Event opt = clip;
+    opt.kind = EventKind::optimizer_step;
+    opt.grad_norm = kNaN;
+    opt.lr = 0.001 * double(t + 1);
+    r.events.push_back(opt);
+    Event sched = opt;
+    sched.kind = EventKind::scheduler_step;
+    sched.step = t + 1;
+    r.events.push_back(sched);
+    Event zg = sched;
+    zg.kind = EventKind::zero_grad;
+    zg.lr = kNaN;
+    zg.tokens = 5;
+    r.events.push_back(zg);
+
+    StepRecord<Real> s;
+    s.step = t;
+    for (int64_t i = 0; i < total; ++i) {
+      s.grad.push_back(Real(tricky(i + t)));
+      s.param.push_back(Real(-tricky(i + 3 * t + 1)));
+    }
+    r.steps.push_back(s);
+  }
+  return r;
+}
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "accumcheck_trace_test/" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+TraceWriter sample_writer() {
+  TraceWriter w("zero-grad", "0123456789abcdef", "oracle", "mpfr-50", "9.9.9");
+  w.add_meta("blas", "OpenBLAS 0.3.21, \"pthreads\"");
+  const ParamLayout L = layout();
+  add_run(w, make_run<double>("reference", 3, L.total), L);
+  add_run(w, make_run<float>("zero-grad-never", 2, L.total), L);
+  return w;
+}
+
+bool same(double a, double b) {
+  return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b) ||
+         (std::isnan(a) && std::isnan(b));
+}
+
+TEST(Trace, WriteReadRoundTripIsExact) {
+  const ParamLayout L = layout();
+  const std::string dir = temp_dir("roundtrip");
+  write_trace(dir, sample_writer());
+  const Trace t = read_trace(dir);
+
+  EXPECT_EQ(t.meta_value("schema"), "accumcheck-trace/1");
+  EXPECT_EQ(t.meta_value("scenario"), "zero-grad");
+  EXPECT_EQ(t.meta_value("scenario_digest"), "0123456789abcdef");
+  EXPECT_EQ(t.meta_value("engine"), "oracle");
+  EXPECT_EQ(t.meta_value("precision"), "mpfr-50");
+  EXPECT_EQ(t.meta_value("tool_version"), "9.9.9");
+  EXPECT_EQ(t.meta_value("blas"), "OpenBLAS 0.3.21, \"pthreads\"");
+  ASSERT_EQ(t.runs.size(), 2u);
+
+  const accumcheck::Run<double> ref = make_run<double>("reference", 3, L.total);
+  const TraceRun* r = t.run("reference");
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->events.size(), ref.events.size());
+  for (size_t i = 0; i < ref.events.size(); ++i) {
+    const Event& a = ref.events[i];
+    const Event& b = r->events[i].event;
+    EXPECT_EQ(a.epoch, b.epoch);
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_EQ(a.micro, b.micro);
+    EXPECT_EQ(a.kind, b.kind);
+    EXPECT_EQ(a.samples, b.samples);
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_TRUE(same(a.loss, b.loss)) << a.loss << " " << b.loss;
+    EXPECT_TRUE(same(a.lr, b.lr)) << a.lr << " " << b.lr;
+    EXPECT_TRUE(same(a.grad_norm, b.grad_norm));
+    EXPECT_EQ(r->events[i].line, int64_t(i) + 2);
+  }
+
+  const std::vector<TraceStep> steps = gather_steps(t, *r, L);
+  ASSERT_EQ(steps.size(), ref.steps.size());
+  for (size_t s = 0; s < steps.size(); ++s) {
+    EXPECT_EQ(steps[s].step, ref.steps[s].step);
+    for (int64_t i = 0; i < L.total; ++i) {
+      EXPECT_TRUE(same(steps[s].grad[size_t(i)], ref.steps[s].grad[size_t(i)]))
+          << s << " " << i;
+      EXPECT_TRUE(
+          same(steps[s].param[size_t(i)], ref.steps[s].param[size_t(i)]));
+    }
+  }
+
+  // float runs come back as the doubles of their floats.
+  const accumcheck::Run<float> zg =
+      make_run<float>("zero-grad-never", 2, L.total);
+  const std::vector<TraceStep> zsteps =
+      gather_steps(t, *t.run("zero-grad-never"), L);
+  ASSERT_EQ(zsteps.size(), 2u);
+  for (int64_t i = 0; i < L.total; ++i)
+    EXPECT_TRUE(
+        same(zsteps[1].param[size_t(i)], double(zg.steps[1].param[size_t(i)])));
+}
+
+TEST(Trace, BytesAreDeterministicAndTidy) {
+  const std::string a = temp_dir("det_a"), b = temp_dir("det_b");
+  write_trace(a, sample_writer());
+  write_trace(b, sample_writer());
+  for (const char* f : {"meta.csv", "events.csv", "values.csv"})
+    EXPECT_EQ(read_file_bytes(a + "/" + f), read_file_bytes(b + "/" + f)) << f;
+
+  const std::string events = read_file_bytes(a + "/events.csv");
+  EXPECT_EQ(events.substr(0, events.find('\n')),
+            "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm");
+  EXPECT_NE(events.find("\nreference,0,0,0,forward_backward,3,0,"
+                        "0.10000000000000001,,\n"),
+            std::string::npos);
+  const std::string values = read_file_bytes(a + "/values.csv");
+  EXPECT_EQ(values.substr(0, values.find('\n')),
+            "run,step,kind,tensor,index,value");
+  EXPECT_NE(values.find("\nreference,0,grad,0.weight,0,0.10000000000000001\n"),
+            std::string::npos);
+  // No temporary files left behind.
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 3);
+}
+
+TEST(Trace, WriterRefusesAmbiguousInput) {
+  TraceWriter w("s", "d", "e", "p");
+  w.begin_run("a");
+  EXPECT_THROW(w.begin_run("a"), std::invalid_argument);
+  EXPECT_THROW(w.begin_run("line\nbreak"), std::invalid_argument);
+  EXPECT_THROW(w.add_meta("schema", "x"), std::invalid_argument);
+}
+
+// Rewrites one file of a fresh sample trace and expects read_trace to
+// fail at `file`:`line` with a message containing `needle`.
+class TraceErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    write_trace(dir_, sample_writer());
+  }
+  std::string text(const std::string& file) {
+    return read_file_bytes(dir_ + "/" + file);
+  }
+  void put(const std::string& file, const std::string& bytes) {
+    std::ofstream(dir_ + "/" + file, std::ios::binary | std::ios::trunc)
+        << bytes;
+  }
+  void replace(const std::string& file, const std::string& from,
+               const std::string& to) {
+    std::string t = text(file);
+    const size_t at = t.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    t.replace(at, from.size(), to);
+    put(file, t);
+  }
+  void expect_error(const std::string& file, int64_t line,
+                    const std::string& needle) {
+    try {
+      read_trace(dir_);
+      ADD_FAILURE() << "no error; expected " << needle;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), (fs::path(dir_) / file).string());
+      EXPECT_EQ(e.line(), line) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+          << e.what() << "\n  expected to contain: " << needle;
+    }
+  }
+  // The 1-based line of the first line containing `s`.
+  int64_t line_of(const std::string& file, const std::string& s) {
+    std::istringstream in(text(file));
+    std::string l;
+    for (int64_t n = 1; std::getline(in, l); ++n)
+      if (l.find(s) != std::string::npos) return n;
+    ADD_FAILURE() << s;
+    return -1;
+  }
+  std::string dir_;
+};
+
+TEST_F(TraceErrors, MissingColumn) {
+  replace("events.csv", ",grad_norm\n", "\n");
+  expect_error("events.csv", 1, "missing column 'grad_norm'");
+}
+
+TEST_F(TraceErrors, UnknownColumn) {
+  replace("values.csv", "index,value", "idx,value");
+  expect_error("values.csv", 1, "unknown column 'idx'");
+}
+
+TEST_F(TraceErrors, UnknownEvent) {
+  const int64_t line = line_of("events.csv", "optimizer_step");
+  replace("events.csv", "optimizer_step", "optimiser_step");
+  expect_error("events.csv", line, "unknown event 'optimiser_step'");
+}
+
+TEST_F(TraceErrors, NanText) {
+  replace("events.csv", "0.10000000000000001", "nan");
+  expect_error("events.csv", 2,
+               "expected a number (NaN is an empty field), "
+               "got 'nan'");
+}
+
+TEST_F(TraceErrors, Garbage) {
+  replace("values.csv", "0.10000000000000001", "0.1x");
+  expect_error("values.csv", 2, "got '0.1x'");
+  write_trace(dir_, sample_writer());
+  replace("events.csv", "reference,0,0,0,", "reference,zero,0,0,");
+  expect_error("events.csv", 2, "expected an integer >= 0, got 'zero'");
+}
+
+TEST_F(TraceErrors, TooFewColumns) {
+  replace("events.csv", "reference,0,0,0,forward_backward,3,0,",
+          "reference,0,0,0,forward_backward,3,");
+  expect_error("events.csv", 2, "too few columns");
+}
+
+TEST_F(TraceErrors, Truncated) {
+  std::string t = text("values.csv");
+  const int64_t lines = int64_t(std::count(t.begin(), t.end(), '\n'));
+  t.resize(t.size() - 4);  // cut inside the last line
+  put("values.csv", t);
+  expect_error("values.csv", lines, "truncated file");
+}
+
+TEST_F(TraceErrors, EmptyFile) {
+  put("events.csv", "");
+  expect_error("events.csv", 1, "empty file");
+}
+
+TEST_F(TraceErrors, MissingFile) {
+  fs::remove(fs::path(dir_) / "values.csv");
+  expect_error("values.csv", 0, "cannot open");
+}
+
+TEST_F(TraceErrors, StepsOutOfOrder) {
+  // Move the first step-1 row of the reference run above a step-0 row.
+  std::string t = text("events.csv");
+  const size_t first = t.find('\n') + 1;  // line 2: step 0
+  const size_t step1 = t.find("\nreference,0,1,") + 1;
+  const size_t step1_end = t.find('\n', step1) + 1;
+  const std::string row = t.substr(step1, step1_end - step1);
+  t.erase(step1, step1_end - step1);
+  t.insert(first, row);
+  put("events.csv", t);
+  expect_error("events.csv", 3,
+               "steps out of order in run 'reference': 0 "
+               "after 1 (line 2)");
+}
+
+TEST_F(TraceErrors, DuplicatedValuesRow) {
+  std::string t = text("values.csv");
+  const size_t l3 = t.find('\n', t.find('\n') + 1) + 1;
+  const size_t l3_end = t.find('\n', l3) + 1;
+  t.insert(l3_end, t.substr(l3, l3_end - l3));
+  put("values.csv", t);
+  expect_error("values.csv", 4, "duplicated row");
+}
+
+TEST_F(TraceErrors, SplitRun) {
+  put("events.csv", text("events.csv") + "reference,9,9,0,zero_grad,0,0,,,\n");
+  const int64_t lines = line_of("events.csv", "reference,9,9");
+  expect_error("events.csv", lines, "rows of run 'reference' are split");
+}
+
+TEST_F(TraceErrors, SchemaMismatch) {
+  replace("meta.csv", "accumcheck-trace/1", "accumcheck-trace/2");
+  expect_error("meta.csv", 2,
+               "schema version mismatch: expected "
+               "'accumcheck-trace/1', got "
+               "'accumcheck-trace/2'");
+}
+
+TEST_F(TraceErrors, MissingMetaKey) {
+  replace("meta.csv", "engine,oracle\n", "");
+  expect_error("meta.csv", 0, "missing required meta key 'engine'");
+}
+
+TEST_F(TraceErrors, DuplicatedMetaKey) {
+  put("meta.csv", text("meta.csv") + "engine,cuda\n");
+  expect_error("meta.csv", 9, "meta key 'engine' appears twice");
+}
+
+TEST_F(TraceErrors, UnknownKind) {
+  replace("values.csv", ",grad,", ",gradient,");
+  expect_error("values.csv", 2, "unknown kind 'gradient'");
+}
+
+TEST(TraceGather, ShapeChecks) {
+  const std::string dir = temp_dir("gather");
+  write_trace(dir, sample_writer());
+  const Trace t = read_trace(dir);
+  ModelSpec other;
+  other.widths = {2, 2, 1};  // 0.weight is 2x2: index 4 is out of range
+  try {
+    gather_steps(t, *t.run("reference"), layout_of(other));
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.key(), "index");
+    EXPECT_EQ(e.line(), 6) << e.what();
+  }
+  ModelSpec linear;
+  linear.widths = {2, 1};
+  try {
+    gather_steps(t, *t.run("reference"), layout_of(linear));
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.key(), "index");
+  }
+}
+
+}  // namespace
+}  // namespace accumcheck
