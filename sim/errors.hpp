@@ -28,12 +28,15 @@ class InputError : public std::runtime_error {
   static std::string format(const std::string& file, int64_t line,
                             int64_t column, const std::string& key,
                             const std::string& message) {
+    // Appended piece by piece: `"x" + std::string` trips GCC 12's
+    // -Wrestrict false positive (PR105329) once inlined.
     std::string s = file;
-    if (line > 0) s += ":" + std::to_string(line);
-    if (column > 0) s += ":" + std::to_string(column);
-    s += ": ";
-    if (!key.empty()) s += key + ": ";
-    return s + message;
+    if (line > 0) s.append(":").append(std::to_string(line));
+    if (column > 0) s.append(":").append(std::to_string(column));
+    s.append(": ");
+    if (!key.empty()) s.append(key).append(": ");
+    s.append(message);
+    return s;
   }
   std::string file_;
   int64_t line_, column_;

@@ -52,7 +52,8 @@ constexpr std::pair<std::string_view, LrScaling> kLrScalings[] = {
 constexpr std::pair<std::string_view, ExpectKind> kVerdicts[] = {
     {"matches-reference", ExpectKind::matches_reference},
     {"diverges-from-reference", ExpectKind::diverges_from_reference},
-    {"never-steps", ExpectKind::never_steps}};
+    {"never-steps", ExpectKind::never_steps},
+    {"matches-accepted", ExpectKind::matches_accepted}};
 
 template <class E>
 std::string_view name_of(Names<E> names, E value) {
