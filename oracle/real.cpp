@@ -18,20 +18,38 @@ unsigned oracle_digits() { return OracleReal::default_precision(); }
 
 namespace {
 
-// One scratch mpfr_t per thread, resized to the precision asked for.
+// Two scratch mpfr_t per thread, resized to the precision asked for.
 struct Scratch {
-  mpfr_t t;
-  Scratch() { mpfr_init2(t, 64); }
-  ~Scratch() { mpfr_clear(t); }
-  mpfr_ptr at(mpfr_prec_t prec) {
-    if (mpfr_get_prec(t) != prec) mpfr_set_prec(t, prec);
-    return t;
+  mpfr_t t, acc;
+  Scratch() {
+    mpfr_init2(t, 64);
+    mpfr_init2(acc, 64);
+  }
+  ~Scratch() {
+    mpfr_clear(t);
+    mpfr_clear(acc);
+  }
+  void fit(mpfr_prec_t prec) {
+    if (mpfr_get_prec(t) != prec) {
+      mpfr_set_prec(t, prec);
+      mpfr_set_prec(acc, prec);
+    }
   }
 };
 
-mpfr_ptr scratch(mpfr_prec_t prec) {
+Scratch& scratch(mpfr_prec_t prec) {
   thread_local Scratch s;
-  return s.at(prec);
+  s.fit(prec);
+  return s;
+}
+
+// out = init + acc (init added last: see dot_into in real.hpp).
+void finish(OracleReal& out, const OracleReal* init, mpfr_srcptr acc) {
+  mpfr_ptr r = out.backend().data();
+  if (init)
+    mpfr_add(r, init->backend().data(), acc, MPFR_RNDN);
+  else
+    mpfr_set(r, acc, MPFR_RNDN);
 }
 
 }  // namespace
@@ -39,28 +57,23 @@ mpfr_ptr scratch(mpfr_prec_t prec) {
 void dot_into(OracleReal& out, const OracleReal* init, int64_t n,
               const OracleReal* a, int64_t sa, const OracleReal* b,
               int64_t sb) {
-  mpfr_ptr r = out.backend().data();
-  if (init == nullptr)
-    mpfr_set_zero(r, 1);
-  else if (init != &out)
-    mpfr_set(r, init->backend().data(), MPFR_RNDN);
-  mpfr_ptr t = scratch(mpfr_get_prec(r));
+  Scratch& s = scratch(mpfr_get_prec(out.backend().data()));
+  mpfr_set_zero(s.acc, 1);
   for (int64_t k = 0; k < n; ++k) {
-    mpfr_mul(t, a[k * sa].backend().data(), b[k * sb].backend().data(),
+    mpfr_mul(s.t, a[k * sa].backend().data(), b[k * sb].backend().data(),
              MPFR_RNDN);
-    mpfr_add(r, r, t, MPFR_RNDN);
+    mpfr_add(s.acc, s.acc, s.t, MPFR_RNDN);
   }
+  finish(out, init, s.acc);
 }
 
 void sum_into(OracleReal& out, const OracleReal* init, int64_t n,
               const OracleReal* a, int64_t sa) {
-  mpfr_ptr r = out.backend().data();
-  if (init == nullptr)
-    mpfr_set_zero(r, 1);
-  else if (init != &out)
-    mpfr_set(r, init->backend().data(), MPFR_RNDN);
+  Scratch& s = scratch(mpfr_get_prec(out.backend().data()));
+  mpfr_set_zero(s.acc, 1);
   for (int64_t k = 0; k < n; ++k)
-    mpfr_add(r, r, a[k * sa].backend().data(), MPFR_RNDN);
+    mpfr_add(s.acc, s.acc, a[k * sa].backend().data(), MPFR_RNDN);
+  finish(out, init, s.acc);
 }
 
 }  // namespace accumcheck

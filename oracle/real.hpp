@@ -39,19 +39,25 @@ void set_oracle_digits(unsigned digits);
 unsigned oracle_digits();
 
 // out = (init ? *init : 0) + sum_{k<n} a[k*sa] * b[k*sb].  `init` may be
-// &out; `a` and `b` must not overlap `out`.
+// &out; `a` and `b` must not overlap `out`.  The sum is formed first and
+// the initial value added last, so accumulating the same terms twice into
+// a zeroed buffer gives exactly twice them (the backward `+=` contract).
 template <class T>
 void dot_into(T& out, const T* init, int64_t n, const T* a, int64_t sa,
               const T* b, int64_t sb) {
-  if (init != &out) out = init ? *init : T(0);
-  for (int64_t k = 0; k < n; ++k) out += a[k * sa] * b[k * sb];
+  T acc = T(0);
+  for (int64_t k = 0; k < n; ++k) acc += a[k * sa] * b[k * sb];
+  if (init) acc += *init;
+  out = acc;
 }
 
-// out = (init ? *init : 0) + sum_{k<n} a[k*sa].
+// out = (init ? *init : 0) + sum_{k<n} a[k*sa], the same way.
 template <class T>
 void sum_into(T& out, const T* init, int64_t n, const T* a, int64_t sa) {
-  if (init != &out) out = init ? *init : T(0);
-  for (int64_t k = 0; k < n; ++k) out += a[k * sa];
+  T acc = T(0);
+  for (int64_t k = 0; k < n; ++k) acc += a[k * sa];
+  if (init) acc += *init;
+  out = acc;
 }
 
 // out = max_{k<n} a[k*sa] (n >= 1).
