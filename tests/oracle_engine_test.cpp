@@ -69,16 +69,13 @@ TEST(OracleBackward, MlpGeluMse) {
   check_backward(mlp({3, 5, 4, 2}, Activation::gelu, LossKind::mse));
 }
 TEST(OracleBackward, MlpTanhCrossEntropy) {
-  check_backward(
-      mlp({3, 5, 4, 3}, Activation::tanh, LossKind::cross_entropy));
+  check_backward(mlp({3, 5, 4, 3}, Activation::tanh, LossKind::cross_entropy));
 }
 TEST(OracleBackward, MlpReluCrossEntropy) {
-  check_backward(
-      mlp({3, 5, 4, 3}, Activation::relu, LossKind::cross_entropy));
+  check_backward(mlp({3, 5, 4, 3}, Activation::relu, LossKind::cross_entropy));
 }
 TEST(OracleBackward, MlpGeluCrossEntropy) {
-  check_backward(
-      mlp({3, 6, 4}, Activation::gelu, LossKind::cross_entropy));
+  check_backward(mlp({3, 6, 4}, Activation::gelu, LossKind::cross_entropy));
 }
 TEST(OracleBackward, LinearCrossEntropy) {
   check_backward(mlp({4, 3}, Activation::identity, LossKind::cross_entropy));
@@ -95,7 +92,8 @@ TEST(OracleLoss, MseAndCrossEntropyByHand) {
   Oracle<R> o(m, d, {2.0f, 3.0f, 0.25f, 0.0f});
   EXPECT_EQ(o.loss({0}), (R(1.75) * R(1.75) + R(16)) / 2);
 
-  const ModelSpec c = mlp({1, 2}, Activation::identity, LossKind::cross_entropy);
+  const ModelSpec c =
+      mlp({1, 2}, Activation::identity, LossKind::cross_entropy);
   Dataset e;
   e.n = 1, e.d_in = 1, e.d_out = 2, e.loss = LossKind::cross_entropy;
   e.x = {1.0f};
@@ -275,7 +273,9 @@ TEST(OracleOptimizer, AdamSteps1And2) { check_adam(OptimizerKind::adam, 0); }
 TEST(OracleOptimizer, AdamCoupledWeightDecaySteps1And2) {
   check_adam(OptimizerKind::adam, 0.1);
 }
-TEST(OracleOptimizer, AdamWSteps1And2) { check_adam(OptimizerKind::adamw, 0.1); }
+TEST(OracleOptimizer, AdamWSteps1And2) {
+  check_adam(OptimizerKind::adamw, 0.1);
+}
 
 // ------------------------------------------------------------ state
 
