@@ -253,7 +253,7 @@ void check_passes(PassCase c) {
   double max_ratio = 0;
   for (uint32_t seed = 0; seed < 5; ++seed)
     max_ratio = std::max(max_ratio, check_pass(c, 1000 + 10 * seed));
-  RecordProperty("max_bound_use", std::to_string(max_ratio));
+  ::testing::Test::RecordProperty("max_bound_use", std::to_string(max_ratio));
   std::printf("  largest error / bound: %.3g\n", max_ratio);
   EXPECT_GT(max_ratio, em::tolerance("bound_min_use"));
 }
