@@ -1,13 +1,13 @@
 // The oracle's number type and its reductions.
 //
-// OracleReal is MPFR with variable precision, chosen by measurement
-// (bench/oracle_bench.cpp; on the build machine, 50 digits: mpfr_float
-// (variable) 24-25 M multiply-adds/s through Boost's operators, fixed
-// mpfr_float_50 28, cpp_bin_float_50 15-16, raw mpfr_mul+mpfr_add 36).  The
-// fixed type is ~15% faster through Boost but cannot honour `--digits`, so
-// the oracle uses the variable type and sends its reductions (where nearly
-// all the time goes) straight to MPFR, which makes the precision choice
-// free.
+// OracleReal is MPFR with variable precision, chosen by measurement at 50
+// digits (M multiply-adds/s; a scalar loop / bench/oracle_bench.cpp's
+// 64x256 GEMV): Boost operators on mpfr_float (variable) 24 / 21, fixed
+// mpfr_float_50 28 / 22, cpp_bin_float_50 16 / 18; raw mpfr_mul+mpfr_add
+// 36 / 30, mpfr_fma 25 / 21.  The fixed type is at most ~15% faster
+// through Boost but cannot honour `--digits`, so the oracle uses the
+// variable type and sends its reductions (nearly all of its time) straight
+// to MPFR (mul + add), which runs at the raw rate.
 //
 // Precision: set_oracle_digits() sets Boost's global default precision
 // (decimal digits); every OracleReal created afterwards gets it.  Call it
