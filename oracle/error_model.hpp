@@ -1,7 +1,23 @@
 // The error model: the one place where float32 tolerances come from.
-// (Filled in by the oracle work; this header pins the constants that the
-// device's own math functions promise and that gpu/ tests verify.)
+//
+//  - The constants below pin what the device's own math functions promise
+//    (gpu/ tests verify them); oracle/tracked.hpp turns them, with the
+//    rounding rules derived there, into a per-element bound that
+//    Oracle<Tracked<OracleReal>> carries through one pass.
+//  - compare() is the one comparison of a float32 result against a
+//    Tracked oracle result, reused by tests, properties and certify.
+//  - kTolerances is the one table of every other tolerance, with reasons.
 #pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sim/layout.hpp"
 
 namespace accumcheck::error_model {
 
@@ -18,5 +34,98 @@ inline constexpr double kExpUlp = 8;
 inline constexpr double kTanhUlp = 8;
 inline constexpr double kErfUlp = 8;
 inline constexpr double kLogUlp = 8;
+
+// Every tolerance that is not derived by Tracked, with its reason.
+struct Tolerance {
+  std::string_view name;
+  double value;
+  std::string_view reason;
+};
+
+inline constexpr Tolerance kTolerances[] = {
+    {"bound_slack", 1.0,
+     "float32 vs Tracked oracle: the bound is rigorous (first order with "
+     "the second-order terms kept), so a float32 result must lie within "
+     "it, no slack; bound 0 means exact equality"},
+    {"bound_min_use", 1e-4,
+     "a test of the bound is only meaningful if it is not absurdly loose: "
+     "somewhere the error must use at least this fraction of it"},
+    {"fd_step", 1e-20,
+     "central finite differences in the 50-digit oracle: truncation "
+     "O(h^2) ~ 1e-40, cancellation ~ 1e-50/h = 1e-30"},
+    {"fd_rel", 1e-15,
+     "backward vs finite difference (relative to the gradient's max norm): "
+     "far above both error terms of fd_step, far below any real bug"},
+    {"oracle_rel_digits_margin", 10,
+     "oracle vs oracle on equal-in-real-arithmetic runs (DESIGN.md 6.1): "
+     "relative error below 10^-(digits - 10): trajectories of thousands "
+     "of operations each rounding at 10^-digits"},
+};
+
+// The value of a tolerance by name; throws std::out_of_range if unknown.
+double tolerance(std::string_view name);
+
+// One element of a comparison.
+struct ElementError {
+  int64_t index = -1;
+  std::string tensor;  // from ParamLayout::tensor_of, or "" without layout
+  double f = 0;        // the float32 result
+  double v = 0;        // the oracle's value
+  double err = 0;      // |f - v|
+  double bound = 0;    // e
+  double ratio = 0;    // err / bound (inf if bound 0 and err > 0)
+};
+
+// A float32 vector judged against a Tracked oracle vector.
+struct Comparison {
+  std::string what;
+  int64_t n = 0;
+  int64_t violations = 0;  // elements with err > slack * bound
+  double slack = 1;
+  ElementError worst;    // the element with the largest ratio
+  double max_err_u = 0;  // max of |f - v| / (u max(|v|, 2^-126))
+  double rms_err_u = 0;  // RMS of the same
+  double max_ratio = 0;  // max err / bound: 1 = the bound fully used
+  double bound_used_pct() const { return 100.0 * max_ratio; }
+  bool ok() const { return violations == 0; }
+  // "grads: 0 of 42 outside the bound; worst 0.weight[3] f=.. v=.. err=..
+  //  bound=.. (37.5% of bound); max 3.1 u, rms 0.9 u"
+  std::string summary() const;
+};
+
+// Fills the per-element statistics; `f`, `v`, `err`, `bound` come from the
+// caller (computed in high precision).  Used by compare().
+void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
+                double f, double v, double err, double bound, bool violated);
+
+// Compares float32 results `f` against oracle values with bounds (any type
+// with members v and e, i.e. Tracked<B>).  err and the violation test are
+// computed in B, so bound 0 demands exact equality.
+template <class TrackedT>
+Comparison compare(std::string_view what, const std::vector<float>& f,
+                   const std::vector<TrackedT>& oracle,
+                   const ParamLayout* layout = nullptr,
+                   double slack = tolerance("bound_slack")) {
+  using B = decltype(oracle[0].v);
+  using std::abs;
+  Comparison c;
+  c.what = std::string(what);
+  c.slack = slack;
+  const size_t n = std::min(f.size(), oracle.size());
+  if (f.size() != oracle.size()) {
+    c.violations = 1;
+    c.what += " (size mismatch: " + std::to_string(f.size()) + " vs " +
+              std::to_string(oracle.size()) + ")";
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const B err = abs(B(f[i]) - oracle[i].v);
+    const bool violated = err > B(slack) * oracle[i].e;
+    accumulate(c, layout, int64_t(i), double(f[i]),
+               static_cast<double>(oracle[i].v), static_cast<double>(err),
+               static_cast<double>(oracle[i].e), violated);
+  }
+  if (c.n > 0) c.rms_err_u = std::sqrt(c.rms_err_u / double(c.n));
+  return c;
+}
 
 }  // namespace accumcheck::error_model

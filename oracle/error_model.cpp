@@ -1,0 +1,60 @@
+#include "oracle/error_model.hpp"
+
+#include <cstdio>
+#include <stdexcept>
+
+namespace accumcheck::error_model {
+
+double tolerance(std::string_view name) {
+  for (const Tolerance& t : kTolerances)
+    if (t.name == name) return t.value;
+  throw std::out_of_range("unknown tolerance: " + std::string(name));
+}
+
+void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
+                double f, double v, double err, double bound, bool violated) {
+  const double inf = std::numeric_limits<double>::infinity();
+  double ratio = bound > 0 ? err / bound : (err > 0 ? inf : 0.0);
+  // err > 0 in high precision but below double's range: still a violation.
+  if (violated && ratio <= 1) ratio = std::nextafter(1.0, inf);
+  const double scale = std::max(std::fabs(v), std::ldexp(1.0, -126));
+  const double err_u = err / (kUnitRoundoff32 * scale);
+  ++c.n;
+  if (violated) ++c.violations;
+  c.max_err_u = std::max(c.max_err_u, err_u);
+  c.rms_err_u += err_u * err_u;  // the sum; compare() takes the root
+  if (c.worst.index < 0 || ratio > c.worst.ratio) {
+    c.worst.index = index;
+    c.worst.tensor = "";
+    if (layout && !layout->tensors.empty()) {
+      const TensorView& t = layout->tensor_of(index);
+      c.worst.tensor = t.name + "[" + std::to_string(index - t.offset) + "]";
+    }
+    c.worst.f = f;
+    c.worst.v = v;
+    c.worst.err = err;
+    c.worst.bound = bound;
+    c.worst.ratio = ratio;
+  }
+  c.max_ratio = std::max(c.max_ratio, ratio);
+}
+
+std::string Comparison::summary() const {
+  char buf[512];
+  std::string where = worst.tensor;
+  if (where.empty()) {
+    where.append("[");
+    where.append(std::to_string(worst.index));
+    where.append("]");
+  }
+  std::snprintf(buf, sizeof buf,
+                "%s: %lld of %lld outside the bound; worst %s f=%.9g "
+                "v=%.17g err=%.3g bound=%.3g (%.1f%% of bound); max %.3g u, "
+                "rms %.3g u",
+                what.c_str(), (long long)violations, (long long)n,
+                where.c_str(), worst.f, worst.v, worst.err, worst.bound,
+                100.0 * worst.ratio, max_err_u, rms_err_u);
+  return buf;
+}
+
+}  // namespace accumcheck::error_model

@@ -1,0 +1,12 @@
+#include "oracle/oracle.hpp"
+
+namespace accumcheck {
+
+static_assert(Engine<Oracle<OracleReal>>);
+static_assert(Engine<Oracle<Tracked<OracleReal>>>);
+static_assert(Engine<Oracle<float>>);
+
+template class Oracle<OracleReal>;
+template class Oracle<Tracked<OracleReal>>;
+
+}  // namespace accumcheck

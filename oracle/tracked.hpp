@@ -1,0 +1,453 @@
+// Tracked<B>: a value in high precision together with a rigorous bound on
+// how far a float32 implementation of the same computation can be from it.
+//
+//   v  the oracle's value (B = OracleReal: 50 digits, "exact")
+//   e  a bound on |f - v|, where f is what a float32 engine computes for
+//      the same expression from the same float32-exact inputs.
+//
+// Running Oracle<Tracked<OracleReal>> (oracle/oracle.hpp) over one pass
+// (forward, backward, accumulation over micro-batches with +=, clipping,
+// one optimizer step) from a float32-exact state gives, per element of
+// every tensor, the tolerance a float32 engine must meet: derived, never
+// guessed.
+//
+// DERIVATION (u = 2^-24, the unit roundoff of float32; round to nearest;
+// every float32 operation o gives fl(x o y) = (x o y)(1 + d), |d| <= u,
+// plus an absolute eta = 2^-150 when the result is subnormal; fa, fb are
+// the engine's values, a, b the oracle's, |fa - a| <= ea, |fb - b| <= eb):
+//
+//   from double x  e = |x - (float)x|: the engine rounds hyperparameters
+//                  once; float32-exact data gets e = 0.
+//   a + b          |fl(fa + fb) - (a + b)| <= (ea + eb) + u |fa + fb|
+//                     <= (ea + eb)(1 + u) + u |a + b|
+//   a * b          |fa fb - a b| <= |a| eb + |b| ea + ea eb =: P
+//                  e = P (1 + u) + u |a b| + eta
+//   a / b          (eb < |b|, else e = inf: the divisor may be 0)
+//                  |fa/fb - a/b| = |(fa - a) b - a (fb - b)| / (|fb| |b|)
+//                     <= (ea + |a/b| eb) / (|b| - eb) =: D
+//                  e = D (1 + u) + u |a/b| + eta
+//   sqrt x         |sqrt fx - sqrt x| = |fx - x| / (sqrt fx + sqrt x)
+//                     <= min(ex / sqrt x, sqrt ex) =: S  (both rigorous)
+//                  e = S (1 + u) + u sqrt x
+//   -a, |a|        exact: e passes through.
+//   EXACT OPERATIONS: when ea = eb = 0 and the exact result is a float32
+//   number, IEEE correct rounding returns it exactly: e = 0.  This keeps
+//   the dyadic ("bitwise") tier at bound 0, i.e. exact equality required.
+//
+//   Transcendentals, with the device's own promised accuracy
+//   (oracle/error_model.hpp), for an input fx within ex of x:
+//   exp x          |exp fx - exp x| <= exp(x) expm1(ex) =: X
+//                  e = X + kExpUlp u (exp x + X)          (|x| <= 87)
+//   log x          (ex < x, else inf) |log fx - log x| <= ex/(x - ex) =: L
+//                  e = L + kLogUlp u max(1, |log x| + L)
+//   tanh x         the slope 1 - tanh^2 is largest where the interval
+//                  [x - ex, x + ex] comes closest to 0 (distance m):
+//                  T = min(ex (1 - tanh(m)^2), 2)
+//                  e = T + kTanhUlp u (|tanh x| + T)
+//   erf x          slope (2/sqrt pi) exp(-t^2), largest at distance m:
+//                  R = min(ex (2/sqrt pi) exp(-m^2), 2)
+//                  e = R + kErfUlp u (|erf x| + R)
+//   relu, branches branch_positive(x, a, b) = x > 0 ? a : b.  If the sign
+//                  of fx is certain (|x| > ex, or ex = 0) the chosen branch's
+//                  e passes through; otherwise the engine may take the other
+//                  branch: e = max(e_chosen, |v_chosen - v_other| + e_other).
+//                  relu(x) = branch_positive(x, x, 0) gives e = ex
+//                  (relu is 1-Lipschitz).
+//   max            max is 1-Lipschitz in the max norm: e = max_k e_k.
+//
+//   REDUCTIONS (dot_into, sum_into), order-independent (BLAS, any order,
+//   with or without FMA; Higham, Accuracy and Stability, Thm 3.1 / 3.5):
+//   for m = n (+1 with an initial value c) terms,
+//     gamma = m u / (1 - m u)  (inf if m u >= 1),
+//     P = e_c + sum (|a_k| eb_k + |b_k| ea_k + ea_k eb_k),
+//     M = |c| + sum |a_k b_k|,
+//     e = P (1 + gamma) + gamma M + n eta,
+//   since the computed sum of the engine's own products is within
+//   gamma * sum |fa fb| <= gamma (M + P) of their exact sum, itself within
+//   P of the oracle's.  A sum of m terms uses gamma_{m-1}.  Exact case:
+//   all inputs exact, every product a float32 number, and all of them (and
+//   c) multiples of 2^k with sum |.| < 2^(k+24): then every partial sum in
+//   any order is a float32 number and e = 0.
+//
+//   Host scalars (Num<Tracked>::from_host): computed in double by the host
+//   (PyTorch: lr/(1 - b1^t), sqrt(1 - b2^t), 1 - lr*wd) and rounded once to
+//   float: e = u |x| (rounding u/2 plus double-side error <= u/2, which
+//   holds while t <= 2^28 (1 - beta)).  Constants the device stores in
+//   float (1/sqrt 2, 1/sqrt(2 pi)): e = |x - (float)x|.
+//
+//   Comparisons (<, >, ...) use the value; a decision near its threshold
+//   (clip's coef < 1) is the caller's to avoid (DESIGN.md section 2).
+//
+//   Caveats.  The bound is for the engine evaluating each formula with the
+//   same roundings as the oracle's code (oracle/oracle.hpp spells each one
+//   out), or fewer (an FMA in place of a multiply and an add is covered).
+//   The e arithmetic is itself done in B at >= 50 digits; its own rounding
+//   (relative 1e-50) is far inside the (1 + u) factors kept above.
+//   Overflow is not modelled (no float32 value may exceed 2^127).
+#pragma once
+
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <limits>
+#include <ostream>
+
+#include "oracle/error_model.hpp"
+#include "oracle/real.hpp"
+
+namespace accumcheck {
+
+namespace tracked_detail {
+
+template <class B>
+const B& unit() {
+  static const B u(error_model::kUnitRoundoff32);  // 2^-24, exact
+  return u;
+}
+template <class B>
+const B& one_plus_u() {
+  static const B k = B(1) + B(error_model::kUnitRoundoff32);
+  return k;
+}
+template <class B>
+const B& eta() {
+  static const B k(std::ldexp(1.0, -150));
+  return k;
+}
+template <class B>
+B infinity() {
+  return std::numeric_limits<B>::infinity();
+}
+template <class B>
+bool is_zero(const B& x) {
+  return x == 0;
+}
+// Whether x is a float32 number (finite).
+template <class B>
+bool float_exact(const B& x) {
+  const float f = static_cast<float>(x);
+  return std::isfinite(f) && B(f) == x;
+}
+// The exponent of the lowest set bit of a nonzero float32 number.
+inline int low_bit(float f) {
+  int ex = 0;
+  const float m = std::frexp(f, &ex);
+  auto M = static_cast<uint32_t>(std::fabs(std::ldexp(m, 24)));
+  int tz = 0;
+  while ((M & 1u) == 0) M >>= 1, ++tz;
+  return ex - 24 + tz;
+}
+template <class B>
+B expm1_of(const B& x) {
+  if constexpr (std::floating_point<B>) {
+    return std::expm1(x);
+  } else {
+    using std::exp;
+    return B(exp(x) - 1);  // >= 50 digits: cancellation is harmless
+  }
+}
+template <class B>
+B gamma(int64_t m) {
+  const B mu = B(double(m)) * unit<B>();
+  if (mu >= 1) return infinity<B>();
+  return B(mu / (1 - mu));
+}
+
+}  // namespace tracked_detail
+
+template <class B>
+struct Tracked {
+  B v = B(0);
+  B e = B(0);
+
+  Tracked() = default;
+  Tracked(const B& value, const B& err) : v(value), e(err) {}
+  // Data: float32-exact.
+  Tracked(float x) : v(x), e(0) {}
+  // Hyperparameters and literals: rounded once by a float32 engine.
+  Tracked(double x) : v(x), e(0) {
+    using std::abs;
+    e = abs(v - B(static_cast<float>(x)));
+  }
+  template <std::integral I>
+  Tracked(I x) : v(x), e(0) {
+    using std::abs;
+    e = abs(v - B(static_cast<float>(x)));
+  }
+  // A value the engine holds exactly (e = 0).
+  static Tracked exact(const B& x) { return Tracked(x, B(0)); }
+
+  explicit operator double() const { return static_cast<double>(v); }
+
+  Tracked& operator+=(const Tracked& o) { return *this = *this + o; }
+  Tracked& operator-=(const Tracked& o) { return *this = *this - o; }
+  Tracked& operator*=(const Tracked& o) { return *this = *this * o; }
+  Tracked& operator/=(const Tracked& o) { return *this = *this / o; }
+
+  friend Tracked operator-(const Tracked& a) { return Tracked(B(-a.v), a.e); }
+
+  friend Tracked operator+(const Tracked& a, const Tracked& b) {
+    using namespace tracked_detail;
+    using std::abs;
+    Tracked r;
+    r.v = a.v + b.v;
+    if (is_zero(a.e) && is_zero(b.e) && float_exact(r.v)) return r;
+    r.e = (a.e + b.e) * one_plus_u<B>() + unit<B>() * abs(r.v);
+    return r;
+  }
+  friend Tracked operator-(const Tracked& a, const Tracked& b) {
+    return a + (-b);
+  }
+  friend Tracked operator*(const Tracked& a, const Tracked& b) {
+    using namespace tracked_detail;
+    using std::abs;
+    Tracked r;
+    r.v = a.v * b.v;
+    if (is_zero(a.e) && is_zero(b.e) && float_exact(r.v)) return r;
+    const B P = abs(a.v) * b.e + abs(b.v) * a.e + a.e * b.e;
+    r.e = P * one_plus_u<B>() + unit<B>() * abs(r.v) + eta<B>();
+    return r;
+  }
+  friend Tracked operator/(const Tracked& a, const Tracked& b) {
+    using namespace tracked_detail;
+    using std::abs;
+    Tracked r;
+    r.v = a.v / b.v;
+    if (is_zero(a.e) && is_zero(b.e) && float_exact(r.v)) return r;
+    const B ab = abs(b.v);
+    if (b.e >= ab) {
+      r.e = infinity<B>();
+      return r;
+    }
+    const B D = (a.e + abs(r.v) * b.e) / (ab - b.e);
+    r.e = D * one_plus_u<B>() + unit<B>() * abs(r.v) + eta<B>();
+    return r;
+  }
+
+  friend bool operator<(const Tracked& a, const Tracked& b) {
+    return a.v < b.v;
+  }
+  friend bool operator>(const Tracked& a, const Tracked& b) {
+    return a.v > b.v;
+  }
+  friend bool operator<=(const Tracked& a, const Tracked& b) {
+    return a.v <= b.v;
+  }
+  friend bool operator>=(const Tracked& a, const Tracked& b) {
+    return a.v >= b.v;
+  }
+  friend bool operator==(const Tracked& a, const Tracked& b) {
+    return a.v == b.v;
+  }
+
+  friend Tracked abs(const Tracked& a) {
+    using std::abs;
+    return Tracked(B(abs(a.v)), a.e);
+  }
+  friend Tracked sqrt(const Tracked& x) {
+    using namespace tracked_detail;
+    using std::sqrt;
+    Tracked r;
+    r.v = sqrt(x.v);
+    if (is_zero(x.e) && float_exact(r.v)) return r;
+    B S(0);
+    if (!is_zero(x.e)) {
+      S = sqrt(x.e);
+      if (r.v > 0) {
+        const B lin = x.e / r.v;
+        if (lin < S) S = lin;
+      }
+    }
+    r.e = S * one_plus_u<B>() + unit<B>() * r.v;
+    return r;
+  }
+  friend Tracked exp(const Tracked& x) {
+    using namespace tracked_detail;
+    using std::exp;
+    Tracked r;
+    r.v = exp(x.v);
+    const B X = r.v * expm1_of(x.e);
+    r.e = X + B(error_model::kExpUlp) * unit<B>() * (r.v + X);
+    return r;
+  }
+  friend Tracked log(const Tracked& x) {
+    using namespace tracked_detail;
+    using std::abs;
+    using std::log;
+    Tracked r;
+    r.v = log(x.v);
+    if (x.e >= x.v) {
+      r.e = infinity<B>();
+      return r;
+    }
+    const B L = x.e / (x.v - x.e);
+    B mag = abs(r.v) + L;
+    if (mag < 1) mag = 1;
+    r.e = L + B(error_model::kLogUlp) * unit<B>() * mag;
+    return r;
+  }
+  friend Tracked tanh(const Tracked& x) {
+    using namespace tracked_detail;
+    using std::abs;
+    using std::tanh;
+    Tracked r;
+    r.v = tanh(x.v);
+    B m = abs(x.v) - x.e;
+    if (m < 0) m = 0;
+    const B th = tanh(m);
+    B T = x.e * (1 - th * th);
+    if (T > 2) T = 2;
+    r.e = T + B(error_model::kTanhUlp) * unit<B>() * (abs(r.v) + T);
+    return r;
+  }
+  friend Tracked erf(const Tracked& x) {
+    using namespace tracked_detail;
+    using std::abs;
+    using std::erf;
+    using std::exp;
+    Tracked r;
+    r.v = erf(x.v);
+    B m = abs(x.v) - x.e;
+    if (m < 0) m = 0;
+    // 2/sqrt(pi) = 1.12837916709551257..., rounded up.
+    B R = x.e * B(1.1283791670955131) * exp(B(-(m * m)));
+    if (R > 2) R = 2;
+    r.e = R + B(error_model::kErfUlp) * unit<B>() * (abs(r.v) + R);
+    return r;
+  }
+
+  friend std::ostream& operator<<(std::ostream& os, const Tracked& x) {
+    return os << x.v << " +- " << x.e;
+  }
+};
+
+// x > 0 ? a : b, widened where the engine may decide the other way.
+template <class B>
+Tracked<B> branch_positive(const Tracked<B>& x, const Tracked<B>& a,
+                           const Tracked<B>& b) {
+  using std::abs;
+  const bool pos = x.v > 0;
+  Tracked<B> r = pos ? a : b;
+  if (tracked_detail::is_zero(x.e) || abs(x.v) > x.e) return r;
+  const Tracked<B>& other = pos ? b : a;
+  const B alt = abs(r.v - other.v) + other.e;
+  if (r.e < alt) r.e = alt;
+  return r;
+}
+
+template <class B>
+void dot_into(Tracked<B>& out, const Tracked<B>* init, int64_t n,
+              const Tracked<B>* a, int64_t sa, const Tracked<B>* b,
+              int64_t sb) {
+  using namespace tracked_detail;
+  using std::abs;
+  B v = init ? init->v : B(0);
+  B P = init ? init->e : B(0);
+  B M = init ? B(abs(init->v)) : B(0);
+  bool exact = !init || is_zero(init->e);
+  B t, aa, ab;
+  for (int64_t k = 0; k < n; ++k) {
+    const Tracked<B>& x = a[k * sa];
+    const Tracked<B>& y = b[k * sb];
+    t = x.v * y.v;
+    v += t;
+    M += abs(t);
+    if (!is_zero(x.e) || !is_zero(y.e)) {
+      exact = false;
+      aa = abs(x.v);
+      ab = abs(y.v);
+      P += aa * y.e + ab * x.e + x.e * y.e;
+    }
+  }
+  if (exact) {
+    // Every partial sum exact in any order?  (See the derivation above.)
+    int low = std::numeric_limits<int>::max();
+    auto note = [&](const B& p) {
+      if (is_zero(p)) return true;
+      if (!float_exact(p)) return false;
+      low = std::min(low, low_bit(static_cast<float>(p)));
+      return true;
+    };
+    if (init) exact = note(init->v);
+    for (int64_t k = 0; k < n && exact; ++k)
+      exact = note(B(a[k * sa].v * b[k * sb].v));
+    if (exact && (low == std::numeric_limits<int>::max() ||
+                  M < B(std::ldexp(1.0, low + 24)))) {
+      out.v = v;
+      out.e = 0;
+      return;
+    }
+  }
+  const int64_t m = n + (init ? 1 : 0);
+  const B g = gamma<B>(m);
+  out.v = v;
+  out.e = P * (1 + g) + g * M + B(double(n)) * eta<B>();
+}
+
+template <class B>
+void sum_into(Tracked<B>& out, const Tracked<B>* init, int64_t n,
+              const Tracked<B>* a, int64_t sa) {
+  using namespace tracked_detail;
+  using std::abs;
+  B v = init ? init->v : B(0);
+  B P = init ? init->e : B(0);
+  B M = init ? B(abs(init->v)) : B(0);
+  bool exact = !init || is_zero(init->e);
+  for (int64_t k = 0; k < n; ++k) {
+    const Tracked<B>& x = a[k * sa];
+    v += x.v;
+    M += abs(x.v);
+    if (!is_zero(x.e)) {
+      exact = false;
+      P += x.e;
+    }
+  }
+  if (exact) {
+    int low = std::numeric_limits<int>::max();
+    auto note = [&](const B& p) {
+      if (is_zero(p)) return true;
+      low = std::min(low, low_bit(static_cast<float>(p)));
+      return true;  // e = 0 values are float32 numbers
+    };
+    if (init) note(init->v);
+    for (int64_t k = 0; k < n; ++k) note(a[k * sa].v);
+    if (low == std::numeric_limits<int>::max() ||
+        M < B(std::ldexp(1.0, low + 24))) {
+      out.v = v;
+      out.e = 0;
+      return;
+    }
+  }
+  const int64_t m = n + (init ? 1 : 0);
+  const B g = gamma<B>(m > 0 ? m - 1 : 0);
+  out.v = v;
+  out.e = P * (1 + g) + g * M;
+}
+
+template <class B>
+void max_into(Tracked<B>& out, int64_t n, const Tracked<B>* a, int64_t sa) {
+  B v = a[0].v, e = a[0].e;
+  for (int64_t k = 1; k < n; ++k) {
+    if (v < a[k * sa].v) v = a[k * sa].v;
+    if (e < a[k * sa].e) e = a[k * sa].e;
+  }
+  out.v = v;
+  out.e = e;
+}
+
+template <class B>
+struct Num<Tracked<B>> {
+  using Host = typename Num<B>::Host;
+  static Tracked<B> from_host(const Host& h) {
+    using std::abs;
+    const B x(h);
+    return Tracked<B>(x, B(abs(x) * B(error_model::kUnitRoundoff32)));
+  }
+  static Tracked<B> from_constant(const Host& h) {
+    using std::abs;
+    const B x(h);
+    return Tracked<B>(x, B(abs(x - B(static_cast<float>(x)))));
+  }
+};
+
+}  // namespace accumcheck
