@@ -120,6 +120,7 @@ Gen<Scenario> scenario(const Triggers& t) {
           s.schedule.gamma = 0.5;
           s.clip.enabled = !t.no_clip && !bitwise && (t.clip || clip_on);
           s.clip.max_norm = clip;
+          s.trainer.pitfalls = t.pitfalls;
           return s;
         },
         act, loss, opt, sched,
@@ -140,7 +141,8 @@ Gen<Scenario> scenario(const Triggers& t) {
 
 }  // namespace accumcheck::properties
 
-void rc::showValue(const accumcheck::Scenario& s, std::ostream& os) {
-  os << "\n# " << accumcheck::describe(s) << "\n"
-     << accumcheck::to_toml(s);
+void accumcheck::showValue(const Scenario& s, std::ostream& os) {
+  os << "\n# " << describe(s) << "\n" << to_toml(s);
 }
+
+void accumcheck::showValue(Pitfall p, std::ostream& os) { os << pitfall_id(p); }

@@ -31,6 +31,8 @@ struct Triggers {
   bool full_windows = false;   // K divides the micro-step count, no short
   bool single_epoch = false;
   int max_width = 8;
+  // Written into [trainer] so a counterexample file replays the pitfall.
+  std::vector<Pitfall> pitfalls;
 };
 
 rc::Gen<Scenario> scenario(const Triggers& t);
@@ -40,7 +42,9 @@ rc::Gen<double> dyadic_real(int m_lo, int m_hi, int e_lo, int e_hi);
 
 }  // namespace accumcheck::properties
 
-namespace rc {
-// A failing case prints as a complete, ready-to-run scenario file.
-void showValue(const accumcheck::Scenario& s, std::ostream& os);
-}  // namespace rc
+namespace accumcheck {
+// Found by RapidCheck through ADL: a failing case prints as a complete,
+// ready-to-run scenario file, a pitfall as its id.
+void showValue(const Scenario& s, std::ostream& os);
+void showValue(Pitfall p, std::ostream& os);
+}  // namespace accumcheck

@@ -1,6 +1,7 @@
 #include "properties/harness.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace accumcheck::properties {
 
@@ -77,8 +78,10 @@ void assert_close(const std::string& property, const std::vector<R>& a,
   const double d = rel(a, b);
   record_ratio(property, d / tol);
   if (!(d <= tol)) {
-    RC_FAIL(std::string(what) + ": relative difference " +
-            std::to_string(d) + " exceeds tolerance " + std::to_string(tol));
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  ": relative difference %.6g exceeds tolerance %.3g", d, tol);
+    RC_FAIL(std::string(what) + buf);
   }
 }
 

@@ -17,7 +17,8 @@
 //   forward_backward (weight 1/den, den from `normalization`)
 //   [l2: grads += lambda/(K_w or 1) * theta]
 //   [clip if clip-per-micro-step]
-//   [optimizer.step if step-every-micro-step]
+//   [clip, optimizer.step if step-every-micro-step: the clip that goes
+//    with every step]
 //   [scheduler.step if scheduler-per-micro-step]   (after the boundary's step)
 // and at the window's end the boundary block (step, scheduler, zero_grad)
 // as the behaviour says.
@@ -207,8 +208,10 @@ class Trainer {
       if (s_.optimizer.l2_in_loss != 0.0)
         e_.add_l2(s_.optimizer.l2_in_loss, b_.l2_unnormalized ? 1 : Kw);
       if (clipping && b_.clip_per_micro_step) clip(k);
-      if (b_.step_every_micro_step && steps_at_boundary && !done())
+      if (b_.step_every_micro_step && steps_at_boundary && !done()) {
+        if (clipping && !b_.clip_per_micro_step) clip(k);
         optimizer_step(k);
+      }
       if (b_.scheduler_per_micro_step) scheduler_step(k);
     }
 

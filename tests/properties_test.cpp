@@ -1,6 +1,7 @@
 // The property battery as GoogleTest tests: one RC_GTEST_PROP per property
 // of properties/ (RC_PARAMS sets cases and seed; CTest pins both), and a
 // closing table of cases and worst error/tolerance per property.
+#include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
 #include <cstdio>
