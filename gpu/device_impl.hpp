@@ -69,8 +69,8 @@ void Device<Exec>::init(const Dataset& data,
         std::to_string(spec.d_in()) + " -> " + std::to_string(spec.d_out()));
   if (data.loss != spec.loss) bad("dataset and model disagree on the loss");
   if (int64_t(data.x.size()) != data.n * data.d_in)
-    bad("dataset x has " + std::to_string(data.x.size()) + " values, expected " +
-        std::to_string(data.n * data.d_in));
+    bad("dataset x has " + std::to_string(data.x.size()) +
+        " values, expected " + std::to_string(data.n * data.d_in));
   if (spec.loss == LossKind::mse &&
       int64_t(data.y.size()) != data.n * data.d_out)
     bad("dataset y has " + std::to_string(data.y.size()) +
@@ -165,23 +165,23 @@ float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids) {
     const int64_t in = spec_.widths[l - 1], out = spec_.widths[l];
     ex.gemm(Trans::no, Trans::yes, b, out, in, 1.0f, a_[l - 1].data(), in,
             params_.data() + W.offset, in, 0.0f, z_[l].data(), out);
-    ex.launch(b * out, kern::BiasActivationForward{
-                           z_[l].data(), params_.data() + B.offset,
-                           a_[l].data(), out,
-                           l == L ? kern::Act::identity : act});
+    ex.launch(b * out,
+              kern::BiasActivationForward{
+                  z_[l].data(), params_.data() + B.offset, a_[l].data(), out,
+                  l == L ? kern::Act::identity : act});
   }
   const float* y = a_[L].data();
   if (spec_.loss == LossKind::mse) {
     ex.launch(b * d_out_, kern::GatherRows<float>{data_y_.data(), ids_.data(),
                                                   target_.data(), d_out_});
-    ex.launch(b, kern::MseLossForward{y, target_.data(), item_loss_.data(),
-                                      d_out_});
+    ex.launch(
+        b, kern::MseLossForward{y, target_.data(), item_loss_.data(), d_out_});
   } else {
     ex.launch(b, kern::GatherRows<int32_t>{data_label_.data(), ids_.data(),
                                            label_.data(), 1});
-    ex.launch(b, kern::CrossEntropyForward{y, label_.data(), item_loss_.data(),
-                                           row_max_.data(), row_sum_.data(),
-                                           d_out_});
+    ex.launch(
+        b, kern::CrossEntropyForward{y, label_.data(), item_loss_.data(),
+                                     row_max_.data(), row_sum_.data(), d_out_});
   }
   ex.launch(1, kern::SumSerial{item_loss_.data(), b, scalar_.data()});
   float sum = 0;
@@ -197,28 +197,27 @@ void Device<Exec>::backward(int64_t b, float w) {
   const float* y = a_[L].data();
   // dz_L = dy = w * dloss/dy (no activation after the last layer).
   if (spec_.loss == LossKind::mse)
-    ex.launch(b * d_out_, kern::MseLossBackward{y, target_.data(), dz_.data(),
-                                                d_out_, w});
-  else
     ex.launch(b * d_out_,
-              kern::CrossEntropyBackward{y, label_.data(), row_max_.data(),
-                                         row_sum_.data(), dz_.data(), d_out_,
-                                         w});
+              kern::MseLossBackward{y, target_.data(), dz_.data(), d_out_, w});
+  else
+    ex.launch(b * d_out_, kern::CrossEntropyBackward{
+                              y, label_.data(), row_max_.data(),
+                              row_sum_.data(), dz_.data(), d_out_, w});
   for (size_t l = L; l >= 1; --l) {
     const TensorView& W = layout_.weight(l - 1);
     const TensorView& B = layout_.bias(l - 1);
     const int64_t in = spec_.widths[l - 1], out = spec_.widths[l];
     if (l < L)
-      ex.launch(b * out, kern::ActivationBackward{da_.data(), z_[l].data(),
-                                                  a_[l].data(), dz_.data(),
-                                                  act});
+      ex.launch(b * out,
+                kern::ActivationBackward{da_.data(), z_[l].data(), a_[l].data(),
+                                         dz_.data(), act});
     // dW_l += dz_l^T a_{l-1}: the product in full, then one add.
     ex.gemm(Trans::yes, Trans::no, out, in, b, 1.0f, dz_.data(), out,
             a_[l - 1].data(), in, 0.0f, wtmp_.data(), in);
     ex.launch(W.size(),
               kern::AccumulateGrad{grads_.data() + W.offset, wtmp_.data()});
-    ex.launch(out, kern::BiasGradColSum{dz_.data(), grads_.data() + B.offset,
-                                        b, out});
+    ex.launch(out, kern::BiasGradColSum{dz_.data(), grads_.data() + B.offset, b,
+                                        out});
     // da_{l-1} = dz_l W_l.
     if (l > 1)
       ex.gemm(Trans::no, Trans::no, b, in, out, 1.0f, dz_.data(), out,
@@ -255,8 +254,7 @@ template <class Exec>
 void Device<Exec>::add_l2(double lambda, int64_t den) {
   if (den < 1) device_detail::bad("add_l2: den must be >= 1");
   const float coef = float(lambda / double(den));
-  ex_->launch(layout_.total,
-              kern::AddL2{grads_.data(), params_.data(), coef});
+  ex_->launch(layout_.total, kern::AddL2{grads_.data(), params_.data(), coef});
 }
 
 template <class Exec>

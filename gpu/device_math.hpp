@@ -100,7 +100,7 @@ ACCUMCHECK_HD inline float ac_expf(float x) {
 // so the division's rounding only enters a small correction term.
 ACCUMCHECK_HD inline float ac_logf(float x) {
   if (is_nan(x)) return x;
-  if (x < 0.0f) return int_as_float(0x7fc00000);  // NaN
+  if (x < 0.0f) return int_as_float(0x7fc00000);            // NaN
   if (x == 0.0f) return int_as_float(int32_t(0xff800000));  // -inf
   if (x == int_as_float(0x7f800000)) return x;
   int32_t e = 0;

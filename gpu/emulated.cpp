@@ -30,10 +30,10 @@ EmulatedExecutor::EmulatedExecutor() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
-void EmulatedExecutor::gemm(Trans ta, Trans tb, int64_t m, int64_t n,
-                            int64_t k, float alpha, const float* a,
-                            int64_t lda, const float* b, int64_t ldb,
-                            float beta, float* c, int64_t ldc) {
+void EmulatedExecutor::gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float* a, int64_t lda,
+                            const float* b, int64_t ldb, float beta, float* c,
+                            int64_t ldc) {
   if (m == 0 || n == 0) return;
   cblas_sgemm(CblasRowMajor, to_blas(ta), to_blas(tb), to_blas(m), to_blas(n),
               to_blas(k), alpha, a, to_blas(lda), b, to_blas(ldb), beta, c,

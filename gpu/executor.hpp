@@ -31,8 +31,10 @@ template <class X>
 concept Executor = requires(X x, const X cx, int64_t n, float* p,
                             const float* cp) {
   typename X::template Buffer<float>;
-  { x.template alloc<float>(n) } -> std::same_as<typename X::template Buffer<float>>;
-  { x.gemm(Trans::no, Trans::no, n, n, n, 1.0f, cp, n, cp, n, 0.0f, p, n) };
+  {
+    x.template alloc<float>(n)
+    } -> std::same_as<typename X::template Buffer<float>>;
+  {x.gemm(Trans::no, Trans::no, n, n, n, 1.0f, cp, n, cp, n, 0.0f, p, n)};
   { cx.describe() } -> std::convertible_to<std::string>;
 };
 

@@ -2,6 +2,8 @@
 // references over a dense sample of their domains, in the error model's
 // own units (oracle/error_model.hpp).  The measured maxima are printed and
 // recorded as test properties.
+#include "gpu/device_math.hpp"
+
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -11,7 +13,6 @@
 #include <functional>
 #include <limits>
 
-#include "gpu/device_math.hpp"
 #include "oracle/error_model.hpp"
 
 namespace accumcheck {
@@ -71,13 +72,12 @@ TEST(DeviceMath, LogWithinErrorModel) {
     if (!(x > 0)) return;
     const long double ref = std::log(static_cast<long double>(x));
     const long double got = dm::ac_logf(x);
-    const double e = double(std::fabs(got - ref) /
-                            (kU * std::max(1.0L, std::fabs(ref))));
+    const double e =
+        double(std::fabs(got - ref) / (kU * std::max(1.0L, std::fabs(ref))));
     if (e > w.err) w = {e, x};
   };
   // Every positive float, subnormals included, by stride.
-  for (uint32_t b = 1; b < 0x7f800000u; b += 37)
-    check(std::bit_cast<float>(b));
+  for (uint32_t b = 1; b < 0x7f800000u; b += 37) check(std::bit_cast<float>(b));
   // Densely around 1, where the error is absolute.
   for_floats(0.5f, 2.0f, 1, check);
   report("log", w, em::kLogUlp);
