@@ -16,6 +16,7 @@
 //   ac_erff   all finite x     rel. error <= kErfUlp  * u
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -23,7 +24,6 @@
 #define ACCUMCHECK_HD __host__ __device__
 #else
 #define ACCUMCHECK_HD
-#include <bit>
 #endif
 
 namespace accumcheck::dm {
