@@ -41,7 +41,7 @@ void EmulatedExecutor::gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
 }
 
 std::string EmulatedExecutor::describe() const {
-  std::string s = "emulated executor: OpenBLAS ";
+  std::string s = "emulated executor: ";
   s += openblas_get_config();
   s += " (core ";
   s += openblas_get_corename();
