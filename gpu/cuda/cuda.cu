@@ -1,0 +1,244 @@
+// The CUDA executor (gpu/cuda/cuda_executor.hpp) and Device<CudaExecutor>,
+// compiled by nvcc with --fmad=false from the same kernel bodies
+// (gpu/kernels.hpp, via gpu/device_impl.hpp) as the emulated executor.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "gpu/cuda/cuda_executor.hpp"
+#include "gpu/device_impl.hpp"
+#include "gpu/kernels.hpp"
+
+namespace accumcheck {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+std::string cuda_error(const char* what, cudaError_t e) {
+  return std::string(what) + " returned error " + std::to_string(int(e)) +
+         " (" + cudaGetErrorString(e) + ")";
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error("CUDA: " + cuda_error(what, e));
+}
+
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLAS: ") + what + " returned " +
+                             cublasGetStatusName(s) + " (" +
+                             cublasGetStatusString(s) + ")");
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cublasHandle_t as_blas(void* h) { return static_cast<cublasHandle_t>(h); }
+
+cublasOperation_t op(Trans t) {
+  return t == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+int to_int(int64_t v) {
+  if (v < 0 || v > int64_t(2147483647))
+    throw std::length_error("CudaExecutor::gemm: dimension " +
+                            std::to_string(v) + " out of cuBLAS range");
+  return int(v);
+}
+
+std::string version_string(int v) {  // 13000 -> "13.0"
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = "no CUDA device: " + cuda_error("cudaGetDeviceCount", e);
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device: cudaGetDeviceCount found 0 devices";
+    return false;
+  }
+  if (why) why->clear();
+  return true;
+}
+
+std::string cuda_trace_header() {
+  std::string s = "CUDA toolkit " + version_string(CUDART_VERSION);
+  int rt = 0, drv = 0;
+  if (cudaRuntimeGetVersion(&rt) == cudaSuccess)
+    s += ", runtime " + version_string(rt);
+  if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0)
+    s += ", driver " + version_string(drv);
+  int major = 0, minor = 0, patch = 0;
+  cublasGetProperty(MAJOR_VERSION, &major);
+  cublasGetProperty(MINOR_VERSION, &minor);
+  cublasGetProperty(PATCH_LEVEL, &patch);
+  s += ", cuBLAS " + std::to_string(major) + "." + std::to_string(minor) + "." +
+       std::to_string(patch);
+  s += ", compiled for " ACCUMCHECK_CUDA_ARCHS_STRING;
+  std::string why;
+  if (!cuda_available(&why)) return s + "; " + why;
+  int dev = 0;
+  cudaDeviceProp p{};
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return s + "; device properties unavailable";
+  }
+  s += "; device " + std::to_string(dev) + ": " + p.name + ", sm_" +
+       std::to_string(p.major) + std::to_string(p.minor) + ", " +
+       std::to_string(p.multiProcessorCount) + " SMs";
+  return s;
+}
+
+const char* cuda_kernel_source_digest() { return kern::kKernelSourceDigest; }
+
+namespace cuda_detail {
+
+void* alloc_bytes(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  check(cudaMemset(p, 0, bytes), "cudaMemset");
+  return p;
+}
+
+void free_bytes(void* p) noexcept {
+  if (p) (void)cudaFree(p);
+}
+
+// One thread per x: evaluates device-math function `which`.
+struct EvalMath {
+  const float* x;
+  float* y;
+  int which;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    const float v = x[i];
+    float r = 0;
+    if (which == 0)
+      r = dm::ac_expf(v);
+    else if (which == 1)
+      r = dm::ac_logf(v);
+    else if (which == 2)
+      r = dm::ac_tanhf(v);
+    else if (which == 3)
+      r = dm::ac_erff(v);
+    else if (which < 8)
+      r = kern::activation(kern::Act(which - 4), v);
+    else {
+      const kern::Act act = kern::Act(which - 8);
+      r = kern::activation_derivative(act, v, kern::activation(act, v));
+    }
+    y[i] = r;
+  }
+};
+
+}  // namespace cuda_detail
+
+std::vector<float> cuda_eval_math(int which, const std::vector<float>& xs) {
+  CudaExecutor ex;
+  const int64_t n = int64_t(xs.size());
+  auto x = ex.alloc<float>(n);
+  auto y = ex.alloc<float>(n);
+  ex.upload(x, xs.data(), n);
+  ex.launch(n, cuda_detail::EvalMath{x.data(), y.data(), which});
+  std::vector<float> out(xs.size());
+  ex.download(y, out.data(), n);
+  return out;
+}
+
+CudaExecutor::CudaExecutor() {
+  std::string why;
+  if (!cuda_available(&why)) throw std::runtime_error(why);
+  check(cudaSetDevice(0), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+        "cudaStreamCreate");
+  stream_ = stream;
+  cublasHandle_t h = nullptr;
+  const cublasStatus_t st = cublasCreate(&h);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cudaStreamDestroy(stream);
+    check(st, "cublasCreate");
+  }
+  blas_ = h;
+  try {
+    check(cublasSetStream(h, stream), "cublasSetStream");
+    // No TF32 or other reduced-precision paths, no atomics, a fixed
+    // workspace: cuBLAS results are then reproducible run to run on one
+    // GPU architecture and toolkit.
+    check(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+    check(cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED),
+          "cublasSetAtomicsMode");
+    check(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc(workspace)");
+    check(cublasSetWorkspace(h, workspace_, kWorkspaceBytes),
+          "cublasSetWorkspace");
+  } catch (...) {
+    cublasDestroy(h);
+    cudaStreamDestroy(stream);
+    if (workspace_) cudaFree(workspace_);
+    throw;
+  }
+}
+
+CudaExecutor::~CudaExecutor() {
+  if (stream_) (void)cudaStreamSynchronize(as_stream(stream_));
+  if (blas_) cublasDestroy(as_blas(blas_));
+  if (workspace_) cudaFree(workspace_);
+  if (stream_) cudaStreamDestroy(as_stream(stream_));
+}
+
+void CudaExecutor::copy_h2d(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                        as_stream(stream_)),
+        "cudaMemcpyAsync(h2d)");
+  // The host buffer may go away when we return.
+  check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize");
+}
+
+void CudaExecutor::copy_d2h(void* dst, const void* src, size_t bytes) const {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+                        as_stream(stream_)),
+        "cudaMemcpyAsync(d2h)");
+  check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize");
+}
+
+void CudaExecutor::check_launch(const char* what) {
+  check(cudaGetLastError(), what);
+}
+
+void CudaExecutor::synchronize() {
+  check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize");
+}
+
+void CudaExecutor::gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
+                        float alpha, const float* a, int64_t lda,
+                        const float* b, int64_t ldb, float beta, float* c,
+                        int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
+  // row-major buffers read as column-major are the transposes, so the
+  // operands swap places and keep their op flags.
+  check(cublasSgemm(as_blas(blas_), op(tb), op(ta), to_int(n), to_int(m),
+                    to_int(k), &alpha, b, to_int(ldb), a, to_int(lda), &beta, c,
+                    to_int(ldc)),
+        "cublasSgemm");
+}
+
+std::string CudaExecutor::describe() const {
+  return "CUDA executor: " + cuda_trace_header();
+}
+
+template class Device<CudaExecutor>;
+
+}  // namespace accumcheck

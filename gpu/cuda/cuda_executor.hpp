@@ -1,0 +1,147 @@
+// The CUDA executor: the kernel bodies of gpu/kernels.hpp launched on the
+// GPU through one generic __global__ function (one thread per output
+// element, one stream), matrix products in cuBLAS with TF32 off
+// (CUBLAS_PEDANTIC_MATH), atomics not allowed and a fixed workspace.
+// Built when nvcc is found (ACCUMCHECK_CUDA); usable from any C++ file.
+//
+//   std::string why;
+//   if (!cuda_available(&why)) { /* skip, print why */ }
+//   CudaExecutor ex;                       // throws with `why` if no GPU
+//   Device<CudaExecutor> dev(spec, dataset, initial_params, ex);
+//   // or CudaDevice dev(spec, dataset, initial_params);  (owns one)
+//
+// CudaExecutor::launch is defined only for nvcc (it is a template that
+// instantiates a kernel): Device<CudaExecutor> is explicitly instantiated
+// in cuda.cu, so host-compiled code uses the device without it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/executor.hpp"
+
+namespace accumcheck {
+
+// True when a CUDA device can be used; otherwise false and, if `why` is
+// given, one line such as "no CUDA device: cudaGetDeviceCount returned
+// error 35 (CUDA driver version is insufficient for CUDA runtime
+// version)".  Never throws.
+bool cuda_available(std::string* why = nullptr);
+
+// One line for a trace header: toolkit (compile time and runtime), driver,
+// device name, architecture, SM count, cuBLAS version and the compiled
+// architectures; or the toolkit and why no device is usable.
+std::string cuda_trace_header();
+
+// The SHA-256 of gpu/kernels.hpp this library was compiled against.
+const char* cuda_kernel_source_digest();
+
+// Evaluates one device-math function on the GPU for every x (0 exp, 1 log,
+// 2 tanh, 3 erf, 4..7 activation identity/tanh/relu/gelu, 8..11 their
+// derivatives): for bitwise comparisons with the CPU.  Throws without GPU.
+std::vector<float> cuda_eval_math(int which, const std::vector<float>& xs);
+
+namespace cuda_detail {
+void* alloc_bytes(size_t bytes);  // zero-filled
+void free_bytes(void* p) noexcept;
+}  // namespace cuda_detail
+
+class CudaExecutor {
+ public:
+  template <class T>
+  class Buffer {
+   public:
+    Buffer() = default;
+    explicit Buffer(int64_t n)
+        : p_(static_cast<T*>(cuda_detail::alloc_bytes(size_t(n) * sizeof(T)))),
+          n_(n) {}
+    Buffer(Buffer&& o) noexcept
+        : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+    Buffer& operator=(Buffer&& o) noexcept {
+      if (this != &o) {
+        cuda_detail::free_bytes(p_);
+        p_ = std::exchange(o.p_, nullptr);
+        n_ = std::exchange(o.n_, 0);
+      }
+      return *this;
+    }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer() { cuda_detail::free_bytes(p_); }
+    T* data() { return p_; }
+    const T* data() const { return p_; }
+    int64_t size() const { return n_; }
+
+   private:
+    T* p_ = nullptr;
+    int64_t n_ = 0;
+  };
+
+  // Device 0, a stream, a cuBLAS handle (pedantic math, no atomics, fixed
+  // workspace).  Throws std::runtime_error("no CUDA device: ...") when no
+  // GPU can be used.
+  CudaExecutor();
+  ~CudaExecutor();
+  CudaExecutor(const CudaExecutor&) = delete;
+  CudaExecutor& operator=(const CudaExecutor&) = delete;
+
+  template <class T>
+  Buffer<T> alloc(int64_t n) {
+    return Buffer<T>(n);
+  }
+  template <class T>
+  void upload(Buffer<T>& dst, const T* src, int64_t n) {
+    copy_h2d(dst.data(), src, size_t(n) * sizeof(T));
+  }
+  template <class T>
+  void download(const Buffer<T>& src, T* dst, int64_t n) const {
+    copy_d2h(dst, src.data(), size_t(n) * sizeof(T));
+  }
+  template <class Body>
+  void launch(int64_t n, const Body& body);  // nvcc only (below)
+  void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb,
+            float beta, float* c, int64_t ldc);
+  void synchronize();
+  std::string describe() const;
+
+ private:
+  void copy_h2d(void* dst, const void* src, size_t bytes);
+  void copy_d2h(void* dst, const void* src, size_t bytes) const;
+  void check_launch(const char* what);
+
+  void* stream_ = nullptr;  // cudaStream_t
+  void* blas_ = nullptr;    // cublasHandle_t
+  void* workspace_ = nullptr;
+};
+
+#ifdef __CUDACC__
+namespace cuda_detail {
+template <class Body>
+__global__ void run_body(Body body, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) body(i);
+}
+}  // namespace cuda_detail
+
+template <class Body>
+void CudaExecutor::launch(int64_t n, const Body& body) {
+  if (n <= 0) return;
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  cuda_detail::run_body<Body><<<unsigned(blocks), unsigned(kBlock), 0,
+                                static_cast<cudaStream_t>(stream_)>>>(body, n);
+  check_launch(__PRETTY_FUNCTION__);
+}
+#endif
+
+extern template class Device<CudaExecutor>;
+using CudaDevice = Device<CudaExecutor>;
+static_assert(Executor<CudaExecutor>);
+static_assert(Engine<CudaDevice>);
+
+}  // namespace accumcheck

@@ -1,0 +1,370 @@
+// Member definitions of Device<Executor> (gpu/device.hpp).  Included only
+// by the translation units that explicitly instantiate a Device: the
+// emulated one (gpu/emulated.cpp) and the CUDA one (gpu/cuda/cuda.cu),
+// so both run exactly the kernel bodies of gpu/kernels.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/kernels.hpp"
+
+namespace accumcheck {
+
+namespace device_detail {
+
+inline kern::Act act_of(Activation a) {
+  switch (a) {
+    case Activation::identity:
+      return kern::Act::identity;
+    case Activation::tanh:
+      return kern::Act::tanh;
+    case Activation::relu:
+      return kern::Act::relu;
+    case Activation::gelu:
+      return kern::Act::gelu;
+  }
+  return kern::Act::identity;
+}
+
+[[noreturn]] inline void bad(const std::string& what) {
+  throw std::invalid_argument("Device: " + what);
+}
+
+}  // namespace device_detail
+
+template <class Exec>
+Device<Exec>::Device(const ModelSpec& spec, const Dataset& data,
+                     const std::vector<float>& initial_params)
+    : spec_(spec),
+      layout_(layout_of(spec)),
+      owned_(std::make_unique<Exec>()),
+      ex_(owned_.get()) {
+  init(data, initial_params);
+}
+
+template <class Exec>
+Device<Exec>::Device(const ModelSpec& spec, const Dataset& data,
+                     const std::vector<float>& initial_params, Exec& executor)
+    : spec_(spec), layout_(layout_of(spec)), ex_(&executor) {
+  init(data, initial_params);
+}
+
+template <class Exec>
+void Device<Exec>::init(const Dataset& data,
+                        const std::vector<float>& initial_params) {
+  const ModelSpec& spec = spec_;
+  using device_detail::bad;
+  if (spec.widths.size() < 2) bad("a model needs at least {d_in, d_out}");
+  for (int64_t w : spec.widths)
+    if (w < 1) bad("layer widths must be positive");
+  if (data.d_in != spec.d_in() || data.d_out != spec.d_out())
+    bad("dataset is " + std::to_string(data.d_in) + " -> " +
+        std::to_string(data.d_out) + ", model is " +
+        std::to_string(spec.d_in()) + " -> " + std::to_string(spec.d_out()));
+  if (data.loss != spec.loss) bad("dataset and model disagree on the loss");
+  if (int64_t(data.x.size()) != data.n * data.d_in)
+    bad("dataset x has " + std::to_string(data.x.size()) +
+        " values, expected " + std::to_string(data.n * data.d_in));
+  if (spec.loss == LossKind::mse &&
+      int64_t(data.y.size()) != data.n * data.d_out)
+    bad("dataset y has " + std::to_string(data.y.size()) +
+        " values, expected " + std::to_string(data.n * data.d_out));
+  if (spec.loss == LossKind::cross_entropy) {
+    if (int64_t(data.label.size()) != data.n)
+      bad("dataset has " + std::to_string(data.label.size()) +
+          " labels, expected " + std::to_string(data.n));
+    for (int32_t l : data.label)
+      if (l < 0 || l >= data.d_out)
+        bad("label " + std::to_string(l) + " outside [0, " +
+            std::to_string(data.d_out) + ")");
+  }
+  if (int64_t(initial_params.size()) != layout_.total)
+    bad("initial parameters have " + std::to_string(initial_params.size()) +
+        " values, the model has " + std::to_string(layout_.total));
+
+  n_samples_ = data.n;
+  d_in_ = data.d_in;
+  d_out_ = data.d_out;
+  max_width_ = *std::max_element(spec.widths.begin(), spec.widths.end());
+  Exec& ex = *ex_;
+  const int64_t P = layout_.total;
+  params_ = ex.template alloc<float>(P);
+  grads_ = ex.template alloc<float>(P);
+  exp_avg_ = ex.template alloc<float>(P);
+  exp_avg_sq_ = ex.template alloc<float>(P);
+  ex.upload(params_, initial_params.data(), P);
+  data_x_ = ex.template alloc<float>(std::max<int64_t>(1, data.n * d_in_));
+  ex.upload(data_x_, data.x.data(), data.n * d_in_);
+  if (spec.loss == LossKind::mse) {
+    data_y_ = ex.template alloc<float>(std::max<int64_t>(1, data.n * d_out_));
+    ex.upload(data_y_, data.y.data(), data.n * d_out_);
+  } else {
+    data_label_ = ex.template alloc<int32_t>(std::max<int64_t>(1, data.n));
+    ex.upload(data_label_, data.label.data(), data.n);
+  }
+  int64_t max_weight = 1;
+  for (size_t l = 0; l < layout_.layers(); ++l)
+    max_weight = std::max(max_weight, layout_.weight(l).size());
+  wtmp_ = ex.template alloc<float>(max_weight);
+  scalar_ = ex.template alloc<float>(2);
+}
+
+template <class Exec>
+Device<Exec>::~Device() = default;
+
+template <class Exec>
+void Device<Exec>::ensure_capacity(int64_t rows) {
+  if (rows <= cap_) return;
+  Exec& ex = *ex_;
+  const int64_t cap = std::max(rows, 2 * cap_);
+  const size_t L = layout_.layers();
+  ids_ = ex.template alloc<int64_t>(cap);
+  a_.clear();
+  z_.clear();
+  for (size_t l = 0; l <= L; ++l) {
+    a_.push_back(ex.template alloc<float>(cap * spec_.widths[l]));
+    z_.push_back(ex.template alloc<float>(l == 0 ? 1 : cap * spec_.widths[l]));
+  }
+  target_ = ex.template alloc<float>(cap * d_out_);
+  label_ = ex.template alloc<int32_t>(cap);
+  da_ = ex.template alloc<float>(cap * max_width_);
+  dz_ = ex.template alloc<float>(cap * max_width_);
+  item_loss_ = ex.template alloc<float>(cap);
+  row_max_ = ex.template alloc<float>(cap);
+  row_sum_ = ex.template alloc<float>(cap);
+  cap_ = cap;
+}
+
+// Gathers the rows, runs the forward pass and the per-item losses; returns
+// the sum of the item losses in row order.  Leaves z_, a_ and the loss's
+// row statistics for the backward.
+template <class Exec>
+float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids) {
+  Exec& ex = *ex_;
+  const int64_t b = int64_t(ids.size());
+  for (int64_t id : ids)
+    if (id < 0 || id >= n_samples_)
+      throw std::out_of_range("Device: sample id " + std::to_string(id) +
+                              " outside [0, " + std::to_string(n_samples_) +
+                              ")");
+  ensure_capacity(b);
+  ex.upload(ids_, ids.data(), b);
+  ex.launch(b * d_in_, kern::GatherRows<float>{data_x_.data(), ids_.data(),
+                                               a_[0].data(), d_in_});
+  const size_t L = layout_.layers();
+  const kern::Act act = device_detail::act_of(spec_.activation);
+  for (size_t l = 1; l <= L; ++l) {
+    const TensorView& W = layout_.weight(l - 1);
+    const TensorView& B = layout_.bias(l - 1);
+    const int64_t in = spec_.widths[l - 1], out = spec_.widths[l];
+    ex.gemm(Trans::no, Trans::yes, b, out, in, 1.0f, a_[l - 1].data(), in,
+            params_.data() + W.offset, in, 0.0f, z_[l].data(), out);
+    ex.launch(b * out,
+              kern::BiasActivationForward{
+                  z_[l].data(), params_.data() + B.offset, a_[l].data(), out,
+                  l == L ? kern::Act::identity : act});
+  }
+  const float* y = a_[L].data();
+  if (spec_.loss == LossKind::mse) {
+    ex.launch(b * d_out_, kern::GatherRows<float>{data_y_.data(), ids_.data(),
+                                                  target_.data(), d_out_});
+    ex.launch(
+        b, kern::MseLossForward{y, target_.data(), item_loss_.data(), d_out_});
+  } else {
+    ex.launch(b, kern::GatherRows<int32_t>{data_label_.data(), ids_.data(),
+                                           label_.data(), 1});
+    ex.launch(
+        b, kern::CrossEntropyForward{y, label_.data(), item_loss_.data(),
+                                     row_max_.data(), row_sum_.data(), d_out_});
+  }
+  ex.launch(1, kern::SumSerial{item_loss_.data(), b, scalar_.data()});
+  float sum = 0;
+  ex.download(scalar_, &sum, 1);
+  return sum;
+}
+
+template <class Exec>
+void Device<Exec>::backward(int64_t b, float w) {
+  Exec& ex = *ex_;
+  const size_t L = layout_.layers();
+  const kern::Act act = device_detail::act_of(spec_.activation);
+  const float* y = a_[L].data();
+  // dz_L = dy = w * dloss/dy (no activation after the last layer).
+  if (spec_.loss == LossKind::mse)
+    ex.launch(b * d_out_,
+              kern::MseLossBackward{y, target_.data(), dz_.data(), d_out_, w});
+  else
+    ex.launch(b * d_out_, kern::CrossEntropyBackward{
+                              y, label_.data(), row_max_.data(),
+                              row_sum_.data(), dz_.data(), d_out_, w});
+  for (size_t l = L; l >= 1; --l) {
+    const TensorView& W = layout_.weight(l - 1);
+    const TensorView& B = layout_.bias(l - 1);
+    const int64_t in = spec_.widths[l - 1], out = spec_.widths[l];
+    if (l < L)
+      ex.launch(b * out,
+                kern::ActivationBackward{da_.data(), z_[l].data(), a_[l].data(),
+                                         dz_.data(), act});
+    // dW_l += dz_l^T a_{l-1}: the product in full, then one add.
+    ex.gemm(Trans::yes, Trans::no, out, in, b, 1.0f, dz_.data(), out,
+            a_[l - 1].data(), in, 0.0f, wtmp_.data(), in);
+    ex.launch(W.size(),
+              kern::AccumulateGrad{grads_.data() + W.offset, wtmp_.data()});
+    ex.launch(out, kern::BiasGradColSum{dz_.data(), grads_.data() + B.offset, b,
+                                        out});
+    // da_{l-1} = dz_l W_l.
+    if (l > 1)
+      ex.gemm(Trans::no, Trans::no, b, in, out, 1.0f, dz_.data(), out,
+              params_.data() + W.offset, in, 0.0f, da_.data(), in);
+  }
+}
+
+template <class Exec>
+void Device<Exec>::zero_grad() {
+  ex_->launch(layout_.total, kern::Fill{grads_.data(), 0.0f});
+}
+
+template <class Exec>
+float Device<Exec>::forward_backward(const std::vector<int64_t>& ids,
+                                     int64_t weight_den) {
+  if (weight_den < 1)
+    device_detail::bad("weight_den must be >= 1, got " +
+                       std::to_string(weight_den));
+  if (ids.empty()) return 0.0f;
+  const float sum = forward_and_loss(ids);
+  // w = 1/den, one correctly rounded float division (as loss / den's
+  // backward gives in PyTorch); exact for den <= 2^24 a power of two.
+  backward(int64_t(ids.size()), 1.0f / float(weight_den));
+  return sum;
+}
+
+template <class Exec>
+float Device<Exec>::loss(const std::vector<int64_t>& ids) {
+  if (ids.empty()) return 0.0f;
+  return forward_and_loss(ids);
+}
+
+template <class Exec>
+void Device<Exec>::add_l2(double lambda, int64_t den) {
+  if (den < 1) device_detail::bad("add_l2: den must be >= 1");
+  const float coef = float(lambda / double(den));
+  ex_->launch(layout_.total, kern::AddL2{grads_.data(), params_.data(), coef});
+}
+
+template <class Exec>
+float Device<Exec>::grad_norm() {
+  ex_->launch(1, kern::GradNorm{grads_.data(), layout_.total, scalar_.data()});
+  float norm = 0;
+  ex_->download(scalar_, &norm, 1);
+  return norm;
+}
+
+template <class Exec>
+void Device<Exec>::scale_grads(float f) {
+  ex_->launch(layout_.total, kern::ScaleGrads{grads_.data(), f});
+}
+
+template <class Exec>
+void Device<Exec>::optimizer_step(const OptimizerSpec& opt, double lr) {
+  ++steps_;
+  const int64_t P = layout_.total;
+  if (opt.kind == OptimizerKind::sgd) {
+    kern::SgdStep k{};
+    k.p = params_.data();
+    k.g = grads_.data();
+    k.buf = exp_avg_.data();
+    k.neg_lr = float(-lr);
+    k.momentum = float(opt.momentum);
+    k.wd = float(opt.weight_decay);
+    k.use_wd = opt.weight_decay != 0.0;
+    k.use_momentum = opt.momentum != 0.0;
+    k.first = !has_m_;  // PyTorch: momentum_buffer is None
+    ex_->launch(P, k);
+    if (k.use_momentum) has_m_ = true;
+    return;
+  }
+  if (!has_m_) ex_->launch(P, kern::Fill{exp_avg_.data(), 0.0f});
+  if (!has_v_) ex_->launch(P, kern::Fill{exp_avg_sq_.data(), 0.0f});
+  const double t = double(steps_);
+  const double bc1 = 1.0 - std::pow(opt.beta1, t);
+  const double bc2 = 1.0 - std::pow(opt.beta2, t);
+  const double step_size = lr / bc1;
+  const double bc2_sqrt = std::sqrt(bc2);
+  kern::AdamStep k{};
+  k.p = params_.data();
+  k.g = grads_.data();
+  k.m = exp_avg_.data();
+  k.v = exp_avg_sq_.data();
+  k.b1 = float(opt.beta1);
+  k.one_minus_b1 = float(1.0 - opt.beta1);
+  k.b2 = float(opt.beta2);
+  k.one_minus_b2 = float(1.0 - opt.beta2);
+  k.neg_step_size = float(-step_size);
+  k.bc2_sqrt = float(bc2_sqrt);
+  k.eps = float(opt.eps);
+  k.wd = float(opt.weight_decay);
+  const bool adamw = opt.kind == OptimizerKind::adamw;
+  k.coupled_wd = !adamw && opt.weight_decay != 0.0;
+  k.decoupled_wd = adamw;  // param.mul_(1 - lr * wd), even when wd = 0
+  k.decay_mul = float(1.0 - lr * opt.weight_decay);
+  ex_->launch(P, k);
+  has_m_ = has_v_ = true;
+}
+
+template <class Exec>
+EngineState<float> Device<Exec>::state() const {
+  const int64_t P = layout_.total;
+  EngineState<float> s;
+  s.params.resize(size_t(P));
+  s.grads.resize(size_t(P));
+  ex_->download(params_, s.params.data(), P);
+  ex_->download(grads_, s.grads.data(), P);
+  if (has_m_) {
+    s.exp_avg.resize(size_t(P));
+    ex_->download(exp_avg_, s.exp_avg.data(), P);
+  }
+  if (has_v_) {
+    s.exp_avg_sq.resize(size_t(P));
+    ex_->download(exp_avg_sq_, s.exp_avg_sq.data(), P);
+  }
+  s.optimizer_steps = steps_;
+  return s;
+}
+
+template <class Exec>
+void Device<Exec>::set_state(const EngineState<float>& s) {
+  const int64_t P = layout_.total;
+  auto check = [&](const std::vector<float>& v, const char* name,
+                   bool may_be_empty) {
+    if (int64_t(v.size()) == P || (may_be_empty && v.empty())) return;
+    device_detail::bad(std::string("set_state: ") + name + " has " +
+                       std::to_string(v.size()) + " values, the model has " +
+                       std::to_string(P));
+  };
+  check(s.params, "params", false);
+  check(s.grads, "grads", true);
+  check(s.exp_avg, "exp_avg", true);
+  check(s.exp_avg_sq, "exp_avg_sq", true);
+  if (s.optimizer_steps < 0) device_detail::bad("set_state: negative steps");
+  ex_->upload(params_, s.params.data(), P);
+  auto put = [&](Buffer<float>& dst, const std::vector<float>& v) {
+    if (v.empty())
+      ex_->launch(P, kern::Fill{dst.data(), 0.0f});
+    else
+      ex_->upload(dst, v.data(), P);
+  };
+  put(grads_, s.grads);
+  put(exp_avg_, s.exp_avg);
+  put(exp_avg_sq_, s.exp_avg_sq);
+  has_m_ = !s.exp_avg.empty();
+  has_v_ = !s.exp_avg_sq.empty();
+  steps_ = s.optimizer_steps;
+}
+
+}  // namespace accumcheck

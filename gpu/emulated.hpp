@@ -1,0 +1,72 @@
+// The emulated executor: the kernel bodies of gpu/kernels.hpp run in plain
+// loops on the CPU, matrix products in single-threaded OpenBLAS.  Always
+// built; it is the float32 engine every CI run exercises.
+//
+//   EmulatedExecutor ex;
+//   Device<EmulatedExecutor> dev(spec, dataset, initial_params, ex);
+//   // or: EmulatedDevice dev(spec, dataset, initial_params);  (owns one)
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/executor.hpp"
+
+namespace accumcheck {
+
+class EmulatedExecutor {
+ public:
+  template <class T>
+  class Buffer {
+   public:
+    Buffer() = default;
+    explicit Buffer(int64_t n) : v_(size_t(n)) {}
+    T* data() { return v_.data(); }
+    const T* data() const { return v_.data(); }
+    int64_t size() const { return int64_t(v_.size()); }
+
+   private:
+    std::vector<T> v_;
+  };
+
+  // Pins OpenBLAS to one thread (once per process).
+  EmulatedExecutor();
+
+  template <class T>
+  Buffer<T> alloc(int64_t n) {
+    return Buffer<T>(n);
+  }
+  template <class T>
+  void upload(Buffer<T>& dst, const T* src, int64_t n) {
+    if (n > 0) std::memcpy(dst.data(), src, size_t(n) * sizeof(T));
+  }
+  template <class T>
+  void download(const Buffer<T>& src, T* dst, int64_t n) const {
+    if (n > 0) std::memcpy(dst, src.data(), size_t(n) * sizeof(T));
+  }
+  template <class Body>
+  void launch(int64_t n, const Body& body) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
+  void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb,
+            float beta, float* c, int64_t ldc);
+  void synchronize() {}
+  // "emulated: OpenBLAS 0.3.21 ... (core Haswell), 1 thread"
+  std::string describe() const;
+};
+
+static_assert(Executor<EmulatedExecutor>);
+
+extern template class Device<EmulatedExecutor>;
+using EmulatedDevice = Device<EmulatedExecutor>;
+static_assert(Engine<EmulatedDevice>);
+
+// The SHA-256 of gpu/kernels.hpp this library was compiled against
+// (computed by CMake; tests compare it with the CUDA library's).
+const char* emulated_kernel_source_digest();
+
+}  // namespace accumcheck

@@ -1,0 +1,314 @@
+// Kernel bodies of the float32 engine, shared by every executor.
+//
+// Each kernel is a small struct of raw pointers and sizes whose
+// operator()(i) computes output element(s) i: one thread per output
+// element, every reduction inside a thread in a fixed order, no atomics,
+// no shared state between threads.  The emulated executor runs
+// `for (i = 0; i < n; ++i) body(i)`; the CUDA executor launches the very
+// same struct through one generic __global__ function.  All arithmetic is
+// single IEEE float operations or explicit fmaf (gpu/device_math.hpp), so
+// both executors compute identical bits.  The oracle implements the same
+// kernel names in exact arithmetic.
+//
+// Grid sizes (the n to launch with) are documented on each kernel as
+// "threads:"; tests/device_kernels_test.cpp checks that each kernel,
+// launched over exactly that grid, writes every output element once and
+// nothing outside its buffers.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/device_math.hpp"
+
+namespace accumcheck::kern {
+
+// The SHA-256 of this file, passed in by gpu/CMakeLists.txt to every
+// library that compiles these bodies ("unknown" elsewhere).
+#ifdef ACCUMCHECK_KERNELS_SHA256
+inline constexpr const char* kKernelSourceDigest = ACCUMCHECK_KERNELS_SHA256;
+#else
+inline constexpr const char* kKernelSourceDigest = "unknown";
+#endif
+
+// Activation codes (sim/scenario.hpp Activation, in the same order).
+enum class Act : int32_t { identity = 0, tanh = 1, relu = 2, gelu = 3 };
+
+// f(z).  gelu is the exact erf form z * (1 + erf(z / sqrt 2)) / 2.
+ACCUMCHECK_HD inline float activation(Act act, float z) {
+  switch (act) {
+    case Act::identity:
+      return z;
+    case Act::tanh:
+      return dm::ac_tanhf(z);
+    case Act::relu:
+      return z > 0.0f ? z : 0.0f;
+    case Act::gelu: {
+      const float kInvSqrt2 = 0.707106781186547524f;
+      return z * (1.0f + dm::ac_erff(z * kInvSqrt2)) * 0.5f;
+    }
+  }
+  return z;
+}
+
+// f'(z), given z and a = f(z).
+//   tanh: 1 - a^2 (a is tanh(z), the same bits the forward stored)
+//   relu: 1 for z > 0, else 0 (PyTorch's threshold_backward)
+//   gelu: Phi(z) + z * phi(z) = (1 + erf(z/sqrt2))/2 + z exp(-z^2/2)/sqrt(2pi)
+ACCUMCHECK_HD inline float activation_derivative(Act act, float z, float a) {
+  switch (act) {
+    case Act::identity:
+      return 1.0f;
+    case Act::tanh:
+      return 1.0f - a * a;
+    case Act::relu:
+      return z > 0.0f ? 1.0f : 0.0f;
+    case Act::gelu: {
+      const float kInvSqrt2 = 0.707106781186547524f;
+      const float kInvSqrt2Pi = 0.398942280401432678f;
+      const float cdf = (1.0f + dm::ac_erff(z * kInvSqrt2)) * 0.5f;
+      const float pdf = dm::ac_expf(-0.5f * (z * z)) * kInvSqrt2Pi;
+      return cdf + z * pdf;
+    }
+  }
+  return 1.0f;
+}
+
+// dst[r, c] = src[ids[r], c]: gathers a micro-batch's rows.
+// threads: rows * cols.
+template <class T>
+struct GatherRows {
+  const T* src;
+  const int64_t* ids;
+  T* dst;
+  int64_t cols;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    const int64_t r = i / cols, c = i - r * cols;
+    dst[i] = src[ids[r] * cols + c];
+  }
+};
+
+// z[r, c] = z[r, c] + bias[c]  (z holds X W^T on entry: set)
+// a[r, c] = f(z[r, c])                                   (set)
+// threads: rows * cols.
+struct BiasActivationForward {
+  float* z;
+  const float* bias;
+  float* a;
+  int64_t cols;
+  Act act;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    const float v = z[i] + bias[i % cols];
+    z[i] = v;
+    a[i] = activation(act, v);
+  }
+};
+
+// dz = da * f'(z)   (set).  threads: rows * cols.
+struct ActivationBackward {
+  const float* da;
+  const float* z;
+  const float* a;
+  float* dz;
+  Act act;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    dz[i] = da[i] * activation_derivative(act, z[i], a[i]);
+  }
+};
+
+// dbias[c] += sum_r dz[r, c], the sum over r = 0, 1, ... taken first and
+// then added once (so a second identical backward doubles it exactly).
+// threads: cols.
+struct BiasGradColSum {
+  const float* dz;
+  float* dbias;
+  int64_t rows, cols;
+  ACCUMCHECK_HD void operator()(int64_t c) const {
+    float s = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) s = s + dz[r * cols + c];
+    dbias[c] = dbias[c] + s;
+  }
+};
+
+// dst += src: PyTorch's AccumulateGrad (the fresh gradient is computed in
+// full, then added once).  threads: n.
+struct AccumulateGrad {
+  float* dst;
+  const float* src;
+  ACCUMCHECK_HD void operator()(int64_t i) const { dst[i] = dst[i] + src[i]; }
+};
+
+// dst = value.  threads: n.
+struct Fill {
+  float* dst;
+  float value;
+  ACCUMCHECK_HD void operator()(int64_t i) const { dst[i] = value; }
+};
+
+// Per-sample MSE: loss[r] = (sum_c (y - t)^2, in order c = 0, 1, ...) / d_out.
+// threads: rows.
+struct MseLossForward {
+  const float* y;
+  const float* t;
+  float* loss;
+  int64_t cols;
+  ACCUMCHECK_HD void operator()(int64_t r) const {
+    float s = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float d = y[r * cols + c] - t[r * cols + c];
+      s = s + d * d;
+    }
+    loss[r] = s / float(cols);
+  }
+};
+
+// dy = w * (2 (y - t) / d_out), w = 1/den (set).  threads: rows * cols.
+struct MseLossBackward {
+  const float* y;
+  const float* t;
+  float* dy;
+  int64_t cols;
+  float w;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    const float g = (2.0f * (y[i] - t[i])) / float(cols);
+    dy[i] = w * g;
+  }
+};
+
+// Per-sample cross entropy with max subtraction:
+//   m = max_c y[r, c];  s = sum_c exp(y[r, c] - m)  (in order c = 0, 1, ...)
+//   loss[r] = log(s) - (y[r, label] - m)
+// and the row statistics m, s for the backward.  threads: rows.
+struct CrossEntropyForward {
+  const float* y;
+  const int32_t* label;
+  float* loss;
+  float* row_max;
+  float* row_sum;
+  int64_t cols;
+  ACCUMCHECK_HD void operator()(int64_t r) const {
+    const float* row = y + r * cols;
+    float m = row[0];
+    for (int64_t c = 1; c < cols; ++c) m = row[c] > m ? row[c] : m;
+    float s = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) s = s + dm::ac_expf(row[c] - m);
+    loss[r] = dm::ac_logf(s) - (row[label[r]] - m);
+    row_max[r] = m;
+    row_sum[r] = s;
+  }
+};
+
+// dy[r, c] = w * (exp(y[r, c] - m_r) / s_r - [c == label_r])  (set).
+// threads: rows * cols.
+struct CrossEntropyBackward {
+  const float* y;
+  const int32_t* label;
+  const float* row_max;
+  const float* row_sum;
+  float* dy;
+  int64_t cols;
+  float w;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    const int64_t r = i / cols, c = i - r * cols;
+    const float p = dm::ac_expf(y[i] - row_max[r]) / row_sum[r];
+    const float g = c == int64_t(label[r]) ? p - 1.0f : p;
+    dy[i] = w * g;
+  }
+};
+
+// out[0] = sum_i src[i] in order i = 0, 1, ... (one thread).  threads: 1.
+struct SumSerial {
+  const float* src;
+  int64_t n;
+  float* out;
+  ACCUMCHECK_HD void operator()(int64_t) const {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; ++i) s = s + src[i];
+    out[0] = s;
+  }
+};
+
+// out[0] = sqrt(sum_i g[i]^2), in order i = 0, 1, ... (one thread; the
+// square rounded, then added).  threads: 1.
+struct GradNorm {
+  const float* g;
+  int64_t n;
+  float* out;
+  ACCUMCHECK_HD void operator()(int64_t) const {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; ++i) s = s + g[i] * g[i];
+    out[0] = dm::sqrt(s);
+  }
+};
+
+// g *= f.  threads: n.
+struct ScaleGrads {
+  float* g;
+  float f;
+  ACCUMCHECK_HD void operator()(int64_t i) const { g[i] = g[i] * f; }
+};
+
+// g += coef * p, coef = float(lambda / den).  threads: n.
+struct AddL2 {
+  float* g;
+  const float* p;
+  float coef;
+  ACCUMCHECK_HD void operator()(int64_t i) const { g[i] = g[i] + coef * p[i]; }
+};
+
+// torch.optim.SGD (PyTorch 1.13 _single_tensor_sgd, no dampening, no
+// nesterov), scalars rounded to float as PyTorch does:
+//   d = g + wd * p                           (if wd != 0)
+//   buf = first ? d : momentum * buf + d;  d = buf   (if momentum != 0)
+//   p = p + (-lr) * d
+// threads: n.
+struct SgdStep {
+  float* p;
+  const float* g;
+  float* buf;
+  float neg_lr, momentum, wd;
+  bool use_wd, use_momentum, first;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    float d = g[i];
+    if (use_wd) d = d + wd * p[i];
+    if (use_momentum) {
+      const float b = first ? d : buf[i] * momentum + d;
+      buf[i] = b;
+      d = b;
+    }
+    p[i] = p[i] + neg_lr * d;
+  }
+};
+
+// torch.optim.Adam / AdamW (PyTorch 1.13 _single_tensor_adam / _adamw):
+//   AdamW: p = p * decay_mul, decay_mul = float(1 - lr * wd)   (first)
+//   Adam:  d = g + wd * p                                      (if wd != 0)
+//   m = m * b1 + one_minus_b1 * d                 (mul_, add_ alpha)
+//   v = v * b2 + (one_minus_b2 * d) * d           (mul_, addcmul_ value)
+//   denom = sqrt(v) / bc2_sqrt + eps
+//   p = p + neg_step_size * (m / denom)           (addcdiv_ value)
+// with step_size = lr / (1 - b1^t) and bc2_sqrt = sqrt(1 - b2^t) computed
+// in double and rounded to float.  threads: n.
+struct AdamStep {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  float b1, one_minus_b1, b2, one_minus_b2;
+  float neg_step_size, bc2_sqrt, eps;
+  float wd, decay_mul;
+  bool coupled_wd, decoupled_wd;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    float pi = p[i];
+    if (decoupled_wd) pi = pi * decay_mul;
+    float d = g[i];
+    if (coupled_wd) d = d + wd * pi;
+    const float mi = m[i] * b1 + one_minus_b1 * d;
+    const float vi = v[i] * b2 + (one_minus_b2 * d) * d;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = dm::sqrt(vi) / bc2_sqrt + eps;
+    p[i] = pi + neg_step_size * (mi / denom);
+  }
+};
+
+}  // namespace accumcheck::kern

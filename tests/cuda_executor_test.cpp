@@ -1,0 +1,184 @@
+// The CUDA executor: without a GPU it says why and the GPU tests skip;
+// with one, its kernel bodies compute the emulated executor's bits.  That
+// both executors compile the same kernel source is checked everywhere.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu/device_math.hpp"
+#include "gpu/emulated.hpp"
+#include "gpu/kernels.hpp"
+
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+#include "gpu/cuda/cuda_executor.hpp"
+#endif
+
+namespace accumcheck {
+namespace {
+
+std::string read_source(const std::string& rel) {
+  std::ifstream in(std::string(ACCUMCHECK_SOURCE_DIR) + "/" + rel);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Both executors' translation units take their kernel bodies from
+// gpu/kernels.hpp through gpu/device_impl.hpp, and nothing else defines
+// a kernel body.
+TEST(KernelSource, BothExecutorsIncludeTheSameKernelHeader) {
+  const std::string impl = read_source("gpu/device_impl.hpp");
+  const std::string emulated = read_source("gpu/emulated.cpp");
+  const std::string cuda = read_source("gpu/cuda/cuda.cu");
+  ASSERT_FALSE(impl.empty());
+  ASSERT_FALSE(emulated.empty());
+  ASSERT_FALSE(cuda.empty());
+  EXPECT_NE(impl.find("#include \"gpu/kernels.hpp\""), std::string::npos);
+  EXPECT_NE(emulated.find("#include \"gpu/device_impl.hpp\""),
+            std::string::npos);
+  EXPECT_NE(cuda.find("#include \"gpu/device_impl.hpp\""), std::string::npos);
+  EXPECT_NE(cuda.find("#include \"gpu/kernels.hpp\""), std::string::npos);
+  EXPECT_NE(std::string(emulated_kernel_source_digest()), "unknown");
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+  EXPECT_STREQ(emulated_kernel_source_digest(), cuda_kernel_source_digest());
+#endif
+}
+
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+
+TEST(CudaExecutor, ReportsMissingGpuClearly) {
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_EQ(why.rfind("no CUDA device: ", 0), 0u) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos);
+  try {
+    CudaExecutor ex;
+    FAIL() << "CudaExecutor constructed without a GPU";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), why);
+  }
+  ModelSpec m{{2, 1}, Activation::identity, LossKind::mse};
+  Dataset d;
+  d.n = 1;
+  d.d_in = 2;
+  d.d_out = 1;
+  d.x = {1, 2};
+  d.y = {3};
+  EXPECT_THROW(CudaDevice(m, d, std::vector<float>(3)), std::runtime_error);
+  const std::string header = cuda_trace_header();
+  EXPECT_NE(header.find("CUDA toolkit"), std::string::npos) << header;
+  EXPECT_NE(header.find("no CUDA device"), std::string::npos) << header;
+}
+
+class CudaGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_available(&why)) GTEST_SKIP() << why;
+  }
+};
+
+TEST_F(CudaGpu, TraceHeaderNamesTheDevice) {
+  const std::string h = cuda_trace_header();
+  EXPECT_NE(h.find("SMs"), std::string::npos) << h;
+  std::printf("[ cuda ] %s\n", h.c_str());
+}
+
+// Device math and activations on the GPU: the CPU's bits exactly.
+TEST_F(CudaGpu, MathBitsEqualTheEmulatedExecutor) {
+  std::vector<float> xs;
+  for (uint32_t b = 0; b < 0x7f800000u; b += 4099) {
+    xs.push_back(std::bit_cast<float>(b));
+    xs.push_back(-std::bit_cast<float>(b));
+  }
+  for (int which = 0; which < 12; ++which) {
+    const std::vector<float> gpu = cuda_eval_math(which, xs);
+    int64_t diff = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const float x = xs[i];
+      float cpu;
+      if (which == 0)
+        cpu = dm::ac_expf(x);
+      else if (which == 1)
+        cpu = dm::ac_logf(x);
+      else if (which == 2)
+        cpu = dm::ac_tanhf(x);
+      else if (which == 3)
+        cpu = dm::ac_erff(x);
+      else if (which < 8)
+        cpu = kern::activation(kern::Act(which - 4), x);
+      else {
+        const kern::Act a = kern::Act(which - 8);
+        cpu = kern::activation_derivative(a, x, kern::activation(a, x));
+      }
+      if (std::bit_cast<uint32_t>(cpu) != std::bit_cast<uint32_t>(gpu[i]))
+        ++diff;
+    }
+    EXPECT_EQ(diff, 0) << "function " << which;
+  }
+}
+
+// On the bitwise tier every product is exact, so cuBLAS and OpenBLAS agree
+// too: the whole engine matches bit for bit.  Elsewhere, close.
+TEST_F(CudaGpu, EngineMatchesEmulated) {
+  for (bool dyadic : {true, false}) {
+    ModelSpec m{{4, 8, 4},
+                dyadic ? Activation::relu : Activation::gelu,
+                dyadic ? LossKind::mse : LossKind::cross_entropy};
+    Dataset d;
+    d.n = 16;
+    d.d_in = 4;
+    d.d_out = 4;
+    d.loss = m.loss;
+    uint32_t s = 7;
+    auto next = [&] {
+      s = s * 1103515245u + 12345u;
+      return int((s >> 16) % 9) - 4;
+    };
+    for (int i = 0; i < 64; ++i) d.x.push_back(float(next()) / 8);
+    if (dyadic)
+      for (int i = 0; i < 64; ++i) d.y.push_back(float(next()) / 8);
+    else
+      for (int i = 0; i < 16; ++i) d.label.push_back((next() + 4) % 4);
+    std::vector<float> p(size_t(layout_of(m).total));
+    for (float& v : p) v = float(next()) / 8;
+    EmulatedDevice cpu(m, d, p);
+    CudaDevice gpu(m, d, p);
+    OptimizerSpec opt;
+    opt.kind = OptimizerKind::adam;
+    const std::vector<int64_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};
+    const float lc = cpu.forward_backward(ids, 8);
+    const float lg = gpu.forward_backward(ids, 8);
+    const auto sc = cpu.state(), sg = gpu.state();
+    if (dyadic) {
+      EXPECT_EQ(lc, lg);
+      for (size_t i = 0; i < sc.grads.size(); ++i)
+        EXPECT_EQ(std::bit_cast<uint32_t>(sc.grads[i]),
+                  std::bit_cast<uint32_t>(sg.grads[i]))
+            << i;
+    } else {
+      EXPECT_NEAR(lc, lg, 1e-5);
+      for (size_t i = 0; i < sc.grads.size(); ++i)
+        EXPECT_NEAR(sc.grads[i], sg.grads[i], 1e-5) << i;
+    }
+    // The optimizer is elementwise: from the same state, the same bits.
+    gpu.set_state(sc);
+    cpu.optimizer_step(opt, 1e-2);
+    gpu.optimizer_step(opt, 1e-2);
+    const auto tc = cpu.state(), tg = gpu.state();
+    for (size_t i = 0; i < tc.params.size(); ++i)
+      EXPECT_EQ(std::bit_cast<uint32_t>(tc.params[i]),
+                std::bit_cast<uint32_t>(tg.params[i]));
+    EXPECT_EQ(cpu.grad_norm(), gpu.grad_norm());
+  }
+}
+
+#endif  // ACCUMCHECK_HAVE_CUDA_TARGET
+
+}  // namespace
+}  // namespace accumcheck
