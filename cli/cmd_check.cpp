@@ -75,9 +75,10 @@ int check_command(const CheckOptions& o) {
     rc::detail::TestMetadata meta;
     meta.id = p->name;
     meta.description = p->claim;
-    Progress progress("[" + std::to_string(index) + "/" + std::to_string(chosen.size()) +
-                          "] " + p->name,
-                      o.cases, tty);
+    char label[160];
+    std::snprintf(label, sizeof label, "[%zu/%zu] %s", index, chosen.size(),
+                  p->name.c_str());
+    Progress progress(label, o.cases, tty);
     const auto result = rc::detail::checkProperty(rc::detail::toProperty(p->body), meta,
                                                   params, progress);
     if (result.template is<rc::detail::SuccessResult>()) continue;

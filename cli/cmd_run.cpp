@@ -36,7 +36,7 @@ template <class Real>
 void write_runs(const std::string& dir, const Scenario& s,
                 const ParamLayout& layout, const Experiment<Real>& x,
                 const std::string& engine, const std::string& precision) {
-  TraceWriter w(s, engine, precision);
+  TraceWriter w(s.name, s.digest, engine, precision);
   add_run(w, x.reference, layout);
   add_run(w, x.correct, layout);
   if (x.accepted) add_run(w, *x.accepted, layout);
