@@ -108,9 +108,9 @@ std::string side_by_side(const Experiment<Real>& x, size_t max_rows) {
     out += buf;
     for (const Block& b : blocks) {
       const auto c = cells(*b.run, w);
-      out += " | " + cell(c.loss, kW) + " " + cell(c.lr, kW) + " " +
-             cell(c.grad_norm, kW);
-      if (b.dist) out += " " + cell((*b.dist)[w], kW, "%.3g");
+      out.append(" | ").append(cell(c.loss, kW)).append(" ");
+      out.append(cell(c.lr, kW)).append(" ").append(cell(c.grad_norm, kW));
+      if (b.dist) out.append(" ").append(cell((*b.dist)[w], kW, "%.3g"));
     }
     out += "\n";
   }

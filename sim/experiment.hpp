@@ -78,8 +78,12 @@ auto run_experiment(const Scenario& s, MakeEngine make_engine,
   Experiment<Real> x;
   x.reference = run_one(big, {}, s.optimizer.lr, "reference");
   x.correct = run_one(plan, {}, s.optimizer.lr, "correct");
+  // The trainer's run is named by its pitfall ids; a trainer without
+  // pitfalls is "trainer:correct" (the name "correct" is the column's).
   x.trainer = run_one(plan, s.trainer.pitfalls, base_lr(s),
-                      semantics_name(s.trainer.pitfalls));
+                      s.trainer.pitfalls.empty()
+                          ? std::string("trainer:correct")
+                          : semantics_name(s.trainer.pitfalls));
   if (s.trainer.lr_scaling != LrScaling::none)
     x.trainer.name += s.trainer.lr_scaling == LrScaling::linear
                           ? "@lr*K"
