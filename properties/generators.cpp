@@ -35,7 +35,9 @@ Gen<Shape> shape(const Triggers& t) {
         gen::set(&Shape::K, gen::element<int64_t>(2, 4)),
         gen::set(&Shape::n, gen::inRange<int64_t>(1, 3)));  // windows
   return gen::mapcat(
-      gen::pair(gen::inRange<int64_t>(b_lo, 6), gen::inRange<int64_t>(k_lo, 6)),
+      gen::pair(gen::inRange<int64_t>(b_lo, 6),
+                t.k_power_of_two ? gen::element<int64_t>(2, 4)
+                                 : gen::inRange<int64_t>(k_lo, 6)),
       [t](std::pair<int64_t, int64_t> bk) {
         const auto [b, K] = bk;
         const int64_t r_lo = t.partial_window ? 1 : 0;
@@ -43,7 +45,7 @@ Gen<Shape> shape(const Triggers& t) {
         const int64_t last_hi = t.full_windows ? b : (t.short_micro ? b - 1 : b);
         const int64_t last_lo = t.full_windows ? b : 1;
         return gen::map(
-            gen::tuple(gen::inRange<int64_t>(t.partial_window ? 0 : 1, 3),
+            gen::tuple(gen::inRange<int64_t>(1, 3),  // full windows
                        gen::inRange<int64_t>(r_lo, std::max(r_lo, r_hi) + 1),
                        gen::inRange<int64_t>(last_lo, last_hi + 1)),
             [b, K](std::tuple<int64_t, int64_t, int64_t> x) {

@@ -30,6 +30,7 @@ struct Triggers {
                                // mse, b and K powers of two, full windows
   bool full_windows = false;   // K divides the micro-step count, no short
   bool single_epoch = false;
+  bool k_power_of_two = false;  // K in {2, 4}
   int max_width = 8;
   // Written into [trainer] so a counterexample file replays the pitfall.
   std::vector<Pitfall> pitfalls;

@@ -179,6 +179,31 @@ class Trainer {
           [&](Event& ev) { ev.lr = current_lr(); });
   }
 
+  // The end of a window: step, schedule and zero as the behaviour says.
+  void boundary(bool steps_at_boundary, bool last_of_epoch,
+                int64_t epoch_micro_steps) {
+    const bool clipping = s_.clip.enabled;
+    if (b_.seed_002_loop) {
+      // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
+      if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
+        if (clipping && !b_.clip_per_micro_step) clip(-1);
+        optimizer_step(-1);
+        if (!b_.scheduler_per_micro_step) scheduler_step(-1);
+        zero_grad(-1);
+      }
+    } else if (!steps_at_boundary) {
+      if (b_.partial == PartialWindow::drop) zero_grad(-1);
+      // leak: neither step nor zero_grad; the sum carries on.
+    } else {
+      if (!b_.step_every_micro_step && !done()) {
+        if (clipping && !b_.clip_per_micro_step) clip(-1);
+        optimizer_step(-1);
+      }
+      if (!b_.scheduler_per_micro_step) scheduler_step(-1);
+      if (b_.zero_grad == ZeroGradTiming::after_step) zero_grad(-1);
+    }
+  }
+
   void window(const Window& w, int64_t epoch, bool last_of_epoch,
               int64_t epoch_micro_steps) {
     epoch_ = epoch;
@@ -212,28 +237,11 @@ class Trainer {
         if (clipping && !b_.clip_per_micro_step) clip(k);
         optimizer_step(k);
       }
+      // The boundary's optimizer.step() precedes the micro-step's
+      // scheduler.step() (scheduler-per-micro-step: step t uses S(tK+K-1)).
+      if (k + 1 == Kw)
+        boundary(steps_at_boundary, last_of_epoch, epoch_micro_steps);
       if (b_.scheduler_per_micro_step) scheduler_step(k);
-    }
-
-    // The boundary block.
-    if (b_.seed_002_loop) {
-      // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
-      if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
-        if (clipping && !b_.clip_per_micro_step) clip(-1);
-        optimizer_step(-1);
-        if (!b_.scheduler_per_micro_step) scheduler_step(-1);
-        zero_grad(-1);
-      }
-    } else if (!steps_at_boundary) {
-      if (b_.partial == PartialWindow::drop) zero_grad(-1);
-      // leak: neither step nor zero_grad; the sum carries on.
-    } else {
-      if (!b_.step_every_micro_step && !done()) {
-        if (clipping && !b_.clip_per_micro_step) clip(-1);
-        optimizer_step(-1);
-      }
-      if (!b_.scheduler_per_micro_step) scheduler_step(-1);
-      if (b_.zero_grad == ZeroGradTiming::after_step) zero_grad(-1);
     }
 
     WindowRecord<Real> rec;
