@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -107,6 +108,17 @@ class Trainer {
     return std::move(run_);
   }
 
+  // Teacher forcing along an external trajectory (certify): called with
+  // the optimizer step's index and the engine, `before_step` after the
+  // accumulated gradient is recorded and before optimizer.step() (it may
+  // replace the gradient with the trace's), `after_step` after the new
+  // parameters are recorded (it may reset them to the trace's).
+  using StepHook = std::function<void(int64_t step, E& engine)>;
+  void set_step_hooks(StepHook before_step, StepHook after_step) {
+    before_step_ = std::move(before_step);
+    after_step_ = std::move(after_step);
+  }
+
   const TrainerCounters& counters() const { return c_; }
   double current_lr() const {
     return base_lr_ * lr_multiplier(schedule_, c_.scheduler_steps);
@@ -166,11 +178,13 @@ class Trainer {
     rec.lr = lr;
     rec.grad_norm = static_cast<double>(e_.grad_norm());
     if (opt_.record_values) rec.grad = e_.state().grads;
+    if (before_step_) before_step_(rec.step, e_);
     e_.optimizer_step(s_.optimizer, lr);
     event(EventKind::optimizer_step, micro, [&](Event& ev) { ev.lr = lr; });
     ++c_.optimizer_steps;
     if (opt_.record_values) rec.param = e_.state().params;
     run_.steps.push_back(std::move(rec));
+    if (after_step_) after_step_(run_.steps.back().step, e_);
   }
 
   void scheduler_step(int64_t micro) {
@@ -262,6 +276,7 @@ class Trainer {
   ScheduleSpec schedule_;
   TrainerCounters c_;
   Run<Real> run_;
+  StepHook before_step_, after_step_;
   int64_t K_ = 1;
   int64_t epoch_ = 0;
 };

@@ -25,9 +25,12 @@ class StatsPrinter : public ::testing::Environment {
     std::printf("\n%-44s %6s %12s %14s\n", "property", "cases", "worst err/tol",
                 "min gap/tol");
     for (const auto& [name, s] : stats)
+    {
+      char gap[32] = "-";
+      if (s.min_gap_ratio >= 0) std::snprintf(gap, sizeof gap, "%.3g", s.min_gap_ratio);
       std::printf("%-44s %6lld %12.3g %14s\n", name.c_str(), (long long)s.cases,
-                  s.worst_ratio,
-                  s.min_gap_ratio < 0 ? "-" : std::to_string(s.min_gap_ratio).c_str());
+                  s.worst_ratio, gap);
+    }
   }
 };
 const auto* const kStats = ::testing::AddGlobalTestEnvironment(new StatsPrinter);
