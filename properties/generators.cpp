@@ -92,6 +92,8 @@ Gen<Scenario> scenario(const Triggers& t) {
           s.name = "generated";
           s.story = "generated case";
           for (int x : widths) s.model.widths.push_back(x);
+          // MSE's 2/(d_out*den) is dyadic only for d_out a power of two.
+          if (bitwise && s.model.widths.back() == 3) s.model.widths.back() = 4;
           if (l == LossKind::cross_entropy && s.model.widths.back() < 2)
             s.model.widths.back() = 2;
           s.model.activation = a;
@@ -126,7 +128,7 @@ Gen<Scenario> scenario(const Triggers& t) {
           return s;
         },
         act, loss, opt, sched,
-        gen::mapcat(gen::inRange(0, 3),
+        gen::mapcat(gen::inRange(0, bitwise ? 2 : 3),
                     [w, bitwise](int hidden) {
                       return gen::container<std::vector<int>>(
                           size_t(hidden + 2),

@@ -78,6 +78,7 @@ struct Property {
   std::string claim;   // one line
   std::function<void()> body;  // uses *gen and RC_ASSERT
 };
-const std::vector<Property>& all_properties();
+const std::vector<Property>& oracle_properties();
+const std::vector<Property>& all_properties();  // oracle, then device
 
 }  // namespace accumcheck::properties

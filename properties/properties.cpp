@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 
+#include "properties/device_properties.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
 #include "sim/lr_schedule.hpp"
@@ -601,6 +602,15 @@ void inertness() {
 }  // namespace
 
 const std::vector<Property>& all_properties() {
+  static const std::vector<Property> props = [] {
+    std::vector<Property> v = oracle_properties();
+    for (const Property& p : device_properties()) v.push_back(p);
+    return v;
+  }();
+  return props;
+}
+
+const std::vector<Property>& oracle_properties() {
   static const std::vector<Property> props = {
       {"equivalence.oracle", "oracle",
        "correct accumulation equals the large batch: gradients, parameters, Adam moments, steps",

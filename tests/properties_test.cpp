@@ -69,5 +69,12 @@ RC_GTEST_PROP(Decay, L2InLossUnnormalized, ()) {
 }
 RC_GTEST_PROP(Decay, AdamWOncePerStep, ()) { run_property("decay.adamw-once-per-step"); }
 RC_GTEST_PROP(Inertness, Oracle, ()) { run_property("inertness.oracle"); }
+RC_GTEST_PROP(Equivalence, Device, ()) { run_property("equivalence.device"); }
+RC_GTEST_PROP(Trajectory, DeviceSmooth, ()) { run_property("trajectory.device-smooth"); }
+RC_GTEST_PROP(Backward, TwiceIsTwoTimes, ()) { run_property("backward.twice-is-2x"); }
+RC_GTEST_PROP(Bitwise, AccumulationEqualsLargeBatch, ()) {
+  run_property("bitwise.accumulation-equals-large-batch");
+}
+RC_GTEST_PROP(Determinism, Traces, ()) { run_property("determinism.traces"); }
 
 }  // namespace accumcheck::properties

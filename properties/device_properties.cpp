@@ -1,0 +1,254 @@
+// The property battery, device tier: the float32 engine (gpu/, run by the
+// emulated executor here; the CUDA executor runs the same kernel bodies)
+// judged against the oracle's derived bound (oracle/tracked.hpp: a
+// rigorous first-order bound on what float32 can do in the same pass),
+// and the bitwise tier where every sum is exact.
+#include <rapidcheck.h>
+
+#include "gpu/emulated.hpp"
+#include "oracle/error_model.hpp"
+#include "oracle/tracked.hpp"
+#include "properties/device_properties.hpp"
+#include "properties/generators.hpp"
+#include "properties/harness.hpp"
+#include "sim/trace.hpp"
+
+namespace accumcheck::properties {
+
+namespace {
+
+using T = Tracked<OracleReal>;
+using OT = Oracle<T>;
+using Dev = EmulatedDevice;
+
+std::unique_ptr<Dev> device(const Case& c) {
+  return std::make_unique<Dev>(c.s.model, c.data, c.init);
+}
+
+// A one-window plan holding `w` (for Trainer::run_window on the large
+// batch: all of the window's samples in one micro-batch per rank).
+Window large(const Window& w) {
+  Plan p;
+  p.accumulation = int64_t(w.micro.size());
+  p.ranks = int64_t(w.micro.front().shards.size());
+  EpochPlan e;
+  e.windows.push_back(w);
+  p.epochs.push_back(e);
+  return as_large_batch(p).epochs[0].windows[0];
+}
+
+// Is the window's clip decision decided by float32 the same way as in
+// real arithmetic?  clip_grad_norm_ scales iff norm > c - 1e-6 (coef < 1);
+// when the Tracked norm's bound straddles that point, float32 may decide
+// either way and the step is not comparable.
+bool clip_decision_ambiguous(const Case& c, const EngineState<T>& st,
+                             const Window& w) {
+  if (!c.s.clip.enabled) return false;
+  OT o(c.s.model, c.data, c.init);
+  o.set_state(st);
+  o.zero_grad();
+  const int64_t N = w.items();
+  for (const auto& m : w.micro)
+    for (const auto& sh : m.shards)
+      if (!sh.empty()) o.forward_backward(sh, N);
+  if (c.s.optimizer.l2_in_loss != 0) o.add_l2(c.s.optimizer.l2_in_loss, 1);
+  const T n = o.grad_norm();
+  using std::abs;
+  const OracleReal threshold = OracleReal(float(c.s.clip.max_norm)) - OracleReal(1e-6);
+  return abs(n.v - threshold) <= n.e + abs(threshold) * OracleReal(1e-6);
+}
+
+void record(const std::string& name, const error_model::Comparison& cmp) {
+  record_ratio(name, cmp.max_ratio);
+  if (!cmp.ok()) RC_FAIL(cmp.summary());
+}
+
+// ---------------------------------------------------------------------------
+// (a) device: correct accumulation on float32, one window at a time from
+// the device's own state, within the bound of the large batch's pass.
+
+void equivalence_device() {
+  const std::string name = "equivalence.device";
+  const Scenario s = *scenario(Triggers{}).as("scenario");
+  const Case c(s);
+  auto dev = device(c);
+  Trainer<Dev> dt(*dev, s, behavior_of({}), s.optimizer.lr);
+  TrainerCounters counters;
+  int compared = 0;
+  for (const auto& epoch : c.plan.epochs)
+    for (const Window& w : epoch.windows) {
+      if (compared == 3) break;  // a few steps per case keep CI fast
+      const EngineState<T> lifted = lift_state<T>(dev->state());
+      if (clip_decision_ambiguous(c, lifted, w)) {
+        RC_TAG("clip decision within the bound");
+        return;
+      }
+      const Run<float> d = dt.run_window(w, s.batching.accumulation, counters);
+      OT o(s.model, c.data, c.init);
+      o.set_state(lifted);
+      Trainer<OT> ot(o, s, behavior_of({}), s.optimizer.lr);
+      const Run<T> r = ot.run_window(large(w), 1, counters);
+      counters = dt.counters();
+      RC_ASSERT(d.steps.size() == 1u);
+      RC_ASSERT(r.steps.size() == 1u);
+      record(name, error_model::compare("gradient", d.steps[0].grad, r.steps[0].grad,
+                                        &c.layout));
+      record(name, error_model::compare("parameters", d.steps[0].param,
+                                        r.steps[0].param, &c.layout));
+      ++compared;
+    }
+  RC_ASSERT(compared > 0);
+  record_case(name);
+}
+
+// Whole float32 trajectories, where the dynamics are smooth (tanh or GELU,
+// MSE, no clipping): the Tracked oracle's bound propagates through every
+// step of the large batch, and the device's accumulation stays inside it.
+void trajectory_device_smooth() {
+  const std::string name = "trajectory.device-smooth";
+  Triggers t;
+  t.smooth = true;
+  t.no_clip = true;
+  t.single_epoch = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  auto dev = device(c);
+  Trainer<Dev> dt(*dev, s, behavior_of({}), s.optimizer.lr);
+  const Run<float> d = dt.run(c.plan, "correct");
+  OT o(s.model, c.data, c.init);
+  Trainer<OT> ot(o, s, behavior_of({}), s.optimizer.lr);
+  const Run<T> r = ot.run(as_large_batch(c.plan), "reference");
+  RC_ASSERT(d.windows.size() == r.windows.size());
+  RC_ASSERT(!d.windows.empty());
+  for (size_t w = 0; w < d.windows.size(); ++w)
+    record(name, error_model::compare("parameters at window end", d.windows[w].param,
+                                      r.windows[w].param, &c.layout));
+  record_case(name);
+}
+
+// ---------------------------------------------------------------------------
+// (g) The backward contract: backward accumulates (+=), so twice on one
+// micro-batch is exactly twice (dyadic inputs: every sum exact).
+
+void backward_contract() {
+  const std::string name = "backward.twice-is-2x";
+  Triggers t;
+  t.dyadic_bitwise = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  auto dev = device(c);
+  const auto& ids = c.plan.epochs[0].windows[0].micro[0].shards[0];
+  dev->zero_grad();
+  dev->forward_backward(ids, 1);
+  const auto once = dev->state().grads;
+  dev->forward_backward(ids, 1);
+  const auto twice = dev->state().grads;
+  bool nonzero = false;
+  for (size_t i = 0; i < once.size(); ++i) {
+    RC_ASSERT(twice[i] == 2.0f * once[i]);
+    nonzero |= once[i] != 0.0f;
+  }
+  RC_PRE(nonzero);
+  record_ratio(name, 0);
+  record_case(name);
+}
+
+// (h) The bitwise tier: dyadic data, MSE, identity or ReLU, b and K powers
+// of two, one step: float32 accumulation equals the float32 large batch
+// bit for bit (every product and partial sum is exact).
+void bitwise_tier() {
+  const std::string name = "bitwise.accumulation-equals-large-batch";
+  Triggers t;
+  t.dyadic_bitwise = true;
+  Scenario s = *scenario(t).as("scenario");
+  s.batching.max_steps = 1;
+  const Case c(s);
+  auto acc = device(c), big = device(c);
+  Trainer<Dev> ta(*acc, s, behavior_of({}), s.optimizer.lr);
+  Trainer<Dev> tb(*big, s, behavior_of({}), s.optimizer.lr);
+  const Window& w = c.plan.epochs[0].windows[0];
+  // The tier's premise, checked rather than assumed: the oracle's bound
+  // is exactly zero when every product and partial sum of the pass is a
+  // float32 number in any order.
+  {
+    OT o(s.model, c.data, c.init);
+    Trainer<OT> ot(o, s, behavior_of({}), s.optimizer.lr);
+    const Run<T> r = ot.run_window(large(w), 1, {});
+    bool exact = true;
+    for (const T& g : r.steps.at(0).grad) exact &= g.e == 0;
+    RC_PRE(exact);
+  }
+  const Run<float> a = ta.run_window(w, s.batching.accumulation, {});
+  const Run<float> b = tb.run_window(large(w), 1, {});
+  RC_ASSERT(a.steps.size() == 1u);
+  RC_ASSERT(b.steps.size() == 1u);
+  bool nonzero = false;
+  for (size_t i = 0; i < a.steps[0].grad.size(); ++i) {
+    RC_ASSERT(a.steps[0].grad[i] == b.steps[0].grad[i]);
+    nonzero |= a.steps[0].grad[i] != 0.0f;
+  }
+  RC_PRE(nonzero);
+  RC_ASSERT(a.steps[0].param == b.steps[0].param);
+  record_ratio(name, 0);
+  record_case(name);
+}
+
+// (i) Determinism: the same scenario gives byte-identical traces twice,
+// on both engines.
+template <class Run2>
+std::string trace_bytes(const Case& c, const Run2& run, const char* engine) {
+  TraceWriter w(c.s.name, "digest", engine, "test");
+  add_run(w, run, c.layout);
+  return w.events_csv() + w.values_csv() + w.meta_csv();
+}
+
+void determinism() {
+  const std::string name = "determinism.traces";
+  Triggers t;
+  t.accumulation = *rc::gen::arbitrary<bool>().as("accumulation");
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const auto pitfalls = std::vector<Pitfall>{
+      *rc::gen::elementOf(std::vector<Pitfall>(std::begin(kAllPitfalls),
+                                               std::end(kAllPitfalls)))
+           .as("pitfall")};
+  std::string first[2];
+  for (int round = 0; round < 2; ++round) {
+    auto dev = device(c);
+    Trainer<Dev> dt(*dev, s, behavior_of(pitfalls), s.optimizer.lr);
+    const std::string d = trace_bytes(c, dt.run(c.plan, "device"), "device");
+    const std::string o = trace_bytes(c, c.run(c.plan, pitfalls, s.optimizer.lr), "oracle");
+    if (round == 0) {
+      first[0] = d;
+      first[1] = o;
+    } else {
+      RC_ASSERT(d == first[0]);
+      RC_ASSERT(o == first[1]);
+    }
+  }
+  record_ratio(name, 0);
+  record_case(name);
+}
+
+}  // namespace
+
+const std::vector<Property>& device_properties() {
+  static const std::vector<Property> props = {
+      {"equivalence.device", "device",
+       "float32 accumulation, teacher-forced per step, within the bound of the large batch",
+       equivalence_device},
+      {"trajectory.device-smooth", "device",
+       "float32 accumulation trajectories (tanh/GELU, no clipping) within the propagated bound",
+       trajectory_device_smooth},
+      {"backward.twice-is-2x", "device",
+       "backward accumulates: twice on one micro-batch is exactly 2x (dyadic)", backward_contract},
+      {"bitwise.accumulation-equals-large-batch", "device",
+       "dyadic data, MSE, identity/ReLU, b and K powers of two: bit-equal to the large batch",
+       bitwise_tier},
+      {"determinism.traces", "device",
+       "the same scenario gives byte-identical traces twice (device and oracle)", determinism},
+  };
+  return props;
+}
+
+}  // namespace accumcheck::properties
