@@ -12,9 +12,9 @@ double tolerance(std::string_view name) {
 }
 
 void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
-                double f, double v, double err, double bound, bool violated) {
+                double f, double v, double err, double bound, double ratio,
+                bool violated) {
   const double inf = std::numeric_limits<double>::infinity();
-  double ratio = bound > 0 ? err / bound : (err > 0 ? inf : 0.0);
   // err > 0 in high precision but below double's range: still a violation.
   if (violated && ratio <= 1) ratio = std::nextafter(1.0, inf);
   const double scale = std::max(std::fabs(v), std::ldexp(1.0, -126));

@@ -96,7 +96,8 @@ struct Comparison {
 // Fills the per-element statistics; `f`, `v`, `err`, `bound` come from the
 // caller (computed in high precision).  Used by compare().
 void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
-                double f, double v, double err, double bound, bool violated);
+                double f, double v, double err, double bound, double ratio,
+                bool violated);
 
 // Compares float32 results `f` against oracle values with bounds (any type
 // with members v and e, i.e. Tracked<B>).  err and the violation test are
@@ -119,10 +120,17 @@ Comparison compare(std::string_view what, const std::vector<float>& f,
   }
   for (size_t i = 0; i < n; ++i) {
     const B err = abs(B(f[i]) - oracle[i].v);
-    const bool violated = err > B(slack) * oracle[i].e;
+    // Written so that a NaN value or bound is a violation, never a pass.
+    const bool violated = !(err <= B(slack) * oracle[i].e);
+    // The ratio is formed in B: a bound below double's range must not
+    // read as 0 (and the ratio as infinite) once converted.
+    const double ratio =
+        oracle[i].e > B(0) ? static_cast<double>(err / oracle[i].e)
+                           : (err > B(0) ? std::numeric_limits<double>::infinity()
+                                         : 0.0);
     accumulate(c, layout, int64_t(i), double(f[i]),
                static_cast<double>(oracle[i].v), static_cast<double>(err),
-               static_cast<double>(oracle[i].e), violated);
+               static_cast<double>(oracle[i].e), ratio, violated);
   }
   if (c.n > 0) c.rms_err_u = std::sqrt(c.rms_err_u / double(c.n));
   return c;

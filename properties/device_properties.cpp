@@ -5,6 +5,8 @@
 // and the bitwise tier where every sum is exact.
 #include <rapidcheck.h>
 
+#include <cmath>
+
 #include "gpu/emulated.hpp"
 #include "oracle/error_model.hpp"
 #include "oracle/tracked.hpp"
@@ -83,18 +85,40 @@ void equivalence_device() {
         RC_TAG("clip decision within the bound");
         return;
       }
+      // The device's large batch, from the same state.
+      Dev big(s.model, c.data, c.init);
+      big.set_state(dev->state());
+      Trainer<Dev> bt(big, s, behavior_of({}), s.optimizer.lr);
+      const Run<float> db = bt.run_window(large(w), 1, counters);
       const Run<float> d = dt.run_window(w, s.batching.accumulation, counters);
-      OT o(s.model, c.data, c.init);
-      o.set_state(lifted);
-      Trainer<OT> ot(o, s, behavior_of({}), s.optimizer.lr);
-      const Run<T> r = ot.run_window(large(w), 1, counters);
+      // The Tracked oracle runs each computation as the device does (its
+      // bound models those roundings); its two values agree to the
+      // oracle's last digits (equivalence.oracle), so the device's
+      // accumulation is judged against the large batch's value.
+      auto tracked = [&](const Window& win, int64_t K) {
+        OT o(s.model, c.data, c.init);
+        o.set_state(lifted);
+        Trainer<OT> ot(o, s, behavior_of({}), s.optimizer.lr);
+        return ot.run_window(win, K, counters);
+      };
+      const Run<T> ra = tracked(w, s.batching.accumulation);
+      const Run<T> rb = tracked(large(w), 1);
       counters = dt.counters();
-      RC_ASSERT(d.steps.size() == 1u);
-      RC_ASSERT(r.steps.size() == 1u);
-      record(name, error_model::compare("gradient", d.steps[0].grad, r.steps[0].grad,
-                                        &c.layout));
-      record(name, error_model::compare("parameters", d.steps[0].param,
-                                        r.steps[0].param, &c.layout));
+      RC_ASSERT(d.steps.size() == 1u && db.steps.size() == 1u);
+      RC_ASSERT(ra.steps.size() == 1u && rb.steps.size() == 1u);
+      std::vector<OracleReal> va, vb;
+      for (const T& x : ra.steps[0].param) va.push_back(x.v);
+      for (const T& x : rb.steps[0].param) vb.push_back(x.v);
+      assert_close(name + ".oracle-values", va, vb, oracle_tolerance(),
+                   "oracle accumulation vs oracle large batch");
+      record(name, error_model::compare("accumulated gradient", d.steps[0].grad,
+                                        ra.steps[0].grad, &c.layout));
+      record(name, error_model::compare("parameters after the step", d.steps[0].param,
+                                        ra.steps[0].param, &c.layout));
+      record(name, error_model::compare("large-batch gradient", db.steps[0].grad,
+                                        rb.steps[0].grad, &c.layout));
+      record(name, error_model::compare("large-batch parameters", db.steps[0].param,
+                                        rb.steps[0].param, &c.layout));
       ++compared;
     }
   RC_ASSERT(compared > 0);
@@ -117,12 +141,31 @@ void trajectory_device_smooth() {
   const Run<float> d = dt.run(c.plan, "correct");
   OT o(s.model, c.data, c.init);
   Trainer<OT> ot(o, s, behavior_of({}), s.optimizer.lr);
-  const Run<T> r = ot.run(as_large_batch(c.plan), "reference");
+  // The Tracked oracle runs the same accumulation (its value is the large
+  // batch's, equivalence.oracle), its bound propagated through every step.
+  const Run<T> r = ot.run(c.plan, "correct");
   RC_ASSERT(d.windows.size() == r.windows.size());
   RC_ASSERT(!d.windows.empty());
-  for (size_t w = 0; w < d.windows.size(); ++w)
+  // A first-order bound carried through many steps grows with every
+  // amplification of the dynamics; once it exceeds a parameter's own
+  // magnitude (or double's range) it no longer decides even the sign, so
+  // the comparison stops at that window rather than pass vacuously.
+  size_t compared = 0;
+  for (size_t w = 0; w < d.windows.size(); ++w) {
+    bool informative = true;
+    for (const T& p : r.windows[w].param) {
+      using std::abs;
+      informative &= std::isfinite(static_cast<double>(p.e)) && p.e < abs(p.v);
+    }
+    if (!informative) {
+      RC_TAG("bound exhausted before the last window");
+      break;
+    }
     record(name, error_model::compare("parameters at window end", d.windows[w].param,
                                       r.windows[w].param, &c.layout));
+    ++compared;
+  }
+  RC_PRE(compared > 0);
   record_case(name);
 }
 

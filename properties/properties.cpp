@@ -76,6 +76,12 @@ std::vector<R> predicted(const Case& c, const std::vector<R>& theta,
   return weighted_gradient(*o, ps);
 }
 
+std::vector<R> add(const std::vector<R>& a, const std::vector<R>& b) {
+  std::vector<R> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] + b[i];
+  return d;
+}
+
 std::vector<R> sub(const std::vector<R>& a, const std::vector<R>& b) {
   std::vector<R> d(a.size());
   for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
@@ -264,9 +270,9 @@ void zero_grad_never() {
     const int64_t N = fw.w->items();
     const auto g = predicted(c, theta_before(bug, t, c),
                              all_parts(*fw.w, [N](int64_t) { return N; }));
-    const auto increment =
-        t == 0 ? bug.steps[0].grad : sub(bug.steps[t].grad, bug.steps[t - 1].grad);
-    assert_close(name, increment, g, tol(), "gradient increment");
+    // Compared as G_t vs G_{t-1} + g_t (a difference would cancel).
+    const auto want = t == 0 ? g : add(bug.steps[t - 1].grad, g);
+    assert_close(name, bug.steps[t].grad, want, tol(), "accumulated gradient");
   }
   record_case(name);
 }
@@ -292,9 +298,8 @@ void step_every_micro_step() {
       // step k-1, weighted 1/N_w.
       const auto g = predicted(c, theta_before(bug, t, c),
                                parts(*fw.w, k, k + 1, [N](int64_t) { return N; }));
-      const auto inc = k == 0 ? bug.steps[t].grad
-                              : sub(bug.steps[t].grad, bug.steps[t - 1].grad);
-      assert_close(name, inc, g, tol(), "partial-sum increment");
+      const auto want = k == 0 ? g : add(bug.steps[t - 1].grad, g);
+      assert_close(name, bug.steps[t].grad, want, tol(), "partial sum");
     }
   }
   record_case(name);
