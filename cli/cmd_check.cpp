@@ -45,11 +45,12 @@ class Progress : public rc::detail::TestListener {
 
 int check_command(const CheckOptions& o) {
   using namespace accumcheck::properties;
+  if (o.engine == "cuda") require_cuda();
   set_oracle_digits(o.digits);
   std::vector<const Property*> chosen;
   for (const Property& p : all_properties())
     if ((o.property.empty() || p.name.find(o.property) != std::string::npos) &&
-        (o.engine == "all" || p.engine == o.engine))
+        (o.engine == p.engine || (o.engine == "all" && !p.needs_gpu)))
       chosen.push_back(&p);
   if (chosen.empty())
     throw InputError("--property", 0, 0, "--property",

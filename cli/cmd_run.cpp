@@ -16,7 +16,7 @@
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
 #include "sim/trace.hpp"
-#ifdef ACCUMCHECK_HAVE_CUDA
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
 #include "gpu/cuda/cuda_executor.hpp"
 #endif
 
@@ -54,7 +54,21 @@ void print_table(const Scenario& s, const Experiment<Real>& x,
 
 }  // namespace
 
+// --engine cuda needs this build's CUDA executor and a GPU; without
+// either, one line says so (exit 2) before any work.
+void require_cuda() {
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+  std::string why;
+  if (!cuda_available(&why)) throw InputError("--engine cuda", 0, 0, "", why);
+#else
+  throw InputError("--engine cuda", 0, 0, "",
+                   "this build has no CUDA executor (nvcc was not found when it "
+                   "was configured)");
+#endif
+}
+
 int run_command(const RunOptions& o) {
+  if (o.engine == "cuda") require_cuda();
   Scenario s = parse_scenario_file(o.scenario);
   if (o.steps >= 0) s.batching.max_steps = o.steps;
   const Dataset data = make_dataset(s);
@@ -86,8 +100,13 @@ int run_command(const RunOptions& o) {
     if (!o.no_trace)
       write_runs(dir, s, layout, device, "device-emulated", "float32");
   } else {
-    throw InputError(o.scenario, 0, 0, "--engine",
-                     "cuda: not available in this build");
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+    const auto cuda = run_experiment(s, [&] {
+      return std::make_unique<CudaDevice>(s.model, data, init);
+    });
+    if (!o.quiet) print_table(s, cuda, "cuda, float32, " + cuda_trace_header(), o.rows);
+    if (!o.no_trace) write_runs(dir, s, layout, cuda, "cuda", "float32");
+#endif
   }
   std::printf("verdict (oracle, %s): %s\n", digits.c_str(),
               verdict.message.c_str());

@@ -17,6 +17,7 @@ struct RunOptions {
   bool no_trace = false;
 };
 int run_command(const RunOptions& o);
+void require_cuda();  // throws InputError when --engine cuda cannot run
 
 struct ListOptions {
   std::string dir;  // default: the scenarios/ folder of this checkout
@@ -27,7 +28,7 @@ struct CheckOptions {
   int cases = 100;
   unsigned long long seed = 1;
   std::string property;         // substring filter on property names
-  std::string engine = "all";   // all | oracle | device
+  std::string engine = "all";   // all | oracle | device | cuda
   std::string out = "out/counterexamples";
   unsigned digits = 50;
   bool list = false;

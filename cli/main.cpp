@@ -64,8 +64,11 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--seed", check.seed, "RapidCheck seed")->capture_default_str();
   check_cmd->add_option("--property", check.property,
                         "only properties whose name contains this");
-  check_cmd->add_option("--engine", check.engine, "which engine's properties")
-      ->check(CLI::IsMember({"all", "oracle", "device"}))
+  check_cmd
+      ->add_option("--engine", check.engine,
+                   "which engine's properties: all (oracle and device), oracle, "
+                   "device (float32 kernels on the CPU), cuda (the same on a GPU)")
+      ->check(CLI::IsMember({"all", "oracle", "device", "cuda"}))
       ->capture_default_str();
   check_cmd->add_option("--out", check.out, "where shrunk counterexamples go")
       ->capture_default_str();

@@ -8,6 +8,9 @@
 #include <cmath>
 
 #include "gpu/emulated.hpp"
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+#include "gpu/cuda/cuda_executor.hpp"
+#endif
 #include "oracle/error_model.hpp"
 #include "oracle/tracked.hpp"
 #include "properties/device_properties.hpp"
@@ -21,11 +24,25 @@ namespace {
 
 using T = Tracked<OracleReal>;
 using OT = Oracle<T>;
-using Dev = EmulatedDevice;
-
+template <class Dev>
 std::unique_ptr<Dev> device(const Case& c) {
   return std::make_unique<Dev>(c.s.model, c.data, c.init);
 }
+
+// "equivalence.device" for the emulated executor, "equivalence.cuda" for
+// the CUDA executor: the same property, the same kernel bodies.
+template <class Dev>
+std::string engine_name();
+template <>
+std::string engine_name<EmulatedDevice>() {
+  return "device";
+}
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+template <>
+std::string engine_name<CudaDevice>() {
+  return "cuda";
+}
+#endif
 
 // A one-window plan holding `w` (for Trainer::run_window on the large
 // batch: all of the window's samples in one micro-batch per rank).
@@ -69,11 +86,12 @@ void record(const std::string& name, const error_model::Comparison& cmp) {
 // (a) device: correct accumulation on float32, one window at a time from
 // the device's own state, within the bound of the large batch's pass.
 
+template <class Dev>
 void equivalence_device() {
-  const std::string name = "equivalence.device";
+  const std::string name = "equivalence." + engine_name<Dev>();
   const Scenario s = *scenario(Triggers{}).as("scenario");
   const Case c(s);
-  auto dev = device(c);
+  auto dev = device<Dev>(c);
   Trainer<Dev> dt(*dev, s, behavior_of({}), s.optimizer.lr);
   TrainerCounters counters;
   int compared = 0;
@@ -128,15 +146,16 @@ void equivalence_device() {
 // Whole float32 trajectories, where the dynamics are smooth (tanh or GELU,
 // MSE, no clipping): the Tracked oracle's bound propagates through every
 // step of the large batch, and the device's accumulation stays inside it.
+template <class Dev>
 void trajectory_device_smooth() {
-  const std::string name = "trajectory.device-smooth";
+  const std::string name = "trajectory." + engine_name<Dev>() + "-smooth";
   Triggers t;
   t.smooth = true;
   t.no_clip = true;
   t.single_epoch = true;
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
-  auto dev = device(c);
+  auto dev = device<Dev>(c);
   Trainer<Dev> dt(*dev, s, behavior_of({}), s.optimizer.lr);
   const Run<float> d = dt.run(c.plan, "correct");
   OT o(s.model, c.data, c.init);
@@ -173,13 +192,14 @@ void trajectory_device_smooth() {
 // (g) The backward contract: backward accumulates (+=), so twice on one
 // micro-batch is exactly twice (dyadic inputs: every sum exact).
 
+template <class Dev>
 void backward_contract() {
-  const std::string name = "backward.twice-is-2x";
+  const std::string name = "backward.twice-is-2x." + engine_name<Dev>();
   Triggers t;
   t.dyadic_bitwise = true;
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
-  auto dev = device(c);
+  auto dev = device<Dev>(c);
   const auto& ids = c.plan.epochs[0].windows[0].micro[0].shards[0];
   dev->zero_grad();
   dev->forward_backward(ids, 1);
@@ -199,14 +219,15 @@ void backward_contract() {
 // (h) The bitwise tier: dyadic data, MSE, identity or ReLU, b and K powers
 // of two, one step: float32 accumulation equals the float32 large batch
 // bit for bit (every product and partial sum is exact).
+template <class Dev>
 void bitwise_tier() {
-  const std::string name = "bitwise.accumulation-equals-large-batch";
+  const std::string name = "bitwise.accumulation-equals-large-batch." + engine_name<Dev>();
   Triggers t;
   t.dyadic_bitwise = true;
   Scenario s = *scenario(t).as("scenario");
   s.batching.max_steps = 1;
   const Case c(s);
-  auto acc = device(c), big = device(c);
+  auto acc = device<Dev>(c), big = device<Dev>(c);
   Trainer<Dev> ta(*acc, s, behavior_of({}), s.optimizer.lr);
   Trainer<Dev> tb(*big, s, behavior_of({}), s.optimizer.lr);
   const Window& w = c.plan.epochs[0].windows[0];
@@ -245,8 +266,9 @@ std::string trace_bytes(const Case& c, const Run2& run, const char* engine) {
   return w.events_csv() + w.values_csv() + w.meta_csv();
 }
 
+template <class Dev>
 void determinism() {
-  const std::string name = "determinism.traces";
+  const std::string name = "determinism.traces." + engine_name<Dev>();
   Triggers t;
   t.accumulation = *rc::gen::arbitrary<bool>().as("accumulation");
   const Scenario s = *scenario(t).as("scenario");
@@ -257,7 +279,7 @@ void determinism() {
            .as("pitfall")};
   std::string first[2];
   for (int round = 0; round < 2; ++round) {
-    auto dev = device(c);
+    auto dev = device<Dev>(c);
     Trainer<Dev> dt(*dev, s, behavior_of(pitfalls), s.optimizer.lr);
     const std::string d = trace_bytes(c, dt.run(c.plan, "device"), "device");
     const std::string o = trace_bytes(c, c.run(c.plan, pitfalls, s.optimizer.lr), "oracle");
@@ -273,24 +295,38 @@ void determinism() {
   record_case(name);
 }
 
+template <class Dev>
+std::vector<Property> tier(bool needs_gpu) {
+  const std::string e = engine_name<Dev>();
+  return {
+      {"equivalence." + e, e,
+       "float32 accumulation, teacher-forced per step, within the bound of the large batch",
+       equivalence_device<Dev>, needs_gpu},
+      {"trajectory." + e + "-smooth", e,
+       "float32 accumulation trajectories (tanh/GELU, no clipping) within the propagated bound",
+       trajectory_device_smooth<Dev>, needs_gpu},
+      {"backward.twice-is-2x." + e, e,
+       "backward accumulates: twice on one micro-batch is exactly 2x (dyadic)",
+       backward_contract<Dev>, needs_gpu},
+      {"bitwise.accumulation-equals-large-batch." + e, e,
+       "dyadic data, MSE, identity/ReLU, b and K powers of two: bit-equal to the large batch",
+       bitwise_tier<Dev>, needs_gpu},
+      {"determinism.traces." + e, e,
+       "the same scenario gives byte-identical traces twice (device and oracle)",
+       determinism<Dev>, needs_gpu},
+  };
+}
+
 }  // namespace
 
 const std::vector<Property>& device_properties() {
-  static const std::vector<Property> props = {
-      {"equivalence.device", "device",
-       "float32 accumulation, teacher-forced per step, within the bound of the large batch",
-       equivalence_device},
-      {"trajectory.device-smooth", "device",
-       "float32 accumulation trajectories (tanh/GELU, no clipping) within the propagated bound",
-       trajectory_device_smooth},
-      {"backward.twice-is-2x", "device",
-       "backward accumulates: twice on one micro-batch is exactly 2x (dyadic)", backward_contract},
-      {"bitwise.accumulation-equals-large-batch", "device",
-       "dyadic data, MSE, identity/ReLU, b and K powers of two: bit-equal to the large batch",
-       bitwise_tier},
-      {"determinism.traces", "device",
-       "the same scenario gives byte-identical traces twice (device and oracle)", determinism},
-  };
+  static const std::vector<Property> props = [] {
+    std::vector<Property> v = tier<EmulatedDevice>(false);
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+    for (Property& p : tier<CudaDevice>(true)) v.push_back(std::move(p));
+#endif
+    return v;
+  }();
   return props;
 }
 

@@ -74,9 +74,10 @@ void assert_close(const std::string& property, const std::vector<R>& a,
 
 struct Property {
   std::string name;    // "equivalence.oracle"
-  std::string engine;  // "oracle" or "device"
+  std::string engine;  // "oracle", "device" (emulated) or "cuda"
   std::string claim;   // one line
   std::function<void()> body;  // uses *gen and RC_ASSERT
+  bool needs_gpu = false;      // the CUDA executor's instantiation
 };
 const std::vector<Property>& oracle_properties();
 const std::vector<Property>& all_properties();  // oracle, then device

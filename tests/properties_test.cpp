@@ -7,6 +7,9 @@
 #include <cstdio>
 
 #include "properties/harness.hpp"
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+#include "gpu/cuda/cuda_executor.hpp"
+#endif
 
 namespace accumcheck::properties {
 namespace {
@@ -71,10 +74,27 @@ RC_GTEST_PROP(Decay, AdamWOncePerStep, ()) { run_property("decay.adamw-once-per-
 RC_GTEST_PROP(Inertness, Oracle, ()) { run_property("inertness.oracle"); }
 RC_GTEST_PROP(Equivalence, Device, ()) { run_property("equivalence.device"); }
 RC_GTEST_PROP(Trajectory, DeviceSmooth, ()) { run_property("trajectory.device-smooth"); }
-RC_GTEST_PROP(Backward, TwiceIsTwoTimes, ()) { run_property("backward.twice-is-2x"); }
+RC_GTEST_PROP(Backward, TwiceIsTwoTimes, ()) { run_property("backward.twice-is-2x.device"); }
 RC_GTEST_PROP(Bitwise, AccumulationEqualsLargeBatch, ()) {
-  run_property("bitwise.accumulation-equals-large-batch");
+  run_property("bitwise.accumulation-equals-large-batch.device");
 }
-RC_GTEST_PROP(Determinism, Traces, ()) { run_property("determinism.traces"); }
+RC_GTEST_PROP(Determinism, Traces, ()) { run_property("determinism.traces.device"); }
+
+// The same device properties on the CUDA executor: skipped, with the
+// reason, where no GPU is present.
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+#define ACCUMCHECK_CUDA_PROP(Suite, Name, property)              \
+  TEST(Suite, Name) {                                            \
+    std::string why;                                             \
+    if (!cuda_available(&why)) GTEST_SKIP() << why;              \
+    ::rc::detail::checkGTest([] { run_property(property); });    \
+  }
+ACCUMCHECK_CUDA_PROP(EquivalenceCuda, Device, "equivalence.cuda")
+ACCUMCHECK_CUDA_PROP(TrajectoryCuda, DeviceSmooth, "trajectory.cuda-smooth")
+ACCUMCHECK_CUDA_PROP(BackwardCuda, TwiceIsTwoTimes, "backward.twice-is-2x.cuda")
+ACCUMCHECK_CUDA_PROP(BitwiseCuda, AccumulationEqualsLargeBatch,
+                     "bitwise.accumulation-equals-large-batch.cuda")
+ACCUMCHECK_CUDA_PROP(DeterminismCuda, Traces, "determinism.traces.cuda")
+#endif
 
 }  // namespace accumcheck::properties
