@@ -46,6 +46,11 @@ class Progress : public rc::detail::TestListener {
 int check_command(const CheckOptions& o) {
   using namespace accumcheck::properties;
   if (o.engine == "cuda") require_cuda();
+  // RapidCheck reads (and prints) its configuration once, on first use:
+  // make what it prints the seed this run uses.
+  const std::string rc_params = "seed=" + std::to_string(o.seed) +
+                                " max_success=" + std::to_string(o.cases);
+  setenv("RC_PARAMS", rc_params.c_str(), 1);
   set_oracle_digits(o.digits);
   std::vector<const Property*> chosen;
   for (const Property& p : all_properties())
@@ -58,7 +63,7 @@ int check_command(const CheckOptions& o) {
                          " (accumcheck check --list shows them)");
   if (o.list) {
     for (const Property* p : chosen)
-      std::printf("%-44s %-7s %s\n", p->name.c_str(), p->engine.c_str(), p->claim.c_str());
+      std::printf("%-48s %-7s %s\n", p->name.c_str(), p->engine.c_str(), p->claim.c_str());
     return 0;
   }
   const bool tty = isatty(2);
@@ -103,11 +108,11 @@ int check_command(const CheckOptions& o) {
     std::printf("reproduce: accumcheck check --property %s --seed %llu --cases %d\n",
                 p->name.c_str(), (unsigned long long)o.seed, o.cases);
   }
-  std::printf("\n%-44s %6s %14s %12s\n", "property", "cases", "worst err/tol", "min gap/tol");
+  std::printf("\n%-48s %6s %14s %12s\n", "property", "cases", "worst err/tol", "min gap/tol");
   for (const auto& [name, s] : property_stats()) {
     char gap[32] = "-";
     if (s.min_gap_ratio >= 0) std::snprintf(gap, sizeof gap, "%.3g", s.min_gap_ratio);
-    std::printf("%-44s %6lld %14.3g %12s\n", name.c_str(), (long long)s.cases,
+    std::printf("%-48s %6lld %14.3g %12s\n", name.c_str(), (long long)s.cases,
                 s.worst_ratio, gap);
   }
   std::printf("\n%zu passed, %d failed\n", chosen.size() - size_t(failures), failures);
