@@ -163,7 +163,10 @@ TEST(Data, CsvCrossEntropy) {
 class CsvErrors : public ::testing::Test {
  protected:
   std::string write(const std::string& text) {
-    const std::string dir = ::testing::TempDir() + "accumcheck_data_test";
+    // One folder per test: CTest runs tests in parallel processes.
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    const std::string dir = ::testing::TempDir() + "accumcheck_data_test_" +
+                            info->test_suite_name() + "_" + info->name();
     std::filesystem::create_directories(dir);
     const std::string path = dir + "/bad.csv";
     std::ofstream(path, std::ios::binary) << text;
