@@ -79,5 +79,8 @@ struct Property {
   std::function<void()> body;  // uses *gen and RC_ASSERT
 };
 const std::vector<Property>& all_properties();
+// BatchNorm, LayerNorm, token losses, dropout (properties/norm_properties.cpp);
+// all_properties() includes them.
+const std::vector<Property>& norm_properties();
 
 }  // namespace accumcheck::properties

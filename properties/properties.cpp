@@ -601,7 +601,8 @@ void inertness() {
 }  // namespace
 
 const std::vector<Property>& all_properties() {
-  static const std::vector<Property> props = {
+  static const std::vector<Property> props = [] {
+    std::vector<Property> v = {
       {"equivalence.oracle", "oracle",
        "correct accumulation equals the large batch: gradients, parameters, Adam moments, steps",
        equivalence_oracle},
@@ -648,7 +649,11 @@ const std::vector<Property>& all_properties() {
        adamw_decay_once_per_step},
       {"inertness.oracle", "oracle", "each pitfall changes nothing without its trigger",
        inertness},
-  };
+    };
+    const auto& more = norm_properties();
+    v.insert(v.end(), more.begin(), more.end());
+    return v;
+  }();
   return props;
 }
 
