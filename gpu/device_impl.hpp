@@ -115,7 +115,8 @@ void Device<Exec>::init(const Dataset& data,
   length_ = data.length;
   {
     const std::vector<float> b0 = initial_buffers(layout_);
-    buffers_ = ex.template alloc<float>(std::max<int64_t>(1, layout_.buffer_total));
+    buffers_ =
+        ex.template alloc<float>(std::max<int64_t>(1, layout_.buffer_total));
     if (!b0.empty()) ex.upload(buffers_, b0.data(), int64_t(b0.size()));
   }
   if (token) {
@@ -217,9 +218,9 @@ int64_t Device<Exec>::gather_tokens(const std::vector<int64_t>& ids) {
   ex.upload(ids_, tok.data(), rows);
   ex.upload(label_, tgt.data(), rows);
   const TensorView& E = layout_.tensors[size_t(layout_.embedding)];
-  ex.launch(rows * d_in_, kern::GatherRows<float>{params_.data() + E.offset,
-                                                  ids_.data(), a_[0].data(),
-                                                  d_in_});
+  ex.launch(rows * d_in_,
+            kern::GatherRows<float>{params_.data() + E.offset, ids_.data(),
+                                    a_[0].data(), d_in_});
   return rows;
 }
 
@@ -274,14 +275,13 @@ float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids,
         rv = buffers_.data() + layout_.running_var(l - 1).offset;
       }
       ex.launch(G, kern::NormStats{z_[l].data(), mean_[l].data(),
-                                   rstd_[l].data(), rm, rv, E,
-                                   batch ? 1 : out, batch ? out : 1,
-                                   float(1e-5), float(0.1)});
-      ex.launch(b * out,
-                kern::NormApply{z_[l].data(), mean_[l].data(), rstd_[l].data(),
-                                params_.data() + layout_.norm_weight(l - 1).offset,
-                                params_.data() + layout_.norm_bias(l - 1).offset,
-                                xh_[l].data(), y_[l].data(), out, batch});
+                                   rstd_[l].data(), rm, rv, E, batch ? 1 : out,
+                                   batch ? out : 1, float(1e-5), float(0.1)});
+      ex.launch(b * out, kern::NormApply{
+                             z_[l].data(), mean_[l].data(), rstd_[l].data(),
+                             params_.data() + layout_.norm_weight(l - 1).offset,
+                             params_.data() + layout_.norm_bias(l - 1).offset,
+                             xh_[l].data(), y_[l].data(), out, batch});
       pre = y_[l].data();
     }
     float* act_out = drop ? h_[l].data() : a_[l].data();
@@ -290,12 +290,11 @@ float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids,
       std::vector<int32_t> keep(size_t(b * out));
       for (int64_t r = 0; r < b; ++r)
         for (int64_t c = 0; c < out; ++c)
-          keep[size_t(r * out + c)] =
-              dropout_keep(seed_, epoch_, ids[size_t(r)], int64_t(l - 1), c,
-                           spec_.dropout);
+          keep[size_t(r * out + c)] = dropout_keep(
+              seed_, epoch_, ids[size_t(r)], int64_t(l - 1), c, spec_.dropout);
       ex.upload(keep_[l], keep.data(), b * out);
-      ex.launch(b * out, kern::Dropout{act_out, keep_[l].data(), a_[l].data(),
-                                       scale});
+      ex.launch(b * out,
+                kern::Dropout{act_out, keep_[l].data(), a_[l].data(), scale});
     }
   }
   const float* y = a_[L].data();
@@ -355,9 +354,9 @@ void Device<Exec>::backward(int64_t b, float w) {
   }
   if (spec_.kind == ModelKind::token) {
     const TensorView& E = layout_.tensors[size_t(layout_.embedding)];
-    ex.launch(E.size(), kern::EmbeddingGrad{da_.data(), ids_.data(),
-                                            grads_.data() + E.offset, b,
-                                            d_in_});
+    ex.launch(E.size(),
+              kern::EmbeddingGrad{da_.data(), ids_.data(),
+                                  grads_.data() + E.offset, b, d_in_});
   }
 }
 
@@ -384,18 +383,16 @@ void Device<Exec>::hidden_backward(size_t l, int64_t b, kern::Act act) {
   const TensorView& G = layout_.norm_weight(l - 1);
   const TensorView& Bt = layout_.norm_bias(l - 1);
   const float* gamma = params_.data() + G.offset;
-  ex.launch(out, kern::NormAffineGrad{dpre, xh_[l].data(),
-                                      grads_.data() + G.offset,
-                                      grads_.data() + Bt.offset, b, out});
+  ex.launch(out,
+            kern::NormAffineGrad{dpre, xh_[l].data(), grads_.data() + G.offset,
+                                 grads_.data() + Bt.offset, b, out});
   const int64_t groups = batch ? out : b, E = batch ? b : out;
-  ex.launch(groups, kern::NormBackwardStats{dpre, xh_[l].data(), gamma,
-                                            s1_.data(), s2_.data(), E,
-                                            batch ? 1 : out, batch ? out : 1,
-                                            batch});
-  ex.launch(b * out,
-            kern::NormBackwardApply{dpre, xh_[l].data(), gamma, s1_.data(),
-                                    s2_.data(), rstd_[l].data(), dz_.data(),
-                                    out, batch});
+  ex.launch(groups, kern::NormBackwardStats{
+                        dpre, xh_[l].data(), gamma, s1_.data(), s2_.data(), E,
+                        batch ? 1 : out, batch ? out : 1, batch});
+  ex.launch(b * out, kern::NormBackwardApply{
+                         dpre, xh_[l].data(), gamma, s1_.data(), s2_.data(),
+                         rstd_[l].data(), dz_.data(), out, batch});
 }
 
 template <class Exec>
@@ -530,10 +527,9 @@ void Device<Exec>::set_state(const EngineState<float>& s) {
   check(s.exp_avg_sq, "exp_avg_sq", true);
   if (s.optimizer_steps < 0) device_detail::bad("set_state: negative steps");
   if (!s.buffers.empty() && int64_t(s.buffers.size()) != layout_.buffer_total)
-    device_detail::bad("set_state: buffers have " +
-                       std::to_string(s.buffers.size()) +
-                       " values, the model has " +
-                       std::to_string(layout_.buffer_total));
+    device_detail::bad(
+        "set_state: buffers have " + std::to_string(s.buffers.size()) +
+        " values, the model has " + std::to_string(layout_.buffer_total));
   if (!s.buffers.empty())
     ex_->upload(buffers_, s.buffers.data(), layout_.buffer_total);
   ex_->upload(params_, s.params.data(), P);

@@ -311,9 +311,9 @@ void norm_forward(T* y, T* xh, T* mean, T* rstd, T* rm, T* rv, const T* x,
 //   dx_k = ((dxh_k - s1) - xh_k * s2) * rstd                (SETS dx; dxh
 //   is [B x C] scratch)
 template <class T>
-void norm_backward(T* dx, T* dxh, T* dgamma, T* dbeta, const T* dy,
-                   const T* xh, const T* rstd, const T* gamma, int64_t B,
-                   int64_t C, bool batch, T& s1, T& s2, T& t) {
+void norm_backward(T* dx, T* dxh, T* dgamma, T* dbeta, const T* dy, const T* xh,
+                   const T* rstd, const T* gamma, int64_t B, int64_t C,
+                   bool batch, T& s1, T& s2, T& t) {
   for (int64_t c = 0; c < C; ++c) {
     dot_into(dgamma[c], &dgamma[c], B, &dy[c], C, &xh[c], C);
     sum_into(dbeta[c], &dbeta[c], B, &dy[c], C);
@@ -702,9 +702,8 @@ int64_t Oracle<T>::forward(const std::vector<int64_t>& ids,
       for (int64_t b = 0; b < B; ++b)
         for (int64_t c = 0; c < C; ++c) {
           const size_t i = size_t(b * C + c);
-          const bool kept =
-              dropout_keep(data_.seed, epoch_, ids[size_t(b)], int64_t(l),
-                           c, model_.dropout);
+          const bool kept = dropout_keep(data_.seed, epoch_, ids[size_t(b)],
+                                         int64_t(l), c, model_.dropout);
           keep_[h][i] = kept;
           if (kept) {
             a_[h][i] = act_out[i];
@@ -781,12 +780,13 @@ T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
     T* dpre = has_norm() ? dxh_.data() : dz_[l].data();
     // dact may alias dp_: activation_backward reads element i before
     // writing element i only.
-    activation_backward(dpre, dact, pre, act_out, B * C, model_.activation,
-                        k_, s0_, s1_);
+    activation_backward(dpre, dact, pre, act_out, B * C, model_.activation, k_,
+                        s0_, s1_);
     if (has_norm()) {
       // dpre lives in dxh_; copy it aside so norm_backward can reuse dxh_.
       for (int64_t i = 0; i < B * C; ++i) dp_[size_t(i)] = dxh_[size_t(i)];
-      norm_backward(dz_[l].data(), dxh_.data(), grad(layout_.norm_weight(l - 1)),
+      norm_backward(dz_[l].data(), dxh_.data(),
+                    grad(layout_.norm_weight(l - 1)),
                     grad(layout_.norm_bias(l - 1)), dp_.data(), xh_[l].data(),
                     rstd_[l].data(), param(layout_.norm_weight(l - 1)), B, C,
                     batch_norm(), s0_, s1_, s2_);
@@ -802,7 +802,8 @@ T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
       for (int64_t j = 0; j < D; ++j) {
         m = 0;
         for (int64_t r = 0; r < B; ++r)
-          if (rows_tok_[size_t(r)] == v) scratch_[size_t(m++)] = da_[0][size_t(r * D + j)];
+          if (rows_tok_[size_t(r)] == v)
+            scratch_[size_t(m++)] = da_[0][size_t(r * D + j)];
         if (m == 0) break;
         sum_into(dE[v * D + j], &dE[v * D + j], m, scratch_.data(), 1);
       }
@@ -905,8 +906,7 @@ void Oracle<T>::set_state(const EngineState<T>& s) {
   if (!fits(s.params, false) || !fits(s.grads, false) ||
       !fits(s.exp_avg, true) || !fits(s.exp_avg_sq, true) ||
       s.optimizer_steps < 0 ||
-      !(s.buffers.empty() ||
-        int64_t(s.buffers.size()) == layout_.buffer_total))
+      !(s.buffers.empty() || int64_t(s.buffers.size()) == layout_.buffer_total))
     throw std::invalid_argument(
         "oracle: set_state: a tensor does not have the model's " +
         std::to_string(n) + " elements, or steps < 0");

@@ -75,9 +75,9 @@ Dataset generated(const Scenario& s) {
     d.label.resize(size_t(d.n));
     for (int64_t i = 0; i < d.n; ++i)
       d.label[size_t(i)] = int32_t(uniform_index(
-          random_bits(seed, Stream::target,
-                      uint64_t(s.data.replicate ? i % s.batching.micro_batch
-                                                : i)),
+          random_bits(
+              seed, Stream::target,
+              uint64_t(s.data.replicate ? i % s.batching.micro_batch : i)),
           uint64_t(d.d_out)));
   }
   return d;

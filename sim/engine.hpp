@@ -10,9 +10,10 @@
 //
 // Model (sim/scenario.hpp ModelSpec): an MLP of Linear layers with the
 // activation between them (none after the last), then the loss:
-//   mse            l_i = (1/d_out) * sum_j (y_ij - t_ij)^2   (nn.MSELoss per sample)
-//   cross_entropy  l_i = -log softmax(y_i)[label_i]          (nn.CrossEntropyLoss per sample)
-//   gelu is the exact erf form: x * (1 + erf(x / sqrt 2)) / 2.
+//   mse            l_i = (1/d_out) * sum_j (y_ij - t_ij)^2   (nn.MSELoss per
+//   sample) cross_entropy  l_i = -log softmax(y_i)[label_i]
+//   (nn.CrossEntropyLoss per sample) gelu is the exact erf form: x * (1 + erf(x
+//   / sqrt 2)) / 2.
 #pragma once
 
 #include <concepts>

@@ -77,8 +77,8 @@ struct ParamLayout {
 inline ParamLayout layout_of(const ModelSpec& m) {
   using Init = TensorView::Init;
   ParamLayout L;
-  auto add = [&L](std::string name, int64_t rows, int64_t cols,
-                  int64_t fan_in, Init init = Init::uniform) {
+  auto add = [&L](std::string name, int64_t rows, int64_t cols, int64_t fan_in,
+                  Init init = Init::uniform) {
     L.tensors.push_back({std::move(name), rows, cols, L.total, fan_in, init});
     L.total += rows * cols;
   };

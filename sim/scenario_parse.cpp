@@ -453,11 +453,13 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
   if (s.model.kind == ModelKind::token) {
     sec.forbid("csv", "does not apply to kind = \"token\" (generated only)");
     sec.forbid("dyadic", "does not apply to kind = \"token\"");
-    d.lengths = sec.choice("lengths", kLengths).value_or(SequenceLengths::fixed);
+    d.lengths =
+        sec.choice("lengths", kLengths).value_or(SequenceLengths::fixed);
     d.max_len = sec.required_integer("max_len", 1, 1 << 16);
     if (d.lengths == SequenceLengths::fixed) {
-      sec.forbid("min_len", "applies to lengths = \"uniform\" or "
-                            "\"long-tailed\" only");
+      sec.forbid("min_len",
+                 "applies to lengths = \"uniform\" or "
+                 "\"long-tailed\" only");
       d.min_len = d.max_len;
     } else {
       d.min_len = sec.integer("min_len", 1, d.max_len).value_or(1);
@@ -507,9 +509,9 @@ void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
 
 // Settings that span sections (after [model], [data], [batching] and
 // [trainer] are read).
-void validate_across(const Parser& p, const Section& model,
-                     const Section& data, const Section& batching,
-                     const Section& trainer, const Scenario& s) {
+void validate_across(const Parser& p, const Section& model, const Section& data,
+                     const Section& batching, const Section& trainer,
+                     const Scenario& s) {
   const BatchingSpec& b = s.batching;
   if (s.data.replicate) {
     if (s.data.samples % b.micro_batch != 0 || b.ranks != 1)
@@ -531,15 +533,15 @@ void validate_across(const Parser& p, const Section& model,
                  "when training\"); micro_batch = {} over {} samples per rank "
                  "leaves a micro-batch of {}",
                  b.micro_batch, per_rank,
-                 b.micro_batch < 2 || per_rank < 2 ? std::min(b.micro_batch, per_rank)
-                                                   : last));
+                 b.micro_batch < 2 || per_rank < 2
+                     ? std::min(b.micro_batch, per_rank)
+                     : last));
   }
   (void)model;
   const bool token = s.model.kind == ModelKind::token;
   for (const char* key : {"pitfalls", "accepted"}) {
-    const auto& list = std::string_view(key) == "pitfalls"
-                           ? s.trainer.pitfalls
-                           : s.trainer.accepted;
+    const auto& list = std::string_view(key) == "pitfalls" ? s.trainer.pitfalls
+                                                           : s.trainer.accepted;
     for (size_t i = 0; i < list.size(); ++i) {
       const toml::node* arr = trainer.node(key);
       const toml::node* el =
@@ -738,18 +740,18 @@ std::string to_toml(const Scenario& s) {
     line("embed", integer(s.model.embed));
     line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
   } else {
-  std::string widths = "[";
-  for (size_t i = 0; i < s.model.widths.size(); ++i) {
-    if (i) widths += ", ";
-    widths += integer(s.model.widths[i]);
-  }
-  line("widths", widths + "]");
-  line("activation",
-       toml_string(name_of<Activation>(kActivations, s.model.activation)));
-  line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
-  if (s.model.norm != NormKind::none)
-    line("norm", toml_string(name_of<NormKind>(kNorms, s.model.norm)));
-  if (s.model.dropout > 0) line("dropout", float_text(s.model.dropout));
+    std::string widths = "[";
+    for (size_t i = 0; i < s.model.widths.size(); ++i) {
+      if (i) widths += ", ";
+      widths += integer(s.model.widths[i]);
+    }
+    line("widths", widths + "]");
+    line("activation",
+         toml_string(name_of<Activation>(kActivations, s.model.activation)));
+    line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
+    if (s.model.norm != NormKind::none)
+      line("norm", toml_string(name_of<NormKind>(kNorms, s.model.norm)));
+    if (s.model.dropout > 0) line("dropout", float_text(s.model.dropout));
   }
 
   o += "\n[data]\n";

@@ -135,7 +135,8 @@ class Trainer {
     const int64_t R = int64_t(w.micro.front().shards.size());
     const int64_t Kw = int64_t(w.micro.size());
     switch (b_.normalization) {
-      case Normalization::window_items: return window_items_;
+      case Normalization::window_items:
+        return window_items_;
       case Normalization::micro_mean: return shard_items * R;
       case Normalization::micro_mean_over_window_micros:
         return Kw * shard_items * R;

@@ -296,42 +296,41 @@ TEST(KernelCoverage, Norms) {
     Guarded<float> mean(G, true), rstd(G, true);
     auto rm = filled(G, r), rv = filled(G, r);
     for (int64_t g = 0; g < G; ++g) rv.data()[g] += 2.0f;
-    check_coverage("NormStats", G,
-                   kern::NormStats{x.data(), mean.data(), rstd.data(),
-                                   batch ? rm.data() : nullptr,
-                                   batch ? rv.data() : nullptr, E, gs, es,
-                                   1e-5f, 0.1f},
-                   batch ? std::vector<Out>{out("mean", mean), out("rstd", rstd),
-                                            out("rm", rm), out("rv", rv)}
-                         : std::vector<Out>{out("mean", mean),
-                                            out("rstd", rstd)});
+    check_coverage(
+        "NormStats", G,
+        kern::NormStats{x.data(), mean.data(), rstd.data(),
+                        batch ? rm.data() : nullptr,
+                        batch ? rv.data() : nullptr, E, gs, es, 1e-5f, 0.1f},
+        batch ? std::vector<Out>{out("mean", mean), out("rstd", rstd),
+                                 out("rm", rm), out("rv", rv)}
+              : std::vector<Out>{out("mean", mean), out("rstd", rstd)});
     expect_finite("NormStats", rstd);
     auto gamma = filled(C, r), beta = filled(C, r);
     Guarded<float> xh(R * C, true), y(R * C, true);
-    check_coverage("NormApply", R * C,
-                   kern::NormApply{x.data(), mean.data(), rstd.data(),
-                                   gamma.data(), beta.data(), xh.data(),
-                                   y.data(), C, batch},
-                   {out("xh", xh), out("y", y)});
+    check_coverage(
+        "NormApply", R * C,
+        kern::NormApply{x.data(), mean.data(), rstd.data(), gamma.data(),
+                        beta.data(), xh.data(), y.data(), C, batch},
+        {out("xh", xh), out("y", y)});
     expect_finite("NormApply", y);
     auto dy = filled(R * C, r);
     auto dg = filled(C, r), db = filled(C, r);
-    check_coverage("NormAffineGrad", C,
-                   kern::NormAffineGrad{dy.data(), xh.data(), dg.data(),
-                                        db.data(), R, C},
-                   {out("dgamma", dg), out("dbeta", db)});
+    check_coverage(
+        "NormAffineGrad", C,
+        kern::NormAffineGrad{dy.data(), xh.data(), dg.data(), db.data(), R, C},
+        {out("dgamma", dg), out("dbeta", db)});
     Guarded<float> s1(G, true), s2(G, true);
-    check_coverage("NormBackwardStats", G,
-                   kern::NormBackwardStats{dy.data(), xh.data(), gamma.data(),
-                                           s1.data(), s2.data(), E, gs, es,
-                                           batch},
-                   {out("s1", s1), out("s2", s2)});
+    check_coverage(
+        "NormBackwardStats", G,
+        kern::NormBackwardStats{dy.data(), xh.data(), gamma.data(), s1.data(),
+                                s2.data(), E, gs, es, batch},
+        {out("s1", s1), out("s2", s2)});
     Guarded<float> dx(R * C, true);
-    check_coverage("NormBackwardApply", R * C,
-                   kern::NormBackwardApply{dy.data(), xh.data(), gamma.data(),
-                                           s1.data(), s2.data(), rstd.data(),
-                                           dx.data(), C, batch},
-                   {out("dx", dx)});
+    check_coverage(
+        "NormBackwardApply", R * C,
+        kern::NormBackwardApply{dy.data(), xh.data(), gamma.data(), s1.data(),
+                                s2.data(), rstd.data(), dx.data(), C, batch},
+        {out("dx", dx)});
     expect_finite("NormBackwardApply", dx);
   }
 }
