@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "gpu/executor.hpp"
+#include "gpu/kernels.hpp"
 #include "sim/data.hpp"
 #include "sim/engine.hpp"
 #include "sim/layout.hpp"
@@ -66,6 +67,8 @@ class Device {
 
   // --- the Engine contract (sim/engine.hpp) ---
   void zero_grad();
+  int64_t items(const std::vector<int64_t>& ids) const;
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
   float forward_backward(const std::vector<int64_t>& ids, int64_t weight_den);
   void add_l2(double lambda, int64_t den);
   float grad_norm();
@@ -85,8 +88,12 @@ class Device {
  private:
   void init(const Dataset& data, const std::vector<float>& initial_params);
   void ensure_capacity(int64_t rows);
-  float forward_and_loss(const std::vector<int64_t>& ids);
+  // Returns the sum of the item losses; sets rows_ (samples or tokens).
+  float forward_and_loss(const std::vector<int64_t>& ids, bool update_running);
   void backward(int64_t rows, float w);
+  int64_t gather_tokens(const std::vector<int64_t>& ids);
+  void hidden_backward(size_t l, int64_t rows, kern::Act act);
+  int64_t rows_ = 0;
 
   ModelSpec spec_;
   ParamLayout layout_;
@@ -94,7 +101,13 @@ class Device {
   Exec* ex_;
   int64_t n_samples_ = 0, d_in_ = 0, d_out_ = 0, max_width_ = 0;
   int64_t steps_ = 0;
+  int64_t epoch_ = 0;
   bool has_m_ = false, has_v_ = false;
+  uint64_t seed_ = 0;
+  // Token models: the sequences, kept on the host to build the rows.
+  int64_t max_len_ = 0;
+  std::vector<int32_t> tokens_, token_targets_, length_;
+  Buffer<float> buffers_;  // BatchNorm running statistics
 
   Buffer<float> params_, grads_, exp_avg_, exp_avg_sq_;
   Buffer<float> data_x_, data_y_;
@@ -107,6 +120,10 @@ class Device {
   Buffer<float> target_, da_, dz_, wtmp_, item_loss_, row_max_, row_sum_;
   Buffer<int32_t> label_;
   Buffer<float> scalar_;
+  // Hidden layers with a norm / dropout (indexed like z_).
+  std::vector<Buffer<float>> xh_, y_, h_, mean_, rstd_;
+  std::vector<Buffer<int32_t>> keep_;
+  Buffer<float> dp_, dpre_, s1_, s2_;
 };
 
 }  // namespace accumcheck

@@ -13,6 +13,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/kernels.hpp"
+#include "sim/rng.hpp"
 
 namespace accumcheck {
 
@@ -68,14 +69,20 @@ void Device<Exec>::init(const Dataset& data,
         std::to_string(data.d_out) + ", model is " +
         std::to_string(spec.d_in()) + " -> " + std::to_string(spec.d_out()));
   if (data.loss != spec.loss) bad("dataset and model disagree on the loss");
-  if (int64_t(data.x.size()) != data.n * data.d_in)
+  const bool token = spec.kind == ModelKind::token;
+  if (!token && int64_t(data.x.size()) != data.n * data.d_in)
     bad("dataset x has " + std::to_string(data.x.size()) +
         " values, expected " + std::to_string(data.n * data.d_in));
   if (spec.loss == LossKind::mse &&
       int64_t(data.y.size()) != data.n * data.d_out)
     bad("dataset y has " + std::to_string(data.y.size()) +
         " values, expected " + std::to_string(data.n * data.d_out));
-  if (spec.loss == LossKind::cross_entropy) {
+  if (token && (data.max_len < 1 ||
+                int64_t(data.tokens.size()) != data.n * data.max_len ||
+                int64_t(data.token_targets.size()) != data.n * data.max_len ||
+                int64_t(data.length.size()) != data.n))
+    bad("token dataset has the wrong shape");
+  if (!token && spec.loss == LossKind::cross_entropy) {
     if (int64_t(data.label.size()) != data.n)
       bad("dataset has " + std::to_string(data.label.size()) +
           " labels, expected " + std::to_string(data.n));
@@ -100,8 +107,20 @@ void Device<Exec>::init(const Dataset& data,
   exp_avg_sq_ = ex.template alloc<float>(P);
   ex.upload(params_, initial_params.data(), P);
   data_x_ = ex.template alloc<float>(std::max<int64_t>(1, data.n * d_in_));
-  ex.upload(data_x_, data.x.data(), data.n * d_in_);
-  if (spec.loss == LossKind::mse) {
+  if (!token) ex.upload(data_x_, data.x.data(), data.n * d_in_);
+  seed_ = data.seed;
+  max_len_ = data.max_len;
+  tokens_ = data.tokens;
+  token_targets_ = data.token_targets;
+  length_ = data.length;
+  {
+    const std::vector<float> b0 = initial_buffers(layout_);
+    buffers_ =
+        ex.template alloc<float>(std::max<int64_t>(1, layout_.buffer_total));
+    if (!b0.empty()) ex.upload(buffers_, b0.data(), int64_t(b0.size()));
+  }
+  if (token) {
+  } else if (spec.loss == LossKind::mse) {
     data_y_ = ex.template alloc<float>(std::max<int64_t>(1, data.n * d_out_));
     ex.upload(data_y_, data.y.data(), data.n * d_out_);
   } else {
@@ -131,6 +150,28 @@ void Device<Exec>::ensure_capacity(int64_t rows) {
     a_.push_back(ex.template alloc<float>(cap * spec_.widths[l]));
     z_.push_back(ex.template alloc<float>(l == 0 ? 1 : cap * spec_.widths[l]));
   }
+  xh_.clear();
+  y_.clear();
+  h_.clear();
+  mean_.clear();
+  rstd_.clear();
+  keep_.clear();
+  const bool norm = spec_.norm != NormKind::none, drop = spec_.dropout > 0;
+  for (size_t l = 0; l <= L; ++l) {
+    const bool hidden = l > 0 && l < L;
+    const int64_t n = hidden ? cap * spec_.widths[l] : 1;
+    const int64_t g = hidden ? std::max(cap, spec_.widths[l]) : 1;
+    xh_.push_back(ex.template alloc<float>(norm ? n : 1));
+    y_.push_back(ex.template alloc<float>(norm ? n : 1));
+    mean_.push_back(ex.template alloc<float>(norm ? g : 1));
+    rstd_.push_back(ex.template alloc<float>(norm ? g : 1));
+    h_.push_back(ex.template alloc<float>(drop ? n : 1));
+    keep_.push_back(ex.template alloc<int32_t>(drop ? n : 1));
+  }
+  dp_ = ex.template alloc<float>(cap * max_width_);
+  dpre_ = ex.template alloc<float>(cap * max_width_);
+  s1_ = ex.template alloc<float>(std::max(cap, max_width_));
+  s2_ = ex.template alloc<float>(std::max(cap, max_width_));
   target_ = ex.template alloc<float>(cap * d_out_);
   label_ = ex.template alloc<int32_t>(cap);
   da_ = ex.template alloc<float>(cap * max_width_);
@@ -141,37 +182,127 @@ void Device<Exec>::ensure_capacity(int64_t rows) {
   cap_ = cap;
 }
 
+template <class Exec>
+int64_t Device<Exec>::items(const std::vector<int64_t>& ids) const {
+  if (spec_.kind != ModelKind::token) return int64_t(ids.size());
+  int64_t n = 0;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= n_samples_)
+      throw std::out_of_range("Device: sample id " + std::to_string(id) +
+                              " outside [0, " + std::to_string(n_samples_) +
+                              ")");
+    n += length_[size_t(id)];
+  }
+  return n;
+}
+
+// Token models: the loss-bearing tokens of the sequences, in order, as
+// rows: their embeddings gathered into a_[0], their targets into label_;
+// ids_ holds each row's token id (for the embedding's backward).
+template <class Exec>
+int64_t Device<Exec>::gather_tokens(const std::vector<int64_t>& ids) {
+  Exec& ex = *ex_;
+  const int64_t rows = items(ids);
+  ensure_capacity(rows);
+  std::vector<int64_t> tok;
+  std::vector<int32_t> tgt;
+  tok.reserve(size_t(rows));
+  tgt.reserve(size_t(rows));
+  for (int64_t id : ids)
+    for (int64_t t = 0; t < max_len_; ++t) {
+      const size_t at = size_t(id * max_len_ + t);
+      if (token_targets_[at] == Dataset::kIgnoreIndex) continue;
+      tok.push_back(tokens_[at]);
+      tgt.push_back(token_targets_[at]);
+    }
+  ex.upload(ids_, tok.data(), rows);
+  ex.upload(label_, tgt.data(), rows);
+  const TensorView& E = layout_.tensors[size_t(layout_.embedding)];
+  ex.launch(rows * d_in_,
+            kern::GatherRows<float>{params_.data() + E.offset, ids_.data(),
+                                    a_[0].data(), d_in_});
+  return rows;
+}
+
 // Gathers the rows, runs the forward pass and the per-item losses; returns
 // the sum of the item losses in row order.  Leaves z_, a_ and the loss's
 // row statistics for the backward.
 template <class Exec>
-float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids) {
+float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids,
+                                     bool update_running) {
   Exec& ex = *ex_;
-  const int64_t b = int64_t(ids.size());
   for (int64_t id : ids)
     if (id < 0 || id >= n_samples_)
       throw std::out_of_range("Device: sample id " + std::to_string(id) +
                               " outside [0, " + std::to_string(n_samples_) +
                               ")");
-  ensure_capacity(b);
-  ex.upload(ids_, ids.data(), b);
-  ex.launch(b * d_in_, kern::GatherRows<float>{data_x_.data(), ids_.data(),
-                                               a_[0].data(), d_in_});
+  const bool token = spec_.kind == ModelKind::token;
+  int64_t b = int64_t(ids.size());
+  if (token) {
+    b = gather_tokens(ids);
+  } else {
+    ensure_capacity(b);
+    ex.upload(ids_, ids.data(), b);
+    ex.launch(b * d_in_, kern::GatherRows<float>{data_x_.data(), ids_.data(),
+                                                 a_[0].data(), d_in_});
+  }
   const size_t L = layout_.layers();
   const kern::Act act = device_detail::act_of(spec_.activation);
+  const bool norm = spec_.norm != NormKind::none;
+  const bool batch = spec_.norm == NormKind::batchnorm;
+  const bool drop = spec_.dropout > 0;
+  const float scale = float(1.0 / (1.0 - spec_.dropout));
   for (size_t l = 1; l <= L; ++l) {
     const TensorView& W = layout_.weight(l - 1);
     const TensorView& B = layout_.bias(l - 1);
     const int64_t in = spec_.widths[l - 1], out = spec_.widths[l];
     ex.gemm(Trans::no, Trans::yes, b, out, in, 1.0f, a_[l - 1].data(), in,
             params_.data() + W.offset, in, 0.0f, z_[l].data(), out);
+    const bool plain = l == L || (!norm && !drop);
     ex.launch(b * out,
               kern::BiasActivationForward{
                   z_[l].data(), params_.data() + B.offset, a_[l].data(), out,
-                  l == L ? kern::Act::identity : act});
+                  l == L ? kern::Act::identity
+                         : (plain ? act : kern::Act::identity)});
+    if (plain) continue;
+    const float* pre = z_[l].data();
+    if (norm) {
+      const int64_t G = batch ? out : b, E = batch ? b : out;
+      float* rm = nullptr;
+      float* rv = nullptr;
+      if (batch && update_running) {
+        rm = buffers_.data() + layout_.running_mean(l - 1).offset;
+        rv = buffers_.data() + layout_.running_var(l - 1).offset;
+      }
+      ex.launch(G, kern::NormStats{z_[l].data(), mean_[l].data(),
+                                   rstd_[l].data(), rm, rv, E, batch ? 1 : out,
+                                   batch ? out : 1, float(1e-5), float(0.1)});
+      ex.launch(b * out, kern::NormApply{
+                             z_[l].data(), mean_[l].data(), rstd_[l].data(),
+                             params_.data() + layout_.norm_weight(l - 1).offset,
+                             params_.data() + layout_.norm_bias(l - 1).offset,
+                             xh_[l].data(), y_[l].data(), out, batch});
+      pre = y_[l].data();
+    }
+    float* act_out = drop ? h_[l].data() : a_[l].data();
+    ex.launch(b * out, kern::ActivationForward{pre, act_out, act});
+    if (drop) {
+      std::vector<int32_t> keep(size_t(b * out));
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t c = 0; c < out; ++c)
+          keep[size_t(r * out + c)] = dropout_keep(
+              seed_, epoch_, ids[size_t(r)], int64_t(l - 1), c, spec_.dropout);
+      ex.upload(keep_[l], keep.data(), b * out);
+      ex.launch(b * out,
+                kern::Dropout{act_out, keep_[l].data(), a_[l].data(), scale});
+    }
   }
   const float* y = a_[L].data();
-  if (spec_.loss == LossKind::mse) {
+  if (token) {
+    ex.launch(
+        b, kern::CrossEntropyForward{y, label_.data(), item_loss_.data(),
+                                     row_max_.data(), row_sum_.data(), d_out_});
+  } else if (spec_.loss == LossKind::mse) {
     ex.launch(b * d_out_, kern::GatherRows<float>{data_y_.data(), ids_.data(),
                                                   target_.data(), d_out_});
     ex.launch(
@@ -184,6 +315,7 @@ float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids) {
                                      row_max_.data(), row_sum_.data(), d_out_});
   }
   ex.launch(1, kern::SumSerial{item_loss_.data(), b, scalar_.data()});
+  rows_ = b;
   float sum = 0;
   ex.download(scalar_, &sum, 1);
   return sum;
@@ -207,10 +339,7 @@ void Device<Exec>::backward(int64_t b, float w) {
     const TensorView& W = layout_.weight(l - 1);
     const TensorView& B = layout_.bias(l - 1);
     const int64_t in = spec_.widths[l - 1], out = spec_.widths[l];
-    if (l < L)
-      ex.launch(b * out,
-                kern::ActivationBackward{da_.data(), z_[l].data(), a_[l].data(),
-                                         dz_.data(), act});
+    if (l < L) hidden_backward(l, b, act);
     // dW_l += dz_l^T a_{l-1}: the product in full, then one add.
     ex.gemm(Trans::yes, Trans::no, out, in, b, 1.0f, dz_.data(), out,
             a_[l - 1].data(), in, 0.0f, wtmp_.data(), in);
@@ -218,11 +347,52 @@ void Device<Exec>::backward(int64_t b, float w) {
               kern::AccumulateGrad{grads_.data() + W.offset, wtmp_.data()});
     ex.launch(out, kern::BiasGradColSum{dz_.data(), grads_.data() + B.offset, b,
                                         out});
-    // da_{l-1} = dz_l W_l.
-    if (l > 1)
+    // da_{l-1} = dz_l W_l (the token model: into the embedding's rows).
+    if (l > 1 || spec_.kind == ModelKind::token)
       ex.gemm(Trans::no, Trans::no, b, in, out, 1.0f, dz_.data(), out,
               params_.data() + W.offset, in, 0.0f, da_.data(), in);
   }
+  if (spec_.kind == ModelKind::token) {
+    const TensorView& E = layout_.tensors[size_t(layout_.embedding)];
+    ex.launch(E.size(),
+              kern::EmbeddingGrad{da_.data(), ids_.data(),
+                                  grads_.data() + E.offset, b, d_in_});
+  }
+}
+
+// Hidden layer l's backward from da_ (wrt a_[l]) to dz_ (wrt z_[l]):
+// dropout, the activation, the norm.
+template <class Exec>
+void Device<Exec>::hidden_backward(size_t l, int64_t b, kern::Act act) {
+  Exec& ex = *ex_;
+  const int64_t out = spec_.widths[l];
+  const bool norm = spec_.norm != NormKind::none;
+  const bool batch = spec_.norm == NormKind::batchnorm;
+  const bool drop = spec_.dropout > 0;
+  const float* dact = da_.data();
+  if (drop) {
+    ex.launch(b * out, kern::Dropout{da_.data(), keep_[l].data(), dp_.data(),
+                                     float(1.0 / (1.0 - spec_.dropout))});
+    dact = dp_.data();
+  }
+  const float* pre = norm ? y_[l].data() : z_[l].data();
+  const float* act_out = drop ? h_[l].data() : a_[l].data();
+  float* dpre = norm ? dpre_.data() : dz_.data();
+  ex.launch(b * out, kern::ActivationBackward{dact, pre, act_out, dpre, act});
+  if (!norm) return;
+  const TensorView& G = layout_.norm_weight(l - 1);
+  const TensorView& Bt = layout_.norm_bias(l - 1);
+  const float* gamma = params_.data() + G.offset;
+  ex.launch(out,
+            kern::NormAffineGrad{dpre, xh_[l].data(), grads_.data() + G.offset,
+                                 grads_.data() + Bt.offset, b, out});
+  const int64_t groups = batch ? out : b, E = batch ? b : out;
+  ex.launch(groups, kern::NormBackwardStats{
+                        dpre, xh_[l].data(), gamma, s1_.data(), s2_.data(), E,
+                        batch ? 1 : out, batch ? out : 1, batch});
+  ex.launch(b * out, kern::NormBackwardApply{
+                         dpre, xh_[l].data(), gamma, s1_.data(), s2_.data(),
+                         rstd_[l].data(), dz_.data(), out, batch});
 }
 
 template <class Exec>
@@ -237,17 +407,17 @@ float Device<Exec>::forward_backward(const std::vector<int64_t>& ids,
     device_detail::bad("weight_den must be >= 1, got " +
                        std::to_string(weight_den));
   if (ids.empty()) return 0.0f;
-  const float sum = forward_and_loss(ids);
+  const float sum = forward_and_loss(ids, true);
   // w = 1/den, one correctly rounded float division (as loss / den's
   // backward gives in PyTorch); exact for den <= 2^24 a power of two.
-  backward(int64_t(ids.size()), 1.0f / float(weight_den));
+  backward(rows_, 1.0f / float(weight_den));
   return sum;
 }
 
 template <class Exec>
 float Device<Exec>::loss(const std::vector<int64_t>& ids) {
   if (ids.empty()) return 0.0f;
-  return forward_and_loss(ids);
+  return forward_and_loss(ids, false);
 }
 
 template <class Exec>
@@ -334,6 +504,10 @@ EngineState<float> Device<Exec>::state() const {
     ex_->download(exp_avg_sq_, s.exp_avg_sq.data(), P);
   }
   s.optimizer_steps = steps_;
+  if (layout_.buffer_total > 0) {
+    s.buffers.resize(size_t(layout_.buffer_total));
+    ex_->download(buffers_, s.buffers.data(), layout_.buffer_total);
+  }
   return s;
 }
 
@@ -352,6 +526,12 @@ void Device<Exec>::set_state(const EngineState<float>& s) {
   check(s.exp_avg, "exp_avg", true);
   check(s.exp_avg_sq, "exp_avg_sq", true);
   if (s.optimizer_steps < 0) device_detail::bad("set_state: negative steps");
+  if (!s.buffers.empty() && int64_t(s.buffers.size()) != layout_.buffer_total)
+    device_detail::bad(
+        "set_state: buffers have " + std::to_string(s.buffers.size()) +
+        " values, the model has " + std::to_string(layout_.buffer_total));
+  if (!s.buffers.empty())
+    ex_->upload(buffers_, s.buffers.data(), layout_.buffer_total);
   ex_->upload(params_, s.params.data(), P);
   auto put = [&](Buffer<float>& dst, const std::vector<float>& v) {
     if (v.empty())

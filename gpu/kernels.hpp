@@ -129,6 +129,172 @@ struct BiasGradColSum {
   }
 };
 
+// out = f(in)   (set).  threads: n.
+struct ActivationForward {
+  const float* in;
+  float* out;
+  Act act;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    out[i] = activation(act, in[i]);
+  }
+};
+
+// nn.Dropout (training): out = keep ? in * scale : 0, scale =
+// float(1 / (1 - p)), keep a host-computed mask keyed by (seed, epoch,
+// sample id, layer, unit).  The backward is the same kernel on the
+// gradient.  threads: n.
+struct Dropout {
+  const float* in;
+  const int32_t* keep;
+  float* out;
+  float scale;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    out[i] = keep[i] ? in[i] * scale : 0.0f;
+  }
+};
+
+// BatchNorm1d / LayerNorm statistics, one thread per group g (a feature
+// over the rows for BatchNorm, a row over its features for LayerNorm;
+// element k of group g is x[g*gs + k*es]):
+//   mean = (sum_k x) / E;  ss = sum_k (x_k - mean)^2  (in order k = 0, 1..)
+//   rstd = 1 / sqrt(ss / E + eps)
+//   running (BatchNorm, rm != null): rm = rm * (1 - m) + mean * m;
+//     rv = rv * (1 - m) + (ss / (E - 1)) * m
+// threads: G.
+struct NormStats {
+  const float* x;
+  float* mean;
+  float* rstd;
+  float* rm;
+  float* rv;
+  int64_t E, gs, es;
+  float eps, momentum;
+  ACCUMCHECK_HD void operator()(int64_t g) const {
+    const float* xg = x + g * gs;
+    float s = 0.0f;
+    for (int64_t k = 0; k < E; ++k) s = s + xg[k * es];
+    const float mu = s / float(E);
+    float ss = 0.0f;
+    for (int64_t k = 0; k < E; ++k) {
+      const float d = xg[k * es] - mu;
+      ss = ss + d * d;
+    }
+    mean[g] = mu;
+    rstd[g] = 1.0f / dm::sqrt(ss / float(E) + eps);
+    if (rm) {
+      const float omm = 1.0f - momentum;
+      rm[g] = rm[g] * omm + mu * momentum;
+      rv[g] = rv[g] * omm + (ss / float(E - 1)) * momentum;
+    }
+  }
+};
+
+// xh[r, c] = (x - mean[g]) * rstd[g];  y = xh * gamma[c] + beta[c]  (set),
+// g = c for BatchNorm (batch = true), r for LayerNorm.  threads: rows*cols.
+struct NormApply {
+  const float* x;
+  const float* mean;
+  const float* rstd;
+  const float* gamma;
+  const float* beta;
+  float* xh;
+  float* y;
+  int64_t cols;
+  bool batch;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    const int64_t r = i / cols, c = i - r * cols;
+    const int64_t g = batch ? c : r;
+    const float v = (x[i] - mean[g]) * rstd[g];
+    xh[i] = v;
+    y[i] = v * gamma[c] + beta[c];
+  }
+};
+
+// dgamma[c] += sum_r dy[r, c] * xh[r, c];  dbeta[c] += sum_r dy[r, c]
+// (each sum over r = 0, 1, ... first, then added once).  threads: cols.
+struct NormAffineGrad {
+  const float* dy;
+  const float* xh;
+  float* dgamma;
+  float* dbeta;
+  int64_t rows, cols;
+  ACCUMCHECK_HD void operator()(int64_t c) const {
+    float sg = 0.0f, sb = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      sg = sg + dy[r * cols + c] * xh[r * cols + c];
+      sb = sb + dy[r * cols + c];
+    }
+    dgamma[c] = dgamma[c] + sg;
+    dbeta[c] = dbeta[c] + sb;
+  }
+};
+
+// Per group g, with dxh_k = dy_k * gamma[c_k]:
+//   s1[g] = (sum_k dxh_k) / E;  s2[g] = (sum_k dxh_k * xh_k) / E
+// (layout as NormStats).  threads: G.
+struct NormBackwardStats {
+  const float* dy;
+  const float* xh;
+  const float* gamma;
+  float* s1;
+  float* s2;
+  int64_t E, gs, es;
+  bool batch;
+  ACCUMCHECK_HD void operator()(int64_t g) const {
+    float a = 0.0f, b = 0.0f;
+    for (int64_t k = 0; k < E; ++k) {
+      const int64_t i = g * gs + k * es;
+      const float d = dy[i] * gamma[batch ? g : k];
+      a = a + d;
+      b = b + d * xh[i];
+    }
+    s1[g] = a / float(E);
+    s2[g] = b / float(E);
+  }
+};
+
+// dx = ((dy * gamma[c] - s1[g]) - xh * s2[g]) * rstd[g]   (set).
+// threads: rows * cols.
+struct NormBackwardApply {
+  const float* dy;
+  const float* xh;
+  const float* gamma;
+  const float* s1;
+  const float* s2;
+  const float* rstd;
+  float* dx;
+  int64_t cols;
+  bool batch;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    const int64_t r = i / cols, c = i - r * cols;
+    const int64_t g = batch ? c : r;
+    const float dxh = dy[i] * gamma[c];
+    dx[i] = ((dxh - s1[g]) - xh[i] * s2[g]) * rstd[g];
+  }
+};
+
+// Embedding backward without scatter or atomics: one thread per element
+// (v, j) of the table sums, in row order, the rows r whose token is v:
+//   dE[v, j] += sum_{r: tok[r] = v} dh[r, j]   (added once; untouched if
+// no row has token v).  threads: vocab * dim.
+struct EmbeddingGrad {
+  const float* dh;
+  const int64_t* tok;
+  float* dE;
+  int64_t rows, dim;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    const int64_t v = i / dim, j = i - v * dim;
+    float s = 0.0f;
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r)
+      if (tok[r] == v) {
+        s = any ? s + dh[r * dim + j] : dh[r * dim + j];
+        any = true;
+      }
+    if (any) dE[i] = dE[i] + s;
+  }
+};
+
 // dst += src: PyTorch's AccumulateGrad (the fresh gradient is computed in
 // full, then added once).  threads: n.
 struct AccumulateGrad {

@@ -21,6 +21,7 @@
 // accumulated into .grad (GEMM with beta = 1).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -32,6 +33,7 @@
 #include "sim/data.hpp"
 #include "sim/engine.hpp"
 #include "sim/layout.hpp"
+#include "sim/rng.hpp"
 #include "sim/scenario.hpp"
 
 namespace accumcheck {
@@ -236,6 +238,112 @@ void cross_entropy_backward(T* dy, const T* probs, const int32_t* labels,
     }
 }
 
+// -------------------------------------------------------- normalization
+//
+// BatchNorm1d and LayerNorm share one formula over "groups" of E
+// elements: element k of group g is x[g*gs + k*es].
+//   BatchNorm1d (training mode): a group is a feature c over the B rows
+//     of the micro-batch (G = C, E = B, gs = 1, es = C);
+//   LayerNorm: a group is a row over its C features (G = B, E = C,
+//     gs = C, es = 1).
+// The affine weight and bias are per feature in both.
+
+// Per group (in this order, as a float32 engine rounds):
+//   mean = (sum_k x) / E;  d_k = x_k - mean;  ss = sum_k d_k^2
+//   var = ss / E (biased);  rstd = 1 / sqrt(var + eps);  xh_k = d_k * rstd
+//   running (BatchNorm, when rm != null):
+//     rm = rm * (1 - m) + mean * m;  rv = rv * (1 - m) + (ss / (E-1)) * m
+// then per element y[r, c] = xh[r, c] * gamma[c] + beta[c]     (SETS xh, y)
+template <class T>
+struct NormConstants {
+  T eps = T(1e-5), momentum = T(0.1), one_minus_momentum, one = T(1);
+  NormConstants() { one_minus_momentum = one - momentum; }
+};
+
+template <class T>
+void norm_forward(T* y, T* xh, T* mean, T* rstd, T* rm, T* rv, const T* x,
+                  const T* gamma, const T* beta, int64_t B, int64_t C,
+                  bool batch, const NormConstants<T>& k, T& s, T& t) {
+  using std::sqrt;
+  const int64_t G = batch ? C : B, E = batch ? B : C;
+  const int64_t gs = batch ? 1 : C, es = batch ? C : 1;
+  for (int64_t g = 0; g < G; ++g) {
+    const T* xg = x + g * gs;
+    T* xhg = xh + g * gs;
+    sum_into(mean[g], static_cast<const T*>(nullptr), E, xg, es);
+    mean[g] /= T(E);
+    for (int64_t e = 0; e < E; ++e) {
+      xhg[e * es] = xg[e * es];
+      xhg[e * es] -= mean[g];
+    }
+    dot_into(s, static_cast<const T*>(nullptr), E, xhg, es, xhg, es);
+    t = s;
+    t /= T(E);
+    t += k.eps;
+    t = sqrt(t);
+    rstd[g] = k.one / t;
+    for (int64_t e = 0; e < E; ++e) xhg[e * es] *= rstd[g];
+    if (rm) {
+      rm[g] *= k.one_minus_momentum;
+      t = mean[g];
+      t *= k.momentum;
+      rm[g] += t;
+      s /= T(E - 1);
+      s *= k.momentum;
+      rv[g] *= k.one_minus_momentum;
+      rv[g] += s;
+    }
+  }
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      T& o = y[r * C + c];
+      o = xh[r * C + c];
+      o *= gamma[c];
+      o += beta[c];
+    }
+}
+
+// Exact backward of norm_forward, dy the gradient wrt y:
+//   dgamma[c] += sum_r dy[r, c] * xh[r, c];  dbeta[c] += sum_r dy[r, c]
+//                                                      (ACCUMULATE, once)
+//   per group: dxh_k = dy_k * gamma;  s1 = (sum_k dxh_k) / E;
+//              s2 = (sum_k dxh_k * xh_k) / E
+//   dx_k = ((dxh_k - s1) - xh_k * s2) * rstd                (SETS dx; dxh
+//   is [B x C] scratch)
+template <class T>
+void norm_backward(T* dx, T* dxh, T* dgamma, T* dbeta, const T* dy, const T* xh,
+                   const T* rstd, const T* gamma, int64_t B, int64_t C,
+                   bool batch, T& s1, T& s2, T& t) {
+  for (int64_t c = 0; c < C; ++c) {
+    dot_into(dgamma[c], &dgamma[c], B, &dy[c], C, &xh[c], C);
+    sum_into(dbeta[c], &dbeta[c], B, &dy[c], C);
+  }
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      dxh[r * C + c] = dy[r * C + c];
+      dxh[r * C + c] *= gamma[c];
+    }
+  const int64_t G = batch ? C : B, E = batch ? B : C;
+  const int64_t gs = batch ? 1 : C, es = batch ? C : 1;
+  for (int64_t g = 0; g < G; ++g) {
+    const T* dg = dxh + g * gs;
+    const T* xg = xh + g * gs;
+    sum_into(s1, static_cast<const T*>(nullptr), E, dg, es);
+    s1 /= T(E);
+    dot_into(s2, static_cast<const T*>(nullptr), E, dg, es, xg, es);
+    s2 /= T(E);
+    for (int64_t e = 0; e < E; ++e) {
+      t = xg[e * es];
+      t *= s2;
+      T& o = dx[g * gs + e * es];
+      o = dg[e * es];
+      o -= s1;
+      o -= t;
+      o *= rstd[g];
+    }
+  }
+}
+
 // ------------------------------------------------------------ optimizers
 
 // Scalars of one SGD step as a float32 engine holds them.
@@ -338,6 +446,7 @@ class Oracle {
          const std::vector<float>& initial_params);
 
   void zero_grad();
+  int64_t items(const std::vector<int64_t>& ids) const;
   T forward_backward(const std::vector<int64_t>& ids, int64_t weight_den);
   void add_l2(double lambda, int64_t den);
   T grad_norm() const;
@@ -345,35 +454,58 @@ class Oracle {
   void optimizer_step(const OptimizerSpec& opt, double lr);
   EngineState<T> state() const;
   void set_state(const EngineState<T>& s);
+  // Dropout masks are keyed by (seed, epoch, sample id, layer, unit).
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
 
   // Beyond the contract.
-  // sum_{i in ids} l_i, forward only (finite differences, certify).
+  // sum_{i in ids} l_i, forward only (finite differences, certify); in
+  // training mode (batch statistics, the current epoch's dropout masks)
+  // but the running statistics are left alone.
   T loss(const std::vector<int64_t>& ids);
   const ParamLayout& layout() const { return layout_; }
   const ModelSpec& model() const { return model_; }
   std::vector<T>& params() { return params_; }
   const std::vector<T>& grads() const { return grads_; }
+  const std::vector<T>& buffers() const { return buffers_; }
 
  private:
   void check_ids(const std::vector<int64_t>& ids) const;
-  void forward(const std::vector<int64_t>& ids);
+  // Returns the rows of the pass: samples, or loss-bearing tokens.
+  int64_t forward(const std::vector<int64_t>& ids, bool update_running);
+  void ensure_capacity(int64_t rows);
   T loss_sum(int64_t B);
+  bool has_norm() const { return model_.norm != NormKind::none; }
+  bool batch_norm() const { return model_.norm == NormKind::batchnorm; }
+  bool has_dropout() const { return model_.dropout > 0; }
+  T* param(const TensorView& v) { return &params_[size_t(v.offset)]; }
+  T* grad(const TensorView& v) { return &grads_[size_t(v.offset)]; }
 
   ModelSpec model_;
   ParamLayout layout_;
   Dataset data_;
-  std::vector<T> params_, grads_, exp_avg_, exp_avg_sq_;
+  std::vector<T> params_, grads_, exp_avg_, exp_avg_sq_, buffers_;
   int64_t steps_ = 0;
+  int64_t epoch_ = 0;
   ActivationConstants<T> k_;
+  NormConstants<T> nk_;
+  T dropout_scale_;  // float(1 / (1 - p)), the host's scalar rounded once
 
   // Work buffers, grown to the largest micro-batch seen (never shrunk).
   int64_t cap_ = 0;
-  std::vector<std::vector<T>> z_;   // z_[l]: pre-activations, l = 1..L
+  std::vector<std::vector<T>> z_;   // z_[l]: Linear outputs, l = 1..L
   std::vector<std::vector<T>> a_;   // a_[l]: layer l's input (a_[0] = x)
   std::vector<std::vector<T>> da_;  // gradient wrt a_[l]
   std::vector<std::vector<T>> dz_;  // gradient wrt z_[l]
+  // Hidden layers with a norm: xh_ (normalized), y_ (affine output, the
+  // activation's input), stats mean_/rstd_; with dropout: h_ (the
+  // activation's output) and keep_ (the mask); dp_, dxh_ scratch.
+  std::vector<std::vector<T>> xh_, y_, mean_, rstd_, h_;
+  std::vector<std::vector<char>> keep_;
+  std::vector<T> dp_, dxh_;
   std::vector<T> target_, probs_, losses_, diff_;
-  std::vector<int32_t> labels_;
+  std::vector<int32_t> labels_, rows_tok_;
+  std::vector<int64_t> rows_id_;
+  std::vector<T> scratch_;
   mutable T s0_, s1_, s2_;
 };
 
@@ -389,6 +521,7 @@ EngineState<T> lift_state(const EngineState<float>& s) {
   r.exp_avg = lift(s.exp_avg);
   r.exp_avg_sq = lift(s.exp_avg_sq);
   r.optimizer_steps = s.optimizer_steps;
+  r.buffers = lift(s.buffers);
   return r;
 }
 
@@ -406,12 +539,13 @@ Oracle<T>::Oracle(const ModelSpec& model, const Dataset& data,
     throw std::invalid_argument("oracle: dataset shape does not fit the model");
   if (data.loss != model.loss)
     throw std::invalid_argument("oracle: dataset loss does not fit the model");
-  if (int64_t(data.x.size()) != data.n * data.d_in)
+  if (model.kind == ModelKind::mlp &&
+      int64_t(data.x.size()) != data.n * data.d_in)
     throw std::invalid_argument("oracle: dataset x has the wrong size");
   if (model.loss == LossKind::mse &&
       int64_t(data.y.size()) != data.n * data.d_out)
     throw std::invalid_argument("oracle: dataset y has the wrong size");
-  if (model.loss == LossKind::cross_entropy) {
+  if (model.loss == LossKind::cross_entropy && model.kind == ModelKind::mlp) {
     if (int64_t(data.label.size()) != data.n)
       throw std::invalid_argument("oracle: dataset labels have the wrong size");
     for (int32_t c : data.label)
@@ -422,13 +556,23 @@ Oracle<T>::Oracle(const ModelSpec& model, const Dataset& data,
     throw std::invalid_argument(
         "oracle: " + std::to_string(initial_params.size()) +
         " initial parameters, the model has " + std::to_string(layout_.total));
+  if (model.kind == ModelKind::token &&
+      (data.max_len < 1 ||
+       int64_t(data.tokens.size()) != data.n * data.max_len ||
+       int64_t(data.token_targets.size()) != data.n * data.max_len ||
+       int64_t(data.length.size()) != data.n))
+    throw std::invalid_argument("oracle: token dataset has the wrong shape");
   params_.assign(initial_params.begin(), initial_params.end());
   grads_.assign(size_t(layout_.total), T(0));
+  const std::vector<float> b0 = initial_buffers(layout_);
+  buffers_.assign(b0.begin(), b0.end());
+  using H = typename Num<T>::Host;
+  dropout_scale_ = Num<T>::from_host(
+      H(H(1) / H(H(1) - H(has_dropout() ? model.dropout : 0.0))));
   const size_t L = layout_.layers();
-  z_.resize(L + 1);
-  a_.resize(L + 1);
-  da_.resize(L + 1);
-  dz_.resize(L + 1);
+  for (auto* v : {&z_, &a_, &da_, &dz_, &xh_, &y_, &mean_, &rstd_, &h_})
+    v->resize(L + 1);
+  keep_.resize(L + 1);
 }
 
 template <class T>
@@ -446,26 +590,81 @@ void Oracle<T>::check_ids(const std::vector<int64_t>& ids) const {
 }
 
 template <class T>
-void Oracle<T>::forward(const std::vector<int64_t>& ids) {
+int64_t Oracle<T>::items(const std::vector<int64_t>& ids) const {
+  if (model_.kind != ModelKind::token) return int64_t(ids.size());
   check_ids(ids);
-  const int64_t B = int64_t(ids.size());
+  int64_t n = 0;
+  for (int64_t id : ids) n += data_.length[size_t(id)];
+  return n;
+}
+
+template <class T>
+void Oracle<T>::ensure_capacity(int64_t B) {
+  if (B <= cap_) return;
+  cap_ = B;
   const auto& w = model_.widths;
   const size_t L = layout_.layers();
-  if (B > cap_) {
-    cap_ = B;
-    for (size_t l = 0; l <= L; ++l) {
-      const size_t sz = size_t(B * w[l]);
-      z_[l].resize(sz);
-      a_[l].resize(sz);
-      da_[l].resize(sz);
-      dz_[l].resize(sz);
+  for (size_t l = 0; l <= L; ++l) {
+    const size_t sz = size_t(B * w[l]);
+    for (auto* v : {&z_, &a_, &da_, &dz_}) (*v)[l].resize(sz);
+    if (l == 0 || l == L) continue;
+    if (has_norm()) {
+      xh_[l].resize(sz);
+      y_[l].resize(sz);
+      mean_[l].resize(size_t(batch_norm() ? w[l] : B));
+      rstd_[l].resize(size_t(batch_norm() ? w[l] : B));
     }
-    target_.resize(size_t(B * w[L]));
-    probs_.resize(size_t(B * w[L]));
-    losses_.resize(size_t(B));
-    labels_.resize(size_t(B));
-    diff_.resize(size_t(w[L]));
+    if (has_dropout()) {
+      h_[l].resize(sz);
+      keep_[l].resize(sz);
+    }
   }
+  int64_t maxw = 0;
+  for (int64_t x : w) maxw = std::max(maxw, x);
+  dp_.resize(size_t(B * maxw));
+  dxh_.resize(size_t(B * maxw));
+  target_.resize(size_t(B * w[L]));
+  probs_.resize(size_t(B * w[L]));
+  losses_.resize(size_t(B));
+  labels_.resize(size_t(B));
+  rows_tok_.resize(size_t(B));
+  rows_id_.resize(size_t(B));
+  scratch_.resize(size_t(B));
+  diff_.resize(size_t(w[L]));
+}
+
+template <class T>
+int64_t Oracle<T>::forward(const std::vector<int64_t>& ids,
+                           bool update_running) {
+  check_ids(ids);
+  const auto& w = model_.widths;
+  const size_t L = layout_.layers();
+  if (model_.kind == ModelKind::token) {
+    // Rows: the loss-bearing tokens of the sequences, in order (padding
+    // has target ignore_index and contributes nothing).
+    const int64_t B = items(ids);
+    ensure_capacity(B);
+    const int64_t D = w[0];
+    const TensorView& Emb = layout_.tensors[size_t(layout_.embedding)];
+    int64_t r = 0;
+    for (int64_t id : ids)
+      for (int64_t t = 0; t < data_.max_len; ++t) {
+        const size_t at = size_t(id * data_.max_len + t);
+        if (data_.token_targets[at] == Dataset::kIgnoreIndex) continue;
+        const int32_t tok = data_.tokens[at];
+        rows_tok_[size_t(r)] = tok;
+        rows_id_[size_t(r)] = id;
+        labels_[size_t(r)] = data_.token_targets[at];
+        for (int64_t j = 0; j < D; ++j)
+          a_[0][size_t(r * D + j)] = params_[size_t(Emb.offset + tok * D + j)];
+        ++r;
+      }
+    linear_forward(z_[1].data(), a_[0].data(), param(layout_.weight(0)),
+                   param(layout_.bias(0)), B, w[0], w[1]);
+    return B;
+  }
+  const int64_t B = int64_t(ids.size());
+  ensure_capacity(B);
   for (int64_t b = 0; b < B; ++b) {
     const float* x = data_.input(ids[size_t(b)]);
     for (int64_t i = 0; i < w[0]; ++i) a_[0][size_t(b * w[0] + i)] = T(x[i]);
@@ -478,14 +677,44 @@ void Oracle<T>::forward(const std::vector<int64_t>& ids) {
     }
   }
   for (size_t l = 0; l < L; ++l) {
-    const TensorView& W = layout_.weight(l);
-    const TensorView& bias = layout_.bias(l);
-    linear_forward(z_[l + 1].data(), a_[l].data(), &params_[size_t(W.offset)],
-                   &params_[size_t(bias.offset)], B, w[l], w[l + 1]);
-    if (l + 1 < L)
-      activation_forward(a_[l + 1].data(), z_[l + 1].data(), B * w[l + 1],
-                         model_.activation, k_, s0_);
+    linear_forward(z_[l + 1].data(), a_[l].data(), param(layout_.weight(l)),
+                   param(layout_.bias(l)), B, w[l], w[l + 1]);
+    if (l + 1 == L) break;
+    const size_t h = l + 1;
+    const int64_t C = w[h];
+    const T* pre = z_[h].data();
+    if (has_norm()) {
+      T* rm = nullptr;
+      T* rv = nullptr;
+      if (batch_norm() && update_running) {
+        rm = &buffers_[size_t(layout_.running_mean(l).offset)];
+        rv = &buffers_[size_t(layout_.running_var(l).offset)];
+      }
+      norm_forward(y_[h].data(), xh_[h].data(), mean_[h].data(),
+                   rstd_[h].data(), rm, rv, z_[h].data(),
+                   param(layout_.norm_weight(l)), param(layout_.norm_bias(l)),
+                   B, C, batch_norm(), nk_, s0_, s1_);
+      pre = y_[h].data();
+    }
+    T* act_out = has_dropout() ? h_[h].data() : a_[h].data();
+    activation_forward(act_out, pre, B * C, model_.activation, k_, s0_);
+    if (has_dropout()) {
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t i = size_t(b * C + c);
+          const bool kept = dropout_keep(data_.seed, epoch_, ids[size_t(b)],
+                                         int64_t(l), c, model_.dropout);
+          keep_[h][i] = kept;
+          if (kept) {
+            a_[h][i] = act_out[i];
+            a_[h][i] *= dropout_scale_;
+          } else {
+            a_[h][i] = k_.zero;
+          }
+        }
+    }
   }
+  return B;
 }
 
 template <class T>
@@ -506,8 +735,7 @@ T Oracle<T>::loss_sum(int64_t B) {
 template <class T>
 T Oracle<T>::loss(const std::vector<int64_t>& ids) {
   if (ids.empty()) return T(0);
-  forward(ids);
-  return loss_sum(int64_t(ids.size()));
+  return loss_sum(forward(ids, false));
 }
 
 template <class T>
@@ -516,8 +744,7 @@ T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
   if (weight_den < 1)
     throw std::invalid_argument("oracle: weight_den must be >= 1");
   if (ids.empty()) return T(0);
-  forward(ids);
-  const int64_t B = int64_t(ids.size());
+  const int64_t B = forward(ids, true);
   const auto& w = model_.widths;
   const size_t L = layout_.layers();
   T total = loss_sum(B);
@@ -527,17 +754,60 @@ T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
   else
     cross_entropy_backward(dz_[L].data(), probs_.data(), labels_.data(), B,
                            w[L], weight_den);
+  const bool token = model_.kind == ModelKind::token;
   for (size_t l = L; l-- > 0;) {
-    const TensorView& W = layout_.weight(l);
-    const TensorView& bias = layout_.bias(l);
-    linear_backward(l > 0 ? da_[l].data() : nullptr, &grads_[size_t(W.offset)],
-                    &grads_[size_t(bias.offset)], dz_[l + 1].data(),
-                    a_[l].data(), &params_[size_t(W.offset)], B, w[l],
-                    w[l + 1]);
-    if (l > 0)
-      activation_backward(dz_[l].data(), da_[l].data(), z_[l].data(),
-                          a_[l].data(), B * w[l], model_.activation, k_, s0_,
-                          s1_);
+    linear_backward(l > 0 || token ? da_[l].data() : nullptr,
+                    grad(layout_.weight(l)), grad(layout_.bias(l)),
+                    dz_[l + 1].data(), a_[l].data(), param(layout_.weight(l)),
+                    B, w[l], w[l + 1]);
+    if (l == 0) break;
+    const int64_t C = w[l];
+    // da_[l] -> (dropout) -> d(activation output) -> d(pre) -> dz_[l].
+    const T* dact = da_[l].data();
+    if (has_dropout()) {
+      for (int64_t i = 0; i < B * C; ++i) {
+        if (keep_[l][size_t(i)]) {
+          dp_[size_t(i)] = da_[l][size_t(i)];
+          dp_[size_t(i)] *= dropout_scale_;
+        } else {
+          dp_[size_t(i)] = k_.zero;
+        }
+      }
+      dact = dp_.data();
+    }
+    const T* pre = has_norm() ? y_[l].data() : z_[l].data();
+    const T* act_out = has_dropout() ? h_[l].data() : a_[l].data();
+    T* dpre = has_norm() ? dxh_.data() : dz_[l].data();
+    // dact may alias dp_: activation_backward reads element i before
+    // writing element i only.
+    activation_backward(dpre, dact, pre, act_out, B * C, model_.activation, k_,
+                        s0_, s1_);
+    if (has_norm()) {
+      // dpre lives in dxh_; copy it aside so norm_backward can reuse dxh_.
+      for (int64_t i = 0; i < B * C; ++i) dp_[size_t(i)] = dxh_[size_t(i)];
+      norm_backward(dz_[l].data(), dxh_.data(),
+                    grad(layout_.norm_weight(l - 1)),
+                    grad(layout_.norm_bias(l - 1)), dp_.data(), xh_[l].data(),
+                    rstd_[l].data(), param(layout_.norm_weight(l - 1)), B, C,
+                    batch_norm(), s0_, s1_, s2_);
+    }
+  }
+  if (token) {
+    // Embedding: dE[v, j] += sum over rows r with token v of da_0[r, j],
+    // in row order, added once (no scatter, no atomics).
+    const int64_t D = w[0], V = layout_.tensors[size_t(layout_.embedding)].rows;
+    T* dE = grad(layout_.tensors[size_t(layout_.embedding)]);
+    for (int64_t v = 0; v < V; ++v) {
+      int64_t m = 0;
+      for (int64_t j = 0; j < D; ++j) {
+        m = 0;
+        for (int64_t r = 0; r < B; ++r)
+          if (rows_tok_[size_t(r)] == v)
+            scratch_[size_t(m++)] = da_[0][size_t(r * D + j)];
+        if (m == 0) break;
+        sum_into(dE[v * D + j], &dE[v * D + j], m, scratch_.data(), 1);
+      }
+    }
   }
   return total;
 }
@@ -623,6 +893,7 @@ EngineState<T> Oracle<T>::state() const {
   s.exp_avg = exp_avg_;
   s.exp_avg_sq = exp_avg_sq_;
   s.optimizer_steps = steps_;
+  s.buffers = buffers_;
   return s;
 }
 
@@ -634,7 +905,8 @@ void Oracle<T>::set_state(const EngineState<T>& s) {
   };
   if (!fits(s.params, false) || !fits(s.grads, false) ||
       !fits(s.exp_avg, true) || !fits(s.exp_avg_sq, true) ||
-      s.optimizer_steps < 0)
+      s.optimizer_steps < 0 ||
+      !(s.buffers.empty() || int64_t(s.buffers.size()) == layout_.buffer_total))
     throw std::invalid_argument(
         "oracle: set_state: a tensor does not have the model's " +
         std::to_string(n) + " elements, or steps < 0");
@@ -643,6 +915,8 @@ void Oracle<T>::set_state(const EngineState<T>& s) {
   exp_avg_ = s.exp_avg;
   exp_avg_sq_ = s.exp_avg_sq;
   steps_ = s.optimizer_steps;
+  // Empty buffers (a state saved without them): keep the current ones.
+  if (!s.buffers.empty()) buffers_ = s.buffers;
 }
 
 extern template class Oracle<OracleReal>;

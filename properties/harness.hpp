@@ -80,6 +80,9 @@ struct Property {
   bool needs_gpu = false;      // the CUDA executor's instantiation
 };
 const std::vector<Property>& oracle_properties();
-const std::vector<Property>& all_properties();  // oracle, then device
+// BatchNorm, LayerNorm, token losses, dropout (properties/norm_properties.cpp).
+const std::vector<Property>& norm_properties();
+// Every property: oracle, norm, then device (properties/device_properties.cpp).
+const std::vector<Property>& all_properties();
 
 }  // namespace accumcheck::properties

@@ -609,6 +609,7 @@ void inertness() {
 const std::vector<Property>& all_properties() {
   static const std::vector<Property> props = [] {
     std::vector<Property> v = oracle_properties();
+    for (const Property& p : norm_properties()) v.push_back(p);
     for (const Property& p : device_properties()) v.push_back(p);
     return v;
   }();

@@ -22,7 +22,35 @@ namespace accumcheck {
 
 namespace {
 
+Dataset generated_tokens(const Scenario& s) {
+  Dataset d;
+  d.n = s.data.samples;
+  d.d_in = s.model.d_in();
+  d.d_out = s.model.d_out();
+  d.loss = s.model.loss;
+  d.max_len = s.data.max_len;
+  const uint64_t seed = s.data.seed;
+  const uint64_t V = uint64_t(s.model.vocab);
+  d.tokens.assign(size_t(d.n * d.max_len), 0);
+  d.token_targets.assign(size_t(d.n * d.max_len), Dataset::kIgnoreIndex);
+  d.length.resize(size_t(d.n));
+  for (int64_t i = 0; i < d.n; ++i) {
+    const int64_t src = s.data.replicate ? i % s.batching.micro_batch : i;
+    const int64_t len = sequence_length(s.data, src);
+    d.length[size_t(i)] = int32_t(len);
+    for (int64_t t = 0; t < len; ++t) {
+      const size_t at = size_t(i * d.max_len + t);
+      d.tokens[at] = int32_t(uniform_index(
+          random_bits(seed, Stream::input, uint64_t(src), uint64_t(t)), V));
+      d.token_targets[at] = int32_t(uniform_index(
+          random_bits(seed, Stream::target, uint64_t(src), uint64_t(t)), V));
+    }
+  }
+  return d;
+}
+
 Dataset generated(const Scenario& s) {
+  if (s.model.kind == ModelKind::token) return generated_tokens(s);
   Dataset d;
   d.n = s.data.samples;
   d.d_in = s.model.d_in();
@@ -30,6 +58,7 @@ Dataset generated(const Scenario& s) {
   d.loss = s.model.loss;
   const uint64_t seed = s.data.seed;
   auto value = [&](Stream stream, int64_t i, int64_t j) {
+    if (s.data.replicate) i %= s.batching.micro_batch;
     const uint64_t bits = random_bits(seed, stream, uint64_t(i), uint64_t(j));
     return s.data.dyadic ? dyadic_pm1(bits) : uniform_pm1(bits);
   };
@@ -46,7 +75,10 @@ Dataset generated(const Scenario& s) {
     d.label.resize(size_t(d.n));
     for (int64_t i = 0; i < d.n; ++i)
       d.label[size_t(i)] = int32_t(uniform_index(
-          random_bits(seed, Stream::target, uint64_t(i)), uint64_t(d.d_out)));
+          random_bits(
+              seed, Stream::target,
+              uint64_t(s.data.replicate ? i % s.batching.micro_batch : i)),
+          uint64_t(d.d_out)));
   }
   return d;
 }
@@ -212,8 +244,31 @@ Dataset from_csv(const Scenario& s) {
 
 }  // namespace
 
+int64_t sequence_length(const DataSpec& d, int64_t id) {
+  // A stream of its own position (b = 2^40) so lengths never correlate
+  // with the token values drawn from the same stream.
+  const uint64_t bits =
+      random_bits(d.seed, Stream::input, uint64_t(id), uint64_t{1} << 40);
+  switch (d.lengths) {
+    case SequenceLengths::fixed:
+      return d.max_len;
+    case SequenceLengths::uniform:
+      return d.min_len +
+             int64_t(uniform_index(bits, uint64_t(d.max_len - d.min_len + 1)));
+    case SequenceLengths::long_tailed: {
+      // u in (0, 1]; len = floor(min_len / u): P(len >= x) = min_len / x.
+      const double u = double((bits >> 11) + 1) * 0x1p-53;
+      const double len = std::floor(double(d.min_len) / u);
+      return len >= double(d.max_len) ? d.max_len : int64_t(len);
+    }
+  }
+  return d.max_len;
+}
+
 Dataset make_dataset(const Scenario& s) {
-  return s.data.source == DataSource::csv ? from_csv(s) : generated(s);
+  Dataset d = s.data.source == DataSource::csv ? from_csv(s) : generated(s);
+  d.seed = s.data.seed;
+  return d;
 }
 
 std::vector<float> initial_parameters(const Scenario& s,
@@ -221,6 +276,11 @@ std::vector<float> initial_parameters(const Scenario& s,
   std::vector<float> p(size_t(layout.total));
   for (size_t t = 0; t < layout.tensors.size(); ++t) {
     const TensorView& v = layout.tensors[t];
+    if (v.init != TensorView::Init::uniform) {
+      const float c = v.init == TensorView::Init::ones ? 1.0f : 0.0f;
+      for (int64_t k = 0; k < v.size(); ++k) p[size_t(v.offset + k)] = c;
+      continue;
+    }
     const double fan_in = double(std::max<int64_t>(1, v.fan_in));
     // Dyadic: the largest power of two <= 1/sqrt(fan_in), exactly.
     double scale = 1.0;

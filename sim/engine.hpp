@@ -4,11 +4,16 @@
 // trainer's.  Implemented by Oracle (oracle/, Boost.Multiprecision) and
 // Device<Executor> (gpu/, float32; emulated and CUDA executors).
 //
+// Engines may also offer `void set_epoch(int64_t)`: the trainer calls it
+// at each window, so dropout masks are keyed by (seed, epoch, sample id,
+// layer, unit).
+//
 // Model (sim/scenario.hpp ModelSpec): an MLP of Linear layers with the
 // activation between them (none after the last), then the loss:
-//   mse            l_i = (1/d_out) * sum_j (y_ij - t_ij)^2   (nn.MSELoss per sample)
-//   cross_entropy  l_i = -log softmax(y_i)[label_i]          (nn.CrossEntropyLoss per sample)
-//   gelu is the exact erf form: x * (1 + erf(x / sqrt 2)) / 2.
+//   mse            l_i = (1/d_out) * sum_j (y_ij - t_ij)^2   (nn.MSELoss per
+//   sample) cross_entropy  l_i = -log softmax(y_i)[label_i]
+//   (nn.CrossEntropyLoss per sample) gelu is the exact erf form: x * (1 + erf(x
+//   / sqrt 2)) / 2.
 #pragma once
 
 #include <concepts>
@@ -28,6 +33,9 @@ struct EngineState {
   std::vector<Real> exp_avg;   // SGD momentum_buffer, or Adam's m
   std::vector<Real> exp_avg_sq;  // Adam's v (empty for SGD)
   int64_t optimizer_steps = 0;   // PyTorch's state['step']
+  // Buffers (BatchNorm running statistics, ParamLayout::buffers); empty
+  // for models without any.  Updated by each training-mode forward.
+  std::vector<Real> buffers;
 };
 
 template <class E>
@@ -36,6 +44,10 @@ concept Engine = requires(E e, const E ce, const std::vector<int64_t>& ids,
   typename E::Real;
   // grads = 0.
   { e.zero_grad() } -> std::same_as<void>;
+  // The loss-bearing items of a shard: ids.size() for sample losses, the
+  // non-ignored tokens for token losses (N_w is the sum over the window,
+  // counted before its first backward).
+  { ce.items(ids) } -> std::same_as<int64_t>;
   // grads += (1/weight_den) * sum_{i in ids} d l_i / d params  ("+=", like
   // loss.backward()); returns sum_{i in ids} l_i (unweighted).
   { e.forward_backward(ids, int64_t{1}) } -> std::same_as<typename E::Real>;

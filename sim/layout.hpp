@@ -5,6 +5,15 @@
 // and layouts (nn.Sequential of Linear and activation modules, so Linear
 // l is "{2l}.weight" [out x in], row-major, and "{2l}.bias" [out]).  One
 // zeroing, one copy, one comparison loop that reports by tensor name.
+//
+// Normalization and dropout modules take their own Sequential index, as
+// in PyTorch: Linear, [BatchNorm1d | LayerNorm], activation, [Dropout],
+// Linear, ...  so with a norm the first hidden block is "0.weight",
+// "0.bias", "1.weight", "1.bias" (the norm's affine) and BatchNorm's
+// running statistics "1.running_mean", "1.running_var" are BUFFERS: a
+// separate arena (engine state and traces, never parameters: no
+// gradient, no optimizer).  The token model is "0.weight" (the
+// embedding, [vocab x embed]) and the Linear "1.weight", "1.bias".
 #pragma once
 
 #include <cstdint>
@@ -21,6 +30,10 @@ struct TensorView {
   int64_t cols = 1;  // weight: in features; bias: 1
   int64_t offset = 0;
   int64_t fan_in = 0;  // for PyTorch's default init bound 1/sqrt(fan_in)
+  // PyTorch's init: uniform +-1/sqrt(fan_in) (Linear; the embedding uses
+  // fan_in 1), ones (norm weight, running_var), zeros (norm bias,
+  // running_mean).
+  enum class Init { uniform, ones, zeros } init = Init::uniform;
   int64_t size() const { return rows * cols; }
 };
 
@@ -28,10 +41,31 @@ struct ParamLayout {
   std::vector<TensorView> tensors;
   int64_t total = 0;
 
+  // Buffers (BatchNorm running statistics), their own flat arena.
+  std::vector<TensorView> buffers;
+  int64_t buffer_total = 0;
+  // Indices into `tensors`: Linear l's weight (its bias follows), hidden
+  // layer l's norm weight (its bias follows), the embedding (-1: none).
+  // Empty `linear`: the plain layout, Linear l at 2l.
+  std::vector<size_t> linear, norm;
+  int64_t embedding = -1;
+
   // Linear layer l's weight and bias views.
-  const TensorView& weight(size_t l) const { return tensors[2 * l]; }
-  const TensorView& bias(size_t l) const { return tensors[2 * l + 1]; }
-  size_t layers() const { return tensors.size() / 2; }
+  const TensorView& weight(size_t l) const {
+    return tensors[linear.empty() ? 2 * l : linear[l]];
+  }
+  const TensorView& bias(size_t l) const {
+    return tensors[(linear.empty() ? 2 * l : linear[l]) + 1];
+  }
+  size_t layers() const {
+    return linear.empty() ? tensors.size() / 2 : linear.size();
+  }
+  // Hidden layer l's norm affine (norm layouts only).
+  const TensorView& norm_weight(size_t l) const { return tensors[norm[l]]; }
+  const TensorView& norm_bias(size_t l) const { return tensors[norm[l] + 1]; }
+  // Hidden layer l's running statistics (BatchNorm only).
+  const TensorView& running_mean(size_t l) const { return buffers[2 * l]; }
+  const TensorView& running_var(size_t l) const { return buffers[2 * l + 1]; }
   // The tensor holding flat index i (for error messages).
   const TensorView& tensor_of(int64_t i) const {
     for (const TensorView& t : tensors)
@@ -41,16 +75,57 @@ struct ParamLayout {
 };
 
 inline ParamLayout layout_of(const ModelSpec& m) {
+  using Init = TensorView::Init;
   ParamLayout L;
+  auto add = [&L](std::string name, int64_t rows, int64_t cols, int64_t fan_in,
+                  Init init = Init::uniform) {
+    L.tensors.push_back({std::move(name), rows, cols, L.total, fan_in, init});
+    L.total += rows * cols;
+  };
+  auto add_buffer = [&L](std::string name, int64_t rows, Init init) {
+    L.buffers.push_back({std::move(name), rows, 1, L.buffer_total, 0, init});
+    L.buffer_total += rows;
+  };
+  if (m.kind == ModelKind::token) {
+    // widths = {embed, vocab}.
+    L.embedding = 0;
+    add("0.weight", m.widths.back(), m.widths.front(), 1);
+    L.linear.push_back(L.tensors.size());
+    add("1.weight", m.widths.back(), m.widths.front(), m.widths.front());
+    add("1.bias", m.widths.back(), 1, m.widths.front());
+    return L;
+  }
+  int64_t module = 0;
   for (size_t l = 0; l + 1 < m.widths.size(); ++l) {
     const int64_t in = m.widths[l], out = m.widths[l + 1];
-    const std::string prefix = std::to_string(2 * l);
-    L.tensors.push_back({prefix + ".weight", out, in, L.total, in});
-    L.total += out * in;
-    L.tensors.push_back({prefix + ".bias", out, 1, L.total, in});
-    L.total += out;
+    const std::string prefix = std::to_string(module++);
+    L.linear.push_back(L.tensors.size());
+    add(prefix + ".weight", out, in, in);
+    add(prefix + ".bias", out, 1, in);
+    if (l + 2 == m.widths.size()) break;  // no activation after the last
+    if (m.norm != NormKind::none) {
+      const std::string n = std::to_string(module++);
+      L.norm.push_back(L.tensors.size());
+      add(n + ".weight", out, 1, 1, Init::ones);
+      add(n + ".bias", out, 1, 1, Init::zeros);
+      if (m.norm == NormKind::batchnorm) {
+        add_buffer(n + ".running_mean", out, Init::zeros);
+        add_buffer(n + ".running_var", out, Init::ones);
+      }
+    }
+    ++module;                     // the activation
+    if (m.dropout > 0) ++module;  // nn.Dropout
   }
   return L;
+}
+
+// Initial buffers: running_mean 0, running_var 1 (PyTorch).
+inline std::vector<float> initial_buffers(const ParamLayout& L) {
+  std::vector<float> b(size_t(L.buffer_total), 0.0f);
+  for (const TensorView& v : L.buffers)
+    if (v.init == TensorView::Init::ones)
+      for (int64_t k = 0; k < v.size(); ++k) b[size_t(v.offset + k)] = 1.0f;
+  return b;
 }
 
 }  // namespace accumcheck

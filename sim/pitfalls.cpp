@@ -35,6 +35,8 @@ constexpr Entry kCatalog[] = {
      "clip_grad_norm_ after every backward, on the running sum"},
     {Pitfall::l2_in_loss_unnormalized, "l2-in-loss-unnormalized",
      "lambda*|theta|^2/2 added to every micro-loss without /K: decay K times too strong"},
+    {Pitfall::token_mean_of_means, "token-mean-of-means",
+     "micro-batch token mean / K: a token weighs 1/(K*T_k), not 1/T (the 2024 Transformers bug)"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -61,6 +63,8 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         b.normalization = Normalization::micro_mean;
         break;
       case Pitfall::sample_mean_of_means:
+      case Pitfall::token_mean_of_means:
+        // The same loop; items are tokens for token losses.
         b.normalization = Normalization::micro_mean_over_window_micros;
         break;
       case Pitfall::zero_grad_every_micro_step:

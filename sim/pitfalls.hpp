@@ -29,6 +29,7 @@ enum class Pitfall {
   schedule_horizon_in_micro_steps,
   clip_per_micro_step,
   l2_in_loss_unnormalized,
+  token_mean_of_means,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -38,7 +39,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::partial_cycle_scale_by_k,   Pitfall::partial_cycle_drop,
     Pitfall::partial_cycle_leak,         Pitfall::scheduler_per_micro_step,
     Pitfall::schedule_horizon_in_micro_steps, Pitfall::clip_per_micro_step,
-    Pitfall::l2_in_loss_unnormalized,
+    Pitfall::l2_in_loss_unnormalized, Pitfall::token_mean_of_means,
 };
 
 // "zero-grad-every-micro-step" etc.

@@ -60,4 +60,14 @@ inline uint64_t uniform_index(uint64_t bits, uint64_t n) {
   return uint64_t((static_cast<unsigned __int128>(bits) * n) >> 64);
 }
 
+// nn.Dropout's keep decision for one unit, keyed by (seed, epoch, sample
+// id, layer, unit), never by call order: kept with probability 1 - p.
+inline bool dropout_keep(uint64_t seed, int64_t epoch, int64_t sample,
+                         int64_t layer, int64_t unit, double p) {
+  const uint64_t bits =
+      random_bits(seed, Stream::dropout, uint64_t(sample),
+                  (uint64_t(epoch) << 16) | uint64_t(layer), uint32_t(unit));
+  return double(bits >> 11) * 0x1p-53 >= p;
+}
+
 }  // namespace accumcheck

@@ -18,6 +18,11 @@ namespace accumcheck {
 
 enum class Activation { identity, tanh, relu, gelu };
 enum class LossKind { mse, cross_entropy };
+// kind = "mlp": the MLP of `widths`; kind = "token": embedding [vocab x
+// embed] -> Linear(embed, vocab) -> per-token softmax cross-entropy.
+enum class ModelKind { mlp, token };
+// Normalization after each hidden Linear, before its activation.
+enum class NormKind { none, batchnorm, layernorm };
 
 struct ModelSpec {
   // Layer widths from input to output: {d_in, h1, ..., d_out}. Two entries
@@ -25,11 +30,20 @@ struct ModelSpec {
   std::vector<int64_t> widths;
   Activation activation = Activation::tanh;
   LossKind loss = LossKind::mse;
+  ModelKind kind = ModelKind::mlp;
+  NormKind norm = NormKind::none;  // mlp only
+  double dropout = 0.0;  // mlp: p of nn.Dropout after each hidden activation
+  // token: widths = {embed, vocab}; vocab and embed repeat them.
+  int64_t vocab = 0, embed = 0;
   int64_t d_in() const { return widths.front(); }
   int64_t d_out() const { return widths.back(); }
 };
 
 enum class DataSource { generated, csv };
+// fixed: every sequence max_len; uniform: uniform in [min_len, max_len];
+// long-tailed: Pareto(1) from min_len, P(len >= x) = min_len / x, clamped
+// to max_len.
+enum class SequenceLengths { fixed, uniform, long_tailed };
 
 struct DataSpec {
   DataSource source = DataSource::generated;
@@ -38,6 +52,12 @@ struct DataSpec {
   std::string csv_path;   // absolute, resolved against the scenario file
   uint64_t seed = 0;      // the scenario seed (data, init, shuffles, masks)
   bool shuffle = true;    // seeded shuffle per epoch
+  // Every micro-batch the same multiset of samples: generated sample i
+  // takes sample (i mod micro_batch)'s values (needs shuffle = false).
+  bool replicate = false;
+  // Token models: sequence lengths (loss-bearing tokens), per sample id.
+  SequenceLengths lengths = SequenceLengths::fixed;
+  int64_t min_len = 1, max_len = 1;
 };
 
 struct BatchingSpec {

@@ -36,6 +36,16 @@ constexpr std::pair<std::string_view, Activation> kActivations[] = {
     {"identity", Activation::identity}};
 constexpr std::pair<std::string_view, LossKind> kLosses[] = {
     {"mse", LossKind::mse}, {"cross-entropy", LossKind::cross_entropy}};
+constexpr std::pair<std::string_view, ModelKind> kModelKinds[] = {
+    {"mlp", ModelKind::mlp}, {"token", ModelKind::token}};
+constexpr std::pair<std::string_view, NormKind> kNorms[] = {
+    {"none", NormKind::none},
+    {"batchnorm", NormKind::batchnorm},
+    {"layernorm", NormKind::layernorm}};
+constexpr std::pair<std::string_view, SequenceLengths> kLengths[] = {
+    {"fixed", SequenceLengths::fixed},
+    {"uniform", SequenceLengths::uniform},
+    {"long-tailed", SequenceLengths::long_tailed}};
 constexpr std::pair<std::string_view, OptimizerKind> kOptimizers[] = {
     {"sgd", OptimizerKind::sgd},
     {"adam", OptimizerKind::adam},
@@ -358,6 +368,25 @@ std::vector<Pitfall> pitfall_list(const Parser& p, const Section& sec,
 }
 
 void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
+  m.kind = sec.choice("kind", kModelKinds).value_or(ModelKind::mlp);
+  if (m.kind == ModelKind::token) {
+    const std::string why = "does not apply to kind = \"token\"";
+    for (std::string_view k : {"widths", "activation", "norm", "dropout"})
+      sec.forbid(k, why + " (embedding -> linear -> cross-entropy)");
+    m.vocab = sec.required_integer("vocab", 2, kMaxWidth);
+    m.embed = sec.required_integer("embed", 1, kMaxWidth);
+    m.widths = {m.embed, m.vocab};
+    m.activation = Activation::identity;
+    m.loss = sec.choice("loss", kLosses).value_or(LossKind::cross_entropy);
+    if (m.loss != LossKind::cross_entropy)
+      p.fail(sec.node("loss"), "model.loss",
+             "a token model's loss is \"cross-entropy\" (per token)");
+    return;
+  }
+  for (std::string_view k : {"vocab", "embed"})
+    sec.forbid(k, "applies to kind = \"token\" only");
+  m.norm = sec.choice("norm", kNorms).value_or(NormKind::none);
+  m.dropout = sec.number("dropout", kUnitInterval).value_or(0.0);
   const toml::node* wn = sec.node("widths");
   if (!wn) sec.missing("widths", "an array of >= 2 layer widths");
   const auto* arr = wn->as_array();
@@ -373,6 +402,22 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
                          got(el)));
     m.widths.push_back(v->get());
   }
+  if (m.widths.size() < 3) {
+    if (m.norm != NormKind::none)
+      p.fail(sec.node("norm"), "model.norm",
+             "a norm follows each hidden Linear: model.widths needs >= 3 "
+             "entries (a hidden layer)");
+    if (m.dropout > 0)
+      p.fail(sec.node("dropout"), "model.dropout",
+             "dropout follows each hidden activation: model.widths needs "
+             ">= 3 entries (a hidden layer)");
+  }
+  if (m.norm == NormKind::layernorm)
+    for (size_t i = 1; i + 1 < m.widths.size(); ++i)
+      if (m.widths[i] < 2)
+        p.fail(&(*arr)[i], fmt::format("model.widths[{}]", i),
+               "LayerNorm normalizes over a hidden layer's features: each "
+               "hidden width must be >= 2");
   m.activation =
       sec.choice("activation", kActivations).value_or(Activation::tanh);
   m.loss = sec.choice("loss", kLosses).value_or(LossKind::mse);
@@ -400,8 +445,32 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
   d.seed = uint64_t(sec.integer("seed", 0).value_or(0));
   d.dyadic = sec.boolean("dyadic").value_or(false);
   d.shuffle = sec.boolean("shuffle").value_or(true);
+  d.replicate = sec.boolean("replicate").value_or(false);
+  if (d.replicate && d.shuffle)
+    p.fail(sec.node("replicate"), "data.replicate",
+           "replicated micro-batches need shuffle = false (a shuffle would "
+           "mix the copies)");
+  if (s.model.kind == ModelKind::token) {
+    sec.forbid("csv", "does not apply to kind = \"token\" (generated only)");
+    sec.forbid("dyadic", "does not apply to kind = \"token\"");
+    d.lengths =
+        sec.choice("lengths", kLengths).value_or(SequenceLengths::fixed);
+    d.max_len = sec.required_integer("max_len", 1, 1 << 16);
+    if (d.lengths == SequenceLengths::fixed) {
+      sec.forbid("min_len",
+                 "applies to lengths = \"uniform\" or "
+                 "\"long-tailed\" only");
+      d.min_len = d.max_len;
+    } else {
+      d.min_len = sec.integer("min_len", 1, d.max_len).value_or(1);
+    }
+  } else {
+    for (std::string_view k : {"lengths", "min_len", "max_len"})
+      sec.forbid(k, "applies to [model] kind = \"token\" only");
+  }
   const std::optional<int64_t> samples = sec.integer("samples", 1);
   if (const std::optional<std::string> csv = sec.string("csv")) {
+    sec.forbid("replicate", "applies to generated data only");
     if (csv->empty()) sec.bad("csv", "a path to a CSV file");
     d.source = DataSource::csv;
     d.csv_path = resolve_csv(p.file(), *csv);
@@ -436,6 +505,58 @@ void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
     p.fail(sec.node("ranks"), "batching.ranks",
            fmt::format("expected an integer in 1..{} (data.samples), got {}",
                        s.data.samples, b.ranks));
+}
+
+// Settings that span sections (after [model], [data], [batching] and
+// [trainer] are read).
+void validate_across(const Parser& p, const Section& model, const Section& data,
+                     const Section& batching, const Section& trainer,
+                     const Scenario& s) {
+  const BatchingSpec& b = s.batching;
+  if (s.data.replicate) {
+    if (s.data.samples % b.micro_batch != 0 || b.ranks != 1)
+      p.fail(data.node("replicate"), "data.replicate",
+             fmt::format("replicated micro-batches need data.samples a "
+                         "multiple of batching.micro_batch and one rank "
+                         "(got samples = {}, micro_batch = {}, ranks = {})",
+                         s.data.samples, b.micro_batch, b.ranks));
+  }
+  if (s.model.norm == NormKind::batchnorm) {
+    // PyTorch refuses a training-mode BatchNorm1d batch of one sample.
+    const int64_t per_rank = (s.data.samples + b.ranks - 1) / b.ranks;
+    const int64_t last = per_rank % b.micro_batch;
+    if (b.micro_batch < 2 || per_rank < 2 || last == 1)
+      p.fail(batching.node("micro_batch"), "batching.micro_batch",
+             fmt::format(
+                 "norm = \"batchnorm\" needs every micro-batch to hold >= 2 "
+                 "samples (PyTorch: \"Expected more than 1 value per channel "
+                 "when training\"); micro_batch = {} over {} samples per rank "
+                 "leaves a micro-batch of {}",
+                 b.micro_batch, per_rank,
+                 b.micro_batch < 2 || per_rank < 2
+                     ? std::min(b.micro_batch, per_rank)
+                     : last));
+  }
+  (void)model;
+  const bool token = s.model.kind == ModelKind::token;
+  for (const char* key : {"pitfalls", "accepted"}) {
+    const auto& list = std::string_view(key) == "pitfalls" ? s.trainer.pitfalls
+                                                           : s.trainer.accepted;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const toml::node* arr = trainer.node(key);
+      const toml::node* el =
+          arr && arr->as_array() ? arr->as_array()->get(i) : nullptr;
+      const std::string k = fmt::format("trainer.{}[{}]", key, i);
+      if (list[i] == Pitfall::token_mean_of_means && !token)
+        p.fail(el, k,
+               "'token-mean-of-means' is for token losses ([model] kind = "
+               "\"token\"); sample losses use 'sample-mean-of-means'");
+      if (list[i] == Pitfall::sample_mean_of_means && token)
+        p.fail(el, k,
+               "'sample-mean-of-means' is for sample losses; a token model "
+               "uses 'token-mean-of-means'");
+    }
+  }
 }
 
 void parse_optimizer(const Section& sec, OptimizerSpec& o) {
@@ -552,9 +673,12 @@ Scenario parse_scenario_string(std::string_view text,
            "expected a non-empty one-line string, " + got(*story));
   s.story = story->as_string()->get();
 
-  const Section model(p, root, "model", {"widths", "activation", "loss"});
+  const Section model(p, root, "model",
+                      {"widths", "activation", "loss", "kind", "norm",
+                       "dropout", "vocab", "embed"});
   const Section data(p, root, "data",
-                     {"samples", "seed", "dyadic", "shuffle", "csv"});
+                     {"samples", "seed", "dyadic", "shuffle", "csv",
+                      "replicate", "lengths", "min_len", "max_len"});
   const Section batching(
       p, root, "batching",
       {"micro_batch", "accumulation", "epochs", "ranks", "max_steps"});
@@ -582,6 +706,7 @@ Scenario parse_scenario_string(std::string_view text,
   s.trainer.accepted = pitfall_list(p, trainer, "accepted");
   s.trainer.lr_scaling =
       trainer.choice("lr_scaling", kLrScalings).value_or(LrScaling::none);
+  validate_across(p, model, data, batching, trainer, s);
   parse_expect(expect, s.expect);
   return s;
 }
@@ -609,15 +734,25 @@ std::string to_toml(const Scenario& s) {
   line("story", toml_string(s.story));
 
   o += "\n[model]\n";
-  std::string widths = "[";
-  for (size_t i = 0; i < s.model.widths.size(); ++i) {
-    if (i) widths += ", ";
-    widths += integer(s.model.widths[i]);
+  if (s.model.kind == ModelKind::token) {
+    line("kind", toml_string("token"));
+    line("vocab", integer(s.model.vocab));
+    line("embed", integer(s.model.embed));
+    line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
+  } else {
+    std::string widths = "[";
+    for (size_t i = 0; i < s.model.widths.size(); ++i) {
+      if (i) widths += ", ";
+      widths += integer(s.model.widths[i]);
+    }
+    line("widths", widths + "]");
+    line("activation",
+         toml_string(name_of<Activation>(kActivations, s.model.activation)));
+    line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
+    if (s.model.norm != NormKind::none)
+      line("norm", toml_string(name_of<NormKind>(kNorms, s.model.norm)));
+    if (s.model.dropout > 0) line("dropout", float_text(s.model.dropout));
   }
-  line("widths", widths + "]");
-  line("activation",
-       toml_string(name_of<Activation>(kActivations, s.model.activation)));
-  line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
 
   o += "\n[data]\n";
   if (s.data.source == DataSource::csv)
@@ -629,8 +764,16 @@ std::string to_toml(const Scenario& s) {
         "to_toml: data.seed {} does not fit a TOML integer (< 2^63)",
         s.data.seed));
   line("seed", std::to_string(s.data.seed));
-  line("dyadic", boolean(s.data.dyadic));
+  if (s.model.kind != ModelKind::token) line("dyadic", boolean(s.data.dyadic));
   line("shuffle", boolean(s.data.shuffle));
+  if (s.data.replicate) line("replicate", boolean(true));
+  if (s.model.kind == ModelKind::token) {
+    line("lengths",
+         toml_string(name_of<SequenceLengths>(kLengths, s.data.lengths)));
+    if (s.data.lengths != SequenceLengths::fixed)
+      line("min_len", integer(s.data.min_len));
+    line("max_len", integer(s.data.max_len));
+  }
 
   o += "\n[batching]\n";
   line("micro_batch", integer(s.batching.micro_batch));
@@ -697,7 +840,16 @@ std::string describe(const Scenario& s) {
                    ",{}", name_of<Activation>(kActivations, s.model.activation))
              : std::string(),
       name_of<LossKind>(kLosses, s.model.loss));
+  if (s.model.kind == ModelKind::token)
+    d = fmt::format("token(vocab={},embed={}) lengths={}[{}..{}]",
+                    s.model.vocab, s.model.embed,
+                    name_of<SequenceLengths>(kLengths, s.data.lengths),
+                    s.data.min_len, s.data.max_len);
+  if (s.model.norm != NormKind::none)
+    d += fmt::format(" {}", name_of<NormKind>(kNorms, s.model.norm));
+  if (s.model.dropout > 0) d += fmt::format(" dropout={}", s.model.dropout);
   d += fmt::format(" n={}", s.data.samples);
+  if (s.data.replicate) d += " replicated";
   if (s.data.source == DataSource::csv)
     d += fmt::format(" csv={}", s.data.csv_path);
   else

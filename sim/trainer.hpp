@@ -7,7 +7,8 @@
 // buggy trainer's call order differs from the correct one.
 //
 // The `correct` window (DESIGN.md section 5):
-//   N_w = items in the window, counted before the first backward;
+//   N_w = items in the window (Engine::items: samples, or loss-bearing
+//   tokens for token losses), counted before the first backward;
 //   for each micro-batch k: backward of (sum of item losses) / N_w  (+=);
 //   clip once; optimizer.step(); scheduler.step(); zero_grad().
 // The partial last window is stepped with its own N_w.
@@ -134,13 +135,14 @@ class Trainer {
     const int64_t R = int64_t(w.micro.front().shards.size());
     const int64_t Kw = int64_t(w.micro.size());
     switch (b_.normalization) {
-      case Normalization::window_items: return w.items();
+      case Normalization::window_items:
+        return window_items_;
       case Normalization::micro_mean: return shard_items * R;
       case Normalization::micro_mean_over_window_micros:
         return Kw * shard_items * R;
       case Normalization::micro_mean_over_k: return K_ * shard_items * R;
     }
-    return w.items();
+    return window_items_;
   }
 
   void event(EventKind kind, int64_t micro, auto&&... set) {
@@ -228,19 +230,26 @@ class Trainer {
     const bool clipping = s_.clip.enabled;
     double loss_sum = 0;
     int64_t loss_items = 0;
+    // N_w in the engine's items (tokens for token losses), counted before
+    // the first backward.
+    window_items_ = 0;
+    for (const MicroBatch& m : w.micro)
+      for (const auto& shard : m.shards) window_items_ += e_.items(shard);
+    if constexpr (requires { e_.set_epoch(epoch); }) e_.set_epoch(epoch);
 
     for (int64_t k = 0; k < Kw; ++k) {
       if (b_.seed_002_loop || b_.zero_grad == ZeroGradTiming::every_micro_step)
         zero_grad(k);
       for (const auto& shard : w.micro[size_t(k)].shards) {
         if (shard.empty()) continue;
-        const int64_t items = int64_t(shard.size());
+        const int64_t items = e_.items(shard);
         const double loss =
             static_cast<double>(e_.forward_backward(shard, weight_den(w, items)));
         loss_sum += loss;
         loss_items += items;
         event(EventKind::forward_backward, k, [&](Event& ev) {
-          ev.samples = items;
+          ev.samples = int64_t(shard.size());
+          if (s_.model.kind == ModelKind::token) ev.tokens = items;
           ev.loss = loss / double(items);
         });
       }
@@ -279,6 +288,7 @@ class Trainer {
   StepHook before_step_, after_step_;
   int64_t K_ = 1;
   int64_t epoch_ = 0;
+  int64_t window_items_ = 0;
 };
 
 }  // namespace accumcheck

@@ -263,3 +263,90 @@ TEST(KernelCoverage, ElementwiseUpdates) {
 
 }  // namespace
 }  // namespace accumcheck
+
+namespace accumcheck {
+namespace {
+
+TEST(KernelCoverage, ActivationForwardAndDropout) {
+  Rng r;
+  auto in = filled(R * C, r, 2.0f);
+  for (int act = 0; act < 4; ++act) {
+    Guarded<float> o(R * C, true);
+    check_coverage("ActivationForward", R * C,
+                   kern::ActivationForward{in.data(), o.data(), kern::Act(act)},
+                   {out("out", o)});
+    expect_finite("ActivationForward", o);
+  }
+  Guarded<int32_t> keep(R * C);
+  for (int64_t i = 0; i < R * C; ++i) keep.data()[i] = int32_t(i % 3 != 0);
+  Guarded<float> o(R * C, true);
+  check_coverage("Dropout", R * C,
+                 kern::Dropout{in.data(), keep.data(), o.data(), 2.0f},
+                 {out("out", o)});
+  for (int64_t i = 0; i < R * C; ++i)
+    EXPECT_EQ(o.data()[i], keep.data()[i] ? in.data()[i] * 2.0f : 0.0f);
+}
+
+TEST(KernelCoverage, Norms) {
+  for (bool batch : {true, false}) {
+    Rng r;
+    const int64_t G = batch ? C : R, E = batch ? R : C;
+    const int64_t gs = batch ? 1 : C, es = batch ? C : 1;
+    auto x = filled(R * C, r, 2.0f);
+    Guarded<float> mean(G, true), rstd(G, true);
+    auto rm = filled(G, r), rv = filled(G, r);
+    for (int64_t g = 0; g < G; ++g) rv.data()[g] += 2.0f;
+    check_coverage(
+        "NormStats", G,
+        kern::NormStats{x.data(), mean.data(), rstd.data(),
+                        batch ? rm.data() : nullptr,
+                        batch ? rv.data() : nullptr, E, gs, es, 1e-5f, 0.1f},
+        batch ? std::vector<Out>{out("mean", mean), out("rstd", rstd),
+                                 out("rm", rm), out("rv", rv)}
+              : std::vector<Out>{out("mean", mean), out("rstd", rstd)});
+    expect_finite("NormStats", rstd);
+    auto gamma = filled(C, r), beta = filled(C, r);
+    Guarded<float> xh(R * C, true), y(R * C, true);
+    check_coverage(
+        "NormApply", R * C,
+        kern::NormApply{x.data(), mean.data(), rstd.data(), gamma.data(),
+                        beta.data(), xh.data(), y.data(), C, batch},
+        {out("xh", xh), out("y", y)});
+    expect_finite("NormApply", y);
+    auto dy = filled(R * C, r);
+    auto dg = filled(C, r), db = filled(C, r);
+    check_coverage(
+        "NormAffineGrad", C,
+        kern::NormAffineGrad{dy.data(), xh.data(), dg.data(), db.data(), R, C},
+        {out("dgamma", dg), out("dbeta", db)});
+    Guarded<float> s1(G, true), s2(G, true);
+    check_coverage(
+        "NormBackwardStats", G,
+        kern::NormBackwardStats{dy.data(), xh.data(), gamma.data(), s1.data(),
+                                s2.data(), E, gs, es, batch},
+        {out("s1", s1), out("s2", s2)});
+    Guarded<float> dx(R * C, true);
+    check_coverage(
+        "NormBackwardApply", R * C,
+        kern::NormBackwardApply{dy.data(), xh.data(), gamma.data(), s1.data(),
+                                s2.data(), rstd.data(), dx.data(), C, batch},
+        {out("dx", dx)});
+    expect_finite("NormBackwardApply", dx);
+  }
+}
+
+TEST(KernelCoverage, EmbeddingGrad) {
+  Rng r;
+  constexpr int64_t V = 3, D = 4, rows = 7;
+  auto dh = filled(rows * D, r);
+  Guarded<int64_t> tok(rows);
+  for (int64_t i = 0; i < rows; ++i) tok.data()[i] = i % V;  // every token
+  auto dE = filled(V * D, r);
+  check_coverage("EmbeddingGrad", V * D,
+                 kern::EmbeddingGrad{dh.data(), tok.data(), dE.data(), rows, D},
+                 {out("dE", dE)});
+  expect_finite("EmbeddingGrad", dE);
+}
+
+}  // namespace
+}  // namespace accumcheck

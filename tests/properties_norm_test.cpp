@@ -1,0 +1,52 @@
+// The BatchNorm / LayerNorm / token-loss / dropout properties of
+// properties/norm_properties.cpp as RC_GTEST_PROP tests (RapidCheck's
+// default 100 cases each; RC_PARAMS overrides).
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "properties/harness.hpp"
+
+namespace accumcheck::properties {
+namespace {
+
+void run_norm_property(const std::string& name) {
+  for (const Property& p : norm_properties())
+    if (p.name == name) return p.body();
+  RC_FAIL("no property named " + name);
+}
+
+}  // namespace
+
+RC_GTEST_PROP(Token, CorrectEqualsLargeBatch, ()) {
+  run_norm_property("token.correct-equals-large-batch");
+}
+RC_GTEST_PROP(Token, MeanOfMeansWeights, ()) {
+  run_norm_property("token.mean-of-means-weights");
+}
+RC_GTEST_PROP(Token, MeanOfMeansEqualLengthsIsCorrect, ()) {
+  run_norm_property("token.mean-of-means-equal-lengths-is-correct");
+}
+RC_GTEST_PROP(BatchNorm, ReplicatedZeroDivergence, ()) {
+  run_norm_property("batchnorm.replicated-zero-divergence");
+}
+RC_GTEST_PROP(BatchNorm, MicroStatsDivergence, ()) {
+  run_norm_property("batchnorm.micro-stats-divergence");
+}
+RC_GTEST_PROP(BatchNorm, RunningStatsKUpdates, ()) {
+  run_norm_property("batchnorm.running-stats-k-updates");
+}
+RC_GTEST_PROP(LayerNorm, CorrectEqualsLargeBatch, ()) {
+  run_norm_property("layernorm.correct-equals-large-batch");
+}
+RC_GTEST_PROP(Dropout, SampleKeyedEqualsLargeBatch, ()) {
+  run_norm_property("dropout.sample-keyed-equals-large-batch");
+}
+RC_GTEST_PROP(DeviceNorm, Token, ()) { run_norm_property("device.token"); }
+RC_GTEST_PROP(DeviceNorm, BatchNorm, ()) {
+  run_norm_property("device.batchnorm");
+}
+RC_GTEST_PROP(DeviceNorm, LayerNormDropout, ()) {
+  run_norm_property("device.layernorm-dropout");
+}
+
+}  // namespace accumcheck::properties
