@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--steps", run.steps,
                       "stop after N optimizer steps (default: the scenario's)");
   run_cmd
-      ->add_option("--digits", run.digits,
-                   "oracle precision in decimal digits")
+      ->add_option("--digits", run.digits, "oracle precision in decimal digits")
       ->check(CLI::Range(20u, 1000u))
       ->capture_default_str();
   run_cmd->add_option("--rows", run.rows, "table rows before sampling")
@@ -61,7 +60,8 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--cases", check.cases, "cases per property")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
-  check_cmd->add_option("--seed", check.seed, "RapidCheck seed")->capture_default_str();
+  check_cmd->add_option("--seed", check.seed, "RapidCheck seed")
+      ->capture_default_str();
   check_cmd->add_option("--property", check.property,
                         "only properties whose name contains this");
   check_cmd->add_option("--engine", check.engine, "which engine's properties")
@@ -69,7 +69,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   check_cmd->add_option("--out", check.out, "where shrunk counterexamples go")
       ->capture_default_str();
-  check_cmd->add_option("--digits", check.digits, "oracle precision in decimal digits")
+  check_cmd
+      ->add_option("--digits", check.digits,
+                   "oracle precision in decimal digits")
       ->check(CLI::Range(20u, 1000u))
       ->capture_default_str();
   check_cmd->add_flag("--list", check.list, "list the properties and exit");
