@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <limits>
 #include <map>
 
@@ -57,6 +58,7 @@ class Watched {
   EngineState<Real> state() const { return in_.state(); }
   void set_state(const EngineState<Real>& s) { in_.set_state(s); }
   std::vector<Real>& norms() { return norms_; }
+  Inner& inner() { return in_; }
 
  private:
   Inner& in_;
@@ -176,22 +178,22 @@ Forced forced_run(const Ctx& c, const Behavior& b) {
         }
     }
     norms.clear();
+    ev.grad = judge_values(fmt::format("step {} gradient", step),
+                           c.trace[size_t(step)].grad, e.inner().grads(),
+                           c.layout, c.fp64);
     EngineState<T> st = e.state();
-    ev.grad =
-        judge_values(fmt::format("step {} gradient", step),
-                     c.trace[size_t(step)].grad, st.grads, c.layout, c.fp64);
     st.grads = lift_all<T>(c.trace[size_t(step)].grad);
     e.set_state(st);
   };
   auto after = [&](int64_t step, Watched<Oracle<T>>& e) {
     if (size_t(step) >= n) return;
     StepEval& ev = r.eval[size_t(step)];
-    EngineState<T> st = e.state();
+    std::vector<T>& params = e.inner().params();
     ev.param =
         judge_values(fmt::format("step {} parameters", step),
-                     c.trace[size_t(step)].param, st.params, c.layout, c.fp64);
-    st.params = lift_all<T>(c.trace[size_t(step)].param);
-    e.set_state(st);
+                     c.trace[size_t(step)].param, params, c.layout, c.fp64);
+    const std::vector<double>& want = c.trace[size_t(step)].param;
+    for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
   };
   trainer.set_step_hooks(before, after);
   trainer.run(c.plan, "certify");
@@ -430,7 +432,95 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
 
   // The accepted semantics, with the rigorous bound.
   const Behavior accepted_b = behavior_of(s.trainer.accepted);
-  const Forced acc = forced_run<TR>(ctx, accepted_b);
+  // The accepted semantics under the Tracked bound runs on a thread of its
+  // own while every candidate is ranked cheaply here.
+  auto acc_future = std::async(std::launch::async,
+                               [&] { return forced_run<TR>(ctx, accepted_b); });
+  std::vector<Behavior> behaviors;
+  {
+    // Diagnosis: every single pitfall and pair, deduplicated by behaviour.
+    std::vector<std::vector<Pitfall>> sems = {{}};
+    for (Pitfall p : kAllPitfalls) sems.push_back({p});
+    for (size_t i = 0; i < std::size(kAllPitfalls); ++i)
+      for (size_t j = i + 1; j < std::size(kAllPitfalls); ++j)
+        sems.push_back({kAllPitfalls[i], kAllPitfalls[j]});
+    sems.push_back(s.trainer.accepted);
+    // Per candidate: every step's cheap gradient and parameter ratios.
+    std::vector<std::vector<double>> fingerprints;
+    for (const auto& sem : sems) {
+      const Behavior b = behavior_of(sem);
+      const std::string name = semantics_name(sem);
+      auto it = std::find(behaviors.begin(), behaviors.end(), b);
+      if (it != behaviors.end()) {
+        auto& cand = r.ranking[size_t(it - behaviors.begin())];
+        if (cand.name != name &&
+            std::find(cand.aliases.begin(), cand.aliases.end(), name) ==
+                cand.aliases.end())
+          cand.aliases.push_back(name);
+        continue;
+      }
+      behaviors.push_back(b);
+      CertifyCandidate c;
+      c.name = name;
+      c.pitfalls = sem;
+      // Cheap pass: double oracle, proxy bound.
+      const Forced f = forced_run<double>(ctx, b);
+      fingerprints.emplace_back();
+      c.steps = f.steps;
+      c.proxy = distance_of(f, L.steps.size()).value;
+      for (const StepEval& ev : f.eval) {
+        fingerprints.back().push_back(ev.grad.max_ratio);
+        fingerprints.back().push_back(ev.param.max_ratio);
+      }
+      r.ranking.push_back(c);
+    }
+    // Fold a candidate into a simpler one (a strict subset of its
+    // pitfalls) that gave bitwise the same cheap result: the extra
+    // pitfalls are inert on this scenario.
+    {
+      auto subset = [](const std::vector<Pitfall>& a,
+                       const std::vector<Pitfall>& b) {
+        if (a.size() >= b.size()) return false;
+        for (Pitfall p : a)
+          if (std::find(b.begin(), b.end(), p) == b.end()) return false;
+        return true;
+      };
+      std::vector<CertifyCandidate> kept;
+      std::vector<Behavior> kept_b;
+      std::vector<size_t> kept_i;
+      for (size_t i = 0; i < r.ranking.size(); ++i) {
+        CertifyCandidate& x = r.ranking[i];
+        const bool is_acc = behaviors[i] == accepted_b;
+        CertifyCandidate* into = nullptr;
+        for (size_t k = 0; k < kept.size(); ++k)
+          if (!is_acc && subset(kept[k].pitfalls, x.pitfalls) &&
+              fingerprints[kept_i[k]] == fingerprints[i] &&
+              kept[k].steps == x.steps) {
+            into = &kept[k];
+            break;
+          }
+        if (!into) {
+          kept.push_back(x);
+          kept_b.push_back(behaviors[i]);
+          kept_i.push_back(i);
+          continue;
+        }
+        std::string extra;
+        for (Pitfall p : x.pitfalls)
+          if (std::find(into->pitfalls.begin(), into->pitfalls.end(), p) ==
+              into->pitfalls.end()) {
+            if (!extra.empty()) extra.append("+");
+            extra.append(pitfall_id(p));
+          }
+        if (std::find(into->inert.begin(), into->inert.end(), extra) ==
+            into->inert.end())
+          into->inert.push_back(extra);
+      }
+      r.ranking = std::move(kept);
+      behaviors = std::move(kept_b);
+    }
+  }
+  const Forced acc = acc_future.get();
   r.expected_steps = acc.steps;
   const Distance acc_d = distance_of(acc, L.steps.size());
   {
@@ -524,104 +614,41 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
       why = r.pattern_message;
     r.verdict = fmt::format("FAIL: {}", why);
 
-    // Diagnosis: every single pitfall and pair, deduplicated by behaviour.
-    std::vector<std::vector<Pitfall>> sems = {{}};
-    for (Pitfall p : kAllPitfalls) sems.push_back({p});
-    for (size_t i = 0; i < std::size(kAllPitfalls); ++i)
-      for (size_t j = i + 1; j < std::size(kAllPitfalls); ++j)
-        sems.push_back({kAllPitfalls[i], kAllPitfalls[j]});
-    sems.push_back(s.trainer.accepted);
-    std::vector<Behavior> behaviors;
-    // Per candidate: every step's cheap gradient and parameter ratios.
-    std::vector<std::vector<double>> fingerprints;
-    for (const auto& sem : sems) {
-      const Behavior b = behavior_of(sem);
-      const std::string name = semantics_name(sem);
-      auto it = std::find(behaviors.begin(), behaviors.end(), b);
-      if (it != behaviors.end()) {
-        auto& cand = r.ranking[size_t(it - behaviors.begin())];
-        if (cand.name != name &&
-            std::find(cand.aliases.begin(), cand.aliases.end(), name) ==
-                cand.aliases.end())
-          cand.aliases.push_back(name);
-        continue;
-      }
-      behaviors.push_back(b);
-      CertifyCandidate c;
-      c.name = name;
-      c.pitfalls = sem;
-      // Cheap pass: double oracle, proxy bound.
-      const Forced f = forced_run<double>(ctx, b);
-      fingerprints.emplace_back();
-      c.steps = f.steps;
-      c.proxy = distance_of(f, L.steps.size()).value;
-      for (const StepEval& ev : f.eval) {
-        fingerprints.back().push_back(ev.grad.max_ratio);
-        fingerprints.back().push_back(ev.param.max_ratio);
-      }
-      if (r.pattern_checked)
-        c.pattern_matches =
-            semantics_pattern(s, plan, b, ignore_sched) == trace_pattern;
-      r.ranking.push_back(c);
-    }
-    // Fold a candidate into a simpler one (a strict subset of its
-    // pitfalls) that gave bitwise the same cheap result: the extra
-    // pitfalls are inert on this scenario.
-    {
-      auto subset = [](const std::vector<Pitfall>& a,
-                       const std::vector<Pitfall>& b) {
-        if (a.size() >= b.size()) return false;
-        for (Pitfall p : a)
-          if (std::find(b.begin(), b.end(), p) == b.end()) return false;
-        return true;
-      };
-      std::vector<CertifyCandidate> kept;
-      std::vector<Behavior> kept_b;
-      std::vector<size_t> kept_i;
-      for (size_t i = 0; i < r.ranking.size(); ++i) {
-        CertifyCandidate& x = r.ranking[i];
-        const bool is_acc = behaviors[i] == accepted_b;
-        CertifyCandidate* into = nullptr;
-        for (size_t k = 0; k < kept.size(); ++k)
-          if (!is_acc && subset(kept[k].pitfalls, x.pitfalls) &&
-              fingerprints[kept_i[k]] == fingerprints[i] &&
-              kept[k].steps == x.steps) {
-            into = &kept[k];
-            break;
-          }
-        if (!into) {
-          kept.push_back(x);
-          kept_b.push_back(behaviors[i]);
-          kept_i.push_back(i);
-          continue;
-        }
-        std::string extra;
-        for (Pitfall p : x.pitfalls)
-          if (std::find(into->pitfalls.begin(), into->pitfalls.end(), p) ==
-              into->pitfalls.end()) {
-            if (!extra.empty()) extra.append("+");
-            extra.append(pitfall_id(p));
-          }
-        if (std::find(into->inert.begin(), into->inert.end(), extra) ==
-            into->inert.end())
-          into->inert.push_back(extra);
-      }
-      r.ranking = std::move(kept);
-      behaviors = std::move(kept_b);
-    }
+    if (r.pattern_checked)
+      for (size_t i = 0; i < r.ranking.size(); ++i)
+        r.ranking[i].pattern_matches =
+            semantics_pattern(s, plan, behaviors[i], ignore_sched) ==
+            trace_pattern;
     // Rigorous pass for the accepted semantics and the closest few.
     std::vector<size_t> order(r.ranking.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return r.ranking[a].proxy < r.ranking[b].proxy;
     });
+    // Plausible matches only: within 10x of the best cheap distance (or
+    // of the bound), at most cfg.refine of them, judged in parallel.
+    const double plausible =
+        10 * std::max(1.0, order.empty() ? 1.0 : r.ranking[order[0]].proxy);
+    std::vector<std::pair<size_t, std::future<Forced>>> jobs;
     for (size_t k = 0; k < order.size(); ++k) {
       CertifyCandidate& c = r.ranking[order[k]];
       const Behavior& b = behaviors[order[k]];
-      const bool is_acc = b == accepted_b;
-      if (!is_acc && (int(k) >= cfg.refine || std::isinf(c.proxy))) continue;
-      const Forced f = is_acc ? acc : forced_run<TR>(ctx, b);
-      const Distance d = distance_of(f, L.steps.size());
+      if (b == accepted_b) {
+        const Distance d = distance_of(acc, L.steps.size());
+        c.tracked = true;
+        c.distance = d.value;
+        c.first_out = d.first_out;
+        c.first_out_what = d.first_out_what;
+        continue;
+      }
+      if (int(jobs.size()) >= cfg.refine || !(c.proxy <= plausible)) continue;
+      jobs.emplace_back(order[k], std::async(std::launch::async, [&ctx, b] {
+                          return forced_run<TR>(ctx, b);
+                        }));
+    }
+    for (auto& [i, job] : jobs) {
+      const Distance d = distance_of(job.get(), L.steps.size());
+      CertifyCandidate& c = r.ranking[i];
       c.tracked = true;
       c.distance = d.value;
       c.first_out = d.first_out;
@@ -631,7 +658,6 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
       if (!c.tracked) c.distance = c.proxy;
     std::stable_sort(r.ranking.begin(), r.ranking.end(),
                      [](const CertifyCandidate& a, const CertifyCandidate& b) {
-                       if (a.tracked != b.tracked) return a.tracked;
                        return a.distance < b.distance;
                      });
 
@@ -688,8 +714,9 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
     for (const CertifyCandidate& c : r.ranking)
       if (std::find(ties.begin(), ties.end(), &c) == ties.end() &&
           &c != &best) {
-        d.append(fmt::format("\nmargin: next is {} at {} of bound", c.name,
-                             ratio_text(c.distance)));
+        d.append(fmt::format("\nmargin: next is {} at {} of bound{}", c.name,
+                             ratio_text(c.distance),
+                             c.tracked ? "" : " (cheap proxy bound)"));
         if (best.distance > 0 && std::isfinite(c.distance))
           d.append(fmt::format(" ({}x the best)",
                                ratio_text(c.distance / best.distance)));
