@@ -27,12 +27,30 @@ int list_command(const ListOptions& o);
 struct CheckOptions {
   int cases = 100;
   unsigned long long seed = 1;
-  std::string property;         // substring filter on property names
-  std::string engine = "all";   // all | oracle | device | cuda
+  std::string property;        // substring filter on property names
+  std::string engine = "all";  // all | oracle | device | cuda
   std::string out = "out/counterexamples";
   unsigned digits = 50;
   bool list = false;
 };
 int check_command(const CheckOptions& o);
+
+struct ExportOptions {
+  std::string scenario;
+  std::string out;
+  bool quiet = false;
+};
+int export_command(const ExportOptions& o);
+
+struct CertifyOptions {
+  std::string scenario;
+  std::string trace;  // trace folder
+  std::string run;    // run name in the trace; default: the only/last
+  std::string junit;  // JUnit XML file, or ""
+  std::string precision = "fp32";  // fp32 | fp64
+  int top = 5;                     // candidates shown in the ranking
+  bool quiet = false;
+};
+int certify_command(const CertifyOptions& o);
 
 }  // namespace accumcheck::cli

@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--steps", run.steps,
                       "stop after N optimizer steps (default: the scenario's)");
   run_cmd
-      ->add_option("--digits", run.digits,
-                   "oracle precision in decimal digits")
+      ->add_option("--digits", run.digits, "oracle precision in decimal digits")
       ->check(CLI::Range(20u, 1000u))
       ->capture_default_str();
   run_cmd->add_option("--rows", run.rows, "table rows before sampling")
@@ -61,7 +60,8 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--cases", check.cases, "cases per property")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
-  check_cmd->add_option("--seed", check.seed, "RapidCheck seed")->capture_default_str();
+  check_cmd->add_option("--seed", check.seed, "RapidCheck seed")
+      ->capture_default_str();
   check_cmd->add_option("--property", check.property,
                         "only properties whose name contains this");
   check_cmd
@@ -72,10 +72,49 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   check_cmd->add_option("--out", check.out, "where shrunk counterexamples go")
       ->capture_default_str();
-  check_cmd->add_option("--digits", check.digits, "oracle precision in decimal digits")
+  check_cmd
+      ->add_option("--digits", check.digits,
+                   "oracle precision in decimal digits")
       ->check(CLI::Range(20u, 1000u))
       ->capture_default_str();
   check_cmd->add_flag("--list", check.list, "list the properties and exit");
+
+  ExportOptions exp;
+  auto* export_cmd = app.add_subcommand(
+      "export",
+      "Write everything an outside trainer needs to train on a scenario: "
+      "data, initial parameters (PyTorch names), the micro-batch order, "
+      "hyperparameters, the lr per step, the scenario and its digest (tidy "
+      "CSV). Warns when the scenario cannot tell pitfalls apart.");
+  export_cmd->add_option("scenario", exp.scenario, "scenario file (.toml)")
+      ->required();
+  export_cmd->add_option("--out", exp.out, "bundle folder")->required();
+  export_cmd->add_flag("--quiet", exp.quiet, "print warnings only");
+
+  CertifyOptions cert;
+  auto* certify_cmd = app.add_subcommand(
+      "certify",
+      "Judge an outside trainer's trace step by step, teacher-forced, against "
+      "the scenario's accepted semantics (PASS/FAIL); on FAIL rank every "
+      "pitfall and pair of pitfalls by distance to the trace. Exit 0 pass, 1 "
+      "fail, 2 bad input.");
+  certify_cmd->add_option("scenario", cert.scenario, "scenario file (.toml)")
+      ->required();
+  certify_cmd->add_option("--trace", cert.trace, "trace folder")->required();
+  certify_cmd->add_option("--run", cert.run,
+                          "run in the trace (default: its only run, or the "
+                          "last one)");
+  certify_cmd->add_option("--junit", cert.junit, "write JUnit XML here");
+  certify_cmd
+      ->add_option("--precision", cert.precision,
+                   "the trainer's arithmetic: fp32 (the derived float32 "
+                   "bound) or fp64 (that bound scaled by 2^-29)")
+      ->check(CLI::IsMember({"fp32", "fp64"}))
+      ->capture_default_str();
+  certify_cmd->add_option("--top", cert.top, "candidates shown on FAIL")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  certify_cmd->add_flag("--quiet", cert.quiet, "print the verdict only");
 
   try {
     app.parse(argc, argv);
@@ -87,6 +126,8 @@ int main(int argc, char** argv) {
     if (*run_cmd) return run_command(run);
     if (*list_cmd) return list_command(list);
     if (*check_cmd) return check_command(check);
+    if (*export_cmd) return export_command(exp);
+    if (*certify_cmd) return certify_command(cert);
   } catch (const accumcheck::InputError& e) {
     std::fprintf(stderr, "accumcheck: %s\n", e.what());
     return 2;

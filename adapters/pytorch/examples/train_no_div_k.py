@@ -1,0 +1,45 @@
+"""MISTAKE: the micro-batch mean is back-propagated whole, no /K
+(accumcheck example).  Expected diagnosis: no-loss-normalization.
+
+    python3 train_no_div_k.py --bundle BUNDLE --out TRACE
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from accumcheck_torch import Recorder, load_bundle  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    bundle = load_bundle(args.bundle)
+    model = bundle.model()
+    optimizer = bundle.optimizer(model)
+    scheduler = bundle.scheduler(optimizer)
+    recorder = Recorder(bundle, model, optimizer, scheduler, out=args.out)
+
+    K = bundle.accumulation
+    for epoch in range(bundle.epochs):
+        batches = bundle.micro_batches(epoch)
+        for i, (x, y) in enumerate(batches):
+            loss = bundle.loss_mean(model(x), y)  # the mistake: no / K
+            loss.backward()
+            if (i + 1) % K == 0 or i + 1 == len(batches):
+                if bundle.clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), bundle.max_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+
+    recorder.close()
+
+
+if __name__ == "__main__":
+    main()

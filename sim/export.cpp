@@ -1,0 +1,346 @@
+// The export bundle (sim/export.hpp).
+#include "sim/export.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <system_error>
+
+#include "sim/atomic_file.hpp"
+#include "sim/data.hpp"
+#include "sim/errors.hpp"
+#include "sim/layout.hpp"
+#include "sim/null_engine.hpp"
+#include "sim/plan.hpp"
+#include "sim/trace.hpp"
+#include "sim/trainer.hpp"
+
+namespace accumcheck {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string_view activation_name(Activation a) {
+  switch (a) {
+    case Activation::identity:
+      return "identity";
+    case Activation::tanh:
+      return "tanh";
+    case Activation::relu:
+      return "relu";
+    case Activation::gelu:
+      return "gelu";
+  }
+  return "?";
+}
+
+std::string_view optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::sgd:
+      return "sgd";
+    case OptimizerKind::adam:
+      return "adam";
+    case OptimizerKind::adamw:
+      return "adamw";
+  }
+  return "?";
+}
+
+std::string_view schedule_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::constant:
+      return "constant";
+    case ScheduleKind::step:
+      return "step";
+    case ScheduleKind::linear:
+      return "linear";
+    case ScheduleKind::cosine:
+      return "cosine";
+  }
+  return "?";
+}
+
+std::string real(double x) { return fmt::format("{:.17g}", x); }
+
+bool schedule_is_constant(const ScheduleSpec& s) {
+  switch (s.kind) {
+    case ScheduleKind::constant:
+      return true;
+    case ScheduleKind::step:
+      return s.gamma == 1.0;
+    default:
+      return false;
+  }
+}
+
+constexpr std::string_view kReadme = R"(accumcheck export bundle
+========================
+
+Train on this bundle with your own trainer, record a trace, then run
+
+    accumcheck certify scenario.toml --trace TRACE_DIR
+
+(the scenario file here is a byte copy; its digest is in
+hyperparameters.csv and must appear in the trace's meta.csv).
+
+Files (CSV, one header each; floats written with 17 significant digits,
+exact in float32 and float64):
+  data.csv             one row per sample: sample id, inputs x0.., then
+                       targets y0.. (mse) or a class label (cross-entropy)
+  tensors.csv          parameter tensors in PyTorch order and names
+                       (nn.Sequential: Linear l is "{2l}.weight" [out x in]
+                       and "{2l}.bias" [out], the activation between them)
+  params.csv           the initial value of every parameter element
+                       (row-major: index = row * cols + col)
+  batches.csv          the micro-batch order: per epoch, window (global
+                       optimizer-step window index), micro-step within the
+                       window, rank, position in the micro-batch, sample id;
+                       window_micro_batches (K_w) and window_items (N_w, the
+                       samples of the window over all ranks)
+  hyperparameters.csv  model, loss, optimizer, schedule, clipping, batching,
+                       the accepted semantics and the scenario digest
+  lr_schedule.csv      the learning rate of each optimizer step under the
+                       accepted semantics
+  scenario.toml        the scenario itself
+
+Conventions (PyTorch): MSE loss per sample is the mean over outputs;
+the accepted `correct` semantics weighs every sample of a window by 1/N_w
+(loss/K when all K micro-batches hold equal samples); SGD momentum buffer
+starts at the first gradient; Adam's t counts optimizer steps;
+clip_grad_norm_ once per window on the accumulated gradient.
+
+Trace schema: accumcheck-trace/1 (meta.csv, events.csv, values.csv);
+see adapters/pytorch/accumcheck_torch.py for a recorder that writes it.
+)";
+
+// Moves `tmp` into place at `out`, replacing an empty folder or a
+// previous bundle.
+void install(const fs::path& tmp, const fs::path& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) {
+    fs::rename(tmp, out);
+    return;
+  }
+  const bool empty = fs::is_directory(out) && fs::is_empty(out);
+  const bool bundle = fs::is_directory(out) &&
+                      fs::exists(out / "hyperparameters.csv") &&
+                      fs::exists(out / "batches.csv");
+  if (!empty && !bundle) {
+    fs::remove_all(tmp, ec);
+    throw InputError(out.string(), 0, 0, "--out",
+                     "exists and is not an export bundle; refusing to "
+                     "replace it (give a new or empty folder)");
+  }
+  fs::path old = out;
+  old += ".old." + std::to_string(::getpid());
+  fs::rename(out, old);
+  fs::rename(tmp, out);
+  fs::remove_all(old, ec);
+}
+
+}  // namespace
+
+std::vector<std::string> export_warnings(const Scenario& s) {
+  std::vector<std::string> w;
+  const int64_t K = s.batching.accumulation;
+  if (K == 1)
+    w.push_back(
+        "K = 1: with no accumulation almost every pitfall is inert "
+        "(normalization, zero_grad timing, partial windows, scheduler and "
+        "clipping placement); certification can tell little apart");
+  if (schedule_is_constant(s.schedule))
+    w.push_back(
+        "constant lr: scheduler-per-micro-step and "
+        "schedule-horizon-in-micro-steps are invisible");
+  const Plan plan = make_plan(s);
+  bool partial = false, unequal = false;
+  int64_t size = -1;
+  for (const EpochPlan& e : plan.epochs)
+    for (const Window& win : e.windows) {
+      partial = partial || win.partial;
+      for (const MicroBatch& m : win.micro) {
+        if (size >= 0 && m.items() != size) unequal = true;
+        size = m.items();
+      }
+    }
+  if (K > 1 && !partial)
+    w.push_back(
+        "K divides every epoch's micro-step count: no partial window, so "
+        "partial-cycle-scale-by-k, partial-cycle-drop and partial-cycle-leak "
+        "are invisible");
+  if (K > 1 && !unequal)
+    w.push_back(
+        "every micro-batch holds the same number of samples: "
+        "sample-mean-of-means is invisible");
+  const OptimizerSpec& o = s.optimizer;
+  if (o.kind == OptimizerKind::sgd && o.momentum == 0 && o.weight_decay == 0 &&
+      o.l2_in_loss == 0 && !s.clip.enabled)
+    w.push_back(
+        "plain SGD without momentum, weight decay or clipping: "
+        "no-loss-normalization is the correct trainer at K*lr (only the "
+        "recorded gradients tell them apart)");
+  if (!s.clip.enabled)
+    w.push_back("no clipping: clip-per-micro-step is invisible");
+  if (o.l2_in_loss == 0)
+    w.push_back("no L2 in the loss: l2-in-loss-unnormalized is invisible");
+  return w;
+}
+
+ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
+  if (out_dir.empty())
+    throw InputError("", 0, 0, "--out", "expected a folder, got ''");
+  const std::string scenario_bytes = read_file_bytes(s.path);
+  const Dataset data = make_dataset(s);
+  const ParamLayout layout = layout_of(s.model);
+  const std::vector<float> init = initial_parameters(s, layout);
+  const Plan plan = make_plan(s);
+
+  ExportResult r;
+  r.warnings = export_warnings(s);
+  std::vector<std::pair<std::string, std::string>> files;
+
+  {  // data.csv
+    std::string o = "sample";
+    for (int64_t j = 0; j < data.d_in; ++j) o.append(fmt::format(",x{}", j));
+    if (data.loss == LossKind::mse)
+      for (int64_t j = 0; j < data.d_out; ++j) o.append(fmt::format(",y{}", j));
+    else
+      o.append(",label");
+    o.push_back('\n');
+    for (int64_t i = 0; i < data.n; ++i) {
+      o.append(std::to_string(i));
+      for (int64_t j = 0; j < data.d_in; ++j)
+        o.append(",").append(real(data.input(i)[j]));
+      if (data.loss == LossKind::mse)
+        for (int64_t j = 0; j < data.d_out; ++j)
+          o.append(",").append(real(data.target(i)[j]));
+      else
+        o.append(",").append(std::to_string(data.label[size_t(i)]));
+      o.push_back('\n');
+    }
+    files.emplace_back("data.csv", std::move(o));
+  }
+  {  // tensors.csv, params.csv
+    std::string t = "tensor,dims,rows,cols,offset\n";
+    std::string p = "tensor,index,row,col,value\n";
+    for (size_t k = 0; k < layout.tensors.size(); ++k) {
+      const TensorView& v = layout.tensors[k];
+      const bool bias = k % 2 == 1;
+      t.append(fmt::format("{},{},{},{},{}\n", v.name, bias ? 1 : 2, v.rows,
+                           v.cols, v.offset));
+      for (int64_t i = 0; i < v.size(); ++i)
+        p.append(fmt::format("{},{},{},{},{}\n", v.name, i, i / v.cols,
+                             i % v.cols, real(init[size_t(v.offset + i)])));
+    }
+    files.emplace_back("tensors.csv", std::move(t));
+    files.emplace_back("params.csv", std::move(p));
+  }
+  {  // batches.csv
+    std::string o =
+        "epoch,window,micro,rank,position,sample,window_micro_batches,"
+        "window_items,partial\n";
+    int64_t window = 0;
+    for (size_t e = 0; e < plan.epochs.size(); ++e)
+      for (const Window& w : plan.epochs[e].windows) {
+        for (size_t m = 0; m < w.micro.size(); ++m)
+          for (size_t rk = 0; rk < w.micro[m].shards.size(); ++rk) {
+            const auto& ids = w.micro[m].shards[rk];
+            for (size_t pos = 0; pos < ids.size(); ++pos)
+              o.append(fmt::format("{},{},{},{},{},{},{},{},{}\n", e, window, m,
+                                   rk, pos, ids[pos], w.micro.size(), w.items(),
+                                   w.partial ? 1 : 0));
+          }
+        ++window;
+      }
+    files.emplace_back("batches.csv", std::move(o));
+  }
+  {  // lr_schedule.csv: the accepted semantics walked with no math
+    NullEngine null;
+    TrainerOptions opt;
+    opt.record_values = false;
+    opt.record_events = false;
+    opt.max_steps = s.batching.max_steps;
+    Trainer<NullEngine> t(null, s, behavior_of(s.trainer.accepted),
+                          s.optimizer.lr, opt);
+    const Run<double> run = t.run(plan, "accepted");
+    std::string o = "step,epoch,window,lr\n";
+    for (const StepRecord<double>& st : run.steps)
+      o.append(fmt::format("{},{},{},{}\n", st.step, st.epoch, st.window,
+                           real(st.lr)));
+    r.steps = int64_t(run.steps.size());
+    files.emplace_back("lr_schedule.csv", std::move(o));
+  }
+  {  // hyperparameters.csv
+    std::vector<std::pair<std::string, std::string>> kv;
+    std::string widths;
+    for (int64_t w : s.model.widths) {
+      if (!widths.empty()) widths.push_back(' ');
+      widths.append(std::to_string(w));
+    }
+    const OptimizerSpec& o = s.optimizer;
+    kv = {{"scenario", s.name},
+          {"scenario_digest", s.digest},
+          {"trace_schema", std::string(kTraceSchema)},
+          {"accepted", semantics_name(s.trainer.accepted)},
+          {"widths", widths},
+          {"activation", std::string(activation_name(s.model.activation))},
+          {"loss", s.model.loss == LossKind::mse ? "mse" : "cross-entropy"},
+          {"samples", std::to_string(data.n)},
+          {"micro_batch", std::to_string(s.batching.micro_batch)},
+          {"accumulation", std::to_string(s.batching.accumulation)},
+          {"epochs", std::to_string(s.batching.epochs)},
+          {"ranks", std::to_string(s.batching.ranks)},
+          {"max_steps", std::to_string(s.batching.max_steps)},
+          {"steps", std::to_string(r.steps)},
+          {"optimizer", std::string(optimizer_name(o.kind))},
+          {"lr", real(o.lr)},
+          {"momentum", real(o.momentum)},
+          {"beta1", real(o.beta1)},
+          {"beta2", real(o.beta2)},
+          {"eps", real(o.eps)},
+          {"weight_decay", real(o.weight_decay)},
+          {"l2_in_loss", real(o.l2_in_loss)},
+          {"schedule", std::string(schedule_name(s.schedule.kind))},
+          {"warmup", std::to_string(s.schedule.warmup)},
+          {"total", std::to_string(s.schedule.total)},
+          {"step_size", std::to_string(s.schedule.step_size)},
+          {"gamma", real(s.schedule.gamma)},
+          {"clip", s.clip.enabled ? "1" : "0"},
+          {"max_norm", real(s.clip.max_norm)}};
+    std::string t = "key,value\n";
+    for (const auto& [k, v] : kv)
+      t.append(k).append(",").append(v).append("\n");
+    files.emplace_back("hyperparameters.csv", std::move(t));
+  }
+  files.emplace_back("scenario.toml", scenario_bytes);
+  files.emplace_back("README.txt", std::string(kReadme));
+
+  // Written under a temporary sibling folder, then renamed into place.
+  fs::path out = fs::path(out_dir);
+  if (!out.has_filename()) out = out.parent_path();
+  fs::path tmp = out;
+  tmp += ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  try {
+    if (out.has_parent_path()) fs::create_directories(out.parent_path());
+    fs::create_directory(tmp);
+    for (const auto& [name, bytes] : files) {
+      write_file_atomically((tmp / name).string(), bytes);
+      r.files.push_back(name);
+    }
+    install(tmp, out);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    throw InputError(out.string(), 0, 0, "--out", e.what());
+  } catch (const std::system_error& e) {
+    fs::remove_all(tmp, ec);
+    throw InputError(out.string(), 0, 0, "--out", e.what());
+  }
+  return r;
+}
+
+}  // namespace accumcheck

@@ -1,0 +1,332 @@
+// accumcheck certify and export: traces that `accumcheck run` writes with
+// the float32 device engine are certified (correct passes, a pitfall fails
+// and is diagnosed as itself), and every malformed trace is an InputError
+// naming the file and line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "gpu/device.hpp"
+#include "gpu/emulated.hpp"
+#include "sim/atomic_file.hpp"
+#include "sim/certify.hpp"
+#include "sim/data.hpp"
+#include "sim/errors.hpp"
+#include "sim/experiment.hpp"
+#include "sim/export.hpp"
+#include "sim/layout.hpp"
+#include "sim/scenario_parse.hpp"
+#include "sim/trace.hpp"
+
+namespace accumcheck {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kScenario =
+    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/certify-mlp.toml";
+
+std::string temp_dir(const std::string& name) {
+  const std::string d =
+      ::testing::TempDir() + "accumcheck_certify_test/" + name;
+  fs::remove_all(d);
+  fs::create_directories(fs::path(d).parent_path());
+  return d;
+}
+
+// The device engine's trainer run of `s` (with `pitfalls`), as a trace of
+// that one run, the way `accumcheck run --engine device` writes it.
+std::string device_trace(const std::string& name,
+                         const std::vector<Pitfall>& pitfalls) {
+  Scenario s = parse_scenario_file(kScenario);
+  s.trainer.pitfalls = pitfalls;
+  const Dataset data = make_dataset(s);
+  const ParamLayout layout = layout_of(s.model);
+  const std::vector<float> init = initial_parameters(s, layout);
+  EmulatedExecutor exec;
+  const auto x = run_experiment(s, [&] {
+    return std::make_unique<Device<EmulatedExecutor>>(s.model, data, init,
+                                                      exec);
+  });
+  TraceWriter w(s.name, s.digest, "device-emulated", "float32");
+  add_run(w, x.trainer, layout);
+  const std::string dir = temp_dir(name);
+  write_trace(dir, w);
+  return dir;
+}
+
+const Scenario& scenario() {
+  static const Scenario s = parse_scenario_file(kScenario);
+  return s;
+}
+
+TEST(Certify, DeviceCorrectRunPasses) {
+  const std::string dir = device_trace("correct", {});
+  const CertifyReport r = certify(scenario(), dir);
+  EXPECT_TRUE(r.pass) << certify_text(r);
+  EXPECT_EQ(r.trace_steps, 9);
+  EXPECT_EQ(r.expected_steps, 9);
+  EXPECT_TRUE(r.pattern_checked);
+  EXPECT_TRUE(r.pattern_ok) << r.pattern_message;
+  // step count + 9 gradients + 9 parameter sets + call pattern
+  EXPECT_EQ(r.checks.size(), 20u);
+}
+
+class CertifyPitfall : public ::testing::TestWithParam<Pitfall> {};
+
+TEST_P(CertifyPitfall, DeviceRunFailsAndIsDiagnosed) {
+  const Pitfall p = GetParam();
+  const std::string dir = device_trace(std::string(pitfall_id(p)), {p});
+  const CertifyReport r = certify(scenario(), dir);
+  ASSERT_FALSE(r.pass) << certify_text(r);
+  ASSERT_FALSE(r.ranking.empty());
+  const CertifyCandidate& best = r.ranking.front();
+  EXPECT_EQ(best.name, pitfall_id(p)) << certify_text(r);
+  EXPECT_TRUE(best.tracked);
+  EXPECT_LE(best.distance, 1.0) << certify_text(r);
+  EXPECT_NE(r.diagnosis.find("matches " + std::string(pitfall_id(p))),
+            std::string::npos)
+      << r.diagnosis;
+}
+
+INSTANTIATE_TEST_SUITE_P(Pitfalls, CertifyPitfall,
+                         ::testing::Values(Pitfall::zero_grad_every_micro_step,
+                                           Pitfall::no_loss_normalization,
+                                           Pitfall::scheduler_per_micro_step,
+                                           Pitfall::clip_per_micro_step,
+                                           Pitfall::partial_cycle_scale_by_k,
+                                           Pitfall::zero_grad_never,
+                                           Pitfall::partial_cycle_drop),
+                         [](const auto& info) {
+                           std::string n(pitfall_id(info.param));
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
+
+TEST(Certify, JunitHasOneTestcasePerCheck) {
+  const std::string dir = device_trace("junit", {Pitfall::zero_grad_never});
+  const CertifyReport r = certify(scenario(), dir);
+  const std::string xml = certify_junit(r);
+  size_t n = 0;
+  for (size_t at = xml.find("<testcase "); at != std::string::npos;
+       at = xml.find("<testcase ", at + 1))
+    ++n;
+  EXPECT_EQ(n, r.checks.size());
+  EXPECT_NE(xml.find("<failure message="), std::string::npos);
+  EXPECT_NE(xml.find("name=\"call pattern\""), std::string::npos);
+}
+
+// ----------------------------------------------------------- bad input
+
+std::string slurp(const std::string& path) { return read_file_bytes(path); }
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+std::vector<std::string> lines_of(const std::string& bytes) {
+  std::vector<std::string> v;
+  std::istringstream in(bytes);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+std::string join(const std::vector<std::string>& v) {
+  std::string o;
+  for (const std::string& l : v) o.append(l).append("\n");
+  return o;
+}
+
+class CertifyBadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Per test: CTest runs each test in a process of its own, in parallel.
+    const std::string name =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    const std::string pristine = device_trace(name + ".pristine", {});
+    dir_ = temp_dir(name);
+    fs::create_directories(dir_);
+    for (const char* f : {"meta.csv", "events.csv", "values.csv"})
+      fs::copy_file(fs::path(pristine) / f, fs::path(dir_) / f);
+  }
+  std::string path(const char* f) const { return dir_ + "/" + f; }
+  // Edits one file's lines.
+  template <class F>
+  void edit(const char* f, F fn) {
+    auto v = lines_of(slurp(path(f)));
+    fn(v);
+    spit(path(f), join(v));
+  }
+  // certify must throw an InputError naming `file` (and a line > 0 unless
+  // `line` is 0) whose message holds `what`.
+  void expect_error(const char* file, const std::string& what,
+                    bool has_line = true, CertifyConfig cfg = {}) {
+    try {
+      certify(scenario(), dir_, cfg);
+      FAIL() << "no InputError; expected one about " << what;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(file), std::string::npos)
+          << e.what();
+      if (has_line) {
+        EXPECT_GT(e.line(), 0) << e.what();
+      }
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos)
+          << e.what();
+    }
+  }
+  std::string dir_;
+};
+
+TEST_F(CertifyBadInput, PristineCopyPasses) {
+  EXPECT_TRUE(certify(scenario(), dir_).pass);
+}
+
+TEST_F(CertifyBadInput, MissingColumn) {
+  edit("values.csv", [](auto& v) { v[0] = "run,step,kind,tensor,index"; });
+  expect_error("values.csv:1", "missing column 'value'");
+}
+
+TEST_F(CertifyBadInput, WrongDigest) {
+  edit("meta.csv", [](auto& v) {
+    for (auto& l : v)
+      if (l.rfind("scenario_digest,", 0) == 0)
+        l = "scenario_digest,0000000000000000";
+  });
+  expect_error("meta.csv:", "scenario_digest");
+}
+
+TEST_F(CertifyBadInput, NanWhereANumberBelongs) {
+  edit("values.csv",
+       [](auto& v) { v[5] = v[5].substr(0, v[5].rfind(',') + 1); });
+  expect_error("values.csv:6", "NaN");
+}
+
+TEST_F(CertifyBadInput, NanText) {
+  edit("values.csv",
+       [](auto& v) { v[5] = v[5].substr(0, v[5].rfind(',') + 1) + "nan"; });
+  expect_error("values.csv:6", "expected a number");
+}
+
+TEST_F(CertifyBadInput, TruncatedFile) {
+  std::string b = slurp(path("values.csv"));
+  spit(path("values.csv"), b.substr(0, b.size() - 7));
+  expect_error("values.csv:", "truncated");
+}
+
+TEST_F(CertifyBadInput, WrongTensorShape) {
+  // An index beyond 0.weight [8 x 4].
+  edit("values.csv", [](auto& v) {
+    v.insert(v.begin() + 2, "trainer:correct,0,grad,0.weight,32,0.5");
+  });
+  expect_error("values.csv:3", "out of range for 0.weight [8 x 4]");
+}
+
+TEST_F(CertifyBadInput, UnknownTensor) {
+  edit("values.csv", [](auto& v) {
+    v.insert(v.begin() + 2, "trainer:correct,0,grad,4.weight,0,0.5");
+  });
+  expect_error("values.csv:3", "unknown tensor '4.weight'");
+}
+
+TEST_F(CertifyBadInput, IncompleteStep) {
+  edit("values.csv", [](auto& v) { v.erase(v.begin() + 3); });
+  expect_error("values.csv:", "expected all or none");
+}
+
+TEST_F(CertifyBadInput, StepsOutOfOrder) {
+  // The last row of the file claims step 0, after step 8's rows.
+  edit("values.csv", [](auto& v) {
+    std::string& l = v.back();
+    const size_t a = l.find(',') + 1, b = l.find(',', a);
+    l = l.substr(0, a) + "0" + l.substr(b);
+  });
+  expect_error("values.csv:", "steps out of order");
+}
+
+TEST_F(CertifyBadInput, StepGap) {
+  // Every row of step 8 renamed step 9: step 8 is missing.
+  edit("values.csv", [](auto& v) {
+    for (auto& l : v)
+      if (l.rfind("trainer:correct,8,", 0) == 0)
+        l = "trainer:correct,9," + l.substr(18);
+  });
+  expect_error("values.csv:", "without gaps");
+}
+
+TEST_F(CertifyBadInput, DuplicatedRow) {
+  edit("values.csv", [](auto& v) { v.insert(v.begin() + 4, v[3]); });
+  expect_error("values.csv:5", "duplicated row");
+}
+
+TEST_F(CertifyBadInput, NotFloat32UnderFp32) {
+  edit("values.csv",
+       [](auto& v) { v[5] = v[5].substr(0, v[5].rfind(',') + 1) + "0.1"; });
+  expect_error("values.csv:6", "not a float32 value");
+  // The same file is fine input under fp64 (and then simply fails).
+  CertifyConfig fp64;
+  fp64.fp64 = true;
+  EXPECT_NO_THROW(certify(scenario(), dir_, fp64));
+}
+
+TEST_F(CertifyBadInput, UnknownRun) {
+  CertifyConfig cfg;
+  cfg.run = "nope";
+  expect_error("values.csv", "no run 'nope'", false, cfg);
+}
+
+TEST_F(CertifyBadInput, MissingEventsColumn) {
+  edit("events.csv", [](auto& v) {
+    v[0] = "run,epoch,step,micro,event,samples,tokens,loss,lr";
+  });
+  expect_error("events.csv:1", "missing column 'grad_norm'");
+}
+
+// ---------------------------------------------------------------- export
+
+TEST(Export, BundleIsCompleteAndReplaceable) {
+  const std::string dir = temp_dir("bundle");
+  const ExportResult r = export_bundle(scenario(), dir);
+  EXPECT_EQ(r.steps, 9);
+  for (const char* f : {"data.csv", "tensors.csv", "params.csv", "batches.csv",
+                        "hyperparameters.csv", "lr_schedule.csv",
+                        "scenario.toml", "README.txt"})
+    EXPECT_TRUE(fs::exists(fs::path(dir) / f)) << f;
+  EXPECT_EQ(digest_hex(slurp(dir + "/scenario.toml")), scenario().digest);
+  // 40 samples + header; 58 parameters + header; 3 epochs x 40 samples.
+  EXPECT_EQ(lines_of(slurp(dir + "/data.csv")).size(), 41u);
+  EXPECT_EQ(lines_of(slurp(dir + "/params.csv")).size(), 59u);
+  EXPECT_EQ(lines_of(slurp(dir + "/batches.csv")).size(), 121u);
+  EXPECT_EQ(lines_of(slurp(dir + "/lr_schedule.csv")).size(), 10u);
+  // A previous bundle is replaced, nothing left beside it.
+  EXPECT_NO_THROW(export_bundle(scenario(), dir));
+  for (const auto& e : fs::directory_iterator(fs::path(dir).parent_path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos);
+}
+
+TEST(Export, RefusesToReplaceSomethingElse) {
+  const std::string dir = temp_dir("not-a-bundle");
+  fs::create_directories(dir);
+  spit(dir + "/precious.txt", "keep me");
+  EXPECT_THROW(export_bundle(scenario(), dir), InputError);
+  EXPECT_TRUE(fs::exists(dir + "/precious.txt"));
+}
+
+TEST(Export, WarnsWhenPitfallsAreIndistinguishable) {
+  Scenario s = scenario();
+  s.schedule.kind = ScheduleKind::constant;
+  s.clip.enabled = false;
+  s.batching.accumulation = 1;
+  std::string all;
+  for (const std::string& w : export_warnings(s)) all.append(w).append("\n");
+  EXPECT_NE(all.find("constant lr"), std::string::npos) << all;
+  EXPECT_NE(all.find("no clipping"), std::string::npos) << all;
+  EXPECT_NE(all.find("K = 1"), std::string::npos) << all;
+  EXPECT_NE(all.find("no L2"), std::string::npos) << all;
+  // certify-mlp.toml itself hides only the L2 and mean-of-means bugs.
+  EXPECT_EQ(export_warnings(scenario()).size(), 2u);
+}
+
+}  // namespace
+}  // namespace accumcheck
