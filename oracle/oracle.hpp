@@ -189,7 +189,7 @@ void mse_loss_forward(T* loss, T* diff, const T* y, const T* target, int64_t B,
 template <class T>
 void mse_loss_backward(T* dy, const T* y, const T* target, int64_t B, int64_t d,
                        int64_t den) {
-  const T scale = T(2) / (T(d) * T(den));
+  const T scale = trainer_loss_weight(T(2) / (T(d) * T(den)));
   for (int64_t i = 0; i < B * d; ++i) {
     dy[i] = y[i];
     dy[i] -= target[i];
@@ -227,7 +227,7 @@ void cross_entropy_forward(T* loss, T* probs, const T* y, const int32_t* labels,
 template <class T>
 void cross_entropy_backward(T* dy, const T* probs, const int32_t* labels,
                             int64_t B, int64_t C, int64_t den) {
-  const T w = T(1) / T(den);
+  const T w = trainer_loss_weight(T(1) / T(den));
   const T one = T(1);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < C; ++j) {

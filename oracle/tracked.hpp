@@ -450,4 +450,28 @@ struct Num<Tracked<B>> {
   }
 };
 
+// The loss weight (1/den, or MSE's 2/(d*den)) as a trainer may form it:
+// PyTorch's mean backward divides by numel, `loss / K` multiplies by 1/K,
+// MSE multiplies by 2: up to three correctly rounded factors, relative
+// error (1+u)^3 - 1 < 3.0000001 u.  The bound allows for any such order
+// (a float32 engine forming it in one division lies inside it too), so a
+// correct trainer is not failed for where it rounds its loss scale.  A
+// weight that is exact (bound 0) is a power of two with power-of-two
+// factors, exact in every order, and stays exact.
+template <class T>
+T trainer_loss_weight(const T& w) {
+  return w;
+}
+template <class B>
+Tracked<B> trainer_loss_weight(const Tracked<B>& w) {
+  using std::abs;
+  Tracked<B> r = w;
+  // An exact weight (d, b and K powers of two) is exact in every order.
+  if (r.e == B(0)) return r;
+  const B three_roundings =
+      B(3.0000001) * tracked_detail::unit<B>() * abs(w.v);
+  if (r.e < three_roundings) r.e = three_roundings;
+  return r;
+}
+
 }  // namespace accumcheck
