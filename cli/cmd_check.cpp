@@ -24,11 +24,14 @@ class Progress : public rc::detail::TestListener {
       : label_(std::move(label)), cases_(cases), tty_(tty) {}
   void onTestCaseFinished(const rc::detail::CaseDescription& d) override {
     if (d.result.type == rc::detail::CaseResult::Type::Success) ++done_;
-    if (tty_) std::fprintf(stderr, "\r%s %d/%d   ", label_.c_str(), done_, cases_);
+    if (tty_)
+      std::fprintf(stderr, "\r%s %d/%d   ", label_.c_str(), done_, cases_);
   }
-  void onShrinkTried(const rc::detail::CaseDescription&, bool accepted) override {
+  void onShrinkTried(const rc::detail::CaseDescription&,
+                     bool accepted) override {
     if (accepted) ++shrinks_;
-    if (tty_) std::fprintf(stderr, "\r%s shrinking (%d)   ", label_.c_str(), shrinks_);
+    if (tty_)
+      std::fprintf(stderr, "\r%s shrinking (%d)   ", label_.c_str(), shrinks_);
   }
   void onTestFinished(const rc::detail::TestMetadata&,
                       const rc::detail::TestResult&) override {
@@ -59,11 +62,12 @@ int check_command(const CheckOptions& o) {
       chosen.push_back(&p);
   if (chosen.empty())
     throw InputError("--property", 0, 0, "--property",
-                     "no property matches '" + o.property + "' on engine " + o.engine +
-                         " (accumcheck check --list shows them)");
+                     "no property matches '" + o.property + "' on engine " +
+                         o.engine + " (accumcheck check --list shows them)");
   if (o.list) {
     for (const Property* p : chosen)
-      std::printf("%-48s %-7s %s\n", p->name.c_str(), p->engine.c_str(), p->claim.c_str());
+      std::printf("%-48s %-7s %s\n", p->name.c_str(), p->engine.c_str(),
+                  p->claim.c_str());
     return 0;
   }
   const bool tty = isatty(2);
@@ -85,13 +89,14 @@ int check_command(const CheckOptions& o) {
     std::snprintf(label, sizeof label, "[%zu/%zu] %s", index, chosen.size(),
                   p->name.c_str());
     Progress progress(label, o.cases, tty);
-    const auto result = rc::detail::checkProperty(rc::detail::toProperty(p->body), meta,
-                                                  params, progress);
+    const auto result = rc::detail::checkProperty(
+        rc::detail::toProperty(p->body), meta, params, progress);
     if (result.template is<rc::detail::SuccessResult>()) continue;
     ++failures;
     std::ostringstream msg;
     rc::detail::printResultMessage(result, msg);
-    std::printf("FAIL %s: %s\n%s\n", p->name.c_str(), p->claim.c_str(), msg.str().c_str());
+    std::printf("FAIL %s: %s\n%s\n", p->name.c_str(), p->claim.c_str(),
+                msg.str().c_str());
     if (result.template is<rc::detail::FailureResult>()) {
       const auto& f = result.template get<rc::detail::FailureResult>();
       for (const auto& [type, value] : f.counterExample)
@@ -99,23 +104,28 @@ int check_command(const CheckOptions& o) {
           namespace fs = std::filesystem;
           const fs::path path = fs::path(o.out) / (p->name + ".toml");
           fs::create_directories(path.parent_path());
-          write_file_atomically(path.string(), "# shrunk counterexample of property " +
-                                                   p->name + "\n" + value + "\n");
+          write_file_atomically(
+              path.string(), "# shrunk counterexample of property " + p->name +
+                                 "\n" + value + "\n");
           std::printf("counterexample: %s (run it with: accumcheck run %s)\n",
                       path.string().c_str(), path.string().c_str());
         }
     }
-    std::printf("reproduce: accumcheck check --property %s --seed %llu --cases %d\n",
-                p->name.c_str(), (unsigned long long)o.seed, o.cases);
+    std::printf(
+        "reproduce: accumcheck check --property %s --seed %llu --cases %d\n",
+        p->name.c_str(), (unsigned long long)o.seed, o.cases);
   }
-  std::printf("\n%-48s %6s %14s %12s\n", "property", "cases", "worst err/tol", "min gap/tol");
+  std::printf("\n%-48s %6s %14s %12s\n", "property", "cases", "worst err/tol",
+              "min gap/tol");
   for (const auto& [name, s] : property_stats()) {
     char gap[32] = "-";
-    if (s.min_gap_ratio >= 0) std::snprintf(gap, sizeof gap, "%.3g", s.min_gap_ratio);
+    if (s.min_gap_ratio >= 0)
+      std::snprintf(gap, sizeof gap, "%.3g", s.min_gap_ratio);
     std::printf("%-48s %6lld %14.3g %12s\n", name.c_str(), (long long)s.cases,
                 s.worst_ratio, gap);
   }
-  std::printf("\n%zu passed, %d failed\n", chosen.size() - size_t(failures), failures);
+  std::printf("\n%zu passed, %d failed\n", chosen.size() - size_t(failures),
+              failures);
   return failures ? 1 : 0;
 }
 

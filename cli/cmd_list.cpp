@@ -12,7 +12,8 @@ namespace accumcheck::cli {
 
 int list_command(const ListOptions& o) {
   namespace fs = std::filesystem;
-  const fs::path dir = o.dir.empty() ? fs::path(ACCUMCHECK_SCENARIO_DIR) : fs::path(o.dir);
+  const fs::path dir =
+      o.dir.empty() ? fs::path(ACCUMCHECK_SCENARIO_DIR) : fs::path(o.dir);
   if (!fs::is_directory(dir))
     throw InputError(dir.string(), 0, 0, "--dir", "not a directory");
   std::vector<fs::path> files;

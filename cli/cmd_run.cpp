@@ -61,9 +61,10 @@ void require_cuda() {
   std::string why;
   if (!cuda_available(&why)) throw InputError("--engine cuda", 0, 0, "", why);
 #else
-  throw InputError("--engine cuda", 0, 0, "",
-                   "this build has no CUDA executor (nvcc was not found when it "
-                   "was configured)");
+  throw InputError(
+      "--engine cuda", 0, 0, "",
+      "this build has no CUDA executor (nvcc was not found when it "
+      "was configured)");
 #endif
 }
 
@@ -82,8 +83,7 @@ int run_command(const RunOptions& o) {
   const auto oracle = run_experiment(s, [&] {
     return std::make_unique<Oracle<OracleReal>>(s.model, data, init);
   });
-  const Verdict verdict =
-      judge(s, oracle, oracle_match_tolerance(o.digits));
+  const Verdict verdict = judge(s, oracle, oracle_match_tolerance(o.digits));
 
   const std::string dir = o.out.empty() ? "out/" + s.name : o.out;
   const std::string digits = std::to_string(o.digits) + " digits";
@@ -101,10 +101,10 @@ int run_command(const RunOptions& o) {
       write_runs(dir, s, layout, device, "device-emulated", "float32");
   } else {
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-    const auto cuda = run_experiment(s, [&] {
-      return std::make_unique<CudaDevice>(s.model, data, init);
-    });
-    if (!o.quiet) print_table(s, cuda, "cuda, float32, " + cuda_trace_header(), o.rows);
+    const auto cuda = run_experiment(
+        s, [&] { return std::make_unique<CudaDevice>(s.model, data, init); });
+    if (!o.quiet)
+      print_table(s, cuda, "cuda, float32, " + cuda_trace_header(), o.rows);
     if (!o.no_trace) write_runs(dir, s, layout, cuda, "cuda", "float32");
 #endif
   }

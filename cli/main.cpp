@@ -65,9 +65,10 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--property", check.property,
                         "only properties whose name contains this");
   check_cmd
-      ->add_option("--engine", check.engine,
-                   "which engine's properties: all (oracle and device), oracle, "
-                   "device (float32 kernels on the CPU), cuda (the same on a GPU)")
+      ->add_option(
+          "--engine", check.engine,
+          "which engine's properties: all (oracle and device), oracle, "
+          "device (float32 kernels on the CPU), cuda (the same on a GPU)")
       ->check(CLI::IsMember({"all", "oracle", "device", "cuda"}))
       ->capture_default_str();
   check_cmd->add_option("--out", check.out, "where shrunk counterexamples go")

@@ -125,9 +125,9 @@ Comparison compare(std::string_view what, const std::vector<float>& f,
     // The ratio is formed in B: a bound below double's range must not
     // read as 0 (and the ratio as infinite) once converted.
     const double ratio =
-        oracle[i].e > B(0) ? static_cast<double>(err / oracle[i].e)
-                           : (err > B(0) ? std::numeric_limits<double>::infinity()
-                                         : 0.0);
+        oracle[i].e > B(0)
+            ? static_cast<double>(err / oracle[i].e)
+            : (err > B(0) ? std::numeric_limits<double>::infinity() : 0.0);
     accumulate(c, layout, int64_t(i), double(f[i]),
                static_cast<double>(oracle[i].v), static_cast<double>(err),
                static_cast<double>(oracle[i].e), ratio, violated);

@@ -468,8 +468,7 @@ Tracked<B> trainer_loss_weight(const Tracked<B>& w) {
   Tracked<B> r = w;
   // An exact weight (d, b and K powers of two) is exact in every order.
   if (r.e == B(0)) return r;
-  const B three_roundings =
-      B(3.0000001) * tracked_detail::unit<B>() * abs(w.v);
+  const B three_roundings = B(3.0000001) * tracked_detail::unit<B>() * abs(w.v);
   if (r.e < three_roundings) r.e = three_roundings;
   return r;
 }

@@ -73,7 +73,8 @@ bool clip_decision_ambiguous(const Case& c, const EngineState<T>& st,
   if (c.s.optimizer.l2_in_loss != 0) o.add_l2(c.s.optimizer.l2_in_loss, 1);
   const T n = o.grad_norm();
   using std::abs;
-  const OracleReal threshold = OracleReal(float(c.s.clip.max_norm)) - OracleReal(1e-6);
+  const OracleReal threshold =
+      OracleReal(float(c.s.clip.max_norm)) - OracleReal(1e-6);
   return abs(n.v - threshold) <= n.e + abs(threshold) * OracleReal(1e-6);
 }
 
@@ -131,12 +132,15 @@ void equivalence_device() {
                    "oracle accumulation vs oracle large batch");
       record(name, error_model::compare("accumulated gradient", d.steps[0].grad,
                                         ra.steps[0].grad, &c.layout));
-      record(name, error_model::compare("parameters after the step", d.steps[0].param,
-                                        ra.steps[0].param, &c.layout));
-      record(name, error_model::compare("large-batch gradient", db.steps[0].grad,
-                                        rb.steps[0].grad, &c.layout));
-      record(name, error_model::compare("large-batch parameters", db.steps[0].param,
-                                        rb.steps[0].param, &c.layout));
+      record(name,
+             error_model::compare("parameters after the step", d.steps[0].param,
+                                  ra.steps[0].param, &c.layout));
+      record(name,
+             error_model::compare("large-batch gradient", db.steps[0].grad,
+                                  rb.steps[0].grad, &c.layout));
+      record(name,
+             error_model::compare("large-batch parameters", db.steps[0].param,
+                                  rb.steps[0].param, &c.layout));
       ++compared;
     }
   RC_ASSERT(compared > 0);
@@ -180,8 +184,9 @@ void trajectory_device_smooth() {
       RC_TAG("bound exhausted before the last window");
       break;
     }
-    record(name, error_model::compare("parameters at window end", d.windows[w].param,
-                                      r.windows[w].param, &c.layout));
+    record(name,
+           error_model::compare("parameters at window end", d.windows[w].param,
+                                r.windows[w].param, &c.layout));
     ++compared;
   }
   RC_PRE(compared > 0);
@@ -221,7 +226,8 @@ void backward_contract() {
 // bit for bit (every product and partial sum is exact).
 template <class Dev>
 void bitwise_tier() {
-  const std::string name = "bitwise.accumulation-equals-large-batch." + engine_name<Dev>();
+  const std::string name =
+      "bitwise.accumulation-equals-large-batch." + engine_name<Dev>();
   Triggers t;
   t.dyadic_bitwise = true;
   Scenario s = *scenario(t).as("scenario");
@@ -282,7 +288,8 @@ void determinism() {
     auto dev = device<Dev>(c);
     Trainer<Dev> dt(*dev, s, behavior_of(pitfalls), s.optimizer.lr);
     const std::string d = trace_bytes(c, dt.run(c.plan, "device"), "device");
-    const std::string o = trace_bytes(c, c.run(c.plan, pitfalls, s.optimizer.lr), "oracle");
+    const std::string o =
+        trace_bytes(c, c.run(c.plan, pitfalls, s.optimizer.lr), "oracle");
     if (round == 0) {
       first[0] = d;
       first[1] = o;
@@ -300,19 +307,23 @@ std::vector<Property> tier(bool needs_gpu) {
   const std::string e = engine_name<Dev>();
   return {
       {"equivalence." + e, e,
-       "float32 accumulation, teacher-forced per step, within the bound of the large batch",
+       "float32 accumulation, teacher-forced per step, within the bound of the "
+       "large batch",
        equivalence_device<Dev>, needs_gpu},
       {"trajectory." + e + "-smooth", e,
-       "float32 accumulation trajectories (tanh/GELU, no clipping) within the propagated bound",
+       "float32 accumulation trajectories (tanh/GELU, no clipping) within the "
+       "propagated bound",
        trajectory_device_smooth<Dev>, needs_gpu},
       {"backward.twice-is-2x." + e, e,
        "backward accumulates: twice on one micro-batch is exactly 2x (dyadic)",
        backward_contract<Dev>, needs_gpu},
       {"bitwise.accumulation-equals-large-batch." + e, e,
-       "dyadic data, MSE, identity/ReLU, b and K powers of two: bit-equal to the large batch",
+       "dyadic data, MSE, identity/ReLU, b and K powers of two: bit-equal to "
+       "the large batch",
        bitwise_tier<Dev>, needs_gpu},
       {"determinism.traces." + e, e,
-       "the same scenario gives byte-identical traces twice (device and oracle)",
+       "the same scenario gives byte-identical traces twice (device and "
+       "oracle)",
        determinism<Dev>, needs_gpu},
   };
 }

@@ -11,11 +11,11 @@ using rc::Gen;
 namespace gen = rc::gen;
 
 Gen<double> dyadic_real(int m_lo, int m_hi, int e_lo, int e_hi) {
-  return gen::map(gen::pair(gen::inRange(m_lo, m_hi + 1),
-                            gen::inRange(e_lo, e_hi + 1)),
-                  [](std::pair<int, int> me) {
-                    return std::ldexp(double(me.first), -me.second);
-                  });
+  return gen::map(
+      gen::pair(gen::inRange(m_lo, m_hi + 1), gen::inRange(e_lo, e_hi + 1)),
+      [](std::pair<int, int> me) {
+        return std::ldexp(double(me.first), -me.second);
+      });
 }
 
 namespace {
@@ -42,7 +42,8 @@ Gen<Shape> shape(const Triggers& t) {
         const auto [b, K] = bk;
         const int64_t r_lo = t.partial_window ? 1 : 0;
         const int64_t r_hi = t.full_windows ? 0 : K - 1;
-        const int64_t last_hi = t.full_windows ? b : (t.short_micro ? b - 1 : b);
+        const int64_t last_hi =
+            t.full_windows ? b : (t.short_micro ? b - 1 : b);
         const int64_t last_lo = t.full_windows ? b : 1;
         return gen::map(
             gen::tuple(gen::inRange<int64_t>(1, 3),  // full windows
@@ -63,15 +64,16 @@ Gen<Scenario> scenario(const Triggers& t) {
   return gen::mapcat(shape(t), [t](Shape sh) {
     const bool bitwise = t.dyadic_bitwise;
     Gen<Activation> act =
-        bitwise ? gen::element(Activation::identity, Activation::relu)
+        bitwise    ? gen::element(Activation::identity, Activation::relu)
         : t.smooth ? gen::element(Activation::tanh, Activation::gelu)
                    : gen::element(Activation::identity, Activation::tanh,
                                   Activation::relu, Activation::gelu);
-    Gen<LossKind> loss = (bitwise || t.smooth)
-                             ? gen::just(LossKind::mse)
-                             : gen::element(LossKind::mse, LossKind::cross_entropy);
+    Gen<LossKind> loss =
+        (bitwise || t.smooth)
+            ? gen::just(LossKind::mse)
+            : gen::element(LossKind::mse, LossKind::cross_entropy);
     Gen<OptimizerKind> opt =
-        t.adam ? gen::element(OptimizerKind::adam, OptimizerKind::adamw)
+        t.adam        ? gen::element(OptimizerKind::adam, OptimizerKind::adamw)
         : t.sgd_plain ? gen::just(OptimizerKind::sgd)
                       : gen::element(OptimizerKind::sgd, OptimizerKind::adam,
                                      OptimizerKind::adamw);
@@ -85,9 +87,8 @@ Gen<Scenario> scenario(const Triggers& t) {
         [t, sh, bitwise](Activation a, LossKind l, OptimizerKind o,
                          ScheduleKind sk, std::vector<int> widths,
                          uint64_t seed, double lr, double mom, double wd,
-                         double l2, int64_t warmup, int64_t total,
-                         double clip, bool clip_on, bool shuffle,
-                         int64_t epochs) {
+                         double l2, int64_t warmup, int64_t total, double clip,
+                         bool clip_on, bool shuffle, int64_t epochs) {
           Scenario s;
           s.name = "generated";
           s.story = "generated case";
@@ -138,8 +139,8 @@ Gen<Scenario> scenario(const Triggers& t) {
         gen::map(gen::inRange(0, 15), [](int m) { return m / 16.0; }),
         gen::element(0.0, 0.01, 0.125), gen::element(0.0, 0.001, 0.0625),
         gen::inRange<int64_t>(0, 4), gen::inRange<int64_t>(1, 12),
-        dyadic_real(1, 15, 2, 8), gen::arbitrary<bool>(), gen::arbitrary<bool>(),
-        gen::inRange<int64_t>(1, 3));
+        dyadic_real(1, 15, 2, 8), gen::arbitrary<bool>(),
+        gen::arbitrary<bool>(), gen::inRange<int64_t>(1, 3));
   });
 }
 

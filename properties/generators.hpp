@@ -16,19 +16,19 @@
 namespace accumcheck::properties {
 
 struct Triggers {
-  bool accumulation = true;    // K >= 2
-  bool partial_window = false; // the epoch's micro-step count % K != 0
-  bool short_micro = false;    // the last micro-batch is short (b >= 2)
-  bool schedule = false;       // a non-constant lr schedule
-  bool clip = false;           // clipping enabled
-  bool adam = false;           // Adam or AdamW
-  bool sgd_plain = false;      // SGD, no momentum, no weight decay, no L2
-  bool no_clip = false;        // clipping disabled
+  bool accumulation = true;      // K >= 2
+  bool partial_window = false;   // the epoch's micro-step count % K != 0
+  bool short_micro = false;      // the last micro-batch is short (b >= 2)
+  bool schedule = false;         // a non-constant lr schedule
+  bool clip = false;             // clipping enabled
+  bool adam = false;             // Adam or AdamW
+  bool sgd_plain = false;        // SGD, no momentum, no weight decay, no L2
+  bool no_clip = false;          // clipping disabled
   bool no_weight_decay = false;  // no coupled decay, no L2 in the loss
-  bool smooth = false;         // tanh or gelu (no ReLU kinks), mse
-  bool dyadic_bitwise = false; // the bitwise tier: dyadic, identity/relu,
-                               // mse, b and K powers of two, full windows
-  bool full_windows = false;   // K divides the micro-step count, no short
+  bool smooth = false;           // tanh or gelu (no ReLU kinks), mse
+  bool dyadic_bitwise = false;   // the bitwise tier: dyadic, identity/relu,
+                                 // mse, b and K powers of two, full windows
+  bool full_windows = false;     // K divides the micro-step count, no short
   bool single_epoch = false;
   bool k_power_of_two = false;  // K in {2, 4}
   int max_width = 8;

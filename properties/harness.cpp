@@ -20,8 +20,8 @@ std::unique_ptr<O> Case::oracle() const {
   return std::make_unique<O>(s.model, data, init);
 }
 
-Run<R> Case::run(const Plan& p, const std::vector<Pitfall>& pitfalls,
-                 double lr, EngineState<R>* final_state) const {
+Run<R> Case::run(const Plan& p, const std::vector<Pitfall>& pitfalls, double lr,
+                 EngineState<R>* final_state) const {
   auto o = oracle();
   Trainer<O> t(*o, s, behavior_of(pitfalls), lr);
   Run<R> r = t.run(p, semantics_name(pitfalls));
@@ -58,7 +58,8 @@ void record_ratio(const std::string& property, double ratio) {
 void record_gap(const std::string& property, double ratio) {
   std::lock_guard<std::mutex> lock(stats_mutex);
   auto& s = stats()[property];
-  s.min_gap_ratio = s.min_gap_ratio < 0 ? ratio : std::min(s.min_gap_ratio, ratio);
+  s.min_gap_ratio =
+      s.min_gap_ratio < 0 ? ratio : std::min(s.min_gap_ratio, ratio);
 }
 
 void record_case(const std::string& property) {

@@ -44,8 +44,8 @@ struct Case {
   std::unique_ptr<O> oracle() const;
   // A trainer run on the oracle with these pitfalls (lr as the scenario's
   // trainer: scaled when the scenario says so).
-  Run<R> run(const Plan& p, const std::vector<Pitfall>& pitfalls,
-             double lr, EngineState<R>* final_state = nullptr) const;
+  Run<R> run(const Plan& p, const std::vector<Pitfall>& pitfalls, double lr,
+             EngineState<R>* final_state = nullptr) const;
 };
 
 // Normwise relative difference |a - b| / |b| (|a - b| when b = 0).
@@ -59,9 +59,9 @@ std::vector<R> weighted_gradient(
 // Statistics per property, printed by tests and `accumcheck check`.
 struct PropertyStats {
   int64_t cases = 0;
-  double worst_ratio = 0;       // max error / tolerance over all checks
-  double min_gap_ratio = -1;    // min predicted gap / tolerance where a
-                                // difference was asserted (-1: none)
+  double worst_ratio = 0;     // max error / tolerance over all checks
+  double min_gap_ratio = -1;  // min predicted gap / tolerance where a
+                              // difference was asserted (-1: none)
 };
 void record_ratio(const std::string& property, double ratio);
 void record_gap(const std::string& property, double ratio);
@@ -73,9 +73,9 @@ void assert_close(const std::string& property, const std::vector<R>& a,
                   const std::vector<R>& b, double tol, const char* what);
 
 struct Property {
-  std::string name;    // "equivalence.oracle"
-  std::string engine;  // "oracle", "device" (emulated) or "cuda"
-  std::string claim;   // one line
+  std::string name;            // "equivalence.oracle"
+  std::string engine;          // "oracle", "device" (emulated) or "cuda"
+  std::string claim;           // one line
   std::function<void()> body;  // uses *gen and RC_ASSERT
   bool needs_gpu = false;      // the CUDA executor's instantiation
 };

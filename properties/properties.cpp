@@ -88,7 +88,9 @@ std::vector<R> sub(const std::vector<R>& a, const std::vector<R>& b) {
   return d;
 }
 
-int64_t ranks(const Window& w) { return int64_t(w.micro.front().shards.size()); }
+int64_t ranks(const Window& w) {
+  return int64_t(w.micro.front().shards.size());
+}
 
 double tol() { return oracle_tolerance(); }
 
@@ -100,14 +102,16 @@ void equivalence_oracle() {
   const Scenario s = *scenario(Triggers{}).as("scenario");
   const Case c(s);
   EngineState<R> ref_state, acc_state;
-  const Run<R> ref = c.run(as_large_batch(c.plan), {}, s.optimizer.lr, &ref_state);
+  const Run<R> ref =
+      c.run(as_large_batch(c.plan), {}, s.optimizer.lr, &ref_state);
   const Run<R> acc = c.run(c.plan, {}, s.optimizer.lr, &acc_state);
   RC_ASSERT(!acc.steps.empty());
   RC_ASSERT(acc.steps.size() == ref.steps.size());
   RC_ASSERT(acc_state.optimizer_steps == ref_state.optimizer_steps);
   for (size_t t = 0; t < acc.steps.size(); ++t) {
     assert_close(name, acc.steps[t].grad, ref.steps[t].grad, tol(), "gradient");
-    assert_close(name, acc.steps[t].param, ref.steps[t].param, tol(), "parameters");
+    assert_close(name, acc.steps[t].param, ref.steps[t].param, tol(),
+                 "parameters");
   }
   if (!ref_state.exp_avg.empty())
     assert_close(name, acc_state.exp_avg, ref_state.exp_avg, tol(), "exp_avg");
@@ -136,16 +140,19 @@ void check_weights(const std::string& name, const Case& c, const Run<R>& bug,
 Triggers gradient_triggers(std::vector<Pitfall> pitfalls) {
   Triggers t;
   t.pitfalls = std::move(pitfalls);
-  t.no_clip = true;           // the prediction is of the raw gradient
-  t.no_weight_decay = true;   // no L2 term in the loss
+  t.no_clip = true;          // the prediction is of the raw gradient
+  t.no_weight_decay = true;  // no L2 term in the loss
   return t;
 }
 
 void no_loss_normalization_weights() {
   const std::string name = "loss-normalization.no-loss-normalization";
-  const Scenario s = *scenario(gradient_triggers({Pitfall::no_loss_normalization})).as("scenario");
+  const Scenario s =
+      *scenario(gradient_triggers({Pitfall::no_loss_normalization}))
+           .as("scenario");
   const Case c(s);
-  const Run<R> bug = c.run(c.plan, {Pitfall::no_loss_normalization}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::no_loss_normalization}, s.optimizer.lr);
   check_weights(name, c, bug, [](const FlatWindow& fw) {
     const int64_t R_ = ranks(*fw.w);
     return all_parts(*fw.w, [R_](int64_t b) { return b * R_; });
@@ -166,7 +173,8 @@ void no_loss_normalization_is_k_times() {
   Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const double K = double(s.batching.accumulation);
-  const Run<R> bug = c.run(c.plan, {Pitfall::no_loss_normalization}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::no_loss_normalization}, s.optimizer.lr);
   const Run<R> fast = c.run(c.plan, {}, s.optimizer.lr * K);
   RC_ASSERT(bug.windows.size() == fast.windows.size());
   for (size_t w = 0; w < bug.windows.size(); ++w)
@@ -186,7 +194,8 @@ void no_loss_normalization_adam_eps() {
   // eps = K * 2^-26 so that eps/K is exact in the double the oracle takes.
   s.optimizer.eps = double(s.batching.accumulation) * std::ldexp(1.0, -26);
   const Case c(s);
-  const Run<R> bug = c.run(c.plan, {Pitfall::no_loss_normalization}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::no_loss_normalization}, s.optimizer.lr);
   Scenario s2 = s;
   s2.optimizer.eps = std::ldexp(1.0, -26);
   const Case c2(s2);
@@ -203,7 +212,8 @@ void sample_mean_of_means_weights() {
   t.short_micro = true;  // unequal micro-batch sizes
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
-  const Run<R> bug = c.run(c.plan, {Pitfall::sample_mean_of_means}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::sample_mean_of_means}, s.optimizer.lr);
   check_weights(name, c, bug, [](const FlatWindow& fw) {
     const int64_t Kw = int64_t(fw.w->micro.size()), R_ = ranks(*fw.w);
     return all_parts(*fw.w, [=](int64_t b) { return Kw * b * R_; });
@@ -216,9 +226,12 @@ void sample_mean_of_means_weights() {
 
 void zero_grad_every_micro_step() {
   const std::string name = "zero-grad.every-micro-step";
-  const Scenario s = *scenario(gradient_triggers({Pitfall::zero_grad_every_micro_step})).as("scenario");
+  const Scenario s =
+      *scenario(gradient_triggers({Pitfall::zero_grad_every_micro_step}))
+           .as("scenario");
   const Case c(s);
-  const Run<R> bug = c.run(c.plan, {Pitfall::zero_grad_every_micro_step}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::zero_grad_every_micro_step}, s.optimizer.lr);
   // G = (1/N_w) * sum over the window's last micro-batch.
   check_weights(name, c, bug, [](const FlatWindow& fw) {
     const int64_t N = fw.w->items();
@@ -230,7 +243,8 @@ void zero_grad_every_micro_step() {
 
 void seed_002_loop() {
   const std::string name = "zero-grad.seed-002-loop";
-  const Scenario s = *scenario(gradient_triggers({Pitfall::seed_002_loop})).as("scenario");
+  const Scenario s =
+      *scenario(gradient_triggers({Pitfall::seed_002_loop})).as("scenario");
   const Case c(s);
   const Run<R> bug = c.run(c.plan, {Pitfall::seed_002_loop}, s.optimizer.lr);
   // One step per epoch iff K divides the epoch's micro-step count.
@@ -259,7 +273,8 @@ void seed_002_loop() {
 
 void zero_grad_never() {
   const std::string name = "zero-grad.never";
-  const Scenario s = *scenario(gradient_triggers({Pitfall::zero_grad_never})).as("scenario");
+  const Scenario s =
+      *scenario(gradient_triggers({Pitfall::zero_grad_never})).as("scenario");
   const Case c(s);
   const Run<R> bug = c.run(c.plan, {Pitfall::zero_grad_never}, s.optimizer.lr);
   const auto windows = flatten(c.plan);
@@ -279,7 +294,9 @@ void zero_grad_never() {
 
 void step_every_micro_step() {
   const std::string name = "zero-grad.step-every-micro-step";
-  const Scenario s = *scenario(gradient_triggers({Pitfall::step_every_micro_step})).as("scenario");
+  const Scenario s =
+      *scenario(gradient_triggers({Pitfall::step_every_micro_step}))
+           .as("scenario");
   const Case c(s);
   EngineState<R> st;
   const Run<R> bug =
@@ -296,8 +313,9 @@ void step_every_micro_step() {
     for (size_t k = 0; k < fw.w->micro.size(); ++k, ++t) {
       // Partial sums: G_k - G_{k-1} = micro-batch k at the params after
       // step k-1, weighted 1/N_w.
-      const auto g = predicted(c, theta_before(bug, t, c),
-                               parts(*fw.w, k, k + 1, [N](int64_t) { return N; }));
+      const auto g =
+          predicted(c, theta_before(bug, t, c),
+                    parts(*fw.w, k, k + 1, [N](int64_t) { return N; }));
       const auto want = k == 0 ? g : add(bug.steps[t - 1].grad, g);
       assert_close(name, bug.steps[t].grad, want, tol(), "partial sum");
     }
@@ -340,7 +358,8 @@ void partial_scale_by_k() {
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const int64_t K = s.batching.accumulation;
-  const Run<R> bug = c.run(c.plan, {Pitfall::partial_cycle_scale_by_k}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::partial_cycle_scale_by_k}, s.optimizer.lr);
   // G = (1/K) sum_{k <= r} grad L_k, L_k the micro-batch mean.
   check_weights(name, c, bug, [K](const FlatWindow& fw) {
     const int64_t R_ = ranks(*fw.w);
@@ -355,12 +374,14 @@ void partial_drop() {
   t.partial_window = true;
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
-  const Run<R> bug = c.run(c.plan, {Pitfall::partial_cycle_drop}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::partial_cycle_drop}, s.optimizer.lr);
   const auto windows = flatten(c.plan);
   int64_t full = 0;
   for (const auto& fw : windows) full += !fw.w->partial;
   RC_ASSERT(int64_t(bug.steps.size()) == full);
-  for (const auto& st : bug.steps) RC_ASSERT(!windows[size_t(st.window)].w->partial);
+  for (const auto& st : bug.steps)
+    RC_ASSERT(!windows[size_t(st.window)].w->partial);
   check_weights(name, c, bug, [](const FlatWindow& fw) {
     const int64_t N = fw.w->items();
     return all_parts(*fw.w, [N](int64_t) { return N; });
@@ -376,13 +397,16 @@ void partial_leak() {
   s.batching.epochs = 2;  // the leak crosses an epoch boundary
   const Case c(s);
   const int64_t K = s.batching.accumulation;
-  const Run<R> bug = c.run(c.plan, {Pitfall::partial_cycle_leak}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::partial_cycle_leak}, s.optimizer.lr);
   const auto windows = flatten(c.plan);
   RC_ASSERT(!bug.steps.empty());
   for (size_t i = 0; i < bug.steps.size(); ++i) {
     const size_t w = size_t(bug.steps[i].window);
     RC_ASSERT(!windows[w].w->partial);
-    auto den = [K, &windows, w](int64_t b) { return K * b * ranks(*windows[w].w); };
+    auto den = [K, &windows, w](int64_t b) {
+      return K * b * ranks(*windows[w].w);
+    };
     Parts ps = all_parts(*windows[w].w, den);
     // The previous epoch's partial window joins this one, at the same
     // parameters (no step happened in between).
@@ -409,8 +433,10 @@ void scheduler_drift() {
   const int64_t K = s.batching.accumulation;
   const Run<R> ok = c.run(c.plan, {}, s.optimizer.lr);
   for (size_t i = 0; i < ok.steps.size(); ++i)
-    RC_ASSERT(ok.steps[i].lr == s.optimizer.lr * lr_multiplier(s.schedule, int64_t(i)));
-  const Run<R> per_micro = c.run(c.plan, {Pitfall::scheduler_per_micro_step}, s.optimizer.lr);
+    RC_ASSERT(ok.steps[i].lr ==
+              s.optimizer.lr * lr_multiplier(s.schedule, int64_t(i)));
+  const Run<R> per_micro =
+      c.run(c.plan, {Pitfall::scheduler_per_micro_step}, s.optimizer.lr);
   for (const auto& st : per_micro.steps) {
     // The boundary's scheduler.step() comes after optimizer.step():
     // micro-steps before this window plus this window's, minus one.
@@ -418,9 +444,11 @@ void scheduler_drift() {
     const int64_t n = fw.micro_before + int64_t(fw.w->micro.size()) - 1;
     RC_ASSERT(st.lr == s.optimizer.lr * lr_multiplier(s.schedule, n));
     if (!fw.w->partial && fw.micro_before == int64_t(st.window) * K)
-      RC_ASSERT(st.lr == s.optimizer.lr * lr_multiplier(s.schedule, st.step * K + K - 1));
+      RC_ASSERT(st.lr == s.optimizer.lr *
+                             lr_multiplier(s.schedule, st.step * K + K - 1));
   }
-  const Run<R> slow = c.run(c.plan, {Pitfall::schedule_horizon_in_micro_steps}, s.optimizer.lr);
+  const Run<R> slow =
+      c.run(c.plan, {Pitfall::schedule_horizon_in_micro_steps}, s.optimizer.lr);
   const ScheduleSpec stretched_spec = stretched(s.schedule, K);
   for (size_t i = 0; i < slow.steps.size(); ++i) {
     RC_ASSERT(slow.steps[i].lr ==
@@ -444,7 +472,8 @@ void clip_per_micro_step() {
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const double cmax = s.clip.max_norm;
-  const Run<R> bug = c.run(c.plan, {Pitfall::clip_per_micro_step}, s.optimizer.lr);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::clip_per_micro_step}, s.optimizer.lr);
   const auto windows = flatten(c.plan);
   RC_ASSERT(!bug.steps.empty());
   for (size_t i = 0; i < bug.steps.size(); ++i) {
@@ -455,7 +484,8 @@ void clip_per_micro_step() {
     std::vector<R> G(size_t(c.layout.total), R(0));
     bool early_clip = false;
     for (size_t k = 0; k < fw.w->micro.size(); ++k) {
-      const auto g = predicted(c, theta, parts(*fw.w, k, k + 1, [N](int64_t) { return N; }));
+      const auto g = predicted(
+          c, theta, parts(*fw.w, k, k + 1, [N](int64_t) { return N; }));
       R norm2(0);
       for (size_t j = 0; j < G.size(); ++j) {
         G[j] += g[j];
@@ -468,9 +498,11 @@ void clip_per_micro_step() {
         if (k + 1 < fw.w->micro.size()) early_clip = true;
       }
     }
-    assert_close(name, bug.steps[i].grad, G, tol(), "sequentially clipped gradient");
+    assert_close(name, bug.steps[i].grad, G, tol(),
+                 "sequentially clipped gradient");
     // The correct gradient: clip once after accumulation.
-    auto once = predicted(c, theta, all_parts(*fw.w, [N](int64_t) { return N; }));
+    auto once =
+        predicted(c, theta, all_parts(*fw.w, [N](int64_t) { return N; }));
     {
       R norm2(0);
       for (const R& x : once) norm2 += x * x;
@@ -506,20 +538,24 @@ void l2_unnormalized() {
   const double lambda = s.optimizer.l2_in_loss;
   const auto windows = flatten(c.plan);
   for (bool buggy : {false, true}) {
-    const Run<R> run = c.run(
-        c.plan, buggy ? std::vector<Pitfall>{Pitfall::l2_in_loss_unnormalized}
-                      : std::vector<Pitfall>{},
-        s.optimizer.lr);
+    const Run<R> run =
+        c.run(c.plan,
+              buggy ? std::vector<Pitfall>{Pitfall::l2_in_loss_unnormalized}
+                    : std::vector<Pitfall>{},
+              s.optimizer.lr);
     for (size_t i = 0; i < run.steps.size(); ++i) {
       const FlatWindow& fw = windows[size_t(run.steps[i].window)];
       const int64_t N = fw.w->items();
       const auto theta = theta_before(run, i, c);
-      auto want = predicted(c, theta, all_parts(*fw.w, [N](int64_t) { return N; }));
+      auto want =
+          predicted(c, theta, all_parts(*fw.w, [N](int64_t) { return N; }));
       // correct: lambda*theta once per window; buggy: K_w times.
       const R times = buggy ? R(int64_t(fw.w->micro.size())) : R(1);
-      for (size_t j = 0; j < want.size(); ++j) want[j] += times * R(lambda) * theta[j];
+      for (size_t j = 0; j < want.size(); ++j)
+        want[j] += times * R(lambda) * theta[j];
       assert_close(name, run.steps[i].grad, want, tol(),
-                   buggy ? "gradient with K_w*lambda*theta" : "gradient with lambda*theta");
+                   buggy ? "gradient with K_w*lambda*theta"
+                         : "gradient with lambda*theta");
     }
   }
   record_case(name);
@@ -546,7 +582,8 @@ void adamw_decay_once_per_step() {
   const double lr = s.optimizer.lr;
   a->optimizer_step(s.optimizer, lr);
   b->optimizer_step(no_decay, lr);
-  std::vector<R> diff = sub(a->state().params, b->state().params), want(diff.size());
+  std::vector<R> diff = sub(a->state().params, b->state().params),
+                 want(diff.size());
   for (size_t j = 0; j < want.size(); ++j)
     want[j] = -R(lr) * R(s.optimizer.weight_decay) * end.params[j];
   assert_close(name, diff, want, tol(), "decoupled decay");
@@ -560,13 +597,15 @@ void inertness() {
   const std::string name = "inertness.oracle";
   // zero-grad-never and seed-002-loop have no inert setting short of a
   // single step, so they are not drawn here.
-  const Pitfall p = *rc::gen::element(
-      Pitfall::no_loss_normalization, Pitfall::sample_mean_of_means,
-      Pitfall::zero_grad_every_micro_step, Pitfall::step_every_micro_step,
-      Pitfall::partial_cycle_scale_by_k, Pitfall::partial_cycle_drop,
-      Pitfall::partial_cycle_leak, Pitfall::scheduler_per_micro_step,
-      Pitfall::schedule_horizon_in_micro_steps, Pitfall::clip_per_micro_step,
-      Pitfall::l2_in_loss_unnormalized).as("pitfall");
+  const Pitfall p =
+      *rc::gen::element(
+           Pitfall::no_loss_normalization, Pitfall::sample_mean_of_means,
+           Pitfall::zero_grad_every_micro_step, Pitfall::step_every_micro_step,
+           Pitfall::partial_cycle_scale_by_k, Pitfall::partial_cycle_drop,
+           Pitfall::partial_cycle_leak, Pitfall::scheduler_per_micro_step,
+           Pitfall::schedule_horizon_in_micro_steps,
+           Pitfall::clip_per_micro_step, Pitfall::l2_in_loss_unnormalized)
+           .as("pitfall");
   Triggers t;
   t.pitfalls = {p};
   switch (p) {
@@ -619,51 +658,67 @@ const std::vector<Property>& all_properties() {
 const std::vector<Property>& oracle_properties() {
   static const std::vector<Property> props = {
       {"equivalence.oracle", "oracle",
-       "correct accumulation equals the large batch: gradients, parameters, Adam moments, steps",
+       "correct accumulation equals the large batch: gradients, parameters, "
+       "Adam moments, steps",
        equivalence_oracle},
       {"loss-normalization.no-loss-normalization", "oracle",
-       "no-loss-normalization weighs each sample 1/b_k (G = K*g for equal micro-batches)",
+       "no-loss-normalization weighs each sample 1/b_k (G = K*g for equal "
+       "micro-batches)",
        no_loss_normalization_weights},
       {"loss-normalization.sgd-at-k-lr", "oracle",
-       "no-loss-normalization under plain SGD is correct at K*lr, whole trajectory",
+       "no-loss-normalization under plain SGD is correct at K*lr, whole "
+       "trajectory",
        no_loss_normalization_is_k_times},
       {"loss-normalization.adam-eps-over-k", "oracle",
-       "no-loss-normalization under Adam is correct with eps/K, whole trajectory",
+       "no-loss-normalization under Adam is correct with eps/K, whole "
+       "trajectory",
        no_loss_normalization_adam_eps},
       {"loss-normalization.sample-mean-of-means", "oracle",
-       "sample-mean-of-means weighs a sample 1/(K*b_k)", sample_mean_of_means_weights},
+       "sample-mean-of-means weighs a sample 1/(K*b_k)",
+       sample_mean_of_means_weights},
       {"zero-grad.every-micro-step", "oracle",
-       "zero-grad-every-micro-step: G = the last micro-batch / N_w", zero_grad_every_micro_step},
+       "zero-grad-every-micro-step: G = the last micro-batch / N_w",
+       zero_grad_every_micro_step},
       {"zero-grad.seed-002-loop", "oracle",
-       "seed-002-loop: one step per epoch iff K divides it, with the last micro-batch / K",
+       "seed-002-loop: one step per epoch iff K divides it, with the last "
+       "micro-batch / K",
        seed_002_loop},
-      {"zero-grad.never", "oracle", "zero-grad-never: G_t = sum of g_s at their own theta_s",
+      {"zero-grad.never", "oracle",
+       "zero-grad-never: G_t = sum of g_s at their own theta_s",
        zero_grad_never},
       {"zero-grad.step-every-micro-step", "oracle",
-       "step-every-micro-step: K updates per window on partial sums, Adam's t counts micro-steps",
+       "step-every-micro-step: K updates per window on partial sums, Adam's t "
+       "counts micro-steps",
        step_every_micro_step},
       {"partial.correct-weighs-1-over-n", "oracle",
-       "correct weighs every sample of an epoch once, 1/N_w, partial windows included",
+       "correct weighs every sample of an epoch once, 1/N_w, partial windows "
+       "included",
        partial_correct_own_count},
-      {"partial.scale-by-k", "oracle", "partial-cycle-scale-by-k: G = (1/K) sum_{k<=r} grad L_k",
+      {"partial.scale-by-k", "oracle",
+       "partial-cycle-scale-by-k: G = (1/K) sum_{k<=r} grad L_k",
        partial_scale_by_k},
-      {"partial.drop", "oracle", "partial-cycle-drop: partial windows never stepped",
-       partial_drop},
+      {"partial.drop", "oracle",
+       "partial-cycle-drop: partial windows never stepped", partial_drop},
       {"partial.leak", "oracle",
-       "partial-cycle-leak: leftovers join the next epoch's first window", partial_leak},
+       "partial-cycle-leak: leftovers join the next epoch's first window",
+       partial_leak},
       {"scheduler.drift", "oracle",
-       "lr at step t: S(t) correct, S(tK+K-1) per-micro-step, S stretched K times for the horizon bug",
+       "lr at step t: S(t) correct, S(tK+K-1) per-micro-step, S stretched K "
+       "times for the horizon bug",
        scheduler_drift},
       {"clip.per-micro-step", "oracle",
-       "clip-per-micro-step clips partial sums; equals clip-once when no partial sum exceeds c",
+       "clip-per-micro-step clips partial sums; equals clip-once when no "
+       "partial sum exceeds c",
        clip_per_micro_step},
       {"decay.l2-in-loss-unnormalized", "oracle",
-       "L2 in the loss adds lambda*theta once per window; unnormalized, K_w times",
+       "L2 in the loss adds lambda*theta once per window; unnormalized, K_w "
+       "times",
        l2_unnormalized},
-      {"decay.adamw-once-per-step", "oracle", "AdamW multiplies by (1 - lr*wd) once per step",
+      {"decay.adamw-once-per-step", "oracle",
+       "AdamW multiplies by (1 - lr*wd) once per step",
        adamw_decay_once_per_step},
-      {"inertness.oracle", "oracle", "each pitfall changes nothing without its trigger",
-       inertness},
+      {"inertness.oracle", "oracle",
+       "each pitfall changes nothing without its trigger", inertness},
   };
   return props;
 }

@@ -41,7 +41,9 @@ class Watched {
  public:
   using Real = typename Inner::Real;
   explicit Watched(Inner& in) : in_(in) {}
-  int64_t items(const std::vector<int64_t>& ids) const { return in_.items(ids); }
+  int64_t items(const std::vector<int64_t>& ids) const {
+    return in_.items(ids);
+  }
   void set_epoch(int64_t epoch) { in_.set_epoch(epoch); }
   void zero_grad() { in_.zero_grad(); }
   Real forward_backward(const std::vector<int64_t>& ids, int64_t den) {

@@ -18,10 +18,10 @@ namespace accumcheck {
 struct Dataset {
   int64_t n = 0, d_in = 0, d_out = 0;
   LossKind loss = LossKind::mse;
-  uint64_t seed = 0;           // the scenario seed (dropout masks)
-  std::vector<float> x;        // n x d_in, row-major
-  std::vector<float> y;        // mse: n x d_out targets
-  std::vector<int32_t> label;  // cross_entropy: n class ids in [0, d_out)
+  uint64_t seed = 0;               // the scenario seed (dropout masks)
+  std::vector<float> x;            // n x d_in, row-major
+  std::vector<float> y;            // mse: n x d_out targets
+  std::vector<int32_t> label;      // cross_entropy: n class ids in [0, d_out)
   std::vector<std::string> notes;  // e.g. "values rounded to float32"
   // Token models: n sequences of max_len positions, row-major.  tokens in
   // [0, vocab) (0 at padding); targets in [0, vocab), or kIgnoreIndex at

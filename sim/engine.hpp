@@ -29,8 +29,8 @@ namespace accumcheck {
 template <class Real>
 struct EngineState {
   std::vector<Real> params;
-  std::vector<Real> grads;     // the .grad buffers, accumulated in place
-  std::vector<Real> exp_avg;   // SGD momentum_buffer, or Adam's m
+  std::vector<Real> grads;       // the .grad buffers, accumulated in place
+  std::vector<Real> exp_avg;     // SGD momentum_buffer, or Adam's m
   std::vector<Real> exp_avg_sq;  // Adam's v (empty for SGD)
   int64_t optimizer_steps = 0;   // PyTorch's state['step']
   // Buffers (BatchNorm running statistics, ParamLayout::buffers); empty

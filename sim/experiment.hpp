@@ -80,14 +80,13 @@ auto run_experiment(const Scenario& s, MakeEngine make_engine,
   x.correct = run_one(plan, {}, s.optimizer.lr, "correct");
   // The trainer's run is named by its pitfall ids; a trainer without
   // pitfalls is "trainer:correct" (the name "correct" is the column's).
-  x.trainer = run_one(plan, s.trainer.pitfalls, base_lr(s),
-                      s.trainer.pitfalls.empty()
-                          ? std::string("trainer:correct")
-                          : semantics_name(s.trainer.pitfalls));
+  x.trainer =
+      run_one(plan, s.trainer.pitfalls, base_lr(s),
+              s.trainer.pitfalls.empty() ? std::string("trainer:correct")
+                                         : semantics_name(s.trainer.pitfalls));
   if (s.trainer.lr_scaling != LrScaling::none)
-    x.trainer.name += s.trainer.lr_scaling == LrScaling::linear
-                          ? "@lr*K"
-                          : "@lr*sqrt(K)";
+    x.trainer.name +=
+        s.trainer.lr_scaling == LrScaling::linear ? "@lr*K" : "@lr*sqrt(K)";
   if (!s.trainer.accepted.empty())
     x.accepted = run_one(plan, s.trainer.accepted, s.optimizer.lr,
                          "accepted:" + semantics_name(s.trainer.accepted));

@@ -3,10 +3,13 @@
 // including past their horizon (some pitfalls run past it):
 //   constant   S(n) = 1
 //   step       S(n) = gamma^floor(n / step_size)            (StepLR)
-//   linear     warmup n/W, then max(0, (T-n)/max(1,T-W))   (get_linear_schedule_with_warmup)
-//   cosine     warmup n/W, then 0.5*(1+cos(pi*p)), p=(n-W)/max(1,T-W)
-//                                                  (get_cosine_schedule_with_warmup, 0.5 cycles:
-//                                                   past T the cosine rises again)
+//   linear     warmup n/W, then max(0, (T-n)/max(1,T-W))
+//   (get_linear_schedule_with_warmup) cosine     warmup n/W, then
+//   0.5*(1+cos(pi*p)), p=(n-W)/max(1,T-W)
+//                                                  (get_cosine_schedule_with_warmup,
+//                                                  0.5 cycles:
+//                                                   past T the cosine rises
+//                                                   again)
 // Computed in double, as the Python schedulers compute them; every engine
 // takes the same double lr (the oracle exactly, float32 engines rounded).
 #pragma once

@@ -12,15 +12,19 @@ constexpr Entry kCatalog[] = {
     {Pitfall::no_loss_normalization, "no-loss-normalization",
      "forgets the /K: each micro-batch mean is back-propagated whole, G = K*g"},
     {Pitfall::sample_mean_of_means, "sample-mean-of-means",
-     "micro-batch mean / K with unequal micro-batches: samples weigh 1/(K*b_k), not 1/N"},
+     "micro-batch mean / K with unequal micro-batches: samples weigh "
+     "1/(K*b_k), not 1/N"},
     {Pitfall::zero_grad_every_micro_step, "zero-grad-every-micro-step",
-     "zero_grad at the top of the micro-batch loop: only the last micro-batch counts"},
+     "zero_grad at the top of the micro-batch loop: only the last micro-batch "
+     "counts"},
     {Pitfall::seed_002_loop, "seed-002-loop",
-     "seed 002's loop verbatim: zero_grad inside the loop, the step `if` after it"},
+     "seed 002's loop verbatim: zero_grad inside the loop, the step `if` after "
+     "it"},
     {Pitfall::zero_grad_never, "zero-grad-never",
      "never zeroes: every step applies the sum of all gradients so far"},
     {Pitfall::step_every_micro_step, "step-every-micro-step",
-     "optimizer.step outside the `if`: K updates per window on growing partial sums"},
+     "optimizer.step outside the `if`: K updates per window on growing partial "
+     "sums"},
     {Pitfall::partial_cycle_scale_by_k, "partial-cycle-scale-by-k",
      "the partial last window of r < K micro-batches is still divided by K"},
     {Pitfall::partial_cycle_drop, "partial-cycle-drop",
@@ -29,14 +33,18 @@ constexpr Entry kCatalog[] = {
      "no step and no zeroing at epoch end: leftovers leak into the next epoch"},
     {Pitfall::scheduler_per_micro_step, "scheduler-per-micro-step",
      "scheduler.step() after every micro-step: step t uses S(t*K + K - 1)"},
-    {Pitfall::schedule_horizon_in_micro_steps, "schedule-horizon-in-micro-steps",
-     "warmup and horizon counted in micro-batches: the schedule runs K times too slowly"},
+    {Pitfall::schedule_horizon_in_micro_steps,
+     "schedule-horizon-in-micro-steps",
+     "warmup and horizon counted in micro-batches: the schedule runs K times "
+     "too slowly"},
     {Pitfall::clip_per_micro_step, "clip-per-micro-step",
      "clip_grad_norm_ after every backward, on the running sum"},
     {Pitfall::l2_in_loss_unnormalized, "l2-in-loss-unnormalized",
-     "lambda*|theta|^2/2 added to every micro-loss without /K: decay K times too strong"},
+     "lambda*|theta|^2/2 added to every micro-loss without /K: decay K times "
+     "too strong"},
     {Pitfall::token_mean_of_means, "token-mean-of-means",
-     "micro-batch token mean / K: a token weighs 1/(K*T_k), not 1/T (the 2024 Transformers bug)"},
+     "micro-batch token mean / K: a token weighs 1/(K*T_k), not 1/T (the 2024 "
+     "Transformers bug)"},
 };
 
 const Entry& entry(Pitfall p) {

@@ -33,13 +33,20 @@ enum class Pitfall {
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
-    Pitfall::no_loss_normalization,      Pitfall::sample_mean_of_means,
-    Pitfall::zero_grad_every_micro_step, Pitfall::seed_002_loop,
-    Pitfall::zero_grad_never,            Pitfall::step_every_micro_step,
-    Pitfall::partial_cycle_scale_by_k,   Pitfall::partial_cycle_drop,
-    Pitfall::partial_cycle_leak,         Pitfall::scheduler_per_micro_step,
-    Pitfall::schedule_horizon_in_micro_steps, Pitfall::clip_per_micro_step,
-    Pitfall::l2_in_loss_unnormalized, Pitfall::token_mean_of_means,
+    Pitfall::no_loss_normalization,
+    Pitfall::sample_mean_of_means,
+    Pitfall::zero_grad_every_micro_step,
+    Pitfall::seed_002_loop,
+    Pitfall::zero_grad_never,
+    Pitfall::step_every_micro_step,
+    Pitfall::partial_cycle_scale_by_k,
+    Pitfall::partial_cycle_drop,
+    Pitfall::partial_cycle_leak,
+    Pitfall::scheduler_per_micro_step,
+    Pitfall::schedule_horizon_in_micro_steps,
+    Pitfall::clip_per_micro_step,
+    Pitfall::l2_in_loss_unnormalized,
+    Pitfall::token_mean_of_means,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -51,21 +58,21 @@ std::string_view pitfall_story(Pitfall p);
 // How each micro-batch's summed per-item loss is weighted before backward.
 // Every weight is 1/integer, so the oracle applies it exactly.
 enum class Normalization {
-  window_items,       // 1/N_w: the window's item count, before 1st backward
-  micro_mean,         // 1/b_k: the micro-batch mean, /K forgotten
+  window_items,  // 1/N_w: the window's item count, before 1st backward
+  micro_mean,    // 1/b_k: the micro-batch mean, /K forgotten
   micro_mean_over_window_micros,  // 1/(K_w*b_k): mean of means
-  micro_mean_over_k,  // 1/(K*b_k): the `loss / K` loop, K literal
+  micro_mean_over_k,              // 1/(K*b_k): the `loss / K` loop, K literal
 };
 
 enum class ZeroGradTiming { after_step, every_micro_step, never };
 
 // What happens to a partial last window (r < K micro-batches).
- // (partial-cycle-scale-by-k is a normalization: the window is stepped
+// (partial-cycle-scale-by-k is a normalization: the window is stepped
 // with every micro-batch weighted 1/(K*b_k), K literal.)
 enum class PartialWindow {
   step,  // stepped (normalized as `normalization` says)
-  drop,            // not stepped, gradients zeroed at epoch end
-  leak,            // not stepped, not zeroed: joins the next window
+  drop,  // not stepped, gradients zeroed at epoch end
+  leak,  // not stepped, not zeroed: joins the next window
 };
 
 struct Behavior {

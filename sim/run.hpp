@@ -23,11 +23,16 @@ enum class EventKind {
 
 inline std::string_view event_name(EventKind k) {
   switch (k) {
-    case EventKind::zero_grad: return "zero_grad";
-    case EventKind::forward_backward: return "forward_backward";
-    case EventKind::clip: return "clip";
-    case EventKind::optimizer_step: return "optimizer_step";
-    case EventKind::scheduler_step: return "scheduler_step";
+    case EventKind::zero_grad:
+      return "zero_grad";
+    case EventKind::forward_backward:
+      return "forward_backward";
+    case EventKind::clip:
+      return "clip";
+    case EventKind::optimizer_step:
+      return "optimizer_step";
+    case EventKind::scheduler_step:
+      return "scheduler_step";
   }
   return "?";
 }
@@ -48,7 +53,7 @@ struct Event {
 
 template <class Real>
 struct StepRecord {
-  int64_t step = 0;    // optimizer step index, from 0
+  int64_t step = 0;  // optimizer step index, from 0
   int64_t epoch = 0;
   int64_t window = 0;  // global window index the step belongs to
   double lr = kNaN;
@@ -61,8 +66,8 @@ template <class Real>
 struct WindowRecord {
   int64_t window = 0;  // global index, from 0
   int64_t epoch = 0;
-  int64_t steps = 0;    // optimizer steps taken by the window's end
-  double loss = kNaN;   // mean item loss over the window's forward passes
+  int64_t steps = 0;        // optimizer steps taken by the window's end
+  double loss = kNaN;       // mean item loss over the window's forward passes
   std::vector<Real> param;  // parameters at the window's end
 };
 

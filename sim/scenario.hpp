@@ -47,11 +47,11 @@ enum class SequenceLengths { fixed, uniform, long_tailed };
 
 struct DataSpec {
   DataSource source = DataSource::generated;
-  int64_t samples = 0;    // dataset size n
-  bool dyadic = false;    // generated values n/2^k: every product exact
-  std::string csv_path;   // absolute, resolved against the scenario file
-  uint64_t seed = 0;      // the scenario seed (data, init, shuffles, masks)
-  bool shuffle = true;    // seeded shuffle per epoch
+  int64_t samples = 0;   // dataset size n
+  bool dyadic = false;   // generated values n/2^k: every product exact
+  std::string csv_path;  // absolute, resolved against the scenario file
+  uint64_t seed = 0;     // the scenario seed (data, init, shuffles, masks)
+  bool shuffle = true;   // seeded shuffle per epoch
   // Every micro-batch the same multiset of samples: generated sample i
   // takes sample (i mod micro_batch)'s values (needs shuffle = false).
   bool replicate = false;
@@ -73,7 +73,7 @@ enum class OptimizerKind { sgd, adam, adamw };
 struct OptimizerSpec {
   OptimizerKind kind = OptimizerKind::sgd;
   double lr = 0.1;
-  double momentum = 0.0;      // SGD only
+  double momentum = 0.0;                          // SGD only
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // Adam, AdamW
   double weight_decay = 0.0;  // coupled (SGD, Adam) or decoupled (AdamW)
   double l2_in_loss = 0.0;    // lambda: loss += lambda*|theta|^2/2
@@ -107,8 +107,8 @@ struct TrainerSpec {
 };
 
 enum class ExpectKind {
-  matches_reference,   // the trainer stays within tolerance of the
-                       // large-batch reference at every window boundary
+  matches_reference,        // the trainer stays within tolerance of the
+                            // large-batch reference at every window boundary
   diverges_from_reference,  // it leaves the reference by > min_distance
   never_steps,              // it performs no optimizer step at all
   matches_accepted,  // it stays within tolerance of the accepted semantics
@@ -123,10 +123,10 @@ struct ExpectSpec {
 };
 
 struct Scenario {
-  std::string name;   // file stem
-  std::string path;   // the file it came from
-  std::string story;  // one line for `accumcheck list`
-  std::string digest; // hex FNV-1a 64 of the file bytes
+  std::string name;    // file stem
+  std::string path;    // the file it came from
+  std::string story;   // one line for `accumcheck list`
+  std::string digest;  // hex FNV-1a 64 of the file bytes
   ModelSpec model;
   DataSpec data;
   BatchingSpec batching;

@@ -49,7 +49,7 @@ struct TrainerCounters {
 struct TrainerOptions {
   bool record_values = true;  // keep grads/params per step and window
   bool record_events = true;
-  int64_t max_steps = -1;     // stop after this many optimizer steps
+  int64_t max_steps = -1;  // stop after this many optimizer steps
 };
 
 // The trainer's lr before any schedule: the scenario's lr, scaled by K or
@@ -57,9 +57,12 @@ struct TrainerOptions {
 inline double base_lr(const Scenario& s) {
   const double K = double(s.batching.accumulation);
   switch (s.trainer.lr_scaling) {
-    case LrScaling::none: return s.optimizer.lr;
-    case LrScaling::linear: return s.optimizer.lr * K;
-    case LrScaling::sqrt: return s.optimizer.lr * std::sqrt(K);
+    case LrScaling::none:
+      return s.optimizer.lr;
+    case LrScaling::linear:
+      return s.optimizer.lr * K;
+    case LrScaling::sqrt:
+      return s.optimizer.lr * std::sqrt(K);
   }
   return s.optimizer.lr;
 }
@@ -76,10 +79,10 @@ class Trainer {
         b_(behavior),
         base_lr_(base_lr),
         opt_(options),
-        schedule_(behavior.schedule_horizon_in_micro_steps
-                      ? stretched(scenario.schedule,
-                                  scenario.batching.accumulation)
-                      : scenario.schedule) {}
+        schedule_(
+            behavior.schedule_horizon_in_micro_steps
+                ? stretched(scenario.schedule, scenario.batching.accumulation)
+                : scenario.schedule) {}
 
   // Runs every epoch of `plan` from the engine's current state.
   Run<Real> run(const Plan& plan, std::string name) {
@@ -137,10 +140,12 @@ class Trainer {
     switch (b_.normalization) {
       case Normalization::window_items:
         return window_items_;
-      case Normalization::micro_mean: return shard_items * R;
+      case Normalization::micro_mean:
+        return shard_items * R;
       case Normalization::micro_mean_over_window_micros:
         return Kw * shard_items * R;
-      case Normalization::micro_mean_over_k: return K_ * shard_items * R;
+      case Normalization::micro_mean_over_k:
+        return K_ * shard_items * R;
     }
     return window_items_;
   }
@@ -225,8 +230,7 @@ class Trainer {
     epoch_ = epoch;
     const int64_t Kw = int64_t(w.micro.size());
     const bool steps_at_boundary =
-        !b_.seed_002_loop &&
-        !(w.partial && b_.partial != PartialWindow::step);
+        !b_.seed_002_loop && !(w.partial && b_.partial != PartialWindow::step);
     const bool clipping = s_.clip.enabled;
     double loss_sum = 0;
     int64_t loss_items = 0;
@@ -243,8 +247,8 @@ class Trainer {
       for (const auto& shard : w.micro[size_t(k)].shards) {
         if (shard.empty()) continue;
         const int64_t items = e_.items(shard);
-        const double loss =
-            static_cast<double>(e_.forward_backward(shard, weight_den(w, items)));
+        const double loss = static_cast<double>(
+            e_.forward_backward(shard, weight_den(w, items)));
         loss_sum += loss;
         loss_items += items;
         event(EventKind::forward_backward, k, [&](Event& ev) {

@@ -38,12 +38,13 @@ Verdict judge(const Scenario& s, const Experiment<Real>& x,
       size_t at = 0;
       const double worst = detail::max_finite(d, &at);
       v.holds = worst <= match_tolerance && !d.empty();
-      v.message = std::string(v.holds ? "holds" : "FAILS") + ": " +
-                  x.trainer.name + " matches the " +
-                  (vs_accepted ? "accepted semantics" : "large-batch reference") +
-                  " at every window (max relative distance " + fmt_g(worst) +
-                  " at window " + std::to_string(at) + ", tolerance " +
-                  fmt_g(match_tolerance) + ")";
+      v.message =
+          std::string(v.holds ? "holds" : "FAILS") + ": " + x.trainer.name +
+          " matches the " +
+          (vs_accepted ? "accepted semantics" : "large-batch reference") +
+          " at every window (max relative distance " + fmt_g(worst) +
+          " at window " + std::to_string(at) + ", tolerance " +
+          fmt_g(match_tolerance) + ")";
       return v;
     }
     case ExpectKind::diverges_from_reference: {
@@ -52,15 +53,13 @@ Verdict judge(const Scenario& s, const Experiment<Real>& x,
       if (s.expect.at_step >= 0) w = size_t(s.expect.at_step);
       const double got = w < d.size() ? d[w] : kNaN;
       v.holds = got > s.expect.min_distance;  // false for NaN
-      v.message = std::string(v.holds ? "holds" : "FAILS") + ": " +
-                  x.trainer.name +
-                  " leaves the large-batch reference by more than " +
-                  fmt_g(s.expect.min_distance) + " at window " +
-                  std::to_string(w) + " (relative distance " + fmt_g(got) +
-                  "; correct accumulation: " +
-                  fmt_g(w < x.correct_distance.size() ? x.correct_distance[w]
-                                                       : kNaN) +
-                  ")";
+      v.message =
+          std::string(v.holds ? "holds" : "FAILS") + ": " + x.trainer.name +
+          " leaves the large-batch reference by more than " +
+          fmt_g(s.expect.min_distance) + " at window " + std::to_string(w) +
+          " (relative distance " + fmt_g(got) + "; correct accumulation: " +
+          fmt_g(w < x.correct_distance.size() ? x.correct_distance[w] : kNaN) +
+          ")";
       return v;
     }
     case ExpectKind::never_steps: {

@@ -1,5 +1,7 @@
 // Schedule arithmetic: windows, partial windows, short micro-batches, the
 // large-batch reference, rank sharding, and the lr schedules' formulas.
+#include "sim/plan.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,7 +9,6 @@
 #include <set>
 
 #include "sim/lr_schedule.hpp"
-#include "sim/plan.hpp"
 
 namespace accumcheck {
 namespace {
@@ -49,8 +50,10 @@ TEST(Plan, EveryEpochSeesEverySampleOnce) {
     for (int64_t i = 0; i < 23; ++i) EXPECT_EQ(seen.count(i), 1u);
   }
   // Seeded shuffles differ between epochs but not between calls.
-  EXPECT_NE(epoch_order(scenario(23, 4, 3), 0), epoch_order(scenario(23, 4, 3), 1));
-  EXPECT_EQ(epoch_order(scenario(23, 4, 3), 1), epoch_order(scenario(23, 4, 3), 1));
+  EXPECT_NE(epoch_order(scenario(23, 4, 3), 0),
+            epoch_order(scenario(23, 4, 3), 1));
+  EXPECT_EQ(epoch_order(scenario(23, 4, 3), 1),
+            epoch_order(scenario(23, 4, 3), 1));
 }
 
 TEST(Plan, LargeBatchHoldsTheSameWindows) {

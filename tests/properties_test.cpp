@@ -27,16 +27,17 @@ class StatsPrinter : public ::testing::Environment {
     if (stats.empty()) return;
     std::printf("\n%-44s %6s %12s %14s\n", "property", "cases", "worst err/tol",
                 "min gap/tol");
-    for (const auto& [name, s] : stats)
-    {
+    for (const auto& [name, s] : stats) {
       char gap[32] = "-";
-      if (s.min_gap_ratio >= 0) std::snprintf(gap, sizeof gap, "%.3g", s.min_gap_ratio);
+      if (s.min_gap_ratio >= 0)
+        std::snprintf(gap, sizeof gap, "%.3g", s.min_gap_ratio);
       std::printf("%-44s %6lld %12.3g %14s\n", name.c_str(), (long long)s.cases,
                   s.worst_ratio, gap);
     }
   }
 };
-const auto* const kStats = ::testing::AddGlobalTestEnvironment(new StatsPrinter);
+const auto* const kStats =
+    ::testing::AddGlobalTestEnvironment(new StatsPrinter);
 
 }  // namespace
 
@@ -53,8 +54,12 @@ RC_GTEST_PROP(LossNormalization, AdamEpsOverK, ()) {
 RC_GTEST_PROP(LossNormalization, SampleMeanOfMeans, ()) {
   run_property("loss-normalization.sample-mean-of-means");
 }
-RC_GTEST_PROP(ZeroGrad, EveryMicroStep, ()) { run_property("zero-grad.every-micro-step"); }
-RC_GTEST_PROP(ZeroGrad, Seed002Loop, ()) { run_property("zero-grad.seed-002-loop"); }
+RC_GTEST_PROP(ZeroGrad, EveryMicroStep, ()) {
+  run_property("zero-grad.every-micro-step");
+}
+RC_GTEST_PROP(ZeroGrad, Seed002Loop, ()) {
+  run_property("zero-grad.seed-002-loop");
+}
 RC_GTEST_PROP(ZeroGrad, Never, ()) { run_property("zero-grad.never"); }
 RC_GTEST_PROP(ZeroGrad, StepEveryMicroStep, ()) {
   run_property("zero-grad.step-every-micro-step");
@@ -70,24 +75,32 @@ RC_GTEST_PROP(Clip, PerMicroStep, ()) { run_property("clip.per-micro-step"); }
 RC_GTEST_PROP(Decay, L2InLossUnnormalized, ()) {
   run_property("decay.l2-in-loss-unnormalized");
 }
-RC_GTEST_PROP(Decay, AdamWOncePerStep, ()) { run_property("decay.adamw-once-per-step"); }
+RC_GTEST_PROP(Decay, AdamWOncePerStep, ()) {
+  run_property("decay.adamw-once-per-step");
+}
 RC_GTEST_PROP(Inertness, Oracle, ()) { run_property("inertness.oracle"); }
 RC_GTEST_PROP(Equivalence, Device, ()) { run_property("equivalence.device"); }
-RC_GTEST_PROP(Trajectory, DeviceSmooth, ()) { run_property("trajectory.device-smooth"); }
-RC_GTEST_PROP(Backward, TwiceIsTwoTimes, ()) { run_property("backward.twice-is-2x.device"); }
+RC_GTEST_PROP(Trajectory, DeviceSmooth, ()) {
+  run_property("trajectory.device-smooth");
+}
+RC_GTEST_PROP(Backward, TwiceIsTwoTimes, ()) {
+  run_property("backward.twice-is-2x.device");
+}
 RC_GTEST_PROP(Bitwise, AccumulationEqualsLargeBatch, ()) {
   run_property("bitwise.accumulation-equals-large-batch.device");
 }
-RC_GTEST_PROP(Determinism, Traces, ()) { run_property("determinism.traces.device"); }
+RC_GTEST_PROP(Determinism, Traces, ()) {
+  run_property("determinism.traces.device");
+}
 
 // The same device properties on the CUDA executor: skipped, with the
 // reason, where no GPU is present.
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-#define ACCUMCHECK_CUDA_PROP(Suite, Name, property)              \
-  TEST(Suite, Name) {                                            \
-    std::string why;                                             \
-    if (!cuda_available(&why)) GTEST_SKIP() << why;              \
-    ::rc::detail::checkGTest([] { run_property(property); });    \
+#define ACCUMCHECK_CUDA_PROP(Suite, Name, property)           \
+  TEST(Suite, Name) {                                         \
+    std::string why;                                          \
+    if (!cuda_available(&why)) GTEST_SKIP() << why;           \
+    ::rc::detail::checkGTest([] { run_property(property); }); \
   }
 ACCUMCHECK_CUDA_PROP(EquivalenceCuda, Device, "equivalence.cuda")
 ACCUMCHECK_CUDA_PROP(TrajectoryCuda, DeviceSmooth, "trajectory.cuda-smooth")
