@@ -365,3 +365,22 @@ class Recorder:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def example_session(doc):
+    """The set-up shared by the example trainers: `--bundle DIR --out DIR`
+    from the command line, the bundle's model, optimizer and scheduler, and
+    a Recorder writing the trace to --out.  Returns (bundle, model,
+    optimizer, scheduler, recorder); the caller's loop stays its own."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--bundle", required=True, help="accumcheck export folder")
+    ap.add_argument("--out", required=True, help="trace folder to write")
+    args = ap.parse_args()
+    bundle = load_bundle(args.bundle)
+    model = bundle.model()
+    optimizer = bundle.optimizer(model)
+    scheduler = bundle.scheduler(optimizer)
+    recorder = Recorder(bundle, model, optimizer, scheduler, out=args.out)
+    return bundle, model, optimizer, scheduler, recorder

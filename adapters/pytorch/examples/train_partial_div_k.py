@@ -4,27 +4,17 @@ and Accelerate do this).  Expected diagnosis: partial-cycle-scale-by-k.
 
     python3 train_partial_div_k.py --bundle BUNDLE --out TRACE
 """
-import argparse
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from accumcheck_torch import Recorder, load_bundle  # noqa: E402
+from accumcheck_torch import example_session  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--bundle", required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-
-    bundle = load_bundle(args.bundle)
-    model = bundle.model()
-    optimizer = bundle.optimizer(model)
-    scheduler = bundle.scheduler(optimizer)
-    recorder = Recorder(bundle, model, optimizer, scheduler, out=args.out)
+    bundle, model, optimizer, scheduler, recorder = example_session(__doc__)
 
     K = bundle.accumulation
     for epoch in range(bundle.epochs):
