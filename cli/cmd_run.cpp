@@ -35,8 +35,12 @@ double oracle_match_tolerance(unsigned digits) {
 template <class Real>
 void write_runs(const std::string& dir, const Scenario& s,
                 const ParamLayout& layout, const Experiment<Real>& x,
-                const std::string& engine, const std::string& precision) {
+                const std::string& engine, const std::string& precision,
+                const std::string& executor = "") {
   TraceWriter w(s.name, s.digest, engine, precision);
+  // Determinism holds per machine, BLAS, GPU architecture and toolkit:
+  // the trace says which.
+  if (!executor.empty()) w.add_meta("executor", executor);
   add_run(w, x.reference, layout);
   add_run(w, x.correct, layout);
   if (x.accepted) add_run(w, *x.accepted, layout);
@@ -98,14 +102,16 @@ int run_command(const RunOptions& o) {
     });
     if (!o.quiet) print_table(s, device, "device, float32, emulated", o.rows);
     if (!o.no_trace)
-      write_runs(dir, s, layout, device, "device-emulated", "float32");
+      write_runs(dir, s, layout, device, "device-emulated", "float32",
+                 exec.describe());
   } else {
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
     const auto cuda = run_experiment(
         s, [&] { return std::make_unique<CudaDevice>(s.model, data, init); });
     if (!o.quiet)
       print_table(s, cuda, "cuda, float32, " + cuda_trace_header(), o.rows);
-    if (!o.no_trace) write_runs(dir, s, layout, cuda, "cuda", "float32");
+    if (!o.no_trace)
+      write_runs(dir, s, layout, cuda, "cuda", "float32", cuda_trace_header());
 #endif
   }
   std::printf("verdict (oracle, %s): %s\n", digits.c_str(),

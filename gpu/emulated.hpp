@@ -49,6 +49,11 @@ class EmulatedExecutor {
   }
   template <class Body>
   void launch(int64_t n, const Body& body) {
+    // Threads of a kernel body never depend on one another (the CUDA
+    // contract: one thread per output element, no ordering between
+    // threads), so the loop may be vectorized; +, -, *, / and sqrt round
+    // the same in vector lanes, so the bits do not change.
+#pragma GCC ivdep
     for (int64_t i = 0; i < n; ++i) body(i);
   }
   void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
