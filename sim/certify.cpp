@@ -781,8 +781,18 @@ std::string certify_text(const CertifyReport& r, int top) {
     std::string name = c.name;
     for (const std::string& a : c.aliases) name.append(" = ").append(a);
     if (!c.inert.empty()) {
+      // Single pitfalls that change nothing here are named; pairs of
+      // them are only counted (they would bury the ranking).
       name.append("  [+ inert here:");
-      for (const std::string& a : c.inert) name.append(" ").append(a);
+      size_t pairs = 0;
+      for (const std::string& a : c.inert) {
+        if (a.find('+') != std::string::npos) {
+          ++pairs;
+          continue;
+        }
+        name.append(" ").append(a);
+      }
+      if (pairs) name.append(fmt::format(" and {} pairs of them", pairs));
       name.append("]");
     }
     o.append(fmt::format("  {:2}. {:<10}{} {}{}\n", i + 1,
