@@ -145,6 +145,7 @@ void equivalence_device() {
     }
   RC_ASSERT(compared > 0);
   record_case(name);
+  record_case(name + ".oracle-values");
 }
 
 // Whole float32 trajectories, where the dynamics are smooth (tanh or GELU,
