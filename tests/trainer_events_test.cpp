@@ -1,0 +1,134 @@
+// The trainer's call order for every pitfall, pinned as DESIGN.md section 5
+// writes it.  NullEngine does no math: what is checked is the sequence of
+// zero_grad (Z), forward_backward (F), clip (C), optimizer_step (O) and
+// scheduler_step (S) calls over one epoch of 5 micro-batches with K = 2:
+// two full windows and a partial one of a single micro-batch.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "sim/null_engine.hpp"
+#include "sim/plan.hpp"
+#include "sim/trainer.hpp"
+
+namespace accumcheck {
+namespace {
+
+Scenario five_micro_batches(int64_t samples = 5) {
+  Scenario s;
+  s.data.samples = samples;
+  s.data.shuffle = false;
+  s.batching.micro_batch = 1;
+  s.batching.accumulation = 2;
+  s.batching.epochs = 1;
+  s.clip.enabled = true;  // every pattern shows where clipping happens
+  s.clip.max_norm = 1.0;
+  return s;
+}
+
+std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5) {
+  const Scenario s = five_micro_batches(samples);
+  NullEngine e;
+  Trainer<NullEngine> t(e, s, behavior_of(pitfalls), 0.1);
+  const Run<double> run = t.run(make_plan(s), "x");
+  std::string p;
+  for (const Event& ev : run.events) {
+    switch (ev.kind) {
+      case EventKind::zero_grad:
+        p += 'Z';
+        break;
+      case EventKind::forward_backward:
+        p += 'F';
+        break;
+      case EventKind::clip:
+        p += 'C';
+        break;
+      case EventKind::optimizer_step:
+        p += 'O';
+        break;
+      case EventKind::scheduler_step:
+        p += 'S';
+        break;
+    }
+  }
+  return p;
+}
+
+// Windows: [F F] [F F] [F] (partial).  One row per pitfall; a pitfall
+// added to the catalog without a row fails EveryPitfallIsPinned.
+struct Pinned {
+  Pitfall pitfall;
+  const char* pattern;
+  const char* why;
+};
+constexpr const char* kCorrect =
+    "FFCOSZ"
+    "FFCOSZ"
+    "FCOSZ";
+const Pinned kPinned[] = {
+    {Pitfall::no_loss_normalization, kCorrect, "weights only"},
+    {Pitfall::sample_mean_of_means, kCorrect, "weights only"},
+    {Pitfall::token_mean_of_means, kCorrect, "weights only"},
+    {Pitfall::partial_cycle_scale_by_k, kCorrect, "weights only"},
+    {Pitfall::schedule_horizon_in_micro_steps, kCorrect, "lr values only"},
+    {Pitfall::l2_in_loss_unnormalized, kCorrect, "gradient values only"},
+    {Pitfall::zero_grad_every_micro_step,
+     "ZFZFCOS"
+     "ZFZFCOS"
+     "ZFCOS",
+     "zero_grad at the top of the micro-batch loop, and only there"},
+    {Pitfall::seed_002_loop, "ZFZFZFZFZF",
+     "5 micro-batches, K = 2: the `if` after the loop is false, no step"},
+    {Pitfall::zero_grad_never,
+     "FFCOS"
+     "FFCOS"
+     "FCOS",
+     "no zero_grad at all"},
+    {Pitfall::step_every_micro_step,
+     "FCOFCOSZ"
+     "FCOFCOSZ"
+     "FCOSZ",
+     "clip and step outside the `if`; scheduler and zero_grad inside it"},
+    {Pitfall::partial_cycle_drop,
+     "FFCOSZ"
+     "FFCOSZ"
+     "FZ",
+     "the partial window is zeroed, not stepped"},
+    {Pitfall::partial_cycle_leak,
+     "FFCOSZ"
+     "FFCOSZ"
+     "F",
+     "the partial window is neither stepped nor zeroed"},
+    {Pitfall::scheduler_per_micro_step,
+     "FSFCOZS"
+     "FSFCOZS"
+     "FCOZS",
+     "the boundary's optimizer.step precedes its micro-step's scheduler.step"},
+    {Pitfall::clip_per_micro_step,
+     "FCFCOSZ"
+     "FCFCOSZ"
+     "FCOSZ",
+     "clip after every backward"},
+};
+
+TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
+
+TEST(TrainerEvents, EveryPitfallIsPinned) {
+  for (Pitfall p : kAllPitfalls) {
+    const Pinned* row = nullptr;
+    for (const Pinned& r : kPinned)
+      if (r.pitfall == p) row = &r;
+    ASSERT_NE(row, nullptr) << pitfall_id(p) << " has no pinned call order";
+    EXPECT_EQ(pattern({p}), row->pattern) << pitfall_id(p) << ": " << row->why;
+  }
+}
+
+TEST(TrainerEvents, Seed002LoopStepsOncePerEpochWhenKDivides) {
+  // 4 micro-batches, K = 2: one step per epoch, after the loop.
+  EXPECT_EQ(pattern({Pitfall::seed_002_loop}, 4),
+            "ZFZFZFZF"
+            "COSZ");
+}
+
+}  // namespace
+}  // namespace accumcheck
