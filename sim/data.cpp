@@ -66,19 +66,42 @@ Dataset generated(const Scenario& s) {
   for (int64_t i = 0; i < d.n; ++i)
     for (int64_t j = 0; j < d.d_in; ++j)
       d.x[size_t(i * d.d_in + j)] = value(Stream::input, i, j);
+  // Targets come from a fixed linear teacher, so there is something to
+  // learn and the side-by-side losses fall (a pitfall shows as a slower or
+  // wrong descent, not only as a distance): teacher(x)_j = sum_k A_jk x_k /
+  // sqrt(d_in), A_jk uniform in [-1, 1) keyed by (seed, j, k), summed in
+  // double in a fixed order.  mse: t = teacher(x) + 0.1 * noise_i,j,
+  // rounded once to float32; cross-entropy: the label is the teacher's
+  // argmax (the lowest j on a tie).  Dyadic data keeps dyadic targets
+  // (n/8), for which every sum stays exact.
+  std::vector<double> teacher(size_t(d.d_out * d.d_in));
+  for (int64_t j = 0; j < d.d_out; ++j)
+    for (int64_t k = 0; k < d.d_in; ++k)
+      teacher[size_t(j * d.d_in + k)] = double(uniform_pm1(
+          random_bits(seed, Stream::target, uint64_t(j), uint64_t(k), 1)));
+  const double scale = 1.0 / std::sqrt(double(d.d_in));
+  auto teach = [&](int64_t i, int64_t j) {
+    double acc = 0;
+    for (int64_t k = 0; k < d.d_in; ++k)
+      acc += teacher[size_t(j * d.d_in + k)] * double(d.x[size_t(i * d.d_in + k)]);
+    return acc * scale;
+  };
   if (d.loss == LossKind::mse) {
     d.y.resize(size_t(d.n * d.d_out));
     for (int64_t i = 0; i < d.n; ++i)
       for (int64_t j = 0; j < d.d_out; ++j)
-        d.y[size_t(i * d.d_out + j)] = value(Stream::target, i, j);
+        d.y[size_t(i * d.d_out + j)] =
+            s.data.dyadic
+                ? value(Stream::target, i, j)
+                : float(teach(i, j) + 0.1 * double(value(Stream::target, i, j)));
   } else {
     d.label.resize(size_t(d.n));
-    for (int64_t i = 0; i < d.n; ++i)
-      d.label[size_t(i)] = int32_t(uniform_index(
-          random_bits(
-              seed, Stream::target,
-              uint64_t(s.data.replicate ? i % s.batching.micro_batch : i)),
-          uint64_t(d.d_out)));
+    for (int64_t i = 0; i < d.n; ++i) {
+      int64_t best = 0;
+      for (int64_t j = 1; j < d.d_out; ++j)
+        if (teach(i, j) > teach(i, best)) best = j;
+      d.label[size_t(i)] = int32_t(best);
+    }
   }
   return d;
 }
