@@ -1,5 +1,6 @@
 // Certification of an outside trainer's trace (sim/certify.hpp).
 #include "sim/certify.hpp"
+#include "sim/export.hpp"
 
 #include <fmt/format.h>
 
@@ -422,6 +423,7 @@ LoadedTrace load(const Scenario& s, const std::string& dir,
 
 CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                       const CertifyConfig& cfg) {
+  require_exportable_model(s);
   const auto t0 = std::chrono::steady_clock::now();
   const ParamLayout layout = layout_of(s.model);
   const LoadedTrace L = load(s, trace_dir, cfg, layout);

@@ -189,7 +189,29 @@ std::vector<std::string> export_warnings(const Scenario& s) {
   return w;
 }
 
+void require_exportable_model(const Scenario& s) {
+  const char* what = nullptr;
+  const char* key = nullptr;
+  if (s.model.kind == ModelKind::token) {
+    what = "token models";
+    key = "model.kind";
+  } else if (s.model.norm != NormKind::none) {
+    what = "models with BatchNorm or LayerNorm";
+    key = "model.norm";
+  } else if (s.model.dropout != 0.0) {
+    what = "models with dropout";
+    key = "model.dropout";
+  }
+  if (what)
+    throw InputError(s.path, 0, 0, key,
+                     std::string(what) +
+                         " are not exported or certified yet (the bundle and "
+                         "the PyTorch adapter cover MLPs without "
+                         "normalization layers or dropout)");
+}
+
 ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
+  require_exportable_model(s);
   if (out_dir.empty())
     throw InputError("", 0, 0, "--out", "expected a folder, got ''");
   const std::string scenario_bytes = read_file_bytes(s.path);

@@ -42,6 +42,11 @@ struct ExportResult {
 // Writes the bundle for `s` (parsed from s.path, whose bytes are copied)
 // into `out`.  `out` may be missing, empty, or a previous bundle (which is
 // replaced); anything else is an InputError.
+// Export and certify cover MLPs without normalization layers or dropout
+// (what the PyTorch adapter builds); other models are refused with an
+// InputError naming the scenario's [model] key.
+void require_exportable_model(const Scenario& s);
+
 ExportResult export_bundle(const Scenario& s, const std::string& out);
 
 }  // namespace accumcheck

@@ -328,5 +328,25 @@ TEST(Export, WarnsWhenPitfallsAreIndistinguishable) {
   EXPECT_EQ(export_warnings(scenario()).size(), 2u);
 }
 
+// Models the bundle and the PyTorch adapter cannot carry are refused with
+// the [model] key named, before anything is written.
+TEST(Export, RefusesModelsItCannotCarry) {
+  const std::string src = std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/";
+  const std::pair<const char*, const char*> cases[] = {
+      {"token-mean-of-means.toml", "model.kind"},
+      {"batchnorm-micro-stats.toml", "model.norm"}};
+  for (const auto& [file, key] : cases) {
+    const Scenario s = parse_scenario_file(src + file);
+    const std::string dir = temp_dir(std::string("refused-") + file);
+    try {
+      export_bundle(s, dir);
+      ADD_FAILURE() << file << ": no error";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.key(), key) << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir)) << file;
+  }
+}
+
 }  // namespace
 }  // namespace accumcheck

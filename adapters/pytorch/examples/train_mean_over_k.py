@@ -1,0 +1,42 @@
+"""The everyday correct loop (accumcheck example): `loss = criterion / K`.
+
+The loop most people write: the micro-batch mean divided by K, backward,
+and every K micro-batches clip, step, schedule and zero.  It is correct
+when every window holds K micro-batches of equal size (no short
+micro-batch, no partial window), which the scenarios it is certified on
+have; with a partial window it is partial-cycle-scale-by-k.  The loss takes
+MSE or cross-entropy as the bundle says.
+
+    python3 train_mean_over_k.py --bundle BUNDLE --out TRACE
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from accumcheck_torch import example_session  # noqa: E402
+
+
+def main():
+    bundle, model, optimizer, scheduler, recorder = example_session(__doc__)
+    criterion = (torch.nn.MSELoss() if bundle.loss_kind == "mse"
+                 else torch.nn.CrossEntropyLoss())
+
+    K = bundle.accumulation
+    for epoch in range(bundle.epochs):
+        for i, (x, y) in enumerate(bundle.micro_batches(epoch)):
+            loss = criterion(model(x), y) / K
+            loss.backward()
+            if (i + 1) % K == 0:
+                if bundle.clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), bundle.max_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+
+    recorder.close()
+
+
+if __name__ == "__main__":
+    main()
