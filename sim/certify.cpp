@@ -530,6 +530,35 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
       behaviors = std::move(kept_b);
     }
   }
+  // The closest few candidates are judged with the Tracked bound too, in
+  // parallel: plausible matches only (within 10x of the best cheap
+  // distance, or of the bound), at most cfg.refine of them.  When the
+  // accepted semantics already looks out of the bound on the cheap pass,
+  // they start now, beside the accepted semantics' rigorous run, rather
+  // than after it.
+  std::vector<std::pair<size_t, std::future<Forced>>> jobs;
+  bool refine_launched = false;
+  auto launch_refine = [&] {
+    refine_launched = true;
+    std::vector<size_t> order(r.ranking.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return r.ranking[a].proxy < r.ranking[b].proxy;
+    });
+    const double plausible =
+        10 * std::max(1.0, order.empty() ? 1.0 : r.ranking[order[0]].proxy);
+    for (size_t k = 0; k < order.size(); ++k) {
+      const CertifyCandidate& c = r.ranking[order[k]];
+      const Behavior& b = behaviors[order[k]];
+      if (b == accepted_b) continue;
+      if (int(jobs.size()) >= cfg.refine || !(c.proxy <= plausible)) continue;
+      jobs.emplace_back(order[k], std::async(std::launch::async, [&ctx, b] {
+                          return forced_run<TR>(ctx, b);
+                        }));
+    }
+  };
+  for (size_t k = 0; k < r.ranking.size(); ++k)
+    if (behaviors[k] == accepted_b && r.ranking[k].proxy > 1) launch_refine();
   const Forced acc = acc_future.get();
   r.expected_steps = acc.steps;
   const Distance acc_d = distance_of(acc, L.steps.size());
@@ -630,32 +659,16 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
             semantics_pattern(s, plan, behaviors[i], ignore_sched) ==
             trace_pattern;
     // Rigorous pass for the accepted semantics and the closest few.
-    std::vector<size_t> order(r.ranking.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return r.ranking[a].proxy < r.ranking[b].proxy;
-    });
-    // Plausible matches only: within 10x of the best cheap distance (or
-    // of the bound), at most cfg.refine of them, judged in parallel.
-    const double plausible =
-        10 * std::max(1.0, order.empty() ? 1.0 : r.ranking[order[0]].proxy);
-    std::vector<std::pair<size_t, std::future<Forced>>> jobs;
-    for (size_t k = 0; k < order.size(); ++k) {
-      CertifyCandidate& c = r.ranking[order[k]];
-      const Behavior& b = behaviors[order[k]];
-      if (b == accepted_b) {
+    if (!refine_launched) launch_refine();
+    for (size_t k = 0; k < r.ranking.size(); ++k)
+      if (behaviors[k] == accepted_b) {
+        CertifyCandidate& c = r.ranking[k];
         const Distance d = distance_of(acc, L.steps.size());
         c.tracked = true;
         c.distance = d.value;
         c.first_out = d.first_out;
         c.first_out_what = d.first_out_what;
-        continue;
       }
-      if (int(jobs.size()) >= cfg.refine || !(c.proxy <= plausible)) continue;
-      jobs.emplace_back(order[k], std::async(std::launch::async, [&ctx, b] {
-                          return forced_run<TR>(ctx, b);
-                        }));
-    }
     for (auto& [i, job] : jobs) {
       const Distance d = distance_of(job.get(), L.steps.size());
       CertifyCandidate& c = r.ranking[i];

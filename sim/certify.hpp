@@ -30,7 +30,9 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sim/scenario.hpp"
@@ -40,7 +42,10 @@ namespace accumcheck {
 struct CertifyConfig {
   std::string run;    // run to judge; "" = the only or the last run
   bool fp64 = false;  // the trainer computes in float64
-  int refine = 4;     // candidates judged with Tracked beyond the accepted
+  // Candidates judged with the Tracked bound beyond the accepted semantics,
+  // run in parallel with it: one round on this machine's cores (the rest
+  // keep their cheap proxy distance, marked as such).
+  int refine = std::max(1, int(std::thread::hardware_concurrency()) - 1);
 };
 
 // One check (a JUnit testcase).
