@@ -9,6 +9,7 @@
 #include "cli/table.hpp"
 #include "gpu/device.hpp"
 #include "gpu/emulated.hpp"
+#include "oracle/error_model.hpp"
 #include "oracle/oracle.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
@@ -23,14 +24,6 @@
 namespace accumcheck::cli {
 
 namespace {
-
-// Oracle runs are exact up to rounding at `digits` decimal digits; runs
-// that agree in real arithmetic differ by far less than 10^-(digits-10)
-// relative (ten digits of headroom for the ~10^4 operations a step chain
-// accumulates), and a real difference is far larger.
-double oracle_match_tolerance(unsigned digits) {
-  return std::pow(10.0, -double(int(digits) - 10));
-}
 
 template <class Real>
 void write_runs(const std::string& dir, const Scenario& s,
@@ -87,7 +80,8 @@ int run_command(const RunOptions& o) {
   const auto oracle = run_experiment(s, [&] {
     return std::make_unique<Oracle<OracleReal>>(s.model, data, init);
   });
-  const Verdict verdict = judge(s, oracle, oracle_match_tolerance(o.digits));
+  const Verdict verdict =
+      judge(s, oracle, error_model::oracle_tolerance(o.digits));
 
   const std::string dir = o.out.empty() ? "out/" + s.name : o.out;
   const std::string digits = std::to_string(o.digits) + " digits";

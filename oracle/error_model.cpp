@@ -1,9 +1,15 @@
 #include "oracle/error_model.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
 namespace accumcheck::error_model {
+
+double oracle_tolerance(unsigned digits) {
+  return std::pow(10.0,
+                  -(double(digits) - tolerance("oracle_rel_digits_margin")));
+}
 
 double tolerance(std::string_view name) {
   for (const Tolerance& t : kTolerances)

@@ -60,7 +60,21 @@ inline constexpr Tolerance kTolerances[] = {
      "oracle vs oracle on equal-in-real-arithmetic runs (DESIGN.md 6.1): "
      "relative error below 10^-(digits - 10): trajectories of thousands "
      "of operations each rounding at 10^-digits"},
+    {"fp64_bound_scale", 1.0 / 536870912.0,
+     "certify --precision fp64: the float32 bound scaled by u64/u32 = "
+     "2^-53/2^-24 = 2^-29 (same formulas, float64 rounding; not derived "
+     "per operation like the float32 bound)"},
+    {"certify_proxy_ulps", 64,
+     "certify's cheap ranking pass (double oracle, no Tracked bound): a "
+     "candidate is scored against 64 u (|v| + 2^-10 max|v|), generous "
+     "enough that a candidate inside the real bound scores below 1; only "
+     "orders the candidates, never decides PASS or FAIL"},
 };
+
+// Oracle runs that agree in real arithmetic are compared at relative
+// 10^-(digits - oracle_rel_digits_margin): the one oracle tolerance, used
+// by `accumcheck run` verdicts and the oracle properties alike.
+double oracle_tolerance(unsigned digits);
 
 // The value of a tolerance by name; throws std::out_of_range if unknown.
 double tolerance(std::string_view name);

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "oracle/error_model.hpp"
+
 namespace accumcheck::properties {
 
 double oracle_tolerance() {
-  return std::pow(10.0, -double(int(oracle_digits()) - 10));
+  return error_model::oracle_tolerance(oracle_digits());
 }
 
 Case::Case(Scenario sc)

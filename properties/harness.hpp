@@ -26,11 +26,7 @@ namespace accumcheck::properties {
 using O = Oracle<OracleReal>;
 using R = OracleReal;
 
-// Oracle runs that agree in real arithmetic differ only by rounding at
-// `digits` decimal digits, amplified by at most ~10^4 operations per chain
-// and the conditioning of a few steps: 10^-(digits-10) leaves ten digits
-// of headroom and is still 10^30 times smaller than any real difference a
-// pitfall makes in these small models.
+// error_model::oracle_tolerance at the oracle's current digits.
 double oracle_tolerance();
 
 struct Case {

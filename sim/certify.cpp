@@ -1,6 +1,5 @@
 // Certification of an outside trainer's trace (sim/certify.hpp).
 #include "sim/certify.hpp"
-#include "sim/export.hpp"
 
 #include <fmt/format.h>
 
@@ -17,6 +16,7 @@
 #include "oracle/real.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
+#include "sim/export.hpp"
 #include "sim/layout.hpp"
 #include "sim/null_engine.hpp"
 #include "sim/plan.hpp"
@@ -30,10 +30,9 @@ namespace {
 using TR = Tracked<OracleReal>;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kU = error_model::kUnitRoundoff32;
-// fp64 trainers: u64 / u32 = 2^-53 / 2^-24.
-const double kFp64Scale = std::ldexp(1.0, -29);
-// The proxy bound of the cheap ranking pass: 64 u (|v| + 2^-10 max|v|).
-constexpr double kProxyUlps = 64;
+// Both from the one tolerance table (oracle/error_model.hpp), with reasons.
+const double kFp64Scale = error_model::tolerance("fp64_bound_scale");
+const double kProxyUlps = error_model::tolerance("certify_proxy_ulps");
 
 // An engine that remembers every grad_norm() it returned, so that the
 // clip decisions of a step can be checked for ambiguity.
