@@ -194,6 +194,76 @@ void trajectory_device_smooth() {
   record_case(name);
 }
 
+// A pitfall on float32: where the oracle's predicted gap between the
+// pitfall's gradient and the correct one exceeds both bounds together, the
+// device's buggy gradient is (1) within its own bound of the oracle's buggy
+// gradient (the device implements the pitfall as predicted) and (2) outside
+// the correct gradient's bound (float32 can tell them apart).  One window,
+// teacher-forced from the initial state; the ratio gap / (bound_correct +
+// bound_pitfall) is recorded (DESIGN.md section 6: a difference is
+// asserted only where the predicted gap exceeds the bound).
+template <class Dev>
+void pitfall_difference() {
+  const std::string name = "difference." + engine_name<Dev>();
+  const Pitfall p =
+      *rc::gen::element(
+           Pitfall::no_loss_normalization, Pitfall::sample_mean_of_means,
+           Pitfall::zero_grad_every_micro_step, Pitfall::step_every_micro_step,
+           Pitfall::partial_cycle_scale_by_k, Pitfall::l2_in_loss_unnormalized)
+           .as("pitfall");
+  Triggers t;
+  t.pitfalls = {p};
+  t.partial_window = true;
+  t.short_micro = true;
+  t.no_clip = true;  // clip decisions near the threshold are not comparable
+  t.single_epoch = true;
+  Scenario s = *scenario(t).as("scenario");
+  if (s.optimizer.l2_in_loss == 0) s.optimizer.l2_in_loss = 1.0 / 16;
+  const Case c(s);
+  // The partial last window shows partial-cycle-scale-by-k; the first, a
+  // full one, shows the others.
+  const auto& windows = c.plan.epochs[0].windows;
+  const Window& w =
+      p == Pitfall::partial_cycle_scale_by_k ? windows.back() : windows.front();
+  const int64_t K = s.batching.accumulation;
+  auto tracked = [&](const std::vector<Pitfall>& sem) {
+    OT o(s.model, c.data, c.init);
+    Trainer<OT> tr(o, s, behavior_of(sem), s.optimizer.lr);
+    return tr.run_window(w, K, {});
+  };
+  const Run<T> ok = tracked({}), bug = tracked({p});
+  auto dev = device<Dev>(c);
+  Trainer<Dev> dt(*dev, s, behavior_of({p}), s.optimizer.lr);
+  const Run<float> d = dt.run_window(w, K, {});
+  RC_ASSERT(!ok.steps.empty() && !bug.steps.empty() && !d.steps.empty());
+  const auto& g_ok = ok.steps[0].grad;
+  const auto& g_bug = bug.steps[0].grad;
+  const auto& g_dev = d.steps[0].grad;
+  // (1) the device's pitfall is the oracle's pitfall, within the bound.
+  record(name,
+         error_model::compare("pitfall gradient", g_dev, g_bug, &c.layout));
+  // The predicted gap, element by element, against both bounds.
+  double best = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < g_ok.size(); ++i) {
+    using std::abs;
+    const OracleReal both = g_ok[i].e + g_bug[i].e;
+    const OracleReal gap = abs(g_bug[i].v - g_ok[i].v);
+    const double ratio =
+        both > 0 ? static_cast<double>(gap / both) : (gap > 0 ? 1e300 : 0.0);
+    if (ratio > best) {
+      best = ratio;
+      at = i;
+    }
+  }
+  RC_PRE(best > 1);
+  record_gap(name, best);
+  // (2) so float32 tells the pitfall from correct accumulation there.
+  using std::abs;
+  RC_ASSERT(abs(OracleReal(g_dev[at]) - g_ok[at].v) > g_ok[at].e);
+  record_case(name);
+}
+
 // ---------------------------------------------------------------------------
 // (g) The backward contract: backward accumulates (+=), so twice on one
 // micro-batch is exactly twice (dyadic inputs: every sum exact).
@@ -322,6 +392,11 @@ std::vector<Property> tier(bool needs_gpu) {
        "dyadic data, MSE, identity/ReLU, b and K powers of two: bit-equal to "
        "the large batch",
        bitwise_tier<Dev>, needs_gpu},
+      {"difference." + e, e,
+       "a pitfall's float32 gradient is the oracle's prediction, and outside "
+       "the "
+       "correct gradient's bound where the predicted gap exceeds both bounds",
+       pitfall_difference<Dev>, needs_gpu},
       {"determinism.traces." + e, e,
        "the same scenario gives byte-identical traces twice (device and "
        "oracle)",

@@ -92,6 +92,7 @@ RC_GTEST_PROP(Bitwise, AccumulationEqualsLargeBatch, ()) {
 RC_GTEST_PROP(Determinism, Traces, ()) {
   run_property("determinism.traces.device");
 }
+RC_GTEST_PROP(Difference, Device, ()) { run_property("difference.device"); }
 
 // The same device properties on the CUDA executor: skipped, with the
 // reason, where no GPU is present.
@@ -108,6 +109,7 @@ ACCUMCHECK_CUDA_PROP(BackwardCuda, TwiceIsTwoTimes, "backward.twice-is-2x.cuda")
 ACCUMCHECK_CUDA_PROP(BitwiseCuda, AccumulationEqualsLargeBatch,
                      "bitwise.accumulation-equals-large-batch.cuda")
 ACCUMCHECK_CUDA_PROP(DeterminismCuda, Traces, "determinism.traces.cuda")
+ACCUMCHECK_CUDA_PROP(DifferenceCuda, Device, "difference.cuda")
 #endif
 
 }  // namespace accumcheck::properties
