@@ -8,5 +8,6 @@ static_assert(Engine<Oracle<float>>);
 
 template class Oracle<OracleReal>;
 template class Oracle<Tracked<OracleReal>>;
+template class Oracle<Tracked<BoundReal>>;
 
 }  // namespace accumcheck

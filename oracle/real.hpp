@@ -32,6 +32,15 @@ using OracleReal =
 
 inline constexpr unsigned kDefaultOracleDigits = 50;
 
+// The number type under Tracked<> when only the float32 bound matters
+// (certify's teacher-forced passes): 40 fixed decimal digits on the stack,
+// no expression templates, so an elementwise operation allocates nothing.
+// The value's own rounding (10^-40) is far below any float32 bound.
+using BoundReal = boost::multiprecision::number<
+    boost::multiprecision::mpfr_float_backend<
+        40, boost::multiprecision::allocate_stack>,
+    boost::multiprecision::et_off>;
+
 // Sets the precision (decimal digits) of OracleReal values created from now
 // on.  Throws std::invalid_argument below 20 digits: the oracle must be far
 // more precise than float32 for the error model to hold.

@@ -27,7 +27,7 @@ namespace accumcheck {
 
 namespace {
 
-using TR = Tracked<OracleReal>;
+using TR = Tracked<BoundReal>;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kU = error_model::kUnitRoundoff32;
 // Both from the one tolerance table (oracle/error_model.hpp), with reasons.
@@ -115,10 +115,11 @@ error_model::Comparison judge_values(const std::string& what,
   using std::abs;
   error_model::Comparison c;
   c.what = what;
-  const OracleReal scale(kFp64Scale);
+  using B = decltype(v[0].v);
+  const B scale(kFp64Scale);
   for (size_t i = 0; i < f.size() && i < v.size(); ++i) {
-    const OracleReal err = abs(OracleReal(f[i]) - v[i].v);
-    const OracleReal bound = v[i].e * scale;
+    const B err = abs(B(f[i]) - v[i].v);
+    const B bound = v[i].e * scale;
     const double ratio =
         bound > 0 ? static_cast<double>(err / bound)
                   : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
@@ -180,9 +181,9 @@ Forced forced_run(const Ctx& c, const Behavior& b) {
         for (size_t i = 0; i + 1 < norms.size(); ++i) {
           const T coef = T(c.s.clip.max_norm) / (norms[i] + T(1e-6));
           using std::abs;
-          OracleReal bound = coef.e;
-          if (c.fp64) bound *= OracleReal(kFp64Scale);
-          if (abs(coef.v - OracleReal(1)) <= bound) ev.ambiguous = true;
+          auto bound = coef.e;
+          if (c.fp64) bound *= decltype(bound)(kFp64Scale);
+          if (abs(coef.v - decltype(bound)(1)) <= bound) ev.ambiguous = true;
         }
     }
     norms.clear();
