@@ -61,7 +61,7 @@ int check_command(const CheckOptions& o) {
         (o.engine == p.engine || (o.engine == "all" && !p.needs_gpu)))
       chosen.push_back(&p);
   if (chosen.empty())
-    throw InputError("--property", 0, 0, "--property",
+    throw InputError("", 0, 0, "--property",
                      "no property matches '" + o.property + "' on engine " +
                          o.engine + " (accumcheck check --list shows them)");
   if (o.list) {

@@ -56,10 +56,10 @@ void print_table(const Scenario& s, const Experiment<Real>& x,
 void require_cuda() {
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
   std::string why;
-  if (!cuda_available(&why)) throw InputError("--engine cuda", 0, 0, "", why);
+  if (!cuda_available(&why)) throw InputError("", 0, 0, "--engine cuda", why);
 #else
   throw InputError(
-      "--engine cuda", 0, 0, "",
+      "", 0, 0, "--engine cuda",
       "this build has no CUDA executor (nvcc was not found when it "
       "was configured)");
 #endif

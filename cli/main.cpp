@@ -32,8 +32,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run_cmd->add_option("--out", run.out,
                       "trace directory (default: out/<scenario name>)");
-  run_cmd->add_option("--steps", run.steps,
-                      "stop after N optimizer steps (default: the scenario's)");
+  run_cmd
+      ->add_option("--steps", run.steps,
+                   "stop after N optimizer steps (default: the scenario's)")
+      ->check(CLI::Range(0LL, 1LL << 40));
   run_cmd
       ->add_option("--digits", run.digits, "oracle precision in decimal digits")
       ->check(CLI::Range(20u, 1000u))

@@ -33,7 +33,7 @@ class InputError : public std::runtime_error {
     std::string s = file;
     if (line > 0) s.append(":").append(std::to_string(line));
     if (column > 0) s.append(":").append(std::to_string(column));
-    s.append(": ");
+    if (!s.empty()) s.append(": ");  // no file: a command-line option
     if (!key.empty()) s.append(key).append(": ");
     s.append(message);
     return s;
