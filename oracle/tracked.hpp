@@ -204,6 +204,12 @@ struct Tracked {
     Tracked r;
     r.v = a.v * b.v;
     if (is_zero(a.e) && is_zero(b.e) && float_exact(r.v)) return r;
+    // An exact zero times any finite float is an exact zero, whatever the
+    // other factor's bound (even an unbounded one: Adam's step at lr = 0
+    // times an update whose denominator's bound reaches 0).  Overflow is
+    // outside the model, so the other float factor is finite.
+    if ((is_zero(a.v) && is_zero(a.e)) || (is_zero(b.v) && is_zero(b.e)))
+      return Tracked(B(0), B(0));
     const B P = abs(a.v) * b.e + abs(b.v) * a.e + a.e * b.e;
     r.e = P * one_plus_u<B>() + unit<B>() * abs(r.v) + eta<B>();
     return r;
