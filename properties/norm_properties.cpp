@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "gpu/emulated.hpp"
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+#include "gpu/cuda/cuda_executor.hpp"
+#endif
 #include "oracle/error_model.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
@@ -302,15 +305,14 @@ using TR = Tracked<OracleReal>;
 // One window from the initial state on the device and on the Tracked
 // oracle: the accumulated gradient, the parameters after the step and the
 // buffers must lie within the derived bound.
+template <class Dev>
 void device_window(const std::string& name, const Scenario& s,
                    const std::vector<Pitfall>& pitfalls) {
   const Case c(s);
   const Window& w = *windows_of(c.plan).front();
-  EmulatedExecutor ex;
-  Device<EmulatedExecutor> dev(s.model, c.data, c.init, ex);
+  Dev dev(s.model, c.data, c.init);
   Oracle<TR> orc(s.model, c.data, c.init);
-  Trainer<Device<EmulatedExecutor>> td(dev, s, behavior_of(pitfalls),
-                                       s.optimizer.lr);
+  Trainer<Dev> td(dev, s, behavior_of(pitfalls), s.optimizer.lr);
   Trainer<Oracle<TR>> to(orc, s, behavior_of(pitfalls), s.optimizer.lr);
   const Run<float> rd = td.run_window(w, c.plan.accumulation, {});
   const Run<TR> ro = to.run_window(w, c.plan.accumulation, {});
@@ -334,23 +336,59 @@ void device_window(const std::string& name, const Scenario& s,
   record_case(name);
 }
 
+// "device.x" on the emulated executor, "cuda.x" on the CUDA executor.
+template <class Dev>
+std::string tier_name(const char* what);
+template <>
+std::string tier_name<EmulatedDevice>(const char* what) {
+  return std::string("device.") + what;
+}
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+template <>
+std::string tier_name<CudaDevice>(const char* what) {
+  return std::string("cuda.") + what;
+}
+#endif
+
+template <class Dev>
 void device_token() {
   Scenario s = token_scenario(false);
   const bool bug = *gen::arbitrary<bool>().as("token-mean-of-means");
   if (bug) s.trainer.pitfalls = {Pitfall::token_mean_of_means};
-  device_window("device.token", s, s.trainer.pitfalls);
+  device_window<Dev>(tier_name<Dev>("token"), s, s.trainer.pitfalls);
 }
+template <class Dev>
 void device_batchnorm() {
   const bool rep = *gen::arbitrary<bool>().as("replicate");
-  device_window("device.batchnorm",
-                mlp_scenario(NormKind::batchnorm, false, rep), {});
+  device_window<Dev>(tier_name<Dev>("batchnorm"),
+                     mlp_scenario(NormKind::batchnorm, false, rep), {});
 }
+template <class Dev>
 void device_layernorm_dropout() {
   const bool drop = *gen::arbitrary<bool>().as("dropout");
   const NormKind n =
       *gen::element(NormKind::none, NormKind::layernorm).as("norm");
-  device_window("device.layernorm-dropout",
-                mlp_scenario(n, drop || n == NormKind::none, false), {});
+  device_window<Dev>(tier_name<Dev>("layernorm-dropout"),
+                     mlp_scenario(n, drop || n == NormKind::none, false), {});
+}
+
+template <class Dev>
+std::vector<Property> device_tier(bool needs_gpu) {
+  const std::string e = needs_gpu ? "cuda" : "device";
+  return {
+      {tier_name<Dev>("token"), e,
+       "token model (correct or token-mean-of-means), one window: float32 "
+       "within the Tracked bound",
+       device_token<Dev>, needs_gpu},
+      {tier_name<Dev>("batchnorm"), e,
+       "BatchNorm, one window: float32 grads, params, running stats within "
+       "the Tracked bound",
+       device_batchnorm<Dev>, needs_gpu},
+      {tier_name<Dev>("layernorm-dropout"), e,
+       "LayerNorm and/or dropout, one window: float32 within the Tracked "
+       "bound",
+       device_layernorm_dropout<Dev>, needs_gpu},
+  };
 }
 
 }  // namespace
@@ -387,19 +425,16 @@ const std::vector<Property>& norm_properties() {
        "dropout masks keyed by sample: correct accumulation equals the large "
        "batch",
        dropout_equivalence},
-      {"device.token", "device",
-       "token model (correct or token-mean-of-means), one window: float32 "
-       "within the Tracked bound",
-       device_token},
-      {"device.batchnorm", "device",
-       "BatchNorm, one window: float32 grads, params, running stats within the "
-       "Tracked bound",
-       device_batchnorm},
-      {"device.layernorm-dropout", "device",
-       "LayerNorm and/or dropout, one window: float32 within the Tracked bound",
-       device_layernorm_dropout},
   };
-  return props;
+  static const std::vector<Property> all = [] {
+    std::vector<Property> v = props;
+    for (Property& p : device_tier<EmulatedDevice>(false)) v.push_back(p);
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+    for (Property& p : device_tier<CudaDevice>(true)) v.push_back(p);
+#endif
+    return v;
+  }();
+  return all;
 }
 
 }  // namespace accumcheck::properties

@@ -5,6 +5,9 @@
 #include <rapidcheck/gtest.h>
 
 #include "properties/harness.hpp"
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+#include "gpu/cuda/cuda_executor.hpp"
+#endif
 
 namespace accumcheck::properties {
 namespace {
@@ -48,5 +51,18 @@ RC_GTEST_PROP(DeviceNorm, BatchNorm, ()) {
 RC_GTEST_PROP(DeviceNorm, LayerNormDropout, ()) {
   run_norm_property("device.layernorm-dropout");
 }
+
+// The same on the CUDA executor: skipped, with the reason, without a GPU.
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+#define ACCUMCHECK_CUDA_NORM_PROP(Name, property)                  \
+  TEST(DeviceNormCuda, Name) {                                     \
+    std::string why;                                               \
+    if (!cuda_available(&why)) GTEST_SKIP() << why;                \
+    ::rc::detail::checkGTest([] { run_norm_property(property); }); \
+  }
+ACCUMCHECK_CUDA_NORM_PROP(Token, "cuda.token")
+ACCUMCHECK_CUDA_NORM_PROP(BatchNorm, "cuda.batchnorm")
+ACCUMCHECK_CUDA_NORM_PROP(LayerNormDropout, "cuda.layernorm-dropout")
+#endif
 
 }  // namespace accumcheck::properties
