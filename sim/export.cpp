@@ -195,9 +195,6 @@ void require_exportable_model(const Scenario& s) {
   if (s.model.kind == ModelKind::token) {
     what = "token models";
     key = "model.kind";
-  } else if (s.model.norm != NormKind::none) {
-    what = "models with BatchNorm or LayerNorm";
-    key = "model.norm";
   } else if (s.model.dropout != 0.0) {
     what = "models with dropout";
     key = "model.dropout";
@@ -206,8 +203,8 @@ void require_exportable_model(const Scenario& s) {
     throw InputError(s.path, 0, 0, key,
                      std::string(what) +
                          " are not exported or certified yet (the bundle and "
-                         "the PyTorch adapter cover MLPs without "
-                         "normalization layers or dropout)");
+                         "the PyTorch adapter cover MLPs, with or without "
+                         "BatchNorm or LayerNorm, without dropout)");
 }
 
 ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
@@ -250,8 +247,10 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
     std::string p = "tensor,index,row,col,value\n";
     for (size_t k = 0; k < layout.tensors.size(); ++k) {
       const TensorView& v = layout.tensors[k];
-      const bool bias = k % 2 == 1;
-      t.append(fmt::format("{},{},{},{},{}\n", v.name, bias ? 1 : 2, v.rows,
+      // 2-D: Linear weights and the embedding (uniform init); 1-D: biases
+      // and norm weights.
+      const bool matrix = k % 2 == 0 && v.init == TensorView::Init::uniform;
+      t.append(fmt::format("{},{},{},{},{}\n", v.name, matrix ? 2 : 1, v.rows,
                            v.cols, v.offset));
       for (int64_t i = 0; i < v.size(); ++i)
         p.append(fmt::format("{},{},{},{},{}\n", v.name, i, i / v.cols,
@@ -309,6 +308,9 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
           {"accepted", semantics_name(s.trainer.accepted)},
           {"widths", widths},
           {"activation", std::string(activation_name(s.model.activation))},
+          {"norm", s.model.norm == NormKind::none        ? "none"
+                   : s.model.norm == NormKind::batchnorm ? "batchnorm"
+                                                         : "layernorm"},
           {"loss", s.model.loss == LossKind::mse ? "mse" : "cross-entropy"},
           {"samples", std::to_string(data.n)},
           {"micro_batch", std::to_string(s.batching.micro_batch)},

@@ -334,7 +334,7 @@ TEST(Export, RefusesModelsItCannotCarry) {
   const std::string src = std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/";
   const std::pair<const char*, const char*> cases[] = {
       {"token-mean-of-means.toml", "model.kind"},
-      {"batchnorm-micro-stats.toml", "model.norm"}};
+      {"dropout-sample-keyed.toml", "model.dropout"}};
   for (const auto& [file, key] : cases) {
     const Scenario s = parse_scenario_file(src + file);
     const std::string dir = temp_dir(std::string("refused-") + file);

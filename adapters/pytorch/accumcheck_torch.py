@@ -80,6 +80,7 @@ class Bundle:
         self.accepted = hp["accepted"]
         self.widths = [int(w) for w in hp["widths"].split()]
         self.activation = hp["activation"]
+        self.norm = hp.get("norm", "none")
         self.loss_kind = hp["loss"]
         self.d_in, self.d_out = self.widths[0], self.widths[-1]
         self.micro_batch = int(hp["micro_batch"])
@@ -149,6 +150,12 @@ class Bundle:
         for i in range(len(self.widths) - 1):
             layers.append(torch.nn.Linear(self.widths[i], self.widths[i + 1]))
             if i + 2 < len(self.widths):
+                # The norm sits between the hidden Linear and its activation.
+                if self.norm == "batchnorm":
+                    layers.append(torch.nn.BatchNorm1d(self.widths[i + 1], eps=1e-5,
+                                                       momentum=0.1))
+                elif self.norm == "layernorm":
+                    layers.append(torch.nn.LayerNorm(self.widths[i + 1], eps=1e-5))
                 layers.append(acts[self.activation]())
         net = torch.nn.Sequential(*layers)
         with torch.no_grad():
