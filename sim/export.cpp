@@ -91,8 +91,11 @@ exact in float32 and float64):
   data.csv             one row per sample: sample id, inputs x0.., then
                        targets y0.. (mse) or a class label (cross-entropy)
   tensors.csv          parameter tensors in PyTorch order and names
-                       (nn.Sequential: Linear l is "{2l}.weight" [out x in]
-                       and "{2l}.bias" [out], the activation between them)
+                       (nn.Sequential of Linear, then for hidden layers the
+                       norm (BatchNorm1d or LayerNorm, if any) and the
+                       activation: with no norm, Linear l is "{2l}.weight"
+                       [out x in] and "{2l}.bias" [out]; the names here are
+                       the state_dict's)
   params.csv           the initial value of every parameter element
                        (row-major: index = row * cols + col)
   batches.csv          the micro-batch order: per epoch, window (global
