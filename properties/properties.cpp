@@ -360,9 +360,11 @@ void partial_scale_by_k() {
   const int64_t K = s.batching.accumulation;
   const Run<R> bug =
       c.run(c.plan, {Pitfall::partial_cycle_scale_by_k}, s.optimizer.lr);
-  // G = (1/K) sum_{k <= r} grad L_k, L_k the micro-batch mean.
+  // Partial windows: G = (1/K) sum_{k <= r} grad L_k, L_k the micro-batch
+  // mean; full windows: correct, 1/N_w.
   check_weights(name, c, bug, [K](const FlatWindow& fw) {
-    const int64_t R_ = ranks(*fw.w);
+    const int64_t R_ = ranks(*fw.w), N = fw.w->items();
+    if (!fw.w->partial) return all_parts(*fw.w, [N](int64_t) { return N; });
     return all_parts(*fw.w, [=](int64_t b) { return K * b * R_; });
   });
   record_case(name);
@@ -404,14 +406,15 @@ void partial_leak() {
   for (size_t i = 0; i < bug.steps.size(); ++i) {
     const size_t w = size_t(bug.steps[i].window);
     RC_ASSERT(!windows[w].w->partial);
-    auto den = [K, &windows, w](int64_t b) {
-      return K * b * ranks(*windows[w].w);
-    };
-    Parts ps = all_parts(*windows[w].w, den);
-    // The previous epoch's partial window joins this one, at the same
-    // parameters (no step happened in between).
+    // The full window weighs its samples 1/N_w; the previous epoch's
+    // partial window, weighted 1/(K*b_k) by the `loss / K` loop, joins it
+    // at the same parameters (no step happened in between).
+    const int64_t N = windows[w].w->items();
+    Parts ps = all_parts(*windows[w].w, [N](int64_t) { return N; });
     if (w > 0 && windows[w - 1].w->partial) {
-      const Parts left = all_parts(*windows[w - 1].w, den);
+      const int64_t R_ = ranks(*windows[w - 1].w);
+      const Parts left =
+          all_parts(*windows[w - 1].w, [=](int64_t b) { return K * b * R_; });
       ps.insert(ps.begin(), left.begin(), left.end());
     }
     const auto want = predicted(c, theta_before(bug, i, c), ps);

@@ -193,21 +193,11 @@ std::vector<std::string> export_warnings(const Scenario& s) {
 }
 
 void require_exportable_model(const Scenario& s) {
-  const char* what = nullptr;
-  const char* key = nullptr;
-  if (s.model.kind == ModelKind::token) {
-    what = "token models";
-    key = "model.kind";
-  } else if (s.model.dropout != 0.0) {
-    what = "models with dropout";
-    key = "model.dropout";
-  }
-  if (what)
-    throw InputError(s.path, 0, 0, key,
-                     std::string(what) +
-                         " are not exported or certified yet (the bundle and "
-                         "the PyTorch adapter cover MLPs, with or without "
-                         "BatchNorm or LayerNorm, without dropout)");
+  if (s.model.dropout != 0.0)
+    throw InputError(s.path, 0, 0, "model.dropout",
+                     "models with dropout are not exported or certified yet: "
+                     "accumcheck keys masks by sample, PyTorch draws them in "
+                     "call order, so a trainer could not reproduce them");
 }
 
 ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
@@ -224,7 +214,32 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
   r.warnings = export_warnings(s);
   std::vector<std::pair<std::string, std::string>> files;
 
-  {  // data.csv
+  const bool token = s.model.kind == ModelKind::token;
+  // N_w: a window's loss-bearing items, samples or (token models) tokens.
+  auto window_items = [&](const Window& w) {
+    if (!token) return w.items();
+    int64_t n = 0;
+    for (const MicroBatch& m : w.micro)
+      for (const auto& shard : m.shards)
+        for (int64_t id : shard) n += data.length[size_t(id)];
+    return n;
+  };
+  if (token) {  // data.csv: one sequence per row, padded to max_len
+    std::string o = "sample,length";
+    for (int64_t j = 0; j < data.max_len; ++j) o.append(fmt::format(",t{}", j));
+    for (int64_t j = 0; j < data.max_len; ++j) o.append(fmt::format(",y{}", j));
+    o.push_back('\n');
+    for (int64_t i = 0; i < data.n; ++i) {
+      o.append(fmt::format("{},{}", i, data.length[size_t(i)]));
+      for (int64_t j = 0; j < data.max_len; ++j)
+        o.append(fmt::format(",{}", data.tokens[size_t(i * data.max_len + j)]));
+      for (int64_t j = 0; j < data.max_len; ++j)
+        o.append(fmt::format(",{}",
+                             data.token_targets[size_t(i * data.max_len + j)]));
+      o.push_back('\n');
+    }
+    files.emplace_back("data.csv", std::move(o));
+  } else {  // data.csv
     std::string o = "sample";
     for (int64_t j = 0; j < data.d_in; ++j) o.append(fmt::format(",x{}", j));
     if (data.loss == LossKind::mse)
@@ -252,7 +267,9 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
       const TensorView& v = layout.tensors[k];
       // 2-D: Linear weights and the embedding (uniform init); 1-D: biases
       // and norm weights.
-      const bool matrix = k % 2 == 0 && v.init == TensorView::Init::uniform;
+      const bool bias = v.name.size() > 5 &&
+                        v.name.compare(v.name.size() - 5, 5, ".bias") == 0;
+      const bool matrix = !bias && v.init == TensorView::Init::uniform;
       t.append(fmt::format("{},{},{},{},{}\n", v.name, matrix ? 2 : 1, v.rows,
                            v.cols, v.offset));
       for (int64_t i = 0; i < v.size(); ++i)
@@ -274,8 +291,8 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
             const auto& ids = w.micro[m].shards[rk];
             for (size_t pos = 0; pos < ids.size(); ++pos)
               o.append(fmt::format("{},{},{},{},{},{},{},{},{}\n", e, window, m,
-                                   rk, pos, ids[pos], w.micro.size(), w.items(),
-                                   w.partial ? 1 : 0));
+                                   rk, pos, ids[pos], w.micro.size(),
+                                   window_items(w), w.partial ? 1 : 0));
           }
         ++window;
       }
@@ -311,6 +328,10 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
           {"accepted", semantics_name(s.trainer.accepted)},
           {"widths", widths},
           {"activation", std::string(activation_name(s.model.activation))},
+          {"kind", token ? "token" : "mlp"},
+          {"vocab", std::to_string(s.model.vocab)},
+          {"embed", std::to_string(s.model.embed)},
+          {"max_len", std::to_string(data.max_len)},
           {"norm", s.model.norm == NormKind::none        ? "none"
                    : s.model.norm == NormKind::batchnorm ? "batchnorm"
                                                          : "layernorm"},

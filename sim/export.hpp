@@ -42,10 +42,9 @@ struct ExportResult {
 // Writes the bundle for `s` (parsed from s.path, whose bytes are copied)
 // into `out`.  `out` may be missing, empty, or a previous bundle (which is
 // replaced); anything else is an InputError.
-// Export and certify cover MLPs, with or without BatchNorm or LayerNorm,
-// without dropout (what the PyTorch adapter builds; PyTorch's dropout masks
-// are not sample-keyed); token models and dropout are refused with an
-// InputError naming the scenario's [model] key.
+// Export and certify cover every model but dropout (accumcheck keys masks
+// by sample; PyTorch draws them in call order, so an outside trainer could
+// not reproduce them): refused with an InputError naming model.dropout.
 void require_exportable_model(const Scenario& s);
 
 ExportResult export_bundle(const Scenario& s, const std::string& out);

@@ -90,16 +90,20 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         b.step_every_micro_step = true;
         break;
       case Pitfall::partial_cycle_scale_by_k:
-        b.normalization = Normalization::micro_mean_over_k;
+        // Only the partial window: on full windows `loss / K` with equal
+        // micro-batches is correct, and with unequal ones it is the
+        // mean-of-means pitfall, a switch of its own.
+        b.partial_scale_by_k = true;
         break;
       case Pitfall::partial_cycle_drop:
         b.partial = PartialWindow::drop;
         break;
       case Pitfall::partial_cycle_leak:
         // The `if (i + 1) % K == 0` loop with `loss / K`: the leftover
-        // micro-batches were weighted 1/(K*b_k) like every other.
+        // micro-batches are weighted 1/(K*b_k); full windows stay correct
+        // (their mean-of-means effect is a switch of its own).
         b.partial = PartialWindow::leak;
-        b.normalization = Normalization::micro_mean_over_k;
+        b.partial_scale_by_k = true;
         break;
       case Pitfall::scheduler_per_micro_step:
         b.scheduler_per_micro_step = true;

@@ -85,6 +85,9 @@ struct Behavior {
   bool clip_per_micro_step = false;
   bool l2_unnormalized = false;
   bool seed_002_loop = false;
+  // partial-cycle-scale-by-k: a partial window's micro-batches weigh
+  // 1/(K*b_k), K literal; full windows keep `normalization`.
+  bool partial_scale_by_k = false;
 
   bool operator==(const Behavior&) const = default;
 };

@@ -137,6 +137,7 @@ class Trainer {
   int64_t weight_den(const Window& w, int64_t shard_items) const {
     const int64_t R = int64_t(w.micro.front().shards.size());
     const int64_t Kw = int64_t(w.micro.size());
+    if (w.partial && b_.partial_scale_by_k) return K_ * shard_items * R;
     switch (b_.normalization) {
       case Normalization::window_items:
         return window_items_;

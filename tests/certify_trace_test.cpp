@@ -333,7 +333,6 @@ TEST(Export, WarnsWhenPitfallsAreIndistinguishable) {
 TEST(Export, RefusesModelsItCannotCarry) {
   const std::string src = std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/";
   const std::pair<const char*, const char*> cases[] = {
-      {"token-mean-of-means.toml", "model.kind"},
       {"dropout-sample-keyed.toml", "model.dropout"}};
   for (const auto& [file, key] : cases) {
     const Scenario s = parse_scenario_file(src + file);

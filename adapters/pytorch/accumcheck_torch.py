@@ -106,13 +106,25 @@ class Bundle:
 
         rows = _read_csv(os.path.join(folder, "data.csv"))
         self.samples = len(rows)
-        self.x = torch.tensor([[float(r["x%d" % j]) for j in range(self.d_in)] for r in rows],
-                              dtype=torch.float64).float()
-        if self.loss_kind == "mse":
-            self.y = torch.tensor([[float(r["y%d" % j]) for j in range(self.d_out)] for r in rows],
-                                  dtype=torch.float64).float()
+        self.kind = hp.get("kind", "mlp")
+        if self.kind == "token":
+            # Sequences padded to max_len: token ids, and targets with
+            # ignore_index -100 at every padding position.
+            self.vocab, self.embed = int(hp["vocab"]), int(hp["embed"])
+            self.max_len = int(hp["max_len"])
+            L = range(self.max_len)
+            self.x = torch.tensor([[int(r["t%d" % j]) for j in L] for r in rows],
+                                  dtype=torch.long)
+            self.y = torch.tensor([[int(r["y%d" % j]) for j in L] for r in rows],
+                                  dtype=torch.long)
         else:
-            self.y = torch.tensor([int(r["label"]) for r in rows], dtype=torch.long)
+            self.x = torch.tensor([[float(r["x%d" % j]) for j in range(self.d_in)]
+                                   for r in rows], dtype=torch.float64).float()
+            if self.loss_kind == "mse":
+                self.y = torch.tensor([[float(r["y%d" % j]) for j in range(self.d_out)]
+                                       for r in rows], dtype=torch.float64).float()
+            else:
+                self.y = torch.tensor([int(r["label"]) for r in rows], dtype=torch.long)
 
         # Tensors in layout order: (name, shape).
         self.tensors = []
@@ -146,6 +158,14 @@ class Bundle:
         """nn.Sequential(Linear, act, Linear, ...) with the exact initial parameters."""
         acts = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU, "gelu": torch.nn.GELU,
                 "identity": torch.nn.Identity}
+        if self.kind == "token":
+            # Embedding -> Linear(embed, vocab): "0.weight", "1.weight", "1.bias".
+            net = torch.nn.Sequential(torch.nn.Embedding(self.vocab, self.embed),
+                                      torch.nn.Linear(self.embed, self.vocab))
+            with torch.no_grad():
+                for name, p in net.named_parameters():
+                    p.copy_(self.initial[name])
+            return net
         layers = []
         for i in range(len(self.widths) - 1):
             layers.append(torch.nn.Linear(self.widths[i], self.widths[i + 1]))
@@ -202,16 +222,31 @@ class Bundle:
         """The epoch's windows: lists of micro-batch sample-id lists."""
         return self.order[epoch]
 
+    def items(self, y):
+        """The loss-bearing items of a micro-batch's targets: its samples,
+        or (token models) its tokens that are not padding."""
+        if self.kind == "token":
+            return int((y != -100).sum())
+        return int(y.shape[0])
+
     def window_loss(self, out, y, window_items):
-        """The correct loss of one micro-batch: the sum of its per-sample
-        losses (MSE: mean over outputs) divided by the window's sample count
-        N_w, in one division (so the backward rounds as the oracle models)."""
+        """The correct loss of one micro-batch: the sum of its per-item
+        losses (MSE: mean over outputs; token models: per token) divided by
+        the window's item count N_w, in one division (the Transformers fix,
+        `num_items_in_batch`)."""
+        if self.kind == "token":
+            return F.cross_entropy(out.reshape(-1, self.vocab), y.reshape(-1),
+                                   ignore_index=-100, reduction="sum") / window_items
         if self.loss_kind == "mse":
             return F.mse_loss(out, y, reduction="sum") / (self.d_out * window_items)
         return F.cross_entropy(out, y, reduction="sum") / window_items
 
     def loss_mean(self, out, y):
-        """The usual criterion: mean over the micro-batch."""
+        """The usual criterion: the mean over the micro-batch (token models:
+        over its non-padding tokens)."""
+        if self.kind == "token":
+            return F.cross_entropy(out.reshape(-1, self.vocab), y.reshape(-1),
+                                   ignore_index=-100)
         if self.loss_kind == "mse":
             return F.mse_loss(out, y)
         return F.cross_entropy(out, y)

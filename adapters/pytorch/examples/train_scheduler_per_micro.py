@@ -22,7 +22,7 @@ def main():
         batches = bundle.micro_batches(epoch)
         for i, (x, y) in enumerate(batches):
             window = batches[(i // K) * K:(i // K) * K + K]
-            window_items = sum(len(wx) for wx, _ in window)
+            window_items = sum(bundle.items(wy) for _, wy in window)
             loss = bundle.window_loss(model(x), y, window_items)
             loss.backward()
             if (i + 1) % K == 0 or i + 1 == len(batches):

@@ -23,7 +23,7 @@ def main():
         for i, (x, y) in enumerate(batches):
             optimizer.zero_grad()  # the mistake
             window = batches[(i // K) * K:(i // K) * K + K]
-            window_items = sum(len(wx) for wx, _ in window)
+            window_items = sum(bundle.items(wy) for _, wy in window)
             loss = bundle.window_loss(model(x), y, window_items)
             loss.backward()
             if (i + 1) % K == 0 or i + 1 == len(batches):
