@@ -31,7 +31,7 @@ struct Triggers {
   bool full_windows = false;     // K divides the micro-step count, no short
   bool single_epoch = false;
   bool k_power_of_two = false;  // K in {2, 4}
-  int max_width = 16;  // layer widths drawn in 1..16
+  int max_width = 16;           // layer widths drawn in 1..16
   // Written into [trainer] so a counterexample file replays the pitfall.
   std::vector<Pitfall> pitfalls;
 };

@@ -35,12 +35,44 @@ double rel(const std::vector<R>& a, const std::vector<R>& b) {
   return relative_distance(a, b);
 }
 
-std::vector<R> weighted_gradient(
-    O& o, const std::vector<std::pair<std::vector<int64_t>, int64_t>>& parts) {
+std::vector<R> weighted_gradient(O& o, const Parts& parts) {
   o.zero_grad();
   for (const auto& [ids, den] : parts)
     if (!ids.empty()) o.forward_backward(ids, den);
   return o.state().grads;
+}
+
+std::vector<R> predicted(const Case& c, const std::vector<R>& theta,
+                         const Parts& ps, int64_t epoch) {
+  auto o = c.oracle();
+  EngineState<R> st = o->state();
+  st.params = theta;
+  o->set_state(st);
+  o->set_epoch(epoch);
+  return weighted_gradient(*o, ps);
+}
+
+std::vector<R> theta_before(const Run<R>& run, size_t t, const Case& c) {
+  if (t > 0) return run.steps[t - 1].param;
+  return std::vector<R>(c.init.begin(), c.init.end());
+}
+
+bool assert_differs_where_predicted(const std::string& property,
+                                    const std::vector<R>& got,
+                                    const std::vector<R>& want,
+                                    const std::vector<R>& correct) {
+  const double tol = oracle_tolerance();
+  const double gap = rel(want, correct);
+  if (!(gap > tol)) return false;
+  record_gap(property, gap / tol);
+  RC_ASSERT(rel(got, correct) > tol);
+  return true;
+}
+
+void run_property(const std::string& name) {
+  for (const Property& p : all_properties())
+    if (p.name == name) return p.body();
+  RC_FAIL("no property named " + name);
 }
 
 namespace {

@@ -47,10 +47,31 @@ struct Case {
 // Normwise relative difference |a - b| / |b| (|a - b| when b = 0).
 double rel(const std::vector<R>& a, const std::vector<R>& b);
 
+// (shard, den): the shard's items weighted 1/den.
+using Parts = std::vector<std::pair<std::vector<int64_t>, int64_t>>;
+
 // The gradient sum_k sum_{i in shard} (1/den_k) dl_i/dtheta of a list of
 // (shard, den) at the oracle's current parameters, on a zeroed buffer.
-std::vector<R> weighted_gradient(
-    O& o, const std::vector<std::pair<std::vector<int64_t>, int64_t>>& parts);
+std::vector<R> weighted_gradient(O& o, const Parts& parts);
+
+// The same at parameters `theta` (dropout masks of `epoch`), on a fresh
+// oracle: a prediction written from DESIGN.md's weights, not by the
+// trainer switch it checks.
+std::vector<R> predicted(const Case& c, const std::vector<R>& theta,
+                         const Parts& ps, int64_t epoch = 0);
+
+// Parameters before optimizer step t of a run (the initial ones for t = 0).
+std::vector<R> theta_before(const Run<R>& run, size_t t, const Case& c);
+
+// DESIGN.md section 6: a property that claims a difference asserts it only
+// where the oracle's predicted gap exceeds the tolerance.  If the predicted
+// buggy result `want` is farther than oracle_tolerance() from `correct`,
+// records the gap and asserts that `got` leaves `correct` too.  Returns
+// whether a difference was asserted.
+bool assert_differs_where_predicted(const std::string& property,
+                                    const std::vector<R>& got,
+                                    const std::vector<R>& want,
+                                    const std::vector<R>& correct);
 
 // Statistics per property, printed by tests and `accumcheck check`.
 struct PropertyStats {
@@ -80,5 +101,7 @@ const std::vector<Property>& oracle_properties();
 const std::vector<Property>& norm_properties();
 // Every property: oracle, norm, then device (properties/device_properties.cpp).
 const std::vector<Property>& all_properties();
+// Runs the body of the property of that name (RC_FAIL when there is none).
+void run_property(const std::string& name);
 
 }  // namespace accumcheck::properties

@@ -10,55 +10,43 @@
 #endif
 
 namespace accumcheck::properties {
-namespace {
-
-void run_norm_property(const std::string& name) {
-  for (const Property& p : norm_properties())
-    if (p.name == name) return p.body();
-  RC_FAIL("no property named " + name);
-}
-
-}  // namespace
-
 RC_GTEST_PROP(Token, CorrectEqualsLargeBatch, ()) {
-  run_norm_property("token.correct-equals-large-batch");
+  run_property("token.correct-equals-large-batch");
 }
 RC_GTEST_PROP(Token, MeanOfMeansWeights, ()) {
-  run_norm_property("token.mean-of-means-weights");
+  run_property("token.mean-of-means-weights");
 }
 RC_GTEST_PROP(Token, MeanOfMeansEqualLengthsIsCorrect, ()) {
-  run_norm_property("token.mean-of-means-equal-lengths-is-correct");
+  run_property("token.mean-of-means-equal-lengths-is-correct");
 }
 RC_GTEST_PROP(BatchNorm, ReplicatedZeroDivergence, ()) {
-  run_norm_property("batchnorm.replicated-zero-divergence");
+  run_property("batchnorm.replicated-zero-divergence");
 }
 RC_GTEST_PROP(BatchNorm, MicroStatsDivergence, ()) {
-  run_norm_property("batchnorm.micro-stats-divergence");
+  run_property("batchnorm.micro-stats-divergence");
 }
 RC_GTEST_PROP(BatchNorm, RunningStatsKUpdates, ()) {
-  run_norm_property("batchnorm.running-stats-k-updates");
+  run_property("batchnorm.running-stats-k-updates");
 }
 RC_GTEST_PROP(LayerNorm, CorrectEqualsLargeBatch, ()) {
-  run_norm_property("layernorm.correct-equals-large-batch");
+  run_property("layernorm.correct-equals-large-batch");
 }
 RC_GTEST_PROP(Dropout, SampleKeyedEqualsLargeBatch, ()) {
-  run_norm_property("dropout.sample-keyed-equals-large-batch");
+  run_property("dropout.sample-keyed-equals-large-batch");
 }
-RC_GTEST_PROP(DeviceNorm, Token, ()) { run_norm_property("device.token"); }
-RC_GTEST_PROP(DeviceNorm, BatchNorm, ()) {
-  run_norm_property("device.batchnorm");
-}
+RC_GTEST_PROP(DeviceNorm, Token, ()) { run_property("device.token"); }
+RC_GTEST_PROP(DeviceNorm, BatchNorm, ()) { run_property("device.batchnorm"); }
 RC_GTEST_PROP(DeviceNorm, LayerNormDropout, ()) {
-  run_norm_property("device.layernorm-dropout");
+  run_property("device.layernorm-dropout");
 }
 
 // The same on the CUDA executor: skipped, with the reason, without a GPU.
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-#define ACCUMCHECK_CUDA_NORM_PROP(Name, property)                  \
-  TEST(DeviceNormCuda, Name) {                                     \
-    std::string why;                                               \
-    if (!cuda_available(&why)) GTEST_SKIP() << why;                \
-    ::rc::detail::checkGTest([] { run_norm_property(property); }); \
+#define ACCUMCHECK_CUDA_NORM_PROP(Name, property)             \
+  TEST(DeviceNormCuda, Name) {                                \
+    std::string why;                                          \
+    if (!cuda_available(&why)) GTEST_SKIP() << why;           \
+    ::rc::detail::checkGTest([] { run_property(property); }); \
   }
 ACCUMCHECK_CUDA_NORM_PROP(Token, "cuda.token")
 ACCUMCHECK_CUDA_NORM_PROP(BatchNorm, "cuda.batchnorm")

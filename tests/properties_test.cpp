@@ -14,12 +14,6 @@
 namespace accumcheck::properties {
 namespace {
 
-void run_property(const std::string& name) {
-  for (const Property& p : all_properties())
-    if (p.name == name) return p.body();
-  RC_FAIL("no property named " + name);
-}
-
 class StatsPrinter : public ::testing::Environment {
  public:
   void TearDown() override {
