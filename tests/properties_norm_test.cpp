@@ -6,7 +6,7 @@
 
 #include "properties/harness.hpp"
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-#include "gpu/cuda/cuda_executor.hpp"
+#include "tests/cuda_property.hpp"
 #endif
 
 namespace accumcheck::properties {
@@ -42,15 +42,9 @@ RC_GTEST_PROP(DeviceNorm, LayerNormDropout, ()) {
 
 // The same on the CUDA executor: skipped, with the reason, without a GPU.
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-#define ACCUMCHECK_CUDA_NORM_PROP(Name, property)             \
-  TEST(DeviceNormCuda, Name) {                                \
-    std::string why;                                          \
-    if (!cuda_available(&why)) GTEST_SKIP() << why;           \
-    ::rc::detail::checkGTest([] { run_property(property); }); \
-  }
-ACCUMCHECK_CUDA_NORM_PROP(Token, "cuda.token")
-ACCUMCHECK_CUDA_NORM_PROP(BatchNorm, "cuda.batchnorm")
-ACCUMCHECK_CUDA_NORM_PROP(LayerNormDropout, "cuda.layernorm-dropout")
+ACCUMCHECK_CUDA_PROP(DeviceNormCuda, Token, "cuda.token")
+ACCUMCHECK_CUDA_PROP(DeviceNormCuda, BatchNorm, "cuda.batchnorm")
+ACCUMCHECK_CUDA_PROP(DeviceNormCuda, LayerNormDropout, "cuda.layernorm-dropout")
 #endif
 
 }  // namespace accumcheck::properties

@@ -8,7 +8,7 @@
 
 #include "properties/harness.hpp"
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-#include "gpu/cuda/cuda_executor.hpp"
+#include "tests/cuda_property.hpp"
 #endif
 
 namespace accumcheck::properties {
@@ -91,12 +91,6 @@ RC_GTEST_PROP(Difference, Device, ()) { run_property("difference.device"); }
 // The same device properties on the CUDA executor: skipped, with the
 // reason, where no GPU is present.
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-#define ACCUMCHECK_CUDA_PROP(Suite, Name, property)           \
-  TEST(Suite, Name) {                                         \
-    std::string why;                                          \
-    if (!cuda_available(&why)) GTEST_SKIP() << why;           \
-    ::rc::detail::checkGTest([] { run_property(property); }); \
-  }
 ACCUMCHECK_CUDA_PROP(EquivalenceCuda, Device, "equivalence.cuda")
 ACCUMCHECK_CUDA_PROP(TrajectoryCuda, DeviceSmooth, "trajectory.cuda-smooth")
 ACCUMCHECK_CUDA_PROP(BackwardCuda, TwiceIsTwoTimes, "backward.twice-is-2x.cuda")
