@@ -113,14 +113,17 @@ void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
                 double f, double v, double err, double bound, double ratio,
                 bool violated);
 
-// Compares float32 results `f` against oracle values with bounds (any type
-// with members v and e, i.e. Tracked<B>).  err and the violation test are
-// computed in B, so bound 0 demands exact equality.
-template <class TrackedT>
-Comparison compare(std::string_view what, const std::vector<float>& f,
+// Compares results `f` (float32, or float64 with bound_scale =
+// fp64_bound_scale) against oracle values with bounds (any type with
+// members v and e, i.e. Tracked<B>); the bound of element i is
+// bound_scale * e_i.  err and the violation test are computed in B, so
+// bound 0 demands exact equality.
+template <class F, class TrackedT>
+Comparison compare(std::string_view what, const std::vector<F>& f,
                    const std::vector<TrackedT>& oracle,
                    const ParamLayout* layout = nullptr,
-                   double slack = tolerance("bound_slack")) {
+                   double slack = tolerance("bound_slack"),
+                   double bound_scale = 1.0) {
   using B = decltype(oracle[0].v);
   using std::abs;
   Comparison c;
@@ -132,22 +135,34 @@ Comparison compare(std::string_view what, const std::vector<float>& f,
     c.what += " (size mismatch: " + std::to_string(f.size()) + " vs " +
               std::to_string(oracle.size()) + ")";
   }
+  const B scale(bound_scale);
   for (size_t i = 0; i < n; ++i) {
     const B err = abs(B(f[i]) - oracle[i].v);
+    const B bound = oracle[i].e * scale;
     // Written so that a NaN value or bound is a violation, never a pass.
-    const bool violated = !(err <= B(slack) * oracle[i].e);
+    const bool violated = !(err <= B(slack) * bound);
     // The ratio is formed in B: a bound below double's range must not
     // read as 0 (and the ratio as infinite) once converted.
     const double ratio =
-        oracle[i].e > B(0)
-            ? static_cast<double>(err / oracle[i].e)
+        bound > B(0)
+            ? static_cast<double>(err / bound)
             : (err > B(0) ? std::numeric_limits<double>::infinity() : 0.0);
     accumulate(c, layout, int64_t(i), double(f[i]),
                static_cast<double>(oracle[i].v), static_cast<double>(err),
-               static_cast<double>(oracle[i].e), ratio, violated);
+               static_cast<double>(bound), ratio, violated);
   }
   if (c.n > 0) c.rms_err_u = std::sqrt(c.rms_err_u / double(c.n));
   return c;
+}
+
+// The float32 form (callers may pass a braced list of floats).
+template <class TrackedT>
+Comparison compare(std::string_view what, const std::vector<float>& f,
+                   const std::vector<TrackedT>& oracle,
+                   const ParamLayout* layout = nullptr,
+                   double slack = tolerance("bound_slack"),
+                   double bound_scale = 1.0) {
+  return compare<float, TrackedT>(what, f, oracle, layout, slack, bound_scale);
 }
 
 }  // namespace accumcheck::error_model

@@ -112,24 +112,8 @@ error_model::Comparison judge_values(const std::string& what,
     const std::vector<float> f32(f.begin(), f.end());  // exact: validated
     return error_model::compare(what, f32, v, &layout);
   }
-  using std::abs;
-  error_model::Comparison c;
-  c.what = what;
-  using B = decltype(v[0].v);
-  const B scale(kFp64Scale);
-  for (size_t i = 0; i < f.size() && i < v.size(); ++i) {
-    const B err = abs(B(f[i]) - v[i].v);
-    const B bound = v[i].e * scale;
-    const double ratio =
-        bound > 0 ? static_cast<double>(err / bound)
-                  : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-    error_model::accumulate(c, &layout, int64_t(i), f[i],
-                            static_cast<double>(v[i].v),
-                            static_cast<double>(err),
-                            static_cast<double>(bound), ratio, !(err <= bound));
-  }
-  if (c.n > 0) c.rms_err_u = std::sqrt(c.rms_err_u / double(c.n));
-  return c;
+  return error_model::compare(
+      what, f, v, &layout, error_model::tolerance("bound_slack"), kFp64Scale);
 }
 
 struct StepEval {
