@@ -1,10 +1,10 @@
 // `accumcheck certify`: an outside trainer's trace judged against a
-// scenario (sim/certify.hpp).
+// scenario (verify/certify.hpp).
 #include <cstdio>
 
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
-#include "sim/certify.hpp"
+#include "verify/certify.hpp"
 #include "sim/scenario_parse.hpp"
 
 namespace accumcheck::cli {

@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.hpp"
-#include "sim/export.hpp"
+#include "verify/export.hpp"
 #include "sim/scenario_parse.hpp"
 
 namespace accumcheck::cli {

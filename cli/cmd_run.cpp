@@ -16,7 +16,7 @@
 #include "sim/experiment.hpp"
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
-#include "sim/trace.hpp"
+#include "verify/trace.hpp"
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
 #include "gpu/cuda/cuda_executor.hpp"
 #endif

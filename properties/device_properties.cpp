@@ -16,7 +16,7 @@
 #include "properties/device_properties.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
-#include "sim/trace.hpp"
+#include "verify/trace.hpp"
 
 namespace accumcheck::properties {
 

@@ -13,14 +13,14 @@
 #include "gpu/device.hpp"
 #include "gpu/emulated.hpp"
 #include "sim/atomic_file.hpp"
-#include "sim/certify.hpp"
+#include "verify/certify.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/experiment.hpp"
-#include "sim/export.hpp"
+#include "verify/export.hpp"
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
-#include "sim/trace.hpp"
+#include "verify/trace.hpp"
 
 namespace accumcheck {
 namespace {

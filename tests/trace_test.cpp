@@ -1,6 +1,6 @@
 // Traces: write -> read is exact, bytes are deterministic, and every kind
 // of malformed file is an InputError naming the file and line.
-#include "sim/trace.hpp"
+#include "verify/trace.hpp"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "sim/null_engine.hpp"
+#include "verify/null_engine.hpp"
 #include "sim/plan.hpp"
 #include "sim/trainer.hpp"
 

@@ -12,7 +12,7 @@ The recorder monkeypatches optimizer.zero_grad / optimizer.step,
 model.zero_grad, scheduler.step, torch.nn.utils.clip_grad_norm_ and
 torch.Tensor.backward (and hooks the model's forward), so the loop itself
 needs no change.  It writes the accumcheck trace schema (accumcheck-trace/1,
-exactly as sim/trace.cpp writes it): one run, named "trainer", with the
+exactly as verify/trace.cpp writes it): one run, named "trainer", with the
 events zero_grad, forward_backward, clip, optimizer_step, scheduler_step,
 the accumulated gradient just before each optimizer step and the parameters
 just after it.  Then:

@@ -1,5 +1,5 @@
-// Certification of an outside trainer's trace (sim/certify.hpp).
-#include "sim/certify.hpp"
+// Certification of an outside trainer's trace (verify/certify.hpp).
+#include "verify/certify.hpp"
 
 #include <fmt/format.h>
 
@@ -16,11 +16,11 @@
 #include "oracle/real.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
-#include "sim/export.hpp"
+#include "verify/export.hpp"
 #include "sim/layout.hpp"
-#include "sim/null_engine.hpp"
+#include "verify/null_engine.hpp"
 #include "sim/plan.hpp"
-#include "sim/trace.hpp"
+#include "verify/trace.hpp"
 #include "sim/trainer.hpp"
 
 namespace accumcheck {

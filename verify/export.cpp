@@ -1,5 +1,5 @@
-// The export bundle (sim/export.hpp).
-#include "sim/export.hpp"
+// The export bundle (verify/export.hpp).
+#include "verify/export.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -12,9 +12,9 @@
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/layout.hpp"
-#include "sim/null_engine.hpp"
+#include "verify/null_engine.hpp"
 #include "sim/plan.hpp"
-#include "sim/trace.hpp"
+#include "verify/trace.hpp"
 #include "sim/trainer.hpp"
 
 namespace accumcheck {

@@ -1,5 +1,5 @@
-// Trace writing and reading (sim/trace.hpp).
-#include "sim/trace.hpp"
+// Trace writing and reading (verify/trace.hpp).
+#include "verify/trace.hpp"
 
 #include <fmt/format.h>
 
