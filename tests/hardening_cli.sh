@@ -94,6 +94,16 @@ accumulation = 2"
     expect 2 'model.widths: 41 Linear layers \(42 widths\) exceeds the limit layers = 32' 10 -- \
       "$bin" run "$tmp/b.toml" --no-trace
     ;;
+  oracle_work)  # within every size limit, but hours of oracle work
+    scenario "$tmp/a.toml" "[64, 512, 512, 64]" "samples = 100000" \
+      "micro_batch = 100
+accumulation = 10
+epochs = 10"
+    expect 2 "batching.epochs: the oracle's estimated 3945216000000 multiply-adds \\(328768 parameters x 1000000 samples seen x 12\\) exceeds the limit oracle_madds = 10000000000" 10 -- \
+      "$bin" run "$tmp/a.toml" --no-trace
+    expect 2 "batching.epochs: the oracle's estimated" 10 -- \
+      "$bin" certify "$tmp/a.toml" --trace "$tmp"
+    ;;
   epochs_huge)  # used to hang, memory growing; --steps 1 must be cheap
     scenario "$tmp/a.toml" "[4, 8, 2]" "samples = 64
 seed = 1" "micro_batch = 4
@@ -205,7 +215,7 @@ accumulation = 2"
       "$bin" run "$tmp/a.toml" --no-trace
     ACCUMCHECK_LIMITS=samples=-3 expect 2 'ACCUMCHECK_LIMITS: samples: expected an integer >= 1' -- \
       "$bin" run "$tmp/a.toml" --no-trace
-    expect 0 'oracle_madds +20000000000 \(2e10\)' -- "$bin" limits
+    expect 0 'oracle_madds +10000000000 \(1e10\)' -- "$bin" limits
     ;;
   events_step_huge)  # used to be bad_alloc (1e9) or 38 s, 2.1 GB, FAIL (5e7)
     make_trace
