@@ -273,7 +273,7 @@ accumulation = 2"
     make_trace
     only_run correct "$tmp/tr/events.csv"
     only_run reference "$tmp/tr/values.csv"
-    expect 2 "values.csv: run: no run 'correct' in the trace|events.csv:[0-9]+: step: run 'correct': optimizer_step 0 has no values" -- \
+    expect 2 "events.csv:[0-9]+: step: run 'correct': optimizer_step 0 has no values: values.csv holds no steps of this run" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" --run correct
     ;;
   export_csv)  # the bundle's scenario.toml used to name a CSV left behind
