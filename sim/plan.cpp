@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "sim/k_schedule.hpp"
 #include "sim/rng.hpp"
 
 namespace accumcheck {
@@ -20,12 +21,12 @@ std::vector<int64_t> epoch_order(const Scenario& s, int64_t epoch) {
 }
 
 Plan make_plan(const Scenario& s) {
-  const int64_t b = s.batching.micro_batch, K = s.batching.accumulation,
-                R = s.batching.ranks;
+  const int64_t b = s.batching.micro_batch, R = s.batching.ranks;
   Plan plan;
-  plan.accumulation = K;
+  plan.accumulation = accumulation_at(s.batching, 0);
   plan.ranks = R;
   for (int64_t e = 0; e < s.batching.epochs; ++e) {
+    const int64_t K = accumulation_at(s.batching, e);
     const std::vector<int64_t> order = epoch_order(s, e);
     const int64_t n = int64_t(order.size());
     const int64_t per_rank = (n + R - 1) / R;  // DistributedSampler padding
@@ -34,6 +35,7 @@ Plan make_plan(const Scenario& s) {
       shard[size_t(i % R)].push_back(order[size_t(i % n)]);
     const int64_t micro_steps = (per_rank + b - 1) / b;
     EpochPlan ep;
+    ep.accumulation = K;
     for (int64_t m = 0; m < micro_steps; ++m) {
       if (m % K == 0) ep.windows.emplace_back();
       MicroBatch mb;

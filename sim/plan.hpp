@@ -39,6 +39,7 @@ struct Window {
 
 struct EpochPlan {
   std::vector<Window> windows;
+  int64_t accumulation = 1;  // K of this epoch (sim/k_schedule.hpp)
   int64_t micro_steps() const {
     int64_t n = 0;
     for (const auto& w : windows) n += int64_t(w.micro.size());
@@ -47,7 +48,7 @@ struct EpochPlan {
 };
 
 struct Plan {
-  int64_t accumulation = 1;  // K
+  int64_t accumulation = 1;  // K of epoch 0 (EpochPlan: K per epoch)
   int64_t ranks = 1;         // R
   std::vector<EpochPlan> epochs;
   int64_t windows() const {

@@ -23,6 +23,12 @@
 //   [scheduler.step if scheduler-per-micro-step]   (after the boundary's step)
 // and at the window's end the boundary block (step, scheduler, zero_grad)
 // as the behaviour says.
+//
+// K may change from epoch to epoch (EpochPlan::accumulation,
+// sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp
+// pitfalls keep correct's call order and change values only:
+// ramp-normalization-stale weighs by the first epoch's K,
+// ramp-schedule-horizon-fixed resolves a total = "auto" horizon with it.
 #pragma once
 
 #include <cmath>
@@ -32,6 +38,7 @@
 #include <utility>
 
 #include "sim/engine.hpp"
+#include "sim/k_schedule.hpp"
 #include "sim/lr_schedule.hpp"
 #include "sim/pitfalls.hpp"
 #include "sim/plan.hpp"
@@ -79,18 +86,20 @@ class Trainer {
         b_(behavior),
         base_lr_(base_lr),
         opt_(options),
-        schedule_(
-            behavior.schedule_horizon_in_micro_steps
-                ? stretched(scenario.schedule, scenario.batching.accumulation)
-                : scenario.schedule) {}
+        schedule_(behavior.schedule_horizon_in_micro_steps
+                      ? stretched(resolved_schedule(scenario,
+                                                    behavior.horizon_initial_k),
+                                  scenario.batching.accumulation)
+                      : resolved_schedule(scenario,
+                                          behavior.horizon_initial_k)) {}
 
   // Runs every epoch of `plan` from the engine's current state.
   Run<Real> run(const Plan& plan, std::string name) {
     run_ = Run<Real>{};
     run_.name = std::move(name);
-    K_ = plan.accumulation;
     for (size_t ep = 0; ep < plan.epochs.size() && !done(); ++ep) {
       const EpochPlan& epoch = plan.epochs[ep];
+      K_ = epoch.accumulation;
       for (size_t w = 0; w < epoch.windows.size() && !done(); ++w)
         window(epoch.windows[w], int64_t(ep), w + 1 == epoch.windows.size(),
                epoch.micro_steps());
@@ -137,6 +146,8 @@ class Trainer {
   int64_t weight_den(const Window& w, int64_t shard_items) const {
     const int64_t R = int64_t(w.micro.front().shards.size());
     const int64_t Kw = int64_t(w.micro.size());
+    if (b_.normalization_stale_k)
+      return s_.batching.accumulation * shard_items * R;
     if (w.partial && b_.partial_scale_by_k) return K_ * shard_items * R;
     switch (b_.normalization) {
       case Normalization::window_items:
