@@ -676,9 +676,10 @@ void ramp_schedule_horizon_fixed() {
               s.optimizer.lr * lr_multiplier(sched(total_bug), int64_t(i)));
     differs = differs || ok.steps[i].lr != bug.steps[i].lr;
   }
-  // Distinct horizons give distinct lr sequences from the second step on.
-  if (total_ok != total_bug && ok.steps.size() >= 2) RC_ASSERT(differs);
-  RC_TAG(total_ok == total_bug ? "same horizon" : "horizons differ");
+  // (Distinct horizons can still give equal lr sequences over a short run,
+  // e.g. 3 steps with warmup 2 and totals 3 vs 4: each run is pinned to
+  // its own formula above.)
+  RC_TAG(differs ? "lr sequences differ" : "same lr sequence");
   record_case(name);
 }
 
