@@ -160,8 +160,7 @@ void Device<Exec>::ensure_capacity(int64_t rows) {
   for (size_t l = 0; l <= L; ++l) {
     const bool hidden = l > 0 && l < L;
     const int64_t n = hidden ? cap * spec_.widths[l] : 1;
-    const int64_t g =
-        hidden ? norm_geometry(spec_, cap, spec_.widths[l]).G : 1;
+    const int64_t g = hidden ? norm_geometry(spec_, cap, spec_.widths[l]).G : 1;
     xh_.push_back(ex.template alloc<float>(norm ? n : 1));
     y_.push_back(ex.template alloc<float>(norm ? n : 1));
     mean_.push_back(ex.template alloc<float>(norm ? g : 1));
@@ -281,12 +280,11 @@ float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids,
       ex.launch(geo.G, kern::NormStats{z_[l].data(), mean_[l].data(),
                                        rstd_[l].data(), rm, rv, geo.E, geo.gs,
                                        geo.es, float(1e-5), float(0.1)});
-      ex.launch(b * out,
-                kern::NormApply{
-                    z_[l].data(), mean_[l].data(), rstd_[l].data(),
-                    params_.data() + layout_.norm_weight(l - 1).offset,
-                    params_.data() + layout_.norm_bias(l - 1).offset,
-                    xh_[l].data(), y_[l].data(), out, geo.row_groups});
+      ex.launch(b * out, kern::NormApply{
+                             z_[l].data(), mean_[l].data(), rstd_[l].data(),
+                             params_.data() + layout_.norm_weight(l - 1).offset,
+                             params_.data() + layout_.norm_bias(l - 1).offset,
+                             xh_[l].data(), y_[l].data(), out, geo.row_groups});
       pre = y_[l].data();
     }
     float* act_out = drop ? h_[l].data() : a_[l].data();

@@ -365,11 +365,10 @@ void device_layernorm_dropout() {
 
 template <class Dev>
 void device_groupnorm() {
-  device_window<Dev>(
-      tier_name<Dev>("groupnorm"),
-      mlp_scenario(NormKind::groupnorm,
-                   *gen::arbitrary<bool>().as("dropout"), false),
-      {});
+  device_window<Dev>(tier_name<Dev>("groupnorm"),
+                     mlp_scenario(NormKind::groupnorm,
+                                  *gen::arbitrary<bool>().as("dropout"), false),
+                     {});
 }
 
 template <class Dev>

@@ -11,47 +11,12 @@
 #include "properties/device_properties.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
-#include "sim/k_schedule.hpp"
+#include "properties/windows.hpp"
 #include "sim/lr_schedule.hpp"
 
 namespace accumcheck::properties {
 
 namespace {
-
-struct FlatWindow {
-  const Window* w = nullptr;
-  int64_t epoch = 0;
-  bool last_of_epoch = false;
-  int64_t epoch_micro_steps = 0;
-  int64_t micro_before = 0;  // micro-steps of the whole run before it
-};
-
-std::vector<FlatWindow> flatten(const Plan& p) {
-  std::vector<FlatWindow> out;
-  int64_t micro = 0;
-  for (size_t e = 0; e < p.epochs.size(); ++e) {
-    const auto& ws = p.epochs[e].windows;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      out.push_back({&ws[i], int64_t(e), i + 1 == ws.size(),
-                     p.epochs[e].micro_steps(), micro});
-      micro += int64_t(ws[i].micro.size());
-    }
-  }
-  return out;
-}
-
-// Per-sample weights 1/den for the micro-batches [from, to) of a window.
-Parts parts(const Window& w, size_t from, size_t to,
-            const std::function<int64_t(int64_t shard_items)>& den) {
-  Parts ps;
-  for (size_t k = from; k < to && k < w.micro.size(); ++k)
-    for (const auto& sh : w.micro[k].shards)
-      if (!sh.empty()) ps.push_back({sh, den(int64_t(sh.size()))});
-  return ps;
-}
-Parts all_parts(const Window& w, const std::function<int64_t(int64_t)>& den) {
-  return parts(w, 0, w.micro.size(), den);
-}
 
 std::vector<R> add(const std::vector<R>& a, const std::vector<R>& b) {
   std::vector<R> d(a.size());
@@ -63,10 +28,6 @@ std::vector<R> sub(const std::vector<R>& a, const std::vector<R>& b) {
   std::vector<R> d(a.size());
   for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
   return d;
-}
-
-int64_t ranks(const Window& w) {
-  return int64_t(w.micro.front().shards.size());
 }
 
 double tol() { return oracle_tolerance(); }
@@ -100,27 +61,6 @@ void equivalence_oracle() {
 
 // ---------------------------------------------------------------------------
 // (b) Loss normalization.
-
-// Each step's gradient equals the per-sample-weight prediction at the
-// buggy run's own parameters.
-void check_weights(const std::string& name, const Case& c, const Run<R>& bug,
-                   const std::function<Parts(const FlatWindow&)>& parts_of) {
-  const auto windows = flatten(c.plan);
-  RC_ASSERT(!bug.steps.empty());
-  for (size_t t = 0; t < bug.steps.size(); ++t) {
-    const FlatWindow& fw = windows[size_t(bug.steps[t].window)];
-    const auto want = predicted(c, theta_before(bug, t, c), parts_of(fw));
-    assert_close(name, bug.steps[t].grad, want, tol(), "predicted gradient");
-  }
-}
-
-Triggers gradient_triggers(std::vector<Pitfall> pitfalls) {
-  Triggers t;
-  t.pitfalls = std::move(pitfalls);
-  t.no_clip = true;          // the prediction is of the raw gradient
-  t.no_weight_decay = true;  // no L2 term in the loss
-  return t;
-}
 
 void no_loss_normalization_weights() {
   const std::string name = "loss-normalization.no-loss-normalization";
@@ -567,123 +507,6 @@ void adamw_decay_once_per_step() {
 }
 
 // ---------------------------------------------------------------------------
-// (j) K that changes during training (sim/k_schedule.hpp).
-
-// Gives the scenario 2..3 epochs with K drawn per epoch, K_1 != K_0.
-void ramp_k(Scenario& s) {
-  s.batching.epochs = *rc::gen::inRange<int64_t>(2, 4).as("epochs (ramp)");
-  auto& ks = s.batching.accumulation_per_epoch;
-  ks.clear();
-  for (int64_t e = 0; e < s.batching.epochs; ++e)
-    ks.push_back(*rc::gen::inRange<int64_t>(1, 6).as("K of the epoch"));
-  if (ks[1] == ks[0]) ks[1] = ks[0] + 1;
-  s.batching.accumulation = ks[0];
-  s.batching.max_steps = -1;
-  RC_ASSERT(k_changes(s.batching));
-}
-
-void ramp_equivalence() {
-  const std::string name = "ramp.correct-equals-large-batch";
-  Scenario s = *scenario(Triggers{}).as("scenario");
-  ramp_k(s);
-  const Case c(s);
-  // The plan's windows hold K_e micro-batches in epoch e (the last one
-  // fewer), so the run sees K change.
-  for (size_t e = 0; e < c.plan.epochs.size(); ++e)
-    for (const Window& w : c.plan.epochs[e].windows)
-      RC_ASSERT(int64_t(w.micro.size()) <=
-                s.batching.accumulation_per_epoch[e]);
-  const Run<R> ref = c.run(as_large_batch(c.plan), {}, s.optimizer.lr);
-  const Run<R> acc = c.run(c.plan, {}, s.optimizer.lr);
-  RC_ASSERT(!acc.steps.empty());
-  RC_ASSERT(acc.steps.size() == ref.steps.size());
-  for (size_t t = 0; t < acc.steps.size(); ++t) {
-    assert_close(name, acc.steps[t].grad, ref.steps[t].grad, tol(), "gradient");
-    assert_close(name, acc.steps[t].param, ref.steps[t].param, tol(),
-                 "parameters");
-  }
-  record_case(name);
-}
-
-void ramp_normalization_stale() {
-  const std::string name = "ramp.normalization-stale";
-  const Pitfall p = Pitfall::ramp_normalization_stale;
-  Scenario s = *scenario(gradient_triggers({p})).as("scenario");
-  ramp_k(s);
-  const Case c(s);
-  const int64_t K0 = s.batching.accumulation_per_epoch[0];
-  const Run<R> bug = c.run(c.plan, {p}, s.optimizer.lr);
-  // Every micro-batch weighs 1/(K_0 * b_k): the first epoch's K.
-  check_weights(name, c, bug, [K0](const FlatWindow& fw) {
-    const int64_t R_ = ranks(*fw.w);
-    return all_parts(*fw.w, [=](int64_t b) { return K0 * b * R_; });
-  });
-  // It leaves correct (1/N_w) wherever that prediction differs: in every
-  // epoch whose K is not K_0.
-  const auto windows = flatten(c.plan);
-  bool asserted = false;
-  for (size_t t = 0; t < bug.steps.size(); ++t) {
-    const FlatWindow& fw = windows[size_t(bug.steps[t].window)];
-    const int64_t N = fw.w->items(), R_ = ranks(*fw.w);
-    const auto theta = theta_before(bug, t, c);
-    const auto want = predicted(
-        c, theta, all_parts(*fw.w, [=](int64_t b) { return K0 * b * R_; }));
-    const auto ok =
-        predicted(c, theta, all_parts(*fw.w, [N](int64_t) { return N; }));
-    asserted = assert_differs_where_predicted(name, bug.steps[t].grad, want,
-                                              ok) ||
-               asserted;
-  }
-  RC_TAG(asserted ? "differs from correct" : "no predicted difference");
-  record_case(name);
-}
-
-void ramp_schedule_horizon_fixed() {
-  const std::string name = "ramp.schedule-horizon-fixed";
-  Triggers t;
-  t.pitfalls = {Pitfall::ramp_schedule_horizon_fixed};
-  Scenario s = *scenario(t).as("scenario");
-  ramp_k(s);
-  s.schedule.kind =
-      *rc::gen::element(ScheduleKind::linear, ScheduleKind::cosine)
-           .as("schedule");
-  s.schedule.total_auto = true;
-  s.schedule.warmup = 0;
-  s.schedule.warmup_ratio =
-      *rc::gen::element(-1.0, 0.25, 0.5).as("warmup_ratio (-1: none)");
-  const Case c(s);
-  // Horizons counted on the plan: the windows of the run (correct), and
-  // epochs * the windows of epoch 0 (computed once with the initial K).
-  const int64_t total_ok = c.plan.windows();
-  const int64_t total_bug =
-      int64_t(c.plan.epochs.size()) * int64_t(c.plan.epochs[0].windows.size());
-  auto sched = [&](int64_t total) {
-    ScheduleSpec sc = s.schedule;
-    sc.total = total;
-    if (sc.warmup_ratio >= 0)
-      sc.warmup = int64_t(std::ceil(double(total) * sc.warmup_ratio));
-    return sc;
-  };
-  const Run<R> ok = c.run(c.plan, {}, s.optimizer.lr);
-  const Run<R> bug =
-      c.run(c.plan, {Pitfall::ramp_schedule_horizon_fixed}, s.optimizer.lr);
-  RC_ASSERT(ok.steps.size() == bug.steps.size());
-  bool differs = false;
-  for (size_t i = 0; i < ok.steps.size(); ++i) {
-    RC_ASSERT(ok.steps[i].lr ==
-              s.optimizer.lr * lr_multiplier(sched(total_ok), int64_t(i)));
-    RC_ASSERT(bug.steps[i].lr ==
-              s.optimizer.lr * lr_multiplier(sched(total_bug), int64_t(i)));
-    differs = differs || ok.steps[i].lr != bug.steps[i].lr;
-  }
-  // (Distinct horizons can still give equal lr sequences over a short run,
-  // e.g. 3 steps with warmup 2 and totals 3 vs 4: each run is pinned to
-  // its own formula above.)
-  RC_TAG(differs ? "lr sequences differ" : "same lr sequence");
-  record_case(name);
-}
-
-// ---------------------------------------------------------------------------
 // (k) Inertness: each pitfall changes nothing without its trigger.
 
 void inertness() {
@@ -715,7 +538,6 @@ void inertness() {
     case Pitfall::partial_cycle_scale_by_k:
     case Pitfall::partial_cycle_drop:
     case Pitfall::partial_cycle_leak:
-    case Pitfall::ramp_normalization_stale:  // and K never changes
       t.full_windows = true;  // equal micro-batches, no partial window
       break;
     default:
@@ -750,6 +572,7 @@ const std::vector<Property>& all_properties() {
   static const std::vector<Property> props = [] {
     std::vector<Property> v = oracle_properties();
     for (const Property& p : norm_properties()) v.push_back(p);
+    for (const Property& p : ramp_properties()) v.push_back(p);
     for (const Property& p : device_properties()) v.push_back(p);
     return v;
   }();
@@ -818,18 +641,6 @@ const std::vector<Property>& oracle_properties() {
       {"decay.adamw-once-per-step", "oracle",
        "AdamW multiplies by (1 - lr*wd) once per step",
        adamw_decay_once_per_step},
-      {"ramp.correct-equals-large-batch", "oracle",
-       "K changing per epoch: correct accumulation equals the large batch "
-       "over the same windows",
-       ramp_equivalence},
-      {"ramp.normalization-stale", "oracle",
-       "ramp-normalization-stale weighs a sample 1/(K_0*b_k); leaves correct "
-       "where predicted",
-       ramp_normalization_stale},
-      {"ramp.schedule-horizon-fixed", "oracle",
-       "total = auto: horizon sum_e ceil(M/K_e) correct, epochs*ceil(M/K_0) "
-       "for ramp-schedule-horizon-fixed",
-       ramp_schedule_horizon_fixed},
       {"inertness.oracle", "oracle",
        "each pitfall changes nothing without its trigger", inertness},
   };

@@ -25,9 +25,8 @@ namespace accumcheck {
 // K of epoch e (from 0).
 inline int64_t accumulation_at(const BatchingSpec& b, int64_t epoch) {
   if (b.accumulation_per_epoch.empty()) return b.accumulation;
-  const size_t i =
-      std::min(size_t(std::max<int64_t>(0, epoch)),
-               b.accumulation_per_epoch.size() - 1);
+  const size_t i = std::min(size_t(std::max<int64_t>(0, epoch)),
+                            b.accumulation_per_epoch.size() - 1);
   return b.accumulation_per_epoch[i];
 }
 

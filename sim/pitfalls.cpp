@@ -47,7 +47,7 @@ constexpr Entry kCatalog[] = {
      "Transformers bug)"},
     {Pitfall::ramp_normalization_stale, "ramp-normalization-stale",
      "K changes during training but the loss is still divided by the first "
-     "epoch's K: micro-batches weigh 1/(K_0*b_k)"},
+     "epoch's K: where K_e != K_0 micro-batches weigh 1/(K_0*b_k)"},
     {Pitfall::ramp_schedule_horizon_fixed, "ramp-schedule-horizon-fixed",
      "the schedule's horizon computed once with the initial K: warmup and "
      "decay end early or late when K changes"},

@@ -93,7 +93,8 @@ struct Behavior {
   // 1/(K*b_k), K literal; full windows keep `normalization`.
   bool partial_scale_by_k = false;
   // ramp-normalization-stale: the `loss / K` loop whose K is still the
-  // first epoch's after K changes: every micro-batch weighs 1/(K_0*b_k).
+  // first epoch's after K changes: in every epoch whose K is not K_0,
+  // every micro-batch weighs 1/(K_0*b_k) (epochs at K_0: `normalization`).
   bool normalization_stale_k = false;
   // ramp-schedule-horizon-fixed: a total = "auto" horizon (and warmup
   // ratio) computed once with the initial K (sim/k_schedule.hpp).

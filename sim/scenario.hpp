@@ -93,8 +93,8 @@ enum class ScheduleKind { constant, step, linear, cosine };
 
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::constant;
-  int64_t warmup = 0;     // linear, cosine: warmup steps
-  int64_t total = 0;      // linear, cosine: horizon in scheduler steps
+  int64_t warmup = 0;  // linear, cosine: warmup steps
+  int64_t total = 0;   // linear, cosine: horizon in scheduler steps
   // total = "auto": the horizon is the run's optimizer steps, as a trainer
   // computes it from the data loader and K (sim/k_schedule.hpp); then
   // warmup_ratio >= 0 sets warmup = ceil(total * warmup_ratio)

@@ -339,8 +339,7 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
     // of one feature has variance 0 (rstd = 1/sqrt(eps)), so >= 2 each.
     m.norm_groups = sec.required_integer("norm_groups", 1, kMaxWidth);
     for (size_t i = 1; i + 1 < m.widths.size(); ++i)
-      if (m.widths[i] % m.norm_groups != 0 ||
-          m.widths[i] / m.norm_groups < 2)
+      if (m.widths[i] % m.norm_groups != 0 || m.widths[i] / m.norm_groups < 2)
         p.fail(&(*arr)[i], fmt::format("model.widths[{}]", i),
                fmt::format("GroupNorm with norm_groups = {} splits each hidden "
                            "width into groups of >= 2 features: the width "
@@ -457,8 +456,8 @@ void parse_accumulation(const Parser& p, const Section& sec, BatchingSpec& b) {
                          "batching.epochs = {}), got {}",
                          b.epochs, b.epochs, arr->size()));
     for (size_t i = 0; i < arr->size(); ++i)
-      b.accumulation_per_epoch.push_back(k_value(
-          (*arr)[i], fmt::format("batching.accumulation[{}]", i)));
+      b.accumulation_per_epoch.push_back(
+          k_value((*arr)[i], fmt::format("batching.accumulation[{}]", i)));
   } else if (const auto* t = n->as_table()) {
     for (auto&& [k, v] : *t) {
       (void)v;
@@ -478,12 +477,11 @@ void parse_accumulation(const Parser& p, const Section& sec, BatchingSpec& b) {
                            k, int_range_text(lo, kIntMax)));
       const auto* v = f->as_integer();
       if (!v || v->get() < lo)
-        p.fail(f, key,
-               fmt::format("expected {}, {}{}", int_range_text(lo, kIntMax),
-                           got(*f),
-                           k == "start" && v && v->get() == 0
-                               ? kSeed002KZeroHint
-                               : ""));
+        p.fail(
+            f, key,
+            fmt::format(
+                "expected {}, {}{}", int_range_text(lo, kIntMax), got(*f),
+                k == "start" && v && v->get() == 0 ? kSeed002KZeroHint : ""));
       return v->get();
     };
     const int64_t start = field("start", 1), step = field("step", 0),

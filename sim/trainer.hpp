@@ -86,12 +86,12 @@ class Trainer {
         b_(behavior),
         base_lr_(base_lr),
         opt_(options),
-        schedule_(behavior.schedule_horizon_in_micro_steps
-                      ? stretched(resolved_schedule(scenario,
-                                                    behavior.horizon_initial_k),
-                                  scenario.batching.accumulation)
-                      : resolved_schedule(scenario,
-                                          behavior.horizon_initial_k)) {}
+        schedule_(
+            behavior.schedule_horizon_in_micro_steps
+                ? stretched(
+                      resolved_schedule(scenario, behavior.horizon_initial_k),
+                      scenario.batching.accumulation)
+                : resolved_schedule(scenario, behavior.horizon_initial_k)) {}
 
   // Runs every epoch of `plan` from the engine's current state.
   Run<Real> run(const Plan& plan, std::string name) {
@@ -146,7 +146,9 @@ class Trainer {
   int64_t weight_den(const Window& w, int64_t shard_items) const {
     const int64_t R = int64_t(w.micro.front().shards.size());
     const int64_t Kw = int64_t(w.micro.size());
-    if (b_.normalization_stale_k)
+    // ramp-normalization-stale: `loss / K_0` in the epochs whose K is not
+    // K_0 (inert while K never changes).
+    if (b_.normalization_stale_k && K_ != s_.batching.accumulation)
       return s_.batching.accumulation * shard_items * R;
     if (w.partial && b_.partial_scale_by_k) return K_ * shard_items * R;
     switch (b_.normalization) {

@@ -335,12 +335,11 @@ TEST(KernelCoverage, Norms) {
                                 s2.data(), E, gs, es, row_groups},
         {out("s1", s1), out("s2", s2)});
     Guarded<float> dx(R * C, true);
-    check_coverage(
-        "NormBackwardApply", R * C,
-        kern::NormBackwardApply{dy.data(), xh.data(), gamma.data(), s1.data(),
-                                s2.data(), rstd.data(), dx.data(), C,
-                                row_groups},
-        {out("dx", dx)});
+    check_coverage("NormBackwardApply", R * C,
+                   kern::NormBackwardApply{dy.data(), xh.data(), gamma.data(),
+                                           s1.data(), s2.data(), rstd.data(),
+                                           dx.data(), C, row_groups},
+                   {out("dx", dx)});
     expect_finite("NormBackwardApply", dx);
   }
 }

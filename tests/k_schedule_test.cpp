@@ -1,12 +1,13 @@
 // K that changes during training: the scenario syntax (a list per epoch,
 // a ramp rule), K = 0 refused with seed 002's formula named, the plan's
 // windows per epoch, and the horizon a trainer derives (total = "auto").
+#include "sim/k_schedule.hpp"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "sim/errors.hpp"
-#include "sim/k_schedule.hpp"
 #include "sim/plan.hpp"
 #include "sim/scenario_parse.hpp"
 
@@ -39,8 +40,8 @@ std::string with(std::string text, const std::string& from,
   return text;
 }
 
-void expect_error(const std::string& text, int64_t line,
-                  const std::string& key, const std::string& needle) {
+void expect_error(const std::string& text, int64_t line, const std::string& key,
+                  const std::string& needle) {
   try {
     parse_scenario_string(text, "s.toml");
     ADD_FAILURE() << "no error; expected " << needle;
@@ -104,8 +105,8 @@ TEST(KSchedule, KZeroIsRefusedNamingSeed002) {
   expect_error(with(kRamp, "accumulation = [2, 4, 6]",
                     "accumulation = { start = 2, stp = 2, max = 8 }"),
                8, "batching.accumulation.stp", "known keys: start, step, max");
-  expect_error(with(kRamp, "[2, 4, 6]", "\"ramp\""), 8,
-               "batching.accumulation", "an array of one K per epoch");
+  expect_error(with(kRamp, "[2, 4, 6]", "\"ramp\""), 8, "batching.accumulation",
+               "an array of one K per epoch");
   // The lr-scaling lesson scales by one K.
   expect_error(kRamp + "[trainer]\nlr_scaling = \"linear\"\n", 17,
                "trainer.lr_scaling", "changes from epoch to epoch");

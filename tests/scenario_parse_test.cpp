@@ -150,7 +150,9 @@ TEST(ScenarioParse, OutOfRangeInteger) {
 
 TEST(ScenarioParse, WrongType) {
   expect_error(with(kBase, "accumulation = 4", "accumulation = 4.0"), 14, 16,
-               "batching.accumulation", "expected an integer >= 1, got 4.0");
+               "batching.accumulation",
+               "expected an integer >= 1, an array of one K per epoch, or a "
+               "ramp { start, step, max }, got 4.0");
   expect_error(with(kBase, "lr = 0.001", "lr = \"fast\""), 18, 6,
                "optimizer.lr", "expected a number > 0, got \"fast\"");
 }
