@@ -10,6 +10,7 @@
 #include "sim/errors.hpp"
 #include "sim/plan.hpp"
 #include "sim/scenario_parse.hpp"
+#include "tests/scenario_test_util.hpp"
 
 namespace accumcheck {
 namespace {
@@ -32,13 +33,7 @@ warmup_ratio = 0.25
 total = "auto"
 )";
 
-std::string with(std::string text, const std::string& from,
-                 const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  if (at != std::string::npos) text.replace(at, from.size(), to);
-  return text;
-}
+using testing_util::with;
 
 void expect_error(const std::string& text, int64_t line, const std::string& key,
                   const std::string& needle) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "sim/errors.hpp"
+#include "tests/scenario_test_util.hpp"
 
 namespace accumcheck {
 namespace {
@@ -43,13 +44,7 @@ max_norm = 1.0
 pitfalls = ["zero-grad-never"]
 )";
 
-std::string with(std::string text, const std::string& from,
-                 const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  if (at != std::string::npos) text.replace(at, from.size(), to);
-  return text;
-}
+using testing_util::with;
 
 // Parses `text` expecting an InputError at line:column with `key`, whose
 // message contains `needle`.
