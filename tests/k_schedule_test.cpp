@@ -55,7 +55,7 @@ TEST(KSchedule, ListPerEpoch) {
   for (int64_t e = 0; e < 3; ++e)
     EXPECT_EQ(accumulation_at(s.batching, e), 2 * (e + 1));
   // 12 micro-steps per epoch: windows of 2, 4 and 6 micro-batches.
-  const Plan p = make_plan(s);
+  const Plan p = materialize(make_plan(s));
   ASSERT_EQ(p.epochs.size(), 3u);
   const size_t windows[] = {6, 3, 2};
   for (size_t e = 0; e < 3; ++e) {
@@ -113,6 +113,7 @@ TEST(KSchedule, AutoHorizon) {
   // Correct: 6 + 3 + 2 = 11 steps, warmup ceil(11 / 4) = 3; with the
   // initial K only: 3 * 6 = 18, warmup ceil(18 / 4) = 5.
   EXPECT_EQ(planned_optimizer_steps(s), make_plan(s).windows());
+  EXPECT_EQ(planned_optimizer_steps(s), materialize(make_plan(s)).windows());
   EXPECT_EQ(resolved_schedule(s).total, 11);
   EXPECT_EQ(resolved_schedule(s).warmup, 3);
   EXPECT_EQ(resolved_schedule(s, true).total, 18);
