@@ -365,7 +365,7 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
   if (m.norm == NormKind::groupnorm) {
     // nn.GroupNorm(num_groups, C) needs num_groups to divide C; a group
     // of one feature has variance 0 (rstd = 1/sqrt(eps)), so >= 2 each.
-    m.norm_groups = sec.required_integer("norm_groups", 1, kMaxWidth);
+    m.norm_groups = sec.required_integer("norm_groups", 1);
     for (size_t i = 1; i + 1 < m.widths.size(); ++i)
       if (m.widths[i] % m.norm_groups != 0 || m.widths[i] / m.norm_groups < 2)
         p.fail(&(*arr)[i], fmt::format("model.widths[{}]", i),
