@@ -99,7 +99,10 @@ struct Property {
 const std::vector<Property>& oracle_properties();
 // BatchNorm, LayerNorm, token losses, dropout (properties/norm_properties.cpp).
 const std::vector<Property>& norm_properties();
-// Every property: oracle, norm, then device (properties/device_properties.cpp).
+// K per epoch (properties/ramp_properties.cpp).
+const std::vector<Property>& ramp_properties();
+// Every property: oracle, norm, ramp, then device
+// (properties/device_properties.cpp).
 const std::vector<Property>& all_properties();
 // Runs the body of the property of that name (RC_FAIL when there is none).
 void run_property(const std::string& name);

@@ -45,6 +45,12 @@ constexpr Entry kCatalog[] = {
     {Pitfall::token_mean_of_means, "token-mean-of-means",
      "micro-batch token mean / K: a token weighs 1/(K*T_k), not 1/T (the 2024 "
      "Transformers bug)"},
+    {Pitfall::ramp_normalization_stale, "ramp-normalization-stale",
+     "K changes during training but the loss is still divided by the first "
+     "epoch's K: where K_e != K_0 micro-batches weigh 1/(K_0*b_k)"},
+    {Pitfall::ramp_schedule_horizon_fixed, "ramp-schedule-horizon-fixed",
+     "the schedule's horizon computed once with the initial K: warmup and "
+     "decay end early or late when K changes"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -116,6 +122,12 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         break;
       case Pitfall::l2_in_loss_unnormalized:
         b.l2_unnormalized = true;
+        break;
+      case Pitfall::ramp_normalization_stale:
+        b.normalization_stale_k = true;
+        break;
+      case Pitfall::ramp_schedule_horizon_fixed:
+        b.horizon_initial_k = true;
         break;
     }
   }

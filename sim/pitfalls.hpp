@@ -30,6 +30,8 @@ enum class Pitfall {
   clip_per_micro_step,
   l2_in_loss_unnormalized,
   token_mean_of_means,
+  ramp_normalization_stale,
+  ramp_schedule_horizon_fixed,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -47,6 +49,8 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::clip_per_micro_step,
     Pitfall::l2_in_loss_unnormalized,
     Pitfall::token_mean_of_means,
+    Pitfall::ramp_normalization_stale,
+    Pitfall::ramp_schedule_horizon_fixed,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -88,6 +92,13 @@ struct Behavior {
   // partial-cycle-scale-by-k: a partial window's micro-batches weigh
   // 1/(K*b_k), K literal; full windows keep `normalization`.
   bool partial_scale_by_k = false;
+  // ramp-normalization-stale: the `loss / K` loop whose K is still the
+  // first epoch's after K changes: in every epoch whose K is not K_0,
+  // every micro-batch weighs 1/(K_0*b_k) (epochs at K_0: `normalization`).
+  bool normalization_stale_k = false;
+  // ramp-schedule-horizon-fixed: a total = "auto" horizon (and warmup
+  // ratio) computed once with the initial K (sim/k_schedule.hpp).
+  bool horizon_initial_k = false;
 
   bool operator==(const Behavior&) const = default;
 };

@@ -4,6 +4,7 @@
 #include <limits>
 #include <numeric>
 
+#include "sim/k_schedule.hpp"
 #include "sim/rng.hpp"
 
 namespace accumcheck {
@@ -24,8 +25,8 @@ std::vector<int64_t> epoch_order(const Scenario& s, int64_t epoch) {
 namespace {
 
 EpochPlan build_epoch(const Scenario& s, int64_t e) {
-  const int64_t b = s.batching.micro_batch, K = s.batching.accumulation,
-                R = s.batching.ranks;
+  const int64_t b = s.batching.micro_batch, R = s.batching.ranks;
+  const int64_t K = accumulation_at(s.batching, e);  // K of this epoch
   const std::vector<int64_t> order = epoch_order(s, e);
   const int64_t n = int64_t(order.size());
   const int64_t per_rank = (n + R - 1) / R;  // DistributedSampler padding
@@ -34,6 +35,7 @@ EpochPlan build_epoch(const Scenario& s, int64_t e) {
     shard[size_t(i % R)].push_back(order[size_t(i % n)]);
   const int64_t micro_steps = (per_rank + b - 1) / b;
   EpochPlan ep;
+  ep.accumulation = K;
   for (int64_t m = 0; m < micro_steps; ++m) {
     if (m % K == 0) ep.windows.emplace_back();
     MicroBatch mb;
@@ -87,6 +89,22 @@ int64_t Plan::windows() const {
   const int64_t micro = (per_rank + b.micro_batch - 1) / b.micro_batch;
   const int64_t per_epoch = (micro + b.accumulation - 1) / b.accumulation;
   int64_t n = 0;
+  if (!b.accumulation_per_epoch.empty()) {
+    // K per epoch: the listed epochs one by one (a ramp rule lists them
+    // until K stops changing), then the last K for the rest.
+    const int64_t listed =
+        std::min<int64_t>(b.epochs, int64_t(b.accumulation_per_epoch.size()));
+    for (int64_t e = 0; e < listed; ++e) {
+      const int64_t K = b.accumulation_per_epoch[size_t(e)];
+      n += (micro + K - 1) / K;
+    }
+    const int64_t K = b.accumulation_per_epoch.back();
+    int64_t rest = 0;
+    if (__builtin_mul_overflow((micro + K - 1) / K, b.epochs - listed, &rest) ||
+        __builtin_add_overflow(n, rest, &n))
+      return std::numeric_limits<int64_t>::max();
+    return n;
+  }
   if (__builtin_mul_overflow(per_epoch, b.epochs, &n))
     return std::numeric_limits<int64_t>::max();
   return n;
@@ -94,7 +112,7 @@ int64_t Plan::windows() const {
 
 Plan make_plan(const Scenario& s) {
   Plan plan;
-  plan.accumulation = s.batching.accumulation;
+  plan.accumulation = accumulation_at(s.batching, 0);
   plan.ranks = s.batching.ranks;
   plan.lazy = std::make_shared<const Scenario>(s);
   return plan;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "sim/scenario_parse.hpp"
+#include "sim/k_schedule.hpp"
 #include "sim/pitfalls.hpp"
 #include "sim/scenario_text.hpp"
 
@@ -93,6 +94,8 @@ std::string to_toml(const Scenario& s) {
     line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
     if (s.model.norm != NormKind::none)
       line("norm", toml_string(name_of<NormKind>(kNorms, s.model.norm)));
+    if (s.model.norm == NormKind::groupnorm)
+      line("norm_groups", integer(s.model.norm_groups));
     if (s.model.dropout > 0) line("dropout", float_text(s.model.dropout));
   }
 
@@ -119,7 +122,16 @@ std::string to_toml(const Scenario& s) {
 
   o += "\n[batching]\n";
   line("micro_batch", integer(s.batching.micro_batch));
-  line("accumulation", integer(s.batching.accumulation));
+  if (s.batching.accumulation_per_epoch.empty()) {
+    line("accumulation", integer(s.batching.accumulation));
+  } else {
+    std::string ks = "[";
+    for (int64_t e = 0; e < s.batching.epochs; ++e) {
+      if (e) ks += ", ";
+      ks += integer(accumulation_at(s.batching, e));
+    }
+    line("accumulation", ks + "]");
+  }
   line("epochs", integer(s.batching.epochs));
   line("ranks", integer(s.batching.ranks));
   line("max_steps", integer(s.batching.max_steps));
@@ -142,8 +154,11 @@ std::string to_toml(const Scenario& s) {
   o += "\n[schedule]\n";
   line("kind", toml_string(name_of<ScheduleKind>(kSchedules, sc.kind)));
   if (sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) {
-    line("warmup", integer(sc.warmup));
-    line("total", integer(sc.total));
+    if (sc.total_auto && sc.warmup_ratio >= 0)
+      line("warmup_ratio", float_text(sc.warmup_ratio));
+    else
+      line("warmup", integer(sc.warmup));
+    line("total", sc.total_auto ? toml_string("auto") : integer(sc.total));
   } else if (sc.kind == ScheduleKind::step) {
     line("step_size", integer(sc.step_size));
     line("gamma", float_text(sc.gamma));
@@ -189,6 +204,8 @@ std::string describe(const Scenario& s) {
                     s.data.min_len, s.data.max_len);
   if (s.model.norm != NormKind::none)
     d += fmt::format(" {}", name_of<NormKind>(kNorms, s.model.norm));
+  if (s.model.norm == NormKind::groupnorm)
+    d += fmt::format("({})", s.model.norm_groups);
   if (s.model.dropout > 0) d += fmt::format(" dropout={}", s.model.dropout);
   d += fmt::format(" n={}", s.data.samples);
   if (s.data.replicate) d += " replicated";
@@ -197,8 +214,14 @@ std::string describe(const Scenario& s) {
   else
     d += fmt::format(" seed={}{}", s.data.seed, s.data.dyadic ? " dyadic" : "");
   if (!s.data.shuffle) d += " no-shuffle";
-  d += fmt::format(" b={} K={} R={}", s.batching.micro_batch,
-                   s.batching.accumulation, s.batching.ranks);
+  std::string k = std::to_string(s.batching.accumulation);
+  if (k_changes(s.batching)) {
+    k.clear();
+    for (int64_t e = 0; e < s.batching.epochs; ++e)
+      k += (e ? "," : "") + std::to_string(accumulation_at(s.batching, e));
+  }
+  d += fmt::format(" b={} K={} R={}", s.batching.micro_batch, k,
+                   s.batching.ranks);
   if (s.batching.epochs != 1) d += fmt::format(" epochs={}", s.batching.epochs);
   if (s.batching.max_steps >= 0)
     d += fmt::format(" max_steps={}", s.batching.max_steps);
@@ -223,9 +246,12 @@ std::string describe(const Scenario& s) {
       break;
     case ScheduleKind::linear:
     case ScheduleKind::cosine:
-      d += fmt::format(" {}(w={},T={})",
-                       name_of<ScheduleKind>(kSchedules, sc.kind), sc.warmup,
-                       sc.total);
+      d += fmt::format(
+          " {}(w={},T={})", name_of<ScheduleKind>(kSchedules, sc.kind),
+          sc.total_auto && sc.warmup_ratio >= 0
+              ? fmt::format("{}*T", sc.warmup_ratio)
+              : std::to_string(sc.warmup),
+          sc.total_auto ? std::string("auto") : std::to_string(sc.total));
       break;
   }
   if (s.clip.enabled) d += fmt::format(" clip={}", s.clip.max_norm);

@@ -23,6 +23,12 @@
 //   [scheduler.step if scheduler-per-micro-step]   (after the boundary's step)
 // and at the window's end the boundary block (step, scheduler, zero_grad)
 // as the behaviour says.
+//
+// K may change from epoch to epoch (EpochPlan::accumulation,
+// sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp
+// pitfalls keep correct's call order and change values only:
+// ramp-normalization-stale weighs by the first epoch's K,
+// ramp-schedule-horizon-fixed resolves a total = "auto" horizon with it.
 #pragma once
 
 #include <cmath>
@@ -32,6 +38,7 @@
 #include <utility>
 
 #include "sim/engine.hpp"
+#include "sim/k_schedule.hpp"
 #include "sim/lr_schedule.hpp"
 #include "sim/pitfalls.hpp"
 #include "sim/plan.hpp"
@@ -85,16 +92,18 @@ class Trainer {
         opt_(options),
         schedule_(
             behavior.schedule_horizon_in_micro_steps
-                ? stretched(scenario.schedule, scenario.batching.accumulation)
-                : scenario.schedule) {}
+                ? stretched(
+                      resolved_schedule(scenario, behavior.horizon_initial_k),
+                      scenario.batching.accumulation)
+                : resolved_schedule(scenario, behavior.horizon_initial_k)) {}
 
   // Runs every epoch of `plan` from the engine's current state.
   Run<Real> run(const Plan& plan, std::string name) {
     run_ = Run<Real>{};
     run_.name = std::move(name);
-    K_ = plan.accumulation;
     // A lazy plan builds each epoch here, when the loop reaches it.
     plan.visit([&](int64_t ep, const EpochPlan& epoch) {
+      K_ = epoch.accumulation;  // K may change from epoch to epoch
       for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w)
         window(epoch.windows[w], ep, w + 1 == epoch.windows.size(),
                epoch.micro_steps());
@@ -145,6 +154,10 @@ class Trainer {
   int64_t weight_den(const Window& w, int64_t shard_items) const {
     const int64_t R = int64_t(w.micro.front().shards.size());
     const int64_t Kw = int64_t(w.micro.size());
+    // ramp-normalization-stale: `loss / K_0` in the epochs whose K is not
+    // K_0 (inert while K never changes).
+    if (b_.normalization_stale_k && K_ != s_.batching.accumulation)
+      return s_.batching.accumulation * shard_items * R;
     if (w.partial && b_.partial_scale_by_k) return K_ * shard_items * R;
     switch (b_.normalization) {
       case Normalization::window_items:

@@ -26,8 +26,7 @@ Scenario five_micro_batches(int64_t samples = 5) {
   return s;
 }
 
-std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5) {
-  const Scenario s = five_micro_batches(samples);
+std::string pattern_of(const Scenario& s, const std::vector<Pitfall>& pitfalls) {
   NullEngine e;
   Trainer<NullEngine> t(e, s, behavior_of(pitfalls), 0.1);
   const Run<double> run = t.run(make_plan(s), "x");
@@ -54,6 +53,10 @@ std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5) {
   return p;
 }
 
+std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5) {
+  return pattern_of(five_micro_batches(samples), pitfalls);
+}
+
 // Windows: [F F] [F F] [F] (partial).  One row per pitfall; a pitfall
 // added to the catalog without a row fails EveryPitfallIsPinned.
 struct Pinned {
@@ -72,6 +75,8 @@ const Pinned kPinned[] = {
     {Pitfall::partial_cycle_scale_by_k, kCorrect, "weights only"},
     {Pitfall::schedule_horizon_in_micro_steps, kCorrect, "lr values only"},
     {Pitfall::l2_in_loss_unnormalized, kCorrect, "gradient values only"},
+    {Pitfall::ramp_normalization_stale, kCorrect, "weights only"},
+    {Pitfall::ramp_schedule_horizon_fixed, kCorrect, "lr values only"},
     {Pitfall::zero_grad_every_micro_step,
      "ZFZFCOS"
      "ZFZFCOS"
@@ -128,6 +133,31 @@ TEST(TrainerEvents, Seed002LoopStepsOncePerEpochWhenKDivides) {
   EXPECT_EQ(pattern({Pitfall::seed_002_loop}, 4),
             "ZFZFZFZF"
             "COSZ");
+}
+
+TEST(TrainerEvents, KPerEpoch) {
+  // K = 2 then 3 over two epochs of 5 micro-batches: windows [F F] [F F]
+  // [F], then [F F F] [F F]; the ramp pitfalls keep that call order.
+  Scenario s = five_micro_batches();
+  s.batching.epochs = 2;
+  s.batching.accumulation_per_epoch = {2, 3};
+  const std::string want =
+      "FFCOSZ"
+      "FFCOSZ"
+      "FCOSZ"
+      "FFFCOSZ"
+      "FFCOSZ";
+  EXPECT_EQ(pattern_of(s, {}), want);
+  for (Pitfall p : {Pitfall::ramp_normalization_stale,
+                    Pitfall::ramp_schedule_horizon_fixed})
+    EXPECT_EQ(pattern_of(s, {p}), want) << pitfall_id(p);
+  // seed 002's loop steps after an epoch iff its own K divides it: 5 % 2
+  // and 5 % 3 do not; with 6 micro-batches both do.
+  EXPECT_EQ(pattern_of(s, {Pitfall::seed_002_loop}), "ZFZFZFZFZFZFZFZFZFZF");
+  s.data.samples = 6;
+  EXPECT_EQ(pattern_of(s, {Pitfall::seed_002_loop}),
+            "ZFZFZFZFZFZFCOSZ"
+            "ZFZFZFZFZFZFCOSZ");
 }
 
 }  // namespace

@@ -81,10 +81,15 @@ class Bundle:
         self.widths = [int(w) for w in hp["widths"].split()]
         self.activation = hp["activation"]
         self.norm = hp.get("norm", "none")
+        self.norm_groups = int(hp.get("norm_groups", "1"))
         self.loss_kind = hp["loss"]
         self.d_in, self.d_out = self.widths[0], self.widths[-1]
         self.micro_batch = int(hp["micro_batch"])
         self.accumulation = int(hp["accumulation"])
+        # K of each epoch (K may change during training); older bundles
+        # carry one K.
+        self.accumulation_per_epoch = [
+            int(k) for k in hp.get("accumulation_per_epoch", "").split()]
         self.epochs = int(hp["epochs"])
         self.ranks = int(hp["ranks"])
         self.max_steps = int(hp["max_steps"])
@@ -99,6 +104,9 @@ class Bundle:
         self.schedule = hp["schedule"]
         self.warmup = int(hp["warmup"])
         self.total = int(hp["total"])
+        # total = "auto" scenarios: warmup = ceil(total * warmup_ratio) when
+        # >= 0 (a trainer that counts its own horizon needs the ratio).
+        self.warmup_ratio = float(hp.get("warmup_ratio", "-1"))
         self.step_size = int(hp["step_size"])
         self.gamma = float(hp["gamma"])
         self.clip = hp["clip"] == "1"
@@ -176,6 +184,9 @@ class Bundle:
                                                        momentum=0.1))
                 elif self.norm == "layernorm":
                     layers.append(torch.nn.LayerNorm(self.widths[i + 1], eps=1e-5))
+                elif self.norm == "groupnorm":
+                    layers.append(torch.nn.GroupNorm(self.norm_groups, self.widths[i + 1],
+                                                     eps=1e-5))
                 layers.append(acts[self.activation]())
         net = torch.nn.Sequential(*layers)
         with torch.no_grad():
@@ -208,6 +219,11 @@ class Bundle:
 
     def scheduler(self, optimizer):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_multiplier)
+
+    def accumulation_at(self, epoch):
+        """K of `epoch` (from 0): the bundle's K per epoch."""
+        ks = self.accumulation_per_epoch or [self.accumulation]
+        return ks[min(epoch, len(ks) - 1)]
 
     def micro_batches(self, epoch):
         """The epoch's micro-batches in order, as (x, y) tensors."""
