@@ -527,5 +527,7 @@ void Oracle<T>::set_state(const EngineState<T>& s) {
 
 extern template class Oracle<OracleReal>;
 extern template class Oracle<Tracked<OracleReal>>;
+extern template class Oracle<Tracked<BoundReal>>;
+extern template class Oracle<Tracked<DD>>;
 
 }  // namespace accumcheck

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# certify's cost per parameter-step (issue 14), as a curve over MLP sizes,
+# beside the PyTorch trainer's own run of the same steps.
+#
+# For each size: export a scenario (tanh MLP, cross-entropy, Adam, linear
+# schedule, b = 4, K = 4: 16 samples per optimizer step), train it with
+# adapters/pytorch/examples/train_correct.py (the recorder writes the
+# trace), then certify it with the double-double bound on 1 thread and on
+# every core, and (small sizes) with the MPFR bound.  Prints one row per
+# size: parameters, steps, seconds and microseconds per parameter-step.
+# The trace's CSV reading is part of certify's time (it is what a user
+# waits for); `read` is that part alone, measured by certify --steps 0:0.
+#
+#   bash bench/certify_curve.sh            # sizes 1k 10k 100k 1M
+#   SIZES="1k 10k" bash bench/certify_curve.sh
+# Run after scripts/build.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+bin=./build/cli/accumcheck
+py=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+threads=$(nproc)
+sizes=${SIZES:-"1k 10k 100k 1M"}
+mpfr_max=${MPFR_MAX_PARAMS:-20000}   # the MPFR bound only up to this size
+
+# size -> widths, steps (parameters x steps kept near 2-10 M)
+shape() {
+  case $1 in
+    1k) echo "16, 48, 4|200" ;;      # 1012 parameters
+    10k) echo "32, 256, 8|100" ;;    # 10504
+    100k) echo "128, 640, 16|30" ;;  # 92816
+    1M) echo "512, 1536, 128|10" ;;  # 984704
+    *) echo "unknown size $1" >&2; exit 2 ;;
+  esac
+}
+
+secs() { /usr/bin/env TIMEFORMAT=%R bash -c "time ( $* ) >/dev/null 2>&1" 2>&1 | tail -1; }
+
+printf '%-7s %9s %6s | %9s | %9s %9s | %9s %9s | %9s %9s | %9s\n' \
+  size params steps "torch s" "dd 1t s" "us/p-s" "dd ${threads}t s" "us/p-s" \
+  "mpfr 1t s" "us/p-s" "read s"
+for size in $sizes; do
+  IFS='|' read -r widths steps <<<"$(shape "$size")"
+  samples=$((steps * 16))
+  dir=$work/$size
+  mkdir -p "$dir"
+  cat >"$dir/s.toml" <<TOML
+story = "bench: certify cost at $size parameters"
+[model]
+widths = [$widths]
+activation = "tanh"
+loss = "cross-entropy"
+[data]
+samples = $samples
+seed = 5
+[batching]
+micro_batch = 4
+accumulation = 4
+epochs = 1
+[optimizer]
+kind = "adam"
+lr = 0.001
+[schedule]
+kind = "linear"
+warmup = 2
+total = $steps
+TOML
+  $bin export "$dir/s.toml" --out "$dir/bundle" >/dev/null 2>&1
+  params=$(tail -n +2 "$dir/bundle/params.csv" 2>/dev/null | wc -l || echo 0)
+  t_torch=$(secs "$py adapters/pytorch/examples/train_correct.py --bundle $dir/bundle --out $dir/trace")
+  cert="$bin certify $dir/bundle/scenario.toml --trace $dir/trace --quiet"
+  $cert --threads 1 >"$dir/verdict" 2>&1 || true
+  grep -q '^PASS' "$dir/verdict" || { echo "$size: certify did not pass:" >&2; cat "$dir/verdict" >&2; }
+  t_dd1=$(secs "$cert --threads 1")
+  t_ddn=$(secs "$cert --threads $threads")
+  t_read=$(secs "$cert --threads 1 --steps 0:0")
+  if [ "$params" -le "$mpfr_max" ]; then
+    t_mp=$(secs "$cert --threads 1 --bound-arith mpfr")
+  else
+    t_mp=-
+  fi
+  ups() { [ "$1" = - ] && echo - || $py -c "print(f'{$1 / ($params * $steps) * 1e6:.3f}')"; }
+  printf '%-7s %9s %6s | %9s | %9s %9s | %9s %9s | %9s %9s | %9s\n' \
+    "$size" "$params" "$steps" "$t_torch" "$t_dd1" "$(ups "$t_dd1")" \
+    "$t_ddn" "$(ups "$t_ddn")" "$t_mp" "$(ups "$t_mp")" "$t_read"
+done
