@@ -172,6 +172,54 @@ B gamma(int64_t m) {
   return B(mu / (1 - mu));
 }
 
+// The bounds of a + b, a * b and a / b (the formulas of the derivation
+// above), evaluated in B as written.
+template <class B>
+B add_bound(const B& ae, const B& be, const B& rv) {
+  using std::abs;
+  return (ae + be) * one_plus_u<B>() + unit<B>() * abs(rv);
+}
+template <class B>
+B mul_bound(const B& av, const B& ae, const B& bv, const B& be, const B& rv) {
+  using std::abs;
+  const B P = abs(av) * be + abs(bv) * ae + ae * be;
+  return P * one_plus_u<B>() + unit<B>() * abs(rv) + eta<B>();
+}
+// The caller has checked be < |bv|.
+template <class B>
+B div_bound(const B& ae, const B& bv, const B& be, const B& rv) {
+  using std::abs;
+  const B D = (ae + abs(rv) * be) / (abs(bv) - be);
+  return D * one_plus_u<B>() + unit<B>() * abs(rv) + eta<B>();
+}
+
+// The same three for DD, in double from the high parts and rounded up:
+// a DD x satisfies |x| <= |x.hi| (1 + 2^-53), each formula rounds at most
+// 7 times (each <= 2^-53 relative, all terms nonnegative), so the result
+// times kUpDD = 1 + 2^-49 (itself rounded once more) is >= the formula in
+// exact arithmetic.  The subtraction of div_bound's denominator is done
+// on a lower bound of |bv| and an upper bound of be, then rounded down.
+inline constexpr double kUpDD = 1 + 0x1p-49;
+inline DD add_bound(const DD& ae, const DD& be, const DD& rv) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  return DD(((ae.hi + be.hi) * (1 + u) + u * std::fabs(rv.hi)) * kUpDD);
+}
+inline DD mul_bound(const DD& av, const DD& ae, const DD& bv, const DD& be,
+                    const DD& rv) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  const double P =
+      std::fabs(av.hi) * be.hi + std::fabs(bv.hi) * ae.hi + ae.hi * be.hi;
+  return DD((P * (1 + u) + u * std::fabs(rv.hi) + 0x1p-150) * kUpDD);
+}
+inline DD div_bound(const DD& ae, const DD& bv, const DD& be, const DD& rv) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  const double den = (std::fabs(bv.hi) * (1 - 0x1p-52) - be.hi * (1 + 0x1p-52)) *
+                     (1 - 0x1p-52);
+  if (!(den > 0)) return DD(std::numeric_limits<double>::infinity());
+  const double D = (ae.hi + std::fabs(rv.hi) * be.hi) / den;
+  return DD((D * (1 + u) + u * std::fabs(rv.hi) + 0x1p-150) * kUpDD);
+}
+
 }  // namespace tracked_detail
 
 template <class B>
@@ -211,7 +259,7 @@ struct Tracked {
     Tracked r;
     r.v = a.v + b.v;
     if (is_zero(a.e) && is_zero(b.e) && float_exact(r.v)) return r;
-    r.e = (a.e + b.e) * one_plus_u<B>() + unit<B>() * abs(r.v);
+    r.e = add_bound(a.e, b.e, r.v);
     return r;
   }
   friend Tracked operator-(const Tracked& a, const Tracked& b) {
@@ -229,8 +277,7 @@ struct Tracked {
     // outside the model, so the other float factor is finite.
     if ((is_zero(a.v) && is_zero(a.e)) || (is_zero(b.v) && is_zero(b.e)))
       return Tracked(B(0), B(0));
-    const B P = abs(a.v) * b.e + abs(b.v) * a.e + a.e * b.e;
-    r.e = P * one_plus_u<B>() + unit<B>() * abs(r.v) + eta<B>();
+    r.e = mul_bound(a.v, a.e, b.v, b.e, r.v);
     return r;
   }
   friend Tracked operator/(const Tracked& a, const Tracked& b) {
@@ -244,8 +291,7 @@ struct Tracked {
       r.e = infinity<B>();
       return r;
     }
-    const B D = (a.e + abs(r.v) * b.e) / (ab - b.e);
-    r.e = D * one_plus_u<B>() + unit<B>() * abs(r.v) + eta<B>();
+    r.e = div_bound(a.e, b.v, b.e, r.v);
     return r;
   }
 

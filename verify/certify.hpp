@@ -39,9 +39,33 @@
 
 namespace accumcheck {
 
+// A half-open range of optimizer steps [begin, end); end < 0: to the end.
+struct StepRange {
+  int64_t begin = 0;
+  int64_t end = -1;
+  bool whole() const { return begin == 0 && end < 0; }
+  bool contains(int64_t step) const {
+    return step >= begin && (end < 0 || step < end);
+  }
+};
+
+// The numbers the Tracked float32 bound is computed in: double-double
+// (oracle/dd.hpp, the default: ~50x faster) or 40-digit MPFR.  Both give
+// the same verdicts; their bounds agree to error_model's dd_bound_rel.
+enum class BoundArith { dd, mpfr };
+
 struct CertifyConfig {
   std::string run;    // run to judge; "" = the only or the last run
   bool fp64 = false;  // the trainer computes in float64
+  BoundArith bound_arith = BoundArith::dd;
+  // Threads that judge steps (teacher forcing makes steps independent:
+  // each thread takes a contiguous range of steps); 0: every core.  The
+  // report is the same for every count.
+  int threads = 0;
+  // Judge only these optimizer steps (a part of a CI matrix, merged by
+  // certify_merge, verify/parts.hpp); the step count and the call pattern
+  // are checked whole.
+  StepRange steps;
   // Candidates judged with the Tracked bound beyond the accepted semantics,
   // run in parallel with it: one round on this machine's cores (the rest
   // keep their cheap proxy distance, marked as such).
@@ -84,7 +108,13 @@ struct CertifyReport {
   std::string verdict;    // one line
   std::string diagnosis;  // lines (FAIL only)
   double seconds = 0;
+  StepRange steps;          // the steps judged (end resolved)
+  double max_ratio = 0;     // accepted: max error/bound over judged steps
+  int64_t first_out = -1;   // accepted: first judged step outside the bound
 };
+
+// The PASS verdict line (certify and certify_merge share it).
+std::string certify_pass_verdict(const CertifyReport& r, double max_ratio);
 
 // Reads and validates the trace (InputError on anything malformed,
 // including a digest that is not the scenario's), then judges it.
