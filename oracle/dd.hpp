@@ -13,7 +13,8 @@
 //
 // Transcendentals (exp, expm1, log, tanh, erf, sqrt) are computed here to
 // the same accuracy (verified against MPFR at 50 digits over their domains
-// in tests/oracle_dd_test.cpp, relative error <= 2^-100):
+// in tests/oracle_dd_test.cpp: relative error <= 2^-99, about 30 digits;
+// measured worst 2^-99.7):
 //   exp   x = k ln2 + r, r / 2^9 by a Taylor series, then nine squarings of
 //         (1 + s) kept as s (2s + s^2, no cancellation), times 2^k;
 //   expm1 the same without the k reduction for |x| < ln2/2;

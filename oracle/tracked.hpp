@@ -88,7 +88,7 @@
 //   same formulas at 106 bits; v and e round at about 2^-104 relative per
 //   operation, again some 80 binary orders inside the (1 + u) factors, and
 //   the transcendentals (exp, expm1, log, tanh, erf, sqrt) are DD-accurate
-//   too (<= 2^-100 relative, tested against MPFR), so the bounds of the
+//   too (<= 2^-99 relative, tested against MPFR), so the bounds of the
 //   slopes above (tanh(m), exp(-m^2), expm1(ex)) keep their meaning.  The
 //   reductions, nearly all of the time, are specialized below: the
 //   products' value is summed by compensated summation (Ogita, Rump and

@@ -41,7 +41,7 @@ std::vector<DD> inputs(double lo, double hi, int n, uint32_t seed) {
   return v;
 }
 
-constexpr double kFnRel = 0x1p-100;  // DD-accurate (oracle/dd.hpp)
+constexpr double kFnRel = 0x1p-99;  // DD-accurate (oracle/dd.hpp)
 
 TEST(DD, ArithmeticMatchesMpfr) {
   const auto a = inputs(-1e3, 1e3, 500, 1), b = inputs(-7, 7, 500, 2);
@@ -136,6 +136,7 @@ void agree(Agreement& a, const std::vector<Tracked<DD>>& dd,
 
 TEST(DD, TrackedPassAgreesWithMpfr) {
   const double tol = em::tolerance("dd_bound_rel");
+  Agreement all;
   for (Activation act : {Activation::tanh, Activation::gelu, Activation::relu})
     for (LossKind loss : {LossKind::mse, LossKind::cross_entropy})
       for (OptimizerKind opt :
@@ -155,7 +156,13 @@ TEST(DD, TrackedPassAgreesWithMpfr) {
         EXPECT_LE(a.bound, tol) << what;
         EXPECT_LE(a.below, tol) << what;
         EXPECT_EQ(a.exact_mismatch, 0) << what;
+        all.value = std::max(all.value, a.value);
+        all.bound = std::max(all.bound, a.bound);
+        all.below = std::max(all.below, a.below);
       }
+  std::printf("DD vs MPFR pass: values within %.3g e, bounds within %.3g "
+              "(below MPFR's by at most %.3g)\n",
+              all.value, all.bound, all.below);
 }
 
 TEST(DD, DyadicPassStaysExact) {

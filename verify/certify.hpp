@@ -23,10 +23,22 @@
 // max over steps of err/bound (infinite on a step-count mismatch).  All
 // candidates are ranked first with a double-precision oracle and a proxy
 // bound (64 u |v|, cheap); the accepted semantics and the closest few are
-// then judged with Oracle<Tracked<OracleReal>>, whose distances are the
-// ones reported.  The events table, when it has rows, is checked for the
-// call pattern (per optimizer step: backward, zero_grad, clip, step and
+// then judged with the Tracked bound, whose distances are the ones
+// reported.  The events table, when it has rows, is checked for the call
+// pattern (per optimizer step: backward, zero_grad, clip, step and
 // scheduler calls) against the accepted semantics and every candidate.
+// A PASS needs no ranking and computes none.
+//
+// At scale (issue 14): the Tracked bound is computed in double-double by
+// default (oracle/dd.hpp; BoundArith::mpfr: 40-digit MPFR, ~50x slower,
+// the same verdicts).  Steps are judged on every core: teacher forcing
+// makes each step depend on the trace only, so a run judges a range of
+// steps by skipping the forward and backward passes before it (the
+// optimizer still steps on the trace's gradients when it keeps state, so
+// its state at the range's start is bit for bit a whole run's); the
+// ranges are put back together in step order, and the report is the same
+// for every thread count.  A range can also be judged alone (a CI matrix:
+// CertifyConfig::steps, merged by verify/parts.hpp).
 #pragma once
 
 #include <cstdint>
@@ -66,9 +78,10 @@ struct CertifyConfig {
   // certify_merge, verify/parts.hpp); the step count and the call pattern
   // are checked whole.
   StepRange steps;
-  // Candidates judged with the Tracked bound beyond the accepted semantics,
-  // run in parallel with it: one round on this machine's cores (the rest
-  // keep their cheap proxy distance, marked as such).
+  // Candidates judged with the Tracked bound beyond the accepted semantics
+  // (the rest keep their cheap proxy distance, marked as such); each is
+  // judged on `threads` threads.  Not tied to `threads`, so the report
+  // does not depend on it.
   int refine = std::max(1, int(std::thread::hardware_concurrency()) - 1);
 };
 

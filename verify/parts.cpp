@@ -207,18 +207,6 @@ bool is_step_check(const CertifyCheck& c) {
 
 }  // namespace
 
-std::string certify_pass_verdict(const CertifyReport& r, double max_ratio) {
-  return fmt::format(
-      "PASS: {} steps within the bound of {} (max error {} of bound){}",
-      r.trace_steps, r.accepted,
-      std::isinf(max_ratio) ? std::string("inf")
-                            : fmt::format("{:.3g}", max_ratio),
-      r.ambiguous_steps.empty()
-          ? std::string()
-          : fmt::format("; {} ambiguous clip step(s)",
-                        r.ambiguous_steps.size()));
-}
-
 StepRange parse_step_range(const std::string& text, const std::string& what) {
   const size_t colon = text.find(':');
   auto bad_range = [&] {
@@ -350,6 +338,14 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
     if (!is_step_check(c) && c.name != "step count") m.checks.push_back(c);
   m.pass = std::all_of(m.checks.begin(), m.checks.end(),
                        [](const CertifyCheck& c) { return c.ok; });
+  m.steps = StepRange{0, m.trace_steps};
+  m.max_ratio = worst;
+  m.first_out = -1;
+  for (const Part& p : parts)
+    if (p.info.first_out >= 0) {
+      m.first_out = p.info.first_out;
+      break;
+    }
   if (m.pass) {
     m.verdict = certify_pass_verdict(m, worst);
     m.diagnosis.clear();
