@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/rate_reporter.hpp"
 #include "oracle/dd.hpp"
 #include "oracle/oracle.hpp"
 
@@ -99,32 +100,21 @@ BENCHMARK(BM_ValueDot<dd_real>)->Name("BM_ValueDot/qd_dd_real");
 #endif
 BENCHMARK(BM_ValueDot<BoundReal>)->Name("BM_ValueDot/mpfr40_stack");
 
-class RateReporter : public benchmark::ConsoleReporter {
- public:
-  std::map<std::string, double> rate;
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& r : runs) {
-      auto it = r.counters.find("items_per_second");
-      if (it != r.counters.end()) rate[r.benchmark_name()] = it->second;
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
   set_oracle_digits(kDefaultOracleDigits);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  RateReporter rep;
+  accumcheck::bench::RateReporter rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   benchmark::Shutdown();
   auto& r = rep.rate;
   const double dd = r["BM_TrackedGemv/dd"];
   const double mp = r["BM_TrackedGemv/mpfr40_stack"];
-  std::printf("\nTracked GEMV: dd %.1f M multiply-adds/s, mpfr40 %.1f M/s: "
-              "dd / mpfr40 = %.1fx\n",
-              dd / 1e6, mp / 1e6, mp > 0 ? dd / mp : 0.0);
+  std::printf(
+      "\nTracked GEMV: dd %.1f M multiply-adds/s, mpfr40 %.1f M/s: "
+      "dd / mpfr40 = %.1fx\n",
+      dd / 1e6, mp / 1e6, mp > 0 ? dd / mp : 0.0);
   return 0;
 }

@@ -8,9 +8,9 @@ namespace accumcheck {
 namespace dd_detail {
 
 namespace {
-using Mp = boost::multiprecision::number<
-    boost::multiprecision::mpfr_float_backend<50>,
-    boost::multiprecision::et_off>;
+using Mp =
+    boost::multiprecision::number<boost::multiprecision::mpfr_float_backend<50>,
+                                  boost::multiprecision::et_off>;
 }  // namespace
 
 const DD& ln2() {

@@ -73,9 +73,9 @@ struct DD {
     if (lo == 0 || !std::isfinite(f)) return f;
     const double r = hi - double(f);  // exact (Sterbenz)
     if (r == 0) return f;
-    const float nb = std::nextafter(
-        f, r > 0 ? std::numeric_limits<float>::infinity()
-                 : -std::numeric_limits<float>::infinity());
+    const float nb =
+        std::nextafter(f, r > 0 ? std::numeric_limits<float>::infinity()
+                                : -std::numeric_limits<float>::infinity());
     const bool tie = 2 * hi == double(f) + double(nb);
     if (tie && ((lo > 0) == (r > 0))) return nb;
     return f;
@@ -191,7 +191,5 @@ class std::numeric_limits<accumcheck::DD> {
   static constexpr accumcheck::DD quiet_NaN() {
     return accumcheck::DD(std::numeric_limits<double>::quiet_NaN());
   }
-  static constexpr accumcheck::DD epsilon() {
-    return accumcheck::DD(0x1p-104);
-  }
+  static constexpr accumcheck::DD epsilon() { return accumcheck::DD(0x1p-104); }
 };

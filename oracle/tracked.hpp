@@ -213,8 +213,9 @@ inline DD mul_bound(const DD& av, const DD& ae, const DD& bv, const DD& be,
 }
 inline DD div_bound(const DD& ae, const DD& bv, const DD& be, const DD& rv) {
   constexpr double u = error_model::kUnitRoundoff32;
-  const double den = (std::fabs(bv.hi) * (1 - 0x1p-52) - be.hi * (1 + 0x1p-52)) *
-                     (1 - 0x1p-52);
+  const double den =
+      (std::fabs(bv.hi) * (1 - 0x1p-52) - be.hi * (1 + 0x1p-52)) *
+      (1 - 0x1p-52);
   if (!(den > 0)) return DD(std::numeric_limits<double>::infinity());
   const double D = (ae.hi + std::fabs(rv.hi) * be.hi) / den;
   return DD((D * (1 + u) + u * std::fabs(rv.hi) + 0x1p-150) * kUpDD);
@@ -524,6 +525,32 @@ inline double dot2_error(int64_t n, double M) {
   return (nn * nn) * 0x1p-104 * M;
 }
 
+// e = P (1 + gamma_g) + gamma_g M (+ n eta for products) + Dot2's own
+// error, all in double and rounded up: P and M are sums of n nonnegative
+// doubles (inflated by sum_inflation), the initial value's bound and
+// magnitude are added (as upper bounds: hi (1 + 2^-52)), gamma_g =
+// g u / (1 - g u) has g u and 1 - g u exact in double (g < 2^29), and the
+// final formula's few roundings are covered by kUpDD like the +, *, /
+// bounds.
+inline double dd_reduction_bound(int64_t g, int64_t n, double P, double M,
+                                 const DD* init_v, double init_e,
+                                 bool products) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  const double mu = double(g) * u;
+  if (mu >= 1) return std::numeric_limits<double>::infinity();
+  const double gam = mu / (1 - mu) * (1 + 0x1p-52);
+  const double F = sum_inflation(n);
+  double Pu = P * F, Mu = M * F;
+  const double vr = dot2_error(n, Mu);
+  if (init_v) {
+    Pu += init_e * (1 + 0x1p-52);
+    Mu += std::fabs(init_v->hi) * (1 + 0x1p-52);
+  }
+  const double e =
+      Pu * (1 + gam) + gam * Mu + (products ? double(n) * 0x1p-150 : 0.0) + vr;
+  return e * kUpDD;
+}
+
 }  // namespace tracked_detail
 
 inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
@@ -570,26 +597,17 @@ inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
     }
     for (int64_t k = 0; k < n && exact; ++k)
       exact = note(a[k * sa].v * b[k * sb].v);
-    if (exact &&
-        (low == std::numeric_limits<int>::max() ||
-         Mx < std::ldexp(1.0, low + 24))) {
+    if (exact && (low == std::numeric_limits<int>::max() ||
+                  Mx < std::ldexp(1.0, low + 24))) {
       out.v = init ? v + init->v : v;
       out.e = 0;
       return;
     }
   }
   const int64_t m = n + (init ? 1 : 0);
-  const DD g = gamma<DD>(m);
-  const double F = sum_inflation(n);
-  DD Pd = DD(P * F), Md = DD(M * F);
-  const DD vr = DD(dot2_error(n, M * F));
-  if (init) {
-    Pd += init->e;
-    Md += abs(init->v);
-    v = v + init->v;
-  }
-  out.v = v;
-  out.e = Pd * (DD(1) + g) + g * Md + DD(double(n)) * eta<DD>() + vr;
+  out.e = DD(dd_reduction_bound(m, n, P, M, init ? &init->v : nullptr,
+                                init ? init->e.hi : 0.0, true));
+  out.v = init ? v + init->v : v;
 }
 
 inline void sum_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
@@ -630,17 +648,10 @@ inline void sum_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
     }
   }
   const int64_t m = n + (init ? 1 : 0);
-  const DD g = gamma<DD>(m > 0 ? m - 1 : 0);
-  const double F = sum_inflation(n);
-  DD Pd = DD(P * F), Md = DD(M * F);
-  const DD vr = DD(dot2_error(n, M * F));
-  if (init) {
-    Pd += init->e;
-    Md += abs(init->v);
-    v = v + init->v;
-  }
-  out.v = v;
-  out.e = Pd * (DD(1) + g) + g * Md + vr;
+  out.e = DD(dd_reduction_bound(m > 0 ? m - 1 : 0, n, P, M,
+                                init ? &init->v : nullptr,
+                                init ? init->e.hi : 0.0, false));
+  out.v = init ? v + init->v : v;
 }
 
 // The host scalars of a DD oracle are computed in MPFR (a few per step)

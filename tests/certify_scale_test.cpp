@@ -59,8 +59,8 @@ std::vector<Case> cases() {
 TEST(CertifyScale, ThreadCountDoesNotChangeTheReport) {
   for (const Case& c : cases()) {
     const Scenario s = parse_scenario_file(c.file);
-    const std::string dir = device_trace(std::string("t_") + c.name,
-                                         c.pitfalls, c.file);
+    const std::string dir =
+        device_trace(std::string("t_") + c.name, c.pitfalls, c.file);
     const CertifyReport one = run(s, dir, 1);
     EXPECT_EQ(one.pass, c.pitfalls.empty()) << c.name;
     for (int threads : {2, 3, 7}) {
@@ -75,20 +75,21 @@ TEST(CertifyScale, ThreadCountDoesNotChangeTheReport) {
 TEST(CertifyScale, PartsMergeIntoOneCertify) {
   for (const Case& c : cases()) {
     const Scenario s = parse_scenario_file(c.file);
-    const std::string dir = device_trace(std::string("p_") + c.name,
-                                         c.pitfalls, c.file);
+    const std::string dir =
+        device_trace(std::string("p_") + c.name, c.pitfalls, c.file);
     const CertifyReport whole = run(s, dir, 2);
     const int64_t n = whole.trace_steps;
     ASSERT_GE(n, 3) << c.name;
     // Three parts, given out of order, the last one open-ended.
-    const std::vector<StepRange> ranges = {{n / 3, 2 * n / 3}, {2 * n / 3, -1},
-                                           {0, n / 3}};
+    const std::vector<StepRange> ranges = {
+        {n / 3, 2 * n / 3}, {2 * n / 3, -1}, {0, n / 3}};
     std::vector<std::string> files;
     for (size_t k = 0; k < ranges.size(); ++k) {
       const CertifyReport part = run(s, dir, 1, ranges[k]);
-      files.push_back(temp_dir(std::string("part_") + c.name + "_" +
-                               std::to_string(k)));
-      write_file_atomically(files.back(), certify_part_text(part, s.digest, "dd"));
+      files.push_back(
+          temp_dir(std::string("part_") + c.name + "_" + std::to_string(k)));
+      write_file_atomically(files.back(),
+                            certify_part_text(part, s.digest, "dd"));
     }
     const CertifyReport merged = certify_merge(files);
     EXPECT_EQ(merged.pass, whole.pass) << c.name;
@@ -118,7 +119,8 @@ TEST(CertifyScale, MergeRefusesPartsThatDoNotFit) {
   auto part = [&](StepRange r, const std::string& name,
                   const std::string& digest) {
     const std::string f = temp_dir("badpart_" + name);
-    write_file_atomically(f, certify_part_text(run(s, dir, 1, r), digest, "dd"));
+    write_file_atomically(f,
+                          certify_part_text(run(s, dir, 1, r), digest, "dd"));
     return f;
   };
   const std::string a = part({0, 4}, "a", s.digest);
@@ -127,19 +129,17 @@ TEST(CertifyScale, MergeRefusesPartsThatDoNotFit) {
   const std::string overlap = part({3, -1}, "overlap", s.digest);
   const std::string other = part({4, -1}, "other", "0123456789abcdef");
   EXPECT_NO_THROW(certify_merge({a, b}));
-  EXPECT_THROW(certify_merge({a}), InputError);          // steps 4:9 missing
-  EXPECT_THROW(certify_merge({a, gap}), InputError);     // step 4 missing
+  EXPECT_THROW(certify_merge({a}), InputError);           // steps 4:9 missing
+  EXPECT_THROW(certify_merge({a, gap}), InputError);      // step 4 missing
   EXPECT_THROW(certify_merge({a, overlap}), InputError);  // step 3 twice
-  EXPECT_THROW(certify_merge({a, other}), InputError);   // another scenario
+  EXPECT_THROW(certify_merge({a, other}), InputError);    // another scenario
   try {
     certify_merge({a, gap});
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(gap + ":"), std::string::npos)
         << e.what();
   }
-  {
-    std::ofstream(temp_dir("badpart_junk")) << "not a part\n";
-  }
+  { std::ofstream(temp_dir("badpart_junk")) << "not a part\n"; }
   EXPECT_THROW(certify_merge({temp_dir("badpart_junk")}), InputError);
   EXPECT_THROW(parse_step_range("3", "--steps"), InputError);
   EXPECT_THROW(parse_step_range("5:2", "--steps"), InputError);
@@ -151,8 +151,8 @@ TEST(CertifyScale, MergeRefusesPartsThatDoNotFit) {
 TEST(CertifyScale, DoubleDoubleGivesMpfrsVerdicts) {
   for (const Case& c : cases()) {
     const Scenario s = parse_scenario_file(c.file);
-    const std::string dir = device_trace(std::string("a_") + c.name,
-                                         c.pitfalls, c.file);
+    const std::string dir =
+        device_trace(std::string("a_") + c.name, c.pitfalls, c.file);
     const CertifyReport dd = run(s, dir, 2, {}, BoundArith::dd);
     const CertifyReport mp = run(s, dir, 2, {}, BoundArith::mpfr);
     EXPECT_EQ(dd.pass, mp.pass) << c.name;

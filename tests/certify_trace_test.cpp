@@ -10,26 +10,26 @@
 #include <sstream>
 #include <string>
 
+#include "certify_test_util.hpp"
 #include "gpu/device.hpp"
 #include "gpu/emulated.hpp"
 #include "sim/atomic_file.hpp"
-#include "verify/certify.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/experiment.hpp"
-#include "verify/export.hpp"
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
+#include "verify/certify.hpp"
+#include "verify/export.hpp"
 #include "verify/trace.hpp"
-#include "certify_test_util.hpp"
 
 namespace accumcheck {
 namespace {
 
 using certify_test::device_trace;
+using certify_test::kScenario;
 using certify_test::scenario;
 using certify_test::temp_dir;
-using certify_test::kScenario;
 namespace fs = std::filesystem;
 
 TEST(Certify, DeviceCorrectRunPasses) {

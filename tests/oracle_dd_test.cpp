@@ -59,8 +59,8 @@ TEST(DD, ArithmeticMatchesMpfr) {
             1.0f + 0x1p-23f);  // a float tie broken by lo
   EXPECT_EQ(static_cast<float>(DD::raw(1.0 + 0x1p-24, -0x1p-80)), 1.0f);
   EXPECT_TRUE(std::isinf((DD(1) / DD(0.0)).hi));
-  EXPECT_TRUE(std::isinf((DD(std::numeric_limits<double>::infinity()) +
-                          DD(1)).hi));
+  EXPECT_TRUE(
+      std::isinf((DD(std::numeric_limits<double>::infinity()) + DD(1)).hi));
 }
 
 TEST(DD, TranscendentalsMatchMpfr) {
@@ -126,10 +126,10 @@ void agree(Agreement& a, const std::vector<Tracked<DD>>& dd,
       a.exact_mismatch += (m[i].e == 0) != (dd[i].e.hi == 0) || ve != m[i].v;
       continue;
     }
-    a.value = std::max(a.value,
-                       static_cast<double>(R(abs(ve - m[i].v) / m[i].e)));
-    a.bound = std::max(a.bound,
-                       static_cast<double>(R(abs(ee - m[i].e) / m[i].e)));
+    a.value =
+        std::max(a.value, static_cast<double>(R(abs(ve - m[i].v) / m[i].e)));
+    a.bound =
+        std::max(a.bound, static_cast<double>(R(abs(ee - m[i].e) / m[i].e)));
     a.below = std::max(a.below, static_cast<double>(R((m[i].e - ee) / m[i].e)));
   }
 }
@@ -160,9 +160,10 @@ TEST(DD, TrackedPassAgreesWithMpfr) {
         all.bound = std::max(all.bound, a.bound);
         all.below = std::max(all.below, a.below);
       }
-  std::printf("DD vs MPFR pass: values within %.3g e, bounds within %.3g "
-              "(below MPFR's by at most %.3g)\n",
-              all.value, all.bound, all.below);
+  std::printf(
+      "DD vs MPFR pass: values within %.3g e, bounds within %.3g "
+      "(below MPFR's by at most %.3g)\n",
+      all.value, all.bound, all.below);
 }
 
 TEST(DD, DyadicPassStaysExact) {

@@ -27,8 +27,10 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   StepRange range = cfg.steps;
   range.end = range.end < 0 ? n : std::min(range.end, n);
   range.begin = std::min(range.begin, range.end);
-  const Ctx ctx{s,       data,     init,          plan,       layout,
-                L.steps, cfg.fp64, range, cfg.bound_arith, cfg.threads};
+  const Ctx ctx{s,          data,   init,
+                plan,       layout, L.steps,
+                cfg.fp64,   range,  cfg.bound_arith,
+                cfg.threads};
 
   CertifyReport r;
   r.scenario = s.name;

@@ -41,8 +41,8 @@
 // CertifyConfig::steps, merged by verify/parts.hpp).
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,9 +121,9 @@ struct CertifyReport {
   std::string verdict;    // one line
   std::string diagnosis;  // lines (FAIL only)
   double seconds = 0;
-  StepRange steps;          // the steps judged (end resolved)
-  double max_ratio = 0;     // accepted: max error/bound over judged steps
-  int64_t first_out = -1;   // accepted: first judged step outside the bound
+  StepRange steps;         // the steps judged (end resolved)
+  double max_ratio = 0;    // accepted: max error/bound over judged steps
+  int64_t first_out = -1;  // accepted: first judged step outside the bound
 };
 
 // The PASS verdict line (certify and certify_merge share it).

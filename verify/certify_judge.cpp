@@ -204,7 +204,8 @@ Forced judge_steps(const Ctx& c, const Behavior& b, bool rigorous) {
       1, std::min<int64_t>(int64_t(thread_count(c.threads)), steps));
   std::vector<StepRange> ranges;
   for (int64_t k = 0; k < parts; ++k)
-    ranges.push_back({begin + steps * k / parts, begin + steps * (k + 1) / parts});
+    ranges.push_back(
+        {begin + steps * k / parts, begin + steps * (k + 1) / parts});
   std::vector<Forced> out(ranges.size());
   parallel_for(ranges.size(), c.threads, [&](size_t k) {
     if (!rigorous)

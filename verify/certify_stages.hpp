@@ -70,9 +70,9 @@ struct Ctx {
   const ParamLayout& layout;
   const std::vector<TraceStep>& trace;
   bool fp64;
-  StepRange range;    // the steps judged (end resolved: <= trace.size())
-  BoundArith arith;   // the rigorous bound's numbers
-  int threads;        // CertifyConfig::threads
+  StepRange range;   // the steps judged (end resolved: <= trace.size())
+  BoundArith arith;  // the rigorous bound's numbers
+  int threads;       // CertifyConfig::threads
 };
 
 // The semantics `b` walked on the oracle over real type T (double: the

@@ -138,8 +138,8 @@ Part read_part(const std::string& file) {
     ++n;
     if (n == 1) {
       if (line != kSchema)
-        bad(file, 1, fmt::format("not a certify part file (expected '{}')",
-                                 kSchema));
+        bad(file, 1,
+            fmt::format("not a certify part file (expected '{}')", kSchema));
       continue;
     }
     const std::vector<std::string> f = fields_of(line);
@@ -266,28 +266,30 @@ std::string certify_part_text(const CertifyReport& r,
   for (const CertifyCandidate& c : r.ranking) {
     std::vector<std::string> ids;
     for (Pitfall x : c.pitfalls) ids.emplace_back(pitfall_id(x));
-    o.append(fmt::format("candidate\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
-                         esc(c.name), esc(join(c.aliases)), esc(join(c.inert)),
-                         c.steps, num(c.proxy), c.tracked ? 1 : 0,
-                         num(c.distance), c.first_out, esc(c.first_out_what),
-                         c.pattern_matches ? 1 : 0, esc(join(ids))));
+    o.append(fmt::format(
+        "candidate\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n", esc(c.name),
+        esc(join(c.aliases)), esc(join(c.inert)), c.steps, num(c.proxy),
+        c.tracked ? 1 : 0, num(c.distance), c.first_out, esc(c.first_out_what),
+        c.pattern_matches ? 1 : 0, esc(join(ids))));
   }
   return o;
 }
 
 CertifyReport certify_merge(const std::vector<std::string>& files) {
-  if (files.empty()) throw InputError("", 0, 0, "certify-merge", "no part files");
+  if (files.empty())
+    throw InputError("", 0, 0, "certify-merge", "no part files");
   std::vector<Part> parts;
   for (const std::string& f : files) parts.push_back(read_part(f));
-  std::stable_sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) {
-    return a.info.range.begin < b.info.range.begin;
-  });
+  std::stable_sort(parts.begin(), parts.end(),
+                   [](const Part& a, const Part& b) {
+                     return a.info.range.begin < b.info.range.begin;
+                   });
   const Part& first = parts.front();
   for (const Part& p : parts)
-    for (const char* key : {"scenario", "scenario_digest", "run", "precision",
-                            "bound_arith", "accepted", "trace_steps",
-                            "expected_steps", "pattern_checked", "pattern_ok",
-                            "pattern_message"})
+    for (const char* key :
+         {"scenario", "scenario_digest", "run", "precision", "bound_arith",
+          "accepted", "trace_steps", "expected_steps", "pattern_checked",
+          "pattern_ok", "pattern_message"})
       if (str(p, key) != str(first, key))
         bad(p.file, p.line_of.at(key),
             fmt::format("{} '{}' differs from {}'s '{}': the parts are not of "
