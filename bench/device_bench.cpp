@@ -11,6 +11,7 @@
 // independent chains of 512-bit (AVX-512) or 256-bit (AVX2) FMAs, the
 // peak the side-by-side script divides by.
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
@@ -70,7 +71,7 @@ void train_steps(benchmark::State& state, Dev& dev, int64_t batch_size = kBatch,
   OptimizerSpec opt;
   opt.kind = OptimizerKind::adam;
   int64_t batch = 0;
-  std::vector<int64_t> ids(size_t(batch_size));
+  std::vector<int64_t> ids(static_cast<size_t>(batch_size));
   for (auto _ : state) {
     for (int64_t i = 0; i < batch_size; ++i)
       ids[size_t(i)] = (batch * batch_size + i) % samples;
@@ -119,36 +120,54 @@ BENCHMARK(BM_EmulatedStepSize)
     ->Args({1024, 4096, 1024, 32})
     ->Unit(benchmark::kMicrosecond);
 
-// 16 independent accumulators of W lanes each: FMA latency (4 cycles) x
-// pipes (2) x a margin, so the loop is throughput-bound.
-template <int W>
-__attribute__((noinline)) float fma_chains(int64_t iters) {
-  typedef float V __attribute__((vector_size(W * 4)));
-  V acc[16];
-  for (int j = 0; j < 16; ++j)
-    for (int l = 0; l < W; ++l) acc[j][l] = float(j + l) * 1e-3f;
-  V a, b;
-  for (int l = 0; l < W; ++l) a[l] = 0.999f, b[l] = 1e-4f;
+// 16 independent accumulators: FMA latency (4 cycles) x pipes (2) x a
+// margin, so the loop is throughput-bound.  Intrinsics: the compiler must
+// not split the FMA into a multiply and an add (ISO C++ does not contract).
+__attribute__((target("avx512f,fma"), noinline)) float fma512(int64_t iters) {
+  // Loads and stores only (GCC 12 warns inside _mm512_set1_ps).
+  alignas(64) float buf[16];
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) {
+    for (float& x : buf) x = float(j) * 1e-3f;
+    acc[j] = _mm512_load_ps(buf);
+  }
+  for (float& x : buf) x = 0.999f;
+  const __m512 a = _mm512_load_ps(buf);
+  for (float& x : buf) x = 1e-4f;
+  const __m512 b = _mm512_load_ps(buf);
   for (int64_t i = 0; i < iters; ++i)
-    for (int j = 0; j < 16; ++j) acc[j] = acc[j] * a + b;
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
   float s = 0;
-  for (int j = 0; j < 16; ++j)
-    for (int l = 0; l < W; ++l) s += acc[j][l];
+  for (int j = 0; j < 16; ++j) {
+    _mm512_store_ps(buf, acc[j]);
+    for (float x : buf) s += x;
+  }
   return s;
 }
-__attribute__((target("avx512f,fma"))) float fma512(int64_t iters) {
-  return fma_chains<16>(iters);
-}
-__attribute__((target("avx2,fma"))) float fma256(int64_t iters) {
-  return fma_chains<8>(iters);
+__attribute__((target("avx2,fma"), noinline)) float fma256(int64_t iters) {
+  __m256 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm256_set1_ps(float(j) * 1e-3f);
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-4f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < 16; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
+  alignas(32) float out[8];
+  float s = 0;
+  for (int j = 0; j < 16; ++j) {
+    _mm256_store_ps(out, acc[j]);
+    for (float x : out) s += x;
+  }
+  return s;
 }
 
 void BM_FmaPeak(benchmark::State& state) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const int lanes = avx512 ? 16 : 8;
   constexpr int64_t kIters = 1 << 16;
-  for (auto _ : state)
-    benchmark::DoNotOptimize(avx512 ? fma512(kIters) : fma256(kIters));
+  for (auto _ : state) {
+    int64_t iters = kIters;
+    benchmark::DoNotOptimize(iters);  // no constant folding of the loop
+    benchmark::DoNotOptimize(avx512 ? fma512(iters) : fma256(iters));
+  }
   state.SetLabel(avx512 ? "avx512" : "avx2");
   state.counters["flops/s"] =
       benchmark::Counter(double(state.iterations()) * kIters * 16 * lanes * 2,
