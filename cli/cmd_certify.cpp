@@ -19,7 +19,7 @@ int report(const CertifyReport& r, bool quiet, int top,
     std::printf("%s\n", r.verdict.c_str());
   else
     std::printf("%s", certify_text(r, top).c_str());
-  if (!junit.empty()) write_file_atomically(junit, certify_junit(r));
+  if (!junit.empty()) write_output_file(junit, certify_junit(r), "--junit");
   std::fflush(stdout);
   if (!quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
   return r.pass ? 0 : 1;
@@ -29,6 +29,8 @@ int report(const CertifyReport& r, bool quiet, int top,
 
 int certify_command(const CertifyOptions& o) {
   const Scenario s = parse_scenario_file(o.scenario);
+  // A --junit path we could not write is refused before any judging.
+  if (!o.junit.empty()) require_output_file(o.junit, "--junit");
   CertifyConfig cfg;
   cfg.run = o.run;
   cfg.fp64 = o.precision == "fp64";
@@ -37,8 +39,8 @@ int certify_command(const CertifyOptions& o) {
   if (!o.steps.empty()) cfg.steps = parse_step_range(o.steps, "--steps");
   const CertifyReport r = certify(s, o.trace, cfg);
   if (!o.part.empty())
-    write_file_atomically(o.part,
-                          certify_part_text(r, s.digest, o.bound_arith));
+    write_output_file(o.part, certify_part_text(r, s.digest, o.bound_arith),
+                      "--part");
   return report(r, o.quiet, o.top, o.junit);
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "sim/limits.hpp"
 #include "verify/certify_stages.hpp"
 #include "verify/export.hpp"
 
@@ -15,6 +16,7 @@ using namespace certify_detail;
 CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                       const CertifyConfig& cfg) {
   require_exportable_model(s);
+  require_scenario_within_limits(s);
   const auto t0 = std::chrono::steady_clock::now();
   // 1. Load and validate.
   const ParamLayout layout = layout_of(s.model);
@@ -22,15 +24,16 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   const Dataset data = make_dataset(s);
   const std::vector<float> init = initial_parameters(s, layout);
   const Plan plan = make_plan(s);
+  const int64_t max_windows = window_cap(s, L.steps.size());
   // The steps judged: cfg.steps within the trace's.
   const int64_t n = int64_t(L.steps.size());
   StepRange range = cfg.steps;
   range.end = range.end < 0 ? n : std::min(range.end, n);
   range.begin = std::min(range.begin, range.end);
-  const Ctx ctx{s,          data,   init,
-                plan,       layout, L.steps,
-                cfg.fp64,   range,  cfg.bound_arith,
-                cfg.threads};
+  const Ctx ctx{s,           data,       init,
+                plan,        layout,     L.steps,
+                cfg.fp64,    range,      cfg.bound_arith,
+                cfg.threads, max_windows};
 
   CertifyReport r;
   r.scenario = s.name;
@@ -50,7 +53,8 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   judge_accepted(acc, r);
 
   // 4. The call pattern (when the trace has events).
-  const PatternCheck pc = check_pattern(s, plan, *L.run, accepted_b, r);
+  const PatternCheck pc =
+      check_pattern(s, plan, *L.run, accepted_b, max_windows, r);
 
   // 5. Verdict; on FAIL, every candidate ranked (3: cheaply, then the
   // closest few rigorously) and the diagnosis.  A PASS needs no ranking.

@@ -39,6 +39,13 @@
 // ranges are put back together in step order, and the report is the same
 // for every thread count.  A range can also be judged alone (a CI matrix:
 // CertifyConfig::steps, merged by verify/parts.hpp).
+//
+// The trace is validated before any judging (InputError, exit 2, with
+// file:line): steps 0, 1, 2, ... in values.csv; in events.csv every row's
+// step is the number of optimizer_step rows before it and there is one
+// optimizer_step row per step of values.csv.  A run with no events rows is
+// judged on its values alone: the verdict line, the text and the JUnit
+// report (a skipped testcase) say that the call pattern was NOT checked.
 #pragma once
 
 #include <algorithm>
@@ -90,6 +97,7 @@ struct CertifyCheck {
   std::string name;  // "step count", "step 3 gradient", "call pattern"
   bool ok = true;
   bool ambiguous = false;  // a clip decision within the bound: not failed
+  bool skipped = false;    // could not run (no events): not failed, said so
   std::string message;     // summary (error_model::Comparison::summary())
 };
 

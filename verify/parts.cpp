@@ -350,6 +350,7 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
     }
   if (m.pass) {
     m.verdict = certify_pass_verdict(m, worst);
+    if (!m.pattern_checked) m.verdict.append("; " + m.pattern_message);
     m.diagnosis.clear();
     return m;
   }
