@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace accumcheck::cli {
 
@@ -50,7 +51,19 @@ struct CertifyOptions {
   std::string precision = "fp32";  // fp32 | fp64
   int top = 5;                     // candidates shown in the ranking
   bool quiet = false;
+  std::string bound_arith = "dd";  // dd | mpfr: the Tracked bound's numbers
+  int threads = 0;                 // 0: every core
+  std::string steps;               // "A:B": judge optimizer steps A..B-1 only
+  std::string part;                // write the judged range's part file here
 };
 int certify_command(const CertifyOptions& o);
+
+struct CertifyMergeOptions {
+  std::vector<std::string> parts;  // part files of `certify --steps --part`
+  std::string junit;
+  int top = 5;
+  bool quiet = false;
+};
+int certify_merge_command(const CertifyMergeOptions& o);
 
 }  // namespace accumcheck::cli

@@ -139,6 +139,41 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   certify_cmd->add_flag("--quiet", cert.quiet, "print the verdict only");
+  certify_cmd
+      ->add_option("--bound-arith", cert.bound_arith,
+                   "the numbers the Tracked float32 bound is computed in: dd "
+                   "(double-double, 106 bits, fast) or mpfr (40 digits)")
+      ->check(CLI::IsMember({"dd", "mpfr"}))
+      ->capture_default_str();
+  certify_cmd
+      ->add_option("--threads", cert.threads,
+                   "judge steps on this many threads (0: every core); the "
+                   "output is the same for every count")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  certify_cmd->add_option(
+      "--steps", cert.steps,
+      "judge only optimizer steps A..B-1 (A:B; A: or :B open-ended), e.g. one "
+      "part of a CI matrix; the step count and call pattern are still "
+      "checked whole");
+  certify_cmd->add_option("--part", cert.part,
+                          "write this run's result as a part file for "
+                          "`accumcheck certify-merge`");
+
+  CertifyMergeOptions merge;
+  auto* merge_cmd = app.add_subcommand(
+      "certify-merge",
+      "Merge the part files of `certify --steps A:B --part FILE` (run on "
+      "several machines) into one verdict and one JUnit file: the same "
+      "checks, verdict and exit code as one certify over every step. Exit 0 "
+      "pass, 1 fail, 2 bad input (parts that do not cover the trace's steps "
+      "exactly once, or come from different scenarios or traces).");
+  merge_cmd->add_option("parts", merge.parts, "part files")->required();
+  merge_cmd->add_option("--junit", merge.junit, "write JUnit XML here");
+  merge_cmd->add_option("--top", merge.top, "candidates shown on FAIL")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  merge_cmd->add_flag("--quiet", merge.quiet, "print the verdict only");
 
   try {
     app.parse(argc, argv);
@@ -156,6 +191,7 @@ int main(int argc, char** argv) {
     if (*check_cmd) return check_command(check);
     if (*export_cmd) return export_command(exp);
     if (*certify_cmd) return certify_command(cert);
+    if (*merge_cmd) return certify_merge_command(merge);
   } catch (const accumcheck::InputError& e) {
     std::fprintf(stderr, "accumcheck: %s\n", e.what());
     return 2;

@@ -64,6 +64,14 @@ inline constexpr Tolerance kTolerances[] = {
      "certify --precision fp64: the float32 bound scaled by u64/u32 = "
      "2^-53/2^-24 = 2^-29 (same formulas, float64 rounding; not derived "
      "per operation like the float32 bound)"},
+    {"dd_bound_rel", 1e-10,
+     "the Tracked bound in double-double (certify --bound-arith dd) vs in "
+     "50-digit MPFR, relative to the MPFR bound, for values and bounds: "
+     "DD values round at ~2^-104 per operation; DD bounds of +, *, / are "
+     "formed in double and rounded up by (1 + 2^-49) per operation, which "
+     "compounds to ~1e-13 over the ~100 operations of a pass; the "
+     "reductions add their own error bound (n^2 2^-104 sum|terms|); far "
+     "below this and far below any decision"},
     {"certify_proxy_ulps", 64,
      "certify's cheap ranking pass (double oracle, no Tracked bound): a "
      "candidate is scored against 64 u (|v| + 2^-10 max|v|), generous "

@@ -72,6 +72,7 @@ class Oracle {
   const ModelSpec& model() const { return model_; }
   std::vector<T>& params() { return params_; }
   const std::vector<T>& grads() const { return grads_; }
+  std::vector<T>& grads() { return grads_; }
   const std::vector<T>& buffers() const { return buffers_; }
 
  private:
@@ -528,5 +529,7 @@ void Oracle<T>::set_state(const EngineState<T>& s) {
 
 extern template class Oracle<OracleReal>;
 extern template class Oracle<Tracked<OracleReal>>;
+extern template class Oracle<Tracked<BoundReal>>;
+extern template class Oracle<Tracked<DD>>;
 
 }  // namespace accumcheck

@@ -9,6 +9,7 @@ packages=(
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libgtest-dev libfccp-dev libtomlplusplus-dev
   libcli11-dev libfmt-dev libbenchmark-dev libopenblas-dev
+  libqd-dev
 )
 # The PyTorch adapter and the side-by-side benchmark use Debian's torch.
 if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch); fi

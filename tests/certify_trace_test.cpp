@@ -10,59 +10,27 @@
 #include <sstream>
 #include <string>
 
+#include "certify_test_util.hpp"
 #include "gpu/device.hpp"
 #include "gpu/emulated.hpp"
 #include "sim/atomic_file.hpp"
-#include "verify/certify.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/experiment.hpp"
-#include "verify/export.hpp"
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
+#include "verify/certify.hpp"
+#include "verify/export.hpp"
 #include "verify/trace.hpp"
 
 namespace accumcheck {
 namespace {
 
+using certify_test::device_trace;
+using certify_test::kScenario;
+using certify_test::scenario;
+using certify_test::temp_dir;
 namespace fs = std::filesystem;
-
-const std::string kScenario =
-    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/certify-mlp.toml";
-
-std::string temp_dir(const std::string& name) {
-  const std::string d =
-      ::testing::TempDir() + "accumcheck_certify_test/" + name;
-  fs::remove_all(d);
-  fs::create_directories(fs::path(d).parent_path());
-  return d;
-}
-
-// The device engine's trainer run of `s` (with `pitfalls`), as a trace of
-// that one run, the way `accumcheck run --engine device` writes it.
-std::string device_trace(const std::string& name,
-                         const std::vector<Pitfall>& pitfalls) {
-  Scenario s = parse_scenario_file(kScenario);
-  s.trainer.pitfalls = pitfalls;
-  const Dataset data = make_dataset(s);
-  const ParamLayout layout = layout_of(s.model);
-  const std::vector<float> init = initial_parameters(s, layout);
-  EmulatedExecutor exec;
-  const auto x = run_experiment(s, [&] {
-    return std::make_unique<Device<EmulatedExecutor>>(s.model, data, init,
-                                                      exec);
-  });
-  TraceWriter w(s.name, s.digest, "device-emulated", "float32");
-  add_run(w, x.trainer, layout);
-  const std::string dir = temp_dir(name);
-  write_trace(dir, w);
-  return dir;
-}
-
-const Scenario& scenario() {
-  static const Scenario s = parse_scenario_file(kScenario);
-  return s;
-}
 
 TEST(Certify, DeviceCorrectRunPasses) {
   const std::string dir = device_trace("correct", {});

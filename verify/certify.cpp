@@ -2,8 +2,8 @@
 // stages in order, each in a file of its own (verify/certify_stages.hpp).
 #include "verify/certify.hpp"
 
+#include <algorithm>
 #include <chrono>
-#include <future>
 
 #include "sim/limits.hpp"
 #include "verify/certify_stages.hpp"
@@ -25,7 +25,15 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   const std::vector<float> init = initial_parameters(s, layout);
   const Plan plan = make_plan(s);
   const int64_t max_windows = window_cap(s, L.steps.size());
-  const Ctx ctx{s, data, init, plan, layout, L.steps, cfg.fp64, max_windows};
+  // The steps judged: cfg.steps within the trace's.
+  const int64_t n = int64_t(L.steps.size());
+  StepRange range = cfg.steps;
+  range.end = range.end < 0 ? n : std::min(range.end, n);
+  range.begin = std::min(range.begin, range.end);
+  const Ctx ctx{s,           data,       init,
+                plan,        layout,     L.steps,
+                cfg.fp64,    range,      cfg.bound_arith,
+                cfg.threads, max_windows};
 
   CertifyReport r;
   r.scenario = s.name;
@@ -33,28 +41,29 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   r.engine = L.trace.meta_value("engine");
   r.precision = L.trace.meta_value("precision");
   r.accepted = semantics_name(s.trainer.accepted);
-  r.trace_steps = int64_t(L.steps.size());
+  r.trace_steps = n;
+  r.steps = range;
 
-  // 2. The accepted semantics, with the rigorous bound, on a thread of its
-  // own while every candidate is ranked cheaply here (3).
+  // 2. The accepted semantics, with the rigorous bound, its steps judged
+  // on every thread (teacher forcing makes them independent).
   const Behavior accepted_b = behavior_of(s.trainer.accepted);
-  auto acc_future = std::async(std::launch::async,
-                               [&] { return forced_run<TR>(ctx, accepted_b); });
-  std::vector<Behavior> behaviors;
-  rank_cheap(ctx, accepted_b, r, behaviors);
-  Refiner refiner(ctx, cfg, r, behaviors, accepted_b);
-  refiner.launch_if_accepted_looks_out();
-  const Forced acc = acc_future.get();
+  const Forced acc = judge_steps(ctx, accepted_b, true);
   const Distance acc_d = distance_of(acc, L.steps.size());
+  r.first_out = acc_d.first_out;
   judge_accepted(acc, r);
 
   // 4. The call pattern (when the trace has events).
   const PatternCheck pc =
       check_pattern(s, plan, *L.run, accepted_b, max_windows, r);
 
-  // 5. Verdict; on FAIL, the rigorous ranking and the diagnosis.
+  // 5. Verdict; on FAIL, every candidate ranked (3: cheaply, then the
+  // closest few rigorously) and the diagnosis.  A PASS needs no ranking.
   verdict_of(acc, acc_d, r);
   if (!r.pass) {
+    std::vector<Behavior> behaviors;
+    rank_cheap(ctx, accepted_b, r, behaviors);
+    Refiner refiner(ctx, cfg, r, behaviors, accepted_b);
+    refiner.launch();
     mark_pattern_matches(s, plan, pc, behaviors, r);
     refiner.finish(acc);
     diagnose(acc, acc_d, r);

@@ -15,20 +15,34 @@ std::string ratio_text(double r) {
   return fmt::format("{:.3g}", r);
 }
 
+}  // namespace certify_detail
+
+std::string certify_pass_verdict(const CertifyReport& r, double max_ratio) {
+  // A part (certify --steps) names its steps.
+  const bool part = r.steps.begin != 0 || r.steps.end != r.trace_steps;
+  return fmt::format(
+      "PASS: {} within the bound of {} (max error {} of bound){}",
+      part ? fmt::format("steps {}:{} of {}", r.steps.begin, r.steps.end,
+                         r.trace_steps)
+           : fmt::format("{} steps", r.trace_steps),
+      r.accepted, certify_detail::ratio_text(max_ratio),
+      r.ambiguous_steps.empty() ? std::string()
+                                : fmt::format("; {} ambiguous clip step(s)",
+                                              r.ambiguous_steps.size()));
+}
+
+namespace certify_detail {
+
 void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
   r.pass = std::all_of(r.checks.begin(), r.checks.end(),
                        [](const CertifyCheck& c) { return c.ok; });
+  double worst = 0;
+  for (const StepEval& ev : acc.eval)
+    if (ev.seen && !ev.ambiguous)
+      worst = std::max({worst, ev.grad.max_ratio, ev.param.max_ratio});
+  r.max_ratio = worst;
   if (r.pass) {
-    double worst = 0;
-    for (const StepEval& ev : acc.eval)
-      if (ev.seen && !ev.ambiguous)
-        worst = std::max({worst, ev.grad.max_ratio, ev.param.max_ratio});
-    r.verdict = fmt::format(
-        "PASS: {} steps within the bound of {} (max error {} of bound){}",
-        r.trace_steps, r.accepted, ratio_text(worst),
-        r.ambiguous_steps.empty() ? std::string()
-                                  : fmt::format("; {} ambiguous clip step(s)",
-                                                r.ambiguous_steps.size()));
+    r.verdict = certify_pass_verdict(r, worst);
     if (!r.pattern_checked) r.verdict.append("; " + r.pattern_message);
   } else {
     std::string why;
