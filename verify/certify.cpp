@@ -428,8 +428,10 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   const Behavior accepted_b = behavior_of(s.trainer.accepted);
   // The accepted semantics under the Tracked bound runs on a thread of its
   // own while every candidate is ranked cheaply here.
-  auto acc_future = std::async(std::launch::async,
-                               [&] { return forced_run<TR>(ctx, accepted_b); });
+  auto acc_future = std::async(std::launch::async, [&] {
+    ThreadCacheRelease release;
+    return forced_run<TR>(ctx, accepted_b);
+  });
   std::vector<Behavior> behaviors;
   {
     // Diagnosis: every single pitfall and pair, deduplicated by behaviour.
@@ -551,6 +553,7 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
       if (!tied && (int(jobs.size()) >= cfg.refine || !(c.proxy <= plausible)))
         continue;
       jobs.emplace_back(order[k], std::async(std::launch::async, [&ctx, b] {
+                          ThreadCacheRelease release;
                           return forced_run<TR>(ctx, b);
                         }));
     }
