@@ -2,7 +2,8 @@
 // scenario with [data] csv).
 //
 // The first byte picks the model the file must fit (even: mse, x0,x1,y0;
-// odd: cross-entropy with 3 classes, x0,x1,label); the rest is the file.
+// odd: cross-entropy with 3 classes, x0,x1,x2,label); the rest is the
+// file.  Seeds: tests/data/tiny_mse.csv and tiny_ce.csv.
 // A bad file must be an InputError; anything else is a crash.
 #include <cstddef>
 #include <cstdint>
@@ -19,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const bool ce = (data[0] & 1) != 0;
   Scenario s;
-  s.model.widths = {2, 4, ce ? 3 : 1};
+  s.model.widths = {ce ? 3 : 2, 4, ce ? 3 : 1};
   s.model.loss = ce ? LossKind::cross_entropy : LossKind::mse;
   s.data.source = DataSource::csv;
   s.data.samples = 0;  // any row count

@@ -4,10 +4,10 @@
 // One input is the three files of a trace folder joined by a line
 // "--accumcheck-fuzz--" (meta.csv, events.csv, values.csv; missing parts
 // are empty files), so mutations reach every file.  The seed corpus
-// (fuzz/corpus/trace) holds real traces written by `accumcheck run`.
-// A bad trace must be an InputError; anything else is a crash.  Every run
-// is gathered against the layout of scenarios/zero-grad-every-micro-step
-// (the model of the seed traces: mlp 4-16-2).
+// (fuzz/corpus/trace) holds real traces written by `accumcheck run
+// tests/data/tiny_mse.toml --out DIR` (oracle and device engines).  A bad
+// trace must be an InputError; anything else is a crash.  Every run is
+// gathered against the layout of that scenario's model (linear 2-1).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const fuzz::ScratchDir dir;
   static const ParamLayout layout = [] {
     ModelSpec m;
-    m.widths = {4, 16, 2};
+    m.widths = {2, 1};
     return layout_of(m);
   }();
   static constexpr std::string_view kSep = "--accumcheck-fuzz--\n";
