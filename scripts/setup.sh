@@ -9,7 +9,10 @@ packages=(
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libgtest-dev libfccp-dev libtomlplusplus-dev
   libcli11-dev libfmt-dev libbenchmark-dev libopenblas-dev
-  libqd-dev
+  libqd-dev  # bench/bound_bench: qd's dd_real beside our double-double
+  # scripts/check-hardened.sh: clang 14 with its sanitizer and libFuzzer
+  # runtimes (Debian 12 ships libFuzzer in libclang-rt-14-dev).
+  clang-14 libclang-rt-14-dev
 )
 # The PyTorch adapter and the side-by-side benchmark use Debian's torch.
 if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch); fi
