@@ -5,6 +5,8 @@
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
 #include "verify/certify.hpp"
+#include "verify/report.hpp"
+#include "verify/trace.hpp"
 #include "sim/scenario_parse.hpp"
 
 namespace accumcheck::cli {
@@ -20,6 +22,12 @@ int certify_command(const CertifyOptions& o) {
   else
     std::printf("%s", certify_text(r, o.top).c_str());
   if (!o.junit.empty()) write_file_atomically(o.junit, certify_junit(r));
+  if (!o.html.empty()) {
+    // The trace read again through the one reader, for its curves.
+    ReportData d = report_data(read_trace(o.trace), s);
+    d.certify = r;
+    write_file_atomically(o.html, report_html(d));
+  }
   std::fflush(stdout);
   if (!o.quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
   return r.pass ? 0 : 1;

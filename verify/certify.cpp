@@ -579,6 +579,9 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
       c.ok = cmp->ok() || ev.ambiguous;
       c.ambiguous = ev.ambiguous && !cmp->ok();
       c.message = cmp->summary();
+      c.step = int64_t(t);
+      c.kind = cmp == &ev.grad ? "gradient" : "parameters";
+      c.tensor_ratio = cmp->tensor_ratio;
       if (c.ambiguous)
         c.message.append(
             " [ambiguous: a clip decision lies within the bound of the "
