@@ -160,6 +160,7 @@ constexpr ExplainEntry kEntries[] = {
      "first window, which then holds r + K micro-batches.",
      "     for i, (x, y) in enumerate(loader):\n"
      "         ...\n"
+     "-    # epoch ends: the leftovers stay in .grad\n"
      "+    if len(loader) % K:                      # flush the partial window\n"
      "+        optimizer.step(); optimizer.zero_grad()",
      "the next epoch's first window is G = (sum of r + K micro-batch "
@@ -231,11 +232,13 @@ constexpr ExplainEntry kEntries[] = {
      "step, normalize a partial window by its own count. The oracle shows "
      "it equal to the large batch to its 50th digit; the certify scenarios "
      "are built so that every pitfall leaves this trajectory.",
-     " for i, (x, y) in enumerate(loader):\n"
-     "     loss = criterion(model(x), y) / K\n"
+     " for i, (x, y) in enumerate(loader):      # micro-batches of B / K\n"
+     "-    loss = criterion(model(x), y)         # the large batch B\n"
+     "+    loss = criterion(model(x), y) / K\n"
      "     loss.backward()\n"
-     "     if (i + 1) % K == 0:\n"
-     "         optimizer.step(); scheduler.step(); optimizer.zero_grad()",
+     "-    optimizer.step(); scheduler.step(); optimizer.zero_grad()\n"
+     "+    if (i + 1) % K == 0:\n"
+     "+        optimizer.step(); scheduler.step(); optimizer.zero_grad()",
      "G_t = (1/N_w) sum over the window of grad l_i(theta_t): the large "
      "batch's gradient, for any optimizer and schedule (no BatchNorm, "
      "sample-keyed dropout)",

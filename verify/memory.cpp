@@ -317,7 +317,8 @@ std::string memory_text(const Scenario& s,
       "accumulate into.\n",
       bytes_text(big.grads), pct(big.grads, big.peak), bytes_text(acc.grads),
       pct(acc.grads, acc.peak), K);
-  const int64_t per_param = (acc.params + acc.states) ;
+  // Seed 004 counts parameters, so compare float32 bytes.
+  const MemoryRow f32 = memory_row(s, s.batching.micro_batch, K, false);
   o += fmt::format(
       "- seed 004, \"Adam costs parameters x 3\": {}. Parameters + "
       "optimizer states = {:.3f} x the parameters; with the gradients "
@@ -326,12 +327,17 @@ std::string memory_text(const Scenario& s,
           ? "not testable on this scenario's SGD (run scenarios/"
             "memory-lesson.toml)"
           : "RIGHT for parameters + states, short of the bill",
-      double(per_param) / double(acc.params),
-      double(acc.params + acc.grads + acc.states + acc.master) /
-          double(acc.params),
-      mixed_precision ? " (mixed precision: 2 + 2 + 4 bytes of parameters, "
-                        "gradients and master weights, plus the states)"
-                      : "");
+      double(f32.params + f32.states) / double(f32.params),
+      double(f32.params + f32.grads + f32.states) / double(f32.params),
+      mixed_precision ? fmt::format("; mixed precision: {} bytes per parameter "
+                                    "(2-byte parameters and gradients, 4-byte "
+                                    "master weights, the states) against {} "
+                                    "in float32",
+                                    (acc.params + acc.grads + acc.states +
+                                     acc.master) / L.total,
+                                    (f32.params + f32.grads + f32.states) /
+                                        L.total)
+                      : std::string());
   const bool only_acts = big.params == acc.params && big.grads == acc.grads &&
                          big.states == acc.states &&
                          acc.activations < big.activations;

@@ -153,6 +153,15 @@ const CHARTS = [];
 function chart(id, title, xlabel, ylabel, n, series, log) {
   const box = document.getElementById(id);
   const xs = Array.from({length: n}, (_, i) => i);
+  // On the log scale an exact 0 (a run identical to the reference in
+  // double precision) is drawn at FLOOR and said so below the chart.
+  const FLOOR = 1e-17;
+  let floored = [];
+  if (log) series = series.map(s => {
+    if (!s.values.some(v => v === 0)) return s;
+    floored.push(s.label);
+    return Object.assign({}, s, {values: s.values.map(v => v === 0 ? FLOOR : v)});
+  });
   const kept = series.filter(s => s.values.some(v => v !== null && (!log || v > 0)));
   if (kept.length === 0 || n === 0) {
     box.textContent = title + ": nothing to plot in this trace.";
@@ -166,12 +175,20 @@ function chart(id, title, xlabel, ylabel, n, series, log) {
   const opts = {
     title, width: Math.min(1100, window.innerWidth - 40), height: 280,
     scales: {x: {time: false}, y: log ? {distr: 3} : {}},
-    axes: [{label: xlabel}, {label: ylabel, size: 70}],
+    axes: [{label: xlabel}, log ? {label: ylabel, size: 70, values: (u, splits) =>
+      // uPlot passes null for the ticks it leaves unlabelled.
+      splits.map(v => v == null ? null : "1e" + Math.round(Math.log10(v)))} : {label: ylabel, size: 70}],
     series: [{label: xlabel}].concat(kept.map(s => ({
       label: s.label, stroke: s.color, width: s.width || 2,
       dash: s.dash, points: {show: n <= 60}}))),
   };
   const u = new uPlot(opts, data, box);
+  if (floored.length) {
+    const note = document.createElement("p");
+    note.className = "small";
+    note.textContent = `${floored.join(", ")}: a distance of exactly 0 in double precision (the same parameters as the large batch) is drawn at ${FLOOR}.`;
+    box.appendChild(note);
+  }
   const legend = Array.from(box.querySelectorAll(".u-legend .u-series .u-label"))
       .map(el => el.textContent);
   CHARTS.push({id, title, series: kept.map(s => s.label),
@@ -202,7 +219,7 @@ function certifyTables() {
   const h = [];
   h.push(`<h2>certify: <span class="${c.pass ? "pass" : "fail"}">${c.pass ? "PASS" : "FAIL"}</span></h2>`);
   h.push(`<p>${esc(c.verdict)}</p>`);
-  if (c.first_fail) h.push(`<p><b>First failing check:</b> <span id="first-fail">${esc(c.first_fail.name)}: ${esc(c.first_fail.message)}</span></p>`);
+  if (c.first_fail) h.push(`<p><b>First failing check</b> (${esc(c.first_fail.name)}): <span id="first-fail">${esc(c.first_fail.message)}</span></p>`);
   if (c.diagnosis) h.push(`<pre>${esc(c.diagnosis)}</pre>`);
   h.push(`<h3>Error / bound per optimizer step and tensor</h3><p class="small">green: inside the bound (darker: closer to it); red: outside (darker: further, log scale up to 1e8); grey: not judged.</p>`);
   h.push(`<table id="heat" class="heat"><tr><th>step</th>${Array.from({length: c.heat.steps}, (_, i) => `<th>${i}</th>`).join("")}</tr>`);
@@ -237,6 +254,7 @@ body { font-family: system-ui, sans-serif; margin: 20px; max-width: 1140px; colo
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; } h3 { font-size: 1em; }
 .settings { font-family: monospace; background: #f4f4f4; padding: 6px 10px; }
 .small { font-size: 0.85em; color: #555; }
+#certify pre { white-space: pre-wrap; font-size: 0.85em; }
 pre.diff { background: #f8f8f8; padding: 6px 10px; border-left: 3px solid #ccc; }
 .explain { border: 1px solid #ddd; padding: 4px 14px; margin: 10px 0; border-radius: 4px; }
 .chart { margin: 18px 0; }
