@@ -21,8 +21,9 @@ int explain_command(const ExplainOptions& o) {
     std::string known;
     for (const ExplainEntry& x : explain_entries())
       known.append(known.empty() ? "" : ", ").append(x.id);
-    throw InputError("", 0, 0, "explain",
-                     "unknown pitfall or lesson '" + o.id + "'; known: " + known);
+    throw InputError(
+        "", 0, 0, "explain",
+        "unknown pitfall or lesson '" + o.id + "'; known: " + known);
   }
   std::printf("%s", explain_text(*e).c_str());
   return 0;

@@ -29,7 +29,7 @@ int memory_command(const MemoryOptions& o) {
     if (bk.size() != 1)
       throw InputError("", 0, 0, "--kv", "needs exactly one --b and one --k");
     std::printf("%s", memory_row_kv(memory_row(s, bk[0].first, bk[0].second,
-                                                o.mixed_precision))
+                                               o.mixed_precision))
                           .c_str());
     return 0;
   }

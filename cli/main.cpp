@@ -159,8 +159,10 @@ int main(int argc, char** argv) {
       "memory claims judged with the numbers.");
   memory_cmd->add_option("scenario", mem.scenario, "scenario file (.toml)")
       ->required();
-  memory_cmd->add_option("--b", mem.b, "micro-batch sizes (default: the "
-                         "scenario's b*K split every power-of-two way)")
+  memory_cmd
+      ->add_option("--b", mem.b,
+                   "micro-batch sizes (default: the "
+                   "scenario's b*K split every power-of-two way)")
       ->delimiter(',')
       ->check(CLI::Range(1LL, 1LL << 30));
   memory_cmd->add_option("--k", mem.k, "accumulation steps")

@@ -55,7 +55,8 @@ void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
       it->second = std::max(it->second, ratio);
       return;
     }
-    c.tensor_ratio.back().second = std::max(c.tensor_ratio.back().second, ratio);
+    c.tensor_ratio.back().second =
+        std::max(c.tensor_ratio.back().second, ratio);
   }
 }
 

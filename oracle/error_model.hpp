@@ -17,7 +17,6 @@
 #include <string_view>
 #include <utility>
 #include <vector>
-#include <vector>
 
 #include "sim/layout.hpp"
 

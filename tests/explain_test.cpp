@@ -66,7 +66,8 @@ TEST(Explain, EntriesNameExistingScenariosAndProperties) {
     ASSERT_FALSE(words(e.properties).empty()) << e.id;
     for (const std::string& p : words(e.properties))
       EXPECT_TRUE(props.count(p)) << e.id << ": no property " << p;
-    for (std::string_view field : {e.title, e.story, e.diff, e.formula, e.field})
+    for (std::string_view field :
+         {e.title, e.story, e.diff, e.formula, e.field})
       EXPECT_FALSE(field.empty()) << e.id;
     // A diff shows both loops.
     EXPECT_TRUE(e.diff.starts_with("-") ||
@@ -78,7 +79,8 @@ TEST(Explain, EntriesNameExistingScenariosAndProperties) {
 }
 
 TEST(Explain, TextHasEverySection) {
-  const std::string t = explain_text(*find_explain("seed-002-loop-never-steps"));
+  const std::string t =
+      explain_text(*find_explain("seed-002-loop-never-steps"));
   for (const char* s : {"seed-002-loop: ", "What the oracle predicts:",
                         "Run: accumcheck run scenarios/seed-002-loop.toml",
                         "Field reports:", "Guarded by:", "    -"})

@@ -41,8 +41,10 @@ constexpr ExplainEntry kEntries[] = {
      "of unequal size (a short last micro-batch, packed or bucketed data) a "
      "sample in a small micro-batch weighs more than one in a large one: the "
      "window is no longer the large batch's mean.",
-     "-    loss = criterion(model(x), y) / K            # mean over b_k, then /K\n"
-     "+    loss = criterion_sum(model(x), y) / N_w      # N_w: items in the window\n"
+     "-    loss = criterion(model(x), y) / K            # mean over b_k, then "
+     "/K\n"
+     "+    loss = criterion_sum(model(x), y) / N_w      # N_w: items in the "
+     "window\n"
      "     loss.backward()",
      "a sample of micro-batch k weighs 1/(K*b_k) instead of 1/N_w; equal to "
      "correct when every b_k is equal",
@@ -65,7 +67,8 @@ constexpr ExplainEntry kEntries[] = {
      "Megatron-LM #7452: gradient 14/3 vs 4)",
      "token.mean-of-means-weights token.mean-of-means-equal-lengths-is-correct "
      "token.correct-equals-large-batch device.token"},
-    {"zero-grad-every-micro-step", "zero_grad at the top of the micro-batch loop",
+    {"zero-grad-every-micro-step",
+     "zero_grad at the top of the micro-batch loop",
      "optimizer.zero_grad() runs before every backward, so each window's "
      "accumulated gradient is only its last micro-batch's: K-1 of every K "
      "micro-batches are computed and thrown away. Seed 002's own "
@@ -83,7 +86,8 @@ constexpr ExplainEntry kEntries[] = {
      "seed 002 (its 'gradient accumulation' loop); seed 001 (pitfall 2: "
      "zero_grad during accumulation)",
      "zero-grad.every-micro-step inertness.oracle difference.device"},
-    {"seed-002-loop", "seed 002's loop verbatim: zero_grad inside, the step `if` after the loop",
+    {"seed-002-loop",
+     "seed 002's loop verbatim: zero_grad inside, the step `if` after the loop",
      "Seed 002 zeroes inside the micro-batch loop and puts `if (i+1) % K == "
      "0: step()` after the loop, at epoch level. It steps once per epoch "
      "with the last micro-batch's gradient / K, and only when K divides the "
@@ -134,7 +138,8 @@ constexpr ExplainEntry kEntries[] = {
      "r < K of them; dividing by K anyway shrinks its gradient by r/K. "
      "Lightning and Accelerate do this.",
      "-    loss = criterion(model(x), y) / K\n"
-     "+    k_w = min(K, n_micro - (i // K) * K)   # micro-batches in this window\n"
+     "+    k_w = min(K, n_micro - (i // K) * K)   # micro-batches in this "
+     "window\n"
      "+    loss = criterion(model(x), y) / k_w",
      "in the partial window G = (1/K) sum_{k<=r} grad L_k (correct: 1/N_w)",
      "partial-cycle-scale-by-k",
@@ -161,7 +166,8 @@ constexpr ExplainEntry kEntries[] = {
      "     for i, (x, y) in enumerate(loader):\n"
      "         ...\n"
      "-    # epoch ends: the leftovers stay in .grad\n"
-     "+    if len(loader) % K:                      # flush the partial window\n"
+     "+    if len(loader) % K:                      # flush the partial "
+     "window\n"
      "+        optimizer.step(); optimizer.zero_grad()",
      "the next epoch's first window is G = (sum of r + K micro-batch "
      "gradients) with their own weights",
@@ -184,7 +190,8 @@ constexpr ExplainEntry kEntries[] = {
      "scheduler stepped xR under DP (transformers #24088, accelerate #2926), "
      "skipped step still advances it (pytorch #36601, transformers #23935)",
      "scheduler.drift inertness.oracle"},
-    {"schedule-horizon-in-micro-steps", "warmup and horizon counted in micro-batches",
+    {"schedule-horizon-in-micro-steps",
+     "warmup and horizon counted in micro-batches",
      "The schedule's total and warmup lengths are computed from the number "
      "of micro-batches (len(loader) * epochs) while it is stepped once per "
      "optimizer step: the schedule runs K times too slowly and never "
@@ -213,7 +220,8 @@ constexpr ExplainEntry kEntries[] = {
      "seed 003 (clip once after all micro-batches); FIELD.md: accumulator "
      "bugs hidden by clipping (Megatron-LM #6660)",
      "clip.per-micro-step inertness.oracle"},
-    {"l2-in-loss-unnormalized", "L2 penalty added to every micro-loss without /K",
+    {"l2-in-loss-unnormalized",
+     "L2 penalty added to every micro-loss without /K",
      "An explicit lambda*|theta|^2/2 term is added to each micro-batch loss "
      "after the division by K, so the window's gradient carries K copies "
      "of the decay: weight decay K times too strong.",
@@ -223,7 +231,8 @@ constexpr ExplainEntry kEntries[] = {
      "l2-in-loss-unnormalized",
      "FIELD.md: optimizer internals per micro-step, decoupled wd (keras "
      "#19990/#19998)",
-     "decay.l2-in-loss-unnormalized decay.adamw-once-per-step inertness.oracle"},
+     "decay.l2-in-loss-unnormalized decay.adamw-once-per-step "
+     "inertness.oracle"},
     // ---- lessons ----------------------------------------------------------
     {"correct", "correct accumulation equals the large batch",
      "Divide each micro-batch's summed loss by the window's item count (loss "
@@ -247,9 +256,11 @@ constexpr ExplainEntry kEntries[] = {
      "llm.c (zero on micro-step 0, dloss = 1/(B*T*K), += everywhere); "
      "Accelerate test_sync, transformers GA tests (loss only, |dloss| < 0.01)",
      "equivalence.oracle equivalence.device trajectory.device-smooth "
-     "bitwise.accumulation-equals-large-batch.device backward.twice-is-2x.device "
+     "bitwise.accumulation-equals-large-batch.device "
+     "backward.twice-is-2x.device "
      "partial.correct-weighs-1-over-n determinism.traces.device"},
-    {"lr-scaling", "keep the learning rate: accumulation already is the large batch",
+    {"lr-scaling",
+     "keep the learning rate: accumulation already is the large batch",
      "Seed 001 keeps the lr, seed 003 scales it by K, seed 002 by sqrt(K). "
      "Correct accumulation at the large batch's lr is the large batch, so "
      "only the first stays on its trajectory; the scaled runs are a "
@@ -262,7 +273,8 @@ constexpr ExplainEntry kEntries[] = {
      "lr-scaling-none lr-scaling-linear lr-scaling-sqrt",
      "seeds 001 (no retuning), 002 (eta*sqrt(K)), 003 (scale by K)",
      "equivalence.oracle loss-normalization.sgd-at-k-lr"},
-    {"batchnorm-micro-stats", "with BatchNorm, correct accumulation is not the large batch",
+    {"batchnorm-micro-stats",
+     "with BatchNorm, correct accumulation is not the large batch",
      "BatchNorm normalizes with each micro-batch's statistics and updates "
      "its running stats K times per step, so even a correct loop differs "
      "from the large batch, unless every micro-batch is the same multiset "
@@ -272,22 +284,23 @@ constexpr ExplainEntry kEntries[] = {
      "+nn.LayerNorm(h)       # per sample: accumulation equals the large batch",
      "running stats r <- (1-m)^K r0 + m sum_k (1-m)^(K-k) mu_k, variance "
      "with b/(b-1); the gradient uses micro-batch mean and variance",
-     "batchnorm-micro-stats batchnorm-micro-stats-layernorm batchnorm-replicated "
+     "batchnorm-micro-stats batchnorm-micro-stats-layernorm "
+     "batchnorm-replicated "
      "certify-batchnorm certify-layernorm",
      "seed 003 (BatchNorm vs GroupNorm); FIELD.md: BN stats updated twice "
      "under recompute (pytorch #96136)",
      "batchnorm.micro-stats-divergence batchnorm.replicated-zero-divergence "
      "batchnorm.running-stats-k-updates layernorm.correct-equals-large-batch "
      "device.batchnorm device.layernorm-dropout"},
-    {"dropout-sample-keyed", "dropout with masks keyed by sample keeps the equivalence",
+    {"dropout-sample-keyed",
+     "dropout with masks keyed by sample keeps the equivalence",
      "PyTorch draws dropout masks in call order, so a micro-batched run sees "
      "other masks than the large batch. With masks keyed by (seed, epoch, "
      "sample, layer, unit) correct accumulation equals the large batch "
      "exactly; judge with the same masks, never with a loose tolerance.",
      "-mask = torch.rand_like(h) > p            # call order\n"
      "+mask = keyed_uniform(seed, epoch, sample_ids, layer) > p",
-     "correct = large batch exactly, masks and all",
-     "dropout-sample-keyed",
+     "correct = large batch exactly, masks and all", "dropout-sample-keyed",
      "FIELD.md: dropout RNG under checkpointing (OLMo-core #828); PyTorch "
      "1.13 facts (masks in call order)",
      "dropout.sample-keyed-equals-large-batch device.layernorm-dropout"},

@@ -79,8 +79,8 @@ MemoryRow memory_row(const Scenario& s, int64_t b, int64_t K,
   r.grads = P * kF;
   // Adam/AdamW: exp_avg, exp_avg_sq and a 0-d float32 `step` per tensor;
   // SGD: a momentum buffer (torch.clone of the first gradient) if any.
-  r.states = adam ? 2 * P * kF + tensors * kScalar
-                  : (o.momentum != 0 ? P * kF : 0);
+  r.states =
+      adam ? 2 * P * kF + tensors * kScalar : (o.momentum != 0 ? P * kF : 0);
   if (mixed_precision) {
     // fp16/bf16 parameters and gradients, fp32 master weights.
     r.params = P * 2;
@@ -118,7 +118,8 @@ MemoryRow memory_row(const Scenario& s, int64_t b, int64_t K,
       // grad_weight.  An input that tanh/relu saved as their result is
       // released by that node, which runs after this one in backward.
       const int z = m.alloc(b * w[size_t(l) + 1] * ebytes);
-      nodes.push_back({Node::addmm, w[size_t(l)], w[size_t(l) + 1], l == 0, {}});
+      nodes.push_back(
+          {Node::addmm, w[size_t(l)], w[size_t(l) + 1], l == 0, {}});
       if (cur != x)
         nodes[size_t(cur_owner >= 0 ? cur_owner : int(nodes.size()) - 1)]
             .release.push_back(cur);
@@ -163,9 +164,9 @@ MemoryRow memory_row(const Scenario& s, int64_t b, int64_t K,
     }
     const int64_t held_before_backward = m.live;
     if (k == 0)
-      r.activations = held_before_backward - (r.params + r.grads + r.states +
-                                              r.master) -
-                      x_bytes - y_bytes;
+      r.activations = held_before_backward -
+                      (r.params + r.grads + r.states + r.master) - x_bytes -
+                      y_bytes;
 
     // Backward: one node at a time, last first.  A node allocates its
     // outputs, then releases its saved tensors and its incoming gradient;
@@ -260,7 +261,8 @@ std::string bytes_text(int64_t v) {
 }
 
 std::string pct(int64_t part, int64_t whole) {
-  return fmt::format("{:.1f} %", whole > 0 ? 100.0 * double(part) / double(whole) : 0.0);
+  return fmt::format("{:.1f} %",
+                     whole > 0 ? 100.0 * double(part) / double(whole) : 0.0);
 }
 
 }  // namespace
@@ -283,15 +285,18 @@ std::string memory_text(const Scenario& s,
       mixed_precision ? "; mixed precision: 2-byte parameters, gradients and "
                         "activations, 4-byte master weights"
                       : "");
-  o += fmt::format("{:>5} {:>4} {:>6} | {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} | {:>11}  {}\n",
-                   "b", "K", "b*K", "parameters", "gradients", "optimizer",
-                   "master", "batch", "activations", "peak", "peak during");
+  o += fmt::format(
+      "{:>5} {:>4} {:>6} | {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} | {:>11}  "
+      "{}\n",
+      "b", "K", "b*K", "parameters", "gradients", "optimizer", "master",
+      "batch", "activations", "peak", "peak during");
   for (const MemoryRow& r : rows)
-    o += fmt::format("{:>5} {:>4} {:>6} | {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} | {:>11}  {}\n",
-                     r.b, r.K, r.b * r.K, bytes_text(r.params),
-                     bytes_text(r.grads), bytes_text(r.states),
-                     bytes_text(r.master), bytes_text(r.data),
-                     bytes_text(r.activations), bytes_text(r.peak), r.peak_at);
+    o += fmt::format(
+        "{:>5} {:>4} {:>6} | {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} | "
+        "{:>11}  {}\n",
+        r.b, r.K, r.b * r.K, bytes_text(r.params), bytes_text(r.grads),
+        bytes_text(r.states), bytes_text(r.master), bytes_text(r.data),
+        bytes_text(r.activations), bytes_text(r.peak), r.peak_at);
 
   if (s.model.activation == Activation::gelu)
     o += "note: Debian's PyTorch 1.13 CPU GELU takes shape-dependent scratch "
@@ -305,7 +310,8 @@ std::string memory_text(const Scenario& s,
   const int64_t B = s.batching.micro_batch * s.batching.accumulation;
   const int64_t K = s.batching.accumulation;
   const MemoryRow big = memory_row(s, B, 1, mixed_precision);
-  const MemoryRow acc = memory_row(s, s.batching.micro_batch, K, mixed_precision);
+  const MemoryRow acc =
+      memory_row(s, s.batching.micro_batch, K, mixed_precision);
   o += fmt::format(
       "\nThe seeds' claims, at the scenario's batch {} = {} x {} (K = 1 "
       "against K = {}):\n",
@@ -329,15 +335,15 @@ std::string memory_text(const Scenario& s,
           : "RIGHT for parameters + states, short of the bill",
       double(f32.params + f32.states) / double(f32.params),
       double(f32.params + f32.grads + f32.states) / double(f32.params),
-      mixed_precision ? fmt::format("; mixed precision: {} bytes per parameter "
-                                    "(2-byte parameters and gradients, 4-byte "
-                                    "master weights, the states) against {} "
-                                    "in float32",
-                                    (acc.params + acc.grads + acc.states +
-                                     acc.master) / L.total,
-                                    (f32.params + f32.grads + f32.states) /
-                                        L.total)
-                      : std::string());
+      mixed_precision
+          ? fmt::format(
+                "; mixed precision: {} bytes per parameter "
+                "(2-byte parameters and gradients, 4-byte "
+                "master weights, the states) against {} "
+                "in float32",
+                (acc.params + acc.grads + acc.states + acc.master) / L.total,
+                (f32.params + f32.grads + f32.states) / L.total)
+          : std::string());
   const bool only_acts = big.params == acc.params && big.grads == acc.grads &&
                          big.states == acc.states &&
                          acc.activations < big.activations;

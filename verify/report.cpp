@@ -49,7 +49,8 @@ Cuts cut_run(const TraceRun& run, const std::vector<int64_t>& ends) {
     const Event& e = te.event;
     if (e.kind == EventKind::forward_backward) {
       // The first forward past a cut closes the windows before it.
-      while (w < ends.size() && consumed >= ends[w]) c.steps_by_end[w++] = steps;
+      while (w < ends.size() && consumed >= ends[w])
+        c.steps_by_end[w++] = steps;
       consumed += e.samples;
       if (w < ends.size() && std::isfinite(e.loss)) {
         const double items = double(e.tokens > 0 ? e.tokens : e.samples);
@@ -77,8 +78,7 @@ ReportData report_data(const Trace& t, const Scenario& s) {
   d.settings = describe(s);
   d.engine = t.meta_value("engine");
   d.precision = t.meta_value("precision");
-  for (Pitfall p : s.trainer.pitfalls)
-    d.pitfalls.emplace_back(pitfall_id(p));
+  for (Pitfall p : s.trainer.pitfalls) d.pitfalls.emplace_back(pitfall_id(p));
   if (d.pitfalls.empty() && find_explain(s.name)) d.pitfalls.push_back(s.name);
 
   // Window ends in consumed samples, from the plan (the reference's
@@ -107,7 +107,8 @@ ReportData report_data(const Trace& t, const Scenario& s) {
       if (!st.param.empty()) params[r][st.step] = std::move(st.param);
     }
     for (size_t w = 0; w < ends.size(); ++w)
-      if (cuts.back().steps_by_end[w] >= 0) reached = std::max<int64_t>(reached, int64_t(w) + 1);
+      if (cuts.back().steps_by_end[w] >= 0)
+        reached = std::max<int64_t>(reached, int64_t(w) + 1);
     d.runs.push_back(std::move(rr));
   }
   d.windows = reached;
@@ -124,7 +125,8 @@ ReportData report_data(const Trace& t, const Scenario& s) {
     for (size_t w = 0; w < size_t(d.windows); ++w) {
       const int64_t mine = cuts[r].steps_by_end[w];
       const int64_t theirs = cuts[ref_i].steps_by_end[w];
-      const auto a = params[r].find(mine - 1), b = params[ref_i].find(theirs - 1);
+      const auto a = params[r].find(mine - 1),
+                 b = params[ref_i].find(theirs - 1);
       if (mine <= 0 || theirs <= 0 || a == params[r].end() ||
           b == params[ref_i].end())
         continue;
@@ -148,11 +150,11 @@ Scenario scenario_of_trace(const Trace& t, const std::string& scenario_file,
   }
   Scenario s = parse_scenario_file(path);
   if (t.meta_value("scenario_digest") != s.digest)
-    throw InputError(t.meta_path(), 0, 0, "scenario_digest",
-                     fmt::format("the trace was made for scenario digest '{}', "
-                                 "but {} has digest {}",
-                                 t.meta_value("scenario_digest"), path,
-                                 s.digest));
+    throw InputError(
+        t.meta_path(), 0, 0, "scenario_digest",
+        fmt::format("the trace was made for scenario digest '{}', "
+                    "but {} has digest {}",
+                    t.meta_value("scenario_digest"), path, s.digest));
   return s;
 }
 

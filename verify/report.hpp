@@ -25,9 +25,9 @@ namespace accumcheck {
 
 struct ReportRun {
   std::string name;
-  std::vector<double> window_loss;  // per reference window (NaN: none)
-  std::vector<double> window_dist;  // |theta - theta_ref| / |theta_ref|
-  std::vector<double> step_lr;      // per optimizer step
+  std::vector<double> window_loss;     // per reference window (NaN: none)
+  std::vector<double> window_dist;     // |theta - theta_ref| / |theta_ref|
+  std::vector<double> step_lr;         // per optimizer step
   std::vector<double> step_grad_norm;  // of the gradient handed to the step
 };
 

@@ -11,26 +11,13 @@
 #include <cmath>
 
 #include "verify/explain.hpp"
+#include "verify/markup.hpp"
 #include "verify/report.hpp"
 #include "verify/report_assets.hpp"
 
 namespace accumcheck {
 
 namespace {
-
-std::string html_escape(std::string_view s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
 
 // A JSON string literal that is also safe inside <script> ("</" escaped).
 std::string json_str(std::string_view s) {
@@ -134,9 +121,9 @@ std::string explain_html(const ReportData& d) {
         "<pre class=\"diff\">{}</pre><p><b>The oracle predicts:</b> {}</p>"
         "<p class=\"small\">Field reports: {}. Guarded by: {}. More: "
         "<code>accumcheck explain {}</code>.</p></section>\n",
-        html_escape(e->id), html_escape(e->title), html_escape(e->story),
-        html_escape(e->diff), html_escape(e->formula), html_escape(e->field),
-        html_escape(e->properties), html_escape(e->id));
+        xml_escape(e->id), xml_escape(e->title), xml_escape(e->story),
+        xml_escape(e->diff), xml_escape(e->formula), xml_escape(e->field),
+        xml_escape(e->properties), xml_escape(e->id));
   }
   return o;
 }
@@ -272,13 +259,14 @@ table.rank td, table.rank th { border-bottom: 1px solid #ddd; padding: 2px 8px; 
 std::string report_html(const ReportData& d) {
   std::string o;
   o += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
-  o += "<title>accumcheck report: " + html_escape(d.scenario) + "</title>\n";
+  o += "<title>accumcheck report: " + xml_escape(d.scenario) + "</title>\n";
   o += "<style>" + std::string(report_assets::kUplotCss) + "</style>\n";
   o += "<style>" + std::string(kPageCss) + "</style>\n</head><body>\n";
-  o += "<h1>" + html_escape(d.scenario) + "</h1>\n";
-  o += "<p class=\"story\">" + html_escape(d.story) + "</p>\n";
-  o += "<p class=\"settings\">" + html_escape(d.settings) + "<br>trace: " +
-       html_escape(d.engine) + ", " + html_escape(d.precision) + "</p>\n";
+  o += "<h1>" + xml_escape(d.scenario) + "</h1>\n";
+  o += "<p class=\"story\">" + xml_escape(d.story) + "</p>\n";
+  o += "<p class=\"settings\">" + xml_escape(d.settings) +
+       "<br>trace: " + xml_escape(d.engine) + ", " + xml_escape(d.precision) +
+       "</p>\n";
   o += explain_html(d);
   o += "<section id=\"certify\"></section>\n";
   for (const char* id : {"loss", "dist", "lr", "gnorm"})
@@ -287,8 +275,9 @@ std::string report_html(const ReportData& d) {
        "steps; a run is cut where it has consumed as many samples. Made by "
        "accumcheck report; charts by uPlot 1.6.32 (MIT, inlined).</p>\n";
   o += "<pre id=\"selftest\"></pre>\n";
-  o += "<script>/* uPlot license:\n" + std::string(report_assets::kUplotLicense) +
-       "*/\n" + report_assets::kUplotJs + "</script>\n";
+  o += "<script>/* uPlot license:\n" +
+       std::string(report_assets::kUplotLicense) + "*/\n" +
+       report_assets::kUplotJs + "</script>\n";
   o += "<script>const DATA = " + data_json(d) + ";\n" + kPageScript +
        "</script>\n</body></html>\n";
   return o;
