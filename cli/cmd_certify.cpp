@@ -4,15 +4,18 @@
 
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
+#include "sim/scenario_parse.hpp"
 #include "verify/certify.hpp"
 #include "verify/report.hpp"
 #include "verify/trace.hpp"
-#include "sim/scenario_parse.hpp"
 
 namespace accumcheck::cli {
 
 int certify_command(const CertifyOptions& o) {
+  if (!o.html.empty()) require_output_file(o.html, "--html");
   const Scenario s = parse_scenario_file(o.scenario);
+  // A --junit path we could not write is refused before any judging.
+  if (!o.junit.empty()) require_output_file(o.junit, "--junit");
   CertifyConfig cfg;
   cfg.run = o.run;
   cfg.fp64 = o.precision == "fp64";
@@ -21,12 +24,12 @@ int certify_command(const CertifyOptions& o) {
     std::printf("%s\n", r.verdict.c_str());
   else
     std::printf("%s", certify_text(r, o.top).c_str());
-  if (!o.junit.empty()) write_file_atomically(o.junit, certify_junit(r));
+  if (!o.junit.empty()) write_output_file(o.junit, certify_junit(r), "--junit");
   if (!o.html.empty()) {
     // The trace read again through the one reader, for its curves.
     ReportData d = report_data(read_trace(o.trace), s);
     d.certify = r;
-    write_file_atomically(o.html, report_html(d));
+    write_output_file(o.html, report_html(d), "--html");
   }
   std::fflush(stdout);
   if (!o.quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);

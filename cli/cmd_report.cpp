@@ -12,11 +12,12 @@ namespace accumcheck::cli {
 std::string write_html_report(const std::string& trace_dir,
                               const std::string& scenario_file,
                               const std::string& out) {
+  const std::string file = out.empty() ? trace_dir + "/report.html" : out;
+  require_output_file(file, "--out");
   const Trace t = read_trace(trace_dir);
   const Scenario s =
       scenario_of_trace(t, scenario_file, ACCUMCHECK_SCENARIO_DIR);
-  const std::string file = out.empty() ? trace_dir + "/report.html" : out;
-  write_file_atomically(file, report_html(report_data(t, s)));
+  write_output_file(file, report_html(report_data(t, s)), "--out");
   return file;
 }
 
