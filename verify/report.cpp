@@ -85,8 +85,10 @@ ReportData report_data(const Trace& t, const Scenario& s) {
   // windows); events count one forward_backward per rank shard.
   std::vector<int64_t> ends;
   int64_t total = 0;
-  for (const EpochPlan& e : make_plan(s).epochs)
+  make_plan(s).visit([&](int64_t, const EpochPlan& e) {
     for (const Window& w : e.windows) ends.push_back(total += w.items());
+    return true;
+  });
 
   const ParamLayout layout = layout_of(s.model);
   std::vector<Cuts> cuts;
