@@ -8,6 +8,8 @@
 #include "sim/scenario_parse.hpp"
 #include "verify/certify.hpp"
 #include "verify/parts.hpp"
+#include "verify/report.hpp"
+#include "verify/trace.hpp"
 
 namespace accumcheck::cli {
 
@@ -28,6 +30,7 @@ int report(const CertifyReport& r, bool quiet, int top,
 }  // namespace
 
 int certify_command(const CertifyOptions& o) {
+  if (!o.html.empty()) require_output_file(o.html, "--html");
   const Scenario s = parse_scenario_file(o.scenario);
   // A --junit path we could not write is refused before any judging.
   if (!o.junit.empty()) require_output_file(o.junit, "--junit");
@@ -41,6 +44,12 @@ int certify_command(const CertifyOptions& o) {
   if (!o.part.empty())
     write_output_file(o.part, certify_part_text(r, s.digest, o.bound_arith),
                       "--part");
+  if (!o.html.empty()) {
+    // The trace read again through the one reader, for its curves.
+    ReportData d = report_data(read_trace(o.trace), s);
+    d.certify = r;
+    write_output_file(o.html, report_html(d), "--html");
+  }
   return report(r, o.quiet, o.top, o.junit);
 }
 

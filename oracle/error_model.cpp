@@ -43,6 +43,21 @@ void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
     c.worst.ratio = ratio;
   }
   c.max_ratio = std::max(c.max_ratio, ratio);
+  if (layout && !layout->tensors.empty()) {
+    const std::string& name = layout->tensor_of(index).name;
+    if (c.tensor_ratio.empty() || c.tensor_ratio.back().first != name) {
+      auto it = std::find_if(c.tensor_ratio.begin(), c.tensor_ratio.end(),
+                             [&](const auto& tr) { return tr.first == name; });
+      if (it == c.tensor_ratio.end()) {
+        c.tensor_ratio.emplace_back(name, ratio);
+        return;
+      }
+      it->second = std::max(it->second, ratio);
+      return;
+    }
+    c.tensor_ratio.back().second =
+        std::max(c.tensor_ratio.back().second, ratio);
+  }
 }
 
 std::string Comparison::summary() const {

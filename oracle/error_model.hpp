@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sim/layout.hpp"
@@ -114,6 +115,8 @@ struct Comparison {
   double max_err_u = 0;  // max of |f - v| / (u max(|v|, 2^-126))
   double rms_err_u = 0;  // RMS of the same
   double max_ratio = 0;  // max err / bound: 1 = the bound fully used
+  // Per tensor (with a layout, in the order met): max err / bound.
+  std::vector<std::pair<std::string, double>> tensor_ratio;
   double bound_used_pct() const { return 100.0 * max_ratio; }
   bool ok() const { return violations == 0; }
   // "grads: 0 of 42 outside the bound; worst 0.weight[3] f=.. v=.. err=..

@@ -99,6 +99,11 @@ struct CertifyCheck {
   bool ambiguous = false;  // a clip decision within the bound: not failed
   bool skipped = false;    // could not run (no events): not failed, said so
   std::string message;     // summary (error_model::Comparison::summary())
+  // Step checks: the optimizer step, "gradient" or "parameters", and max
+  // err / bound per tensor (the report's heat strip).
+  int64_t step = -1;
+  std::string kind;
+  std::vector<std::pair<std::string, double>> tensor_ratio;
 };
 
 struct CertifyCandidate {

@@ -273,6 +273,9 @@ void judge_accepted(const Forced& acc, CertifyReport& r) {
       c.ok = cmp->ok() || ev.ambiguous;
       c.ambiguous = ev.ambiguous && !cmp->ok();
       c.message = cmp->summary();
+      c.step = int64_t(t);
+      c.kind = cmp == &ev.grad ? "gradient" : "parameters";
+      c.tensor_ratio = cmp->tensor_ratio;
       if (c.ambiguous)
         c.message.append(
             " [ambiguous: a clip decision lies within the bound of the "

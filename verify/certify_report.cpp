@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "verify/certify_stages.hpp"
+#include "verify/markup.hpp"
 
 namespace accumcheck {
 namespace certify_detail {
@@ -134,36 +135,9 @@ void diagnose(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
   r.diagnosis = d;
 }
 
-namespace {
-
-std::string xml_escape(std::string_view s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        o.append("&lt;");
-        break;
-      case '>':
-        o.append("&gt;");
-        break;
-      case '&':
-        o.append("&amp;");
-        break;
-      case '"':
-        o.append("&quot;");
-        break;
-      default:
-        o.push_back(c);
-    }
-  }
-  return o;
-}
-
-}  // namespace
 }  // namespace certify_detail
 
 using certify_detail::ratio_text;
-using certify_detail::xml_escape;
 
 std::string certify_text(const CertifyReport& r, int top) {
   std::string o = fmt::format(
