@@ -11,7 +11,7 @@ packages=(
   libcli11-dev libfmt-dev libbenchmark-dev libopenblas-dev
 )
 # The PyTorch adapter and the side-by-side benchmark use Debian's torch.
-if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch); fi
+if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch python3-pytest); fi
 
 missing=()
 for p in "${packages[@]}"; do

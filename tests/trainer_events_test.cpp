@@ -26,8 +26,10 @@ Scenario five_micro_batches(int64_t samples = 5) {
   return s;
 }
 
-std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5) {
-  const Scenario s = five_micro_batches(samples);
+std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5,
+                    int64_t micro_batch = 1) {
+  Scenario s = five_micro_batches(samples);
+  s.batching.micro_batch = micro_batch;
   NullEngine e;
   Trainer<NullEngine> t(e, s, behavior_of(pitfalls), 0.1);
   const Run<double> run = t.run(make_plan(s), "x");
@@ -109,6 +111,24 @@ const Pinned kPinned[] = {
      "FCFCOSZ"
      "FCOSZ",
      "clip after every backward"},
+    {Pitfall::window_boundary_off_by_one,
+     "FCOSZ"
+     "FFCOSZ"
+     "FFCOSZ",
+     "`if i % K == 0`: steps after micro-batches 0, 2 and 4"},
+    {Pitfall::scheduler_before_optimizer,
+     "FFSCOZ"
+     "FFSCOZ"
+     "FSCOZ",
+     "scheduler.step() right before clip and optimizer.step()"},
+    {Pitfall::scheduler_per_epoch,
+     "FFCOZ"
+     "FFCOZ"
+     "FCOZ"
+     "S",
+     "one scheduler.step() after the epoch's last window"},
+    {Pitfall::skip_short_micro_batch, kCorrect,
+     "b = 1 has no short micro-batch (see SkipShortMicroBatch)"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
@@ -128,6 +148,27 @@ TEST(TrainerEvents, Seed002LoopStepsOncePerEpochWhenKDivides) {
   EXPECT_EQ(pattern({Pitfall::seed_002_loop}, 4),
             "ZFZFZFZF"
             "COSZ");
+}
+
+TEST(TrainerEvents, WindowOffByOneLeaksTheLeftover) {
+  // 4 micro-batches, K = 2: steps after 0 and 2; micro-batch 3 is neither
+  // stepped nor zeroed (it would join the next epoch's first window).
+  EXPECT_EQ(pattern({Pitfall::window_boundary_off_by_one}, 4),
+            "FCOSZ"
+            "FFCOSZ"
+            "F");
+}
+
+TEST(TrainerEvents, SkipShortMicroBatch) {
+  // 5 samples, b = 2: micro-batches of 2, 2, 1; K = 2.  Correct steps the
+  // short one in a partial window; drop_last never draws it.
+  EXPECT_EQ(pattern({}, 5, 2),
+            "FFCOSZ"
+            "FCOSZ");
+  EXPECT_EQ(pattern({Pitfall::skip_short_micro_batch}, 5, 2), "FFCOSZ");
+  // Without a short micro-batch it changes nothing.
+  EXPECT_EQ(pattern({Pitfall::skip_short_micro_batch}, 6, 2),
+            pattern({}, 6, 2));
 }
 
 }  // namespace

@@ -198,6 +198,13 @@ void require_exportable_model(const Scenario& s) {
                      "models with dropout are not exported or certified yet: "
                      "accumcheck keys masks by sample, PyTorch draws them in "
                      "call order, so a trainer could not reproduce them");
+  if (s.batching.ranks != 1)
+    throw InputError(
+        s.path, 0, 0, "batching.ranks",
+        fmt::format("ranks = {}: data-parallel training is not exported or "
+                    "certified yet (a bundle would hold one rank's shard, a "
+                    "trace one rank's gradient); use ranks = 1",
+                    s.batching.ranks));
 }
 
 ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
