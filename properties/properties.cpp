@@ -624,6 +624,7 @@ const std::vector<Property>& all_properties() {
   static const std::vector<Property> props = [] {
     std::vector<Property> v = oracle_properties();
     for (const Property& p : norm_properties()) v.push_back(p);
+    for (const Property& p : loop_properties()) v.push_back(p);
     for (const Property& p : device_properties()) v.push_back(p);
     return v;
   }();

@@ -40,8 +40,10 @@ _ACTIVE = []
 
 
 def _clip_entry(*args, **kwargs):
-    """clip_grad_norm_'s code while a recorder is active (see _patch_clip)."""
-    return _clip_module.__dict__["_accumcheck_clip"](*args, **kwargs)
+    """clip_grad_norm_'s code while a recorder is active (see _patch_clip).
+    It runs with torch.nn.utils.clip_grad's globals, where the recorder
+    puts `_accumcheck_clip`."""
+    return _accumcheck_clip(*args, **kwargs)  # noqa: F821
 
 
 class Recorder:

@@ -17,7 +17,7 @@ from accumcheck_torch import example_session  # noqa: E402
 
 def main():
     bundle, model, optimizer, scheduler, recorder = example_session(__doc__)
-    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+    warnings.filterwarnings("ignore", message="Detected call of")
 
     for epoch in range(bundle.epochs):
         for window in bundle.windows(epoch):
