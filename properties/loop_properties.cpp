@@ -70,11 +70,11 @@ void window_off_by_one() {
   for (size_t i = 0; i < bug.steps.size(); ++i) {
     const Micro& g = groups[i].first;
     const int64_t R_ = ranks_of(*g.front());
-    const auto want =
-        predicted(c, theta_before(bug, i, c),
-                  weighted(g, [=](int64_t b) { return K * b * R_; }),
-                  groups[i].second);
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), "shifted window");
+    const auto want = predicted(
+        c, theta_before(bug, i, c),
+        weighted(g, [=](int64_t b) { return K * b * R_; }), groups[i].second);
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
+                 "shifted window");
   }
   record_case(name);
 }
@@ -121,7 +121,8 @@ void skip_short_micro_batch() {
         predicted(c, theta_before(bug, i, c),
                   weighted(windows[i].first, [N](int64_t) { return N; }),
                   windows[i].second);
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), "drawn window");
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
+                 "drawn window");
   }
   record_case(name);
 }
@@ -135,8 +136,7 @@ void scheduler_order() {
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const double lr = s.optimizer.lr;
-  const Run<R> ahead =
-      c.run(c.plan, {Pitfall::scheduler_before_optimizer}, lr);
+  const Run<R> ahead = c.run(c.plan, {Pitfall::scheduler_before_optimizer}, lr);
   RC_ASSERT(!ahead.steps.empty());
   for (size_t i = 0; i < ahead.steps.size(); ++i)
     RC_ASSERT(ahead.steps[i].lr ==

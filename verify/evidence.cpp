@@ -125,7 +125,8 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
     o.params() = theta;
     o.zero_grad();
     std::vector<int64_t> ids;
-    for (const auto& shard : m.shards) ids.insert(ids.end(), shard.begin(), shard.end());
+    for (const auto& shard : m.shards)
+      ids.insert(ids.end(), shard.begin(), shard.end());
     o.forward_backward(ids, 1);
     g.push_back(o.grads());
     const int64_t items = o.items(ids);
@@ -133,6 +134,21 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
     fit.items += items;
   }
   std::vector<double> G = in.trace[size_t(step)].grad;
+  // Undo the step's clip (the last clip event before the step, with its
+  // pre-clip norm), so the weights are those of the summed losses.
+  if (in.s.clip.enabled) {
+    double norm = kNaN;
+    for (const TraceEvent& te : in.run.events)
+      if (te.event.step == step && te.event.kind == EventKind::clip)
+        norm = te.event.grad_norm;
+    if (!std::isnan(norm)) {
+      const double coef = in.s.clip.max_norm / (norm + 1e-6);
+      if (coef < 1) {
+        fit.clip_coef = coef;
+        for (double& v : G) v /= coef;
+      }
+    }
+  }
   // The accepted L2-in-loss term: lambda * theta over the window.
   if (in.s.optimizer.l2_in_loss != 0.0 && !in.accepted.l2_unnormalized)
     for (size_t i = 0; i < G.size(); ++i)
@@ -169,8 +185,8 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
   const int64_t t = in.first_out;
   if (t >= 0) {
     const WindowFit fit = fit_window(in, t);
-    std::string first = fmt::format(
-        "first out of the bound: step {}, {}", t, in.first_out_what);
+    std::string first = fmt::format("first out of the bound: step {}, {}", t,
+                                    in.first_out_what);
     if (fit.fitted && fit.residual <= max_residual) {
       std::vector<const Window*> windows;
       for (const EpochPlan& e : in.plan.epochs)
@@ -188,20 +204,24 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
         all_k_b = all_k_b &&
                   std::fabs(fit.weight[k] * double(in.plan.accumulation * bk) -
                             1) <= rel;
-        weights.append(fmt::format(
-            "{}micro-batch {} {}", k ? "; " : "", k,
-            weight_text(fit.weight[k], fit.items, in.plan.accumulation, bk,
-                        rel)));
+        weights.append(fmt::format("{}micro-batch {} {}", k ? "; " : "", k,
+                                   weight_text(fit.weight[k], fit.items,
+                                               in.plan.accumulation, bk, rel)));
       }
       if (first_k >= 0)
-        first.append(fmt::format(", micro-batch {} of its window (the first "
-                                 "whose weight is not {}'s)",
-                                 first_k, in.accepted_name));
+        first.append(
+            fmt::format(", micro-batch {} of its window (the first "
+                        "whose weight is not {}'s)",
+                        first_k, in.accepted_name));
       lines.push_back(first);
       lines.push_back(fmt::format(
           "micro-batch weights in the window of step {} ({} micro-batches, "
-          "N_w = {}), fitted from the trace: {}{}",
-          t, fit.weight.size(), fit.items, weights,
+          "N_w = {}{}), fitted from the trace: {}{}",
+          t, fit.weight.size(), fit.items,
+          fit.clip_coef < 1
+              ? fmt::format("; its clip's factor {:.6g} undone", fit.clip_coef)
+              : std::string(),
+          weights,
           all_k_b && fit.weight.size() > 1 ? " (weights 1/(K*b_k))" : ""));
     } else {
       lines.push_back(first);
@@ -227,8 +247,8 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
     lines.push_back(in.lr.message);
   lines.push_back(
       in.trace_steps == in.expected_steps
-          ? fmt::format("step count: {} optimizer steps, as {}",
-                        in.trace_steps, in.accepted_name)
+          ? fmt::format("step count: {} optimizer steps, as {}", in.trace_steps,
+                        in.accepted_name)
           : fmt::format("step count: the trace has {} optimizer steps, {} "
                         "takes {} ({:+})",
                         in.trace_steps, in.accepted_name, in.expected_steps,

@@ -12,10 +12,10 @@
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/layout.hpp"
-#include "verify/null_engine.hpp"
 #include "sim/plan.hpp"
-#include "verify/trace.hpp"
 #include "sim/trainer.hpp"
+#include "verify/null_engine.hpp"
+#include "verify/trace.hpp"
 
 namespace accumcheck {
 

@@ -137,7 +137,8 @@ void TraceWriter::add_event(const Event& e) {
   append_real(o, e.grad_norm);
   o += ',';
   for (size_t i = 0; i < e.sample_ids.size(); ++i)
-    fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "", e.sample_ids[i]);
+    fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "",
+                   e.sample_ids[i]);
   o += '\n';
 }
 

@@ -230,7 +230,12 @@ class Recorder:
         samples = self.pending_rows
         if ids is not None:
             samples = len(ids)
-            new_epoch = any(i in self.epoch_ids for i in ids)
+            # A new epoch starts when a sample of this epoch is drawn again
+            # after (nearly) every sample was drawn -- all but fewer than b,
+            # what drop_last skips; an earlier repeat is a repeat.
+            b = self.bundle
+            covered = len(self.epoch_ids) >= b.samples - (b.micro_batch - 1)
+            new_epoch = covered and any(i in self.epoch_ids for i in ids)
             if new_epoch:
                 self.epoch += 1
                 self.epoch_ids = set()
