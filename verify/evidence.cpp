@@ -222,7 +222,9 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
               ? fmt::format("; its clip's factor {:.6g} undone", fit.clip_coef)
               : std::string(),
           weights,
-          all_k_b && fit.weight.size() > 1 ? " (weights 1/(K*b_k))" : ""));
+          all_k_b && first_k >= 0 && fit.weight.size() > 1
+              ? " (weights 1/(K*b_k))"
+              : ""));
     } else {
       lines.push_back(first);
       lines.push_back(

@@ -55,6 +55,7 @@ struct WindowFit {
   std::vector<int64_t> micro_items;  // b_k
   std::vector<double> weight;        // w_k (per unit of summed item loss)
   double residual = 0;               // |G - sum w_k g_k| / |G|
+  double clip_coef = 1;  // the step's clip factor, undone before the fit
 };
 
 WindowFit fit_window(const EvidenceInput& in, int64_t step);
