@@ -6,6 +6,7 @@
 // trainer switch it checks.
 #include <rapidcheck.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
