@@ -75,11 +75,13 @@ TEST(Certify, DeviceCorrectRunPasses) {
   // step count + 9 gradients + 9 parameter sets + order and coverage + lr
   // + call pattern
   EXPECT_EQ(r.checks.size(), 22u);
-  for (const CertifyCheck& c : r.checks)
-    if (c.name == "order and coverage")
+  for (const CertifyCheck& c : r.checks) {
+    if (c.name == "order and coverage") {
       EXPECT_NE(c.message.find("every epoch draws every sample once"),
                 std::string::npos)
           << c.message;
+    }
+  }
 }
 
 class CertifyPitfall : public ::testing::TestWithParam<Pitfall> {};
