@@ -115,8 +115,9 @@ the accepted `correct` semantics weighs every sample of a window by 1/N_w
 starts at the first gradient; Adam's t counts optimizer steps;
 clip_grad_norm_ once per window on the accumulated gradient.
 
-Trace schema: accumcheck-trace/1 (meta.csv, events.csv, values.csv);
-see adapters/pytorch/accumcheck_torch.py for a recorder that writes it.
+Trace schema: accumcheck-trace/2 (meta.csv, events.csv, values.csv;
+events carry each micro-batch's sample ids; version 1 is still read);
+see adapters/pytorch/accumcheck_torch/ for a recorder that writes it.
 )";
 
 // Moves `tmp` into place at `out`, replacing an empty folder or a
