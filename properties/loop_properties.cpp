@@ -78,7 +78,8 @@ void window_off_by_one() {
       c.run(c.plan, {Pitfall::window_boundary_off_by_one}, s.optimizer.lr);
   Groups groups;
   Micro carry;
-  const std::vector<Micro> epochs = epoch_micro(c.plan);
+  const Plan full = materialize(c.plan);
+  const std::vector<Micro> epochs = epoch_micro(full);
   for (size_t e = 0; e < epochs.size(); ++e)
     for (size_t i = 0; i < epochs[e].size(); ++i) {
       carry.push_back(epochs[e][i]);
@@ -110,7 +111,8 @@ void skip_short_micro_batch() {
   const Run<R> bug =
       c.run(c.plan, {Pitfall::skip_short_micro_batch}, s.optimizer.lr);
   Groups windows;
-  const std::vector<Micro> epochs = epoch_micro(c.plan);
+  const Plan full = materialize(c.plan);
+  const std::vector<Micro> epochs = epoch_micro(full);
   int64_t skipped = 0;
   for (size_t e = 0; e < epochs.size(); ++e) {
     Micro ms = epochs[e];

@@ -8,6 +8,7 @@
 #include <future>
 
 #include "sim/errors.hpp"
+#include "sim/limits.hpp"
 #include "verify/certify_stages.hpp"
 #include "verify/drawn.hpp"
 #include "verify/evidence.hpp"
@@ -21,6 +22,7 @@ using namespace certify_detail;
 CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                       const CertifyConfig& cfg) {
   require_exportable_model(s);
+  require_scenario_within_limits(s);
   const auto t0 = std::chrono::steady_clock::now();
   // 1. Load and validate.
   const ParamLayout layout = layout_of(s.model);
@@ -31,7 +33,8 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   // sample ids say so), cut into the scenario's windows.
   const DrawnPlan drawn = drawn_plan(s, make_plan(s), *L.run);
   const Plan& plan = drawn.plan;
-  const Ctx ctx{s, data, init, plan, layout, L.steps, cfg.fp64};
+  const int64_t max_windows = window_cap(s, L.steps.size());
+  const Ctx ctx{s, data, init, plan, layout, L.steps, cfg.fp64, max_windows};
 
   CertifyReport r;
   r.scenario = s.name;
@@ -67,7 +70,8 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   // 4. The call pattern (when the trace has events).  A difference that
   // changes no value (the accepted semantics within the bound at every
   // step, the step counts equal) is a note, not a failure.
-  const PatternCheck pc = check_pattern(s, plan, *L.run, accepted_b, r);
+  const PatternCheck pc =
+      check_pattern(s, plan, *L.run, accepted_b, max_windows, r);
   if (!r.pattern_ok && acc_d.first_out < 0 && acc.steps == r.trace_steps)
     for (CertifyCheck& c : r.checks)
       if (c.name == "call pattern" && !c.ok) {

@@ -46,7 +46,7 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
                      const TraceRun& run) {
   DrawnPlan d;
   d.plan = planned;
-  const int64_t E = int64_t(planned.epochs.size());
+  const int64_t E = planned.epoch_count();
   std::vector<std::vector<Ids>> drawn;  // [epoch] -> micro-batches
   int64_t without = 0, fb = 0;
   int64_t last_epoch = -1;
@@ -91,13 +91,14 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
   d.skipped.resize(size_t(E));
   d.repeated.resize(size_t(E));
   for (int64_t ep = 0; ep < E; ++ep) {
-    const std::vector<Ids> want = planned_micro(planned.epochs[size_t(ep)]);
+    const EpochPlan planned_epoch = planned.epoch(ep);
+    const std::vector<Ids> want = planned_micro(planned_epoch);
     if (ep >= int64_t(drawn.size()) || drawn[size_t(ep)].empty()) {
       if (!cut_short || ep <= last_epoch) {
         problem(fmt::format("epoch {}: never drawn", ep));
         all_short_last = false;
       }
-      p.epochs.push_back(planned.epochs[size_t(ep)]);
+      p.epochs.push_back(planned_epoch);
       continue;
     }
     std::set<int64_t> seen;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "oracle/error_model.hpp"
 #include "oracle/oracle.hpp"
@@ -54,6 +55,20 @@ std::vector<StepRecord<double>> step_windows(const EvidenceInput& in) {
   opt.max_steps = in.s.batching.max_steps;
   Trainer<NullEngine> t(null, in.s, in.accepted, in.s.optimizer.lr, opt);
   return t.run(in.plan, "evidence").steps;
+}
+
+// Window `index` (global, from 0) of a plan, built or lazy.
+std::optional<Window> window_at(const Plan& plan, int64_t index) {
+  std::optional<Window> found;
+  int64_t before = 0;
+  plan.visit([&](int64_t, const EpochPlan& e) {
+    const int64_t n = int64_t(e.windows.size());
+    if (index >= before && index < before + n)
+      found = e.windows[size_t(index - before)];
+    before += n;
+    return !found;
+  });
+  return found;
 }
 
 // The accepted weight of micro-batch k of window w (per unit of summed
@@ -106,12 +121,10 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
   if (step < 0 || size_t(step) >= in.trace.size()) return fit;
   const std::vector<StepRecord<double>> steps = step_windows(in);
   if (size_t(step) >= steps.size()) return fit;
-  std::vector<const Window*> windows;
-  for (const EpochPlan& e : in.plan.epochs)
-    for (const Window& w : e.windows) windows.push_back(&w);
-  const int64_t wi = steps[size_t(step)].window;
-  if (wi < 0 || size_t(wi) >= windows.size()) return fit;
-  const Window& w = *windows[size_t(wi)];
+  const std::optional<Window> found =
+      window_at(in.plan, steps[size_t(step)].window);
+  if (!found) return fit;
+  const Window& w = *found;
 
   Oracle<double> o(in.s.model, in.data, in.init);
   std::vector<double> theta;
@@ -188,11 +201,8 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
     std::string first = fmt::format("first out of the bound: step {}, {}", t,
                                     in.first_out_what);
     if (fit.fitted && fit.residual <= max_residual) {
-      std::vector<const Window*> windows;
-      for (const EpochPlan& e : in.plan.epochs)
-        for (const Window& w : e.windows) windows.push_back(&w);
       const std::vector<StepRecord<double>> steps = step_windows(in);
-      const Window& w = *windows[size_t(steps[size_t(t)].window)];
+      const Window w = *window_at(in.plan, steps[size_t(t)].window);
       std::string weights;
       int64_t first_k = -1;
       bool all_k_b = true;
