@@ -57,12 +57,13 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   const Distance acc_d = distance_of(acc, L.steps.size());
   judge_accepted(acc, r);
   if (drawn.known)
-    r.checks.push_back({"order and coverage", drawn.ok, false, drawn.message});
+    r.checks.push_back(
+        {"order and coverage", drawn.ok, false, false, drawn.message});
   else
     r.notes.push_back(drawn.message);
   const LrChannel lr = check_lr(s, plan, *L.run, accepted_b);
   if (lr.checked)
-    r.checks.push_back({"lr", lr.ok, false,
+    r.checks.push_back({"lr", lr.ok, false, false,
                         lr.ok ? lr.message : lr.message + "; " + lr.evidence});
   else
     r.notes.push_back(lr.message);
