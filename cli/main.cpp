@@ -121,10 +121,13 @@ int main(int argc, char** argv) {
   CertifyOptions cert;
   auto* certify_cmd = app.add_subcommand(
       "certify",
-      "Judge an outside trainer's trace step by step, teacher-forced, against "
-      "the scenario's accepted semantics (PASS/FAIL); on FAIL rank every "
-      "pitfall and pair of pitfalls by distance to the trace. Exit 0 pass, 1 "
-      "fail, 2 bad input.");
+      "Judge an outside trainer's trace step by step, teacher-forced on the "
+      "micro-batches it drew, against the scenario's accepted semantics "
+      "(PASS/FAIL), with its order and coverage and its lr as checks of "
+      "their own; on FAIL rank every pitfall and pair of pitfalls by "
+      "distance to the trace, or say that no modelled pitfall explains it "
+      "and give model-free evidence. Exit 0 pass, 1 fail, 2 bad input (or "
+      "something the recorder could not see).");
   certify_cmd->add_option("scenario", cert.scenario, "scenario file (.toml)")
       ->required();
   certify_cmd->add_option("--trace", cert.trace, "trace folder")->required();

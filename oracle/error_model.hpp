@@ -84,6 +84,20 @@ inline constexpr Tolerance kTolerances[] = {
      "candidate is scored against 64 u (|v| + 2^-10 max|v|), generous "
      "enough that a candidate inside the real bound scores below 1; only "
      "orders the candidates, never decides PASS or FAIL"},
+    {"lr_channel_rel", 8.0 / 9007199254740992.0,
+     "certify's lr channel: the lr a trainer read from its optimizer vs the "
+     "accepted schedule, both double and the same formula (LambdaLR: "
+     "base_lr * S(n)); 8 u64 covers a different libm's cos (1 ulp) and the "
+     "multiplications, far below any lr mistake (a whole schedule step)"},
+    {"evidence_weight_rel", 1e-3,
+     "certify's model-free evidence: a micro-batch weight fitted by least "
+     "squares from float32 gradients (relative error ~1e3 u32 at worst) is "
+     "read as a simple fraction (m/N_w, 1/(K*b_k), 1/b_k) when within 1e-3 "
+     "of it; the fractions certify tells apart differ by far more"},
+    {"evidence_fit_residual", 1e-3,
+     "certify's model-free evidence: a step's gradient is a weighted sum of "
+     "its window's micro-batch gradients when the least-squares residual is "
+     "below 1e-3 of its norm (float32 rounding leaves ~1e-6)"},
 };
 
 // Oracle runs that agree in real arithmetic are compared at relative

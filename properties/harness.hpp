@@ -101,7 +101,9 @@ const std::vector<Property>& oracle_properties();
 const std::vector<Property>& norm_properties();
 // K per epoch (properties/ramp_properties.cpp).
 const std::vector<Property>& ramp_properties();
-// Every property: oracle, norm, ramp, then device
+// Window cutting, drawing and scheduler order (properties/loop_properties.cpp).
+const std::vector<Property>& loop_properties();
+// Every property: oracle, norm, ramp, loop, then device
 // (properties/device_properties.cpp).
 const std::vector<Property>& all_properties();
 // Runs the body of the property of that name (RC_FAIL when there is none).

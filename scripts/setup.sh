@@ -15,7 +15,7 @@ packages=(
   clang-14 libclang-rt-14-dev
 )
 # The PyTorch adapter and the side-by-side benchmark use Debian's torch.
-if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch); fi
+if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch python3-pytest); fi
 # `accumcheck report`'s HTML is tested in headless Chromium (about 350 MB
 # installed; apt-get update + install took 60 s here).
 if [ "${ACCUMCHECK_NO_CHROMIUM:-0}" != 1 ]; then packages+=(chromium); fi

@@ -11,6 +11,7 @@
 // The Fast C++ CSV Parser needs <limits> before it.
 #include <libfccp/csv.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -85,6 +86,14 @@ class CsvTable {
   }
 
   unsigned get_file_line() const { return unsigned(lines_.line()); }
+  // Whether the header held the column `name` (after read_header with
+  // io::ignore_missing_column; a missing column's variable is left as is).
+  bool has_column(const std::string& name) const {
+    for (unsigned i = 0; i < N; ++i)
+      if (names_[i] == name)
+        return std::find(order_.begin(), order_.end(), int(i)) != order_.end();
+    return false;
+  }
 
  private:
   template <class T>

@@ -51,6 +51,18 @@ constexpr Entry kCatalog[] = {
     {Pitfall::ramp_schedule_horizon_fixed, "ramp-schedule-horizon-fixed",
      "the schedule's horizon computed once with the initial K: warmup and "
      "decay end early or late when K changes"},
+    {Pitfall::window_boundary_off_by_one, "window-boundary-off-by-one",
+     "`if step % K == 0` on a 0-based counter (seeds 002, 004): the first "
+     "window has one micro-batch, every later window is shifted by one"},
+    {Pitfall::scheduler_before_optimizer, "scheduler-before-optimizer",
+     "scheduler.step() before optimizer.step(): step t uses the lr of step "
+     "t+1"},
+    {Pitfall::scheduler_per_epoch, "scheduler-per-epoch",
+     "scheduler.step() once per epoch: the lr is constant within each epoch "
+     "and the schedule advances by epochs, not steps"},
+    {Pitfall::skip_short_micro_batch, "skip-short-micro-batch",
+     "DataLoader(drop_last=True): the short last micro-batch of every epoch "
+     "is never seen"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -128,6 +140,22 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         break;
       case Pitfall::ramp_schedule_horizon_fixed:
         b.horizon_initial_k = true;
+        break;
+      case Pitfall::window_boundary_off_by_one:
+        // As the seeds write it: `loss / K` (K literal), and the leftover
+        // micro-batches of an epoch neither stepped nor zeroed.
+        b.window_off_by_one = true;
+        b.normalization = Normalization::micro_mean_over_k;
+        b.partial = PartialWindow::leak;
+        break;
+      case Pitfall::scheduler_before_optimizer:
+        b.scheduler_before_optimizer = true;
+        break;
+      case Pitfall::scheduler_per_epoch:
+        b.scheduler_per_epoch = true;
+        break;
+      case Pitfall::skip_short_micro_batch:
+        b.skip_short_micro_batch = true;
         break;
     }
   }

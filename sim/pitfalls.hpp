@@ -32,6 +32,10 @@ enum class Pitfall {
   token_mean_of_means,
   ramp_normalization_stale,
   ramp_schedule_horizon_fixed,
+  window_boundary_off_by_one,
+  scheduler_before_optimizer,
+  scheduler_per_epoch,
+  skip_short_micro_batch,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -51,6 +55,10 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::token_mean_of_means,
     Pitfall::ramp_normalization_stale,
     Pitfall::ramp_schedule_horizon_fixed,
+    Pitfall::window_boundary_off_by_one,
+    Pitfall::scheduler_before_optimizer,
+    Pitfall::scheduler_per_epoch,
+    Pitfall::skip_short_micro_batch,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -99,6 +107,20 @@ struct Behavior {
   // ramp-schedule-horizon-fixed: a total = "auto" horizon (and warmup
   // ratio) computed once with the initial K (sim/k_schedule.hpp).
   bool horizon_initial_k = false;
+  // window-boundary-off-by-one: `if i % K == 0` on the 0-based micro-batch
+  // counter of each epoch: windows [0], [1..K], [K+1..2K], ...; the
+  // leftover micro-batches after the last multiple of K are a partial
+  // window (treated as `partial` says: leak for this pitfall).
+  bool window_off_by_one = false;
+  // scheduler-before-optimizer: the boundary calls scheduler.step() before
+  // optimizer.step(): step t uses S(t+1).
+  bool scheduler_before_optimizer = false;
+  // scheduler-per-epoch: scheduler.step() once at each epoch's end, not
+  // per window: every step of epoch e uses S(e).
+  bool scheduler_per_epoch = false;
+  // skip-short-micro-batch: DataLoader(drop_last=True): an epoch's short
+  // last micro-batch (fewer than b samples) is never drawn.
+  bool skip_short_micro_batch = false;
 
   bool operator==(const Behavior&) const = default;
 };

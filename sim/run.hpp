@@ -49,6 +49,9 @@ struct Event {
   double loss = kNaN;   // forward_backward: the micro-batch's mean item loss
   double lr = kNaN;     // optimizer_step: lr used; scheduler_step: lr after
   double grad_norm = kNaN;  // clip: the pre-clip total norm
+  // forward_backward: the sample ids of its micro-batch (shard), in the
+  // order drawn; empty when unknown.
+  std::vector<int64_t> sample_ids;
 };
 
 template <class Real>

@@ -59,6 +59,11 @@ struct DataSpec {
   // Every micro-batch the same multiset of samples: generated sample i
   // takes sample (i mod micro_batch)'s values (needs shuffle = false).
   bool replicate = false;
+  // certify: whether a trainer must draw the micro-batches in exactly the
+  // plan's order (true), or may draw its own order -- its own DataLoader,
+  // sampler, shuffle -- as long as each epoch covers every sample once
+  // (false, the default).
+  bool pinned_order = false;
   // Token models: sequence lengths (loss-bearing tokens), per sample id.
   SequenceLengths lengths = SequenceLengths::fixed;
   int64_t min_len = 1, max_len = 1;

@@ -405,6 +405,7 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
   d.dyadic = sec.boolean("dyadic").value_or(false);
   d.shuffle = sec.boolean("shuffle").value_or(true);
   d.replicate = sec.boolean("replicate").value_or(false);
+  d.pinned_order = sec.boolean("pinned_order").value_or(false);
   if (d.replicate && d.shuffle)
     p.fail(sec.node("replicate"), "data.replicate",
            "replicated micro-batches need shuffle = false (a shuffle would "
@@ -758,7 +759,8 @@ Scenario parse_scenario_string(std::string_view text,
                        "norm_groups", "dropout", "vocab", "embed"});
   const Section data(p, root, "data",
                      {"samples", "seed", "dyadic", "shuffle", "csv",
-                      "replicate", "lengths", "min_len", "max_len"});
+                      "replicate", "lengths", "min_len", "max_len",
+                      "pinned_order"});
   const Section batching(
       p, root, "batching",
       {"micro_batch", "accumulation", "epochs", "ranks", "max_steps"});

@@ -112,6 +112,7 @@ std::string to_toml(const Scenario& s) {
   if (s.model.kind != ModelKind::token) line("dyadic", boolean(s.data.dyadic));
   line("shuffle", boolean(s.data.shuffle));
   if (s.data.replicate) line("replicate", boolean(true));
+  if (s.data.pinned_order) line("pinned_order", boolean(true));
   if (s.model.kind == ModelKind::token) {
     line("lengths",
          toml_string(name_of<SequenceLengths>(kLengths, s.data.lengths)));

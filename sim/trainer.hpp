@@ -22,7 +22,13 @@
 //    with every step]
 //   [scheduler.step if scheduler-per-micro-step]   (after the boundary's step)
 // and at the window's end the boundary block (step, scheduler, zero_grad)
-// as the behaviour says.
+// as the behaviour says (scheduler-before-optimizer: scheduler, step,
+// zero_grad; scheduler-per-epoch: no scheduler there, one scheduler.step()
+// after each epoch's last window).
+// The windows an epoch is cut into are the plan's, except where a pitfall
+// draws or cuts them differently (drawn()): skip-short-micro-batch drops
+// the epoch's short last micro-batch, window-boundary-off-by-one cuts
+// [0], [1..K], [K+1..2K], ... with the leftover a partial window.
 //
 // K may change from epoch to epoch (EpochPlan::accumulation,
 // sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp
@@ -31,6 +37,7 @@
 // ramp-schedule-horizon-fixed resolves a total = "auto" horizon with it.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -102,11 +109,18 @@ class Trainer {
     run_ = Run<Real>{};
     run_.name = std::move(name);
     // A lazy plan builds each epoch here, when the loop reaches it.
-    plan.visit([&](int64_t ep, const EpochPlan& epoch) {
-      K_ = epoch.accumulation;  // K may change from epoch to epoch
+    plan.visit([&](int64_t ep, const EpochPlan& planned) {
+      // The pitfalls that draw or cut windows differently get their own
+      // copy of the epoch (drawn()); every other loop walks the plan's.
+      K_ = planned.accumulation;  // K may change from epoch to epoch
+      EpochPlan own;
+      const bool redrawn = b_.skip_short_micro_batch || b_.window_off_by_one;
+      if (redrawn) own = drawn(planned);
+      const EpochPlan& epoch = redrawn ? own : planned;
       for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w)
         window(epoch.windows[w], ep, w + 1 == epoch.windows.size(),
                epoch.micro_steps());
+      if (b_.scheduler_per_epoch && !epoch.windows.empty()) scheduler_step(-1);
       return !stop();
     });
     return std::move(run_);
@@ -148,6 +162,41 @@ class Trainer {
   }
   bool stop() const {
     return done() || (opt_.max_windows >= 0 && c_.windows >= opt_.max_windows);
+  }
+
+  // The epoch's windows as this trainer draws and cuts them.
+  EpochPlan drawn(const EpochPlan& planned) const {
+    std::vector<MicroBatch> micro;
+    for (const Window& w : planned.windows)
+      micro.insert(micro.end(), w.micro.begin(), w.micro.end());
+    if (b_.skip_short_micro_batch && !micro.empty()) {
+      bool is_short = false;
+      for (const auto& shard : micro.back().shards)
+        is_short = is_short || int64_t(shard.size()) < s_.batching.micro_batch;
+      if (is_short) micro.pop_back();
+    }
+    EpochPlan e;
+    e.accumulation = planned.accumulation;
+    size_t at = 0;
+    if (b_.window_off_by_one && !micro.empty()) {
+      e.windows.push_back(Window{{micro[0]}, false});  // i = 0: 0 % K == 0
+      at = 1;
+    }
+    while (at < micro.size()) {
+      Window w;
+      const size_t end = std::min(micro.size(), at + size_t(K_));
+      w.micro.assign(micro.begin() + std::ptrdiff_t(at),
+                     micro.begin() + std::ptrdiff_t(end));
+      w.partial = int64_t(w.micro.size()) < K_;
+      e.windows.push_back(std::move(w));
+      at = end;
+    }
+    return e;
+  }
+
+  // Whether the boundary block calls scheduler.step().
+  bool boundary_schedules() const {
+    return !b_.scheduler_per_micro_step && !b_.scheduler_per_epoch;
   }
 
   // 1/den is the weight of each item loss of one rank's micro-batch shard.
@@ -229,20 +278,26 @@ class Trainer {
     if (b_.seed_002_loop) {
       // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
       if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
+        if (boundary_schedules() && b_.scheduler_before_optimizer)
+          scheduler_step(-1);
         if (clipping && !b_.clip_per_micro_step) clip(-1);
         optimizer_step(-1);
-        if (!b_.scheduler_per_micro_step) scheduler_step(-1);
+        if (boundary_schedules() && !b_.scheduler_before_optimizer)
+          scheduler_step(-1);
         zero_grad(-1);
       }
     } else if (!steps_at_boundary) {
       if (b_.partial == PartialWindow::drop) zero_grad(-1);
       // leak: neither step nor zero_grad; the sum carries on.
     } else {
+      if (boundary_schedules() && b_.scheduler_before_optimizer)
+        scheduler_step(-1);
       if (!b_.step_every_micro_step && !done()) {
         if (clipping && !b_.clip_per_micro_step) clip(-1);
         optimizer_step(-1);
       }
-      if (!b_.scheduler_per_micro_step) scheduler_step(-1);
+      if (boundary_schedules() && !b_.scheduler_before_optimizer)
+        scheduler_step(-1);
       if (b_.zero_grad == ZeroGradTiming::after_step) zero_grad(-1);
     }
   }
@@ -275,6 +330,7 @@ class Trainer {
         loss_items += items;
         event(EventKind::forward_backward, k, [&](Event& ev) {
           ev.samples = int64_t(shard.size());
+          ev.sample_ids = shard;
           if (s_.model.kind == ModelKind::token) ev.tokens = items;
           ev.loss = loss / double(items);
         });

@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "verify/null_engine.hpp"
 #include "sim/plan.hpp"
 #include "sim/trainer.hpp"
+#include "verify/null_engine.hpp"
 
 namespace accumcheck {
 namespace {
@@ -53,8 +53,11 @@ std::string pattern_of(const Scenario& s, const std::vector<Pitfall>& pitfalls) 
   return p;
 }
 
-std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5) {
-  return pattern_of(five_micro_batches(samples), pitfalls);
+std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5,
+                    int64_t micro_batch = 1) {
+  Scenario s = five_micro_batches(samples);
+  s.batching.micro_batch = micro_batch;
+  return pattern_of(s, pitfalls);
 }
 
 // Windows: [F F] [F F] [F] (partial).  One row per pitfall; a pitfall
@@ -114,6 +117,24 @@ const Pinned kPinned[] = {
      "FCFCOSZ"
      "FCOSZ",
      "clip after every backward"},
+    {Pitfall::window_boundary_off_by_one,
+     "FCOSZ"
+     "FFCOSZ"
+     "FFCOSZ",
+     "`if i % K == 0`: steps after micro-batches 0, 2 and 4"},
+    {Pitfall::scheduler_before_optimizer,
+     "FFSCOZ"
+     "FFSCOZ"
+     "FSCOZ",
+     "scheduler.step() right before clip and optimizer.step()"},
+    {Pitfall::scheduler_per_epoch,
+     "FFCOZ"
+     "FFCOZ"
+     "FCOZ"
+     "S",
+     "one scheduler.step() after the epoch's last window"},
+    {Pitfall::skip_short_micro_batch, kCorrect,
+     "b = 1 has no short micro-batch (see SkipShortMicroBatch)"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
@@ -158,6 +179,27 @@ TEST(TrainerEvents, KPerEpoch) {
   EXPECT_EQ(pattern_of(s, {Pitfall::seed_002_loop}),
             "ZFZFZFZFZFZFCOSZ"
             "ZFZFZFZFZFZFCOSZ");
+}
+
+TEST(TrainerEvents, WindowOffByOneLeaksTheLeftover) {
+  // 4 micro-batches, K = 2: steps after 0 and 2; micro-batch 3 is neither
+  // stepped nor zeroed (it would join the next epoch's first window).
+  EXPECT_EQ(pattern({Pitfall::window_boundary_off_by_one}, 4),
+            "FCOSZ"
+            "FFCOSZ"
+            "F");
+}
+
+TEST(TrainerEvents, SkipShortMicroBatch) {
+  // 5 samples, b = 2: micro-batches of 2, 2, 1; K = 2.  Correct steps the
+  // short one in a partial window; drop_last never draws it.
+  EXPECT_EQ(pattern({}, 5, 2),
+            "FFCOSZ"
+            "FCOSZ");
+  EXPECT_EQ(pattern({Pitfall::skip_short_micro_batch}, 5, 2), "FFCOSZ");
+  // Without a short micro-batch it changes nothing.
+  EXPECT_EQ(pattern({Pitfall::skip_short_micro_batch}, 6, 2),
+            pattern({}, 6, 2));
 }
 
 }  // namespace

@@ -13,6 +13,13 @@
 // becomes one of double; hyperparameters are exact in double, so scaling
 // their float32 rounding too is conservative).
 //
+// The plan judged on is the one the trainer drew (verify/drawn.hpp: its
+// own order and loader, from the trace's sample ids), with an "order and
+// coverage" check of its own; each step's lr is judged against the
+// accepted schedule ("lr", verify/lr_channel.hpp).  A trace whose recorder
+// reports something it could not see (meta.csv `unseen`) and that would
+// FAIL is refused (InputError, exit 2) naming what was not seen.
+//
 // Verdict: PASS when the accepted semantics stays within the bound at
 // every step and the step counts match.  A step whose clip decision lies
 // within the bound of the threshold (coef = c/(norm + 1e-6) within its
@@ -133,6 +140,14 @@ struct CertifyReport {
   std::string pattern_message;
   std::string verdict;    // one line
   std::string diagnosis;  // lines (FAIL only)
+  // Notes: what was not checked, call-pattern differences that change no
+  // value, what the recorder noted (meta.csv `notes`).
+  std::vector<std::string> notes;
+  // FAIL with no candidate within its bound: the model-free evidence
+  // (verify/evidence.hpp), printed after "no modelled pitfall explains
+  // this trace".
+  bool unexplained = false;
+  std::vector<std::string> evidence;
   double seconds = 0;
   StepRange steps;         // the steps judged (end resolved)
   double max_ratio = 0;    // accepted: max error/bound over judged steps

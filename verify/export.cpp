@@ -124,8 +124,9 @@ the accepted `correct` semantics weighs every sample of a window by 1/N_w
 starts at the first gradient; Adam's t counts optimizer steps;
 clip_grad_norm_ once per window on the accumulated gradient.
 
-Trace schema: accumcheck-trace/1 (meta.csv, events.csv, values.csv);
-see adapters/pytorch/accumcheck_torch.py for a recorder that writes it.
+Trace schema: accumcheck-trace/2 (meta.csv, events.csv, values.csv;
+events carry each micro-batch's sample ids; version 1 is still read);
+see adapters/pytorch/accumcheck_torch/ for a recorder that writes it.
 )";
 
 // Moves `tmp` into place at `out`, replacing an empty folder or a
@@ -256,6 +257,13 @@ void require_exportable_model(const Scenario& s) {
                      "models with dropout are not exported or certified yet: "
                      "accumcheck keys masks by sample, PyTorch draws them in "
                      "call order, so a trainer could not reproduce them");
+  if (s.batching.ranks != 1)
+    throw InputError(
+        s.path, 0, 0, "batching.ranks",
+        fmt::format("ranks = {}: data-parallel training is not exported or "
+                    "certified yet (a bundle would hold one rank's shard, a "
+                    "trace one rank's gradient); use ranks = 1",
+                    s.batching.ranks));
 }
 
 ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {

@@ -2,10 +2,12 @@
 
     python3 ctest_driver.py --accumcheck BIN --scenario S.toml \
         --example examples/train_x.py --work DIR --expect-exit N \
-        [--expect-pitfall ID]
+        [--expect-pitfall ID] [--expect-text TEXT ...]
 
 Passes when certify exits with N and, for a FAIL, its diagnosis line says
-"matches ID" (ID first among any ties).
+"matches ID" (ID first among any ties), and its output holds every TEXT.
+Prints the margin line the README reports: "max error X of bound" for a
+PASS, the runner-up's ratio for a FAIL.
 
 With --compare (issue 14) the same trace is certified four more ways and
 each must agree with the default run (double-double bound, every core):
@@ -35,6 +37,7 @@ def main():
     ap.add_argument("--expect-exit", type=int, required=True)
     ap.add_argument("--expect-pitfall")
     ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--expect-text", action="append", default=[])
     args = ap.parse_args()
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -63,6 +66,10 @@ def main():
         want_tie = "diagnosis: matches, tied (all within the bound): %s " % args.expect_pitfall
         if want not in cert.stdout and want_tie not in cert.stdout:
             print("driver: the diagnosis does not name %s first" % args.expect_pitfall)
+            return 1
+    for text in args.expect_text:
+        if text not in cert.stdout:
+            print("driver: certify's output does not say: %s" % text)
             return 1
     if not os.path.exists(os.path.join(args.work, "junit.xml")):
         print("driver: no JUnit file")
