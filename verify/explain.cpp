@@ -233,6 +233,107 @@ constexpr ExplainEntry kEntries[] = {
      "#19990/#19998)",
      "decay.l2-in-loss-unnormalized decay.adamw-once-per-step "
      "inertness.oracle"},
+    {"window-boundary-off-by-one", "`if step % K == 0` on a 0-based counter",
+     "Seeds 002 and 004 print `if step % accumulation_steps == 0` with a "
+     "step counter that starts at 0. The first window then holds one "
+     "micro-batch, every later window is shifted by one, and the epoch's "
+     "leftover micro-batches are neither stepped nor zeroed: they leak into "
+     "the next epoch's first window.",
+     " for i, (x, y) in enumerate(loader):\n"
+     "     loss = criterion(model(x), y) / K\n"
+     "     loss.backward()\n"
+     "-    if i % K == 0:\n"
+     "+    if (i + 1) % K == 0:\n"
+     "         optimizer.step(); optimizer.zero_grad()",
+     "windows [0], [1..K], [K+1..2K], ...; each micro-batch weighs 1/(K*b_k) "
+     "(the first window 1/K of one micro-batch); leftovers join the next "
+     "epoch's first window",
+     "window-boundary-off-by-one",
+     "seeds 002 and 004 (their printed loops); FIELD.md boundary arithmetic "
+     "(Open-Sora #906, Lightning #21808, dp-transformers #23: steps on the "
+     "first micro-step)",
+     "window.off-by-one inertness.oracle"},
+    {"scheduler-before-optimizer", "scheduler.step() before optimizer.step()",
+     "The boundary calls scheduler.step() first, so every optimizer step "
+     "uses the learning rate meant for the next one: warmup ends a step "
+     "early and the first step never sees S(0). PyTorch warns about this "
+     "order once; the lr channel of certify names it from the recorded lr.",
+     "     if (i + 1) % K == 0:\n"
+     "-        scheduler.step()\n"
+     "         optimizer.step()\n"
+     "+        scheduler.step()\n"
+     "         optimizer.zero_grad()",
+     "step t uses lr S(t+1) instead of S(t); the gradients are correct's",
+     "scheduler-before-optimizer",
+     "PyTorch 1.13 facts (lr_scheduler.step() before optimizer.step() "
+     "warns); FIELD.md scheduler ordering under AMP (accelerate #4242)",
+     "scheduler.order"},
+    {"scheduler-per-epoch", "scheduler.step() once per epoch",
+     "A schedule written in optimizer steps (warmup, cosine, linear decay) "
+     "is stepped once per epoch instead of once per window: the lr is "
+     "constant within each epoch and the schedule advances by epochs, so "
+     "warmup lasts `warmup` epochs and the decay barely starts.",
+     " for epoch in range(E):\n"
+     "     for i, (x, y) in enumerate(loader):\n"
+     "         ...\n"
+     "         if (i + 1) % K == 0:\n"
+     "-            optimizer.step(); optimizer.zero_grad()\n"
+     "-    scheduler.step()\n"
+     "+            optimizer.step(); scheduler.step(); optimizer.zero_grad()",
+     "every step of epoch e uses lr S(e) instead of S(t)",
+     "scheduler-per-epoch",
+     "FIELD.md: schedulers stepped at the wrong rate (transformers #24088, "
+     "accelerate #2926)",
+     "scheduler.order"},
+    {"skip-short-micro-batch", "DataLoader(drop_last=True): the short "
+     "micro-batch is never seen",
+     "With drop_last=True the epoch's short last micro-batch is never "
+     "drawn: its samples never train, and the last window has one "
+     "micro-batch less. Harmless when b divides the data set; otherwise a "
+     "fixed set of samples (with shuffle: a changing one) is skipped every "
+     "epoch.",
+     "-loader = DataLoader(ds, batch_size=b, shuffle=True, drop_last=True)\n"
+     "+loader = DataLoader(ds, batch_size=b, shuffle=True)  # normalize the\n"
+     "+# short window by its own N_w",
+     "the window's N_w counts only the micro-batches drawn; the short "
+     "micro-batch's samples weigh 0",
+     "skip-short-micro-batch certify-mlp-short",
+     "FIELD.md boundary arithmetic; PyTorch 1.13 facts (record the order "
+     "you see)",
+     "data.skip-short-micro-batch"},
+    {"ramp-normalization-stale", "K ramps, the loss still divided by the "
+     "first K",
+     "Seed 002's cold start ramps K per epoch (`min(epoch * 2, 8)`), and "
+     "large-model recipes ramp the batch. A loop that divides by the K it "
+     "started with keeps `loss / K_0` after K changes: in every epoch whose "
+     "K is not K_0 each step's gradient is K_e/K_0 times the window's mean.",
+     " for epoch in range(E):\n"
+     "+    K = accumulation_at(epoch)\n"
+     "     for i, (x, y) in enumerate(loader):\n"
+     "-        loss = criterion(model(x), y) / K0\n"
+     "+        loss = criterion(model(x), y) / K",
+     "where K_e != K_0: a sample of micro-batch k weighs 1/(K_0*b_k) "
+     "instead of 1/N_w (K_e/K_0 x correct for equal micro-batches)",
+     "ramp-normalization-stale seed-002-ramp seed-002-ramp-loop certify-ramp",
+     "seed 002 (cold start: accumulation_steps = min(epoch * 2, 8)); "
+     "Megatron-LM rampup-batch-size; GPT-3's batch ramp",
+     "ramp.correct-equals-large-batch ramp.normalization-stale "
+     "inertness.oracle"},
+    {"ramp-schedule-horizon-fixed", "K ramps, the schedule's horizon counted "
+     "with the first K",
+     "A schedule's horizon in optimizer steps is epochs x ceil(M / K). "
+     "Computed once with the initial K while K ramps up, it is too long: "
+     "warmup and decay end late, and the last steps still run at a high "
+     "lr (ramping down: too short, the lr reaches its floor early).",
+     "-total = epochs * math.ceil(M / K0)\n"
+     "+total = sum(math.ceil(M / accumulation_at(e)) for e in range(epochs))\n"
+     " scheduler = get_cosine_schedule(optimizer, warmup, total)",
+     "lr_t = S(t) of a schedule whose total (and warmup ratio) uses K_0 "
+     "instead of the run's own step count",
+     "ramp-schedule-horizon-fixed certify-ramp",
+     "seed 002 (cold start ramp); the K-changing recipes (GPT-3, "
+     "Megatron-LM rampup-batch-size)",
+     "ramp.schedule-horizon-fixed"},
     // ---- lessons ----------------------------------------------------------
     {"correct", "correct accumulation equals the large batch",
      "Divide each micro-batch's summed loss by the window's item count (loss "
@@ -285,13 +386,14 @@ constexpr ExplainEntry kEntries[] = {
      "running stats r <- (1-m)^K r0 + m sum_k (1-m)^(K-k) mu_k, variance "
      "with b/(b-1); the gradient uses micro-batch mean and variance",
      "batchnorm-micro-stats batchnorm-micro-stats-layernorm "
-     "batchnorm-replicated "
-     "certify-batchnorm certify-layernorm",
+     "batchnorm-micro-stats-groupnorm batchnorm-replicated "
+     "certify-batchnorm certify-layernorm certify-groupnorm",
      "seed 003 (BatchNorm vs GroupNorm); FIELD.md: BN stats updated twice "
      "under recompute (pytorch #96136)",
      "batchnorm.micro-stats-divergence batchnorm.replicated-zero-divergence "
      "batchnorm.running-stats-k-updates layernorm.correct-equals-large-batch "
-     "device.batchnorm device.layernorm-dropout"},
+     "groupnorm.correct-equals-large-batch device.batchnorm "
+     "device.layernorm-dropout device.groupnorm"},
     {"dropout-sample-keyed",
      "dropout with masks keyed by sample keeps the equivalence",
      "PyTorch draws dropout masks in call order, so a micro-batched run sees "
@@ -322,6 +424,41 @@ constexpr ExplainEntry kEntries[] = {
      "(gradient storage falls to 0 %: wrong), seed 004 (Adam costs "
      "parameters x 3: right for parameters + states; gradients come on top)",
      "equivalence.oracle"},
+    {"mindspore-grad-accumulation-cell",
+     "MindSpore's GradAccumulationCell: the mean of micro-batch means",
+     "Seed 003 cites MindSpore's GradAccumulationCell, which averages the K "
+     "micro-batch gradients with equal weight (each micro-batch's mean "
+     "loss / K). That is the large batch only when every micro-batch has "
+     "the same size (and, for tokens, the same loss-bearing count); a short "
+     "last micro-batch or unequal token counts make each of their items "
+     "weigh more. The scenarios accept that semantics as the trainer's "
+     "contract and show where it departs from the large batch.",
+     "-grads = [g / K for g in micro_batch_mean_grads]   # equal weights\n"
+     "+grads = [g * b_k / N_w for g, b_k in zip(micro_batch_mean_grads, "
+     "sizes)]",
+     "an item of micro-batch k weighs 1/(K*b_k) (sample-mean-of-means; "
+     "token-mean-of-means for tokens); equal to correct iff every b_k "
+     "(T_k) is equal",
+     "mindspore-grad-accumulation-cell mindspore-grad-accumulation-cell-equal "
+     "mindspore-grad-accumulation-cell-short-batch "
+     "mindspore-grad-accumulation-cell-tokens",
+     "seed 003 (MindSpore GradAccumulationCell)",
+     "loss-normalization.sample-mean-of-means token.mean-of-means-weights "
+     "token.mean-of-means-equal-lengths-is-correct"},
+    {"k-ramp", "K that changes during training",
+     "Seed 002's cold start (`accumulation_steps = min(epoch * 2, 8)`) ramps "
+     "K per epoch; its formula gives K = 0 in epoch 0, which accumcheck "
+     "refuses. Correct accumulation stays 1/N_w per window whatever K is, "
+     "and equals the large batch of the same windows; the schedule's "
+     "horizon must count the run's own optimizer steps.",
+     "-accumulation_steps = min(epoch * 2, 8)      # 0 in epoch 0\n"
+     "+accumulation_steps = min((epoch + 1) * 2, 8)\n"
+     "+loss = criterion(model(x), y) / accumulation_steps",
+     "G_t = (1/N_w) sum over the window of grad l_i(theta_t), N_w of the "
+     "epoch's own K",
+     "seed-002-ramp seed-002-ramp-loop certify-ramp",
+     "seed 002 (cold start); GPT-3 and Megatron-LM batch ramps",
+     "ramp.correct-equals-large-batch"},
 };
 
 }  // namespace
