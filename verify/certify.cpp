@@ -61,14 +61,17 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   r.first_out = acc_d.first_out;
   judge_accepted(acc, r);
   if (drawn.known)
-    r.checks.push_back(
-        {"order and coverage", drawn.ok, false, false, drawn.message});
+    r.checks.push_back({.name = "order and coverage",
+                        .ok = drawn.ok,
+                        .message = drawn.message});
   else
     r.notes.push_back(drawn.message);
   const LrChannel lr = check_lr(s, plan, *L.run, accepted_b);
   if (lr.checked)
-    r.checks.push_back({"lr", lr.ok, false, false,
-                        lr.ok ? lr.message : lr.message + "; " + lr.evidence});
+    r.checks.push_back(
+        {.name = "lr",
+         .ok = lr.ok,
+         .message = lr.ok ? lr.message : lr.message + "; " + lr.evidence});
   else
     r.notes.push_back(lr.message);
 
