@@ -4,21 +4,32 @@
 
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
+#include "sim/errors.hpp"
 #include "verify/certify.hpp"
+#include "verify/contract.hpp"
 #include "sim/scenario_parse.hpp"
 
 namespace accumcheck::cli {
 
 int certify_command(const CertifyOptions& o) {
-  const Scenario s = parse_scenario_file(o.scenario);
-  CertifyConfig cfg;
-  cfg.run = o.run;
-  cfg.fp64 = o.precision == "fp64";
-  const CertifyReport r = certify(s, o.trace, cfg);
+  if (o.contract == !o.scenario.empty())
+    throw InputError("", 0, 0, "scenario",
+                     o.contract ? "--contract judges a trace alone: no scenario file"
+                                : "a scenario file is required (or --contract)");
+  CertifyReport r;
+  if (o.contract) {
+    r = certify_contract(o.trace);
+  } else {
+    const Scenario s = parse_scenario_file(o.scenario);
+    CertifyConfig cfg;
+    cfg.run = o.run;
+    cfg.fp64 = o.precision == "fp64";
+    r = certify(s, o.trace, cfg);
+  }
   if (o.quiet)
     std::printf("%s\n", r.verdict.c_str());
   else
-    std::printf("%s", certify_text(r, o.top).c_str());
+    std::printf("%s", (o.contract ? contract_text(r, o.top) : certify_text(r, o.top)).c_str());
   if (!o.junit.empty()) write_file_atomically(o.junit, certify_junit(r));
   std::fflush(stdout);
   if (!o.quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);

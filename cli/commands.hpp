@@ -50,6 +50,7 @@ struct CertifyOptions {
   std::string precision = "fp32";  // fp32 | fp64
   int top = 5;                     // candidates shown in the ranking
   bool quiet = false;
+  bool contract = false;  // the contract tier (verify/contract.hpp)
 };
 int certify_command(const CertifyOptions& o);
 

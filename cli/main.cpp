@@ -101,8 +101,12 @@ int main(int argc, char** argv) {
       "the scenario's accepted semantics (PASS/FAIL); on FAIL rank every "
       "pitfall and pair of pitfalls by distance to the trace. Exit 0 pass, 1 "
       "fail, 2 bad input.");
-  certify_cmd->add_option("scenario", cert.scenario, "scenario file (.toml)")
-      ->required();
+  certify_cmd->add_option("scenario", cert.scenario,
+                          "scenario file (.toml); not with --contract");
+  certify_cmd->add_flag(
+      "--contract", cert.contract,
+      "the contract tier: judge a trace written by accumcheck_torch's "
+      "ContractRecorder (any model; no scenario)");
   certify_cmd->add_option("--trace", cert.trace, "trace folder")->required();
   certify_cmd->add_option("--run", cert.run,
                           "run in the trace (default: its only run, or the "
