@@ -300,7 +300,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   rep.ok = worst_rep <= 1;
   rep.message = fmt::format(
       "PyTorch's optimizer replayed in float64 from the recorded state: worst {} of "
-      "the bound ({} u32 of |p| + |update|)",
+      "the bound ({} u32 of |p| + |update|, plus the float32 replay's distance)",
       fmt_ratio(worst_rep), replay_ulps);
   r.checks.push_back(rep);
 

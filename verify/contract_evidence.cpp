@@ -36,25 +36,28 @@ std::vector<std::string> contract_evidence(
     out.push_back(fmt::format("step {} is the first to leave correct (N_w = {:.6g} items)",
                               t, nw));
     std::vector<double> ratios;
+    for (const auto& [j, p] : correct[t])
+      ratios.push_back((W[t].count(j) ? W[t].at(j) : 0.0) * nw);
+    bool geometric = ratios.size() >= 2 && std::abs(ratios.back()) > tol;
+    for (size_t i = 0; geometric && i + 1 < ratios.size(); ++i)
+      geometric = near(ratios[i], 2 * ratios[i + 1]);
+    size_t i = 0;
     for (const auto& [j, p] : correct[t]) {
-      const double w = W[t].count(j) ? W[t].at(j) : 0.0;
-      const double x = w * nw;
-      ratios.push_back(x);
+      const double x = ratios[i++];
+      const double w = x / nw;
       std::string what;
-      if (std::abs(x) <= tol) what = ": skipped";
+      if (geometric) what = "";
+      else if (std::abs(x) <= tol) what = ": skipped";
       else if (near(x, 2)) what = ": counted twice";
       else if (j < int64_t(c.micro.size()) &&
                near(w, 1.0 / (double(K) * double(c.micro[size_t(j)].items))))
         what = ": weight 1/(K*b_k), the micro-batch's own mean / K";
       out.push_back(fmt::format("micro-batch {} weighs {:.6g}/N_w{}", j, x, what));
     }
-    bool geometric = ratios.size() >= 2 && std::abs(ratios.back()) > tol;
-    for (size_t i = 0; geometric && i + 1 < ratios.size(); ++i)
-      geometric = near(ratios[i], 2 * ratios[i + 1]);
     if (geometric)
-      out.push_back(fmt::format(
+      out.push_back(
           "weights halve from one micro-batch to the next: geometric 2^(K-1-i) "
-          "(the accumulator rescaled by 2 every micro-step: buf = 2*buf + g)"));
+          "(the accumulator rescaled by 2 every micro-step: buf = 2*buf + g)");
     for (const auto& [j, w] : W[t])
       if (!correct[t].count(j) && std::abs(w) > tol * top) {
         const bool prev = t > 0 && correct[t - 1].count(j);

@@ -163,8 +163,9 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
 //            residual = |G_t - fit| (absolute), scale = sum |a| |term|
 //   coef     index t, ref = backward b (-1: the previous step's gradient),
 //            value = its fitted coefficient a, scale = |term vector|
-//   replay   index t, value = the float64 replay's worst error, in u32 of
-//            |p| + |update|
+//   replay   index t, value = 16 * max_i |p_i - p64_i| / (16 u32 (|p64_i| +
+//            |update_i|) + |p32_i - p64_i|): p64, p32 the step replayed in
+//            float64 and float32 (certify divides by contract_replay_ulps)
 struct ContractMicro {
   int64_t epoch = 0, version = 0, items = 0, samples = 0;
   double calibration = kNaN;

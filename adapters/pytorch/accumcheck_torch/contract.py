@@ -47,6 +47,9 @@ from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
 
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
 U32 = 2.0 ** -24
+# oracle/error_model.hpp contract_replay_ulps (the judging is certify's; this
+# only scales what the trace reports).
+REPLAY_ULPS = 16.0
 
 
 def _to(batch, dtype):
@@ -293,34 +296,45 @@ class ContractRecorder:
             [p.grad.detach().double().clone() if p.grad is not None else None
              for p in self.params])
 
-    def _after_step(self):
+    def _replayed(self, dtype):
+        """This step replayed with PyTorch's own optimizer class in `dtype`
+        from the recorded parameters, state and gradient."""
         before, state, grads = self._replay
-        params = [b.clone().requires_grad_(True) for b in before]
+        params = [b.to(dtype).clone().requires_grad_(True) for b in before]
         groups, at = [], 0
         for g in self.optimizer.param_groups:
             h = {k: v for k, v in g.items() if k != "params"}
             groups.append(dict(h, params=params[at:at + len(g["params"])]))
             at += len(g["params"])
-        opt64 = type(self.optimizer)(groups)
-        for k, v in state["state"].items():
+        opt = type(self.optimizer)(groups)
+        state = copy.deepcopy(state)
+        for v in state["state"].values():
             for name, x in list(v.items()):
                 if torch.is_tensor(x) and x.is_floating_point() and x.dim() > 0:
-                    v[name] = x.double()
-        opt64.load_state_dict(state)
+                    v[name] = x.to(dtype)
+        opt.load_state_dict(state)
         for p, g in zip(params, grads):
-            p.grad = g
-        opt64.step()
+            p.grad = None if g is None else g.to(dtype)
+        opt.step()
+        return [p.detach().double() for p in params]
+
+    def _after_step(self):
+        """The update against PyTorch's optimizer replayed in float64; the
+        same replay in float32 calibrates how far a float32 step may be
+        from it (error model: contract_replay_ulps)."""
+        before = self._replay[0]
+        p64, p32 = self._replayed(torch.float64), self._replayed(torch.float32)
         worst = 0.0
-        for p64, p0, p in zip(params, before, self.params):
+        for a, b, c, p0, p in zip(p64, p32, before, before, self.params):
             now = p.detach().double()
-            scale = U32 * (p64.detach().abs() + (p64.detach() - p0).abs())
-            err = (now - p64.detach()).abs()
-            ok = scale > 0
+            bound = (REPLAY_ULPS * U32 * (a.abs() + (a - p0).abs()) + (b - a).abs())
+            err = (now - a).abs()
+            ok = bound > 0
             if bool((~ok & (err > 0)).any()):
                 worst = float("inf")
             elif bool(ok.any()):
-                worst = max(worst, float((err[ok] / scale[ok]).max()))
-        self.rows.append("replay,%d,,,,,,%s,,\n" % (self.steps, real(worst)))
+                worst = max(worst, float((err[ok] / bound[ok]).max()))
+        self.rows.append("replay,%d,,,,,,%s,,\n" % (self.steps, real(worst * REPLAY_ULPS)))
         self.events.append(("optimizer_step", self.steps, -1))
         self.steps += 1
         for b in self.since_step:
