@@ -5,9 +5,9 @@
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
 #include "sim/errors.hpp"
-#include "verify/certify.hpp"
 #include "verify/contract.hpp"
 #include "sim/scenario_parse.hpp"
+#include "verify/certify.hpp"
 
 namespace accumcheck::cli {
 
@@ -16,6 +16,8 @@ int certify_command(const CertifyOptions& o) {
     throw InputError("", 0, 0, "scenario",
                      o.contract ? "--contract judges a trace alone: no scenario file"
                                 : "a scenario file is required (or --contract)");
+  // A --junit path we could not write is refused before any judging.
+  if (!o.junit.empty()) require_output_file(o.junit, "--junit");
   CertifyReport r;
   if (o.contract) {
     r = certify_contract(o.trace);
@@ -30,7 +32,7 @@ int certify_command(const CertifyOptions& o) {
     std::printf("%s\n", r.verdict.c_str());
   else
     std::printf("%s", (o.contract ? contract_text(r, o.top) : certify_text(r, o.top)).c_str());
-  if (!o.junit.empty()) write_file_atomically(o.junit, certify_junit(r));
+  if (!o.junit.empty()) write_output_file(o.junit, certify_junit(r), "--junit");
   std::fflush(stdout);
   if (!o.quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
   return r.pass ? 0 : 1;

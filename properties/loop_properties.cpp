@@ -6,6 +6,8 @@
 // trainer switch it checks.
 #include <rapidcheck.h>
 
+#include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,25 @@ Parts weighted(const Micro& ms, const std::function<int64_t(int64_t)>& den) {
 
 int64_t ranks_of(const MicroBatch& m) { return int64_t(m.shards.size()); }
 
+// (micro-batches, epoch) per optimizer step.
+using Groups = std::vector<std::pair<Micro, int64_t>>;
+
+// Each step of `bug` sums exactly groups[i], each item of a shard of b
+// items weighted 1/den(group, b), at the parameters before the step.
+void check_groups(const std::string& name, const Case& c, const Run<R>& bug,
+                  const Groups& groups,
+                  const std::function<int64_t(const Micro&, int64_t b)>& den,
+                  const char* what) {
+  RC_ASSERT(bug.steps.size() == groups.size());
+  for (size_t i = 0; i < bug.steps.size(); ++i) {
+    const Micro& g = groups[i].first;
+    const auto want = predicted(
+        c, theta_before(bug, i, c),
+        weighted(g, [&](int64_t b) { return den(g, b); }), groups[i].second);
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), what);
+  }
+}
+
 // `for i, batch in enumerate(loader): loss / K; backward; if i % K == 0:
 // step; zero_grad` -- each step sums the micro-batches since the last one,
 // the previous epoch's leftovers included (nothing zeroes them), each
@@ -55,9 +76,10 @@ void window_off_by_one() {
   const int64_t K = s.batching.accumulation;
   const Run<R> bug =
       c.run(c.plan, {Pitfall::window_boundary_off_by_one}, s.optimizer.lr);
-  std::vector<std::pair<Micro, int64_t>> groups;  // (micro-batches, epoch)
+  Groups groups;
   Micro carry;
-  const std::vector<Micro> epochs = epoch_micro(c.plan);
+  const Plan full = materialize(c.plan);
+  const std::vector<Micro> epochs = epoch_micro(full);
   for (size_t e = 0; e < epochs.size(); ++e)
     for (size_t i = 0; i < epochs[e].size(); ++i) {
       carry.push_back(epochs[e][i]);
@@ -66,16 +88,10 @@ void window_off_by_one() {
         carry.clear();
       }
     }
-  RC_ASSERT(bug.steps.size() == groups.size());
-  for (size_t i = 0; i < bug.steps.size(); ++i) {
-    const Micro& g = groups[i].first;
-    const int64_t R_ = ranks_of(*g.front());
-    const auto want =
-        predicted(c, theta_before(bug, i, c),
-                  weighted(g, [=](int64_t b) { return K * b * R_; }),
-                  groups[i].second);
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), "shifted window");
-  }
+  check_groups(
+      name, c, bug, groups,
+      [K](const Micro& g, int64_t b) { return K * b * ranks_of(*g.front()); },
+      "shifted window");
   record_case(name);
 }
 
@@ -94,8 +110,9 @@ void skip_short_micro_batch() {
   const int64_t K = s.batching.accumulation;
   const Run<R> bug =
       c.run(c.plan, {Pitfall::skip_short_micro_batch}, s.optimizer.lr);
-  std::vector<std::pair<Micro, int64_t>> windows;
-  const std::vector<Micro> epochs = epoch_micro(c.plan);
+  Groups windows;
+  const Plan full = materialize(c.plan);
+  const std::vector<Micro> epochs = epoch_micro(full);
   int64_t skipped = 0;
   for (size_t e = 0; e < epochs.size(); ++e) {
     Micro ms = epochs[e];
@@ -107,22 +124,20 @@ void skip_short_micro_batch() {
       ++skipped;
     }
     for (size_t at = 0; at < ms.size(); at += size_t(K))
-      windows.push_back(
-          {Micro(ms.begin() + std::ptrdiff_t(at),
-                 ms.begin() + std::ptrdiff_t(std::min(ms.size(), at + K))),
-           int64_t(e)});
+      windows.push_back({Micro(ms.begin() + std::ptrdiff_t(at),
+                               ms.begin() + std::ptrdiff_t(std::min(
+                                                ms.size(), at + size_t(K)))),
+                         int64_t(e)});
   }
   RC_ASSERT(skipped == int64_t(epochs.size()));  // the trigger is present
-  RC_ASSERT(bug.steps.size() == windows.size());
-  for (size_t i = 0; i < bug.steps.size(); ++i) {
-    int64_t N = 0;
-    for (const MicroBatch* m : windows[i].first) N += m->items();
-    const auto want =
-        predicted(c, theta_before(bug, i, c),
-                  weighted(windows[i].first, [N](int64_t) { return N; }),
-                  windows[i].second);
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), "drawn window");
-  }
+  check_groups(
+      name, c, bug, windows,
+      [](const Micro& g, int64_t) {
+        int64_t N = 0;
+        for (const MicroBatch* m : g) N += m->items();
+        return N;
+      },
+      "drawn window");
   record_case(name);
 }
 
@@ -135,8 +150,7 @@ void scheduler_order() {
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const double lr = s.optimizer.lr;
-  const Run<R> ahead =
-      c.run(c.plan, {Pitfall::scheduler_before_optimizer}, lr);
+  const Run<R> ahead = c.run(c.plan, {Pitfall::scheduler_before_optimizer}, lr);
   RC_ASSERT(!ahead.steps.empty());
   for (size_t i = 0; i < ahead.steps.size(); ++i)
     RC_ASSERT(ahead.steps[i].lr ==

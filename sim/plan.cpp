@@ -1,5 +1,7 @@
 #include "sim/plan.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "sim/rng.hpp"
@@ -19,56 +21,105 @@ std::vector<int64_t> epoch_order(const Scenario& s, int64_t epoch) {
   return order;
 }
 
-Plan make_plan(const Scenario& s) {
+namespace {
+
+EpochPlan build_epoch(const Scenario& s, int64_t e) {
   const int64_t b = s.batching.micro_batch, K = s.batching.accumulation,
                 R = s.batching.ranks;
-  Plan plan;
-  plan.accumulation = K;
-  plan.ranks = R;
-  for (int64_t e = 0; e < s.batching.epochs; ++e) {
-    const std::vector<int64_t> order = epoch_order(s, e);
-    const int64_t n = int64_t(order.size());
-    const int64_t per_rank = (n + R - 1) / R;  // DistributedSampler padding
-    std::vector<std::vector<int64_t>> shard(static_cast<size_t>(R));
-    for (int64_t i = 0; i < per_rank * R; ++i)
-      shard[size_t(i % R)].push_back(order[size_t(i % n)]);
-    const int64_t micro_steps = (per_rank + b - 1) / b;
-    EpochPlan ep;
-    for (int64_t m = 0; m < micro_steps; ++m) {
-      if (m % K == 0) ep.windows.emplace_back();
-      MicroBatch mb;
-      for (int64_t r = 0; r < R; ++r) {
-        const auto& sh = shard[size_t(r)];
-        const int64_t lo = m * b, hi = std::min(per_rank, lo + b);
-        mb.shards.emplace_back(sh.begin() + lo, sh.begin() + hi);
-      }
-      ep.windows.back().micro.push_back(std::move(mb));
+  const std::vector<int64_t> order = epoch_order(s, e);
+  const int64_t n = int64_t(order.size());
+  const int64_t per_rank = (n + R - 1) / R;  // DistributedSampler padding
+  std::vector<std::vector<int64_t>> shard(static_cast<size_t>(R));
+  for (int64_t i = 0; i < per_rank * R; ++i)
+    shard[size_t(i % R)].push_back(order[size_t(i % n)]);
+  const int64_t micro_steps = (per_rank + b - 1) / b;
+  EpochPlan ep;
+  for (int64_t m = 0; m < micro_steps; ++m) {
+    if (m % K == 0) ep.windows.emplace_back();
+    MicroBatch mb;
+    for (int64_t r = 0; r < R; ++r) {
+      const auto& sh = shard[size_t(r)];
+      const int64_t lo = m * b, hi = std::min(per_rank, lo + b);
+      mb.shards.emplace_back(sh.begin() + lo, sh.begin() + hi);
     }
-    for (Window& w : ep.windows) w.partial = int64_t(w.micro.size()) < K;
-    plan.epochs.push_back(std::move(ep));
+    ep.windows.back().micro.push_back(std::move(mb));
   }
+  for (Window& w : ep.windows) w.partial = int64_t(w.micro.size()) < K;
+  return ep;
+}
+
+EpochPlan large_batch_epoch(const EpochPlan& e, int64_t ranks) {
+  EpochPlan be;
+  for (const Window& w : e.windows) {
+    MicroBatch all;
+    all.shards.resize(size_t(ranks));
+    for (const MicroBatch& m : w.micro)
+      for (size_t r = 0; r < m.shards.size(); ++r)
+        all.shards[r].insert(all.shards[r].end(), m.shards[r].begin(),
+                             m.shards[r].end());
+    Window bw;
+    bw.micro.push_back(std::move(all));
+    be.windows.push_back(std::move(bw));
+  }
+  return be;
+}
+
+}  // namespace
+
+int64_t Plan::epoch_count() const {
+  return lazy ? lazy->batching.epochs : int64_t(epochs.size());
+}
+
+EpochPlan Plan::epoch(int64_t e) const {
+  if (!lazy) return epochs[size_t(e)];
+  EpochPlan ep = build_epoch(*lazy, e);
+  return large_batch ? large_batch_epoch(ep, ranks) : ep;
+}
+
+int64_t Plan::windows() const {
+  if (!lazy) {
+    int64_t n = 0;
+    for (const auto& e : epochs) n += int64_t(e.windows.size());
+    return n;
+  }
+  const BatchingSpec& b = lazy->batching;
+  const int64_t per_rank = (lazy->data.samples + b.ranks - 1) / b.ranks;
+  const int64_t micro = (per_rank + b.micro_batch - 1) / b.micro_batch;
+  const int64_t per_epoch = (micro + b.accumulation - 1) / b.accumulation;
+  int64_t n = 0;
+  if (__builtin_mul_overflow(per_epoch, b.epochs, &n))
+    return std::numeric_limits<int64_t>::max();
+  return n;
+}
+
+Plan make_plan(const Scenario& s) {
+  Plan plan;
+  plan.accumulation = s.batching.accumulation;
+  plan.ranks = s.batching.ranks;
+  plan.lazy = std::make_shared<const Scenario>(s);
   return plan;
+}
+
+Plan materialize(const Plan& p) {
+  if (!p.lazy) return p;
+  Plan m;
+  m.accumulation = p.accumulation;
+  m.ranks = p.ranks;
+  for (int64_t e = 0; e < p.epoch_count(); ++e) m.epochs.push_back(p.epoch(e));
+  return m;
 }
 
 Plan as_large_batch(const Plan& p) {
   Plan big;
   big.accumulation = 1;
   big.ranks = p.ranks;
-  for (const EpochPlan& e : p.epochs) {
-    EpochPlan be;
-    for (const Window& w : e.windows) {
-      MicroBatch all;
-      all.shards.resize(size_t(p.ranks));
-      for (const MicroBatch& m : w.micro)
-        for (size_t r = 0; r < m.shards.size(); ++r)
-          all.shards[r].insert(all.shards[r].end(), m.shards[r].begin(),
-                               m.shards[r].end());
-      Window bw;
-      bw.micro.push_back(std::move(all));
-      be.windows.push_back(std::move(bw));
-    }
-    big.epochs.push_back(std::move(be));
+  if (p.lazy) {
+    big.lazy = p.lazy;
+    big.large_batch = true;
+    return big;
   }
+  for (const EpochPlan& e : p.epochs)
+    big.epochs.push_back(large_batch_epoch(e, p.ranks));
   return big;
 }
 

@@ -1,5 +1,5 @@
-// Scenario files: TOML -> Scenario with precise errors, Scenario -> TOML,
-// and describe().
+// Scenario files: TOML -> Scenario with precise errors (the inverse,
+// to_toml() and describe(), is sim/scenario_write.cpp).
 #include "sim/scenario_parse.hpp"
 
 #include <fmt/format.h>
@@ -18,59 +18,15 @@
 #include "sim/atomic_file.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
+#include "sim/layout.hpp"
+#include "sim/limits.hpp"
+#include "sim/scenario_text.hpp"
 
 namespace accumcheck {
 
+using namespace scenario_text;
+
 namespace {
-
-constexpr int64_t kMaxWidth = 4096;
-constexpr int64_t kIntMax = std::numeric_limits<int64_t>::max();
-
-template <class E>
-using Names = std::span<const std::pair<std::string_view, E>>;
-
-constexpr std::pair<std::string_view, Activation> kActivations[] = {
-    {"tanh", Activation::tanh},
-    {"relu", Activation::relu},
-    {"gelu", Activation::gelu},
-    {"identity", Activation::identity}};
-constexpr std::pair<std::string_view, LossKind> kLosses[] = {
-    {"mse", LossKind::mse}, {"cross-entropy", LossKind::cross_entropy}};
-constexpr std::pair<std::string_view, ModelKind> kModelKinds[] = {
-    {"mlp", ModelKind::mlp}, {"token", ModelKind::token}};
-constexpr std::pair<std::string_view, NormKind> kNorms[] = {
-    {"none", NormKind::none},
-    {"batchnorm", NormKind::batchnorm},
-    {"layernorm", NormKind::layernorm}};
-constexpr std::pair<std::string_view, SequenceLengths> kLengths[] = {
-    {"fixed", SequenceLengths::fixed},
-    {"uniform", SequenceLengths::uniform},
-    {"long-tailed", SequenceLengths::long_tailed}};
-constexpr std::pair<std::string_view, OptimizerKind> kOptimizers[] = {
-    {"sgd", OptimizerKind::sgd},
-    {"adam", OptimizerKind::adam},
-    {"adamw", OptimizerKind::adamw}};
-constexpr std::pair<std::string_view, ScheduleKind> kSchedules[] = {
-    {"constant", ScheduleKind::constant},
-    {"step", ScheduleKind::step},
-    {"linear", ScheduleKind::linear},
-    {"cosine", ScheduleKind::cosine}};
-constexpr std::pair<std::string_view, LrScaling> kLrScalings[] = {
-    {"none", LrScaling::none},
-    {"linear", LrScaling::linear},
-    {"sqrt", LrScaling::sqrt}};
-constexpr std::pair<std::string_view, ExpectKind> kVerdicts[] = {
-    {"matches-reference", ExpectKind::matches_reference},
-    {"diverges-from-reference", ExpectKind::diverges_from_reference},
-    {"never-steps", ExpectKind::never_steps},
-    {"matches-accepted", ExpectKind::matches_accepted}};
-
-template <class E>
-std::string_view name_of(Names<E> names, E value) {
-  for (const auto& [n, v] : names)
-    if (v == value) return n;
-  return "?";
-}
 
 // Levenshtein distance, for "did you mean".
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -99,48 +55,6 @@ std::string_view closest(std::string_view word, const Range& candidates) {
     if (d < best_d) best = c, best_d = d;
   }
   return best;
-}
-
-std::string toml_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if ((unsigned char)c < 0x20 || c == 0x7f)
-          out += fmt::format("\\u{:04X}", (unsigned)(unsigned char)c);
-        else
-          out += c;
-    }
-  }
-  return out + "\"";
-}
-
-// Shortest round-trip text of a double, always spelled as a TOML float.
-std::string float_text(double x) {
-  std::string s = fmt::format("{}", x);
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
 }
 
 // "got 0", "got \"tahn\"", "got an array".
@@ -195,6 +109,15 @@ class Parser {
   }
 
   const std::string& file() const { return file_; }
+
+  // A value against a limit of sim/limits.hpp, reported at node `n`.
+  void within(const toml::node* n, const std::string& key,
+              std::string_view limit_key, std::optional<int64_t> value,
+              const std::string& what) const {
+    const int64_t line = n ? int64_t(n->source().begin.line) : 0;
+    const int64_t col = n ? int64_t(n->source().begin.column) : 0;
+    require_within(limit_key, value, what, file_, line, col, key);
+  }
 
  private:
   std::string file_;
@@ -367,20 +290,33 @@ std::vector<Pitfall> pitfall_list(const Parser& p, const Section& sec,
   return out;
 }
 
+// The parameter count against its limit (widths and layers are bounded
+// by then, so layout_of() cannot overflow).
+void check_parameters(const Parser& p, const Section& sec, const ModelSpec& m) {
+  const char* k = m.kind == ModelKind::token ? "vocab" : "widths";
+  const int64_t n = layout_of(m).total;
+  p.within(sec.node(k), sec.key(k), "parameters", n,
+           fmt::format("the model's {} parameters", n));
+}
+
 void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
   m.kind = sec.choice("kind", kModelKinds).value_or(ModelKind::mlp);
   if (m.kind == ModelKind::token) {
     const std::string why = "does not apply to kind = \"token\"";
     for (std::string_view k : {"widths", "activation", "norm", "dropout"})
       sec.forbid(k, why + " (embedding -> linear -> cross-entropy)");
-    m.vocab = sec.required_integer("vocab", 2, kMaxWidth);
-    m.embed = sec.required_integer("embed", 1, kMaxWidth);
+    m.vocab = sec.required_integer("vocab", 2);
+    m.embed = sec.required_integer("embed", 1);
+    for (const auto& [k, v] : {std::pair{"vocab", m.vocab}, {"embed", m.embed}})
+      p.within(sec.node(k), sec.key(k), "width", v,
+               fmt::format("model.{} = {}", k, v));
     m.widths = {m.embed, m.vocab};
     m.activation = Activation::identity;
     m.loss = sec.choice("loss", kLosses).value_or(LossKind::cross_entropy);
     if (m.loss != LossKind::cross_entropy)
       p.fail(sec.node("loss"), "model.loss",
              "a token model's loss is \"cross-entropy\" (per token)");
+    check_parameters(p, sec, m);
     return;
   }
   for (std::string_view k : {"vocab", "embed"})
@@ -396,12 +332,18 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
   for (size_t i = 0; i < arr->size(); ++i) {
     const toml::node& el = (*arr)[i];
     const auto* v = el.as_integer();
-    if (!v || v->get() < 1 || v->get() > kMaxWidth)
-      p.fail(&el, fmt::format("model.widths[{}]", i),
-             fmt::format("expected {}, {}", int_range_text(1, kMaxWidth),
-                         got(el)));
+    const std::string key = fmt::format("model.widths[{}]", i);
+    if (!v || v->get() < 1)
+      p.fail(
+          &el, key,
+          fmt::format("expected {}, {}", int_range_text(1, kIntMax), got(el)));
+    p.within(&el, key, "width", v->get(),
+             fmt::format("{} = {}", key, v->get()));
     m.widths.push_back(v->get());
   }
+  p.within(wn, "model.widths", "layers", int64_t(arr->size()) - 1,
+           fmt::format("{} Linear layers ({} widths)", arr->size() - 1,
+                       arr->size()));
   if (m.widths.size() < 3) {
     if (m.norm != NormKind::none)
       p.fail(sec.node("norm"), "model.norm",
@@ -426,6 +368,7 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
            fmt::format("cross-entropy needs d_out >= 2 classes (the last "
                        "entry of model.widths), got {}",
                        m.d_out()));
+  check_parameters(p, sec, m);
 }
 
 std::string resolve_csv(const std::string& scenario_path,
@@ -489,6 +432,17 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
     if (!samples) sec.missing("samples", "an integer >= 1 (or a csv file)");
     d.samples = *samples;
   }
+  // Before anything is generated for them (the CSV's size was bounded by
+  // its file-size limit before it was read).
+  const toml::node* n = sec.node("samples");
+  p.within(n, "data.samples", "samples", d.samples,
+           fmt::format("data.samples = {}", d.samples));
+  const int64_t per_sample = s.model.kind == ModelKind::token
+                                 ? 2 * d.max_len
+                                 : s.model.d_in() + s.model.d_out();
+  p.within(n, "data.samples", "data_values", checked_mul(d.samples, per_sample),
+           fmt::format("data.samples = {} x {} values per sample", d.samples,
+                       per_sample));
 }
 
 void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
@@ -604,13 +558,27 @@ void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc) {
   }
 }
 
-void parse_expect(const Section& sec, ExpectSpec& e) {
+void parse_expect(const Parser& p, const Section& sec, const Scenario& s,
+                  ExpectSpec& e) {
   e = ExpectSpec{};
   e.kind =
       sec.choice("verdict", kVerdicts).value_or(ExpectKind::matches_reference);
   if (e.kind == ExpectKind::diverges_from_reference) {
     e.min_distance = sec.required_number("min_distance", kPositive);
     e.at_step = sec.integer("at_step", -1).value_or(-1);
+    // Windows count from 0; the runs are compared at window ends.
+    const std::optional<int64_t> windows = scenario_size(s).windows;
+    if (e.at_step >= 0 && windows && e.at_step >= *windows)
+      p.fail(
+          sec.node("at_step"), "expect.at_step",
+          fmt::format("expected a window in 0..{} (the run has {} windows: "
+                      "{} epochs x {} per epoch{}), got {}",
+                      *windows - 1, *windows, s.batching.epochs,
+                      scenario_size(s).windows_per_epoch.value_or(0),
+                      s.batching.max_steps >= 0
+                          ? fmt::format(", max_steps {}", s.batching.max_steps)
+                          : std::string(),
+                      e.at_step));
   } else {
     sec.forbid("min_distance",
                "applies to verdict = \"diverges-from-reference\" only");
@@ -709,194 +677,12 @@ Scenario parse_scenario_string(std::string_view text,
   s.trainer.lr_scaling =
       trainer.choice("lr_scaling", kLrScalings).value_or(LrScaling::none);
   validate_across(p, model, data, batching, trainer, s);
-  parse_expect(expect, s.expect);
+  parse_expect(p, expect, s, s.expect);
   return s;
 }
 
 Scenario parse_scenario_file(const std::string& path) {
-  return parse_scenario_string(read_file_bytes(path), path);
-}
-
-std::string to_toml(const Scenario& s) {
-  std::string o;
-  auto line = [&o](std::string_view key, const std::string& value) {
-    o += fmt::format("{} = {}\n", key, value);
-  };
-  auto integer = [](int64_t v) { return std::to_string(v); };
-  auto boolean = [](bool v) { return std::string(v ? "true" : "false"); };
-  auto ids = [](const std::vector<Pitfall>& v) {
-    std::string r = "[";
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (i) r += ", ";
-      r += toml_string(pitfall_id(v[i]));
-    }
-    return r + "]";
-  };
-
-  line("story", toml_string(s.story));
-
-  o += "\n[model]\n";
-  if (s.model.kind == ModelKind::token) {
-    line("kind", toml_string("token"));
-    line("vocab", integer(s.model.vocab));
-    line("embed", integer(s.model.embed));
-    line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
-  } else {
-    std::string widths = "[";
-    for (size_t i = 0; i < s.model.widths.size(); ++i) {
-      if (i) widths += ", ";
-      widths += integer(s.model.widths[i]);
-    }
-    line("widths", widths + "]");
-    line("activation",
-         toml_string(name_of<Activation>(kActivations, s.model.activation)));
-    line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
-    if (s.model.norm != NormKind::none)
-      line("norm", toml_string(name_of<NormKind>(kNorms, s.model.norm)));
-    if (s.model.dropout > 0) line("dropout", float_text(s.model.dropout));
-  }
-
-  o += "\n[data]\n";
-  if (s.data.source == DataSource::csv)
-    line("csv", toml_string(s.data.csv_path));
-  line("samples", integer(s.data.samples));
-  // TOML integers are signed 64-bit: a larger seed has no spelling.
-  if (s.data.seed > uint64_t(kIntMax))
-    throw std::invalid_argument(fmt::format(
-        "to_toml: data.seed {} does not fit a TOML integer (< 2^63)",
-        s.data.seed));
-  line("seed", std::to_string(s.data.seed));
-  if (s.model.kind != ModelKind::token) line("dyadic", boolean(s.data.dyadic));
-  line("shuffle", boolean(s.data.shuffle));
-  if (s.data.replicate) line("replicate", boolean(true));
-  if (s.data.pinned_order) line("pinned_order", boolean(true));
-  if (s.model.kind == ModelKind::token) {
-    line("lengths",
-         toml_string(name_of<SequenceLengths>(kLengths, s.data.lengths)));
-    if (s.data.lengths != SequenceLengths::fixed)
-      line("min_len", integer(s.data.min_len));
-    line("max_len", integer(s.data.max_len));
-  }
-
-  o += "\n[batching]\n";
-  line("micro_batch", integer(s.batching.micro_batch));
-  line("accumulation", integer(s.batching.accumulation));
-  line("epochs", integer(s.batching.epochs));
-  line("ranks", integer(s.batching.ranks));
-  line("max_steps", integer(s.batching.max_steps));
-
-  const OptimizerSpec& opt = s.optimizer;
-  o += "\n[optimizer]\n";
-  line("kind", toml_string(name_of<OptimizerKind>(kOptimizers, opt.kind)));
-  line("lr", float_text(opt.lr));
-  if (opt.kind == OptimizerKind::sgd) {
-    line("momentum", float_text(opt.momentum));
-  } else {
-    line("beta1", float_text(opt.beta1));
-    line("beta2", float_text(opt.beta2));
-    line("eps", float_text(opt.eps));
-  }
-  line("weight_decay", float_text(opt.weight_decay));
-  line("l2_in_loss", float_text(opt.l2_in_loss));
-
-  const ScheduleSpec& sc = s.schedule;
-  o += "\n[schedule]\n";
-  line("kind", toml_string(name_of<ScheduleKind>(kSchedules, sc.kind)));
-  if (sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) {
-    line("warmup", integer(sc.warmup));
-    line("total", integer(sc.total));
-  } else if (sc.kind == ScheduleKind::step) {
-    line("step_size", integer(sc.step_size));
-    line("gamma", float_text(sc.gamma));
-  }
-
-  if (s.clip.enabled) {
-    o += "\n[clip]\n";
-    line("max_norm", float_text(s.clip.max_norm));
-  }
-
-  o += "\n[trainer]\n";
-  line("pitfalls", ids(s.trainer.pitfalls));
-  line("accepted", ids(s.trainer.accepted));
-  line("lr_scaling",
-       toml_string(name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling)));
-
-  o += "\n[expect]\n";
-  line("verdict", toml_string(name_of<ExpectKind>(kVerdicts, s.expect.kind)));
-  if (s.expect.kind == ExpectKind::diverges_from_reference) {
-    line("min_distance", float_text(s.expect.min_distance));
-    line("at_step", integer(s.expect.at_step));
-  }
-  return o;
-}
-
-std::string describe(const Scenario& s) {
-  std::string model;
-  for (size_t i = 0; i < s.model.widths.size(); ++i) {
-    if (i) model += '-';
-    model += std::to_string(s.model.widths[i]);
-  }
-  const bool hidden = s.model.widths.size() > 2;
-  std::string d = fmt::format(
-      "{}({}{},{})", hidden ? "mlp" : "linear", model,
-      hidden ? fmt::format(
-                   ",{}", name_of<Activation>(kActivations, s.model.activation))
-             : std::string(),
-      name_of<LossKind>(kLosses, s.model.loss));
-  if (s.model.kind == ModelKind::token)
-    d = fmt::format("token(vocab={},embed={}) lengths={}[{}..{}]",
-                    s.model.vocab, s.model.embed,
-                    name_of<SequenceLengths>(kLengths, s.data.lengths),
-                    s.data.min_len, s.data.max_len);
-  if (s.model.norm != NormKind::none)
-    d += fmt::format(" {}", name_of<NormKind>(kNorms, s.model.norm));
-  if (s.model.dropout > 0) d += fmt::format(" dropout={}", s.model.dropout);
-  d += fmt::format(" n={}", s.data.samples);
-  if (s.data.replicate) d += " replicated";
-  if (s.data.source == DataSource::csv)
-    d += fmt::format(" csv={}", s.data.csv_path);
-  else
-    d += fmt::format(" seed={}{}", s.data.seed, s.data.dyadic ? " dyadic" : "");
-  if (!s.data.shuffle) d += " no-shuffle";
-  d += fmt::format(" b={} K={} R={}", s.batching.micro_batch,
-                   s.batching.accumulation, s.batching.ranks);
-  if (s.batching.epochs != 1) d += fmt::format(" epochs={}", s.batching.epochs);
-  if (s.batching.max_steps >= 0)
-    d += fmt::format(" max_steps={}", s.batching.max_steps);
-
-  const OptimizerSpec& o = s.optimizer;
-  d += fmt::format(" {} lr={}", name_of<OptimizerKind>(kOptimizers, o.kind),
-                   o.lr);
-  if (o.kind == OptimizerKind::sgd) {
-    if (o.momentum != 0) d += fmt::format(" momentum={}", o.momentum);
-  } else {
-    d += fmt::format(" betas=({},{}) eps={}", o.beta1, o.beta2, o.eps);
-  }
-  if (o.weight_decay != 0) d += fmt::format(" wd={}", o.weight_decay);
-  if (o.l2_in_loss != 0) d += fmt::format(" l2={}", o.l2_in_loss);
-
-  const ScheduleSpec& sc = s.schedule;
-  switch (sc.kind) {
-    case ScheduleKind::constant:
-      break;
-    case ScheduleKind::step:
-      d += fmt::format(" step(size={},gamma={})", sc.step_size, sc.gamma);
-      break;
-    case ScheduleKind::linear:
-    case ScheduleKind::cosine:
-      d += fmt::format(" {}(w={},T={})",
-                       name_of<ScheduleKind>(kSchedules, sc.kind), sc.warmup,
-                       sc.total);
-      break;
-  }
-  if (s.clip.enabled) d += fmt::format(" clip={}", s.clip.max_norm);
-  if (s.trainer.lr_scaling != LrScaling::none)
-    d += fmt::format(" lr-scaling={}",
-                     name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling));
-  d += fmt::format(" {}", semantics_name(s.trainer.pitfalls));
-  if (!s.trainer.accepted.empty())
-    d += fmt::format(" accepted={}", semantics_name(s.trainer.accepted));
-  return d;
+  return parse_scenario_string(read_file_bytes(path, "scenario_bytes"), path);
 }
 
 }  // namespace accumcheck

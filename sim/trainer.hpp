@@ -57,6 +57,10 @@ struct TrainerOptions {
   bool record_values = true;  // keep grads/params per step and window
   bool record_events = true;
   int64_t max_steps = -1;  // stop after this many optimizer steps
+  // Stop after this many windows (-1: none), so that a run which stops
+  // stepping (a pitfall that never steps) ends too: run_experiment() sets
+  // it to max_steps, the windows of the large-batch reference.
+  int64_t max_windows = -1;
 };
 
 // The trainer's lr before any schedule: the scenario's lr, scaled by K or
@@ -96,13 +100,20 @@ class Trainer {
     run_ = Run<Real>{};
     run_.name = std::move(name);
     K_ = plan.accumulation;
-    for (size_t ep = 0; ep < plan.epochs.size() && !done(); ++ep) {
-      const EpochPlan epoch = drawn(plan.epochs[ep]);
-      for (size_t w = 0; w < epoch.windows.size() && !done(); ++w)
-        window(epoch.windows[w], int64_t(ep), w + 1 == epoch.windows.size(),
+    // A lazy plan builds each epoch here, when the loop reaches it.
+    plan.visit([&](int64_t ep, const EpochPlan& planned) {
+      // The pitfalls that draw or cut windows differently get their own
+      // copy of the epoch (drawn()); every other loop walks the plan's.
+      EpochPlan own;
+      const bool redrawn = b_.skip_short_micro_batch || b_.window_off_by_one;
+      if (redrawn) own = drawn(planned);
+      const EpochPlan& epoch = redrawn ? own : planned;
+      for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w)
+        window(epoch.windows[w], ep, w + 1 == epoch.windows.size(),
                epoch.micro_steps());
       if (b_.scheduler_per_epoch && !epoch.windows.empty()) scheduler_step(-1);
-    }
+      return !stop();
+    });
     return std::move(run_);
   }
 
@@ -140,10 +151,12 @@ class Trainer {
   bool done() const {
     return opt_.max_steps >= 0 && c_.optimizer_steps >= opt_.max_steps;
   }
+  bool stop() const {
+    return done() || (opt_.max_windows >= 0 && c_.windows >= opt_.max_windows);
+  }
 
   // The epoch's windows as this trainer draws and cuts them.
   EpochPlan drawn(const EpochPlan& planned) const {
-    if (!b_.skip_short_micro_batch && !b_.window_off_by_one) return planned;
     std::vector<MicroBatch> micro;
     for (const Window& w : planned.windows)
       micro.insert(micro.end(), w.micro.begin(), w.micro.end());

@@ -13,13 +13,13 @@
 #include "gpu/device.hpp"
 #include "gpu/emulated.hpp"
 #include "sim/atomic_file.hpp"
-#include "verify/certify.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/experiment.hpp"
-#include "verify/export.hpp"
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
+#include "verify/certify.hpp"
+#include "verify/export.hpp"
 #include "verify/trace.hpp"
 
 namespace accumcheck {
@@ -72,8 +72,16 @@ TEST(Certify, DeviceCorrectRunPasses) {
   EXPECT_EQ(r.expected_steps, 9);
   EXPECT_TRUE(r.pattern_checked);
   EXPECT_TRUE(r.pattern_ok) << r.pattern_message;
-  // step count + 9 gradients + 9 parameter sets + call pattern
-  EXPECT_EQ(r.checks.size(), 20u);
+  // step count + 9 gradients + 9 parameter sets + order and coverage + lr
+  // + call pattern
+  EXPECT_EQ(r.checks.size(), 22u);
+  for (const CertifyCheck& c : r.checks) {
+    if (c.name == "order and coverage") {
+      EXPECT_NE(c.message.find("every epoch draws every sample once"),
+                std::string::npos)
+          << c.message;
+    }
+  }
 }
 
 class CertifyPitfall : public ::testing::TestWithParam<Pitfall> {};
@@ -100,7 +108,10 @@ INSTANTIATE_TEST_SUITE_P(Pitfalls, CertifyPitfall,
                                            Pitfall::clip_per_micro_step,
                                            Pitfall::partial_cycle_scale_by_k,
                                            Pitfall::zero_grad_never,
-                                           Pitfall::partial_cycle_drop),
+                                           Pitfall::partial_cycle_drop,
+                                           Pitfall::window_boundary_off_by_one,
+                                           Pitfall::scheduler_before_optimizer,
+                                           Pitfall::scheduler_per_epoch),
                          [](const auto& info) {
                            std::string n(pitfall_id(info.param));
                            for (char& c : n)
@@ -123,7 +134,7 @@ TEST(Certify, JunitHasOneTestcasePerCheck) {
 
 // ----------------------------------------------------------- bad input
 
-std::string slurp(const std::string& path) { return read_file_bytes(path); }
+std::string slurp(const std::string& path) { return read_file_bytes(path, "trace_bytes"); }
 void spit(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }

@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "verify/null_engine.hpp"
 #include "sim/plan.hpp"
 #include "sim/trainer.hpp"
+#include "verify/null_engine.hpp"
 
 namespace accumcheck {
 namespace {

@@ -13,6 +13,13 @@
 // becomes one of double; hyperparameters are exact in double, so scaling
 // their float32 rounding too is conservative).
 //
+// The plan judged on is the one the trainer drew (verify/drawn.hpp: its
+// own order and loader, from the trace's sample ids), with an "order and
+// coverage" check of its own; each step's lr is judged against the
+// accepted schedule ("lr", verify/lr_channel.hpp).  A trace whose recorder
+// reports something it could not see (meta.csv `unseen`) and that would
+// FAIL is refused (InputError, exit 2) naming what was not seen.
+//
 // Verdict: PASS when the accepted semantics stays within the bound at
 // every step and the step counts match.  A step whose clip decision lies
 // within the bound of the threshold (coef = c/(norm + 1e-6) within its
@@ -27,6 +34,13 @@
 // ones reported.  The events table, when it has rows, is checked for the
 // call pattern (per optimizer step: backward, zero_grad, clip, step and
 // scheduler calls) against the accepted semantics and every candidate.
+//
+// The trace is validated before any judging (InputError, exit 2, with
+// file:line): steps 0, 1, 2, ... in values.csv; in events.csv every row's
+// step is the number of optimizer_step rows before it and there is one
+// optimizer_step row per step of values.csv.  A run with no events rows is
+// judged on its values alone: the verdict line, the text and the JUnit
+// report (a skipped testcase) say that the call pattern was NOT checked.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +67,7 @@ struct CertifyCheck {
   std::string name;  // "step count", "step 3 gradient", "call pattern"
   bool ok = true;
   bool ambiguous = false;  // a clip decision within the bound: not failed
+  bool skipped = false;    // could not run (no events): not failed, said so
   std::string message;     // summary (error_model::Comparison::summary())
 };
 
@@ -83,6 +98,14 @@ struct CertifyReport {
   std::string pattern_message;
   std::string verdict;    // one line
   std::string diagnosis;  // lines (FAIL only)
+  // Notes: what was not checked, call-pattern differences that change no
+  // value, what the recorder noted (meta.csv `notes`).
+  std::vector<std::string> notes;
+  // FAIL with no candidate within its bound: the model-free evidence
+  // (verify/evidence.hpp), printed after "no modelled pitfall explains
+  // this trace".
+  bool unexplained = false;
+  std::vector<std::string> evidence;
   double seconds = 0;
 };
 

@@ -46,7 +46,7 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
                      const TraceRun& run) {
   DrawnPlan d;
   d.plan = planned;
-  const int64_t E = int64_t(planned.epochs.size());
+  const int64_t E = planned.epoch_count();
   std::vector<std::vector<Ids>> drawn;  // [epoch] -> micro-batches
   int64_t without = 0, fb = 0;
   int64_t last_epoch = -1;
@@ -91,13 +91,14 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
   d.skipped.resize(size_t(E));
   d.repeated.resize(size_t(E));
   for (int64_t ep = 0; ep < E; ++ep) {
-    const std::vector<Ids> want = planned_micro(planned.epochs[size_t(ep)]);
+    const EpochPlan planned_epoch = planned.epoch(ep);
+    const std::vector<Ids> want = planned_micro(planned_epoch);
     if (ep >= int64_t(drawn.size()) || drawn[size_t(ep)].empty()) {
       if (!cut_short || ep <= last_epoch) {
         problem(fmt::format("epoch {}: never drawn", ep));
         all_short_last = false;
       }
-      p.epochs.push_back(planned.epochs[size_t(ep)]);
+      p.epochs.push_back(planned_epoch);
       continue;
     }
     std::set<int64_t> seen;
@@ -126,9 +127,10 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
         if (!seen.count(id)) missing.push_back(id);
     for (int64_t id : seen)
       if (id < 0 || id >= s.data.samples)
-        problem(fmt::format("epoch {}: sample id {} is not in the data set "
-                            "(0..{})",
-                            ep, id, s.data.samples - 1));
+        problem(
+            fmt::format("epoch {}: sample id {} is not in the data set "
+                        "(0..{})",
+                        ep, id, s.data.samples - 1));
     const bool last_cut = cut_short && ep == last_epoch;
     if (!missing.empty() && !last_cut) {
       d.skipped[size_t(ep)] = missing;
@@ -137,19 +139,18 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
           int64_t(last.size()) < s.batching.micro_batch && missing == last;
       all_short_last = all_short_last && short_last;
       problem(fmt::format("epoch {}: {} never drawn{}", ep,
-                          missing.size() == 1
-                              ? "sample " + ids_text(missing)
-                              : "samples " + ids_text(missing),
+                          missing.size() == 1 ? "sample " + ids_text(missing)
+                                              : "samples " + ids_text(missing),
                           short_last ? " (the epoch's short last micro-batch: "
                                        "a DataLoader with drop_last=True?)"
                                      : ""));
       for (size_t at = 0; at < missing.size();
            at += size_t(s.batching.micro_batch))
-        micro.push_back(Ids(
-            missing.begin() + std::ptrdiff_t(at),
-            missing.begin() + std::ptrdiff_t(std::min(
-                                  missing.size(),
-                                  at + size_t(s.batching.micro_batch)))));
+        micro.push_back(
+            Ids(missing.begin() + std::ptrdiff_t(at),
+                missing.begin() +
+                    std::ptrdiff_t(std::min(
+                        missing.size(), at + size_t(s.batching.micro_batch)))));
     }
     if (micro != want) {
       order_same = false;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "oracle/error_model.hpp"
 #include "oracle/oracle.hpp"
@@ -54,6 +55,20 @@ std::vector<StepRecord<double>> step_windows(const EvidenceInput& in) {
   opt.max_steps = in.s.batching.max_steps;
   Trainer<NullEngine> t(null, in.s, in.accepted, in.s.optimizer.lr, opt);
   return t.run(in.plan, "evidence").steps;
+}
+
+// Window `index` (global, from 0) of a plan, built or lazy.
+std::optional<Window> window_at(const Plan& plan, int64_t index) {
+  std::optional<Window> found;
+  int64_t before = 0;
+  plan.visit([&](int64_t, const EpochPlan& e) {
+    const int64_t n = int64_t(e.windows.size());
+    if (index >= before && index < before + n)
+      found = e.windows[size_t(index - before)];
+    before += n;
+    return !found;
+  });
+  return found;
 }
 
 // The accepted weight of micro-batch k of window w (per unit of summed
@@ -106,12 +121,10 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
   if (step < 0 || size_t(step) >= in.trace.size()) return fit;
   const std::vector<StepRecord<double>> steps = step_windows(in);
   if (size_t(step) >= steps.size()) return fit;
-  std::vector<const Window*> windows;
-  for (const EpochPlan& e : in.plan.epochs)
-    for (const Window& w : e.windows) windows.push_back(&w);
-  const int64_t wi = steps[size_t(step)].window;
-  if (wi < 0 || size_t(wi) >= windows.size()) return fit;
-  const Window& w = *windows[size_t(wi)];
+  const std::optional<Window> found =
+      window_at(in.plan, steps[size_t(step)].window);
+  if (!found) return fit;
+  const Window& w = *found;
 
   Oracle<double> o(in.s.model, in.data, in.init);
   std::vector<double> theta;
@@ -125,7 +138,8 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
     o.params() = theta;
     o.zero_grad();
     std::vector<int64_t> ids;
-    for (const auto& shard : m.shards) ids.insert(ids.end(), shard.begin(), shard.end());
+    for (const auto& shard : m.shards)
+      ids.insert(ids.end(), shard.begin(), shard.end());
     o.forward_backward(ids, 1);
     g.push_back(o.grads());
     const int64_t items = o.items(ids);
@@ -133,6 +147,21 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
     fit.items += items;
   }
   std::vector<double> G = in.trace[size_t(step)].grad;
+  // Undo the step's clip (the last clip event before the step, with its
+  // pre-clip norm), so the weights are those of the summed losses.
+  if (in.s.clip.enabled) {
+    double norm = kNaN;
+    for (const TraceEvent& te : in.run.events)
+      if (te.event.step == step && te.event.kind == EventKind::clip)
+        norm = te.event.grad_norm;
+    if (!std::isnan(norm)) {
+      const double coef = in.s.clip.max_norm / (norm + 1e-6);
+      if (coef < 1) {
+        fit.clip_coef = coef;
+        for (double& v : G) v /= coef;
+      }
+    }
+  }
   // The accepted L2-in-loss term: lambda * theta over the window.
   if (in.s.optimizer.l2_in_loss != 0.0 && !in.accepted.l2_unnormalized)
     for (size_t i = 0; i < G.size(); ++i)
@@ -169,14 +198,11 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
   const int64_t t = in.first_out;
   if (t >= 0) {
     const WindowFit fit = fit_window(in, t);
-    std::string first = fmt::format(
-        "first out of the bound: step {}, {}", t, in.first_out_what);
+    std::string first = fmt::format("first out of the bound: step {}, {}", t,
+                                    in.first_out_what);
     if (fit.fitted && fit.residual <= max_residual) {
-      std::vector<const Window*> windows;
-      for (const EpochPlan& e : in.plan.epochs)
-        for (const Window& w : e.windows) windows.push_back(&w);
       const std::vector<StepRecord<double>> steps = step_windows(in);
-      const Window& w = *windows[size_t(steps[size_t(t)].window)];
+      const Window w = *window_at(in.plan, steps[size_t(t)].window);
       std::string weights;
       int64_t first_k = -1;
       bool all_k_b = true;
@@ -188,21 +214,27 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
         all_k_b = all_k_b &&
                   std::fabs(fit.weight[k] * double(in.plan.accumulation * bk) -
                             1) <= rel;
-        weights.append(fmt::format(
-            "{}micro-batch {} {}", k ? "; " : "", k,
-            weight_text(fit.weight[k], fit.items, in.plan.accumulation, bk,
-                        rel)));
+        weights.append(fmt::format("{}micro-batch {} {}", k ? "; " : "", k,
+                                   weight_text(fit.weight[k], fit.items,
+                                               in.plan.accumulation, bk, rel)));
       }
       if (first_k >= 0)
-        first.append(fmt::format(", micro-batch {} of its window (the first "
-                                 "whose weight is not {}'s)",
-                                 first_k, in.accepted_name));
+        first.append(
+            fmt::format(", micro-batch {} of its window (the first "
+                        "whose weight is not {}'s)",
+                        first_k, in.accepted_name));
       lines.push_back(first);
       lines.push_back(fmt::format(
           "micro-batch weights in the window of step {} ({} micro-batches, "
-          "N_w = {}), fitted from the trace: {}{}",
-          t, fit.weight.size(), fit.items, weights,
-          all_k_b && fit.weight.size() > 1 ? " (weights 1/(K*b_k))" : ""));
+          "N_w = {}{}), fitted from the trace: {}{}",
+          t, fit.weight.size(), fit.items,
+          fit.clip_coef < 1
+              ? fmt::format("; its clip's factor {:.6g} undone", fit.clip_coef)
+              : std::string(),
+          weights,
+          all_k_b && first_k >= 0 && fit.weight.size() > 1
+              ? " (weights 1/(K*b_k))"
+              : ""));
     } else {
       lines.push_back(first);
       lines.push_back(
@@ -227,8 +259,8 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
     lines.push_back(in.lr.message);
   lines.push_back(
       in.trace_steps == in.expected_steps
-          ? fmt::format("step count: {} optimizer steps, as {}",
-                        in.trace_steps, in.accepted_name)
+          ? fmt::format("step count: {} optimizer steps, as {}", in.trace_steps,
+                        in.accepted_name)
           : fmt::format("step count: the trace has {} optimizer steps, {} "
                         "takes {} ({:+})",
                         in.trace_steps, in.accepted_name, in.expected_steps,

@@ -8,7 +8,8 @@
 //     L2-in-loss term) as the least-squares combination sum_k w_k g_k of
 //     the window's per-micro-batch gradients g_k (sum of item losses,
 //     computed by a double oracle at the trace's parameters before the
-//     step), printed as fractions of 1/N_w: "micro-batch 0 weighs 2/N_w:
+//     step; the step's clip, from its clip event's pre-clip norm, undone),
+//     printed as fractions of 1/N_w: "micro-batch 0 weighs 2/N_w:
 //     counted twice", "weighs 0: skipped", "weights 1/(K*b_k)"; a fit whose
 //     residual is not small says so (the gradient is no combination of
 //     this window's micro-batches);
@@ -50,10 +51,11 @@ struct EvidenceInput {
 struct WindowFit {
   bool fitted = false;
   int64_t step = -1;
-  int64_t items = 0;            // N_w
+  int64_t items = 0;                 // N_w
   std::vector<int64_t> micro_items;  // b_k
-  std::vector<double> weight;   // w_k (per unit of summed item loss)
-  double residual = 0;          // |G - sum w_k g_k| / |G|
+  std::vector<double> weight;        // w_k (per unit of summed item loss)
+  double residual = 0;               // |G - sum w_k g_k| / |G|
+  double clip_coef = 1;  // the step's clip factor, undone before the fit
 };
 
 WindowFit fit_window(const EvidenceInput& in, int64_t step);

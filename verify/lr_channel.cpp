@@ -33,8 +33,7 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
   if (c.trace_lr.empty() ||
       std::any_of(c.trace_lr.begin(), c.trace_lr.end(),
                   [](double x) { return std::isnan(x); })) {
-    c.message =
-        "lr not checked: the trace's optimizer_step events carry no lr";
+    c.message = "lr not checked: the trace's optimizer_step events carry no lr";
     return c;
   }
   c.checked = true;
@@ -77,9 +76,10 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
   double ratio = 0;
   for (size_t i = 0; i < n && ratio == 0; ++i)
     if (c.accepted_lr[i] != 0) ratio = c.trace_lr[i] / c.accepted_lr[i];
-  const bool constant_ratio = ratio != 0 && all([&](size_t i) {
-    return same(c.trace_lr[i], ratio * c.accepted_lr[i], rel);
-  });
+  const bool constant_ratio =
+      ratio != 0 && all([&](size_t i) {
+        return same(c.trace_lr[i], ratio * c.accepted_lr[i], rel);
+      });
   const double base = s.optimizer.lr;
   auto S = [&](int64_t k) { return base * lr_multiplier(s.schedule, k); };
   if (constant_ratio && same(ratio, K, rel)) {
@@ -93,7 +93,8 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
         "scaling rule)",
         s.batching.accumulation);
   } else if (constant_ratio) {
-    c.evidence = fmt::format("lr at every step is {:.6g} x the schedule", ratio);
+    c.evidence =
+        fmt::format("lr at every step is {:.6g} x the schedule", ratio);
   } else if (all([&](size_t i) {
                return same(c.trace_lr[i], S(int64_t(i) + 1), rel);
              })) {
@@ -107,10 +108,10 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
         "lr constant within each epoch, S(epoch) (the scheduler stepped once "
         "per epoch)";
   } else {
-    c.evidence = fmt::format("lr ratio at step {}: {:.6g} x the schedule", t0,
-                             c.accepted_lr[t0] != 0
-                                 ? c.trace_lr[t0] / c.accepted_lr[t0]
-                                 : std::nan(""));
+    c.evidence =
+        fmt::format("lr ratio at step {}: {:.6g} x the schedule", t0,
+                    c.accepted_lr[t0] != 0 ? c.trace_lr[t0] / c.accepted_lr[t0]
+                                           : std::nan(""));
   }
   return c;
 }

@@ -16,10 +16,8 @@
 #include <system_error>
 #include <tuple>
 
-// The Fast C++ CSV Parser needs <limits> before it.
-#include <libfccp/csv.h>
-
 #include "sim/atomic_file.hpp"
+#include "sim/csv_lines.hpp"
 #include "sim/errors.hpp"
 
 #ifndef ACCUMCHECK_VERSION
@@ -138,7 +136,8 @@ void TraceWriter::add_event(const Event& e) {
   append_real(o, e.grad_norm);
   o += ',';
   for (size_t i = 0; i < e.sample_ids.size(); ++i)
-    fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "", e.sample_ids[i]);
+    fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "",
+                   e.sample_ids[i]);
   o += '\n';
 }
 
@@ -172,8 +171,7 @@ namespace {
 
 using Quote = io::double_quote_escape<',', '"'>;
 template <unsigned N>
-using Reader = io::CSVReader<N, io::trim_chars<' ', '\t'>, Quote,
-                             io::throw_on_overflow, io::no_comment>;
+using Reader = CsvTable<N, io::trim_chars<' ', '\t'>, Quote>;
 
 // One CSV file held in memory, with the checks every trace file shares.
 struct CsvFile {
@@ -181,7 +179,7 @@ struct CsvFile {
   std::string bytes;
 
   CsvFile(std::string p, std::string_view header) : path(std::move(p)) {
-    bytes = read_file_bytes(path);
+    bytes = read_file_bytes(path, "trace_bytes");
     if (bytes.empty())
       throw InputError(
           path, 1, 0, "",
@@ -334,8 +332,8 @@ Trace read_trace(const std::string& dir) {
   t.dir = dir;
 
   {  // meta.csv: the schema first of all.
-    const CsvFile f(t.meta_path(), kMetaHeader);
-    Reader<2> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
+    CsvFile f(t.meta_path(), kMetaHeader);
+    Reader<2> r(f.bytes);
     f.read_header(r, kMetaHeader, "key", "value");
     std::string key, value;
     int64_t line = 0, schema_line = 0;
@@ -363,8 +361,8 @@ Trace read_trace(const std::string& dir) {
   {  // events.csv (version 1: no sample_ids column)
     const bool v1 = t.meta_value("schema") == kTraceSchemaV1;
     const std::string_view header = v1 ? kEventsHeaderV1 : kEventsHeader;
-    const CsvFile f(t.events_path(), header);
-    Reader<11> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
+    CsvFile f(t.events_path(), header);
+    Reader<11> r(f.bytes);
     f.read_header_flags(r, io::ignore_missing_column, header, "run", "epoch",
                         "step", "micro", "event", "samples", "tokens", "loss",
                         "lr", "grad_norm", "sample_ids");
@@ -384,7 +382,9 @@ Trace read_trace(const std::string& dir) {
              fmt::format("missing column 'sample_ids'; expected the header {}",
                          header));
     std::string run, event;
-    char *epoch, *step, *micro, *samples, *tokens, *loss, *lr, *norm;
+    char *epoch = nullptr, *step = nullptr, *micro = nullptr,
+         *samples = nullptr, *tokens = nullptr, *loss = nullptr, *lr = nullptr,
+         *norm = nullptr;
     char* ids = nullptr;
     int64_t line = 0;
     while (f.row(r, line, run, epoch, step, micro, event, samples, tokens, loss,
@@ -446,12 +446,12 @@ Trace read_trace(const std::string& dir) {
   runs.closed.clear();
   runs.first = true;
   {  // values.csv
-    const CsvFile f(t.values_path(), kValuesHeader);
-    Reader<6> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
+    CsvFile f(t.values_path(), kValuesHeader);
+    Reader<6> r(f.bytes);
     f.read_header(r, kValuesHeader, "run", "step", "kind", "tensor", "index",
                   "value");
     std::string run, kind, tensor;
-    char *step, *index, *value;
+    char *step = nullptr, *index = nullptr, *value = nullptr;
     int64_t line = 0;
     // The rows of the current (run, step), to find duplicates.
     std::map<std::tuple<ValueKind, std::string, int64_t>, int64_t> seen;

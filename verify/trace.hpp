@@ -126,11 +126,11 @@ struct Trace {
 
 // Reads a trace folder.  Every malformed input is an InputError naming the
 // file and line: a missing or unknown column, a schema version other than
-// kTraceSchema or kTraceSchemaV1, a missing required meta key, an unknown event or kind, a
-// non-number where a number belongs (NaN is only ever an empty field), a
-// file whose last line has no line end (truncated), steps going backwards
-// within a run, a run's rows split by another run's, a duplicated meta key
-// or values row.  (Events carry no rank, so identical events rows are
+// kTraceSchema or kTraceSchemaV1, a missing required meta key, an unknown event
+// or kind, a non-number where a number belongs (NaN is only ever an empty
+// field), a file whose last line has no line end (truncated), steps going
+// backwards within a run, a run's rows split by another run's, a duplicated
+// meta key or values row.  (Events carry no rank, so identical events rows are
 // legitimate with R > 1 and are not rejected.)  Digests and tensor shapes
 // against a scenario are the caller's (see check_values).
 Trace read_trace(const std::string& dir);

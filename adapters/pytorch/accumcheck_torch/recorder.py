@@ -79,11 +79,11 @@ class Recorder:
         self.in_backward = False
         self.pending_ids = []   # sample ids of the grad-enabled forwards since the last backward
         self.pending_rows = 0
-        self.clip_since_backward = False
         self.zero_since_backward = False
         self.snapshot = None    # the parameters' gradients after the last backward
         self.epoch = 0
         self.epoch_ids = set()
+        self.epoch_micro = 0    # micro-batches drawn in the current epoch
         self.eval_forwards = 0
         self.ambiguous_ids = 0
         self._index = self._sample_index()
@@ -109,21 +109,52 @@ class Recorder:
         tensors, e.g. transformed on the fly)."""
         self._explicit = [int(i) for i in ids]
 
+    def _covered(self):
+        """Whether the current epoch has drawn all its samples but fewer
+        than b (so a repeat starts the next epoch)."""
+        b = self.bundle
+        return len(self.epoch_ids) >= b.samples - (b.micro_batch - 1)
+
+    def _expected(self):
+        """The scenario's next micro-batch, if the trainer follows its order."""
+        order = self.bundle.order
+        e, k = self.epoch, self.epoch_micro
+        if self._covered():
+            e, k = e + 1, 0
+        flat = [m for w in order[e] for m in w] if e < len(order) else []
+        return flat[k] if k < len(flat) else None
+
     def _ids_of(self, x):
         explicit = getattr(self, "_explicit", None)
         if explicit is not None:
             self._explicit = None
             return explicit
-        ids = []
-        used = set()
-        x = x.to(self.bundle.x.dtype)
-        for row in x:
-            cands = self._index.get(self._key(row))
+        keys = [self._key(row) for row in x.to(self.bundle.x.dtype)]
+        # Rows that several samples share (identical inputs) are told apart
+        # by the scenario's order when the trainer follows it ...
+        expected = self._expected()
+        if expected is not None and len(expected) == len(keys):
+            pool = list(expected)
+            ids = []
+            for key in keys:
+                pick = next((i for i in pool if i in self._index.get(key, ())), None)
+                if pick is None:
+                    break
+                pool.remove(pick)
+                ids.append(pick)
+            else:
+                return ids
+        # ... else by content, preferring samples not drawn yet this epoch.
+        ids, used = [], set()
+        for key in keys:
+            cands = self._index.get(key)
             if not cands:
                 return None
-            pick = next((c for c in cands if c not in used), cands[0])
-            if len(cands) > 1:
-                self.ambiguous_ids += 1
+            fresh = [c for c in cands if c not in used]
+            pick = next((c for c in fresh if c not in self.epoch_ids), fresh[0] if fresh else cands[0])
+            if len(cands) > 1 and not all(torch.equal(self.bundle.y[c], self.bundle.y[cands[0]])
+                                          for c in cands):
+                self.ambiguous_ids += 1  # their targets differ: a guess
             used.add(pick)
             ids.append(pick)
         return ids
@@ -169,9 +200,12 @@ class Recorder:
         rec = self
 
         def clip(*a, **k):
+            # The gradient it clips must be the one backward left.
+            if rec.snapshot is not None:
+                rec._check_unseen_change(rec._grads(), may_be_clip=False)
             norm = saved(*a, **k)
             rec._event("clip", grad_norm=float(norm))
-            rec.clip_since_backward = True
+            rec.snapshot = [g.clone() for g in rec._grads()]
             return norm
         self._clip = (f, f.__code__)
         _clip_module.__dict__["_accumcheck_clip"] = clip
@@ -230,30 +264,38 @@ class Recorder:
         samples = self.pending_rows
         if ids is not None:
             samples = len(ids)
-            new_epoch = any(i in self.epoch_ids for i in ids)
+            # A new epoch starts when a sample of this epoch is drawn again
+            # after (nearly) every sample was drawn -- all but fewer than b,
+            # what drop_last skips; an earlier repeat is a repeat.
+            new_epoch = self._covered() and any(i in self.epoch_ids for i in ids)
             if new_epoch:
                 self.epoch += 1
                 self.epoch_ids = set()
+                self.epoch_micro = 0
+            self.epoch_micro += 1
             self.epoch_ids.update(ids)
         self._event("forward_backward", samples=samples, ids=ids)
         self.backwards += 1
         self.since_step += 1
         self.pending_ids, self.pending_rows = [], 0
-        self.clip_since_backward = False
         self.zero_since_backward = False
         self.snapshot = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                          for p in self.params]
 
+    def _grads(self):
+        return [torch.zeros_like(p) if p.grad is None else p.grad.detach()
+                for p in self.params]
+
     def _before_step(self):
         self.step_lr = float(self.optimizer.param_groups[0]["lr"])
-        consumed = [torch.zeros_like(p) if p.grad is None else p.grad.detach()
-                    for p in self.params]
-        if self.snapshot is not None and not self.clip_since_backward:
+        consumed = self._grads()
+        if self.snapshot is not None:
             self._check_unseen_change(consumed)
         self._values("grad", consumed)
 
-    def _check_unseen_change(self, consumed):
-        """The consumed gradient against the one the last backward left."""
+    def _check_unseen_change(self, consumed, may_be_clip=True):
+        """The gradient about to be consumed (or clipped) against the one
+        the last backward (or clip) left."""
         acc = self.snapshot
         if all(torch.equal(a, c) for a, c in zip(acc, consumed)):
             return
@@ -264,7 +306,7 @@ class Recorder:
             torch.allclose(c.double(), coef * a.double(), rtol=1e-5, atol=1e-30)
             for a, c in zip(acc, consumed))
         norm = den ** 0.5
-        if scaled and 0 < coef < 1:
+        if scaled and 0 < coef < 1 and may_be_clip:
             self._event("clip", grad_norm=norm)
             self.notes.append(
                 "step %d: clip inferred from the values: the consumed gradient is %.9g x the "
@@ -272,9 +314,10 @@ class Recorder:
                 % (self.steps, coef, norm))
         else:
             self.unseen.append(
-                "step %d: the gradient changed between the last backward and optimizer.step() "
+                "step %d: the gradient changed between the last backward and %s "
                 "by something other than a clip_grad_norm_ the recorder saw%s"
-                % (self.steps, " (scaled by %.9g)" % coef if scaled else ""))
+                % (self.steps, "optimizer.step()" if may_be_clip else "clip_grad_norm_",
+                   " (scaled by %.9g)" % coef if scaled else ""))
 
     def _after_step(self):
         self._event("optimizer_step", lr=self.step_lr)
@@ -335,7 +378,9 @@ class Recorder:
         if self.notes:
             meta.append(("notes", " | ".join(self.notes)))
         if self.unseen:
-            meta.append(("unseen", " | ".join(self.unseen)))
+            shown = self.unseen[:3] + (["... (%d in all)" % len(self.unseen)]
+                                       if len(self.unseen) > 3 else [])
+            meta.append(("unseen", " | ".join(shown)))
         write_trace(self.out, meta, self._event_rows(), self.values)
 
     def __enter__(self):

@@ -1,0 +1,150 @@
+// certify, stage 1: load and validate the trace (verify/certify_stages.hpp).
+// Anything malformed or inconsistent is an InputError naming file:line.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "sim/errors.hpp"
+#include "verify/certify_stages.hpp"
+
+namespace accumcheck::certify_detail {
+
+namespace {
+
+// The run's events against its values: every events row's step is the
+// number of optimizer_step rows before it (so optimizer_step rows count
+// 0, 1, 2, ... with no duplicate and no gap, and rows after the last step
+// carry the step count), and there is one optimizer_step row per step of
+// values.csv.  A trace that contradicts itself is bad input, never a
+// trainer behaviour.
+void check_events(const Trace& t, const TraceRun& run, int64_t value_steps) {
+  const std::string file = t.events_path();
+  int64_t steps = 0, last_step_line = 0;
+  for (const TraceEvent& te : run.events) {
+    const Event& e = te.event;
+    const bool is_step = e.kind == EventKind::optimizer_step;
+    if (e.step != steps) {
+      std::string why;
+      if (is_step && e.step < steps)
+        why = fmt::format(
+            "optimizer_step {} appears twice (first at line {}); each "
+            "optimizer step is one row",
+            e.step, last_step_line);
+      else if (is_step)
+        why = fmt::format(
+            "optimizer_step {} follows optimizer_step {}; steps count 0, 1, "
+            "2, ... without gaps",
+            e.step, steps - 1);
+      else
+        why = fmt::format(
+            "step {}, but {} optimizer_step rows precede this row; a row's "
+            "step is the number of optimizer steps before it",
+            e.step, steps);
+      throw InputError(file, te.line, 0, "step",
+                       fmt::format("run '{}': {}", run.name, why));
+    }
+    if (is_step) {
+      ++steps;
+      last_step_line = te.line;
+    }
+    if (steps > value_steps)
+      throw InputError(
+          file, te.line, 0, "step",
+          fmt::format("run '{}': optimizer_step {} has no values: values.csv "
+                      "holds {} of this run",
+                      run.name, e.step,
+                      value_steps == 0
+                          ? std::string("no steps")
+                          : fmt::format("steps 0..{}", value_steps - 1)));
+  }
+  if (steps != value_steps)
+    throw InputError(
+        file, run.events.back().line, 0, "step",
+        fmt::format("run '{}': {} optimizer_step rows, but values.csv holds "
+                    "{} steps of this run; events and values must describe "
+                    "the same steps",
+                    run.name, steps, value_steps));
+}
+
+}  // namespace
+
+LoadedTrace load(const Scenario& s, const std::string& dir,
+                 const CertifyConfig& cfg, const ParamLayout& layout) {
+  LoadedTrace L;
+  L.trace = read_trace(dir);
+  const Trace& t = L.trace;
+  const std::string digest = t.meta_value("scenario_digest");
+  if (digest != s.digest) {
+    int64_t line = 0;
+    for (size_t i = 0; i < t.meta.size(); ++i)
+      if (t.meta[i].first == "scenario_digest") line = int64_t(i) + 2;
+    throw InputError(t.meta_path(), line, 0, "scenario_digest",
+                     fmt::format("the trace was made for scenario digest "
+                                 "'{}', but {} has digest {} (re-export the "
+                                 "bundle and retrain, or certify against the "
+                                 "scenario file the bundle holds)",
+                                 digest, s.path, s.digest));
+  }
+  if (t.runs.empty())
+    throw InputError(t.values_path(), 0, 0, "run",
+                     "the trace holds no run (no events or values rows)");
+  if (!cfg.run.empty()) {
+    L.run = t.run(cfg.run);
+    if (!L.run) {
+      std::string names;
+      for (const TraceRun& r : t.runs) {
+        if (!names.empty()) names.append(", ");
+        names.append(r.name);
+      }
+      throw InputError(
+          t.values_path(), 0, 0, "run",
+          fmt::format("no run '{}' in the trace; it holds {}", cfg.run, names));
+    }
+  } else {
+    L.run = &t.runs.back();
+  }
+  const TraceRun& run = *L.run;
+  for (const TraceValue& v : run.values) {
+    if (std::isnan(v.value))
+      throw InputError(t.values_path(), v.line, 0, "value",
+                       "expected a number, got an empty field (NaN)");
+    if (!std::isfinite(v.value))
+      throw InputError(
+          t.values_path(), v.line, 0, "value",
+          fmt::format("expected a finite number, got {}", v.value));
+    if (!cfg.fp64 && double(float(v.value)) != v.value)
+      throw InputError(
+          t.values_path(), v.line, 0, "value",
+          fmt::format("{} is not a float32 value; a float64 trainer is "
+                      "certified with --precision fp64",
+                      v.value));
+  }
+  L.steps = gather_steps(t, run, layout);
+  for (size_t i = 0; i < L.steps.size(); ++i) {
+    const TraceStep& st = L.steps[i];
+    auto line_of = [&](int64_t step) {
+      for (const TraceValue& v : run.values)
+        if (v.step == step) return v.line;
+      return int64_t(0);
+    };
+    if (st.step != int64_t(i))
+      throw InputError(
+          t.values_path(), line_of(st.step), 0, "step",
+          fmt::format("run '{}': step {} follows step {}; "
+                      "steps must be 0, 1, 2, ... without gaps",
+                      run.name, st.step, i == 0 ? -1 : L.steps[i - 1].step));
+    if (st.grad.empty() || st.param.empty())
+      throw InputError(
+          t.values_path(), line_of(st.step), 0,
+          st.grad.empty() ? "grad" : "param",
+          fmt::format("run '{}' step {} has no {} values; each "
+                      "step needs its gradient and parameters",
+                      run.name, st.step, st.grad.empty() ? "grad" : "param"));
+  }
+  // Events, when the run has any (a run without events is judged on its
+  // values alone, and the verdict says the call pattern was not checked).
+  if (!run.events.empty()) check_events(t, run, int64_t(L.steps.size()));
+  return L;
+}
+
+}  // namespace accumcheck::certify_detail
