@@ -240,7 +240,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   for (const auto& m : c.micro)
     if (!std::isnan(m.calibration)) cal_max = std::max(cal_max, m.calibration);
   std::vector<double> eps;
-  CertifyCheck fit{"weight fit", true, false, ""};
+  CertifyCheck fit{"weight fit", true, false, false, ""};
   double worst_fit = 0;
   int64_t worst_b = -1;
   for (size_t b = 0; b < c.backward.size(); ++b) {
@@ -273,7 +273,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
 
   // 2. Each step's consumed gradient as a combination of what .grad held.
   std::vector<double> step_bound;
-  CertifyCheck sfit{"step fit", true, false, ""};
+  CertifyCheck sfit{"step fit", true, false, false, ""};
   double worst_step = 0;
   for (size_t t = 0; t < c.steps.size(); ++t) {
     const auto& st = c.steps[t];
@@ -293,7 +293,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   r.checks.push_back(sfit);
 
   // 3. The optimizer update, replayed in float64.
-  CertifyCheck rep{"optimizer replay", true, false, ""};
+  CertifyCheck rep{"optimizer replay", true, false, false, ""};
   double worst_rep = 0;
   for (const auto& st : c.steps)
     worst_rep = std::max(worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
@@ -351,7 +351,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const CertifyCandidate correct = r.ranking.front();
   r.expected_steps = correct.steps;
   const bool structure_ok = correct.distance <= 1;
-  CertifyCheck st{"weights", structure_ok, false,
+  CertifyCheck st{"weights", structure_ok, false, false,
                   fmt::format("which g_j with which weight each step holds, against "
                               "correct: max {} of the uncertainty{}",
                               fmt_ratio(correct.distance),

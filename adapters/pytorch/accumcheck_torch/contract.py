@@ -24,7 +24,8 @@ What it measures, per micro-batch j (one item of the watched loader):
     is in train mode and its BatchNorm running statistics are its own,
     so yours are untouched) -- and the same recompute in float32, whose
     difference to float64 calibrates how far a float32 gradient of this
-    micro-batch may honestly stray (cal_j = |g32 - g64| / |g64|);
+    micro-batch may honestly stray (cal_j = |g32 - g64| / |g64|; by
+    default on one micro-batch per window, the run's largest used for all);
   - per backward pass b (autograd gradient hooks on every parameter, so any
     call style is seen): the gradient c_b it added to .grad, fitted as
     w_b * g_j of the micro-batch drawn last: the weight w_b and the
@@ -100,10 +101,11 @@ class _Watched:
 
 class ContractRecorder:
     """ContractRecorder(model, optimizer, loss_fn, count_fn, accumulation,
-    out="trace", items="samples", calibrate=True, quiet=False)."""
+    out="trace", items="samples", run="trainer", quiet=False,
+    calibrate_every=None)."""
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
-                 items="samples", run="trainer", quiet=False):
+                 items="samples", run="trainer", quiet=False, calibrate_every=None):
         if items not in ("samples", "tokens"):
             raise Refused("items must be 'samples' or 'tokens', got %r" % (items,))
         if int(accumulation) < 1:
@@ -111,6 +113,10 @@ class ContractRecorder:
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.count_fn = loss_fn, count_fn
         self.K, self.out, self.items_kind, self.run = int(accumulation), out, items, run
+        # The float32 calibration recompute: every calibrate_every-th
+        # micro-batch (default: one per window, K); the others are judged
+        # with the largest calibration of the run.
+        self.calibrate_every = max(1, int(calibrate_every or self.K))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.n = sum(p.numel() for p in self.params)
         # The float64 and float32 copies the recomputes run on.
@@ -234,18 +240,23 @@ class ContractRecorder:
                 raise Refused("micro-batch %d: an optimizer step between its forward and its "
                               "recompute" % j)
             gs = []
-            for model, params, dtype in ((self.m64, self.p64, torch.float64),
-                                         (self.m32, self.p32, torch.float32)):
+            runs = [(self.m64, self.p64, torch.float64)]
+            if j % self.calibrate_every == 0:
+                runs.append((self.m32, self.p32, torch.float32))
+            for model, params, dtype in runs:
                 torch.set_rng_state(m[4])
                 model.zero_grad(set_to_none=True)
                 loss = self.loss_fn(model, _to(m[5], dtype))
                 loss.backward()
                 gs.append(_flat([torch.zeros(p.numel(), dtype=dtype) if p.grad is None
                                  else p.grad.detach() for p in params]).double())
-            g64, g32 = gs
+            g64 = gs[0]
             n64 = float(g64.norm())
             m[6] = g64
-            m.append(float((g32 - g64).norm()) / n64 if n64 > 0 else 0.0)
+            if len(gs) > 1:
+                m.append(float((gs[1] - g64).norm()) / n64 if n64 > 0 else 0.0)
+            else:
+                m.append(float("nan"))  # certify uses the run's largest calibration
             m[5] = None  # the batch is no longer needed
         torch.set_rng_state(keep)
         for rec in self.backwards:
