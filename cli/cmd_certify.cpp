@@ -5,6 +5,8 @@
 
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
+#include "sim/errors.hpp"
+#include "verify/contract.hpp"
 #include "sim/scenario_parse.hpp"
 #include "verify/certify.hpp"
 #include "verify/parts.hpp"
@@ -30,10 +32,27 @@ int report(const CertifyReport& r, bool quiet, int top,
 }  // namespace
 
 int certify_command(const CertifyOptions& o) {
-  if (!o.html.empty()) require_output_file(o.html, "--html");
-  const Scenario s = parse_scenario_file(o.scenario);
+  if (o.contract == !o.scenario.empty())
+    throw InputError("", 0, 0, "scenario",
+                     o.contract
+                         ? "--contract judges a trace alone: no scenario file"
+                         : "a scenario file is required (or --contract)");
   // A --junit path we could not write is refused before any judging.
   if (!o.junit.empty()) require_output_file(o.junit, "--junit");
+  if (o.contract) {
+    const CertifyReport r = certify_contract(o.trace);
+    if (o.quiet)
+      std::printf("%s\n", r.verdict.c_str());
+    else
+      std::printf("%s", contract_text(r, o.top).c_str());
+    if (!o.junit.empty())
+      write_output_file(o.junit, certify_junit(r), "--junit");
+    std::fflush(stdout);
+    if (!o.quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
+    return r.pass ? 0 : 1;
+  }
+  if (!o.html.empty()) require_output_file(o.html, "--html");
+  const Scenario s = parse_scenario_file(o.scenario);
   CertifyConfig cfg;
   cfg.run = o.run;
   cfg.fp64 = o.precision == "fp64";

@@ -128,8 +128,12 @@ int main(int argc, char** argv) {
       "distance to the trace, or say that no modelled pitfall explains it "
       "and give model-free evidence. Exit 0 pass, 1 fail, 2 bad input (or "
       "something the recorder could not see).");
-  certify_cmd->add_option("scenario", cert.scenario, "scenario file (.toml)")
-      ->required();
+  certify_cmd->add_option("scenario", cert.scenario,
+                          "scenario file (.toml); not with --contract");
+  certify_cmd->add_flag(
+      "--contract", cert.contract,
+      "the contract tier: judge a trace written by accumcheck_torch's "
+      "ContractRecorder (any model; no scenario)");
   certify_cmd->add_option("--trace", cert.trace, "trace folder")->required();
   certify_cmd->add_option("--run", cert.run,
                           "run in the trace (default: its only run, or the "

@@ -103,7 +103,9 @@ const std::vector<Property>& norm_properties();
 const std::vector<Property>& ramp_properties();
 // Window cutting, drawing and scheduler order (properties/loop_properties.cpp).
 const std::vector<Property>& loop_properties();
-// Every property: oracle, norm, ramp, loop, then device
+// The coefficient engine against the oracle (properties/contract_properties.cpp).
+const std::vector<Property>& contract_properties();
+// Every property: oracle, norm, ramp, loop, contract, then device
 // (properties/device_properties.cpp).
 const std::vector<Property>& all_properties();
 // Runs the body of the property of that name (RC_FAIL when there is none).

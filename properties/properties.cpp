@@ -574,6 +574,7 @@ const std::vector<Property>& all_properties() {
     for (const Property& p : norm_properties()) v.push_back(p);
     for (const Property& p : ramp_properties()) v.push_back(p);
     for (const Property& p : loop_properties()) v.push_back(p);
+    for (const Property& p : contract_properties()) v.push_back(p);
     for (const Property& p : device_properties()) v.push_back(p);
     return v;
   }();

@@ -6,7 +6,10 @@
 //
 // Engines may also offer `void set_epoch(int64_t)`: the trainer calls it
 // at each window, so dropout masks are keyed by (seed, epoch, sample id,
-// layer, unit).
+// layer, unit).  And `Real clip_grad_norm(double max_norm)`: an engine
+// that offers it clips itself (the contract tier's coefficient engine,
+// verify/coefficient_engine.hpp, keeps the clip factor as a symbol); the
+// others get the trainer's clip_grad_norm_ formula.
 //
 // Model (sim/scenario.hpp ModelSpec): an MLP of Linear layers with the
 // activation between them (none after the last), then the loss:

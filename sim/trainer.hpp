@@ -239,10 +239,17 @@ class Trainer {
 
   // clip_grad_norm_: coef = c / (norm + 1e-6), clamped to 1, in the
   // engine's arithmetic (float32 tensors in PyTorch).
+  // An engine that keeps the factor symbolic (the contract tier's
+  // coefficient engine) clips itself.
   void clip(int64_t micro) {
-    const Real norm = e_.grad_norm();
-    const Real coef = Real(s_.clip.max_norm) / (norm + Real(1e-6));
-    if (coef < Real(1)) e_.scale_grads(coef);
+    Real norm;
+    if constexpr (requires { e_.clip_grad_norm(double{}); }) {
+      norm = e_.clip_grad_norm(s_.clip.max_norm);
+    } else {
+      norm = e_.grad_norm();
+      const Real coef = Real(s_.clip.max_norm) / (norm + Real(1e-6));
+      if (coef < Real(1)) e_.scale_grads(coef);
+    }
     event(EventKind::clip, micro,
           [&](Event& ev) { ev.grad_norm = static_cast<double>(norm); });
   }

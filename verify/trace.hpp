@@ -148,4 +148,55 @@ struct TraceStep {
 std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
                                     const ParamLayout& layout);
 
+// ---- the contract tier's section (contract.csv, written by
+// adapters/pytorch/accumcheck_torch/contract.py beside meta/events/values;
+// meta.csv says tier = contract).  One row per record:
+//   kind,index,ref,epoch,version,items,samples,value,residual,scale
+//   micro    index j (drawn order), epoch, version (optimizer steps before
+//            its forward), items (loss-bearing), samples (rows),
+//            scale = calibration |g32 - g64| / |g64| ("" not calibrated)
+//   backward index b, ref = its micro-batch j, version, value = fitted
+//            weight w_b, residual = |c_b - w_b g_j| / |w_b g_j|
+//   epoch    index e, items = the loader's dataset size (-1 unknown),
+//            samples = its batch size
+//   step     index t, ref = number of fitted terms, value = lr,
+//            residual = |G_t - fit| (absolute), scale = sum |a| |term|
+//   coef     index t, ref = backward b (-1: the previous step's gradient),
+//            value = its fitted coefficient a, scale = |term vector|
+//   replay   index t, value = 16 * max_i |p_i - p64_i| / (16 u32 (|p64_i| +
+//            |update_i|) + |p32_i - p64_i|): p64, p32 the step replayed in
+//            float64 and float32 (certify divides by contract_replay_ulps)
+struct ContractMicro {
+  int64_t epoch = 0, version = 0, items = 0, samples = 0;
+  double calibration = kNaN;
+};
+struct ContractBackward {
+  int64_t micro = 0, version = 0;
+  double weight = kNaN, residual = kNaN;
+};
+struct ContractStep {
+  int64_t terms = 0;
+  double lr = kNaN, residual = kNaN, scale = kNaN, replay = kNaN;
+  struct Coef {
+    int64_t backward = -1;  // -1: the previous step's gradient
+    double a = kNaN;        // fitted coefficient
+    double norm = kNaN;     // |term vector|
+  };
+  std::vector<Coef> coefs;
+};
+struct ContractEpoch {
+  int64_t dataset = -1, batch_size = -1;
+};
+struct ContractSection {
+  std::vector<ContractMicro> micro;
+  std::vector<ContractBackward> backward;
+  std::vector<ContractStep> steps;
+  std::vector<ContractEpoch> epochs;
+};
+
+// Reads `dir`/contract.csv (InputError naming the file and line on
+// anything malformed: an unknown kind, indices out of order, a missing
+// number, a reference to an unknown backward or micro-batch).
+ContractSection read_contract(const std::string& dir);
+
 }  // namespace accumcheck

@@ -15,10 +15,11 @@ Tensor.backward).  The attributes of a bundle: adapters/pytorch/README.md.
 """
 
 from .bundle import Bundle, SampleDataset, load_bundle, map_parameters
+from .contract import ContractRecorder
 from .recorder import Recorder
 from .trace import TRACE_SCHEMA, VERSION, Refused
 
-__all__ = ["Bundle", "SampleDataset", "load_bundle", "map_parameters", "Recorder",
+__all__ = ["Bundle", "SampleDataset", "load_bundle", "map_parameters", "Recorder", "ContractRecorder",
            "TRACE_SCHEMA", "VERSION", "Refused", "example_session"]
 
 

@@ -61,11 +61,14 @@ def write_atomically(path, text):
         raise
 
 
-def write_trace(folder, meta, events, values):
-    """meta: [(key, value)]; events, values: row strings ending in '\\n'.
-    Writes events and values first and meta last (a trace without meta.csv
-    is incomplete and refused by the reader)."""
+def write_trace(folder, meta, events, values, extra=None):
+    """meta: [(key, value)]; events, values: row strings ending in '\\n';
+    extra: {file name: text} (the contract tier's contract.csv).
+    Writes events, values and extra first and meta last (a trace without
+    meta.csv is incomplete and refused by the reader)."""
     os.makedirs(folder, exist_ok=True)
+    for name, text in sorted((extra or {}).items()):
+        write_atomically(os.path.join(folder, name), text)
     write_atomically(os.path.join(folder, "events.csv"), EVENTS_HEADER + "\n" + "".join(events))
     write_atomically(os.path.join(folder, "values.csv"), VALUES_HEADER + "\n" + "".join(values))
     write_atomically(os.path.join(folder, "meta.csv"),

@@ -1,0 +1,102 @@
+// The contract tier's coefficient engine (verify/coefficient_engine.hpp):
+// exact weights for hand-checkable windows, the property over the oracle
+// for every catalog pitfall and pair, and that property broken on purpose.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "properties/contract.hpp"
+#include "properties/generators.hpp"
+#include "properties/harness.hpp"
+#include "sim/plan.hpp"
+#include "sim/trainer.hpp"
+#include "verify/coefficient_engine.hpp"
+
+namespace accumcheck {
+namespace {
+
+using contract::CoefficientEngine;
+using contract::Rational;
+using contract::Term;
+
+Scenario small(int64_t n, int64_t b, int64_t K) {
+  Scenario s;
+  s.name = "t";
+  s.story = "t";
+  s.model.widths = {2, 1};
+  s.data.samples = n;
+  s.data.shuffle = false;
+  s.batching.micro_batch = b;
+  s.batching.accumulation = K;
+  s.batching.epochs = 1;
+  return s;
+}
+
+// The weights of each step, as "j:w" strings over the grad terms.
+std::vector<std::string> weights(const Scenario& s, std::vector<Pitfall> p) {
+  CoefficientEngine e(
+      [](const std::vector<int64_t>& ids) { return int64_t(ids.size()); });
+  Trainer<CoefficientEngine> t(e, s, behavior_of(p), s.optimizer.lr);
+  t.run(make_plan(s), "x");
+  std::vector<std::string> out;
+  for (const auto& st : e.steps()) {
+    std::string line;
+    for (const auto& [term, c] : st.grad)
+      line += (line.empty() ? "" : " ") + std::to_string(term.index) + ":" +
+              c.str();
+    out.push_back(line);
+  }
+  return out;
+}
+
+TEST(Contract, CorrectWeighsEverySampleOnce) {
+  // n = 10, b = 3: micro-batches 3,3,3,1; K = 2: windows {3,3}, {3,1}.
+  EXPECT_EQ(weights(small(10, 3, 2), {}),
+            (std::vector<std::string>{"0:1/6 1:1/6", "2:1/4 3:1/4"}));
+}
+
+TEST(Contract, PitfallWeights) {
+  const Scenario s = small(10, 3, 2);
+  EXPECT_EQ(weights(s, {Pitfall::sample_mean_of_means}),
+            (std::vector<std::string>{"0:1/6 1:1/6", "2:1/6 3:1/2"}));
+  EXPECT_EQ(weights(s, {Pitfall::zero_grad_every_micro_step}),
+            (std::vector<std::string>{"1:1/6", "3:1/4"}));
+  EXPECT_EQ(weights(s, {Pitfall::zero_grad_never}),
+            (std::vector<std::string>{"0:1/6 1:1/6", "0:1/6 1:1/6 2:1/4 3:1/4"}));
+  EXPECT_EQ(weights(s, {Pitfall::no_loss_normalization}),
+            (std::vector<std::string>{"0:1/3 1:1/3", "2:1/3 3:1"}));
+  EXPECT_EQ(weights(s, {Pitfall::skip_short_micro_batch}),
+            (std::vector<std::string>{"0:1/6 1:1/6", "2:1/3"}));
+}
+
+TEST(Contract, ClipIsARecordedSymbol) {
+  Scenario s = small(8, 2, 2);
+  s.clip.enabled = true;
+  s.clip.max_norm = 0.5;
+  EXPECT_EQ(weights(s, {Pitfall::clip_per_micro_step}),
+            (std::vector<std::string>{"0:1/4*s0*s1 1:1/4*s1",
+                                      "2:1/4*s2*s3 3:1/4*s3"}));
+}
+
+TEST(Contract, ExactRationalOfADouble) {
+  EXPECT_EQ(contract::exact_rational(0.375), Rational(3, 8));
+  EXPECT_EQ(contract::exact_rational(-6.0), Rational(-6));
+  EXPECT_EQ(contract::exact_rational(0.1) * 10 == 1, false);
+}
+
+// The property with a wrong weight must fail: the check has teeth.
+RC_GTEST_PROP(Contract, BrokenOnPurposeFails, ()) {
+  properties::Triggers t;
+  t.max_width = 4;
+  t.no_clip = true;
+  const Scenario s = *properties::scenario(t).as("scenario");
+  const properties::Case c(s);
+  RC_ASSERT(properties::coefficient_check(c, {}, true) >
+            properties::oracle_tolerance());
+}
+
+RC_GTEST_PROP(Contract, Coefficients, ()) {
+  properties::run_property("contract.coefficients");
+}
+
+}  // namespace
+}  // namespace accumcheck

@@ -1,0 +1,278 @@
+// The coefficient engine: the contract tier's prediction (DESIGN.md
+// section 10).  An Engine (sim/engine.hpp) whose gradient buffer holds no
+// numbers but exact coefficients over the micro-batch gradients
+//   g_j = d/dtheta sum_{i in micro-batch j} l_i, at the parameters of the
+//         optimizer step it is taken at,
+// so that, run through the one Trainer loop (sim/trainer.hpp) with any
+// Behavior, it says which g_j with which weights form each optimizer
+// step's gradient -- for any model, since it never looks at one.
+//
+//   forward_backward(shard, den)  adds 1/den to the coefficient of a new
+//                                 term g_j (j counts backward passes; the
+//                                 term remembers the shard, its epoch and
+//                                 the parameter version: optimizer steps
+//                                 taken before it);
+//   add_l2(lambda, den)           adds lambda/den to the coefficient of the
+//                                 parameter vector theta_v (L2 in the loss);
+//   zero_grad                     clears every coefficient;
+//   scale_grads(r)                multiplies every coefficient by r, exactly
+//                                 (a double is a dyadic rational);
+//   clip_grad_norm(c)             multiplies every coefficient by a new
+//                                 symbol s_m = min(1, c / (|G| + 1e-6)),
+//                                 G the buffer at that moment (recorded):
+//                                 clipping enters as a recorded scalar,
+//                                 evaluated by whoever has the g_j;
+//   optimizer_step(opt, lr)       records the buffer (the step's gradient)
+//                                 with its lr and counts a version; the
+//                                 buffer stays, as PyTorch's .grad does.
+// Coefficients are polynomials in the clip symbols with exact
+// Boost.Multiprecision cpp_rational coefficients.  Losses and norms are
+// unknown here and returned as NaN (the engine's Real is double).
+#pragma once
+
+#include <algorithm>
+#include <boost/multiprecision/cpp_int.hpp>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/engine.hpp"
+#include "sim/scenario.hpp"
+
+namespace accumcheck::contract {
+
+using Rational = boost::multiprecision::cpp_rational;
+
+// A double as the exact rational it is (every finite double is dyadic).
+inline Rational exact_rational(double x) {
+  int e = 0;
+  const double m = std::frexp(x, &e);  // x = m * 2^e, 0.5 <= |m| < 1
+  // 53 bits of mantissa as an integer.
+  const auto mi = static_cast<int64_t>(std::ldexp(m, 53));
+  Rational q(mi);
+  const int shift = e - 53;
+  const Rational two_pow =
+      Rational(boost::multiprecision::cpp_int(1) << std::abs(shift));
+  if (shift >= 0) return Rational(q * two_pow);
+  return Rational(q / two_pow);
+}
+
+// Product of clip symbols (ids, sorted, with multiplicity); {} is 1.
+using Monomial = std::vector<int32_t>;
+
+// sum over monomials of rational * monomial.
+struct Coef {
+  std::map<Monomial, Rational> terms;
+
+  bool zero() const { return terms.empty(); }
+  void add(const Monomial& m, const Rational& q) {
+    auto [it, fresh] = terms.emplace(m, q);
+    if (!fresh) it->second += q;
+    if (it->second == 0) terms.erase(it);
+  }
+  void scale(const Rational& q) {
+    if (q == 0) {
+      terms.clear();
+      return;
+    }
+    for (auto& [m, v] : terms) v *= q;
+  }
+  void times_symbol(int32_t s) {
+    std::map<Monomial, Rational> out;
+    for (auto& [m, v] : terms) {
+      Monomial n = m;
+      n.insert(std::upper_bound(n.begin(), n.end(), s), s);
+      out.emplace(std::move(n), v);
+    }
+    terms = std::move(out);
+  }
+  // The value with symbol m worth sym[m] (T: a number type constructible
+  // from a decimal string, e.g. OracleReal, or double).
+  template <class T>
+  T value(const std::vector<T>& sym) const;
+  // "1/12", "3/8*s0*s2 + 1/4": exact, for messages and tests.
+  std::string str() const;
+  bool operator==(const Coef&) const = default;
+};
+
+// What a coefficient multiplies: the gradient g_j of backward pass j, or
+// the parameter vector theta_v (v = optimizer steps taken).
+struct Term {
+  enum Kind { grad, param } kind = grad;
+  int64_t index = 0;
+  auto operator<=>(const Term&) const = default;
+};
+
+using Buffer = std::map<Term, Coef>;
+
+// One backward pass: micro-batch shard j.
+struct MicroGrad {
+  std::vector<int64_t> ids;  // the shard's ids, as the plan holds them
+  int64_t epoch = 0;         // for dropout masks keyed by epoch
+  int64_t version = 0;       // optimizer steps taken before it
+  int64_t items = 0;         // loss-bearing items (Engine::items)
+};
+
+// One clip_grad_norm_ call: symbol s_m, the buffer it saw.
+struct ClipRecord {
+  int64_t version = 0;
+  double max_norm = 0;
+  Buffer before;
+};
+
+// One optimizer step: the gradient it consumed.
+struct StepPrediction {
+  int64_t step = 0;  // == version before the step
+  double lr = std::numeric_limits<double>::quiet_NaN();
+  Buffer grad;
+};
+
+class CoefficientEngine {
+ public:
+  using Real = double;  // losses and norms: unknown here (NaN)
+
+  // `items` counts a shard's loss-bearing items (samples or tokens), as
+  // the engine whose run this predicts would.
+  explicit CoefficientEngine(
+      std::function<int64_t(const std::vector<int64_t>&)> items)
+      : items_(std::move(items)) {}
+
+  void zero_grad() { buf_.clear(); }
+  int64_t items(const std::vector<int64_t>& ids) const { return items_(ids); }
+  double forward_backward(const std::vector<int64_t>& ids, int64_t den) {
+    const int64_t j = int64_t(micro_.size());
+    micro_.push_back({ids, epoch_, version_, items_(ids)});
+    buf_[Term{Term::grad, j}].add({}, Rational(1, den));
+    return nan();
+  }
+  void add_l2(double lambda, int64_t den) {
+    if (lambda == 0) return;
+    Coef& c = buf_[Term{Term::param, version_}];
+    c.add({}, exact_rational(lambda) / den);
+    if (c.zero()) buf_.erase(Term{Term::param, version_});
+  }
+  double grad_norm() const { return nan(); }
+  void scale_grads(double r) {
+    const Rational q = exact_rational(r);
+    for (auto& [t, c] : buf_) c.scale(q);
+    prune();
+  }
+  // The trainer's clip (sim/trainer.hpp calls this instead of its own
+  // formula when an engine offers it): the factor stays a symbol.
+  double clip_grad_norm(double max_norm) {
+    const int32_t s = int32_t(clips_.size());
+    clips_.push_back({version_, max_norm, buf_});
+    for (auto& [t, c] : buf_) c.times_symbol(s);
+    return nan();
+  }
+  void optimizer_step(const OptimizerSpec&, double lr) {
+    steps_.push_back({version_, lr, buf_});
+    ++version_;
+  }
+  EngineState<double> state() const {
+    EngineState<double> st;
+    st.optimizer_steps = version_;
+    return st;
+  }
+  void set_state(const EngineState<double>& st) {
+    version_ = st.optimizer_steps;
+  }
+  void set_epoch(int64_t e) { epoch_ = e; }
+
+  const std::vector<MicroGrad>& micro() const { return micro_; }
+  const std::vector<ClipRecord>& clips() const { return clips_; }
+  const std::vector<StepPrediction>& steps() const { return steps_; }
+  const Buffer& buffer() const { return buf_; }
+
+ private:
+  static double nan() { return std::numeric_limits<double>::quiet_NaN(); }
+  void prune() {
+    for (auto it = buf_.begin(); it != buf_.end();)
+      it = it->second.zero() ? buf_.erase(it) : std::next(it);
+  }
+
+  std::function<int64_t(const std::vector<int64_t>&)> items_;
+  Buffer buf_;
+  std::vector<MicroGrad> micro_;
+  std::vector<ClipRecord> clips_;
+  std::vector<StepPrediction> steps_;
+  int64_t version_ = 0;
+  int64_t epoch_ = 0;
+};
+
+static_assert(Engine<CoefficientEngine>);
+
+// ---- evaluation
+
+template <class T>
+T to_number(const Rational& q) {
+  if constexpr (std::is_same_v<T, double>) {
+    return static_cast<double>(q);
+  } else {
+    return T(boost::multiprecision::numerator(q).str()) /
+           T(boost::multiprecision::denominator(q).str());
+  }
+}
+
+template <class T>
+T Coef::value(const std::vector<T>& sym) const {
+  T out = T(0);
+  for (const auto& [m, q] : terms) {
+    T v = to_number<T>(q);
+    for (int32_t s : m) v *= sym.at(size_t(s));
+    out += v;
+  }
+  return out;
+}
+
+inline std::string Coef::str() const {
+  if (terms.empty()) return "0";
+  std::string out;
+  for (const auto& [m, q] : terms) {
+    if (!out.empty()) out += " + ";
+    out += q.str();
+    for (int32_t s : m) out += "*s" + std::to_string(s);
+  }
+  return out;
+}
+
+// The vector a buffer stands for, given each term's vector (g_j or theta_v,
+// evaluated by the caller -- independently of the run predicted) and the
+// clip symbols' values.
+template <class T>
+std::vector<T> evaluate(const Buffer& b, const std::vector<T>& sym,
+                        const std::function<const std::vector<T>&(Term)>& vec,
+                        size_t n) {
+  std::vector<T> out(n, T(0));
+  for (const auto& [term, c] : b) {
+    const T w = c.value(sym);
+    const std::vector<T>& v = vec(term);
+    for (size_t i = 0; i < n; ++i) out[i] += w * v[i];
+  }
+  return out;
+}
+
+// The clip symbols' values, in order: s_m = min(1, c / (|G_m| + 1e-6))
+// with G_m the buffer clip m saw, evaluated with the earlier symbols.
+template <class T>
+std::vector<T> clip_values(
+    const std::vector<ClipRecord>& clips,
+    const std::function<const std::vector<T>&(Term)>& vec, size_t n) {
+  std::vector<T> sym;
+  for (const ClipRecord& c : clips) {
+    const std::vector<T> g = evaluate(c.before, sym, vec, n);
+    T sq = T(0);
+    for (const T& x : g) sq += x * x;
+    using std::sqrt;
+    const T coef = T(c.max_norm) / (T(sqrt(sq)) + T(1e-6));
+    sym.push_back(coef < T(1) ? coef : T(1));
+  }
+  return sym;
+}
+
+}  // namespace accumcheck::contract

@@ -1,0 +1,417 @@
+// The contract tier's judging (verify/contract.hpp).
+#include "verify/contract.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "oracle/error_model.hpp"
+#include "sim/errors.hpp"
+#include "sim/trainer.hpp"
+#include "verify/coefficient_engine.hpp"
+#include "verify/trace.hpp"
+
+namespace accumcheck {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+using Weights = std::map<int64_t, double>;  // micro-batch -> weight
+
+struct Measured {
+  std::vector<Weights> W, U;  // per step: weight and its uncertainty
+};
+
+// W_t = beta W_{t-1} + sum_b a_b w_b e_{m(b)}, uncertainties alongside.
+Measured compose(const ContractSection& c, const std::vector<double>& eps,
+                 const std::vector<double>& step_bound) {
+  Measured m;
+  for (size_t t = 0; t < c.steps.size(); ++t) {
+    Weights W, U;
+    const double bound = step_bound[t];
+    for (const auto& k : c.steps[t].coefs) {
+      const double da = k.norm > 0 ? bound / k.norm : 0.0;
+      if (k.backward < 0) {
+        if (t == 0) continue;
+        for (const auto& [j, w] : m.W[t - 1]) {
+          W[j] += k.a * w;
+          U[j] += da * std::abs(w) + std::abs(k.a) * m.U[t - 1].at(j);
+        }
+      } else {
+        const ContractBackward& b = c.backward[size_t(k.backward)];
+        W[b.micro] += k.a * b.weight;
+        U[b.micro] += da * std::abs(b.weight) +
+                      std::abs(k.a * b.weight) * eps[size_t(k.backward)];
+      }
+    }
+    m.W.push_back(std::move(W));
+    m.U.push_back(std::move(U));
+  }
+  return m;
+}
+
+// The plan the trainer drew: each epoch's micro-batches in order, plus
+// the ones its loader should have drawn and did not; windows of K.  A
+// micro-batch m's shard holds ids m*S .. m*S + rows - 1.
+struct ContractPlan {
+  Plan plan;
+  int64_t stride = 1;
+  std::vector<int64_t> items;  // per micro-batch (drawn, then missing)
+  int64_t drawn = 0;
+  int64_t micro_batch = 1;
+};
+
+ContractPlan contract_plan(const ContractSection& c, int64_t K) {
+  ContractPlan p;
+  p.drawn = int64_t(c.micro.size());
+  for (const auto& m : c.micro) {
+    p.stride = std::max(p.stride, m.samples + 1);
+    p.micro_batch = std::max(p.micro_batch, m.samples);
+    p.items.push_back(m.items);
+  }
+  for (const auto& e : c.epochs) {
+    p.stride = std::max(p.stride, e.batch_size + 1);
+    p.micro_batch = std::max(p.micro_batch, e.batch_size);
+  }
+  p.plan.accumulation = K;
+  const int64_t E = int64_t(c.epochs.size());
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> per(size_t(std::max<int64_t>(E, 1)));
+  for (size_t j = 0; j < c.micro.size(); ++j) {
+    const int64_t e = std::clamp<int64_t>(c.micro[j].epoch, 0, int64_t(per.size()) - 1);
+    per[size_t(e)].push_back({int64_t(j), c.micro[j].samples});
+  }
+  for (size_t e = 0; e < c.epochs.size(); ++e) {
+    int64_t seen = 0;
+    for (const auto& [j, rows] : per[e]) seen += rows;
+    const int64_t b = c.epochs[e].batch_size;
+    for (int64_t left = c.epochs[e].dataset - seen; b > 0 && left > 0; left -= b) {
+      const int64_t rows = std::min(b, left);
+      per[e].push_back({int64_t(p.items.size()), rows});
+      // Its item count is unknown; its rows stand in (only whether it is
+      // weighted at all is judged).
+      p.items.push_back(rows);
+    }
+  }
+  for (const auto& ms : per) {
+    EpochPlan ep;
+    for (size_t at = 0; at < ms.size(); at += size_t(K)) {
+      Window w;
+      for (size_t k = at; k < std::min(ms.size(), at + size_t(K)); ++k) {
+        MicroBatch mb;
+        std::vector<int64_t> ids;
+        for (int64_t i = 0; i < ms[k].second; ++i) ids.push_back(ms[k].first * p.stride + i);
+        mb.shards.push_back(std::move(ids));
+        w.micro.push_back(std::move(mb));
+      }
+      w.partial = int64_t(w.micro.size()) < K;
+      ep.windows.push_back(std::move(w));
+    }
+    p.plan.epochs.push_back(std::move(ep));
+  }
+  return p;
+}
+
+struct Prediction {
+  std::vector<Weights> P;
+  std::vector<std::map<int64_t, int64_t>> version;  // micro -> version
+};
+
+Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b) {
+  contract::CoefficientEngine e([&](const std::vector<int64_t>& ids) {
+    int64_t n = 0;
+    std::set<int64_t> seen;
+    for (int64_t id : ids)
+      if (seen.insert(id / cp.stride).second) n += cp.items[size_t(id / cp.stride)];
+    return n;
+  });
+  Trainer<contract::CoefficientEngine> t(e, s, b, 1.0, TrainerOptions{false, false, -1});
+  t.run(cp.plan, "prediction");
+  Prediction p;
+  for (const auto& st : e.steps()) {
+    Weights w;
+    std::map<int64_t, int64_t> v;
+    for (const auto& [term, coef] : st.grad) {
+      if (term.kind != contract::Term::grad) continue;
+      const auto& mg = e.micro()[size_t(term.index)];
+      const int64_t m = mg.ids.front() / cp.stride;
+      w[m] += coef.value(std::vector<double>{});
+      v[m] = mg.version;
+    }
+    p.P.push_back(std::move(w));
+    p.version.push_back(std::move(v));
+  }
+  return p;
+}
+
+struct Distance {
+  double d = 0;
+  int64_t step = -1, micro = -1;
+  std::string why;
+};
+
+Distance distance(const Measured& m, const Prediction& p,
+                  const ContractSection& c) {
+  Distance out;
+  if (p.P.size() != m.W.size()) {
+    out.d = kInf;
+    out.why = fmt::format("takes {} optimizer steps, the trace {}", p.P.size(), m.W.size());
+    return out;
+  }
+  const double u = error_model::kUnitRoundoff32;
+  for (size_t t = 0; t < p.P.size(); ++t) {
+    double top = 0;
+    for (const auto& [j, w] : p.P[t]) top = std::max(top, std::abs(w));
+    std::set<int64_t> keys;
+    for (const auto& [j, w] : p.P[t]) keys.insert(j);
+    for (const auto& [j, w] : m.W[t]) keys.insert(j);
+    for (int64_t j : keys) {
+      const double P = p.P[t].count(j) ? p.P[t].at(j) : 0.0;
+      const double W = m.W[t].count(j) ? m.W[t].at(j) : 0.0;
+      const double U = std::max(m.U[t].count(j) ? m.U[t].at(j) : 0.0, u * top);
+      double r = U > 0 ? std::abs(W - P) / U : (W == P ? 0 : kInf);
+      std::string why;
+      if (P != 0 && j < int64_t(c.micro.size()) &&
+          p.version[t].at(j) != c.micro[size_t(j)].version) {
+        r = kInf;
+        why = fmt::format("takes g of micro-batch {} at parameter version {}, the trace at {}",
+                          j, p.version[t].at(j), c.micro[size_t(j)].version);
+      }
+      if (r > out.d) {
+        out = {r, int64_t(t), j, why};
+        if (why.empty())
+          out.why = fmt::format("step {} micro-batch {}: weight {:.9g}, predicted {:.9g}",
+                                t, j, W, P);
+      }
+    }
+  }
+  return out;
+}
+
+std::string fmt_ratio(double x) {
+  return std::isinf(x) ? std::string("inf") : fmt::format("{:.3g}", x);
+}
+
+}  // namespace
+
+// Model-free evidence (verify/contract_evidence.cpp).
+std::vector<std::string> contract_evidence(const ContractSection& c,
+                                           const std::vector<Weights>& W,
+                                           const std::vector<Weights>& correct,
+                                           int64_t K);
+
+CertifyReport certify_contract(const std::string& trace_dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Trace tr = read_trace(trace_dir);
+  if (tr.meta_value("tier") != "contract")
+    throw InputError(tr.meta_path(), 0, 0, "tier",
+                     "not a contract-tier trace (meta.csv has no 'tier,contract'); "
+                     "judge oracle-tier traces with `certify SCENARIO --trace DIR`");
+  const ContractSection c = read_contract(trace_dir);
+  int64_t K = 0;
+  try {
+    K = std::stoll(tr.meta_value("accumulation"));
+  } catch (...) {
+    K = 0;
+  }
+  if (K < 1)
+    throw InputError(tr.meta_path(), 0, 0, "accumulation", "expected an integer >= 1");
+  const bool tokens = tr.meta_value("items") == "tokens";
+  CertifyReport r;
+  r.scenario = "contract";
+  r.run = tr.runs.empty() ? "trainer" : tr.runs.front().name;
+  r.engine = tr.meta_value("engine");
+  r.precision = tr.meta_value("precision");
+  r.accepted = "correct";
+  r.trace_steps = int64_t(c.steps.size());
+
+  const double u = error_model::kUnitRoundoff32;
+  const double fit_cal = error_model::tolerance("contract_fit_calibration");
+  const double fit_ulps = error_model::tolerance("contract_fit_ulps");
+  const double sum_ulps = error_model::tolerance("contract_sum_ulps");
+  const double replay_ulps = error_model::tolerance("contract_replay_ulps");
+
+  // 1. Each backward's weight fit, against its calibrated bound.
+  double cal_max = 0;
+  for (const auto& m : c.micro)
+    if (!std::isnan(m.calibration)) cal_max = std::max(cal_max, m.calibration);
+  std::vector<double> eps;
+  CertifyCheck fit{"weight fit", true, false, false, ""};
+  double worst_fit = 0;
+  int64_t worst_b = -1;
+  for (size_t b = 0; b < c.backward.size(); ++b) {
+    const ContractBackward& bw = c.backward[b];
+    const double cal = c.micro[size_t(bw.micro)].calibration;
+    const double bound = fit_cal * (std::isnan(cal) ? cal_max : cal) + fit_ulps * u;
+    eps.push_back(bound);
+    const double ratio = std::isnan(bw.residual) ? kInf : bw.residual / bound;
+    if (ratio > worst_fit || worst_b < 0) {
+      worst_fit = ratio;
+      worst_b = int64_t(b);
+    }
+  }
+  if (worst_b >= 0) {
+    const auto& bw = c.backward[size_t(worst_b)];
+    fit.ok = worst_fit <= 1;
+    fit.message = fmt::format(
+        "{} backward passes, each w*g_j: worst residual {:.3g} = {} of its bound "
+        "(backward {}, micro-batch {})",
+        c.backward.size(), bw.residual, fmt_ratio(worst_fit), worst_b, bw.micro);
+    if (!fit.ok)
+      fit.message += ": that gradient is not a multiple of the micro-batch's g_j "
+                     "(another loss than the declared summed loss, other "
+                     "randomness, or the gradient changed inside the backward)";
+  } else {
+    fit.ok = false;
+    fit.message = "no backward pass recorded";
+  }
+  r.checks.push_back(fit);
+
+  // 2. Each step's consumed gradient as a combination of what .grad held.
+  std::vector<double> step_bound;
+  CertifyCheck sfit{"step fit", true, false, false, ""};
+  double worst_step = 0;
+  for (size_t t = 0; t < c.steps.size(); ++t) {
+    const auto& st = c.steps[t];
+    const double bound = (double(st.terms) + sum_ulps) * u * st.scale;
+    step_bound.push_back(bound);
+    const double ratio = bound > 0 ? st.residual / bound : (st.residual == 0 ? 0 : kInf);
+    worst_step = std::max(worst_step, ratio);
+  }
+  sfit.ok = worst_step <= 1;
+  sfit.message = fmt::format(
+      "{} optimizer steps, each consumed gradient = beta*G_prev + sum a_b c_b: worst "
+      "residual {} of its bound",
+      c.steps.size(), fmt_ratio(worst_step));
+  if (!sfit.ok)
+    sfit.message += ": a step's gradient is not made of the backward passes since "
+                    "the previous step (changed by something the recorder did not see)";
+  r.checks.push_back(sfit);
+
+  // 3. The optimizer update, replayed in float64.
+  CertifyCheck rep{"optimizer replay", true, false, false, ""};
+  double worst_rep = 0;
+  for (const auto& st : c.steps)
+    worst_rep = std::max(worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
+  rep.ok = worst_rep <= 1;
+  rep.message = fmt::format(
+      "PyTorch's optimizer replayed in float64 from the recorded state: worst {} of "
+      "the bound ({} u32 of |p| + |update|, plus the float32 replay's distance)",
+      fmt_ratio(worst_rep), replay_ulps);
+  r.checks.push_back(rep);
+
+  // 4. Which g_j with which weights: against every semantics.
+  const Measured meas = compose(c, eps, step_bound);
+  const ContractPlan cp = contract_plan(c, K);
+  Scenario s;
+  s.name = "contract";
+  s.batching.accumulation = K;
+  s.batching.micro_batch = cp.micro_batch;
+  s.batching.epochs = int64_t(cp.plan.epochs.size());
+  s.model.kind = tokens ? ModelKind::token : ModelKind::mlp;
+  std::vector<Pitfall> catalog;
+  for (Pitfall p : kAllPitfalls)
+    if (p != (tokens ? Pitfall::sample_mean_of_means : Pitfall::token_mean_of_means))
+      catalog.push_back(p);
+  std::vector<std::vector<Pitfall>> sems = {{}};
+  for (Pitfall p : catalog) sems.push_back({p});
+  for (size_t i = 0; i < catalog.size(); ++i)
+    for (size_t j = i + 1; j < catalog.size(); ++j) sems.push_back({catalog[i], catalog[j]});
+  std::vector<Prediction> preds;
+  std::vector<Distance> dists;
+  for (const auto& sem : sems) {
+    const Prediction p = predict(cp, s, behavior_of(sem));
+    const Distance d = distance(meas, p, c);
+    // Semantics with the same prediction (e.g. scheduler pitfalls: the
+    // contract tier sees weights, not the lr) are one candidate.
+    bool merged = false;
+    for (size_t k = 0; k < preds.size(); ++k)
+      if (preds[k].P == p.P && preds[k].version == p.version) {
+        r.ranking[k].aliases.push_back(semantics_name(sem));
+        merged = true;
+        break;
+      }
+    if (merged) continue;
+    CertifyCandidate cand;
+    cand.name = semantics_name(sem);
+    cand.pitfalls = sem;
+    cand.steps = int64_t(p.P.size());
+    cand.distance = d.d;
+    cand.tracked = true;
+    cand.first_out = d.step;
+    cand.first_out_what = d.why;
+    r.ranking.push_back(cand);
+    preds.push_back(p);
+    dists.push_back(d);
+  }
+  const CertifyCandidate correct = r.ranking.front();
+  r.expected_steps = correct.steps;
+  const bool structure_ok = correct.distance <= 1;
+  CertifyCheck st{"weights", structure_ok, false, false,
+                  fmt::format("which g_j with which weight each step holds, against "
+                              "correct: max {} of the uncertainty{}",
+                              fmt_ratio(correct.distance),
+                              structure_ok ? "" : " (" + correct.first_out_what + ")")};
+  r.checks.push_back(st);
+  r.pass = fit.ok && sfit.ok && rep.ok && structure_ok;
+  std::stable_sort(r.ranking.begin(), r.ranking.end(),
+                   [](const auto& a, const auto& b) { return a.distance < b.distance; });
+  if (r.pass) {
+    r.verdict = fmt::format(
+        "PASS (contract tier): {} steps; every step holds the micro-batch gradients "
+        "correct accumulation predicts (max {} of the uncertainty)",
+        c.steps.size(), fmt_ratio(correct.distance));
+    r.ranking.clear();
+  } else {
+    r.verdict = "FAIL (contract tier): ";
+    for (const auto& ck : r.checks)
+      if (!ck.ok) {
+        r.verdict += ck.name + ": " + ck.message;
+        break;
+      }
+    const CertifyCandidate& best = r.ranking.front();
+    const double next = r.ranking.size() > 1 ? r.ranking[1].distance : kInf;
+    std::string names = best.name;
+    if (!best.aliases.empty()) names += " (same weights: " + best.aliases.front() +
+                                        (best.aliases.size() > 1 ? ", ..." : "") + ")";
+    if (best.distance <= 1) {
+      r.diagnosis = fmt::format(
+          "diagnosis: matches {} (max {} of the uncertainty)\nmargin: next is {} at {} "
+          "({}x the best)",
+          names, fmt_ratio(best.distance), r.ranking.size() > 1 ? r.ranking[1].name : "-",
+          fmt_ratio(next), fmt_ratio(best.distance > 0 ? next / best.distance : kInf));
+    } else {
+      r.diagnosis = "diagnosis: no modelled pitfall explains this trace\n";
+      for (const auto& line : contract_evidence(c, meas.W, preds.front().P, K))
+        r.diagnosis += "evidence: " + line + "\n";
+      r.diagnosis += fmt::format("closest (not matching): {} at {} of the uncertainty ({})",
+                                 names, fmt_ratio(best.distance), best.first_out_what);
+    }
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::string contract_text(const CertifyReport& r, int top) {
+  std::string o;
+  for (const auto& c : r.checks)
+    o += fmt::format("{} {}: {}\n", c.ok ? "ok  " : "FAIL", c.name, c.message);
+  o += r.verdict + "\n";
+  if (!r.diagnosis.empty()) o += r.diagnosis + "\n";
+  if (!r.pass && !r.ranking.empty()) {
+    o += "ranking (distance = max over steps and micro-batches of |weight - "
+         "predicted| / uncertainty):\n";
+    for (size_t i = 0; i < r.ranking.size() && int(i) < top; ++i) {
+      const auto& c = r.ranking[i];
+      o += fmt::format("  {:>2}. {:<52} {:>10}  {}\n", i + 1, c.name,
+                       fmt_ratio(c.distance), c.first_out_what);
+    }
+  }
+  return o;
+}
+
+}  // namespace accumcheck
