@@ -109,8 +109,8 @@ struct CertifyCheck {
   // Step checks: the optimizer step, "gradient" or "parameters", and max
   // err / bound per tensor (the report's heat strip).
   int64_t step = -1;
-  std::string kind;
-  std::vector<std::pair<std::string, double>> tensor_ratio;
+  std::string kind{};
+  std::vector<std::pair<std::string, double>> tensor_ratio{};
 };
 
 struct CertifyCandidate {
