@@ -48,7 +48,7 @@ TEST(SecondGuard, ClipCoefficientHasTheEpsilonInItsDenominator) {
   s.clip.enabled = true;
   const Dataset d = make_dataset(s);
   const std::vector<float> p = initial_parameters(s, layout_of(s.model));
-  const Plan plan = make_plan(s);
+  const Plan plan = materialize(make_plan(s));
   const Window& w = plan.epochs.at(0).windows.at(0);
 
   // The window accumulated on a bare oracle: correct weights 1/N_w.

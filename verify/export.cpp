@@ -403,8 +403,10 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
     const OptimizerSpec& o = s.optimizer;
     // K of every epoch; the schedule as the accepted trainer resolves it
     // (total = "auto": the run's optimizer steps).
+    // K of the exported epochs only (batches.csv's: with max_steps, the
+    // epochs that run); the adapter's accumulation_at() repeats the last.
     std::string k_per_epoch;
-    for (int64_t e = 0; e < s.batching.epochs; ++e) {
+    for (int64_t e = 0; e < exported_epochs(s); ++e) {
       if (e) k_per_epoch.push_back(' ');
       k_per_epoch.append(std::to_string(accumulation_at(s.batching, e)));
     }
