@@ -99,6 +99,7 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K) {
   }
   for (const auto& ms : per) {
     EpochPlan ep;
+    ep.accumulation = K;  // the trace's one K (EpochPlan: K per epoch)
     for (size_t at = 0; at < ms.size(); at += size_t(K)) {
       Window w;
       for (size_t k = at; k < std::min(ms.size(), at + size_t(K)); ++k) {
