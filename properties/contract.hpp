@@ -9,10 +9,6 @@
 
 namespace accumcheck::properties {
 
-// correct, every pitfall of the catalog (the mean-of-means id of the
-// scenario's loss) and every pair of them.
-std::vector<std::vector<Pitfall>> catalog_semantics(const Scenario& s);
-
 // The worst relative distance, over the optimizer steps of the oracle run
 // of `sem`, between the step's gradient and the coefficient engine's
 // weights times independently computed g_j.  break_on_purpose doubles the

@@ -23,20 +23,6 @@
 
 namespace accumcheck::properties {
 
-std::vector<std::vector<Pitfall>> catalog_semantics(const Scenario& s) {
-  std::vector<Pitfall> catalog;
-  for (Pitfall p : kAllPitfalls)
-    if (p != (s.model.kind == ModelKind::token ? Pitfall::sample_mean_of_means
-                                               : Pitfall::token_mean_of_means))
-      catalog.push_back(p);
-  std::vector<std::vector<Pitfall>> sems = {{}};
-  for (Pitfall p : catalog) sems.push_back({p});
-  for (size_t i = 0; i < catalog.size(); ++i)
-    for (size_t j = i + 1; j < catalog.size(); ++j)
-      sems.push_back({catalog[i], catalog[j]});
-  return sems;
-}
-
 double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
                          bool break_on_purpose) {
   using contract::Term;
@@ -97,11 +83,10 @@ void coefficients(bool break_on_purpose) {
   t.schedule = true;
   t.max_width = 6;
   Scenario s = *scenario(t).as("scenario");
-  s.model.dropout = s.model.widths.size() > 2 && *rc::gen::arbitrary<bool>()
-                        ? 0.25
-                        : 0.0;
+  s.model.dropout =
+      s.model.widths.size() > 2 && *rc::gen::arbitrary<bool>() ? 0.25 : 0.0;
   const Case c(s);
-  const auto sems = catalog_semantics(s);
+  const auto sems = candidate_semantics(s.model.kind == ModelKind::token);
   // Every semantics of the catalog: correct, each pitfall, each pair.
   const double tol = oracle_tolerance();
   for (const auto& sem : sems) {

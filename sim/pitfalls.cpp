@@ -172,4 +172,18 @@ std::string semantics_name(const std::vector<Pitfall>& pitfalls) {
   return s;
 }
 
+std::vector<std::vector<Pitfall>> candidate_semantics(bool token_loss) {
+  std::vector<Pitfall> catalog;
+  for (Pitfall p : kAllPitfalls)
+    if (p != (token_loss ? Pitfall::sample_mean_of_means
+                         : Pitfall::token_mean_of_means))
+      catalog.push_back(p);
+  std::vector<std::vector<Pitfall>> sems = {{}};
+  for (Pitfall p : catalog) sems.push_back({p});
+  for (size_t i = 0; i < catalog.size(); ++i)
+    for (size_t j = i + 1; j < catalog.size(); ++j)
+      sems.push_back({catalog[i], catalog[j]});
+  return sems;
+}
+
 }  // namespace accumcheck

@@ -128,6 +128,12 @@ struct Behavior {
 // The behaviour of a trainer with these pitfalls (empty: `correct`).
 Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
 
+// The candidates certification and the contract property judge: correct,
+// every single pitfall and every pair, with the mean-of-means pitfall of
+// the model's loss only (sample- for sample losses, token- for token
+// losses: the same switch, named for the loss).
+std::vector<std::vector<Pitfall>> candidate_semantics(bool token_loss);
+
 // "correct", or the ids joined by "+".
 std::string semantics_name(const std::vector<Pitfall>& pitfalls);
 

@@ -20,16 +20,8 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   // The mean-of-means pitfall of the scenario's loss: sample- for sample
   // losses, token- for token losses (the same switch, named for the
   // loss; the scenario parser refuses the other).
-  std::vector<Pitfall> catalog;
-  for (Pitfall p : kAllPitfalls)
-    if (p != (s.model.kind == ModelKind::token ? Pitfall::sample_mean_of_means
-                                               : Pitfall::token_mean_of_means))
-      catalog.push_back(p);
-  std::vector<std::vector<Pitfall>> sems = {{}};
-  for (Pitfall p : catalog) sems.push_back({p});
-  for (size_t i = 0; i < catalog.size(); ++i)
-    for (size_t j = i + 1; j < catalog.size(); ++j)
-      sems.push_back({catalog[i], catalog[j]});
+  std::vector<std::vector<Pitfall>> sems =
+      candidate_semantics(s.model.kind == ModelKind::token);
   sems.push_back(s.trainer.accepted);
   // Per candidate: every step's cheap gradient and parameter ratios.
   std::vector<std::vector<double>> fingerprints;

@@ -314,14 +314,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   s.batching.micro_batch = cp.micro_batch;
   s.batching.epochs = int64_t(cp.plan.epochs.size());
   s.model.kind = tokens ? ModelKind::token : ModelKind::mlp;
-  std::vector<Pitfall> catalog;
-  for (Pitfall p : kAllPitfalls)
-    if (p != (tokens ? Pitfall::sample_mean_of_means : Pitfall::token_mean_of_means))
-      catalog.push_back(p);
-  std::vector<std::vector<Pitfall>> sems = {{}};
-  for (Pitfall p : catalog) sems.push_back({p});
-  for (size_t i = 0; i < catalog.size(); ++i)
-    for (size_t j = i + 1; j < catalog.size(); ++j) sems.push_back({catalog[i], catalog[j]});
+  const std::vector<std::vector<Pitfall>> sems = candidate_semantics(tokens);
   std::vector<Prediction> preds;
   std::vector<Distance> dists;
   for (const auto& sem : sems) {
