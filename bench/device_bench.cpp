@@ -97,14 +97,15 @@ BENCHMARK(BM_EmulatedAdamStep)
     ->Arg(int(Activation::relu))
     ->Unit(benchmark::kMicrosecond);
 
-// Args: d_in, hidden, d_out, batch.
-void BM_EmulatedStepSize(benchmark::State& state) {
+// Args: d_in, hidden, d_out, batch.  One body for both executors.
+template <class Dev>
+void step_size(benchmark::State& state) {
   const ModelSpec m{{state.range(0), state.range(1), state.range(2)},
                     Activation::tanh,
                     LossKind::cross_entropy};
   const int64_t B = state.range(3);
   const int64_t n = std::max<int64_t>(4 * B, 256);
-  EmulatedDevice dev(m, dataset(m, n), params(m));
+  Dev dev(m, dataset(m, n), params(m));
   train_steps(state, dev, B, n);
   const double w0 = double(m.widths[0] * m.widths[1]);
   const double w1 = double(m.widths[1] * m.widths[2]);
@@ -112,6 +113,10 @@ void BM_EmulatedStepSize(benchmark::State& state) {
   state.counters["flops/s"] = benchmark::Counter(
       flops * double(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["params"] = double(layout_of(m).total);
+}
+
+void BM_EmulatedStepSize(benchmark::State& state) {
+  step_size<EmulatedDevice>(state);
 }
 BENCHMARK(BM_EmulatedStepSize)
     ->Args({256, 512, 10, 1})
@@ -197,6 +202,31 @@ void BM_CudaAdamStep(benchmark::State& state) {
 BENCHMARK(BM_CudaAdamStep)
     ->Arg(int(Activation::tanh))
     ->Arg(int(Activation::relu))
+    ->Unit(benchmark::kMicrosecond);
+
+// The same sizes on the GPU (wall time: every step ends in a device sync).
+void BM_CudaStepSize(benchmark::State& state) {
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+  std::string why;
+  if (!cuda_available(&why)) {
+    state.SkipWithError(("skipped: " + why).c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  step_size<CudaDevice>(state);
+#else
+  state.SkipWithError("skipped: built without the CUDA executor");
+  for (auto _ : state) {
+  }
+#endif
+}
+BENCHMARK(BM_CudaStepSize)
+    ->Args({256, 512, 10, 1})
+    ->Args({256, 512, 10, 32})
+    ->Args({256, 512, 10, 256})
+    ->Args({1024, 4096, 1024, 32})
+    ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

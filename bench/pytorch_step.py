@@ -8,6 +8,10 @@ bench/device_bench.cpp's BM_EmulatedAdamStep / BM_EmulatedStepSize.
 
     pytorch_step.py [SECONDS [D_IN HIDDEN D_OUT BATCH]]
 
+With ACCUMCHECK_TORCH_DEVICE=cuda the step runs on the GPU and is timed by
+the wall clock, each step ending in torch.cuda.synchronize() as the device
+engine's step ends in a download.
+
 Prints one line: "pytorch_steps_per_s <value>".
 """
 import os
@@ -24,29 +28,37 @@ def main() -> int:
     torch.manual_seed(0)
     d_in, hidden, d_out, batch = (int(a) for a in sys.argv[2:6]) \
         if len(sys.argv) > 5 else (256, 512, 10, 32)
+    dev = os.environ.get("ACCUMCHECK_TORCH_DEVICE", "cpu")
+    if dev == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32, as ours
     model = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.Tanh(),
-                                torch.nn.Linear(hidden, d_out))
+                                torch.nn.Linear(hidden, d_out)).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
-    x = torch.rand(batch, d_in) * 2 - 1
-    y = torch.randint(0, d_out, (batch,))
+    x = (torch.rand(batch, d_in) * 2 - 1).to(dev)
+    y = torch.randint(0, d_out, (batch,)).to(dev)
 
     def step():
         opt.zero_grad()
-        loss_fn(model(x), y).backward()
+        loss = loss_fn(model(x), y)
+        loss.backward()
         opt.step()
+        if dev == "cuda":
+            loss.item()  # the device engine's step downloads its loss
 
     for _ in range(50):
         step()
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 2.0
     # CPU time of this process (one thread): on a shared machine the wall
     # clock also counts other people's work; device_bench reports CPU time.
-    n, t0 = 0, time.process_time()
-    while time.process_time() - t0 < seconds:
+    # On the GPU the host waits for the device, so the wall clock is timed.
+    clock = time.perf_counter if dev == "cuda" else time.process_time
+    n, t0 = 0, clock()
+    while clock() - t0 < seconds:
         for _ in range(20):
             step()
         n += 20
-    print(f"pytorch_steps_per_s {n / (time.process_time() - t0):.1f}")
+    print(f"pytorch_steps_per_s {n / (clock() - t0):.1f}")
     return 0
 
 

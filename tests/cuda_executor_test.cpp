@@ -178,6 +178,14 @@ TEST_F(CudaGpu, EngineMatchesEmulated) {
   }
 }
 
+// A fresh buffer's zero fill is ordered before the first kernel on the
+// executor's stream (a fill on the legacy default stream raced the kernels
+// of the executor's non-blocking stream: on an H100 shared by 16 processes,
+// 8 CUDA tests read gradients back as zeros).
+TEST_F(CudaGpu, FreshBufferFillIsOrderedBeforeTheFirstKernel) {
+  EXPECT_EQ(cuda_fresh_buffer_misses(int64_t(1) << 20, 50), 0);
+}
+
 #endif  // ACCUMCHECK_HAVE_CUDA_TARGET
 
 }  // namespace

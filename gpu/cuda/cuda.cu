@@ -4,8 +4,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "gpu/cuda/cuda_executor.hpp"
 #include "gpu/device_impl.hpp"
@@ -103,11 +105,15 @@ const char* cuda_kernel_source_digest() { return kern::kKernelSourceDigest; }
 
 namespace cuda_detail {
 
-void* alloc_bytes(size_t bytes) {
+void* alloc_bytes(size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
   check(cudaMalloc(&p, bytes), "cudaMalloc");
-  check(cudaMemset(p, 0, bytes), "cudaMemset");
+  const cudaError_t e = cudaMemsetAsync(p, 0, bytes, as_stream(stream));
+  if (e != cudaSuccess) {
+    (void)cudaFree(p);
+    check(e, "cudaMemsetAsync");
+  }
   return p;
 }
 
@@ -141,7 +147,50 @@ struct EvalMath {
   }
 };
 
+struct FillOne {
+  float* y;
+  ACCUMCHECK_HD void operator()(int64_t i) const { y[i] = 1.0f; }
+};
+
+// Keeps the legacy default stream busy for about `cycles` clock ticks.
+__global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
 }  // namespace cuda_detail
+
+int64_t cuda_fresh_buffer_misses(int64_t n, int rounds) {
+  CudaExecutor ex;
+  // Another host thread keeps the legacy default stream busy with short
+  // kernels (as another library's work would): a fill queued on that stream
+  // waits behind them, while the executor's non-blocking stream does not.
+  std::atomic<bool> stop{false};
+  std::thread busy([&stop] {
+    while (!stop.load()) cuda_detail::spin<<<1, 1>>>(200'000LL);
+  });
+  int64_t misses = 0;
+  try {
+    for (int r = 0; r < rounds; ++r) {
+      auto y = ex.alloc<float>(n);
+      ex.launch(n, cuda_detail::FillOne{y.data()});
+      ex.synchronize();
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      std::vector<float> out(size_t(n), 0.0f);
+      ex.download(y, out.data(), n);
+      for (const float v : out) misses += v != 1.0f;
+    }
+  } catch (...) {
+    stop = true;
+    busy.join();
+    throw;
+  }
+  stop = true;
+  busy.join();
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return misses;
+}
 
 std::vector<float> cuda_eval_math(int which, const std::vector<float>& xs) {
   CudaExecutor ex;

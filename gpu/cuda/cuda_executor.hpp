@@ -45,8 +45,20 @@ const char* cuda_kernel_source_digest();
 // derivatives): for bitwise comparisons with the CPU.  Throws without GPU.
 std::vector<float> cuda_eval_math(int which, const std::vector<float>& xs);
 
+// While another thread keeps the legacy default stream busy, `rounds` times:
+// allocates n floats, launches a kernel that writes 1 to each, waits for
+// the whole device, and counts the floats that read back as anything else.
+// A test that a fresh buffer's zero fill is ordered before the first kernel
+// on the executor's stream.
+int64_t cuda_fresh_buffer_misses(int64_t n, int rounds);
+
 namespace cuda_detail {
-void* alloc_bytes(size_t bytes);  // zero-filled
+// Zero-filled on `stream` (a cudaStream_t): the fill is ordered before any
+// later work on that stream.  A plain cudaMemset would run on the legacy
+// default stream, which a cudaStreamNonBlocking stream does not wait for, so
+// a kernel could race the fill (seen on an H100 with 16 processes sharing
+// the GPU: gradients read back as zeros).
+void* alloc_bytes(size_t bytes, void* stream);
 void free_bytes(void* p) noexcept;
 }  // namespace cuda_detail
 
@@ -56,8 +68,9 @@ class CudaExecutor {
   class Buffer {
    public:
     Buffer() = default;
-    explicit Buffer(int64_t n)
-        : p_(static_cast<T*>(cuda_detail::alloc_bytes(size_t(n) * sizeof(T)))),
+    Buffer(int64_t n, void* stream)
+        : p_(static_cast<T*>(
+              cuda_detail::alloc_bytes(size_t(n) * sizeof(T), stream))),
           n_(n) {}
     Buffer(Buffer&& o) noexcept
         : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
@@ -91,7 +104,7 @@ class CudaExecutor {
 
   template <class T>
   Buffer<T> alloc(int64_t n) {
-    return Buffer<T>(n);
+    return Buffer<T>(n, stream_);
   }
   template <class T>
   void upload(Buffer<T>& dst, const T* src, int64_t n) {
