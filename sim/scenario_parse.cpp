@@ -59,6 +59,10 @@ constexpr std::pair<std::string_view, LrScaling> kLrScalings[] = {
     {"none", LrScaling::none},
     {"linear", LrScaling::linear},
     {"sqrt", LrScaling::sqrt}};
+constexpr std::pair<std::string_view, Sampler> kSamplers[] = {
+    {"pad", Sampler::pad},
+    {"drop-last", Sampler::drop_last},
+    {"split", Sampler::split}};
 constexpr std::pair<std::string_view, ExpectKind> kVerdicts[] = {
     {"matches-reference", ExpectKind::matches_reference},
     {"diverges-from-reference", ExpectKind::diverges_from_reference},
@@ -497,6 +501,7 @@ void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
   b.epochs = sec.integer("epochs", 1).value_or(1);
   b.ranks = sec.integer("ranks", 1).value_or(1);
   b.max_steps = sec.integer("max_steps", -1).value_or(-1);
+  b.sampler = sec.choice("sampler", kSamplers).value_or(Sampler::pad);
   if (b.micro_batch > s.data.samples)
     p.fail(sec.node("micro_batch"), "batching.micro_batch",
            fmt::format("expected an integer in 1..{} (data.samples), got {}",
@@ -681,7 +686,8 @@ Scenario parse_scenario_string(std::string_view text,
                       "replicate", "lengths", "min_len", "max_len"});
   const Section batching(
       p, root, "batching",
-      {"micro_batch", "accumulation", "epochs", "ranks", "max_steps"});
+      {"micro_batch", "accumulation", "epochs", "ranks", "max_steps",
+       "sampler"});
   const Section optimizer(p, root, "optimizer",
                           {"kind", "lr", "momentum", "beta1", "beta2", "eps",
                            "weight_decay", "l2_in_loss"});
@@ -781,6 +787,9 @@ std::string to_toml(const Scenario& s) {
   line("epochs", integer(s.batching.epochs));
   line("ranks", integer(s.batching.ranks));
   line("max_steps", integer(s.batching.max_steps));
+  if (s.batching.sampler != Sampler::pad)
+    line("sampler",
+         toml_string(name_of<Sampler>(kSamplers, s.batching.sampler)));
 
   const OptimizerSpec& opt = s.optimizer;
   o += "\n[optimizer]\n";
@@ -857,6 +866,9 @@ std::string describe(const Scenario& s) {
   if (!s.data.shuffle) d += " no-shuffle";
   d += fmt::format(" b={} K={} R={}", s.batching.micro_batch,
                    s.batching.accumulation, s.batching.ranks);
+  if (s.batching.sampler != Sampler::pad)
+    d += fmt::format(" sampler={}",
+                     name_of<Sampler>(kSamplers, s.batching.sampler));
   if (s.batching.epochs != 1) d += fmt::format(" epochs={}", s.batching.epochs);
   if (s.batching.max_steps >= 0)
     d += fmt::format(" max_steps={}", s.batching.max_steps);

@@ -16,12 +16,12 @@
 #include "oracle/real.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
-#include "verify/export.hpp"
 #include "sim/layout.hpp"
-#include "verify/null_engine.hpp"
 #include "sim/plan.hpp"
-#include "verify/trace.hpp"
 #include "sim/trainer.hpp"
+#include "verify/export.hpp"
+#include "verify/null_engine.hpp"
+#include "verify/trace.hpp"
 
 namespace accumcheck {
 
@@ -46,8 +46,8 @@ class Watched {
   }
   void set_epoch(int64_t epoch) { in_.set_epoch(epoch); }
   void zero_grad() { in_.zero_grad(); }
-  Real forward_backward(const std::vector<int64_t>& ids, int64_t den) {
-    return in_.forward_backward(ids, den);
+  Real forward_backward(const std::vector<int64_t>& ids, LossWeight w) {
+    return in_.forward_backward(ids, w);
   }
   void add_l2(double lambda, int64_t den) { in_.add_l2(lambda, den); }
   Real grad_norm() const {
@@ -225,8 +225,10 @@ Distance distance_of(const Forced& f, size_t trace_steps) {
 // Per optimizer step: forward_backward, zero_grad, clip, optimizer_step,
 // scheduler_step calls.  zero_grads before the first backward or after
 // the last, and repeated zero_grads with nothing between them, are no-ops
-// and not counted (beyond the first of a repeat).
-using Counts = std::array<int64_t, 5>;
+// and not counted (beyond the first of a repeat).  With R > 1 ranks the
+// pattern is rank 0's calls and the collectives (all_reduce): ranks run
+// in lockstep, and a rank that does not is seen in its parameters.
+using Counts = std::array<int64_t, 6>;
 using Pattern = std::vector<Counts>;
 
 size_t kind_slot(EventKind k) {
@@ -241,13 +243,20 @@ size_t kind_slot(EventKind k) {
       return 3;
     case EventKind::scheduler_step:
       return 4;
+    case EventKind::all_reduce:
+      return 5;
   }
   return 0;
 }
-constexpr std::string_view kSlotNames[] = {"backward", "zero_grad", "clip",
-                                           "optimizer.step", "scheduler.step"};
+constexpr std::string_view kSlotNames[] = {"backward",       "zero_grad",
+                                           "clip",           "optimizer.step",
+                                           "scheduler.step", "all_reduce"};
 
-Pattern pattern_of(const std::vector<Event>& events, bool ignore_scheduler) {
+Pattern pattern_of(const std::vector<Event>& all_events,
+                   bool ignore_scheduler) {
+  std::vector<Event> events;
+  for (const Event& e : all_events)
+    if (e.rank <= 0) events.push_back(e);
   Pattern p;
   bool seen_fb = false, last_zero = false;
   // zero_grads after the last backward change nothing either.
@@ -275,6 +284,7 @@ std::string counts_text(const Pattern& p, size_t step) {
   const Counts c = step < p.size() ? p[step] : Counts{};
   std::string s;
   for (size_t k = 0; k < c.size(); ++k) {
+    if (k == 5 && c[k] == 0) continue;  // all_reduce: ranks only
     if (!s.empty()) s.append(", ");
     s.append(fmt::format("{} {}", c[k], kSlotNames[k]));
   }

@@ -30,16 +30,18 @@ namespace accumcheck {
 namespace {
 
 constexpr std::string_view kEventsHeader =
-    "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm";
-constexpr std::string_view kValuesHeader = "run,step,kind,tensor,index,value";
+    "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,rank";
+constexpr std::string_view kValuesHeader =
+    "run,step,kind,tensor,index,value,rank";
 constexpr std::string_view kMetaHeader = "key,value";
 constexpr std::string_view kRequiredMeta[] = {
     "schema", "scenario",  "scenario_digest",
     "engine", "precision", "tool_version"};
 
 constexpr EventKind kEventKinds[] = {
-    EventKind::zero_grad, EventKind::forward_backward, EventKind::clip,
-    EventKind::optimizer_step, EventKind::scheduler_step};
+    EventKind::zero_grad,      EventKind::forward_backward,
+    EventKind::clip,           EventKind::optimizer_step,
+    EventKind::scheduler_step, EventKind::all_reduce};
 
 // A text field: double-quoted when it holds the separator, a quote, or
 // edge whitespace (which the reader would trim).  Line breaks cannot be
@@ -133,12 +135,12 @@ void TraceWriter::add_event(const Event& e) {
   append_real(o, e.lr);
   o += ',';
   append_real(o, e.grad_norm);
-  o += '\n';
+  fmt::format_to(std::back_inserter(o), ",{}\n", e.rank);
 }
 
 void TraceWriter::add_value(int64_t step, ValueKind kind,
                             std::string_view tensor, int64_t index,
-                            double value) {
+                            double value, int64_t rank) {
   if (runs_.empty()) throw std::logic_error("add_value before begin_run");
   std::string& o = values_;
   append_field(o, runs_.back());
@@ -146,7 +148,7 @@ void TraceWriter::add_value(int64_t step, ValueKind kind,
   append_field(o, tensor);
   fmt::format_to(std::back_inserter(o), ",{},", index);
   append_real(o, value);
-  o += '\n';
+  fmt::format_to(std::back_inserter(o), ",{}\n", rank);
 }
 
 void write_trace(const std::string& dir, const TraceWriter& w) {
@@ -193,11 +195,19 @@ struct CsvFile {
     throw InputError(path, line, 0, std::string(column), msg);
   }
 
+  // Every column is required except `optional` (when absent, read_row
+  // leaves its variable as it was).
   template <unsigned N, class... Names>
   void read_header(Reader<N>& r, std::string_view header,
-                   Names... names) const {
+                   std::string_view optional, Names... names) const {
     try {
-      r.read_header(io::ignore_no_column, names...);
+      r.read_header(io::ignore_missing_column, names...);
+      for (const char* name : {names...})
+        if (name != optional && !r.has_column(name)) {
+          io::error::missing_column_in_header err;
+          err.set_column_name(name);
+          throw err;
+        }
     } catch (const io::error::missing_column_in_header& e) {
       fail(1, e.column_name,
            fmt::format("missing column '{}'; expected the header {}",
@@ -324,7 +334,7 @@ Trace read_trace(const std::string& dir) {
   {  // meta.csv: the schema first of all.
     const CsvFile f(t.meta_path(), kMetaHeader);
     Reader<2> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
-    f.read_header(r, kMetaHeader, "key", "value");
+    f.read_header(r, kMetaHeader, "", "key", "value");
     std::string key, value;
     int64_t line = 0, schema_line = 0;
     while (f.row(r, line, key, value)) {
@@ -348,14 +358,17 @@ Trace read_trace(const std::string& dir) {
   RunTracker runs{t, {}, {}, {}, true};
   {  // events.csv
     const CsvFile f(t.events_path(), kEventsHeader);
-    Reader<10> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
-    f.read_header(r, kEventsHeader, "run", "epoch", "step", "micro", "event",
-                  "samples", "tokens", "loss", "lr", "grad_norm");
+    Reader<11> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
+    f.read_header(r, kEventsHeader, "rank", "run", "epoch", "step", "micro",
+                  "event", "samples", "tokens", "loss", "lr", "grad_norm",
+                  "rank");
     std::string run, event;
     char *epoch, *step, *micro, *samples, *tokens, *loss, *lr, *norm;
+    char zero[] = "0";
+    char* rank = zero;
     int64_t line = 0;
     while (f.row(r, line, run, epoch, step, micro, event, samples, tokens, loss,
-                 lr, norm)) {
+                 lr, norm, rank)) {
       TraceRun& tr = runs.at(f, line, run);
       TraceEvent te;
       te.line = line;
@@ -369,8 +382,8 @@ Trace read_trace(const std::string& dir) {
       if (kind == std::end(kEventKinds))
         f.fail(line, "event",
                fmt::format("unknown event '{}'; expected zero_grad, "
-                           "forward_backward, clip, optimizer_step or "
-                           "scheduler_step",
+                           "forward_backward, clip, optimizer_step, "
+                           "scheduler_step or all_reduce",
                            event));
       e.kind = *kind;
       e.samples = f.integer(line, "samples", samples, 0);
@@ -378,6 +391,7 @@ Trace read_trace(const std::string& dir) {
       e.loss = f.real(line, "loss", loss);
       e.lr = f.real(line, "lr", lr);
       e.grad_norm = f.real(line, "grad_norm", norm);
+      e.rank = f.integer(line, "rank", rank, -1);
       if (!tr.events.empty()) {
         const Event& prev = tr.events.back().event;
         if (e.epoch < prev.epoch)
@@ -399,17 +413,20 @@ Trace read_trace(const std::string& dir) {
   runs.first = true;
   {  // values.csv
     const CsvFile f(t.values_path(), kValuesHeader);
-    Reader<6> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
-    f.read_header(r, kValuesHeader, "run", "step", "kind", "tensor", "index",
-                  "value");
+    Reader<7> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
+    f.read_header(r, kValuesHeader, "rank", "run", "step", "kind", "tensor",
+                  "index", "value", "rank");
     std::string run, kind, tensor;
     char *step, *index, *value;
+    char zero[] = "0";
+    char* rank = zero;
     int64_t line = 0;
     // The rows of the current (run, step), to find duplicates.
-    std::map<std::tuple<ValueKind, std::string, int64_t>, int64_t> seen;
+    std::map<std::tuple<int64_t, ValueKind, std::string, int64_t>, int64_t>
+        seen;
     const TraceRun* seen_run = nullptr;
     int64_t seen_step = -1;
-    while (f.row(r, line, run, step, kind, tensor, index, value)) {
+    while (f.row(r, line, run, step, kind, tensor, index, value, rank)) {
       TraceRun& tr = runs.at(f, line, run);
       TraceValue v;
       v.line = line;
@@ -425,6 +442,7 @@ Trace read_trace(const std::string& dir) {
       v.tensor = tensor;
       v.index = f.integer(line, "index", index, 0);
       v.value = f.real(line, "value", value);
+      v.rank = f.integer(line, "rank", rank, 0);
       if (!tr.values.empty() && v.step < tr.values.back().step)
         f.fail(line, "step",
                fmt::format("steps out of order in run '{}': {} after {} "
@@ -436,21 +454,28 @@ Trace read_trace(const std::string& dir) {
         seen_run = &tr;
         seen_step = v.step;
       }
-      const auto [it, fresh] =
-          seen.emplace(std::make_tuple(v.kind, v.tensor, v.index), line);
+      const auto [it, fresh] = seen.emplace(
+          std::make_tuple(v.rank, v.kind, v.tensor, v.index), line);
       if (!fresh)
         f.fail(line, "",
-               fmt::format("duplicated row: run '{}' step {} {} {}[{}] was "
-                           "given at line {}",
-                           run, v.step, kind, tensor, v.index, it->second));
+               fmt::format("duplicated row: run '{}' step {} {} {}[{}] rank "
+                           "{} was given at line {}",
+                           run, v.step, kind, tensor, v.index, v.rank,
+                           it->second));
       tr.values.push_back(std::move(v));
     }
   }
   return t;
 }
 
+std::vector<int64_t> value_ranks(const TraceRun& run) {
+  std::set<int64_t> ranks{0};
+  for (const TraceValue& v : run.values) ranks.insert(v.rank);
+  return {ranks.begin(), ranks.end()};
+}
+
 std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
-                                    const ParamLayout& layout) {
+                                    const ParamLayout& layout, int64_t rank) {
   const std::string file = t.values_path();
   std::map<std::string, const TensorView*, std::less<>> tensors;
   for (const TensorView& v : layout.tensors) tensors[v.name] = &v;
@@ -459,6 +484,7 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
   std::vector<int64_t> count_grad, count_param;  // per step
   std::vector<int64_t> last_line;
   for (const TraceValue& v : run.values) {
+    if (v.rank != rank) continue;
     const auto it = tensors.find(v.tensor);
     if (it == tensors.end()) {
       std::string known;
