@@ -1,5 +1,5 @@
-// Scenario files: TOML -> Scenario with precise errors, Scenario -> TOML,
-// and describe().
+// Scenario files: TOML -> Scenario with precise errors (the inverse,
+// to_toml() and describe(), is sim/scenario_write.cpp).
 #include "sim/scenario_parse.hpp"
 
 #include <fmt/format.h>
@@ -18,63 +18,15 @@
 #include "sim/atomic_file.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
+#include "sim/scenario_text.hpp"
 
 namespace accumcheck {
+
+using namespace scenario_text;
 
 namespace {
 
 constexpr int64_t kMaxWidth = 4096;
-constexpr int64_t kIntMax = std::numeric_limits<int64_t>::max();
-
-template <class E>
-using Names = std::span<const std::pair<std::string_view, E>>;
-
-constexpr std::pair<std::string_view, Activation> kActivations[] = {
-    {"tanh", Activation::tanh},
-    {"relu", Activation::relu},
-    {"gelu", Activation::gelu},
-    {"identity", Activation::identity}};
-constexpr std::pair<std::string_view, LossKind> kLosses[] = {
-    {"mse", LossKind::mse}, {"cross-entropy", LossKind::cross_entropy}};
-constexpr std::pair<std::string_view, ModelKind> kModelKinds[] = {
-    {"mlp", ModelKind::mlp}, {"token", ModelKind::token}};
-constexpr std::pair<std::string_view, NormKind> kNorms[] = {
-    {"none", NormKind::none},
-    {"batchnorm", NormKind::batchnorm},
-    {"layernorm", NormKind::layernorm}};
-constexpr std::pair<std::string_view, SequenceLengths> kLengths[] = {
-    {"fixed", SequenceLengths::fixed},
-    {"uniform", SequenceLengths::uniform},
-    {"long-tailed", SequenceLengths::long_tailed}};
-constexpr std::pair<std::string_view, OptimizerKind> kOptimizers[] = {
-    {"sgd", OptimizerKind::sgd},
-    {"adam", OptimizerKind::adam},
-    {"adamw", OptimizerKind::adamw}};
-constexpr std::pair<std::string_view, ScheduleKind> kSchedules[] = {
-    {"constant", ScheduleKind::constant},
-    {"step", ScheduleKind::step},
-    {"linear", ScheduleKind::linear},
-    {"cosine", ScheduleKind::cosine}};
-constexpr std::pair<std::string_view, LrScaling> kLrScalings[] = {
-    {"none", LrScaling::none},
-    {"linear", LrScaling::linear},
-    {"sqrt", LrScaling::sqrt}};
-constexpr std::pair<std::string_view, Sampler> kSamplers[] = {
-    {"pad", Sampler::pad},
-    {"drop-last", Sampler::drop_last},
-    {"split", Sampler::split}};
-constexpr std::pair<std::string_view, ExpectKind> kVerdicts[] = {
-    {"matches-reference", ExpectKind::matches_reference},
-    {"diverges-from-reference", ExpectKind::diverges_from_reference},
-    {"never-steps", ExpectKind::never_steps},
-    {"matches-accepted", ExpectKind::matches_accepted}};
-
-template <class E>
-std::string_view name_of(Names<E> names, E value) {
-  for (const auto& [n, v] : names)
-    if (v == value) return n;
-  return "?";
-}
 
 // Levenshtein distance, for "did you mean".
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -103,48 +55,6 @@ std::string_view closest(std::string_view word, const Range& candidates) {
     if (d < best_d) best = c, best_d = d;
   }
   return best;
-}
-
-std::string toml_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if ((unsigned char)c < 0x20 || c == 0x7f)
-          out += fmt::format("\\u{:04X}", (unsigned)(unsigned char)c);
-        else
-          out += c;
-    }
-  }
-  return out + "\"";
-}
-
-// Shortest round-trip text of a double, always spelled as a TOML float.
-std::string float_text(double x) {
-  std::string s = fmt::format("{}", x);
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
 }
 
 // "got 0", "got \"tahn\"", "got an array".
@@ -719,193 +629,6 @@ Scenario parse_scenario_string(std::string_view text,
 
 Scenario parse_scenario_file(const std::string& path) {
   return parse_scenario_string(read_file_bytes(path), path);
-}
-
-std::string to_toml(const Scenario& s) {
-  std::string o;
-  auto line = [&o](std::string_view key, const std::string& value) {
-    o += fmt::format("{} = {}\n", key, value);
-  };
-  auto integer = [](int64_t v) { return std::to_string(v); };
-  auto boolean = [](bool v) { return std::string(v ? "true" : "false"); };
-  auto ids = [](const std::vector<Pitfall>& v) {
-    std::string r = "[";
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (i) r += ", ";
-      r += toml_string(pitfall_id(v[i]));
-    }
-    return r + "]";
-  };
-
-  line("story", toml_string(s.story));
-
-  o += "\n[model]\n";
-  if (s.model.kind == ModelKind::token) {
-    line("kind", toml_string("token"));
-    line("vocab", integer(s.model.vocab));
-    line("embed", integer(s.model.embed));
-    line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
-  } else {
-    std::string widths = "[";
-    for (size_t i = 0; i < s.model.widths.size(); ++i) {
-      if (i) widths += ", ";
-      widths += integer(s.model.widths[i]);
-    }
-    line("widths", widths + "]");
-    line("activation",
-         toml_string(name_of<Activation>(kActivations, s.model.activation)));
-    line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
-    if (s.model.norm != NormKind::none)
-      line("norm", toml_string(name_of<NormKind>(kNorms, s.model.norm)));
-    if (s.model.dropout > 0) line("dropout", float_text(s.model.dropout));
-  }
-
-  o += "\n[data]\n";
-  if (s.data.source == DataSource::csv)
-    line("csv", toml_string(s.data.csv_path));
-  line("samples", integer(s.data.samples));
-  // TOML integers are signed 64-bit: a larger seed has no spelling.
-  if (s.data.seed > uint64_t(kIntMax))
-    throw std::invalid_argument(fmt::format(
-        "to_toml: data.seed {} does not fit a TOML integer (< 2^63)",
-        s.data.seed));
-  line("seed", std::to_string(s.data.seed));
-  if (s.model.kind != ModelKind::token) line("dyadic", boolean(s.data.dyadic));
-  line("shuffle", boolean(s.data.shuffle));
-  if (s.data.replicate) line("replicate", boolean(true));
-  if (s.model.kind == ModelKind::token) {
-    line("lengths",
-         toml_string(name_of<SequenceLengths>(kLengths, s.data.lengths)));
-    if (s.data.lengths != SequenceLengths::fixed)
-      line("min_len", integer(s.data.min_len));
-    line("max_len", integer(s.data.max_len));
-  }
-
-  o += "\n[batching]\n";
-  line("micro_batch", integer(s.batching.micro_batch));
-  line("accumulation", integer(s.batching.accumulation));
-  line("epochs", integer(s.batching.epochs));
-  line("ranks", integer(s.batching.ranks));
-  line("max_steps", integer(s.batching.max_steps));
-  if (s.batching.sampler != Sampler::pad)
-    line("sampler",
-         toml_string(name_of<Sampler>(kSamplers, s.batching.sampler)));
-
-  const OptimizerSpec& opt = s.optimizer;
-  o += "\n[optimizer]\n";
-  line("kind", toml_string(name_of<OptimizerKind>(kOptimizers, opt.kind)));
-  line("lr", float_text(opt.lr));
-  if (opt.kind == OptimizerKind::sgd) {
-    line("momentum", float_text(opt.momentum));
-  } else {
-    line("beta1", float_text(opt.beta1));
-    line("beta2", float_text(opt.beta2));
-    line("eps", float_text(opt.eps));
-  }
-  line("weight_decay", float_text(opt.weight_decay));
-  line("l2_in_loss", float_text(opt.l2_in_loss));
-
-  const ScheduleSpec& sc = s.schedule;
-  o += "\n[schedule]\n";
-  line("kind", toml_string(name_of<ScheduleKind>(kSchedules, sc.kind)));
-  if (sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) {
-    line("warmup", integer(sc.warmup));
-    line("total", integer(sc.total));
-  } else if (sc.kind == ScheduleKind::step) {
-    line("step_size", integer(sc.step_size));
-    line("gamma", float_text(sc.gamma));
-  }
-
-  if (s.clip.enabled) {
-    o += "\n[clip]\n";
-    line("max_norm", float_text(s.clip.max_norm));
-  }
-
-  o += "\n[trainer]\n";
-  line("pitfalls", ids(s.trainer.pitfalls));
-  line("accepted", ids(s.trainer.accepted));
-  line("lr_scaling",
-       toml_string(name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling)));
-
-  o += "\n[expect]\n";
-  line("verdict", toml_string(name_of<ExpectKind>(kVerdicts, s.expect.kind)));
-  if (s.expect.kind == ExpectKind::diverges_from_reference) {
-    line("min_distance", float_text(s.expect.min_distance));
-    line("at_step", integer(s.expect.at_step));
-  }
-  return o;
-}
-
-std::string describe(const Scenario& s) {
-  std::string model;
-  for (size_t i = 0; i < s.model.widths.size(); ++i) {
-    if (i) model += '-';
-    model += std::to_string(s.model.widths[i]);
-  }
-  const bool hidden = s.model.widths.size() > 2;
-  std::string d = fmt::format(
-      "{}({}{},{})", hidden ? "mlp" : "linear", model,
-      hidden ? fmt::format(
-                   ",{}", name_of<Activation>(kActivations, s.model.activation))
-             : std::string(),
-      name_of<LossKind>(kLosses, s.model.loss));
-  if (s.model.kind == ModelKind::token)
-    d = fmt::format("token(vocab={},embed={}) lengths={}[{}..{}]",
-                    s.model.vocab, s.model.embed,
-                    name_of<SequenceLengths>(kLengths, s.data.lengths),
-                    s.data.min_len, s.data.max_len);
-  if (s.model.norm != NormKind::none)
-    d += fmt::format(" {}", name_of<NormKind>(kNorms, s.model.norm));
-  if (s.model.dropout > 0) d += fmt::format(" dropout={}", s.model.dropout);
-  d += fmt::format(" n={}", s.data.samples);
-  if (s.data.replicate) d += " replicated";
-  if (s.data.source == DataSource::csv)
-    d += fmt::format(" csv={}", s.data.csv_path);
-  else
-    d += fmt::format(" seed={}{}", s.data.seed, s.data.dyadic ? " dyadic" : "");
-  if (!s.data.shuffle) d += " no-shuffle";
-  d += fmt::format(" b={} K={} R={}", s.batching.micro_batch,
-                   s.batching.accumulation, s.batching.ranks);
-  if (s.batching.sampler != Sampler::pad)
-    d += fmt::format(" sampler={}",
-                     name_of<Sampler>(kSamplers, s.batching.sampler));
-  if (s.batching.epochs != 1) d += fmt::format(" epochs={}", s.batching.epochs);
-  if (s.batching.max_steps >= 0)
-    d += fmt::format(" max_steps={}", s.batching.max_steps);
-
-  const OptimizerSpec& o = s.optimizer;
-  d += fmt::format(" {} lr={}", name_of<OptimizerKind>(kOptimizers, o.kind),
-                   o.lr);
-  if (o.kind == OptimizerKind::sgd) {
-    if (o.momentum != 0) d += fmt::format(" momentum={}", o.momentum);
-  } else {
-    d += fmt::format(" betas=({},{}) eps={}", o.beta1, o.beta2, o.eps);
-  }
-  if (o.weight_decay != 0) d += fmt::format(" wd={}", o.weight_decay);
-  if (o.l2_in_loss != 0) d += fmt::format(" l2={}", o.l2_in_loss);
-
-  const ScheduleSpec& sc = s.schedule;
-  switch (sc.kind) {
-    case ScheduleKind::constant:
-      break;
-    case ScheduleKind::step:
-      d += fmt::format(" step(size={},gamma={})", sc.step_size, sc.gamma);
-      break;
-    case ScheduleKind::linear:
-    case ScheduleKind::cosine:
-      d += fmt::format(" {}(w={},T={})",
-                       name_of<ScheduleKind>(kSchedules, sc.kind), sc.warmup,
-                       sc.total);
-      break;
-  }
-  if (s.clip.enabled) d += fmt::format(" clip={}", s.clip.max_norm);
-  if (s.trainer.lr_scaling != LrScaling::none)
-    d += fmt::format(" lr-scaling={}",
-                     name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling));
-  d += fmt::format(" {}", semantics_name(s.trainer.pitfalls));
-  if (!s.trainer.accepted.empty())
-    d += fmt::format(" accepted={}", semantics_name(s.trainer.accepted));
-  return d;
 }
 
 }  // namespace accumcheck

@@ -1,0 +1,213 @@
+// certify, stage 2: the forced run of one semantics against the trace, and
+// the accepted semantics' checks (verify/certify_stages.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "oracle/oracle.hpp"
+#include "sim/trainer.hpp"
+#include "verify/certify_stages.hpp"
+
+namespace accumcheck::certify_detail {
+
+namespace {
+
+// Both from the one tolerance table (oracle/error_model.hpp), with reasons.
+const double kFp64Scale = error_model::tolerance("fp64_bound_scale");
+const double kProxyUlps = error_model::tolerance("certify_proxy_ulps");
+constexpr double kU = error_model::kUnitRoundoff32;
+
+// An engine that remembers every grad_norm() it returned, so that the
+// clip decisions of a step can be checked for ambiguity.
+template <class Inner>
+class Watched {
+ public:
+  using Real = typename Inner::Real;
+  explicit Watched(Inner& in) : in_(in) {}
+  int64_t items(const std::vector<int64_t>& ids) const {
+    return in_.items(ids);
+  }
+  void set_epoch(int64_t epoch) { in_.set_epoch(epoch); }
+  void zero_grad() { in_.zero_grad(); }
+  Real forward_backward(const std::vector<int64_t>& ids, LossWeight w) {
+    return in_.forward_backward(ids, w);
+  }
+  void add_l2(double lambda, int64_t den) { in_.add_l2(lambda, den); }
+  Real grad_norm() const {
+    Real n = in_.grad_norm();
+    norms_.push_back(n);
+    return n;
+  }
+  void scale_grads(const Real& f) { in_.scale_grads(f); }
+  void optimizer_step(const OptimizerSpec& o, double lr) {
+    in_.optimizer_step(o, lr);
+  }
+  EngineState<Real> state() const { return in_.state(); }
+  void set_state(const EngineState<Real>& s) { in_.set_state(s); }
+  std::vector<Real>& norms() { return norms_; }
+  Inner& inner() { return in_; }
+
+ private:
+  Inner& in_;
+  mutable std::vector<Real> norms_;
+};
+
+template <class T>
+T lift(double x) {
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return T::exact(OracleReal(x));
+}
+
+template <class T>
+std::vector<T> lift_all(const std::vector<double>& x) {
+  std::vector<T> r;
+  r.reserve(x.size());
+  for (double v : x) r.push_back(lift<T>(v));
+  return r;
+}
+
+// The trace's values `f` against the oracle's `v`.
+error_model::Comparison judge_values(const std::string& what,
+                                     const std::vector<double>& f,
+                                     const std::vector<double>& v,
+                                     const ParamLayout& layout, bool) {
+  error_model::Comparison c;
+  c.what = what;
+  double maxabs = 0;
+  for (double x : v) maxabs = std::max(maxabs, std::fabs(x));
+  for (size_t i = 0; i < f.size() && i < v.size(); ++i) {
+    const double err = std::fabs(f[i] - v[i]);
+    const double bound =
+        kProxyUlps * kU * (std::fabs(v[i]) + std::ldexp(maxabs, -10)) + 1e-300;
+    error_model::accumulate(c, &layout, int64_t(i), f[i], v[i], err, bound,
+                            err / bound, err > bound);
+  }
+  return c;
+}
+
+error_model::Comparison judge_values(const std::string& what,
+                                     const std::vector<double>& f,
+                                     const std::vector<TR>& v,
+                                     const ParamLayout& layout, bool fp64) {
+  if (!fp64) {
+    const std::vector<float> f32(f.begin(), f.end());  // exact: validated
+    return error_model::compare(what, f32, v, &layout);
+  }
+  return error_model::compare(
+      what, f, v, &layout, error_model::tolerance("bound_slack"), kFp64Scale);
+}
+}  // namespace
+
+template <class T>
+Forced forced_run(const Ctx& c, const Behavior& b) {
+  Oracle<T> oracle(c.s.model, c.data, c.init);
+  Watched<Oracle<T>> w(oracle);
+  TrainerOptions opt;
+  opt.record_values = false;
+  opt.record_events = false;
+  opt.max_steps = c.s.batching.max_steps;
+  Trainer<Watched<Oracle<T>>> trainer(w, c.s, b, c.s.optimizer.lr, opt);
+  Forced r;
+  r.eval.resize(c.trace.size());
+  const size_t n = c.trace.size();
+  auto before = [&](int64_t step, Watched<Oracle<T>>& e) {
+    r.steps = std::max(r.steps, step + 1);
+    std::vector<T>& norms = e.norms();
+    if (size_t(step) >= n) {
+      norms.clear();
+      return;
+    }
+    StepEval& ev = r.eval[size_t(step)];
+    ev.seen = true;
+    if constexpr (!std::is_same_v<T, double>) {
+      // Every norm but the last (the step record's) was a clip decision.
+      if (c.s.clip.enabled)
+        for (size_t i = 0; i + 1 < norms.size(); ++i) {
+          const T coef = T(c.s.clip.max_norm) / (norms[i] + T(1e-6));
+          using std::abs;
+          auto bound = coef.e;
+          if (c.fp64) bound *= decltype(bound)(kFp64Scale);
+          if (abs(coef.v - decltype(bound)(1)) <= bound) ev.ambiguous = true;
+        }
+    }
+    norms.clear();
+    ev.grad = judge_values(fmt::format("step {} gradient", step),
+                           c.trace[size_t(step)].grad, e.inner().grads(),
+                           c.layout, c.fp64);
+    EngineState<T> st = e.state();
+    st.grads = lift_all<T>(c.trace[size_t(step)].grad);
+    e.set_state(st);
+  };
+  auto after = [&](int64_t step, Watched<Oracle<T>>& e) {
+    if (size_t(step) >= n) return;
+    StepEval& ev = r.eval[size_t(step)];
+    std::vector<T>& params = e.inner().params();
+    ev.param =
+        judge_values(fmt::format("step {} parameters", step),
+                     c.trace[size_t(step)].param, params, c.layout, c.fp64);
+    const std::vector<double>& want = c.trace[size_t(step)].param;
+    for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
+  };
+  trainer.set_step_hooks(before, after);
+  trainer.run(c.plan, "certify");
+  return r;
+}
+
+template Forced forced_run<double>(const Ctx&, const Behavior&);
+template Forced forced_run<TR>(const Ctx&, const Behavior&);
+
+Distance distance_of(const Forced& f, size_t trace_steps) {
+  Distance d;
+  for (size_t t = 0; t < f.eval.size(); ++t) {
+    const StepEval& ev = f.eval[t];
+    if (!ev.seen) continue;
+    const double worst = std::max(ev.grad.max_ratio, ev.param.max_ratio);
+    const bool out = !ev.grad.ok() || !ev.param.ok();
+    if (out && ev.ambiguous) continue;
+    d.value = std::max(d.value, worst);
+    if (out && d.first_out < 0) {
+      d.first_out = int64_t(t);
+      const bool g = !ev.grad.ok();
+      const auto& cmp = g ? ev.grad : ev.param;
+      d.first_out_what =
+          fmt::format("{} {}", g ? "gradient" : "parameters", cmp.worst.tensor);
+    }
+  }
+  if (size_t(f.steps) != trace_steps) d.value = kInf;
+  return d;
+}
+
+void judge_accepted(const Forced& acc, CertifyReport& r) {
+  r.expected_steps = acc.steps;
+  {
+    CertifyCheck c;
+    c.name = "step count";
+    c.ok = acc.steps == r.trace_steps;
+    c.message = fmt::format("trace: {} optimizer steps; {}: {}", r.trace_steps,
+                            r.accepted, acc.steps);
+    r.checks.push_back(c);
+  }
+  for (size_t t = 0; t < acc.eval.size(); ++t) {
+    const StepEval& ev = acc.eval[t];
+    if (!ev.seen) continue;
+    if (ev.ambiguous && (!ev.grad.ok() || !ev.param.ok()))
+      r.ambiguous_steps.push_back(int64_t(t));
+    for (const auto* cmp : {&ev.grad, &ev.param}) {
+      CertifyCheck c;
+      c.name = cmp->what;
+      c.ok = cmp->ok() || ev.ambiguous;
+      c.ambiguous = ev.ambiguous && !cmp->ok();
+      c.message = cmp->summary();
+      if (c.ambiguous)
+        c.message.append(
+            " [ambiguous: a clip decision lies within the bound of the "
+            "threshold]");
+      r.checks.push_back(c);
+    }
+  }
+}
+
+}  // namespace accumcheck::certify_detail

@@ -1,0 +1,88 @@
+// certify, stage 1: load and validate the trace (verify/certify_stages.hpp).
+// Anything malformed or inconsistent is an InputError naming file:line.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "sim/errors.hpp"
+#include "verify/certify_stages.hpp"
+
+namespace accumcheck::certify_detail {
+
+LoadedTrace load(const Scenario& s, const std::string& dir,
+                 const CertifyConfig& cfg, const ParamLayout& layout) {
+  LoadedTrace L;
+  L.trace = read_trace(dir);
+  const Trace& t = L.trace;
+  const std::string digest = t.meta_value("scenario_digest");
+  if (digest != s.digest) {
+    int64_t line = 0;
+    for (size_t i = 0; i < t.meta.size(); ++i)
+      if (t.meta[i].first == "scenario_digest") line = int64_t(i) + 2;
+    throw InputError(t.meta_path(), line, 0, "scenario_digest",
+                     fmt::format("the trace was made for scenario digest "
+                                 "'{}', but {} has digest {} (re-export the "
+                                 "bundle and retrain, or certify against the "
+                                 "scenario file the bundle holds)",
+                                 digest, s.path, s.digest));
+  }
+  if (t.runs.empty())
+    throw InputError(t.values_path(), 0, 0, "run",
+                     "the trace holds no run (no events or values rows)");
+  if (!cfg.run.empty()) {
+    L.run = t.run(cfg.run);
+    if (!L.run) {
+      std::string names;
+      for (const TraceRun& r : t.runs) {
+        if (!names.empty()) names.append(", ");
+        names.append(r.name);
+      }
+      throw InputError(
+          t.values_path(), 0, 0, "run",
+          fmt::format("no run '{}' in the trace; it holds {}", cfg.run, names));
+    }
+  } else {
+    L.run = &t.runs.back();
+  }
+  const TraceRun& run = *L.run;
+  for (const TraceValue& v : run.values) {
+    if (std::isnan(v.value))
+      throw InputError(t.values_path(), v.line, 0, "value",
+                       "expected a number, got an empty field (NaN)");
+    if (!std::isfinite(v.value))
+      throw InputError(
+          t.values_path(), v.line, 0, "value",
+          fmt::format("expected a finite number, got {}", v.value));
+    if (!cfg.fp64 && double(float(v.value)) != v.value)
+      throw InputError(
+          t.values_path(), v.line, 0, "value",
+          fmt::format("{} is not a float32 value; a float64 trainer is "
+                      "certified with --precision fp64",
+                      v.value));
+  }
+  L.steps = gather_steps(t, run, layout);
+  for (size_t i = 0; i < L.steps.size(); ++i) {
+    const TraceStep& st = L.steps[i];
+    auto line_of = [&](int64_t step) {
+      for (const TraceValue& v : run.values)
+        if (v.step == step) return v.line;
+      return int64_t(0);
+    };
+    if (st.step != int64_t(i))
+      throw InputError(
+          t.values_path(), line_of(st.step), 0, "step",
+          fmt::format("run '{}': step {} follows step {}; "
+                      "steps must be 0, 1, 2, ... without gaps",
+                      run.name, st.step, i == 0 ? -1 : L.steps[i - 1].step));
+    if (st.grad.empty() || st.param.empty())
+      throw InputError(
+          t.values_path(), line_of(st.step), 0,
+          st.grad.empty() ? "grad" : "param",
+          fmt::format("run '{}' step {} has no {} values; each "
+                      "step needs its gradient and parameters",
+                      run.name, st.step, st.grad.empty() ? "grad" : "param"));
+  }
+  return L;
+}
+
+}  // namespace accumcheck::certify_detail

@@ -1,0 +1,143 @@
+// certify, stage 4: the call pattern of the trace's events against the
+// accepted semantics and every candidate (verify/certify_stages.hpp).
+//
+// zero_grads before the first backward or after the last, and repeated
+// zero_grads with nothing between them, are no-ops and not counted (beyond
+// the first of a repeat).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "sim/trainer.hpp"
+#include "verify/certify_stages.hpp"
+#include "verify/null_engine.hpp"
+
+namespace accumcheck::certify_detail {
+
+namespace {
+
+size_t kind_slot(EventKind k) {
+  switch (k) {
+    case EventKind::forward_backward:
+      return 0;
+    case EventKind::zero_grad:
+      return 1;
+    case EventKind::clip:
+      return 2;
+    case EventKind::optimizer_step:
+      return 3;
+    case EventKind::scheduler_step:
+      return 4;
+    case EventKind::all_reduce:
+      return 5;
+  }
+  return 0;
+}
+constexpr std::string_view kSlotNames[] = {
+    "backward",       "zero_grad",      "clip",
+    "optimizer.step", "scheduler.step", "all_reduce"};
+
+Pattern pattern_of(const std::vector<Event>& all_events,
+                   bool ignore_scheduler) {
+  std::vector<Event> events;  // rank 0's and the collectives (rank -1)
+  for (const Event& e : all_events)
+    if (e.rank <= 0) events.push_back(e);
+  Pattern p;
+  bool seen_fb = false, last_zero = false;
+  // zero_grads after the last backward change nothing either.
+  size_t last_fb = 0;
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].kind == EventKind::forward_backward) last_fb = i;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    if (e.kind == EventKind::zero_grad && i > last_fb) continue;
+    if (e.kind == EventKind::zero_grad) {
+      if (!seen_fb || last_zero) continue;
+      last_zero = true;
+    } else {
+      last_zero = false;
+    }
+    if (e.kind == EventKind::forward_backward) seen_fb = true;
+    if (ignore_scheduler && e.kind == EventKind::scheduler_step) continue;
+    if (p.size() <= size_t(e.step)) p.resize(size_t(e.step) + 1, Counts{});
+    ++p[size_t(e.step)][kind_slot(e.kind)];
+  }
+  return p;
+}
+
+std::string counts_text(const Pattern& p, size_t step) {
+  const Counts c = step < p.size() ? p[step] : Counts{};
+  std::string s;
+  for (size_t k = 0; k < c.size(); ++k) {
+    if (k == 5 && c[k] == 0) continue;  // all_reduce: ranks only
+    if (!s.empty()) s.append(", ");
+    s.append(fmt::format("{} {}", c[k], kSlotNames[k]));
+  }
+  return s;
+}
+
+Pattern semantics_pattern(const Scenario& s, const Plan& plan,
+                          const Behavior& b, bool ignore_scheduler) {
+  NullEngine null;
+  TrainerOptions opt;
+  opt.record_values = false;
+  opt.max_steps = s.batching.max_steps;
+  Trainer<NullEngine> t(null, s, b, s.optimizer.lr, opt);
+  return pattern_of(t.run(plan, "pattern").events, ignore_scheduler);
+}
+
+}  // namespace
+
+PatternCheck check_pattern(const Scenario& s, const Plan& plan,
+                           const TraceRun& run, const Behavior& accepted_b,
+                           CertifyReport& r) {
+  PatternCheck pc;
+  r.pattern_checked = !run.events.empty();
+  if (!r.pattern_checked) return pc;
+  std::vector<Event> evs;
+  bool any_sched = false;
+  for (const TraceEvent& e : run.events) {
+    evs.push_back(e.event);
+    any_sched = any_sched || e.event.kind == EventKind::scheduler_step;
+  }
+  // A constant schedule needs no scheduler object at all.
+  pc.ignore_sched = !any_sched && s.schedule.kind == ScheduleKind::constant;
+  pc.trace = pattern_of(evs, pc.ignore_sched);
+  const Pattern& trace_pattern = pc.trace;
+  const Pattern want = semantics_pattern(s, plan, accepted_b, pc.ignore_sched);
+  r.pattern_ok = trace_pattern == want;
+  if (r.pattern_ok) {
+    r.pattern_message =
+        fmt::format("call pattern as {} (optimizer step 1: {})", r.accepted,
+                    counts_text(want, std::min<size_t>(1, want.size() - 1)));
+  } else {
+    size_t at = 0;
+    while (at < std::max(want.size(), trace_pattern.size()) &&
+           at < want.size() && at < trace_pattern.size() &&
+           want[at] == trace_pattern[at])
+      ++at;
+    r.pattern_message = fmt::format(
+        "call pattern differs from {} at optimizer step {}: the trace has "
+        "{}; {} has {}",
+        r.accepted, at, counts_text(trace_pattern, at), r.accepted,
+        counts_text(want, at));
+  }
+  CertifyCheck c;
+  c.name = "call pattern";
+  c.ok = r.pattern_ok;
+  c.message = r.pattern_message;
+  r.checks.push_back(c);
+  return pc;
+}
+
+void mark_pattern_matches(const Scenario& s, const Plan& plan,
+                          const PatternCheck& pc,
+                          const std::vector<Behavior>& behaviors,
+                          CertifyReport& r) {
+  if (!r.pattern_checked) return;
+  for (size_t i = 0; i < r.ranking.size(); ++i)
+    r.ranking[i].pattern_matches =
+        semantics_pattern(s, plan, behaviors[i], pc.ignore_sched) == pc.trace;
+}
+
+}  // namespace accumcheck::certify_detail

@@ -1,0 +1,235 @@
+// certify, stage 5: the verdict, the diagnosis, and the report as text
+// and JUnit XML (verify/certify_stages.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "verify/certify_stages.hpp"
+
+namespace accumcheck {
+namespace certify_detail {
+
+std::string ratio_text(double r) {
+  if (std::isinf(r)) return "inf";
+  return fmt::format("{:.3g}", r);
+}
+
+void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
+  r.pass = std::all_of(r.checks.begin(), r.checks.end(),
+                       [](const CertifyCheck& c) { return c.ok; });
+  if (r.pass) {
+    double worst = 0;
+    for (const StepEval& ev : acc.eval)
+      if (ev.seen && !ev.ambiguous)
+        worst = std::max({worst, ev.grad.max_ratio, ev.param.max_ratio});
+    r.verdict = fmt::format(
+        "PASS: {} steps within the bound of {} (max error {} of bound){}",
+        r.trace_steps, r.accepted, ratio_text(worst),
+        r.ambiguous_steps.empty() ? std::string()
+                                  : fmt::format("; {} ambiguous clip step(s)",
+                                                r.ambiguous_steps.size()));
+  } else {
+    std::string why;
+    if (acc.steps != r.trace_steps)
+      why = fmt::format("the trace has {} optimizer steps, {} takes {}",
+                        r.trace_steps, r.accepted, acc.steps);
+    else if (acc_d.first_out >= 0)
+      why = fmt::format("{} leaves the bound at step {} ({})", r.accepted,
+                        acc_d.first_out, acc_d.first_out_what);
+    else
+      why = r.pattern_message;
+    r.verdict = fmt::format("FAIL: {}", why);
+  }
+}
+
+void diagnose(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
+  const CertifyCandidate& best = r.ranking.front();
+  auto full_name = [](const CertifyCandidate& c) {
+    std::string n = c.name;
+    for (const std::string& a : c.aliases) n.append(" = ").append(a);
+    return n;
+  };
+  auto inert_text = [](const CertifyCandidate& c) {
+    std::string n;
+    for (const std::string& a : c.inert) {
+      n.append(n.empty() ? "" : ", ").append(a);
+    }
+    return n.empty() ? n
+                     : fmt::format(" (inert here, so equally close: +{})", n);
+  };
+  std::vector<const CertifyCandidate*> ties;
+  for (const CertifyCandidate& c : r.ranking)
+    if (c.tracked && (c.distance == best.distance ||
+                      (c.distance <= 1 && best.distance <= 1)))
+      ties.push_back(&c);
+  std::string d;
+  if (best.distance <= 1) {
+    if (ties.size() > 1) {
+      d = "matches, tied (all within the bound): ";
+      for (size_t i = 0; i < ties.size(); ++i) {
+        if (i) d.append(" | ");
+        d.append(fmt::format("{} (max error {} of bound)", full_name(*ties[i]),
+                             ratio_text(ties[i]->distance)));
+      }
+    } else {
+      d = fmt::format("matches {} (max error {} of bound){}", full_name(best),
+                      ratio_text(best.distance), inert_text(best));
+    }
+  } else {
+    d = fmt::format(
+        "no candidate stays within the bound; closest: {} (max error {} of "
+        "bound{})",
+        full_name(best), ratio_text(best.distance),
+        best.first_out >= 0
+            ? fmt::format(", first leaves it at step {}", best.first_out)
+            : std::string());
+  }
+  if (acc_d.first_out >= 0)
+    d.append(fmt::format("; {} leaves the bound at step {} ({})", r.accepted,
+                         acc_d.first_out, acc_d.first_out_what));
+  else if (acc.steps != r.trace_steps)
+    d.append(fmt::format("; {} takes {} steps, the trace {}", r.accepted,
+                         acc.steps, r.trace_steps));
+  // Margin: the runner-up that is not tied.
+  for (const CertifyCandidate& c : r.ranking)
+    if (std::find(ties.begin(), ties.end(), &c) == ties.end() && &c != &best) {
+      d.append(fmt::format("\nmargin: next is {} at {} of bound{}", c.name,
+                           ratio_text(c.distance),
+                           c.tracked ? "" : " (cheap proxy bound)"));
+      if (best.distance > 0 && std::isfinite(c.distance))
+        d.append(fmt::format(" ({}x the best)",
+                             ratio_text(c.distance / best.distance)));
+      break;
+    }
+  if (r.pattern_checked) {
+    d.append("\n").append(r.pattern_message);
+    if (!r.pattern_ok) {
+      std::string m;
+      for (const CertifyCandidate& c : r.ranking)
+        if (c.pattern_matches) {
+          if (!m.empty()) m.append(", ");
+          m.append(c.name);
+        }
+      d.append(fmt::format("; the trace's call pattern is that of: {}",
+                           m.empty() ? std::string("no candidate") : m));
+    }
+  }
+  r.diagnosis = d;
+}
+
+namespace {
+
+std::string xml_escape(std::string_view s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '<':
+        o.append("&lt;");
+        break;
+      case '>':
+        o.append("&gt;");
+        break;
+      case '&':
+        o.append("&amp;");
+        break;
+      case '"':
+        o.append("&quot;");
+        break;
+      default:
+        o.push_back(c);
+    }
+  }
+  return o;
+}
+
+}  // namespace
+}  // namespace certify_detail
+
+using certify_detail::ratio_text;
+using certify_detail::xml_escape;
+
+std::string certify_text(const CertifyReport& r, int top) {
+  std::string o = fmt::format(
+      "certify {}: run '{}' ({}, {}), {} optimizer steps; accepted semantics "
+      "{} takes {}\n",
+      r.scenario, r.run, r.engine, r.precision, r.trace_steps, r.accepted,
+      r.expected_steps);
+  o.append(r.verdict).append("\n");
+  for (int64_t s : r.ambiguous_steps)
+    o.append(fmt::format(
+        "ambiguous: step {}: a clip decision lies within the bound of the "
+        "threshold; the step is reported, not failed\n",
+        s));
+  if (r.pass) {
+    if (r.pattern_checked) o.append(r.pattern_message).append("\n");
+    return o;
+  }
+  for (const CertifyCheck& c : r.checks)
+    if (!c.ok) {
+      o.append("first failing check: ").append(c.message).append("\n");
+      break;
+    }
+  o.append("diagnosis: ").append(r.diagnosis).append("\n");
+  o.append(
+      "ranking (distance = max over steps of error/bound; * = rigorous "
+      "Tracked bound, else the cheap proxy):\n");
+  for (size_t i = 0; i < r.ranking.size() && int(i) < top; ++i) {
+    const CertifyCandidate& c = r.ranking[i];
+    std::string name = c.name;
+    for (const std::string& a : c.aliases) name.append(" = ").append(a);
+    if (!c.inert.empty()) {
+      // Single pitfalls that change nothing here are named; pairs of
+      // them are only counted (they would bury the ranking).
+      name.append("  [+ inert here:");
+      size_t pairs = 0;
+      for (const std::string& a : c.inert) {
+        if (a.find('+') != std::string::npos) {
+          ++pairs;
+          continue;
+        }
+        name.append(" ").append(a);
+      }
+      if (pairs) name.append(fmt::format(" and {} pairs of them", pairs));
+      name.append("]");
+    }
+    o.append(fmt::format("  {:2}. {:<10}{} {}{}\n", i + 1,
+                         ratio_text(c.distance), c.tracked ? "*" : " ", name,
+                         std::isinf(c.distance)
+                             ? fmt::format(" ({} steps)", c.steps)
+                             : std::string()));
+  }
+  return o;
+}
+
+std::string certify_junit(const CertifyReport& r) {
+  int64_t failures = 0;
+  for (const CertifyCheck& c : r.checks) failures += c.ok ? 0 : 1;
+  std::string o = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  o.append(fmt::format(
+      "<testsuites>\n<testsuite name=\"accumcheck certify {}\" tests=\"{}\" "
+      "failures=\"{}\" errors=\"0\" time=\"{:.3f}\">\n",
+      xml_escape(r.scenario), r.checks.size(), failures, r.seconds));
+  const std::string cls = xml_escape("accumcheck.certify." + r.scenario);
+  for (const CertifyCheck& c : r.checks) {
+    o.append(fmt::format("  <testcase classname=\"{}\" name=\"{}\"", cls,
+                         xml_escape(c.name)));
+    if (c.ok && !c.ambiguous) {
+      o.append("/>\n");
+      continue;
+    }
+    o.append(">\n");
+    if (!c.ok)
+      o.append(fmt::format(
+          "    <failure message=\"{}\">{}</failure>\n", xml_escape(c.message),
+          xml_escape(r.diagnosis.empty() ? c.message : r.diagnosis)));
+    else
+      o.append(fmt::format("    <system-out>{}</system-out>\n",
+                           xml_escape(c.message)));
+    o.append("  </testcase>\n");
+  }
+  o.append("</testsuite>\n</testsuites>\n");
+  return o;
+}
+
+}  // namespace accumcheck

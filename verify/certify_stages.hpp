@@ -1,0 +1,168 @@
+// Internal to certify (verify/certify.hpp): the stages of certify(), one
+// file each, called in this order by verify/certify.cpp.
+//
+//   certify_load.cpp     load and validate the trace (InputError, exit 2)
+//   certify_judge.cpp    the forced run of one semantics against the trace
+//                        and the accepted semantics' checks
+//   certify_rank.cpp     every candidate, ranked cheaply, the closest few
+//                        judged rigorously (in parallel)
+//   certify_pattern.cpp  the call pattern of the trace's events
+//   certify_report.cpp   verdict, diagnosis, text and JUnit
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <future>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "oracle/error_model.hpp"
+#include "oracle/real.hpp"
+#include "oracle/tracked.hpp"
+#include "sim/data.hpp"
+#include "sim/layout.hpp"
+#include "sim/pitfalls.hpp"
+#include "sim/plan.hpp"
+#include "verify/certify.hpp"
+#include "verify/trace.hpp"
+
+namespace accumcheck::certify_detail {
+
+using TR = Tracked<BoundReal>;
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ------------------------------------------------------------- load
+
+struct LoadedTrace {
+  Trace trace;
+  const TraceRun* run = nullptr;
+  std::vector<TraceStep> steps;
+};
+
+// Reads and validates the trace of `dir` for scenario `s` (InputError on
+// anything malformed).
+LoadedTrace load(const Scenario& s, const std::string& dir,
+                 const CertifyConfig& cfg, const ParamLayout& layout);
+
+// ------------------------------------------------------------ judge
+
+struct StepEval {
+  bool seen = false;
+  bool ambiguous = false;
+  error_model::Comparison grad, param;
+};
+
+struct Forced {
+  int64_t steps = 0;
+  std::vector<StepEval> eval;
+};
+
+// Context shared by every forced run.
+struct Ctx {
+  const Scenario& s;
+  const Dataset& data;
+  const std::vector<float>& init;
+  const Plan& plan;
+  const ParamLayout& layout;
+  const std::vector<TraceStep>& trace;
+  bool fp64;
+};
+
+// The semantics `b` walked on the oracle over real type T (double: the
+// cheap proxy; TR: the rigorous Tracked bound), teacher-forced by the
+// trace at every optimizer step.
+template <class T>
+Forced forced_run(const Ctx& c, const Behavior& b);
+extern template Forced forced_run<double>(const Ctx&, const Behavior&);
+extern template Forced forced_run<TR>(const Ctx&, const Behavior&);
+
+struct Distance {
+  double value = 0;
+  int64_t first_out = -1;
+  std::string first_out_what;
+};
+
+// Max over steps of err/bound (inf when the step counts differ).
+Distance distance_of(const Forced& f, size_t trace_steps);
+
+// The accepted semantics' checks: step count, every step's gradient and
+// parameters (r.checks, r.ambiguous_steps, r.expected_steps).
+void judge_accepted(const Forced& acc, CertifyReport& r);
+
+// ------------------------------------------------------------- rank
+
+// Every single pitfall and pair, deduplicated by behaviour, each with its
+// cheap distance; r.ranking and `behaviors` are parallel.
+void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
+                std::vector<Behavior>& behaviors);
+
+// The closest few candidates judged with the Tracked bound, in parallel.
+class Refiner {
+ public:
+  Refiner(const Ctx& ctx, const CertifyConfig& cfg, CertifyReport& r,
+          const std::vector<Behavior>& behaviors, const Behavior& accepted_b)
+      : ctx_(ctx),
+        cfg_(cfg),
+        r_(r),
+        behaviors_(behaviors),
+        accepted_b_(accepted_b) {}
+  // Starts the rigorous runs now (once).
+  void launch();
+  bool launched() const { return launched_; }
+  // Starts them when the accepted semantics looks out of the bound on the
+  // cheap pass, beside the accepted semantics' rigorous run.
+  void launch_if_accepted_looks_out();
+  // Waits for them, records every distance (the accepted semantics' from
+  // `acc`) and sorts r.ranking, best first.
+  void finish(const Forced& acc);
+
+ private:
+  const Ctx& ctx_;
+  const CertifyConfig& cfg_;
+  CertifyReport& r_;
+  const std::vector<Behavior>& behaviors_;
+  const Behavior& accepted_b_;
+  bool launched_ = false;
+  std::vector<std::pair<size_t, std::future<Forced>>> jobs_;
+};
+
+// ---------------------------------------------------------- pattern
+
+// Per optimizer step: forward_backward, zero_grad, clip, optimizer_step,
+// scheduler_step and all_reduce calls.  With R > 1 ranks the pattern is
+// rank 0's calls and the collectives: ranks run in lockstep, and a rank
+// that does not shows in its parameters.
+using Counts = std::array<int64_t, 6>;
+using Pattern = std::vector<Counts>;
+
+struct PatternCheck {
+  Pattern trace;              // the trace's pattern (when checked)
+  bool ignore_sched = false;  // scheduler calls not counted
+};
+
+// Checks the trace's call pattern against the accepted semantics when the
+// run has events (r.pattern_*, one check appended).
+PatternCheck check_pattern(const Scenario& s, const Plan& plan,
+                           const TraceRun& run, const Behavior& accepted_b,
+                           CertifyReport& r);
+
+// Marks the candidates whose call pattern is the trace's.
+void mark_pattern_matches(const Scenario& s, const Plan& plan,
+                          const PatternCheck& pc,
+                          const std::vector<Behavior>& behaviors,
+                          CertifyReport& r);
+
+// ----------------------------------------------------------- report
+
+std::string ratio_text(double r);
+
+// The verdict line (and, on FAIL, nothing else).
+void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r);
+
+// The diagnosis lines of a FAIL (after Refiner::finish).
+void diagnose(const Forced& acc, const Distance& acc_d, CertifyReport& r);
+
+}  // namespace accumcheck::certify_detail
