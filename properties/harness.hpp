@@ -99,7 +99,11 @@ struct Property {
 const std::vector<Property>& oracle_properties();
 // BatchNorm, LayerNorm, token losses, dropout (properties/norm_properties.cpp).
 const std::vector<Property>& norm_properties();
-// Every property: oracle, norm, then device (properties/device_properties.cpp).
+// Data parallelism: R ranks, repartition, DDP pitfalls
+// (properties/ddp_properties.cpp).
+const std::vector<Property>& ddp_properties();
+// Every property: oracle, norm, ddp, then device
+// (properties/device_properties.cpp).
 const std::vector<Property>& all_properties();
 // Runs the body of the property of that name (RC_FAIL when there is none).
 void run_property(const std::string& name);

@@ -75,7 +75,9 @@ double tol() { return oracle_tolerance(); }
 
 void equivalence_oracle() {
   const std::string name = "equivalence.oracle";
-  const Scenario s = *scenario(Triggers{}).as("scenario");
+  Triggers t;
+  t.max_ranks = 3;  // DDP with R ranks against one process's large batch
+  const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   EngineState<R> ref_state, acc_state;
   const Run<R> ref =
@@ -624,6 +626,7 @@ const std::vector<Property>& all_properties() {
   static const std::vector<Property> props = [] {
     std::vector<Property> v = oracle_properties();
     for (const Property& p : norm_properties()) v.push_back(p);
+    for (const Property& p : ddp_properties()) v.push_back(p);
     for (const Property& p : device_properties()) v.push_back(p);
     return v;
   }();

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "sim/scenario_parse.hpp"
 #include "sim/pitfalls.hpp"
+#include "sim/scenario_parse.hpp"
 #include "sim/scenario_text.hpp"
 
 namespace accumcheck {

@@ -33,9 +33,9 @@ size_t kind_slot(EventKind k) {
   }
   return 0;
 }
-constexpr std::string_view kSlotNames[] = {
-    "backward",       "zero_grad",      "clip",
-    "optimizer.step", "scheduler.step", "all_reduce"};
+constexpr std::string_view kSlotNames[] = {"backward",       "zero_grad",
+                                           "clip",           "optimizer.step",
+                                           "scheduler.step", "all_reduce"};
 
 Pattern pattern_of(const std::vector<Event>& all_events,
                    bool ignore_scheduler) {
