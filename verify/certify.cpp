@@ -44,6 +44,7 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   const Forced acc = acc_future.get();
   const Distance acc_d = distance_of(acc, L.steps.size());
   judge_accepted(acc, r);
+  check_ranks(L, layout, r);
 
   // 4. The call pattern (when the trace has events).
   const PatternCheck pc = check_pattern(s, plan, *L.run, accepted_b, r);

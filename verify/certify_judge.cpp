@@ -113,9 +113,18 @@ Forced forced_run(const Ctx& c, const Behavior& b) {
   Forced r;
   r.eval.resize(c.trace.size());
   const size_t n = c.trace.size();
+  // With R > 1 ranks the hooks run once per rank: rank 0 is judged (the
+  // trace's values are rank 0's: the all-reduced gradient and its
+  // parameters); every rank is then forced to the trace's.
   auto before = [&](int64_t step, Watched<Oracle<T>>& e) {
     r.steps = std::max(r.steps, step + 1);
     std::vector<T>& norms = e.norms();
+    if (trainer.rank() != 0 && size_t(step) < n) {
+      EngineState<T> st = e.state();
+      st.grads = lift_all<T>(c.trace[size_t(step)].grad);
+      e.set_state(st);
+      return;
+    }
     if (size_t(step) >= n) {
       norms.clear();
       return;
@@ -145,9 +154,10 @@ Forced forced_run(const Ctx& c, const Behavior& b) {
     if (size_t(step) >= n) return;
     StepEval& ev = r.eval[size_t(step)];
     std::vector<T>& params = e.inner().params();
-    ev.param =
-        judge_values(fmt::format("step {} parameters", step),
-                     c.trace[size_t(step)].param, params, c.layout, c.fp64);
+    if (trainer.rank() == 0)
+      ev.param =
+          judge_values(fmt::format("step {} parameters", step),
+                       c.trace[size_t(step)].param, params, c.layout, c.fp64);
     const std::vector<double>& want = c.trace[size_t(step)].param;
     for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
   };

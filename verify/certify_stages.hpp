@@ -47,6 +47,13 @@ struct LoadedTrace {
 LoadedTrace load(const Scenario& s, const std::string& dir,
                  const CertifyConfig& cfg, const ParamLayout& layout);
 
+// DDP: every rank's parameters after each step must equal rank 0's bit
+// for bit (all-reduced gradients and one optimizer give identical
+// updates).  Adds the check "ranks agree" to the report when the trace
+// holds values of more than one rank.
+void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
+                 CertifyReport& r);
+
 // ------------------------------------------------------------ judge
 
 struct StepEval {
