@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "verify/null_engine.hpp"
 #include "sim/plan.hpp"
 #include "sim/trainer.hpp"
+#include "verify/null_engine.hpp"
 
 namespace accumcheck {
 namespace {
@@ -26,8 +26,10 @@ Scenario five_micro_batches(int64_t samples = 5) {
   return s;
 }
 
-std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5) {
-  const Scenario s = five_micro_batches(samples);
+std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5,
+                    int64_t ranks = 1) {
+  Scenario s = five_micro_batches(samples * ranks);
+  s.batching.ranks = ranks;
   NullEngine e;
   Trainer<NullEngine> t(e, s, behavior_of(pitfalls), 0.1);
   const Run<double> run = t.run(make_plan(s), "x");
@@ -48,6 +50,9 @@ std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5) {
         break;
       case EventKind::scheduler_step:
         p += 'S';
+        break;
+      case EventKind::all_reduce:
+        p += 'A';
         break;
     }
   }
@@ -109,6 +114,13 @@ const Pinned kPinned[] = {
      "FCFCOSZ"
      "FCOSZ",
      "clip after every backward"},
+    // With one rank every DDP pitfall is inert (TwoRanks pins them).
+    {Pitfall::ddp_token_mean_across_ranks, kCorrect, "one rank"},
+    {Pitfall::ddp_uneven_shards, kCorrect, "one rank"},
+    {Pitfall::ddp_no_sync_everywhere, kCorrect, "one rank"},
+    {Pitfall::ddp_sync_every_micro_step, kCorrect, "one rank"},
+    {Pitfall::ddp_clip_local_norm, kCorrect, "one rank"},
+    {Pitfall::ddp_scheduler_per_rank, kCorrect, "one rank"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
@@ -121,6 +133,32 @@ TEST(TrainerEvents, EveryPitfallIsPinned) {
     ASSERT_NE(row, nullptr) << pitfall_id(p) << " has no pinned call order";
     EXPECT_EQ(pattern({p}), row->pattern) << pitfall_id(p) << ": " << row->why;
   }
+}
+
+// Two ranks: each rank records its own calls; DDP's all-reduce (A) once
+// per stepped window, after the last micro-step's backwards.
+TEST(TrainerEvents, TwoRanks) {
+  EXPECT_EQ(pattern({}, 5, 2),
+            "FFFFACCOOSSZZ"
+            "FFFFACCOOSSZZ"
+            "FFACCOOSSZZ");
+  EXPECT_EQ(pattern({Pitfall::ddp_sync_every_micro_step}, 5, 2),
+            "FFAFFACCOOSSZZ"
+            "FFAFFACCOOSSZZ"
+            "FFACCOOSSZZ")
+      << "K all-reduces per step";
+  EXPECT_EQ(pattern({Pitfall::ddp_no_sync_everywhere}, 5, 2),
+            "FFFFCCOOSSZZ"
+            "FFFFCCOOSSZZ"
+            "FFCCOOSSZZ")
+      << "no all-reduce at all";
+  EXPECT_EQ(pattern({Pitfall::ddp_scheduler_per_rank}, 5, 2),
+            "FFFFACCOOSSSSZZ"
+            "FFFFACCOOSSSSZZ"
+            "FFACCOOSSSSZZ")
+      << "R scheduler.step() calls on each rank";
+  for (Pitfall p : {Pitfall::ddp_uneven_shards, Pitfall::ddp_clip_local_norm})
+    EXPECT_EQ(pattern({p}, 5, 2), pattern({}, 5, 2)) << pitfall_id(p);
 }
 
 TEST(TrainerEvents, Seed002LoopStepsOncePerEpochWhenKDivides) {

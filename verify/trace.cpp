@@ -29,10 +29,10 @@ namespace accumcheck {
 
 namespace {
 
+// The rank column, last, is optional (TraceWriter::with_ranks).
 constexpr std::string_view kEventsHeader =
-    "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,rank";
-constexpr std::string_view kValuesHeader =
-    "run,step,kind,tensor,index,value,rank";
+    "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm";
+constexpr std::string_view kValuesHeader = "run,step,kind,tensor,index,value";
 constexpr std::string_view kMetaHeader = "key,value";
 constexpr std::string_view kRequiredMeta[] = {
     "schema", "scenario",  "scenario_digest",
@@ -95,6 +95,15 @@ TraceWriter::TraceWriter(std::string scenario_name, std::string scenario_digest,
   values_ = std::string(kValuesHeader) + "\n";
 }
 
+void TraceWriter::with_ranks() {
+  if (!runs_.empty())
+    throw std::logic_error("TraceWriter::with_ranks after the first run");
+  if (ranks_) return;
+  ranks_ = true;
+  events_ = std::string(kEventsHeader) + ",rank\n";
+  values_ = std::string(kValuesHeader) + ",rank\n";
+}
+
 void TraceWriter::add_meta(std::string key, std::string value) {
   for (const auto& [k, v] : meta_)
     if (k == key)
@@ -135,20 +144,24 @@ void TraceWriter::add_event(const Event& e) {
   append_real(o, e.lr);
   o += ',';
   append_real(o, e.grad_norm);
-  fmt::format_to(std::back_inserter(o), ",{}\n", e.rank);
+  if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", e.rank);
+  o += '\n';
 }
 
 void TraceWriter::add_value(int64_t step, ValueKind kind,
                             std::string_view tensor, int64_t index,
                             double value, int64_t rank) {
   if (runs_.empty()) throw std::logic_error("add_value before begin_run");
+  if (rank != 0 && !ranks_)
+    throw std::logic_error("add_value of rank > 0 without with_ranks()");
   std::string& o = values_;
   append_field(o, runs_.back());
   fmt::format_to(std::back_inserter(o), ",{},{},", step, value_kind_name(kind));
   append_field(o, tensor);
   fmt::format_to(std::back_inserter(o), ",{},", index);
   append_real(o, value);
-  fmt::format_to(std::back_inserter(o), ",{}\n", rank);
+  if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", rank);
+  o += '\n';
 }
 
 void write_trace(const std::string& dir, const TraceWriter& w) {

@@ -9,9 +9,10 @@
 //                 kind grad: the gradient handed to optimizer step `step`
 //                 kind param: the parameters just after it
 //               rank: the data-parallel rank that made the call or holds
-//               the value (0 with one rank; -1 for a collective event,
-//               all_reduce).  The column may be absent (traces written
-//               before ranks, one-rank recorders): every row is rank 0.
+//               the value (-1 for a collective event, all_reduce).  Written
+//               only for a multi-rank scenario (TraceWriter::with_ranks),
+//               so one-rank traces keep their bytes; absent, every row is
+//               rank 0 (one-rank recorders need not write it).
 // Several runs ("reference", "correct", a pitfall id...) share the files,
 // told apart by `run`; each run's rows are contiguous.  Floats are written
 // with 17 significant digits (%.17g) so they read back exactly; NaN is an
@@ -43,6 +44,10 @@ class TraceWriter {
               std::string engine, std::string precision,
               std::string tool_version = "");
 
+  // Adds the rank column to events.csv and values.csv (R > 1); before
+  // any row.
+  void with_ranks();
+
   // Extra meta rows (BLAS, device, ...), written after the required ones
   // in the order added.  A key may appear once.
   void add_meta(std::string key, std::string value);
@@ -62,6 +67,7 @@ class TraceWriter {
   std::vector<std::pair<std::string, std::string>> meta_;
   std::vector<std::string> runs_;
   std::string events_, values_;
+  bool ranks_ = false;
 };
 
 // A run's events, then per optimizer step its gradient and parameters
