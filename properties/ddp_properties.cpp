@@ -26,21 +26,17 @@ namespace {
 double tol() { return oracle_tolerance(); }
 
 // The optimizer step's window, found from the step record.
-const Window& window_of(const Plan& p, int64_t global) {
-  for (const EpochPlan& e : p.epochs) {
-    if (global < int64_t(e.windows.size())) return e.windows[size_t(global)];
-    global -= int64_t(e.windows.size());
-  }
-  RC_FAIL("step record names a window past the plan");
-  return p.epochs.front().windows.front();
+const FlatWindow& flat_window(const Plan& p, int64_t global) {
+  static thread_local std::vector<FlatWindow> flat;
+  flat = flatten(p);
+  RC_ASSERT(global >= 0 && size_t(global) < flat.size());
+  return flat[size_t(global)];
 }
-
+const Window& window_of(const Plan& p, int64_t global) {
+  return *flat_window(p, global).w;
+}
 int64_t epoch_of(const Plan& p, int64_t global) {
-  for (size_t e = 0; e < p.epochs.size(); ++e) {
-    if (global < int64_t(p.epochs[e].windows.size())) return int64_t(e);
-    global -= int64_t(p.epochs[e].windows.size());
-  }
-  return 0;
+  return flat_window(p, global).epoch;
 }
 
 // Sample ids of rank r (all ranks: r = -1) in window w, one part each

@@ -44,6 +44,16 @@ struct Case {
              EngineState<R>* final_state = nullptr) const;
 };
 
+// The plan's windows in run order (a step record's `window` indexes it).
+struct FlatWindow {
+  const Window* w = nullptr;
+  int64_t epoch = 0;
+  bool last_of_epoch = false;
+  int64_t epoch_micro_steps = 0;
+  int64_t micro_before = 0;  // micro-steps of the whole run before it
+};
+std::vector<FlatWindow> flatten(const Plan& p);
+
 // Normwise relative difference |a - b| / |b| (|a - b| when b = 0).
 double rel(const std::vector<R>& a, const std::vector<R>& b);
 

@@ -17,28 +17,6 @@ namespace accumcheck::properties {
 
 namespace {
 
-struct FlatWindow {
-  const Window* w = nullptr;
-  int64_t epoch = 0;
-  bool last_of_epoch = false;
-  int64_t epoch_micro_steps = 0;
-  int64_t micro_before = 0;  // micro-steps of the whole run before it
-};
-
-std::vector<FlatWindow> flatten(const Plan& p) {
-  std::vector<FlatWindow> out;
-  int64_t micro = 0;
-  for (size_t e = 0; e < p.epochs.size(); ++e) {
-    const auto& ws = p.epochs[e].windows;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      out.push_back({&ws[i], int64_t(e), i + 1 == ws.size(),
-                     p.epochs[e].micro_steps(), micro});
-      micro += int64_t(ws[i].micro.size());
-    }
-  }
-  return out;
-}
-
 // Per-sample weights 1/den for the micro-batches [from, to) of a window.
 Parts parts(const Window& w, size_t from, size_t to,
             const std::function<int64_t(int64_t shard_items)>& den) {
