@@ -4,13 +4,15 @@
 
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
-#include "verify/certify.hpp"
 #include "sim/scenario_parse.hpp"
+#include "verify/certify.hpp"
 
 namespace accumcheck::cli {
 
 int certify_command(const CertifyOptions& o) {
   const Scenario s = parse_scenario_file(o.scenario);
+  // A --junit path we could not write is refused before any judging.
+  if (!o.junit.empty()) require_output_file(o.junit, "--junit");
   CertifyConfig cfg;
   cfg.run = o.run;
   cfg.fp64 = o.precision == "fp64";
@@ -19,7 +21,7 @@ int certify_command(const CertifyOptions& o) {
     std::printf("%s\n", r.verdict.c_str());
   else
     std::printf("%s", certify_text(r, o.top).c_str());
-  if (!o.junit.empty()) write_file_atomically(o.junit, certify_junit(r));
+  if (!o.junit.empty()) write_output_file(o.junit, certify_junit(r), "--junit");
   std::fflush(stdout);
   if (!o.quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
   return r.pass ? 0 : 1;

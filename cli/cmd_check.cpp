@@ -70,6 +70,8 @@ int check_command(const CheckOptions& o) {
                   p->claim.c_str());
     return 0;
   }
+  // Counterexamples go there: a path we could not write is refused now.
+  require_output_folder(o.out, "--out");
   const bool tty = isatty(2);
   std::printf("accumcheck check: %zu properties, %d cases each, seed %llu\n",
               chosen.size(), o.cases, (unsigned long long)o.seed);
@@ -103,10 +105,10 @@ int check_command(const CheckOptions& o) {
         if (value.find("[model]") != std::string::npos) {
           namespace fs = std::filesystem;
           const fs::path path = fs::path(o.out) / (p->name + ".toml");
-          fs::create_directories(path.parent_path());
-          write_file_atomically(
-              path.string(), "# shrunk counterexample of property " + p->name +
-                                 "\n" + value + "\n");
+          write_output_file(path.string(),
+                            "# shrunk counterexample of property " + p->name +
+                                "\n" + value + "\n",
+                            "--out");
           std::printf("counterexample: %s (run it with: accumcheck run %s)\n",
                       path.string().c_str(), path.string().c_str());
         }

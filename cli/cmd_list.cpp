@@ -17,8 +17,12 @@ int list_command(const ListOptions& o) {
   if (!fs::is_directory(dir))
     throw InputError(dir.string(), 0, 0, "--dir", "not a directory");
   std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.path().extension() == ".toml") files.push_back(entry.path());
+  try {
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.path().extension() == ".toml") files.push_back(entry.path());
+  } catch (const fs::filesystem_error& e) {  // e.g. no read permission
+    throw InputError(dir.string(), 0, 0, "--dir", e.code().message());
+  }
   std::sort(files.begin(), files.end());
   size_t width = 0;
   for (const auto& f : files) width = std::max(width, f.stem().string().size());

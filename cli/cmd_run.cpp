@@ -1,9 +1,11 @@
 // `accumcheck run`: replay a scenario side by side and judge its verdict.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <system_error>
 
 #include "cli/commands.hpp"
 #include "cli/table.hpp"
@@ -11,10 +13,12 @@
 #include "gpu/emulated.hpp"
 #include "oracle/error_model.hpp"
 #include "oracle/oracle.hpp"
+#include "sim/atomic_file.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/experiment.hpp"
 #include "sim/layout.hpp"
+#include "sim/limits.hpp"
 #include "sim/scenario_parse.hpp"
 #include "verify/trace.hpp"
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
@@ -39,7 +43,11 @@ void write_runs(const std::string& dir, const Scenario& s,
   add_run(w, x.correct, layout);
   if (x.accepted) add_run(w, *x.accepted, layout);
   add_run(w, x.trainer, layout);
-  write_trace(dir, w);
+  try {
+    write_trace(dir, w);
+  } catch (const std::system_error& e) {  // the user's path: exit 2
+    throw InputError(dir, 0, 0, "--out", e.what());
+  }
 }
 
 template <class Real>
@@ -70,6 +78,17 @@ int run_command(const RunOptions& o) {
   if (o.engine == "cuda") require_cuda();
   Scenario s = parse_scenario_file(o.scenario);
   if (o.steps >= 0) s.batching.max_steps = o.steps;
+  // Refused before any allocation: sizes, windows (after --steps), work.
+  require_scenario_within_limits(s);
+  if (const auto w = scenario_size(s).windows;
+      w && s.expect.at_step >= *w)  // --steps cut the run before at_step
+    throw InputError(s.path, 0, 0, "expect.at_step",
+                     fmt::format("window {} is beyond this run's {} windows "
+                                 "(--steps {}); judge it with a larger "
+                                 "--steps or none",
+                                 s.expect.at_step, *w, o.steps));
+  const std::string dir = o.out.empty() ? "out/" + s.name : o.out;
+  if (!o.no_trace) require_output_folder(dir, "--out");
   const Dataset data = make_dataset(s);
   const ParamLayout layout = layout_of(s.model);
   const std::vector<float> init = initial_parameters(s, layout);
@@ -84,7 +103,6 @@ int run_command(const RunOptions& o) {
   const Verdict verdict =
       judge(s, oracle, error_model::oracle_tolerance(o.digits));
 
-  const std::string dir = o.out.empty() ? "out/" + s.name : o.out;
   const std::string digits = std::to_string(o.digits) + " digits";
   if (o.engine == "oracle") {
     if (!o.quiet) print_table(s, oracle, "oracle, " + digits, o.rows);

@@ -1,10 +1,14 @@
 // accumcheck: the command line.  See README.md, "Commands".
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <system_error>
 
 #include "cli/commands.hpp"
 #include "sim/errors.hpp"
+#include "sim/limits.hpp"
 
 int main(int argc, char** argv) {
   using namespace accumcheck::cli;
@@ -52,6 +56,11 @@ int main(int argc, char** argv) {
   list_cmd->add_option("--dir", list.dir,
                        "scenario folder (default: this checkout's scenarios/)");
 
+  auto* limits_cmd = app.add_subcommand(
+      "limits",
+      "Print the limits table: the largest scenario and input files accepted, "
+      "each with its reason (raise one with ACCUMCHECK_LIMITS=key=value).");
+
   CheckOptions check;
   auto* check_cmd = app.add_subcommand(
       "check",
@@ -62,7 +71,19 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--cases", check.cases, "cases per property")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
-  check_cmd->add_option("--seed", check.seed, "RapidCheck seed")
+  check_cmd->add_option("--seed", check.seed, "RapidCheck seed (>= 0)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            // A negative seed would wrap to 2^64 - n: refused.
+            unsigned long long x = 0;
+            const auto r = std::from_chars(v.data(), v.data() + v.size(), x);
+            if (v.empty() || r.ec != std::errc() ||
+                r.ptr != v.data() + v.size())
+              return "expected an integer in 0.." + std::to_string(~0ULL) +
+                     ", got " + v;
+            return {};
+          },
+          "UINT64"))
       ->capture_default_str();
   check_cmd->add_option("--property", check.property,
                         "only properties whose name contains this");
@@ -128,6 +149,10 @@ int main(int argc, char** argv) {
   try {
     if (*run_cmd) return run_command(run);
     if (*list_cmd) return list_command(list);
+    if (*limits_cmd) {
+      std::fputs(accumcheck::limits_text().c_str(), stdout);
+      return 0;
+    }
     if (*check_cmd) return check_command(check);
     if (*export_cmd) return export_command(exp);
     if (*certify_cmd) return certify_command(cert);

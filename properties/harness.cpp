@@ -16,7 +16,7 @@ Case::Case(Scenario sc)
       data(make_dataset(s)),
       layout(layout_of(s.model)),
       init(initial_parameters(s, layout)),
-      plan(make_plan(s)) {}
+      plan(materialize(make_plan(s))) {}
 
 std::unique_ptr<O> Case::oracle() const {
   return std::make_unique<O>(s.model, data, init);

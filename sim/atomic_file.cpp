@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "sim/errors.hpp"
+#include "sim/limits.hpp"
 
 namespace accumcheck {
 
@@ -52,10 +53,10 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   }
 }
 
-std::string read_file_bytes(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError(path, 0, 0, "", "is a folder, expected a file");
+std::string read_file_bytes(const std::string& path,
+                            std::string_view limit_key) {
+  // A folder, a device or a file over the limit is refused before reading.
+  require_file_within_limit(path, limit_key);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(path, 0, 0, "",
@@ -64,6 +65,61 @@ std::string read_file_bytes(const std::string& path) {
   ss << in.rdbuf();
   if (in.bad()) throw InputError(path, 0, 0, "", "cannot read file");
   return std::move(ss).str();
+}
+
+void require_output_folder(const std::string& dir, const std::string& option) {
+  namespace fs = std::filesystem;
+  if (dir.empty())
+    throw InputError("", 0, 0, option, "expected a folder, got ''");
+  std::error_code ec;
+  fs::path p = fs::path(dir).lexically_normal();
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+    throw InputError(p.string(), 0, 0, option,
+                     "exists and is not a folder; expected a folder (or a "
+                     "path to create one)");
+  // The nearest existing ancestor must be a writable folder.
+  fs::path a = fs::absolute(p, ec);
+  while (!a.empty() && !fs::exists(a, ec)) {
+    if (a == a.parent_path()) break;
+    a = a.parent_path();
+  }
+  if (!fs::is_directory(a, ec))
+    throw InputError(p.string(), 0, 0, option,
+                     "cannot create this folder: " + a.string() +
+                         " on its path is a file, not a folder");
+  if (::access(a.c_str(), W_OK | X_OK) != 0)
+    throw InputError(p.string(), 0, 0, option,
+                     "cannot create or write this folder: " + a.string() +
+                         ": " + std::strerror(errno));
+}
+
+void require_output_file(const std::string& path, const std::string& option) {
+  namespace fs = std::filesystem;
+  if (path.empty())
+    throw InputError("", 0, 0, option, "expected a file, got ''");
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec))
+    throw InputError(path, 0, 0, option, "is a folder, expected a file name");
+  const fs::path parent = fs::absolute(p, ec).parent_path();
+  require_output_folder(parent.string(), option);
+  if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0)
+    throw InputError(
+        path, 0, 0, option,
+        std::string("cannot write this file: ") + std::strerror(errno));
+}
+
+void write_output_file(const std::string& path, std::string_view bytes,
+                       const std::string& option) {
+  namespace fs = std::filesystem;
+  require_output_file(path, option);
+  try {
+    const fs::path parent = fs::absolute(fs::path(path)).parent_path();
+    fs::create_directories(parent);
+    write_file_atomically(path, bytes);
+  } catch (const std::system_error& e) {
+    throw InputError(path, 0, 0, option, e.what());
+  }
 }
 
 }  // namespace accumcheck

@@ -15,7 +15,26 @@ namespace accumcheck {
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
 // The bytes of a file; throws InputError (file, no line) when it cannot be
-// read.
-std::string read_file_bytes(const std::string& path);
+// read, is not a regular file (a device such as /dev/zero, a pipe), or is
+// larger than the limit `limit_key` of sim/limits.hpp (checked before a
+// byte is read).
+std::string read_file_bytes(const std::string& path,
+                            std::string_view limit_key);
+
+// Checks, before any work, that `dir` can be a folder we write into: it
+// is a folder or does not exist yet, no part of its path is a file, and
+// the nearest existing folder on its path is writable.  Throws InputError
+// naming `option` (e.g. "--out") otherwise.
+void require_output_folder(const std::string& dir, const std::string& option);
+
+// The same for a file we are about to write: not a folder, and its folder
+// can be created (require_output_folder).
+void require_output_file(const std::string& path, const std::string& option);
+
+// write_file_atomically() into `path`, creating its folder, with every
+// failure (permissions, a file where a folder belongs, a full disk) an
+// InputError naming `option`: the user's path, never an internal error.
+void write_output_file(const std::string& path, std::string_view bytes,
+                       const std::string& option);
 
 }  // namespace accumcheck

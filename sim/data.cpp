@@ -11,16 +11,25 @@
 #include <string_view>
 #include <system_error>
 
-// The Fast C++ CSV Parser needs <limits> before it.
-#include <libfccp/csv.h>
-
 #include "sim/atomic_file.hpp"
+#include "sim/csv_lines.hpp"
 #include "sim/errors.hpp"
+#include "sim/limits.hpp"
 #include "sim/rng.hpp"
 
 namespace accumcheck {
 
 namespace {
+
+// a x b elements, overflow-checked and within the data_values limit: the
+// size of a buffer is never computed in arithmetic that can wrap.
+size_t checked_size(const Scenario& s, int64_t a, int64_t b) {
+  const std::optional<int64_t> n = checked_mul(a, b);
+  require_within("data_values", n,
+                 fmt::format("data.samples = {} x {} values per sample", a, b),
+                 s.path, 0, 0, "data.samples");
+  return size_t(*n);
+}
 
 Dataset generated_tokens(const Scenario& s) {
   Dataset d;
@@ -31,8 +40,9 @@ Dataset generated_tokens(const Scenario& s) {
   d.max_len = s.data.max_len;
   const uint64_t seed = s.data.seed;
   const uint64_t V = uint64_t(s.model.vocab);
-  d.tokens.assign(size_t(d.n * d.max_len), 0);
-  d.token_targets.assign(size_t(d.n * d.max_len), Dataset::kIgnoreIndex);
+  const size_t cells = checked_size(s, d.n, d.max_len);
+  d.tokens.assign(cells, 0);
+  d.token_targets.assign(cells, Dataset::kIgnoreIndex);
   d.length.resize(size_t(d.n));
   for (int64_t i = 0; i < d.n; ++i) {
     const int64_t src = s.data.replicate ? i % s.batching.micro_batch : i;
@@ -62,7 +72,7 @@ Dataset generated(const Scenario& s) {
     const uint64_t bits = random_bits(seed, stream, uint64_t(i), uint64_t(j));
     return s.data.dyadic ? dyadic_pm1(bits) : uniform_pm1(bits);
   };
-  d.x.resize(size_t(d.n * d.d_in));
+  d.x.resize(checked_size(s, d.n, d.d_in));
   for (int64_t i = 0; i < d.n; ++i)
     for (int64_t j = 0; j < d.d_in; ++j)
       d.x[size_t(i * d.d_in + j)] = value(Stream::input, i, j);
@@ -83,17 +93,18 @@ Dataset generated(const Scenario& s) {
   auto teach = [&](int64_t i, int64_t j) {
     double acc = 0;
     for (int64_t k = 0; k < d.d_in; ++k)
-      acc += teacher[size_t(j * d.d_in + k)] * double(d.x[size_t(i * d.d_in + k)]);
+      acc +=
+          teacher[size_t(j * d.d_in + k)] * double(d.x[size_t(i * d.d_in + k)]);
     return acc * scale;
   };
   if (d.loss == LossKind::mse) {
-    d.y.resize(size_t(d.n * d.d_out));
+    d.y.resize(checked_size(s, d.n, d.d_out));
     for (int64_t i = 0; i < d.n; ++i)
       for (int64_t j = 0; j < d.d_out; ++j)
         d.y[size_t(i * d.d_out + j)] =
-            s.data.dyadic
-                ? value(Stream::target, i, j)
-                : float(teach(i, j) + 0.1 * double(value(Stream::target, i, j)));
+            s.data.dyadic ? value(Stream::target, i, j)
+                          : float(teach(i, j) +
+                                  0.1 * double(value(Stream::target, i, j)));
   } else {
     d.label.resize(size_t(d.n));
     for (int64_t i = 0; i < d.n; ++i) {
@@ -174,11 +185,11 @@ Dataset from_csv(const Scenario& s) {
     return t;
   };
 
-  const std::string bytes = read_file_bytes(file);
+  std::string bytes = read_file_bytes(file, "csv_bytes");
   int64_t line_no = 0;
   try {
-    io::LineReader in(file, bytes.data(), bytes.data() + bytes.size());
-    char* header = in.next_line();
+    CsvLines in(bytes);  // split in place: no buffer of its own
+    char* header = in.next();
     if (!header)
       throw InputError(file, 1, 0, "",
                        "empty file; expected the header " + expected_text());
@@ -205,8 +216,8 @@ Dataset from_csv(const Scenario& s) {
     for (size_t c = 0; c < ncols; ++c) order[c] = int(c);
     std::vector<char*> row(ncols);
     int64_t rounded = 0, first_rounded_line = 0;
-    while (char* line = in.next_line()) {
-      line_no = int64_t(in.get_file_line());
+    while (char* line = in.next()) {
+      line_no = in.line();
       try {
         io::detail::parse_line<Trim, Quote>(line, row.data(), order);
       } catch (const io::error::too_few_columns&) {
@@ -289,6 +300,10 @@ int64_t sequence_length(const DataSpec& d, int64_t id) {
 }
 
 Dataset make_dataset(const Scenario& s) {
+  if (s.data.source == DataSource::generated)
+    require_within("samples", s.data.samples,
+                   fmt::format("data.samples = {}", s.data.samples), s.path, 0,
+                   0, "data.samples");
   Dataset d = s.data.source == DataSource::csv ? from_csv(s) : generated(s);
   d.seed = s.data.seed;
   return d;

@@ -67,6 +67,9 @@ auto run_experiment(const Scenario& s, MakeEngine make_engine,
   using E = typename decltype(make_engine())::element_type;
   using Real = typename E::Real;
   options.max_steps = s.batching.max_steps;
+  // The reference steps once per window, so it ends after max_steps
+  // windows; every run ends there too (a run that stops stepping as well).
+  options.max_windows = s.batching.max_steps;
   const Plan plan = make_plan(s);
   const Plan big = as_large_batch(plan);
   auto run_one = [&](const Plan& p, const std::vector<Pitfall>& pitfalls,

@@ -1,6 +1,7 @@
 #include "sim/plan.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "sim/rng.hpp"
@@ -32,58 +33,113 @@ std::vector<std::vector<int64_t>> rank_shards(const std::vector<int64_t>& order,
   return shard;
 }
 
-Plan make_plan(const Scenario& s) {
+namespace {
+
+// The longest rank's shard (rank 0's) under the scenario's sampler.
+int64_t longest_shard(const Scenario& s) {
+  const int64_t n = s.data.samples, R = s.batching.ranks;
+  return s.batching.sampler == Sampler::drop_last ? n / R : (n + R - 1) / R;
+}
+
+EpochPlan build_epoch(const Scenario& s, int64_t e) {
   const int64_t b = s.batching.micro_batch, K = s.batching.accumulation,
                 R = s.batching.ranks;
-  Plan plan;
-  plan.accumulation = K;
-  plan.ranks = R;
-  for (int64_t e = 0; e < s.batching.epochs; ++e) {
-    const std::vector<int64_t> order = epoch_order(s, e);
-    const std::vector<std::vector<int64_t>> shard =
-        rank_shards(order, R, s.batching.sampler);
-    const int64_t per_rank = int64_t(shard[0].size());  // the longest
-    const int64_t micro_steps = (per_rank + b - 1) / b;
-    EpochPlan ep;
-    for (int64_t m = 0; m < micro_steps; ++m) {
-      if (m % K == 0) ep.windows.emplace_back();
-      MicroBatch mb;
-      for (int64_t r = 0; r < R; ++r) {
-        // A shorter shard (sampler = split) runs out first: its rank takes
-        // part with an empty micro-batch, as under DDP's Join.
-        const auto& sh = shard[size_t(r)];
-        const int64_t n_r = int64_t(sh.size());
-        const int64_t lo = std::min(n_r, m * b), hi = std::min(n_r, lo + b);
-        mb.shards.emplace_back(sh.begin() + lo, sh.begin() + hi);
-      }
-      ep.windows.back().micro.push_back(std::move(mb));
+  const std::vector<int64_t> order = epoch_order(s, e);
+  const std::vector<std::vector<int64_t>> shard =
+      rank_shards(order, R, s.batching.sampler);
+  const int64_t per_rank = int64_t(shard[0].size());  // the longest
+  const int64_t micro_steps = (per_rank + b - 1) / b;
+  EpochPlan ep;
+  for (int64_t m = 0; m < micro_steps; ++m) {
+    if (m % K == 0) ep.windows.emplace_back();
+    MicroBatch mb;
+    for (int64_t r = 0; r < R; ++r) {
+      // A shorter shard (sampler = split) runs out first: its rank takes
+      // part with an empty micro-batch, as under DDP's Join.
+      const auto& sh = shard[size_t(r)];
+      const int64_t n_r = int64_t(sh.size());
+      const int64_t lo = std::min(n_r, m * b), hi = std::min(n_r, lo + b);
+      mb.shards.emplace_back(sh.begin() + lo, sh.begin() + hi);
     }
-    for (Window& w : ep.windows) w.partial = int64_t(w.micro.size()) < K;
-    plan.epochs.push_back(std::move(ep));
+    ep.windows.back().micro.push_back(std::move(mb));
   }
+  for (Window& w : ep.windows) w.partial = int64_t(w.micro.size()) < K;
+  return ep;
+}
+
+// One process: rank 0's samples of each window, then rank 1's, ...
+EpochPlan large_batch_epoch(const EpochPlan& e, int64_t ranks) {
+  EpochPlan be;
+  for (const Window& w : e.windows) {
+    MicroBatch all;
+    all.shards.resize(1);
+    for (size_t r = 0; r < size_t(ranks); ++r)
+      for (const MicroBatch& m : w.micro)
+        all.shards[0].insert(all.shards[0].end(), m.shards[r].begin(),
+                             m.shards[r].end());
+    Window bw;
+    bw.micro.push_back(std::move(all));
+    be.windows.push_back(std::move(bw));
+  }
+  return be;
+}
+
+}  // namespace
+
+int64_t Plan::epoch_count() const {
+  return lazy ? lazy->batching.epochs : int64_t(epochs.size());
+}
+
+EpochPlan Plan::epoch(int64_t e) const {
+  if (!lazy) return epochs[size_t(e)];
+  EpochPlan ep = build_epoch(*lazy, e);
+  return large_batch ? large_batch_epoch(ep, lazy->batching.ranks) : ep;
+}
+
+int64_t Plan::windows() const {
+  if (!lazy) {
+    int64_t n = 0;
+    for (const auto& e : epochs) n += int64_t(e.windows.size());
+    return n;
+  }
+  const BatchingSpec& b = lazy->batching;
+  const int64_t per_rank = longest_shard(*lazy);
+  const int64_t micro = (per_rank + b.micro_batch - 1) / b.micro_batch;
+  const int64_t per_epoch = (micro + b.accumulation - 1) / b.accumulation;
+  int64_t n = 0;
+  if (__builtin_mul_overflow(per_epoch, b.epochs, &n))
+    return std::numeric_limits<int64_t>::max();
+  return n;
+}
+
+Plan make_plan(const Scenario& s) {
+  Plan plan;
+  plan.accumulation = s.batching.accumulation;
+  plan.ranks = s.batching.ranks;
+  plan.lazy = std::make_shared<const Scenario>(s);
   return plan;
+}
+
+Plan materialize(const Plan& p) {
+  if (!p.lazy) return p;
+  Plan m;
+  m.accumulation = p.accumulation;
+  m.ranks = p.ranks;
+  for (int64_t e = 0; e < p.epoch_count(); ++e) m.epochs.push_back(p.epoch(e));
+  return m;
 }
 
 Plan as_large_batch(const Plan& p) {
   Plan big;
   big.accumulation = 1;
   big.ranks = 1;
-  for (const EpochPlan& e : p.epochs) {
-    EpochPlan be;
-    for (const Window& w : e.windows) {
-      // One process: rank 0's samples of the window, then rank 1's, ...
-      MicroBatch all;
-      all.shards.resize(1);
-      for (size_t r = 0; r < size_t(p.ranks); ++r)
-        for (const MicroBatch& m : w.micro)
-          all.shards[0].insert(all.shards[0].end(), m.shards[r].begin(),
-                               m.shards[r].end());
-      Window bw;
-      bw.micro.push_back(std::move(all));
-      be.windows.push_back(std::move(bw));
-    }
-    big.epochs.push_back(std::move(be));
+  if (p.lazy) {
+    big.lazy = p.lazy;
+    big.large_batch = true;
+    return big;
   }
+  for (const EpochPlan& e : p.epochs)
+    big.epochs.push_back(large_batch_epoch(e, p.ranks));
   return big;
 }
 

@@ -1,6 +1,8 @@
 // The schedule of one training run: epochs -> windows -> micro-batches ->
-// rank shards of sample ids.  Produced once per scenario and identical for
-// every engine.
+// rank shards of sample ids.  Identical for every engine.  make_plan() is
+// lazy: an epoch's micro-batches are built when the trainer reaches it
+// (and dropped after), so a large epoch count costs nothing until it runs
+// and `--steps 1` makes any epoch count cheap.
 //
 // Per epoch: a seeded permutation of the n sample ids (identity when
 // shuffle = false), sharded over R ranks as DistributedSampler does
@@ -13,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "sim/scenario.hpp"
@@ -50,21 +53,45 @@ struct EpochPlan {
 struct Plan {
   int64_t accumulation = 1;  // K
   int64_t ranks = 1;         // R
+  // Every epoch, built (hand-made plans, materialize()); empty for a lazy
+  // plan (make_plan), whose epoch e is built when it is visited.
   std::vector<EpochPlan> epochs;
-  int64_t windows() const {
-    int64_t n = 0;
-    for (const auto& e : epochs) n += int64_t(e.windows.size());
-    return n;
+  std::shared_ptr<const Scenario> lazy;  // set: a lazy plan of this scenario
+  bool large_batch = false;              // lazy: as_large_batch() of it
+
+  int64_t epoch_count() const;
+  // Epoch e, built (lazy) or copied.
+  EpochPlan epoch(int64_t e) const;
+  // Calls f(e, epoch) for each epoch in order until f returns false; a
+  // lazy plan holds one epoch at a time.
+  template <class F>
+  void visit(F&& f) const {
+    if (!lazy) {
+      for (size_t e = 0; e < epochs.size(); ++e)
+        if (!f(int64_t(e), epochs[e])) return;
+      return;
+    }
+    for (int64_t e = 0; e < epoch_count(); ++e) {
+      const EpochPlan ep = epoch(e);
+      if (!f(e, ep)) return;
+    }
   }
+  // Windows over every epoch (lazy: computed without building; saturates
+  // at INT64_MAX).
+  int64_t windows() const;
 };
 
-// The accumulation plan of a scenario.
+// The accumulation plan of a scenario (lazy).
 Plan make_plan(const Scenario& s);
+
+// Every epoch of `p` built (tests and properties that index epochs).
+Plan materialize(const Plan& p);
 
 // The large-batch reference over the same windows: one process (R = 1),
 // K = 1 and each window one micro-step holding all of the window's
 // samples of every rank (DistributedSampler's padding duplicates
-// included): what one device with memory for the window computes.
+// included): what one device with memory for the window computes.  Lazy
+// when `p` is.
 Plan as_large_batch(const Plan& p);
 
 // One epoch's order dealt out over R ranks as `sampler` says

@@ -18,6 +18,8 @@
 #include "sim/atomic_file.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
+#include "sim/layout.hpp"
+#include "sim/limits.hpp"
 #include "sim/scenario_text.hpp"
 
 namespace accumcheck {
@@ -25,8 +27,6 @@ namespace accumcheck {
 using namespace scenario_text;
 
 namespace {
-
-constexpr int64_t kMaxWidth = 4096;
 
 // Levenshtein distance, for "did you mean".
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -109,6 +109,15 @@ class Parser {
   }
 
   const std::string& file() const { return file_; }
+
+  // A value against a limit of sim/limits.hpp, reported at node `n`.
+  void within(const toml::node* n, const std::string& key,
+              std::string_view limit_key, std::optional<int64_t> value,
+              const std::string& what) const {
+    const int64_t line = n ? int64_t(n->source().begin.line) : 0;
+    const int64_t col = n ? int64_t(n->source().begin.column) : 0;
+    require_within(limit_key, value, what, file_, line, col, key);
+  }
 
  private:
   std::string file_;
@@ -281,20 +290,33 @@ std::vector<Pitfall> pitfall_list(const Parser& p, const Section& sec,
   return out;
 }
 
+// The parameter count against its limit (widths and layers are bounded
+// by then, so layout_of() cannot overflow).
+void check_parameters(const Parser& p, const Section& sec, const ModelSpec& m) {
+  const char* k = m.kind == ModelKind::token ? "vocab" : "widths";
+  const int64_t n = layout_of(m).total;
+  p.within(sec.node(k), sec.key(k), "parameters", n,
+           fmt::format("the model's {} parameters", n));
+}
+
 void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
   m.kind = sec.choice("kind", kModelKinds).value_or(ModelKind::mlp);
   if (m.kind == ModelKind::token) {
     const std::string why = "does not apply to kind = \"token\"";
     for (std::string_view k : {"widths", "activation", "norm", "dropout"})
       sec.forbid(k, why + " (embedding -> linear -> cross-entropy)");
-    m.vocab = sec.required_integer("vocab", 2, kMaxWidth);
-    m.embed = sec.required_integer("embed", 1, kMaxWidth);
+    m.vocab = sec.required_integer("vocab", 2);
+    m.embed = sec.required_integer("embed", 1);
+    for (const auto& [k, v] : {std::pair{"vocab", m.vocab}, {"embed", m.embed}})
+      p.within(sec.node(k), sec.key(k), "width", v,
+               fmt::format("model.{} = {}", k, v));
     m.widths = {m.embed, m.vocab};
     m.activation = Activation::identity;
     m.loss = sec.choice("loss", kLosses).value_or(LossKind::cross_entropy);
     if (m.loss != LossKind::cross_entropy)
       p.fail(sec.node("loss"), "model.loss",
              "a token model's loss is \"cross-entropy\" (per token)");
+    check_parameters(p, sec, m);
     return;
   }
   for (std::string_view k : {"vocab", "embed"})
@@ -310,12 +332,18 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
   for (size_t i = 0; i < arr->size(); ++i) {
     const toml::node& el = (*arr)[i];
     const auto* v = el.as_integer();
-    if (!v || v->get() < 1 || v->get() > kMaxWidth)
-      p.fail(&el, fmt::format("model.widths[{}]", i),
-             fmt::format("expected {}, {}", int_range_text(1, kMaxWidth),
-                         got(el)));
+    const std::string key = fmt::format("model.widths[{}]", i);
+    if (!v || v->get() < 1)
+      p.fail(
+          &el, key,
+          fmt::format("expected {}, {}", int_range_text(1, kIntMax), got(el)));
+    p.within(&el, key, "width", v->get(),
+             fmt::format("{} = {}", key, v->get()));
     m.widths.push_back(v->get());
   }
+  p.within(wn, "model.widths", "layers", int64_t(arr->size()) - 1,
+           fmt::format("{} Linear layers ({} widths)", arr->size() - 1,
+                       arr->size()));
   if (m.widths.size() < 3) {
     if (m.norm != NormKind::none)
       p.fail(sec.node("norm"), "model.norm",
@@ -340,6 +368,7 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
            fmt::format("cross-entropy needs d_out >= 2 classes (the last "
                        "entry of model.widths), got {}",
                        m.d_out()));
+  check_parameters(p, sec, m);
 }
 
 std::string resolve_csv(const std::string& scenario_path,
@@ -402,6 +431,17 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
     if (!samples) sec.missing("samples", "an integer >= 1 (or a csv file)");
     d.samples = *samples;
   }
+  // Before anything is generated for them (the CSV's size was bounded by
+  // its file-size limit before it was read).
+  const toml::node* n = sec.node("samples");
+  p.within(n, "data.samples", "samples", d.samples,
+           fmt::format("data.samples = {}", d.samples));
+  const int64_t per_sample = s.model.kind == ModelKind::token
+                                 ? 2 * d.max_len
+                                 : s.model.d_in() + s.model.d_out();
+  p.within(n, "data.samples", "data_values", checked_mul(d.samples, per_sample),
+           fmt::format("data.samples = {} x {} values per sample", d.samples,
+                       per_sample));
 }
 
 void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
@@ -518,13 +558,27 @@ void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc) {
   }
 }
 
-void parse_expect(const Section& sec, ExpectSpec& e) {
+void parse_expect(const Parser& p, const Section& sec, const Scenario& s,
+                  ExpectSpec& e) {
   e = ExpectSpec{};
   e.kind =
       sec.choice("verdict", kVerdicts).value_or(ExpectKind::matches_reference);
   if (e.kind == ExpectKind::diverges_from_reference) {
     e.min_distance = sec.required_number("min_distance", kPositive);
     e.at_step = sec.integer("at_step", -1).value_or(-1);
+    // Windows count from 0; the runs are compared at window ends.
+    const std::optional<int64_t> windows = scenario_size(s).windows;
+    if (e.at_step >= 0 && windows && e.at_step >= *windows)
+      p.fail(
+          sec.node("at_step"), "expect.at_step",
+          fmt::format("expected a window in 0..{} (the run has {} windows: "
+                      "{} epochs x {} per epoch{}), got {}",
+                      *windows - 1, *windows, s.batching.epochs,
+                      scenario_size(s).windows_per_epoch.value_or(0),
+                      s.batching.max_steps >= 0
+                          ? fmt::format(", max_steps {}", s.batching.max_steps)
+                          : std::string(),
+                      e.at_step));
   } else {
     sec.forbid("min_distance",
                "applies to verdict = \"diverges-from-reference\" only");
@@ -623,12 +677,12 @@ Scenario parse_scenario_string(std::string_view text,
   s.trainer.lr_scaling =
       trainer.choice("lr_scaling", kLrScalings).value_or(LrScaling::none);
   validate_across(p, model, data, batching, trainer, s);
-  parse_expect(expect, s.expect);
+  parse_expect(p, expect, s, s.expect);
   return s;
 }
 
 Scenario parse_scenario_file(const std::string& path) {
-  return parse_scenario_string(read_file_bytes(path), path);
+  return parse_scenario_string(read_file_bytes(path, "scenario_bytes"), path);
 }
 
 }  // namespace accumcheck

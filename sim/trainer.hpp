@@ -65,6 +65,10 @@ struct TrainerOptions {
   bool record_values = true;  // keep grads/params per step and window
   bool record_events = true;
   int64_t max_steps = -1;  // stop after this many optimizer steps
+  // Stop after this many windows (-1: none), so that a run which stops
+  // stepping (a pitfall that never steps) ends too: run_experiment() sets
+  // it to max_steps, the windows of the large-batch reference.
+  int64_t max_windows = -1;
 };
 
 // The trainer's lr before any schedule: the scenario's lr, scaled by K or
@@ -107,12 +111,13 @@ class Trainer {
     run_.name = std::move(name);
     K_ = plan.accumulation;
     init_ranks(plan.ranks);
-    for (size_t ep = 0; ep < plan.epochs.size() && !done(); ++ep) {
-      const EpochPlan& epoch = plan.epochs[ep];
-      for (size_t w = 0; w < epoch.windows.size() && !done(); ++w)
-        window(epoch.windows[w], int64_t(ep), w + 1 == epoch.windows.size(),
+    // A lazy plan builds each epoch here, when the loop reaches it.
+    plan.visit([&](int64_t ep, const EpochPlan& epoch) {
+      for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w)
+        window(epoch.windows[w], ep, w + 1 == epoch.windows.size(),
                epoch.micro_steps());
-    }
+      return !stop();
+    });
     use_rank(0);
     return std::move(run_);
   }
@@ -155,6 +160,9 @@ class Trainer {
  private:
   bool done() const {
     return opt_.max_steps >= 0 && c_.optimizer_steps >= opt_.max_steps;
+  }
+  bool stop() const {
+    return done() || (opt_.max_windows >= 0 && c_.windows >= opt_.max_windows);
   }
 
   // The weight of each item loss of rank r's micro-batch shard.  DDP then

@@ -123,7 +123,7 @@ TEST(Certify, JunitHasOneTestcasePerCheck) {
 
 // ----------------------------------------------------------- bad input
 
-std::string slurp(const std::string& path) { return read_file_bytes(path); }
+std::string slurp(const std::string& path) { return read_file_bytes(path, "trace_bytes"); }
 void spit(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }

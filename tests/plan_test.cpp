@@ -27,7 +27,7 @@ Scenario scenario(int64_t n, int64_t b, int64_t K, int64_t epochs = 1,
 
 TEST(Plan, ShortMicroBatchAndPartialWindow) {
   // n = 10, b = 3: micro-batches 3,3,3,1; K = 3: windows {3,3,3}, {1}.
-  const Plan p = make_plan(scenario(10, 3, 3));
+  const Plan p = materialize(make_plan(scenario(10, 3, 3)));
   ASSERT_EQ(p.epochs.size(), 1u);
   const auto& w = p.epochs[0].windows;
   ASSERT_EQ(w.size(), 2u);
@@ -40,7 +40,7 @@ TEST(Plan, ShortMicroBatchAndPartialWindow) {
 }
 
 TEST(Plan, EveryEpochSeesEverySampleOnce) {
-  const Plan p = make_plan(scenario(23, 4, 3, 3));
+  const Plan p = materialize(make_plan(scenario(23, 4, 3, 3)));
   for (const EpochPlan& e : p.epochs) {
     std::multiset<int64_t> seen;
     for (const Window& w : e.windows)
@@ -57,7 +57,7 @@ TEST(Plan, EveryEpochSeesEverySampleOnce) {
 }
 
 TEST(Plan, LargeBatchHoldsTheSameWindows) {
-  const Plan p = make_plan(scenario(17, 2, 4, 2));
+  const Plan p = materialize(make_plan(scenario(17, 2, 4, 2)));
   const Plan big = as_large_batch(p);
   EXPECT_EQ(big.accumulation, 1);
   ASSERT_EQ(big.windows(), p.windows());
@@ -73,7 +73,7 @@ TEST(Plan, LargeBatchHoldsTheSameWindows) {
 
 TEST(Plan, RanksShardLikeDistributedSampler) {
   // n = 7, R = 2: padded to 8 by wrapping; each rank holds 4 ids.
-  const Plan p = make_plan(scenario(7, 2, 2, 1, 2));
+  const Plan p = materialize(make_plan(scenario(7, 2, 2, 1, 2)));
   const auto& m0 = p.epochs[0].windows[0].micro[0];
   ASSERT_EQ(m0.shards.size(), 2u);
   EXPECT_EQ(p.epochs[0].micro_steps(), 2);

@@ -215,7 +215,8 @@ TEST(ScenarioParse, CrossFieldChecks) {
   expect_error(with(kBase, "[4, 8, 3]", "[4]"), 4, 10, "model.widths",
                "expected an array of >= 2 layer widths");
   expect_error(with(kBase, "[4, 8, 3]", "[4, 8, 5000]"), 4, 17,
-               "model.widths[2]", "expected an integer in 1..4096, got 5000");
+               "model.widths[2]",
+               "model.widths[2] = 5000 exceeds the limit width = 4096");
   expect_error(with(kBase, "max_norm = 1.0", "max_norm = -1.0"), 26, 12,
                "clip.max_norm", "expected a number > 0, got -1.0");
   expect_error(with(kBase, "max_norm = 1.0", "max_norm = inf"), 26, 12,
@@ -228,10 +229,15 @@ TEST(ScenarioParse, ExpectDiverges) {
   expect_error(text, 31, 1, "expect.min_distance",
                "missing required key 'min_distance'; expected a number > 0");
   const Scenario s = parse_scenario_string(
-      text + "min_distance = 0.05\nat_step = 3\n", "x.toml");
+      text + "min_distance = 0.05\nat_step = 1\n", "x.toml");
   EXPECT_EQ(s.expect.kind, ExpectKind::diverges_from_reference);
   EXPECT_EQ(s.expect.min_distance, 0.05);
-  EXPECT_EQ(s.expect.at_step, 3);
+  EXPECT_EQ(s.expect.at_step, 1);
+  // Beyond the run's windows: refused (it used to be judged on NaN).
+  expect_error(text + "min_distance = 0.05\nat_step = 3\n", 34, 11,
+               "expect.at_step",
+               "expected a window in 0..1 (the run has 2 windows: 1 epochs x "
+               "2 per epoch), got 3");
   expect_error(kBase + "\n[expect]\nmin_distance = 0.05\n", 32, 16,
                "expect.min_distance", "applies to verdict");
 }

@@ -210,15 +210,15 @@ TEST(Trace, BytesAreDeterministicAndTidy) {
   write_trace(a, sample_writer());
   write_trace(b, sample_writer());
   for (const char* f : {"meta.csv", "events.csv", "values.csv"})
-    EXPECT_EQ(read_file_bytes(a + "/" + f), read_file_bytes(b + "/" + f)) << f;
+    EXPECT_EQ(read_file_bytes(a + "/" + f, "trace_bytes"), read_file_bytes(b + "/" + f, "trace_bytes")) << f;
 
-  const std::string events = read_file_bytes(a + "/events.csv");
+  const std::string events = read_file_bytes(a + "/events.csv", "trace_bytes");
   EXPECT_EQ(events.substr(0, events.find('\n')),
             "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm");
   EXPECT_NE(events.find("\nreference,0,0,0,forward_backward,3,0,"
                         "0.10000000000000001,,\n"),
             std::string::npos);
-  const std::string values = read_file_bytes(a + "/values.csv");
+  const std::string values = read_file_bytes(a + "/values.csv", "trace_bytes");
   EXPECT_EQ(values.substr(0, values.find('\n')),
             "run,step,kind,tensor,index,value");
   EXPECT_NE(values.find("\nreference,0,grad,0.weight,0,0.10000000000000001\n"),
@@ -250,7 +250,7 @@ class TraceErrors : public ::testing::Test {
     write_trace(dir_, sample_writer());
   }
   std::string text(const std::string& file) {
-    return read_file_bytes(dir_ + "/" + file);
+    return read_file_bytes(dir_ + "/" + file, "trace_bytes");
   }
   void put(const std::string& file, const std::string& bytes) {
     std::ofstream(dir_ + "/" + file, std::ios::binary | std::ios::trunc)

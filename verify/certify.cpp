@@ -5,6 +5,7 @@
 #include <chrono>
 #include <future>
 
+#include "sim/limits.hpp"
 #include "verify/certify_stages.hpp"
 #include "verify/export.hpp"
 
@@ -15,6 +16,7 @@ using namespace certify_detail;
 CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                       const CertifyConfig& cfg) {
   require_exportable_model(s);
+  require_scenario_within_limits(s);
   const auto t0 = std::chrono::steady_clock::now();
   // 1. Load and validate.
   const ParamLayout layout = layout_of(s.model);
@@ -22,7 +24,8 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   const Dataset data = make_dataset(s);
   const std::vector<float> init = initial_parameters(s, layout);
   const Plan plan = make_plan(s);
-  const Ctx ctx{s, data, init, plan, layout, L.steps, cfg.fp64};
+  const int64_t max_windows = window_cap(s, L.steps.size());
+  const Ctx ctx{s, data, init, plan, layout, L.steps, cfg.fp64, max_windows};
 
   CertifyReport r;
   r.scenario = s.name;
@@ -47,7 +50,8 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   check_ranks(L, layout, r);
 
   // 4. The call pattern (when the trace has events).
-  const PatternCheck pc = check_pattern(s, plan, *L.run, accepted_b, r);
+  const PatternCheck pc =
+      check_pattern(s, plan, *L.run, accepted_b, max_windows, r);
 
   // 5. Verdict; on FAIL, the rigorous ranking and the diagnosis.
   verdict_of(acc, acc_d, r);

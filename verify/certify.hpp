@@ -27,6 +27,13 @@
 // ones reported.  The events table, when it has rows, is checked for the
 // call pattern (per optimizer step: backward, zero_grad, clip, step and
 // scheduler calls) against the accepted semantics and every candidate.
+//
+// The trace is validated before any judging (InputError, exit 2, with
+// file:line): steps 0, 1, 2, ... in values.csv; in events.csv every row's
+// step is the number of optimizer_step rows before it and there is one
+// optimizer_step row per step of values.csv.  A run with no events rows is
+// judged on its values alone: the verdict line, the text and the JUnit
+// report (a skipped testcase) say that the call pattern was NOT checked.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +60,7 @@ struct CertifyCheck {
   std::string name;  // "step count", "step 3 gradient", "call pattern"
   bool ok = true;
   bool ambiguous = false;  // a clip decision within the bound: not failed
+  bool skipped = false;    // could not run (no events): not failed, said so
   std::string message;     // summary (error_model::Comparison::summary())
 };
 

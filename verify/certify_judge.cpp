@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "oracle/oracle.hpp"
+#include "sim/limits.hpp"
 #include "sim/trainer.hpp"
 #include "verify/certify_stages.hpp"
 
@@ -109,6 +110,7 @@ Forced forced_run(const Ctx& c, const Behavior& b) {
   opt.record_values = false;
   opt.record_events = false;
   opt.max_steps = c.s.batching.max_steps;
+  opt.max_windows = c.max_windows;
   Trainer<Watched<Oracle<T>>> trainer(w, c.s, b, c.s.optimizer.lr, opt);
   Forced r;
   r.eval.resize(c.trace.size());
@@ -188,6 +190,13 @@ Distance distance_of(const Forced& f, size_t trace_steps) {
   }
   if (size_t(f.steps) != trace_steps) d.value = kInf;
   return d;
+}
+
+int64_t window_cap(const Scenario& s, size_t trace_steps) {
+  if (s.batching.max_steps < 0) return -1;  // the plan itself is bounded
+  const int64_t per_epoch = scenario_size(s).windows_per_epoch.value_or(0);
+  const int64_t cap = 2 * (int64_t(trace_steps) + per_epoch + 1);
+  return std::max<int64_t>(cap, 2 * (s.batching.max_steps + per_epoch + 1));
 }
 
 void judge_accepted(const Forced& acc, CertifyReport& r) {

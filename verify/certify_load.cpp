@@ -9,6 +9,65 @@
 
 namespace accumcheck::certify_detail {
 
+namespace {
+
+// The run's events against its values: every events row's step is the
+// number of optimizer_step rows before it (so optimizer_step rows count
+// 0, 1, 2, ... with no duplicate and no gap, and rows after the last step
+// carry the step count), and there is one optimizer_step row per step of
+// values.csv.  A trace that contradicts itself is bad input, never a
+// trainer behaviour.
+void check_events(const Trace& t, const TraceRun& run, int64_t value_steps) {
+  const std::string file = t.events_path();
+  int64_t steps = 0, last_step_line = 0;
+  for (const TraceEvent& te : run.events) {
+    const Event& e = te.event;
+    const bool is_step = e.kind == EventKind::optimizer_step;
+    if (e.step != steps) {
+      std::string why;
+      if (is_step && e.step < steps)
+        why = fmt::format(
+            "optimizer_step {} appears twice (first at line {}); each "
+            "optimizer step is one row",
+            e.step, last_step_line);
+      else if (is_step)
+        why = fmt::format(
+            "optimizer_step {} follows optimizer_step {}; steps count 0, 1, "
+            "2, ... without gaps",
+            e.step, steps - 1);
+      else
+        why = fmt::format(
+            "step {}, but {} optimizer_step rows precede this row; a row's "
+            "step is the number of optimizer steps before it",
+            e.step, steps);
+      throw InputError(file, te.line, 0, "step",
+                       fmt::format("run '{}': {}", run.name, why));
+    }
+    if (is_step) {
+      ++steps;
+      last_step_line = te.line;
+    }
+    if (steps > value_steps)
+      throw InputError(
+          file, te.line, 0, "step",
+          fmt::format("run '{}': optimizer_step {} has no values: values.csv "
+                      "holds {} of this run",
+                      run.name, e.step,
+                      value_steps == 0
+                          ? std::string("no steps")
+                          : fmt::format("steps 0..{}", value_steps - 1)));
+  }
+  if (steps != value_steps)
+    throw InputError(
+        file, run.events.back().line, 0, "step",
+        fmt::format("run '{}': {} optimizer_step rows, but values.csv holds "
+                    "{} steps of this run; events and values must describe "
+                    "the same steps",
+                    run.name, steps, value_steps));
+}
+
+}  // namespace
+
 LoadedTrace load(const Scenario& s, const std::string& dir,
                  const CertifyConfig& cfg, const ParamLayout& layout) {
   LoadedTrace L;
@@ -82,6 +141,9 @@ LoadedTrace load(const Scenario& s, const std::string& dir,
                       "step needs its gradient and parameters",
                       run.name, st.step, st.grad.empty() ? "grad" : "param"));
   }
+  // Events, when the run has any (a run without events is judged on its
+  // values alone, and the verdict says the call pattern was not checked).
+  if (!run.events.empty()) check_events(t, run, int64_t(L.steps.size()));
   return L;
 }
 

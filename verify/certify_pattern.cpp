@@ -77,11 +77,13 @@ std::string counts_text(const Pattern& p, size_t step) {
 }
 
 Pattern semantics_pattern(const Scenario& s, const Plan& plan,
-                          const Behavior& b, bool ignore_scheduler) {
+                          const Behavior& b, bool ignore_scheduler,
+                          int64_t max_windows) {
   NullEngine null;
   TrainerOptions opt;
   opt.record_values = false;
   opt.max_steps = s.batching.max_steps;
+  opt.max_windows = max_windows;
   Trainer<NullEngine> t(null, s, b, s.optimizer.lr, opt);
   return pattern_of(t.run(plan, "pattern").events, ignore_scheduler);
 }
@@ -90,10 +92,23 @@ Pattern semantics_pattern(const Scenario& s, const Plan& plan,
 
 PatternCheck check_pattern(const Scenario& s, const Plan& plan,
                            const TraceRun& run, const Behavior& accepted_b,
-                           CertifyReport& r) {
+                           int64_t max_windows, CertifyReport& r) {
   PatternCheck pc;
+  pc.max_windows = max_windows;
   r.pattern_checked = !run.events.empty();
-  if (!r.pattern_checked) return pc;
+  if (!r.pattern_checked) {
+    // The check cannot run: said in the verdict, the text and the JUnit
+    // report (a skipped testcase), never hidden behind a PASS.
+    r.pattern_message = fmt::format(
+        "call pattern NOT checked: events.csv has no rows for run '{}'",
+        run.name);
+    CertifyCheck c;
+    c.name = "call pattern";
+    c.skipped = true;
+    c.message = r.pattern_message;
+    r.checks.push_back(c);
+    return pc;
+  }
   std::vector<Event> evs;
   bool any_sched = false;
   for (const TraceEvent& e : run.events) {
@@ -104,7 +119,8 @@ PatternCheck check_pattern(const Scenario& s, const Plan& plan,
   pc.ignore_sched = !any_sched && s.schedule.kind == ScheduleKind::constant;
   pc.trace = pattern_of(evs, pc.ignore_sched);
   const Pattern& trace_pattern = pc.trace;
-  const Pattern want = semantics_pattern(s, plan, accepted_b, pc.ignore_sched);
+  const Pattern want =
+      semantics_pattern(s, plan, accepted_b, pc.ignore_sched, max_windows);
   r.pattern_ok = trace_pattern == want;
   if (r.pattern_ok) {
     r.pattern_message =
@@ -137,7 +153,8 @@ void mark_pattern_matches(const Scenario& s, const Plan& plan,
   if (!r.pattern_checked) return;
   for (size_t i = 0; i < r.ranking.size(); ++i)
     r.ranking[i].pattern_matches =
-        semantics_pattern(s, plan, behaviors[i], pc.ignore_sched) == pc.trace;
+        semantics_pattern(s, plan, behaviors[i], pc.ignore_sched,
+                          pc.max_windows) == pc.trace;
 }
 
 }  // namespace accumcheck::certify_detail

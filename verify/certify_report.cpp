@@ -29,6 +29,7 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
         r.ambiguous_steps.empty() ? std::string()
                                   : fmt::format("; {} ambiguous clip step(s)",
                                                 r.ambiguous_steps.size()));
+    if (!r.pattern_checked) r.verdict.append("; " + r.pattern_message);
   } else {
     std::string why;
     if (acc.steps != r.trace_steps)
@@ -40,6 +41,7 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
     else
       why = r.pattern_message;
     r.verdict = fmt::format("FAIL: {}", why);
+    if (!r.pattern_checked) r.verdict.append("; " + r.pattern_message);
   }
 }
 
@@ -214,12 +216,15 @@ std::string certify_junit(const CertifyReport& r) {
   for (const CertifyCheck& c : r.checks) {
     o.append(fmt::format("  <testcase classname=\"{}\" name=\"{}\"", cls,
                          xml_escape(c.name)));
-    if (c.ok && !c.ambiguous) {
+    if (c.ok && !c.ambiguous && !c.skipped) {
       o.append("/>\n");
       continue;
     }
     o.append(">\n");
-    if (!c.ok)
+    if (c.skipped)
+      o.append(fmt::format("    <skipped message=\"{}\"/>\n",
+                           xml_escape(c.message)));
+    else if (!c.ok)
       o.append(fmt::format(
           "    <failure message=\"{}\">{}</failure>\n", xml_escape(c.message),
           xml_escape(r.diagnosis.empty() ? c.message : r.diagnosis)));

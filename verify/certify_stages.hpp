@@ -76,7 +76,14 @@ struct Ctx {
   const ParamLayout& layout;
   const std::vector<TraceStep>& trace;
   bool fp64;
+  int64_t max_windows;  // window_cap()
 };
+
+// Windows after which a forced run stops (-1: none): with max_steps, a
+// semantics that skips more than half the windows (never stepping, say)
+// would otherwise walk every epoch of a long plan; cut off there it takes
+// fewer steps than the trace, which is what it is.
+int64_t window_cap(const Scenario& s, size_t trace_steps);
 
 // The semantics `b` walked on the oracle over real type T (double: the
 // cheap proxy; TR: the rigorous Tracked bound), teacher-forced by the
@@ -148,13 +155,14 @@ using Pattern = std::vector<Counts>;
 struct PatternCheck {
   Pattern trace;              // the trace's pattern (when checked)
   bool ignore_sched = false;  // scheduler calls not counted
+  int64_t max_windows = -1;   // window_cap()
 };
 
 // Checks the trace's call pattern against the accepted semantics when the
 // run has events (r.pattern_*, one check appended).
 PatternCheck check_pattern(const Scenario& s, const Plan& plan,
                            const TraceRun& run, const Behavior& accepted_b,
-                           CertifyReport& r);
+                           int64_t max_windows, CertifyReport& r);
 
 // Marks the candidates whose call pattern is the trace's.
 void mark_pattern_matches(const Scenario& s, const Plan& plan,

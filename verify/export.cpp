@@ -2,20 +2,25 @@
 #include "verify/export.hpp"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
+#include <stdexcept>
 #include <system_error>
 
 #include "sim/atomic_file.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/layout.hpp"
-#include "verify/null_engine.hpp"
+#include "sim/limits.hpp"
 #include "sim/plan.hpp"
-#include "verify/trace.hpp"
+#include "sim/scenario_parse.hpp"
 #include "sim/trainer.hpp"
+#include "verify/null_engine.hpp"
+#include "verify/trace.hpp"
 
 namespace accumcheck {
 
@@ -144,6 +149,46 @@ void install(const fs::path& tmp, const fs::path& out) {
   fs::remove_all(old, ec);
 }
 
+// The copy of a [data] csv file in the bundle.
+constexpr std::string_view kBundleCsv = "scenario-data.csv";
+
+// The scenario text with its [data] csv value replaced by `name` (the
+// value's source region, exclusive end, as toml++ reports it), checked by
+// parsing the result.
+std::string with_csv_path(const Scenario& s, const std::string& text,
+                          std::string_view name) {
+  const toml::table root = toml::parse(text, s.path);
+  const toml::node* n = root.at_path("data.csv").node();
+  if (!n || !n->is_string())
+    throw std::logic_error("export: no data.csv string in " + s.path);
+  const toml::source_region r = n->source();
+  auto offset = [&](const toml::source_position& p) {
+    size_t at = 0;
+    for (uint32_t line = 1; line < p.line; ++line) at = text.find('\n', at) + 1;
+    return at + (p.column - 1);
+  };
+  const size_t b = offset(r.begin), e = offset(r.end);
+  std::string out = text.substr(0, b);
+  out.append(fmt::format("\"{}\"", name));
+  out.append(text.substr(e));
+  const toml::table check = toml::parse(out, s.path);
+  const auto v = check.at_path("data.csv").value<std::string>();
+  if (!v || *v != name)
+    throw std::logic_error("export: could not rewrite data.csv in " + s.path);
+  return out;
+}
+
+// Epochs listed in batches.csv: all of them, or with max_steps those that
+// hold max_steps windows plus one.
+int64_t exported_epochs(const Scenario& s) {
+  const ScenarioSize z = scenario_size(s);
+  const int64_t per_epoch = z.windows_per_epoch.value_or(1);
+  if (s.batching.max_steps < 0 || per_epoch < 1) return s.batching.epochs;
+  const int64_t need = s.batching.max_steps / per_epoch +
+                       (s.batching.max_steps % per_epoch != 0) + 1;
+  return std::min(s.batching.epochs, need);
+}
+
 }  // namespace
 
 std::vector<std::string> export_warnings(const Scenario& s) {
@@ -158,17 +203,18 @@ std::vector<std::string> export_warnings(const Scenario& s) {
     w.push_back(
         "constant lr: scheduler-per-micro-step and "
         "schedule-horizon-in-micro-steps are invisible");
-  const Plan plan = make_plan(s);
+  // Every epoch has the same window and micro-batch sizes (only the
+  // permutation differs): the first tells.
+  const EpochPlan e = make_plan(s).epoch(0);
   bool partial = false, unequal = false;
   int64_t size = -1;
-  for (const EpochPlan& e : plan.epochs)
-    for (const Window& win : e.windows) {
-      partial = partial || win.partial;
-      for (const MicroBatch& m : win.micro) {
-        if (size >= 0 && m.items() != size) unequal = true;
-        size = m.items();
-      }
+  for (const Window& win : e.windows) {
+    partial = partial || win.partial;
+    for (const MicroBatch& m : win.micro) {
+      if (size >= 0 && m.items() != size) unequal = true;
+      size = m.items();
     }
+  }
   if (K > 1 && !partial)
     w.push_back(
         "K divides every epoch's micro-step count: no partial window, so "
@@ -204,7 +250,17 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
   require_exportable_model(s);
   if (out_dir.empty())
     throw InputError("", 0, 0, "--out", "expected a folder, got ''");
-  const std::string scenario_bytes = read_file_bytes(s.path);
+  require_scenario_within_limits(s);
+  std::string scenario_bytes = read_file_bytes(s.path, "scenario_bytes");
+  // A [data] csv file travels with the bundle, and the bundle's
+  // scenario.toml names the copy (so its digest is the bundle's own).
+  std::string csv_bytes;
+  std::string digest = s.digest;
+  if (s.data.source == DataSource::csv) {
+    csv_bytes = read_file_bytes(s.data.csv_path, "csv_bytes");
+    scenario_bytes = with_csv_path(s, scenario_bytes, kBundleCsv);
+    digest = digest_hex(scenario_bytes);
+  }
   const Dataset data = make_dataset(s);
   const ParamLayout layout = layout_of(s.model);
   const std::vector<float> init = initial_parameters(s, layout);
@@ -284,8 +340,11 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
         "epoch,window,micro,rank,position,sample,window_micro_batches,"
         "window_items,partial\n";
     int64_t window = 0;
-    for (size_t e = 0; e < plan.epochs.size(); ++e)
-      for (const Window& w : plan.epochs[e].windows) {
+    // With max_steps, the epochs holding max_steps windows and one more
+    // (room for a trainer that skips windows); not the rest of a long run.
+    const int64_t epochs = exported_epochs(s);
+    for (int64_t e = 0; e < epochs; ++e)
+      for (const Window& w : plan.epoch(e).windows) {
         for (size_t m = 0; m < w.micro.size(); ++m)
           for (size_t rk = 0; rk < w.micro[m].shards.size(); ++rk) {
             const auto& ids = w.micro[m].shards[rk];
@@ -323,7 +382,7 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
     }
     const OptimizerSpec& o = s.optimizer;
     kv = {{"scenario", s.name},
-          {"scenario_digest", s.digest},
+          {"scenario_digest", digest},
           {"trace_schema", std::string(kTraceSchema)},
           {"accepted", semantics_name(s.trainer.accepted)},
           {"widths", widths},
@@ -364,6 +423,9 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
     files.emplace_back("hyperparameters.csv", std::move(t));
   }
   files.emplace_back("scenario.toml", scenario_bytes);
+  if (s.data.source == DataSource::csv)
+    files.emplace_back(std::string(kBundleCsv), std::move(csv_bytes));
+  r.digest = digest;
   files.emplace_back("README.txt", std::string(kReadme));
 
   // Written under a temporary sibling folder, then renamed into place.

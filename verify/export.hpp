@@ -17,7 +17,9 @@
 //   lr_schedule.csv      step, epoch, window, lr: the lr of each optimizer
 //                        step under the accepted semantics
 //   scenario.toml        the scenario file's bytes (digest in
-//                        hyperparameters.csv)
+//                        hyperparameters.csv); with a [data] csv file,
+//                        its csv value names the copy below instead
+//   scenario-data.csv    that csv file's bytes (csv scenarios only)
 // The folder is written under a temporary name and renamed into place, so
 // it is complete or absent.
 #pragma once
@@ -37,6 +39,7 @@ struct ExportResult {
   std::vector<std::string> files;  // written, relative to the bundle
   std::vector<std::string> warnings;
   int64_t steps = 0;  // optimizer steps under the accepted semantics
+  std::string digest;  // of the bundle's scenario.toml
 };
 
 // Writes the bundle for `s` (parsed from s.path, whose bytes are copied)

@@ -15,10 +15,8 @@
 #include <system_error>
 #include <tuple>
 
-// The Fast C++ CSV Parser needs <limits> before it.
-#include <libfccp/csv.h>
-
 #include "sim/atomic_file.hpp"
+#include "sim/csv_lines.hpp"
 #include "sim/errors.hpp"
 
 #ifndef ACCUMCHECK_VERSION
@@ -181,8 +179,7 @@ namespace {
 
 using Quote = io::double_quote_escape<',', '"'>;
 template <unsigned N>
-using Reader = io::CSVReader<N, io::trim_chars<' ', '\t'>, Quote,
-                             io::throw_on_overflow, io::no_comment>;
+using Reader = CsvTable<N, io::trim_chars<' ', '\t'>, Quote>;
 
 // One CSV file held in memory, with the checks every trace file shares.
 struct CsvFile {
@@ -190,7 +187,7 @@ struct CsvFile {
   std::string bytes;
 
   CsvFile(std::string p, std::string_view header) : path(std::move(p)) {
-    bytes = read_file_bytes(path);
+    bytes = read_file_bytes(path, "trace_bytes");
     if (bytes.empty())
       throw InputError(
           path, 1, 0, "",
@@ -345,8 +342,8 @@ Trace read_trace(const std::string& dir) {
   t.dir = dir;
 
   {  // meta.csv: the schema first of all.
-    const CsvFile f(t.meta_path(), kMetaHeader);
-    Reader<2> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
+    CsvFile f(t.meta_path(), kMetaHeader);
+    Reader<2> r(f.bytes);
     f.read_header(r, kMetaHeader, "", "key", "value");
     std::string key, value;
     int64_t line = 0, schema_line = 0;
@@ -370,13 +367,15 @@ Trace read_trace(const std::string& dir) {
 
   RunTracker runs{t, {}, {}, {}, true};
   {  // events.csv
-    const CsvFile f(t.events_path(), kEventsHeader);
-    Reader<11> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
+    CsvFile f(t.events_path(), kEventsHeader);
+    Reader<11> r(f.bytes);
     f.read_header(r, kEventsHeader, "rank", "run", "epoch", "step", "micro",
                   "event", "samples", "tokens", "loss", "lr", "grad_norm",
                   "rank");
     std::string run, event;
-    char *epoch, *step, *micro, *samples, *tokens, *loss, *lr, *norm;
+    char *epoch = nullptr, *step = nullptr, *micro = nullptr,
+         *samples = nullptr, *tokens = nullptr, *loss = nullptr, *lr = nullptr,
+         *norm = nullptr;
     char zero[] = "0";
     char* rank = zero;
     int64_t line = 0;
@@ -425,12 +424,12 @@ Trace read_trace(const std::string& dir) {
   runs.closed.clear();
   runs.first = true;
   {  // values.csv
-    const CsvFile f(t.values_path(), kValuesHeader);
-    Reader<7> r(f.path, f.bytes.data(), f.bytes.data() + f.bytes.size());
+    CsvFile f(t.values_path(), kValuesHeader);
+    Reader<7> r(f.bytes);
     f.read_header(r, kValuesHeader, "rank", "run", "step", "kind", "tensor",
                   "index", "value", "rank");
     std::string run, kind, tensor;
-    char *step, *index, *value;
+    char *step = nullptr, *index = nullptr, *value = nullptr;
     char zero[] = "0";
     char* rank = zero;
     int64_t line = 0;
