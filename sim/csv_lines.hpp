@@ -11,6 +11,7 @@
 // The Fast C++ CSV Parser needs <limits> before it.
 #include <libfccp/csv.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -85,6 +86,16 @@ class CsvTable {
   }
 
   unsigned get_file_line() const { return unsigned(lines_.line()); }
+
+  // After read_header: whether the file has the column `name` (with
+  // io::ignore_missing_column a column may be absent; read_row then leaves
+  // its variable as it was).
+  bool has_column(const std::string& name) const {
+    for (unsigned i = 0; i < N; ++i)
+      if (names_[i] == name)
+        return std::find(order_.begin(), order_.end(), int(i)) != order_.end();
+    return false;
+  }
 
  private:
   template <class T>

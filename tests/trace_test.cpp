@@ -186,7 +186,8 @@ TEST(Trace, RanksRoundTrip) {
   w.with_ranks();
   add_run(w, r, L);
   write_trace(dir, w);
-  EXPECT_NE(read_file_bytes(dir + "/events.csv").find("grad_norm,rank\n"),
+  EXPECT_NE(read_file_bytes(dir + "/events.csv", "trace_bytes")
+                .find("grad_norm,rank\n"),
             std::string::npos);
   const Trace t = read_trace(dir);
   const TraceRun& run = *t.run("ddp");
@@ -210,7 +211,9 @@ TEST(Trace, BytesAreDeterministicAndTidy) {
   write_trace(a, sample_writer());
   write_trace(b, sample_writer());
   for (const char* f : {"meta.csv", "events.csv", "values.csv"})
-    EXPECT_EQ(read_file_bytes(a + "/" + f, "trace_bytes"), read_file_bytes(b + "/" + f, "trace_bytes")) << f;
+    EXPECT_EQ(read_file_bytes(a + "/" + f, "trace_bytes"),
+              read_file_bytes(b + "/" + f, "trace_bytes"))
+        << f;
 
   const std::string events = read_file_bytes(a + "/events.csv", "trace_bytes");
   EXPECT_EQ(events.substr(0, events.find('\n')),
