@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/rate_reporter.hpp"
 #include "oracle/oracle.hpp"
 
 namespace {
@@ -122,26 +123,13 @@ BENCHMARK(BM_BoostGemv<mp::cpp_bin_float_50>)
     ->Name("BM_BoostGemv/cpp_bin_float_50");
 BENCHMARK(BM_TrackedGemv);
 
-// Keeps each benchmark's items/s for the closing ratio.
-class RateReporter : public benchmark::ConsoleReporter {
- public:
-  std::map<std::string, double> rate;
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& r : runs) {
-      auto it = r.counters.find("items_per_second");
-      if (it != r.counters.end()) rate[r.benchmark_name()] = it->second;
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
   accumcheck::set_oracle_digits(accumcheck::kDefaultOracleDigits);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  RateReporter reporter;
+  accumcheck::bench::RateReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   const double oracle = reporter.rate["BM_OracleGemv"];

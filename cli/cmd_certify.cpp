@@ -1,30 +1,60 @@
 // `accumcheck certify`: an outside trainer's trace judged against a
-// scenario (verify/certify.hpp).
+// scenario (verify/certify.hpp); `accumcheck certify-merge`: the parts of
+// a certification run on several machines, merged (verify/parts.hpp).
 #include <cstdio>
 
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
 #include "sim/scenario_parse.hpp"
 #include "verify/certify.hpp"
+#include "verify/parts.hpp"
+#include "verify/report.hpp"
+#include "verify/trace.hpp"
 
 namespace accumcheck::cli {
 
+namespace {
+
+int report(const CertifyReport& r, bool quiet, int top,
+           const std::string& junit) {
+  if (quiet)
+    std::printf("%s\n", r.verdict.c_str());
+  else
+    std::printf("%s", certify_text(r, top).c_str());
+  if (!junit.empty()) write_output_file(junit, certify_junit(r), "--junit");
+  std::fflush(stdout);
+  if (!quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
+  return r.pass ? 0 : 1;
+}
+
+}  // namespace
+
 int certify_command(const CertifyOptions& o) {
+  if (!o.html.empty()) require_output_file(o.html, "--html");
   const Scenario s = parse_scenario_file(o.scenario);
   // A --junit path we could not write is refused before any judging.
   if (!o.junit.empty()) require_output_file(o.junit, "--junit");
   CertifyConfig cfg;
   cfg.run = o.run;
   cfg.fp64 = o.precision == "fp64";
+  cfg.bound_arith = o.bound_arith == "mpfr" ? BoundArith::mpfr : BoundArith::dd;
+  cfg.threads = o.threads;
+  if (!o.steps.empty()) cfg.steps = parse_step_range(o.steps, "--steps");
   const CertifyReport r = certify(s, o.trace, cfg);
-  if (o.quiet)
-    std::printf("%s\n", r.verdict.c_str());
-  else
-    std::printf("%s", certify_text(r, o.top).c_str());
-  if (!o.junit.empty()) write_output_file(o.junit, certify_junit(r), "--junit");
-  std::fflush(stdout);
-  if (!o.quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
-  return r.pass ? 0 : 1;
+  if (!o.part.empty())
+    write_output_file(o.part, certify_part_text(r, s.digest, o.bound_arith),
+                      "--part");
+  if (!o.html.empty()) {
+    // The trace read again through the one reader, for its curves.
+    ReportData d = report_data(read_trace(o.trace), s);
+    d.certify = r;
+    write_output_file(o.html, report_html(d), "--html");
+  }
+  return report(r, o.quiet, o.top, o.junit);
+}
+
+int certify_merge_command(const CertifyMergeOptions& o) {
+  return report(certify_merge(o.parts), o.quiet, o.top, o.junit);
 }
 
 }  // namespace accumcheck::cli

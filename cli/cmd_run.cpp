@@ -76,6 +76,11 @@ void require_cuda() {
 
 int run_command(const RunOptions& o) {
   if (o.engine == "cuda") require_cuda();
+  if (!o.html.empty() && o.no_trace)
+    throw InputError("", 0, 0, "--html",
+                     "the report is made from the trace: --html cannot go "
+                     "with --no-trace");
+  if (!o.html.empty()) require_output_file(o.html, "--html");
   Scenario s = parse_scenario_file(o.scenario);
   if (o.steps >= 0) s.batching.max_steps = o.steps;
   // Refused before any allocation: sizes, windows (after --steps), work.
@@ -131,6 +136,10 @@ int run_command(const RunOptions& o) {
               verdict.message.c_str());
   if (!o.quiet && !o.no_trace)
     std::printf("trace: %s/{events,values,meta}.csv\n", dir.c_str());
+  if (!o.html.empty()) {
+    const std::string file = write_html_report(dir, o.scenario, o.html);
+    if (!o.quiet) std::printf("report: %s\n", file.c_str());
+  }
   return verdict.holds ? 0 : 1;
 }
 

@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run_cmd->add_flag("--quiet", run.quiet, "print the verdict line only");
   run_cmd->add_flag("--no-trace", run.no_trace, "write no trace files");
+  run_cmd->add_option("--html", run.html,
+                      "also write the trace's HTML report (plots) to this "
+                      "file");
 
   ListOptions list;
   auto* list_cmd = app.add_subcommand(
@@ -118,10 +121,13 @@ int main(int argc, char** argv) {
   CertifyOptions cert;
   auto* certify_cmd = app.add_subcommand(
       "certify",
-      "Judge an outside trainer's trace step by step, teacher-forced, against "
-      "the scenario's accepted semantics (PASS/FAIL); on FAIL rank every "
-      "pitfall and pair of pitfalls by distance to the trace. Exit 0 pass, 1 "
-      "fail, 2 bad input.");
+      "Judge an outside trainer's trace step by step, teacher-forced on the "
+      "micro-batches it drew, against the scenario's accepted semantics "
+      "(PASS/FAIL), with its order and coverage and its lr as checks of "
+      "their own; on FAIL rank every pitfall and pair of pitfalls by "
+      "distance to the trace, or say that no modelled pitfall explains it "
+      "and give model-free evidence. Exit 0 pass, 1 fail, 2 bad input (or "
+      "something the recorder could not see).");
   certify_cmd->add_option("scenario", cert.scenario, "scenario file (.toml)")
       ->required();
   certify_cmd->add_option("--trace", cert.trace, "trace folder")->required();
@@ -139,6 +145,93 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   certify_cmd->add_flag("--quiet", cert.quiet, "print the verdict only");
+  certify_cmd
+      ->add_option("--bound-arith", cert.bound_arith,
+                   "the numbers the Tracked float32 bound is computed in: dd "
+                   "(double-double, 106 bits, fast) or mpfr (40 digits)")
+      ->check(CLI::IsMember({"dd", "mpfr"}))
+      ->capture_default_str();
+  certify_cmd
+      ->add_option("--threads", cert.threads,
+                   "judge steps on this many threads (0: every core); the "
+                   "output is the same for every count")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  certify_cmd->add_option(
+      "--steps", cert.steps,
+      "judge only optimizer steps A..B-1 (A:B; A: or :B open-ended), e.g. one "
+      "part of a CI matrix; the step count and call pattern are still "
+      "checked whole");
+  certify_cmd->add_option("--part", cert.part,
+                          "write this run's result as a part file for "
+                          "`accumcheck certify-merge`");
+
+  CertifyMergeOptions merge;
+  auto* merge_cmd = app.add_subcommand(
+      "certify-merge",
+      "Merge the part files of `certify --steps A:B --part FILE` (run on "
+      "several machines) into one verdict and one JUnit file: the same "
+      "checks, verdict and exit code as one certify over every step. Exit 0 "
+      "pass, 1 fail, 2 bad input (parts that do not cover the trace's steps "
+      "exactly once, or come from different scenarios or traces).");
+  merge_cmd->add_option("parts", merge.parts, "part files")->required();
+  merge_cmd->add_option("--junit", merge.junit, "write JUnit XML here");
+  merge_cmd->add_option("--top", merge.top, "candidates shown on FAIL")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  merge_cmd->add_flag("--quiet", merge.quiet, "print the verdict only");
+  certify_cmd->add_option("--html", cert.html,
+                          "write an HTML report: the verdict, the first "
+                          "failing check, error/bound per step and tensor, "
+                          "the ranking, and the trace's curves");
+
+  ReportOptions rep;
+  auto* report_cmd = app.add_subcommand(
+      "report",
+      "Write one self-contained HTML file (opens offline) with the plots of "
+      "a trace: loss per window, relative distance to the large batch (log), "
+      "lr and gradient norm per optimizer step; the scenario's story, "
+      "settings and pitfall on top.");
+  report_cmd->add_option("trace", rep.trace, "trace folder")->required();
+  report_cmd->add_option("--out", rep.out,
+                         "HTML file (default: <trace>/report.html)");
+  report_cmd->add_option("--scenario", rep.scenario,
+                         "the trace's scenario file (default: scenarios/"
+                         "<the scenario the trace names>.toml)");
+
+  ExplainOptions expl;
+  auto* explain_cmd = app.add_subcommand(
+      "explain",
+      "Explain a pitfall or lesson: the story, the wrong and the right loop "
+      "as a PyTorch diff, what the oracle predicts, the scenario to run, the "
+      "field reports and the properties that guard it.");
+  explain_cmd->add_option("pitfall", expl.id,
+                          "pitfall id, lesson or scenario name");
+  explain_cmd->add_flag("--list", expl.list, "list every entry");
+
+  MemoryOptions mem;
+  auto* memory_cmd = app.add_subcommand(
+      "memory",
+      "Training-memory breakdown of a scenario's model (PyTorch 1.13 CPU "
+      "accounting): parameters, gradients, optimizer states, activations and "
+      "the peak, for micro-batch sizes b and accumulation K; then the seeds' "
+      "memory claims judged with the numbers.");
+  memory_cmd->add_option("scenario", mem.scenario, "scenario file (.toml)")
+      ->required();
+  memory_cmd
+      ->add_option("--b", mem.b,
+                   "micro-batch sizes (default: the "
+                   "scenario's b*K split every power-of-two way)")
+      ->delimiter(',')
+      ->check(CLI::Range(1LL, 1LL << 30));
+  memory_cmd->add_option("--k", mem.k, "accumulation steps")
+      ->delimiter(',')
+      ->check(CLI::Range(1LL, 1LL << 20));
+  memory_cmd->add_flag("--mixed-precision", mem.mixed_precision,
+                       "2-byte parameters, gradients and activations with "
+                       "4-byte master weights (a prediction, not measured)");
+  memory_cmd->add_flag("--kv", mem.kv,
+                       "one row (one --b, one --k) as key/value lines");
 
   try {
     app.parse(argc, argv);
@@ -156,6 +249,10 @@ int main(int argc, char** argv) {
     if (*check_cmd) return check_command(check);
     if (*export_cmd) return export_command(exp);
     if (*certify_cmd) return certify_command(cert);
+    if (*merge_cmd) return certify_merge_command(merge);
+    if (*report_cmd) return report_command(rep);
+    if (*explain_cmd) return explain_command(expl);
+    if (*memory_cmd) return memory_command(mem);
   } catch (const accumcheck::InputError& e) {
     std::fprintf(stderr, "accumcheck: %s\n", e.what());
     return 2;

@@ -160,7 +160,7 @@ void Device<Exec>::ensure_capacity(int64_t rows) {
   for (size_t l = 0; l <= L; ++l) {
     const bool hidden = l > 0 && l < L;
     const int64_t n = hidden ? cap * spec_.widths[l] : 1;
-    const int64_t g = hidden ? std::max(cap, spec_.widths[l]) : 1;
+    const int64_t g = hidden ? norm_geometry(spec_, cap, spec_.widths[l]).G : 1;
     xh_.push_back(ex.template alloc<float>(norm ? n : 1));
     y_.push_back(ex.template alloc<float>(norm ? n : 1));
     mean_.push_back(ex.template alloc<float>(norm ? g : 1));
@@ -170,8 +170,11 @@ void Device<Exec>::ensure_capacity(int64_t rows) {
   }
   dp_ = ex.template alloc<float>(cap * max_width_);
   dpre_ = ex.template alloc<float>(cap * max_width_);
-  s1_ = ex.template alloc<float>(std::max(cap, max_width_));
-  s2_ = ex.template alloc<float>(std::max(cap, max_width_));
+  int64_t groups = 1;  // the most norm groups of any hidden layer
+  for (size_t l = 1; l < L; ++l)
+    groups = std::max(groups, norm_geometry(spec_, cap, spec_.widths[l]).G);
+  s1_ = ex.template alloc<float>(groups);
+  s2_ = ex.template alloc<float>(groups);
   target_ = ex.template alloc<float>(cap * d_out_);
   label_ = ex.template alloc<int32_t>(cap);
   da_ = ex.template alloc<float>(cap * max_width_);
@@ -267,21 +270,21 @@ float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids,
     if (plain) continue;
     const float* pre = z_[l].data();
     if (norm) {
-      const int64_t G = batch ? out : b, E = batch ? b : out;
+      const NormGeometry geo = norm_geometry(spec_, b, out);
       float* rm = nullptr;
       float* rv = nullptr;
       if (batch && update_running) {
         rm = buffers_.data() + layout_.running_mean(l - 1).offset;
         rv = buffers_.data() + layout_.running_var(l - 1).offset;
       }
-      ex.launch(G, kern::NormStats{z_[l].data(), mean_[l].data(),
-                                   rstd_[l].data(), rm, rv, E, batch ? 1 : out,
-                                   batch ? out : 1, float(1e-5), float(0.1)});
+      ex.launch(geo.G, kern::NormStats{z_[l].data(), mean_[l].data(),
+                                       rstd_[l].data(), rm, rv, geo.E, geo.gs,
+                                       geo.es, float(1e-5), float(0.1)});
       ex.launch(b * out, kern::NormApply{
                              z_[l].data(), mean_[l].data(), rstd_[l].data(),
                              params_.data() + layout_.norm_weight(l - 1).offset,
                              params_.data() + layout_.norm_bias(l - 1).offset,
-                             xh_[l].data(), y_[l].data(), out, batch});
+                             xh_[l].data(), y_[l].data(), out, geo.row_groups});
       pre = y_[l].data();
     }
     float* act_out = drop ? h_[l].data() : a_[l].data();
@@ -367,7 +370,6 @@ void Device<Exec>::hidden_backward(size_t l, int64_t b, kern::Act act) {
   Exec& ex = *ex_;
   const int64_t out = spec_.widths[l];
   const bool norm = spec_.norm != NormKind::none;
-  const bool batch = spec_.norm == NormKind::batchnorm;
   const bool drop = spec_.dropout > 0;
   const float* dact = da_.data();
   if (drop) {
@@ -386,13 +388,13 @@ void Device<Exec>::hidden_backward(size_t l, int64_t b, kern::Act act) {
   ex.launch(out,
             kern::NormAffineGrad{dpre, xh_[l].data(), grads_.data() + G.offset,
                                  grads_.data() + Bt.offset, b, out});
-  const int64_t groups = batch ? out : b, E = batch ? b : out;
-  ex.launch(groups, kern::NormBackwardStats{
-                        dpre, xh_[l].data(), gamma, s1_.data(), s2_.data(), E,
-                        batch ? 1 : out, batch ? out : 1, batch});
+  const NormGeometry geo = norm_geometry(spec_, b, out);
+  ex.launch(geo.G, kern::NormBackwardStats{dpre, xh_[l].data(), gamma,
+                                           s1_.data(), s2_.data(), geo.E,
+                                           geo.gs, geo.es, geo.row_groups});
   ex.launch(b * out, kern::NormBackwardApply{
                          dpre, xh_[l].data(), gamma, s1_.data(), s2_.data(),
-                         rstd_[l].data(), dz_.data(), out, batch});
+                         rstd_[l].data(), dz_.data(), out, geo.row_groups});
 }
 
 template <class Exec>

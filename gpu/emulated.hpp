@@ -53,7 +53,11 @@ class EmulatedExecutor {
     // contract: one thread per output element, no ordering between
     // threads), so the loop may be vectorized; +, -, *, / and sqrt round
     // the same in vector lanes, so the bits do not change.
+    // (clang has no ivdep; its forced vectorization warns wherever it
+    // cannot vectorize, e.g. under sanitizers, so it is left to decide.)
+#if !defined(__clang__)
 #pragma GCC ivdep
+#endif
     for (int64_t i = 0; i < n; ++i) body(i);
   }
   void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,

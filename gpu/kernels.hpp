@@ -153,9 +153,10 @@ struct Dropout {
   }
 };
 
-// BatchNorm1d / LayerNorm statistics, one thread per group g (a feature
-// over the rows for BatchNorm, a row over its features for LayerNorm;
-// element k of group g is x[g*gs + k*es]):
+// BatchNorm1d / LayerNorm / GroupNorm statistics, one thread per group g
+// (a feature over the rows for BatchNorm, a row over its features for
+// LayerNorm, a row's ng-th for GroupNorm(ng); element k of group g is
+// x[g*gs + k*es], NormGeometry in sim/layout.hpp):
 //   mean = (sum_k x) / E;  ss = sum_k (x_k - mean)^2  (in order k = 0, 1..)
 //   rstd = 1 / sqrt(ss / E + eps)
 //   running (BatchNorm, rm != null): rm = rm * (1 - m) + mean * m;
@@ -189,8 +190,15 @@ struct NormStats {
   }
 };
 
+// The group of element (r, c): c for BatchNorm (row_groups = 0), else
+// r * ng + c / (cols / ng) with ng = row_groups (LayerNorm: ng = 1).
+ACCUMCHECK_HD inline int64_t norm_group_of(int64_t r, int64_t c, int64_t cols,
+                                           int64_t row_groups) {
+  return row_groups == 0 ? c : r * row_groups + c / (cols / row_groups);
+}
+
 // xh[r, c] = (x - mean[g]) * rstd[g];  y = xh * gamma[c] + beta[c]  (set),
-// g = c for BatchNorm (batch = true), r for LayerNorm.  threads: rows*cols.
+// g = norm_group_of(r, c).  threads: rows*cols.
 struct NormApply {
   const float* x;
   const float* mean;
@@ -200,10 +208,10 @@ struct NormApply {
   float* xh;
   float* y;
   int64_t cols;
-  bool batch;
+  int64_t row_groups;
   ACCUMCHECK_HD void operator()(int64_t i) const {
     const int64_t r = i / cols, c = i - r * cols;
-    const int64_t g = batch ? c : r;
+    const int64_t g = norm_group_of(r, c, cols, row_groups);
     const float v = (x[i] - mean[g]) * rstd[g];
     xh[i] = v;
     y[i] = v * gamma[c] + beta[c];
@@ -231,7 +239,8 @@ struct NormAffineGrad {
 
 // Per group g, with dxh_k = dy_k * gamma[c_k]:
 //   s1[g] = (sum_k dxh_k) / E;  s2[g] = (sum_k dxh_k * xh_k) / E
-// (layout as NormStats).  threads: G.
+// (layout as NormStats; c_k = g for BatchNorm, row_groups = 0, else
+// (g % ng) * E + k).  threads: G.
 struct NormBackwardStats {
   const float* dy;
   const float* xh;
@@ -239,12 +248,13 @@ struct NormBackwardStats {
   float* s1;
   float* s2;
   int64_t E, gs, es;
-  bool batch;
+  int64_t row_groups;
   ACCUMCHECK_HD void operator()(int64_t g) const {
     float a = 0.0f, b = 0.0f;
+    const int64_t c0 = row_groups == 0 ? 0 : (g % row_groups) * E;
     for (int64_t k = 0; k < E; ++k) {
       const int64_t i = g * gs + k * es;
-      const float d = dy[i] * gamma[batch ? g : k];
+      const float d = dy[i] * gamma[row_groups == 0 ? g : c0 + k];
       a = a + d;
       b = b + d * xh[i];
     }
@@ -264,10 +274,10 @@ struct NormBackwardApply {
   const float* rstd;
   float* dx;
   int64_t cols;
-  bool batch;
+  int64_t row_groups;
   ACCUMCHECK_HD void operator()(int64_t i) const {
     const int64_t r = i / cols, c = i - r * cols;
-    const int64_t g = batch ? c : r;
+    const int64_t g = norm_group_of(r, c, cols, row_groups);
     const float dxh = dy[i] * gamma[c];
     dx[i] = ((dxh - s1[g]) - xh[i] * s2[g]) * rstd[g];
   }

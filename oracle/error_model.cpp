@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 
 namespace accumcheck::error_model {
 
@@ -43,7 +44,30 @@ void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
     c.worst.ratio = ratio;
   }
   c.max_ratio = std::max(c.max_ratio, ratio);
+  if (layout && !layout->tensors.empty()) {
+    const std::string& name = layout->tensor_of(index).name;
+    if (c.tensor_ratio.empty() || c.tensor_ratio.back().first != name) {
+      auto it = std::find_if(c.tensor_ratio.begin(), c.tensor_ratio.end(),
+                             [&](const auto& tr) { return tr.first == name; });
+      if (it == c.tensor_ratio.end()) {
+        c.tensor_ratio.emplace_back(name, ratio);
+        return;
+      }
+      it->second = std::max(it->second, ratio);
+      return;
+    }
+    c.tensor_ratio.back().second =
+        std::max(c.tensor_ratio.back().second, ratio);
+  }
 }
+
+namespace {
+std::string fmt_g(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", x);
+  return b;
+}
+}  // namespace
 
 std::string Comparison::summary() const {
   char buf[512];
@@ -53,13 +77,22 @@ std::string Comparison::summary() const {
     where.append(std::to_string(worst.index));
     where.append("]");
   }
+  // A zero bound is an exact comparison: said so, not "inf% of bound".
+  char share[64];
+  if (worst.bound == 0)
+    std::snprintf(share, sizeof share, "%s",
+                  worst.err == 0 ? "exact, as required" : "must be exact");
+  else
+    std::snprintf(share, sizeof share, "%.1f%% of bound", 100.0 * worst.ratio);
+  const std::string bound_text = worst.bound == 0
+                                     ? "bound=0, an exact comparison"
+                                     : "bound=" + fmt_g(worst.bound);
   std::snprintf(buf, sizeof buf,
                 "%s: %lld of %lld outside the bound; worst %s f=%.9g "
-                "v=%.17g err=%.3g bound=%.3g (%.1f%% of bound); max %.3g u, "
-                "rms %.3g u",
+                "v=%.17g err=%.3g %s (%s); max %.3g u, rms %.3g u",
                 what.c_str(), (long long)violations, (long long)n,
-                where.c_str(), worst.f, worst.v, worst.err, worst.bound,
-                100.0 * worst.ratio, max_err_u, rms_err_u);
+                where.c_str(), worst.f, worst.v, worst.err, bound_text.c_str(),
+                share, max_err_u, rms_err_u);
   return buf;
 }
 

@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sim/layout.hpp"
@@ -50,6 +51,12 @@ inline constexpr Tolerance kTolerances[] = {
     {"bound_min_use", 1e-4,
      "a test of the bound is only meaningful if it is not absurdly loose: "
      "somewhere the error must use at least this fraction of it"},
+    {"bound_tightness", 0.25,
+     "where float32 rounding is at its worst (every addition of a "
+     "reduction rounding the same way, tests/error_model_adversarial_test) "
+     "the error must use at least a quarter of the reduction bound "
+     "gamma_n sum|terms|; those cases use about 0.998 of it, so a bound "
+     "inflated by more than 4x fails"},
     {"fd_step", 1e-20,
      "central finite differences in the 50-digit oracle: truncation "
      "O(h^2) ~ 1e-40, cancellation ~ 1e-50/h = 1e-30"},
@@ -64,11 +71,33 @@ inline constexpr Tolerance kTolerances[] = {
      "certify --precision fp64: the float32 bound scaled by u64/u32 = "
      "2^-53/2^-24 = 2^-29 (same formulas, float64 rounding; not derived "
      "per operation like the float32 bound)"},
+    {"dd_bound_rel", 1e-10,
+     "the Tracked bound in double-double (certify --bound-arith dd) vs in "
+     "50-digit MPFR, relative to the MPFR bound, for values and bounds: "
+     "DD values round at ~2^-104 per operation; DD bounds of +, *, / are "
+     "formed in double and rounded up by (1 + 2^-49) per operation, which "
+     "compounds to ~1e-13 over the ~100 operations of a pass; the "
+     "reductions add their own error bound (n^2 2^-104 sum|terms|); far "
+     "below this and far below any decision"},
     {"certify_proxy_ulps", 64,
      "certify's cheap ranking pass (double oracle, no Tracked bound): a "
      "candidate is scored against 64 u (|v| + 2^-10 max|v|), generous "
      "enough that a candidate inside the real bound scores below 1; only "
      "orders the candidates, never decides PASS or FAIL"},
+    {"lr_channel_rel", 8.0 / 9007199254740992.0,
+     "certify's lr channel: the lr a trainer read from its optimizer vs the "
+     "accepted schedule, both double and the same formula (LambdaLR: "
+     "base_lr * S(n)); 8 u64 covers a different libm's cos (1 ulp) and the "
+     "multiplications, far below any lr mistake (a whole schedule step)"},
+    {"evidence_weight_rel", 1e-3,
+     "certify's model-free evidence: a micro-batch weight fitted by least "
+     "squares from float32 gradients (relative error ~1e3 u32 at worst) is "
+     "read as a simple fraction (m/N_w, 1/(K*b_k), 1/b_k) when within 1e-3 "
+     "of it; the fractions certify tells apart differ by far more"},
+    {"evidence_fit_residual", 1e-3,
+     "certify's model-free evidence: a step's gradient is a weighted sum of "
+     "its window's micro-batch gradients when the least-squares residual is "
+     "below 1e-3 of its norm (float32 rounding leaves ~1e-6)"},
 };
 
 // Oracle runs that agree in real arithmetic are compared at relative
@@ -100,6 +129,8 @@ struct Comparison {
   double max_err_u = 0;  // max of |f - v| / (u max(|v|, 2^-126))
   double rms_err_u = 0;  // RMS of the same
   double max_ratio = 0;  // max err / bound: 1 = the bound fully used
+  // Per tensor (with a layout, in the order met): max err / bound.
+  std::vector<std::pair<std::string, double>> tensor_ratio;
   double bound_used_pct() const { return 100.0 * max_ratio; }
   bool ok() const { return violations == 0; }
   // "grads: 0 of 42 outside the bound; worst 0.weight[3] f=.. v=.. err=..

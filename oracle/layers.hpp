@@ -225,13 +225,16 @@ void cross_entropy_backward(T* dy, const T* probs, const int32_t* labels,
 
 // -------------------------------------------------------- normalization
 //
-// BatchNorm1d and LayerNorm share one formula over "groups" of E
-// elements: element k of group g is x[g*gs + k*es].
+// BatchNorm1d, LayerNorm and GroupNorm share one formula over "groups"
+// of E elements: element k of group g is x[g*gs + k*es] (NormGeometry,
+// sim/layout.hpp).
 //   BatchNorm1d (training mode): a group is a feature c over the B rows
 //     of the micro-batch (G = C, E = B, gs = 1, es = C);
 //   LayerNorm: a group is a row over its C features (G = B, E = C,
-//     gs = C, es = 1).
-// The affine weight and bias are per feature in both.
+//     gs = C, es = 1);
+//   GroupNorm(ng): a group is ng-th of a row, C/ng consecutive features
+//     (G = B*ng, E = C/ng, gs = E, es = 1).
+// The affine weight and bias are per feature in all three.
 
 // Per group (in this order, as a float32 engine rounds):
 //   mean = (sum_k x) / E;  d_k = x_k - mean;  ss = sum_k d_k^2
@@ -248,10 +251,10 @@ struct NormConstants {
 template <class T>
 void norm_forward(T* y, T* xh, T* mean, T* rstd, T* rm, T* rv, const T* x,
                   const T* gamma, const T* beta, int64_t B, int64_t C,
-                  bool batch, const NormConstants<T>& k, T& s, T& t) {
+                  const NormGeometry& geo, const NormConstants<T>& k, T& s,
+                  T& t) {
   using std::sqrt;
-  const int64_t G = batch ? C : B, E = batch ? B : C;
-  const int64_t gs = batch ? 1 : C, es = batch ? C : 1;
+  const int64_t G = geo.G, E = geo.E, gs = geo.gs, es = geo.es;
   for (int64_t g = 0; g < G; ++g) {
     const T* xg = x + g * gs;
     T* xhg = xh + g * gs;
@@ -298,7 +301,7 @@ void norm_forward(T* y, T* xh, T* mean, T* rstd, T* rm, T* rv, const T* x,
 template <class T>
 void norm_backward(T* dx, T* dxh, T* dgamma, T* dbeta, const T* dy, const T* xh,
                    const T* rstd, const T* gamma, int64_t B, int64_t C,
-                   bool batch, T& s1, T& s2, T& t) {
+                   const NormGeometry& geo, T& s1, T& s2, T& t) {
   for (int64_t c = 0; c < C; ++c) {
     dot_into(dgamma[c], &dgamma[c], B, &dy[c], C, &xh[c], C);
     sum_into(dbeta[c], &dbeta[c], B, &dy[c], C);
@@ -308,8 +311,7 @@ void norm_backward(T* dx, T* dxh, T* dgamma, T* dbeta, const T* dy, const T* xh,
       dxh[r * C + c] = dy[r * C + c];
       dxh[r * C + c] *= gamma[c];
     }
-  const int64_t G = batch ? C : B, E = batch ? B : C;
-  const int64_t gs = batch ? 1 : C, es = batch ? C : 1;
+  const int64_t G = geo.G, E = geo.E, gs = geo.gs, es = geo.es;
   for (int64_t g = 0; g < G; ++g) {
     const T* dg = dxh + g * gs;
     const T* xg = xh + g * gs;

@@ -72,6 +72,7 @@ class Oracle {
   const ModelSpec& model() const { return model_; }
   std::vector<T>& params() { return params_; }
   const std::vector<T>& grads() const { return grads_; }
+  std::vector<T>& grads() { return grads_; }
   const std::vector<T>& buffers() const { return buffers_; }
 
  private:
@@ -217,8 +218,9 @@ void Oracle<T>::ensure_capacity(int64_t B) {
     if (has_norm()) {
       xh_[l].resize(sz);
       y_[l].resize(sz);
-      mean_[l].resize(size_t(batch_norm() ? w[l] : B));
-      rstd_[l].resize(size_t(batch_norm() ? w[l] : B));
+      const int64_t G = norm_geometry(model_, B, w[l]).G;
+      mean_[l].resize(size_t(G));
+      rstd_[l].resize(size_t(G));
     }
     if (has_dropout()) {
       h_[l].resize(sz);
@@ -299,7 +301,7 @@ int64_t Oracle<T>::forward(const std::vector<int64_t>& ids,
       norm_forward(y_[h].data(), xh_[h].data(), mean_[h].data(),
                    rstd_[h].data(), rm, rv, z_[h].data(),
                    param(layout_.norm_weight(l)), param(layout_.norm_bias(l)),
-                   B, C, batch_norm(), nk_, s0_, s1_);
+                   B, C, norm_geometry(model_, B, C), nk_, s0_, s1_);
       pre = y_[h].data();
     }
     T* act_out = has_dropout() ? h_[h].data() : a_[h].data();
@@ -395,7 +397,7 @@ T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
                     grad(layout_.norm_weight(l - 1)),
                     grad(layout_.norm_bias(l - 1)), dp_.data(), xh_[l].data(),
                     rstd_[l].data(), param(layout_.norm_weight(l - 1)), B, C,
-                    batch_norm(), s0_, s1_, s2_);
+                    norm_geometry(model_, B, C), s0_, s1_, s2_);
     }
   }
   if (token) {
@@ -527,5 +529,7 @@ void Oracle<T>::set_state(const EngineState<T>& s) {
 
 extern template class Oracle<OracleReal>;
 extern template class Oracle<Tracked<OracleReal>>;
+extern template class Oracle<Tracked<BoundReal>>;
+extern template class Oracle<Tracked<DD>>;
 
 }  // namespace accumcheck

@@ -2,6 +2,7 @@
 
 #include <mpfr.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -37,10 +38,14 @@ struct Scratch {
   }
 };
 
+// Created on first use in each thread; release_thread_caches() destroys
+// it before MPFR's own caches (mpfr_clear may return limbs to the pool).
+thread_local std::optional<Scratch> thread_scratch;
+
 Scratch& scratch(mpfr_prec_t prec) {
-  thread_local Scratch s;
-  s.fit(prec);
-  return s;
+  if (!thread_scratch) thread_scratch.emplace();
+  thread_scratch->fit(prec);
+  return *thread_scratch;
 }
 
 // out = init + acc (init added last: see dot_into in real.hpp).
@@ -74,6 +79,11 @@ void sum_into(OracleReal& out, const OracleReal* init, int64_t n,
   for (int64_t k = 0; k < n; ++k)
     mpfr_add(s.acc, s.acc, a[k * sa].backend().data(), MPFR_RNDN);
   finish(out, init, s.acc);
+}
+
+void release_thread_caches() {
+  thread_scratch.reset();
+  mpfr_free_cache2(MPFR_FREE_LOCAL_CACHE);
 }
 
 }  // namespace accumcheck

@@ -83,6 +83,24 @@ void dot_into(OracleReal& out, const OracleReal* init, int64_t n,
 void sum_into(OracleReal& out, const OracleReal* init, int64_t n,
               const OracleReal* a, int64_t sa);
 
+// Frees the calling thread's MPFR state: its scratch values (above), and
+// MPFR's per-thread caches of constants (pi, log 2, ...) and its pool of
+// small limb blocks (mpfr_free_cache2(MPFR_FREE_LOCAL_CACHE)).  MPFR frees
+// those only on request, so every thread other than main that does MPFR
+// work must end with this (a ThreadCacheRelease at the top of its body),
+// or each such thread leaks them (LeakSanitizer reports it).  The thread
+// may use MPFR again afterwards; it must release again before it ends.
+void release_thread_caches();
+
+// Calls release_thread_caches() when it goes out of scope: declare one
+// first thing in a worker thread's body.
+struct ThreadCacheRelease {
+  ThreadCacheRelease() = default;
+  ThreadCacheRelease(const ThreadCacheRelease&) = delete;
+  ThreadCacheRelease& operator=(const ThreadCacheRelease&) = delete;
+  ~ThreadCacheRelease() { release_thread_caches(); }
+};
+
 // x > 0 ? a : b.  For Tracked, a decision the float32 engine could take
 // the other way widens the bound (oracle/tracked.hpp).
 template <class T>

@@ -83,6 +83,22 @@
 //   out), or fewer (an FMA in place of a multiply and an add is covered).
 //   The e arithmetic is itself done in B at >= 50 digits; its own rounding
 //   (relative 1e-50) is far inside the (1 + u) factors kept above.
+//
+//   B = DD (double-double, oracle/dd.hpp; `certify --bound-arith dd`): the
+//   same formulas at 106 bits; v and e round at about 2^-104 relative per
+//   operation, again some 80 binary orders inside the (1 + u) factors, and
+//   the transcendentals (exp, expm1, log, tanh, erf, sqrt) are DD-accurate
+//   too (<= 2^-99 relative, tested against MPFR), so the bounds of the
+//   slopes above (tanh(m), exp(-m^2), expm1(ex)) keep their meaning.  The
+//   reductions, nearly all of the time, are specialized below: the
+//   products' value is summed by compensated summation (Ogita, Rump and
+//   Oishi's Dot2: error <= 2^-53 |sum| + gamma_n(2^-53)^2 sum |terms|),
+//   the nonnegative sums P and M are formed in double from the DD high
+//   parts and then multiplied by (1 + (n + 16) 2^-52), which covers every
+//   rounding of theirs and the high parts' own 2^-53 (a sum of n
+//   nonnegative doubles is within (1 + 2^-53)^n of exact), and the
+//   compensated sum's own error bound is added to e, so the DD bound is
+//   rigorous by itself and >= the exact-arithmetic one.
 //   Overflow is not modelled (no float32 value may exceed 2^127).
 #pragma once
 
@@ -92,6 +108,7 @@
 #include <limits>
 #include <ostream>
 
+#include "oracle/dd.hpp"
 #include "oracle/error_model.hpp"
 #include "oracle/real.hpp"
 
@@ -141,6 +158,8 @@ template <class B>
 B expm1_of(const B& x) {
   if constexpr (std::floating_point<B>) {
     return std::expm1(x);
+  } else if constexpr (std::is_same_v<B, DD>) {
+    return expm1(x);  // DD's own, accurate near 0
   } else {
     using std::exp;
     return B(exp(x) - 1);  // >= 50 digits: cancellation is harmless
@@ -151,6 +170,55 @@ B gamma(int64_t m) {
   const B mu = B(double(m)) * unit<B>();
   if (mu >= 1) return infinity<B>();
   return B(mu / (1 - mu));
+}
+
+// The bounds of a + b, a * b and a / b (the formulas of the derivation
+// above), evaluated in B as written.
+template <class B>
+B add_bound(const B& ae, const B& be, const B& rv) {
+  using std::abs;
+  return (ae + be) * one_plus_u<B>() + unit<B>() * abs(rv);
+}
+template <class B>
+B mul_bound(const B& av, const B& ae, const B& bv, const B& be, const B& rv) {
+  using std::abs;
+  const B P = abs(av) * be + abs(bv) * ae + ae * be;
+  return P * one_plus_u<B>() + unit<B>() * abs(rv) + eta<B>();
+}
+// The caller has checked be < |bv|.
+template <class B>
+B div_bound(const B& ae, const B& bv, const B& be, const B& rv) {
+  using std::abs;
+  const B D = (ae + abs(rv) * be) / (abs(bv) - be);
+  return D * one_plus_u<B>() + unit<B>() * abs(rv) + eta<B>();
+}
+
+// The same three for DD, in double from the high parts and rounded up:
+// a DD x satisfies |x| <= |x.hi| (1 + 2^-53), each formula rounds at most
+// 7 times (each <= 2^-53 relative, all terms nonnegative), so the result
+// times kUpDD = 1 + 2^-49 (itself rounded once more) is >= the formula in
+// exact arithmetic.  The subtraction of div_bound's denominator is done
+// on a lower bound of |bv| and an upper bound of be, then rounded down.
+inline constexpr double kUpDD = 1 + 0x1p-49;
+inline DD add_bound(const DD& ae, const DD& be, const DD& rv) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  return DD(((ae.hi + be.hi) * (1 + u) + u * std::fabs(rv.hi)) * kUpDD);
+}
+inline DD mul_bound(const DD& av, const DD& ae, const DD& bv, const DD& be,
+                    const DD& rv) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  const double P =
+      std::fabs(av.hi) * be.hi + std::fabs(bv.hi) * ae.hi + ae.hi * be.hi;
+  return DD((P * (1 + u) + u * std::fabs(rv.hi) + 0x1p-150) * kUpDD);
+}
+inline DD div_bound(const DD& ae, const DD& bv, const DD& be, const DD& rv) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  const double den =
+      (std::fabs(bv.hi) * (1 - 0x1p-52) - be.hi * (1 + 0x1p-52)) *
+      (1 - 0x1p-52);
+  if (!(den > 0)) return DD(std::numeric_limits<double>::infinity());
+  const double D = (ae.hi + std::fabs(rv.hi) * be.hi) / den;
+  return DD((D * (1 + u) + u * std::fabs(rv.hi) + 0x1p-150) * kUpDD);
 }
 
 }  // namespace tracked_detail
@@ -192,7 +260,7 @@ struct Tracked {
     Tracked r;
     r.v = a.v + b.v;
     if (is_zero(a.e) && is_zero(b.e) && float_exact(r.v)) return r;
-    r.e = (a.e + b.e) * one_plus_u<B>() + unit<B>() * abs(r.v);
+    r.e = add_bound(a.e, b.e, r.v);
     return r;
   }
   friend Tracked operator-(const Tracked& a, const Tracked& b) {
@@ -210,8 +278,7 @@ struct Tracked {
     // outside the model, so the other float factor is finite.
     if ((is_zero(a.v) && is_zero(a.e)) || (is_zero(b.v) && is_zero(b.e)))
       return Tracked(B(0), B(0));
-    const B P = abs(a.v) * b.e + abs(b.v) * a.e + a.e * b.e;
-    r.e = P * one_plus_u<B>() + unit<B>() * abs(r.v) + eta<B>();
+    r.e = mul_bound(a.v, a.e, b.v, b.e, r.v);
     return r;
   }
   friend Tracked operator/(const Tracked& a, const Tracked& b) {
@@ -225,8 +292,7 @@ struct Tracked {
       r.e = infinity<B>();
       return r;
     }
-    const B D = (a.e + abs(r.v) * b.e) / (ab - b.e);
-    r.e = D * one_plus_u<B>() + unit<B>() * abs(r.v) + eta<B>();
+    r.e = div_bound(a.e, b.v, b.e, r.v);
     return r;
   }
 
@@ -440,6 +506,162 @@ void max_into(Tracked<B>& out, int64_t n, const Tracked<B>* a, int64_t sa) {
   out.v = v;
   out.e = e;
 }
+
+// ------------------------------------------------- DD reductions (fast)
+
+namespace tracked_detail {
+
+// The inflation that makes a double sum of m nonnegative terms, each
+// formed from DD high parts with a few roundings, an upper bound.
+inline double sum_inflation(int64_t m) {
+  return 1.0 + double(m + 16) * 0x1p-52;
+}
+
+// Dot2's own error (value): 2^-53 |result| is absorbed into the final DD
+// normalization; gamma_n(2^-53)^2 M plus the dropped lo*lo and rounded
+// cross terms (3 * 2^-106 per product) is added to e.
+inline double dot2_error(int64_t n, double M) {
+  const double nn = double(n) + 4;
+  return (nn * nn) * 0x1p-104 * M;
+}
+
+// e = P (1 + gamma_g) + gamma_g M (+ n eta for products) + Dot2's own
+// error, all in double and rounded up: P and M are sums of n nonnegative
+// doubles (inflated by sum_inflation), the initial value's bound and
+// magnitude are added (as upper bounds: hi (1 + 2^-52)), gamma_g =
+// g u / (1 - g u) has g u and 1 - g u exact in double (g < 2^29), and the
+// final formula's few roundings are covered by kUpDD like the +, *, /
+// bounds.
+inline double dd_reduction_bound(int64_t g, int64_t n, double P, double M,
+                                 const DD* init_v, double init_e,
+                                 bool products) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  const double mu = double(g) * u;
+  if (mu >= 1) return std::numeric_limits<double>::infinity();
+  const double gam = mu / (1 - mu) * (1 + 0x1p-52);
+  const double F = sum_inflation(n);
+  double Pu = P * F, Mu = M * F;
+  const double vr = dot2_error(n, Mu);
+  if (init_v) {
+    Pu += init_e * (1 + 0x1p-52);
+    Mu += std::fabs(init_v->hi) * (1 + 0x1p-52);
+  }
+  const double e =
+      Pu * (1 + gam) + gam * Mu + (products ? double(n) * 0x1p-150 : 0.0) + vr;
+  return e * kUpDD;
+}
+
+}  // namespace tracked_detail
+
+inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
+                     const Tracked<DD>* a, int64_t sa, const Tracked<DD>* b,
+                     int64_t sb) {
+  using namespace tracked_detail;
+  double s = 0, c = 0, M = 0, P = 0;
+  bool exact = !init || init->e.hi == 0;
+  bool inexact_inputs = false;
+  for (int64_t k = 0; k < n; ++k) {
+    const Tracked<DD>& x = a[k * sa];
+    const Tracked<DD>& y = b[k * sb];
+    const double ph = x.v.hi * y.v.hi;
+    const double pl =
+        std::fma(x.v.hi, y.v.hi, -ph) + (x.v.hi * y.v.lo + x.v.lo * y.v.hi);
+    const double t = s + ph;
+    const double bb = t - s;
+    c += ((s - (t - bb)) + (ph - bb)) + pl;
+    s = t;
+    M += std::fabs(ph);
+    if (x.e.hi != 0 || y.e.hi != 0) {
+      inexact_inputs = true;
+      P += std::fabs(x.v.hi) * y.e.hi + std::fabs(y.v.hi) * x.e.hi +
+           x.e.hi * y.e.hi;
+    }
+  }
+  DD v = DD::quick_two_sum(s, c);
+  if (!std::isfinite(s)) v = DD(s);
+  exact = exact && !inexact_inputs;
+  if (exact) {
+    // Every partial sum exact in any order?  (See the derivation above.)
+    // With exact float32 inputs every product is exact in double.
+    int low = std::numeric_limits<int>::max();
+    auto note = [&](const DD& p) {
+      if (p.hi == 0) return true;
+      if (!float_exact(p)) return false;
+      low = std::min(low, low_bit(static_cast<float>(p)));
+      return true;
+    };
+    double Mx = M;
+    if (init) {
+      exact = note(init->v);
+      Mx += std::fabs(init->v.hi);
+    }
+    for (int64_t k = 0; k < n && exact; ++k)
+      exact = note(a[k * sa].v * b[k * sb].v);
+    if (exact && (low == std::numeric_limits<int>::max() ||
+                  Mx < std::ldexp(1.0, low + 24))) {
+      out.v = init ? v + init->v : v;
+      out.e = 0;
+      return;
+    }
+  }
+  const int64_t m = n + (init ? 1 : 0);
+  out.e = DD(dd_reduction_bound(m, n, P, M, init ? &init->v : nullptr,
+                                init ? init->e.hi : 0.0, true));
+  out.v = init ? v + init->v : v;
+}
+
+inline void sum_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
+                     const Tracked<DD>* a, int64_t sa) {
+  using namespace tracked_detail;
+  double s = 0, c = 0, M = 0, P = 0;
+  bool exact = !init || init->e.hi == 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const Tracked<DD>& x = a[k * sa];
+    const double t = s + x.v.hi;
+    const double bb = t - s;
+    c += ((s - (t - bb)) + (x.v.hi - bb)) + x.v.lo;
+    s = t;
+    M += std::fabs(x.v.hi);
+    if (x.e.hi != 0) {
+      exact = false;
+      P += x.e.hi;
+    }
+  }
+  DD v = DD::quick_two_sum(s, c);
+  if (!std::isfinite(s)) v = DD(s);
+  if (exact) {
+    int low = std::numeric_limits<int>::max();
+    auto note = [&](const DD& p) {
+      if (p.hi != 0) low = std::min(low, low_bit(static_cast<float>(p)));
+    };
+    double Mx = M;
+    if (init) {
+      note(init->v);
+      Mx += std::fabs(init->v.hi);
+    }
+    for (int64_t k = 0; k < n; ++k) note(a[k * sa].v);
+    if (low == std::numeric_limits<int>::max() ||
+        Mx < std::ldexp(1.0, low + 24)) {
+      out.v = init ? v + init->v : v;
+      out.e = 0;
+      return;
+    }
+  }
+  const int64_t m = n + (init ? 1 : 0);
+  out.e = DD(dd_reduction_bound(m > 0 ? m - 1 : 0, n, P, M,
+                                init ? &init->v : nullptr,
+                                init ? init->e.hi : 0.0, false));
+  out.v = init ? v + init->v : v;
+}
+
+// The host scalars of a DD oracle are computed in MPFR (a few per step)
+// and rounded to DD.
+template <>
+struct Num<DD> {
+  using Host = BoundReal;
+  static DD from_host(const Host& h) { return DD(h); }
+  static DD from_constant(const Host& h) { return DD(h); }
+};
 
 template <class B>
 struct Num<Tracked<B>> {

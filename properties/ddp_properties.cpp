@@ -17,6 +17,7 @@
 #include "properties/device_properties.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
+#include "properties/windows.hpp"
 #include "sim/lr_schedule.hpp"
 
 namespace accumcheck::properties {

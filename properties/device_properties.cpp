@@ -51,6 +51,7 @@ Window large(const Window& w) {
   p.accumulation = int64_t(w.micro.size());
   p.ranks = int64_t(w.micro.front().shards.size());
   EpochPlan e;
+  e.accumulation = p.accumulation;
   e.windows.push_back(w);
   p.epochs.push_back(e);
   return as_large_batch(p).epochs[0].windows[0];

@@ -41,7 +41,9 @@ Gen<Shape> shape(const Triggers& t) {
                 t.k_power_of_two ? gen::element<int64_t>(2, 4)
                                  : gen::inRange<int64_t>(k_lo, 6)),
       [t](std::pair<int64_t, int64_t> bk) {
-        const auto [b, K] = bk;
+        // Plain variables, not a structured binding: clang 14 cannot
+        // capture a binding in the lambda below (C++20 allows it; P1091).
+        const int64_t b = bk.first, K = bk.second;
         const int64_t r_lo = t.partial_window ? 1 : 0;
         const int64_t r_hi = t.full_windows ? 0 : K - 1;
         const int64_t last_hi =

@@ -31,20 +31,6 @@ Run<R> Case::run(const Plan& p, const std::vector<Pitfall>& pitfalls, double lr,
   return r;
 }
 
-std::vector<FlatWindow> flatten(const Plan& p) {
-  std::vector<FlatWindow> out;
-  int64_t micro = 0;
-  for (size_t e = 0; e < p.epochs.size(); ++e) {
-    const auto& ws = p.epochs[e].windows;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      out.push_back({&ws[i], int64_t(e), i + 1 == ws.size(),
-                     p.epochs[e].micro_steps(), micro});
-      micro += int64_t(ws[i].micro.size());
-    }
-  }
-  return out;
-}
-
 double rel(const std::vector<R>& a, const std::vector<R>& b) {
   return relative_distance(a, b);
 }

@@ -44,16 +44,6 @@ struct Case {
              EngineState<R>* final_state = nullptr) const;
 };
 
-// The plan's windows in run order (a step record's `window` indexes it).
-struct FlatWindow {
-  const Window* w = nullptr;
-  int64_t epoch = 0;
-  bool last_of_epoch = false;
-  int64_t epoch_micro_steps = 0;
-  int64_t micro_before = 0;  // micro-steps of the whole run before it
-};
-std::vector<FlatWindow> flatten(const Plan& p);
-
 // Normwise relative difference |a - b| / |b| (|a - b| when b = 0).
 double rel(const std::vector<R>& a, const std::vector<R>& b);
 
@@ -112,7 +102,11 @@ const std::vector<Property>& norm_properties();
 // Data parallelism: R ranks, repartition, DDP pitfalls
 // (properties/ddp_properties.cpp).
 const std::vector<Property>& ddp_properties();
-// Every property: oracle, norm, ddp, then device
+// K per epoch (properties/ramp_properties.cpp).
+const std::vector<Property>& ramp_properties();
+// Window cutting, drawing and scheduler order (properties/loop_properties.cpp).
+const std::vector<Property>& loop_properties();
+// Every property: oracle, norm, ramp, loop, ddp, then device
 // (properties/device_properties.cpp).
 const std::vector<Property>& all_properties();
 // Runs the body of the property of that name (RC_FAIL when there is none).

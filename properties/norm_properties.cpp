@@ -71,7 +71,13 @@ Scenario mlp_scenario(NormKind norm, bool dropout, bool replicate) {
   s.story = "generated norm case";
   s.name = "generated";
   const int64_t d_in = *gen::inRange<int64_t>(1, 5).as("d_in");
-  const int64_t h = *gen::inRange<int64_t>(2, 7).as("hidden");
+  // GroupNorm: ng groups of 2..3 features each.
+  const int64_t ng = norm == NormKind::groupnorm
+                         ? *gen::inRange<int64_t>(1, 4).as("norm_groups")
+                         : 1;
+  const int64_t h = norm == NormKind::groupnorm
+                        ? ng * *gen::inRange<int64_t>(2, 4).as("group size")
+                        : *gen::inRange<int64_t>(2, 7).as("hidden");
   const bool two = *gen::arbitrary<bool>().as("two hidden layers");
   const int64_t d_out = *gen::inRange<int64_t>(2, 4).as("d_out");
   s.model.widths = two ? std::vector<int64_t>{d_in, h, h, d_out}
@@ -79,6 +85,7 @@ Scenario mlp_scenario(NormKind norm, bool dropout, bool replicate) {
   if (norm == NormKind::batchnorm && !replicate)
     s.model.widths = {d_in, h, d_out};  // running stats formula: one BN
   s.model.norm = norm;
+  s.model.norm_groups = ng;
   s.model.activation =
       *gen::element(Activation::tanh, Activation::gelu).as("activation");
   s.model.loss =
@@ -265,6 +272,16 @@ void layernorm_equivalence() {
   record_case(name);
 }
 
+// GroupNorm normalizes per sample (each group of a row), so accumulation
+// cannot see the micro-batch boundaries.
+void groupnorm_equivalence() {
+  const std::string name = "groupnorm.correct-equals-large-batch";
+  const Case c(mlp_scenario(NormKind::groupnorm,
+                            *gen::arbitrary<bool>().as("dropout too"), false));
+  assert_equivalent(name, c);
+  record_case(name);
+}
+
 void dropout_equivalence() {
   const std::string name = "dropout.sample-keyed-equals-large-batch";
   const Case c(mlp_scenario(NormKind::none, true, false));
@@ -347,6 +364,14 @@ void device_layernorm_dropout() {
 }
 
 template <class Dev>
+void device_groupnorm() {
+  device_window<Dev>(tier_name<Dev>("groupnorm"),
+                     mlp_scenario(NormKind::groupnorm,
+                                  *gen::arbitrary<bool>().as("dropout"), false),
+                     {});
+}
+
+template <class Dev>
 std::vector<Property> device_tier(bool needs_gpu) {
   const std::string e = needs_gpu ? "cuda" : "device";
   return {
@@ -362,6 +387,10 @@ std::vector<Property> device_tier(bool needs_gpu) {
        "LayerNorm and/or dropout, one window: float32 within the Tracked "
        "bound",
        device_layernorm_dropout<Dev>, needs_gpu},
+      {tier_name<Dev>("groupnorm"), e,
+       "GroupNorm (with or without dropout), one window: float32 within the "
+       "Tracked bound",
+       device_groupnorm<Dev>, needs_gpu},
   };
 }
 
@@ -395,6 +424,10 @@ const std::vector<Property>& norm_properties() {
        "LayerNorm (with or without dropout): correct accumulation equals the "
        "large batch",
        layernorm_equivalence},
+      {"groupnorm.correct-equals-large-batch", "oracle",
+       "GroupNorm (with or without dropout): correct accumulation equals the "
+       "large batch (per-sample statistics)",
+       groupnorm_equivalence},
       {"dropout.sample-keyed-equals-large-batch", "oracle",
        "dropout masks keyed by sample: correct accumulation equals the large "
        "batch",

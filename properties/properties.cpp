@@ -11,24 +11,12 @@
 #include "properties/device_properties.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
+#include "properties/windows.hpp"
 #include "sim/lr_schedule.hpp"
 
 namespace accumcheck::properties {
 
 namespace {
-
-// Per-sample weights 1/den for the micro-batches [from, to) of a window.
-Parts parts(const Window& w, size_t from, size_t to,
-            const std::function<int64_t(int64_t shard_items)>& den) {
-  Parts ps;
-  for (size_t k = from; k < to && k < w.micro.size(); ++k)
-    for (const auto& sh : w.micro[k].shards)
-      if (!sh.empty()) ps.push_back({sh, den(int64_t(sh.size()))});
-  return ps;
-}
-Parts all_parts(const Window& w, const std::function<int64_t(int64_t)>& den) {
-  return parts(w, 0, w.micro.size(), den);
-}
 
 std::vector<R> add(const std::vector<R>& a, const std::vector<R>& b) {
   std::vector<R> d(a.size());
@@ -40,10 +28,6 @@ std::vector<R> sub(const std::vector<R>& a, const std::vector<R>& b) {
   std::vector<R> d(a.size());
   for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
   return d;
-}
-
-int64_t ranks(const Window& w) {
-  return int64_t(w.micro.front().shards.size());
 }
 
 double tol() { return oracle_tolerance(); }
@@ -79,27 +63,6 @@ void equivalence_oracle() {
 
 // ---------------------------------------------------------------------------
 // (b) Loss normalization.
-
-// Each step's gradient equals the per-sample-weight prediction at the
-// buggy run's own parameters.
-void check_weights(const std::string& name, const Case& c, const Run<R>& bug,
-                   const std::function<Parts(const FlatWindow&)>& parts_of) {
-  const auto windows = flatten(c.plan);
-  RC_ASSERT(!bug.steps.empty());
-  for (size_t t = 0; t < bug.steps.size(); ++t) {
-    const FlatWindow& fw = windows[size_t(bug.steps[t].window)];
-    const auto want = predicted(c, theta_before(bug, t, c), parts_of(fw));
-    assert_close(name, bug.steps[t].grad, want, tol(), "predicted gradient");
-  }
-}
-
-Triggers gradient_triggers(std::vector<Pitfall> pitfalls) {
-  Triggers t;
-  t.pitfalls = std::move(pitfalls);
-  t.no_clip = true;          // the prediction is of the raw gradient
-  t.no_weight_decay = true;  // no L2 term in the loss
-  return t;
-}
 
 void no_loss_normalization_weights() {
   const std::string name = "loss-normalization.no-loss-normalization";
@@ -559,7 +522,9 @@ void inertness() {
            Pitfall::partial_cycle_scale_by_k, Pitfall::partial_cycle_drop,
            Pitfall::partial_cycle_leak, Pitfall::scheduler_per_micro_step,
            Pitfall::schedule_horizon_in_micro_steps,
-           Pitfall::clip_per_micro_step, Pitfall::l2_in_loss_unnormalized)
+           Pitfall::clip_per_micro_step, Pitfall::l2_in_loss_unnormalized,
+           Pitfall::ramp_normalization_stale,
+           Pitfall::ramp_schedule_horizon_fixed)
            .as("pitfall");
   Triggers t;
   t.pitfalls = {p};
@@ -587,6 +552,11 @@ void inertness() {
   if (p == Pitfall::scheduler_per_micro_step ||
       p == Pitfall::schedule_horizon_in_micro_steps)
     s.schedule.kind = ScheduleKind::constant;
+  if (p == Pitfall::ramp_schedule_horizon_fixed) {
+    // K never changes: the horizon computed with K_0 is the horizon.
+    s.schedule.kind = ScheduleKind::linear;
+    s.schedule.total_auto = true;
+  }
   const Case c(s);
   const Run<R> ok = c.run(c.plan, {}, s.optimizer.lr);
   const Run<R> bug = c.run(c.plan, {p}, s.optimizer.lr);
@@ -604,6 +574,8 @@ const std::vector<Property>& all_properties() {
   static const std::vector<Property> props = [] {
     std::vector<Property> v = oracle_properties();
     for (const Property& p : norm_properties()) v.push_back(p);
+    for (const Property& p : ramp_properties()) v.push_back(p);
+    for (const Property& p : loop_properties()) v.push_back(p);
     for (const Property& p : ddp_properties()) v.push_back(p);
     for (const Property& p : device_properties()) v.push_back(p);
     return v;

@@ -9,9 +9,19 @@ packages=(
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libgtest-dev libfccp-dev libtomlplusplus-dev
   libcli11-dev libfmt-dev libbenchmark-dev libopenblas-dev
+  libqd-dev  # bench/bound_bench: qd's dd_real beside our double-double
+  # scripts/check-hardened.sh: clang 14 with its sanitizer and libFuzzer
+  # runtimes (Debian 12 ships libFuzzer in libclang-rt-14-dev).
+  clang-14 libclang-rt-14-dev
 )
 # The PyTorch adapter and the side-by-side benchmark use Debian's torch.
-if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch); fi
+if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch python3-pytest); fi
+# `accumcheck report`'s HTML is tested in headless Chromium (about 350 MB
+# installed; apt-get update + install took 60 s here).
+if [ "${ACCUMCHECK_NO_CHROMIUM:-0}" != 1 ]; then packages+=(chromium); fi
+# npm fetches the charting library the report inlines (scripts/vendor_js.sh);
+# a Node.js that brings its own npm (NodeSource) is kept.
+command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -19,6 +29,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
+  bash "$(dirname "$0")/vendor_js.sh"
   exit 0
 fi
 echo "setup: installing ${missing[*]}"
@@ -27,3 +38,4 @@ sudo_cmd=()
 "${sudo_cmd[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "setup: done"
+bash "$(dirname "$0")/vendor_js.sh"

@@ -86,7 +86,6 @@ class CsvTable {
   }
 
   unsigned get_file_line() const { return unsigned(lines_.line()); }
-
   // After read_header: whether the file has the column `name` (with
   // io::ignore_missing_column a column may be absent; read_row then leaves
   // its variable as it was).

@@ -7,7 +7,8 @@
 // zeroing, one copy, one comparison loop that reports by tensor name.
 //
 // Normalization and dropout modules take their own Sequential index, as
-// in PyTorch: Linear, [BatchNorm1d | LayerNorm], activation, [Dropout],
+// in PyTorch: Linear, [BatchNorm1d | LayerNorm | GroupNorm], activation,
+// [Dropout],
 // Linear, ...  so with a norm the first hidden block is "0.weight",
 // "0.bias", "1.weight", "1.bias" (the norm's affine) and BatchNorm's
 // running statistics "1.running_mean", "1.running_var" are BUFFERS: a
@@ -117,6 +118,29 @@ inline ParamLayout layout_of(const ModelSpec& m) {
     if (m.dropout > 0) ++module;  // nn.Dropout
   }
   return L;
+}
+
+// How a norm layer groups the elements of a [rows x cols] activation:
+// G groups of E elements, element k of group g at x[g*gs + k*es].
+//   BatchNorm1d: a group is a feature over the rows (G = cols, E = rows,
+//     gs = 1, es = cols);
+//   LayerNorm / GroupNorm(ng): a group is ng-th of a row, E = cols / ng
+//     consecutive features (G = rows * ng, gs = E, es = 1); LayerNorm is
+//     ng = 1.
+// `row_groups` is ng (0 for BatchNorm): element (r, c) is in group
+// r * ng + c / E, and element k of group g is feature (g % ng) * E + k.
+struct NormGeometry {
+  int64_t G = 0, E = 0, gs = 0, es = 0;
+  int64_t row_groups = 0;
+  bool batch() const { return row_groups == 0; }
+};
+
+inline NormGeometry norm_geometry(const ModelSpec& m, int64_t rows,
+                                  int64_t cols) {
+  if (m.norm == NormKind::batchnorm) return {cols, rows, 1, cols, 0};
+  const int64_t ng = m.norm == NormKind::groupnorm ? m.norm_groups : 1;
+  const int64_t E = cols / ng;
+  return {rows * ng, E, E, 1, ng};
 }
 
 // Initial buffers: running_mean 0, running_var 1 (PyTorch).

@@ -45,6 +45,24 @@ constexpr Entry kCatalog[] = {
     {Pitfall::token_mean_of_means, "token-mean-of-means",
      "micro-batch token mean / K: a token weighs 1/(K*T_k), not 1/T (the 2024 "
      "Transformers bug)"},
+    {Pitfall::ramp_normalization_stale, "ramp-normalization-stale",
+     "K changes during training but the loss is still divided by the first "
+     "epoch's K: where K_e != K_0 micro-batches weigh 1/(K_0*b_k)"},
+    {Pitfall::ramp_schedule_horizon_fixed, "ramp-schedule-horizon-fixed",
+     "the schedule's horizon computed once with the initial K: warmup and "
+     "decay end early or late when K changes"},
+    {Pitfall::window_boundary_off_by_one, "window-boundary-off-by-one",
+     "`if step % K == 0` on a 0-based counter (seeds 002, 004): the first "
+     "window has one micro-batch, every later window is shifted by one"},
+    {Pitfall::scheduler_before_optimizer, "scheduler-before-optimizer",
+     "scheduler.step() before optimizer.step(): step t uses the lr of step "
+     "t+1"},
+    {Pitfall::scheduler_per_epoch, "scheduler-per-epoch",
+     "scheduler.step() once per epoch: the lr is constant within each epoch "
+     "and the schedule advances by epochs, not steps"},
+    {Pitfall::skip_short_micro_batch, "skip-short-micro-batch",
+     "DataLoader(drop_last=True): the short last micro-batch of every epoch "
+     "is never seen"},
     {Pitfall::ddp_token_mean_across_ranks, "ddp-token-mean-across-ranks",
      "each rank divides by its own window's token count, then DDP averages: "
      "a token weighs 1/(R*T_r), not 1/T"},
@@ -133,6 +151,28 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         break;
       case Pitfall::l2_in_loss_unnormalized:
         b.l2_unnormalized = true;
+        break;
+      case Pitfall::ramp_normalization_stale:
+        b.normalization_stale_k = true;
+        break;
+      case Pitfall::ramp_schedule_horizon_fixed:
+        b.horizon_initial_k = true;
+        break;
+      case Pitfall::window_boundary_off_by_one:
+        // As the seeds write it: `loss / K` (K literal), and the leftover
+        // micro-batches of an epoch neither stepped nor zeroed.
+        b.window_off_by_one = true;
+        b.normalization = Normalization::micro_mean_over_k;
+        b.partial = PartialWindow::leak;
+        break;
+      case Pitfall::scheduler_before_optimizer:
+        b.scheduler_before_optimizer = true;
+        break;
+      case Pitfall::scheduler_per_epoch:
+        b.scheduler_per_epoch = true;
+        break;
+      case Pitfall::skip_short_micro_batch:
+        b.skip_short_micro_batch = true;
         break;
       case Pitfall::ddp_token_mean_across_ranks:
       case Pitfall::ddp_uneven_shards:

@@ -30,6 +30,12 @@ enum class Pitfall {
   clip_per_micro_step,
   l2_in_loss_unnormalized,
   token_mean_of_means,
+  ramp_normalization_stale,
+  ramp_schedule_horizon_fixed,
+  window_boundary_off_by_one,
+  scheduler_before_optimizer,
+  scheduler_per_epoch,
+  skip_short_micro_batch,
   // Data parallelism (R ranks, DDP).
   ddp_token_mean_across_ranks,
   ddp_uneven_shards,
@@ -54,6 +60,12 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::clip_per_micro_step,
     Pitfall::l2_in_loss_unnormalized,
     Pitfall::token_mean_of_means,
+    Pitfall::ramp_normalization_stale,
+    Pitfall::ramp_schedule_horizon_fixed,
+    Pitfall::window_boundary_off_by_one,
+    Pitfall::scheduler_before_optimizer,
+    Pitfall::scheduler_per_epoch,
+    Pitfall::skip_short_micro_batch,
     Pitfall::ddp_token_mean_across_ranks,
     Pitfall::ddp_uneven_shards,
     Pitfall::ddp_no_sync_everywhere,
@@ -110,6 +122,27 @@ struct Behavior {
   // partial-cycle-scale-by-k: a partial window's micro-batches weigh
   // 1/(K*b_k), K literal; full windows keep `normalization`.
   bool partial_scale_by_k = false;
+  // ramp-normalization-stale: the `loss / K` loop whose K is still the
+  // first epoch's after K changes: in every epoch whose K is not K_0,
+  // every micro-batch weighs 1/(K_0*b_k) (epochs at K_0: `normalization`).
+  bool normalization_stale_k = false;
+  // ramp-schedule-horizon-fixed: a total = "auto" horizon (and warmup
+  // ratio) computed once with the initial K (sim/k_schedule.hpp).
+  bool horizon_initial_k = false;
+  // window-boundary-off-by-one: `if i % K == 0` on the 0-based micro-batch
+  // counter of each epoch: windows [0], [1..K], [K+1..2K], ...; the
+  // leftover micro-batches after the last multiple of K are a partial
+  // window (treated as `partial` says: leak for this pitfall).
+  bool window_off_by_one = false;
+  // scheduler-before-optimizer: the boundary calls scheduler.step() before
+  // optimizer.step(): step t uses S(t+1).
+  bool scheduler_before_optimizer = false;
+  // scheduler-per-epoch: scheduler.step() once at each epoch's end, not
+  // per window: every step of epoch e uses S(e).
+  bool scheduler_per_epoch = false;
+  // skip-short-micro-batch: DataLoader(drop_last=True): an epoch's short
+  // last micro-batch (fewer than b samples) is never drawn.
+  bool skip_short_micro_batch = false;
   Sync sync = Sync::window_end;
   // ddp-clip-local-norm: the gradient sharded over ranks in R contiguous
   // chunks (ZeRO/FSDP), each chunk clipped by its own norm.

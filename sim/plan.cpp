@@ -4,6 +4,7 @@
 #include <limits>
 #include <numeric>
 
+#include "sim/k_schedule.hpp"
 #include "sim/rng.hpp"
 
 namespace accumcheck {
@@ -42,14 +43,15 @@ int64_t longest_shard(const Scenario& s) {
 }
 
 EpochPlan build_epoch(const Scenario& s, int64_t e) {
-  const int64_t b = s.batching.micro_batch, K = s.batching.accumulation,
-                R = s.batching.ranks;
+  const int64_t b = s.batching.micro_batch, R = s.batching.ranks;
+  const int64_t K = accumulation_at(s.batching, e);  // K of this epoch
   const std::vector<int64_t> order = epoch_order(s, e);
   const std::vector<std::vector<int64_t>> shard =
       rank_shards(order, R, s.batching.sampler);
   const int64_t per_rank = int64_t(shard[0].size());  // the longest
   const int64_t micro_steps = (per_rank + b - 1) / b;
   EpochPlan ep;
+  ep.accumulation = K;
   for (int64_t m = 0; m < micro_steps; ++m) {
     if (m % K == 0) ep.windows.emplace_back();
     MicroBatch mb;
@@ -107,6 +109,22 @@ int64_t Plan::windows() const {
   const int64_t micro = (per_rank + b.micro_batch - 1) / b.micro_batch;
   const int64_t per_epoch = (micro + b.accumulation - 1) / b.accumulation;
   int64_t n = 0;
+  if (!b.accumulation_per_epoch.empty()) {
+    // K per epoch: the listed epochs one by one (a ramp rule lists them
+    // until K stops changing), then the last K for the rest.
+    const int64_t listed =
+        std::min<int64_t>(b.epochs, int64_t(b.accumulation_per_epoch.size()));
+    for (int64_t e = 0; e < listed; ++e) {
+      const int64_t K = b.accumulation_per_epoch[size_t(e)];
+      n += (micro + K - 1) / K;
+    }
+    const int64_t K = b.accumulation_per_epoch.back();
+    int64_t rest = 0;
+    if (__builtin_mul_overflow((micro + K - 1) / K, b.epochs - listed, &rest) ||
+        __builtin_add_overflow(n, rest, &n))
+      return std::numeric_limits<int64_t>::max();
+    return n;
+  }
   if (__builtin_mul_overflow(per_epoch, b.epochs, &n))
     return std::numeric_limits<int64_t>::max();
   return n;
@@ -114,7 +132,7 @@ int64_t Plan::windows() const {
 
 Plan make_plan(const Scenario& s) {
   Plan plan;
-  plan.accumulation = s.batching.accumulation;
+  plan.accumulation = accumulation_at(s.batching, 0);
   plan.ranks = s.batching.ranks;
   plan.lazy = std::make_shared<const Scenario>(s);
   return plan;

@@ -43,6 +43,7 @@ struct Window {
 
 struct EpochPlan {
   std::vector<Window> windows;
+  int64_t accumulation = 1;  // K of this epoch (sim/k_schedule.hpp)
   int64_t micro_steps() const {
     int64_t n = 0;
     for (const auto& w : windows) n += int64_t(w.micro.size());
@@ -51,7 +52,7 @@ struct EpochPlan {
 };
 
 struct Plan {
-  int64_t accumulation = 1;  // K
+  int64_t accumulation = 1;  // K of epoch 0 (EpochPlan: K per epoch)
   int64_t ranks = 1;         // R
   // Every epoch, built (hand-made plans, materialize()); empty for a lazy
   // plan (make_plan), whose epoch e is built when it is visited.

@@ -55,6 +55,9 @@ struct Event {
   // The rank that made the call (each rank records its own calls);
   // -1 for a collective (all_reduce).
   int64_t rank = 0;
+  // forward_backward: the sample ids of its micro-batch (shard), in the
+  // order drawn; empty when unknown.
+  std::vector<int64_t> sample_ids;
 };
 
 template <class Real>

@@ -22,7 +22,10 @@ enum class LossKind { mse, cross_entropy };
 // embed] -> Linear(embed, vocab) -> per-token softmax cross-entropy.
 enum class ModelKind { mlp, token };
 // Normalization after each hidden Linear, before its activation.
-enum class NormKind { none, batchnorm, layernorm };
+// groupnorm: nn.GroupNorm(norm_groups, width), per-sample statistics over
+// each group of width / norm_groups consecutive features (layernorm is
+// the one-group case).
+enum class NormKind { none, batchnorm, layernorm, groupnorm };
 
 struct ModelSpec {
   // Layer widths from input to output: {d_in, h1, ..., d_out}. Two entries
@@ -32,6 +35,7 @@ struct ModelSpec {
   LossKind loss = LossKind::mse;
   ModelKind kind = ModelKind::mlp;
   NormKind norm = NormKind::none;  // mlp only
+  int64_t norm_groups = 1;         // groupnorm: groups per hidden layer
   double dropout = 0.0;  // mlp: p of nn.Dropout after each hidden activation
   // token: widths = {embed, vocab}; vocab and embed repeat them.
   int64_t vocab = 0, embed = 0;
@@ -55,6 +59,11 @@ struct DataSpec {
   // Every micro-batch the same multiset of samples: generated sample i
   // takes sample (i mod micro_batch)'s values (needs shuffle = false).
   bool replicate = false;
+  // certify: whether a trainer must draw the micro-batches in exactly the
+  // plan's order (true), or may draw its own order -- its own DataLoader,
+  // sampler, shuffle -- as long as each epoch covers every sample once
+  // (false, the default).
+  bool pinned_order = false;
   // Token models: sequence lengths (loss-bearing tokens), per sample id.
   SequenceLengths lengths = SequenceLengths::fixed;
   int64_t min_len = 1, max_len = 1;
@@ -71,7 +80,11 @@ enum class Sampler { pad, drop_last, split };
 
 struct BatchingSpec {
   int64_t micro_batch = 1;   // b
-  int64_t accumulation = 1;  // K
+  int64_t accumulation = 1;  // K (of epoch 0 when K changes)
+  // K per epoch when it changes during training (seed 002's cold start,
+  // GPT-3's batch ramp): one entry per epoch, all >= 1; empty: K in every
+  // epoch.  sim/k_schedule.hpp reads it.
+  std::vector<int64_t> accumulation_per_epoch;
   int64_t epochs = 1;
   int64_t ranks = 1;  // R data-parallel ranks (DistributedSampler sharding)
   Sampler sampler = Sampler::pad;
@@ -95,8 +108,14 @@ enum class ScheduleKind { constant, step, linear, cosine };
 
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::constant;
-  int64_t warmup = 0;     // linear, cosine: warmup steps
-  int64_t total = 0;      // linear, cosine: horizon in scheduler steps
+  int64_t warmup = 0;  // linear, cosine: warmup steps
+  int64_t total = 0;   // linear, cosine: horizon in scheduler steps
+  // total = "auto": the horizon is the run's optimizer steps, as a trainer
+  // computes it from the data loader and K (sim/k_schedule.hpp); then
+  // warmup_ratio >= 0 sets warmup = ceil(total * warmup_ratio)
+  // (Transformers' get_warmup_steps).
+  bool total_auto = false;
+  double warmup_ratio = -1;
   int64_t step_size = 1;  // step: decay every step_size scheduler steps
   double gamma = 0.1;     // step: decay factor
 };

@@ -18,6 +18,7 @@
 #include "sim/atomic_file.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
+#include "sim/k_schedule.hpp"
 #include "sim/layout.hpp"
 #include "sim/limits.hpp"
 #include "sim/scenario_text.hpp"
@@ -303,7 +304,8 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
   m.kind = sec.choice("kind", kModelKinds).value_or(ModelKind::mlp);
   if (m.kind == ModelKind::token) {
     const std::string why = "does not apply to kind = \"token\"";
-    for (std::string_view k : {"widths", "activation", "norm", "dropout"})
+    for (std::string_view k :
+         {"widths", "activation", "norm", "norm_groups", "dropout"})
       sec.forbid(k, why + " (embedding -> linear -> cross-entropy)");
     m.vocab = sec.required_integer("vocab", 2);
     m.embed = sec.required_integer("embed", 1);
@@ -360,6 +362,20 @@ void parse_model(const Parser& p, const Section& sec, ModelSpec& m) {
         p.fail(&(*arr)[i], fmt::format("model.widths[{}]", i),
                "LayerNorm normalizes over a hidden layer's features: each "
                "hidden width must be >= 2");
+  if (m.norm == NormKind::groupnorm) {
+    // nn.GroupNorm(num_groups, C) needs num_groups to divide C; a group
+    // of one feature has variance 0 (rstd = 1/sqrt(eps)), so >= 2 each.
+    m.norm_groups = sec.required_integer("norm_groups", 1);
+    for (size_t i = 1; i + 1 < m.widths.size(); ++i)
+      if (m.widths[i] % m.norm_groups != 0 || m.widths[i] / m.norm_groups < 2)
+        p.fail(&(*arr)[i], fmt::format("model.widths[{}]", i),
+               fmt::format("GroupNorm with norm_groups = {} splits each hidden "
+                           "width into groups of >= 2 features: the width "
+                           "must be a multiple of {}, got {}",
+                           m.norm_groups, 2 * m.norm_groups, m.widths[i]));
+  } else {
+    sec.forbid("norm_groups", "applies to norm = \"groupnorm\" only");
+  }
   m.activation =
       sec.choice("activation", kActivations).value_or(Activation::tanh);
   m.loss = sec.choice("loss", kLosses).value_or(LossKind::mse);
@@ -389,6 +405,7 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
   d.dyadic = sec.boolean("dyadic").value_or(false);
   d.shuffle = sec.boolean("shuffle").value_or(true);
   d.replicate = sec.boolean("replicate").value_or(false);
+  d.pinned_order = sec.boolean("pinned_order").value_or(false);
   if (d.replicate && d.shuffle)
     p.fail(sec.node("replicate"), "data.replicate",
            "replicated micro-batches need shuffle = false (a shuffle would "
@@ -444,11 +461,93 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
                        per_sample));
 }
 
+// K = 0 is what seed 002's cold-start advice computes in epoch 0; its loop
+// then fails on `% 0`.
+constexpr std::string_view kSeed002KZeroHint =
+    "; hint: seed 002's cold start `accumulation_steps = min(epoch * 2, 8)` "
+    "gives K = 0 in epoch 0 (its loop then fails on `% 0`): start the ramp "
+    "at K >= 1, e.g. accumulation = [2, 4, 6, 8, 8] for its epochs 1..5";
+
+// batching.accumulation: K (an integer), K per epoch (an array of one
+// integer per epoch), or a ramp rule { start, step, max }: K_e =
+// min(start + e * step, max) for epochs e = 0, 1, ...
+void parse_accumulation(const Parser& p, const Section& sec, BatchingSpec& b) {
+  const toml::node* n = sec.node("accumulation");
+  if (!n)
+    sec.missing("accumulation",
+                "an integer >= 1, an array of one K per epoch, or a ramp "
+                "{ start, step, max }");
+  auto k_value = [&](const toml::node& el, const std::string& key) {
+    const auto* v = el.as_integer();
+    if (!v || v->get() < 1 || v->get() > kIntMax)
+      p.fail(&el, key,
+             fmt::format("expected an integer >= 1, {}{}", got(el),
+                         v && v->get() == 0 ? kSeed002KZeroHint : ""));
+    return v->get();
+  };
+  b.accumulation_per_epoch.clear();
+  if (n->is_integer()) {
+    b.accumulation = k_value(*n, "batching.accumulation");
+    return;
+  }
+  if (const auto* arr = n->as_array()) {
+    if (int64_t(arr->size()) != b.epochs)
+      p.fail(n, "batching.accumulation",
+             fmt::format("expected one K per epoch ({} entries for "
+                         "batching.epochs = {}), got {}",
+                         b.epochs, b.epochs, arr->size()));
+    for (size_t i = 0; i < arr->size(); ++i)
+      b.accumulation_per_epoch.push_back(
+          k_value((*arr)[i], fmt::format("batching.accumulation[{}]", i)));
+  } else if (const auto* t = n->as_table()) {
+    for (auto&& [k, v] : *t) {
+      (void)v;
+      if (k.str() != "start" && k.str() != "step" && k.str() != "max")
+        p.fail(k.source(), "batching.accumulation." + std::string(k.str()),
+               fmt::format("unknown key '{}' in the ramp; known keys: start, "
+                           "step, max",
+                           k.str()));
+    }
+    auto field = [&](std::string_view k, int64_t lo) {
+      const toml::node* f = t->get(k);
+      const std::string key = "batching.accumulation." + std::string(k);
+      if (!f)
+        p.fail(n, key,
+               fmt::format("missing required key '{}' of the ramp {{ start, "
+                           "step, max }}; expected {}",
+                           k, int_range_text(lo, kIntMax)));
+      const auto* v = f->as_integer();
+      if (!v || v->get() < lo)
+        p.fail(
+            f, key,
+            fmt::format(
+                "expected {}, {}{}", int_range_text(lo, kIntMax), got(*f),
+                k == "start" && v && v->get() == 0 ? kSeed002KZeroHint : ""));
+      return v->get();
+    };
+    const int64_t start = field("start", 1), step = field("step", 0),
+                  max = field("max", 1);
+    // K_e = min(start + e * step, max), saturating (no overflow); kept
+    // until it stops changing (accumulation_at repeats the last entry).
+    int64_t k = std::min(start, max);
+    for (int64_t e = 0; e < b.epochs; ++e) {
+      b.accumulation_per_epoch.push_back(k);
+      if (k == max || step == 0) break;
+      k = max - k <= step ? max : k + step;
+    }
+  } else {
+    sec.bad("accumulation",
+            "an integer >= 1, an array of one K per epoch, or a ramp "
+            "{ start, step, max }");
+  }
+  b.accumulation = b.accumulation_per_epoch.front();
+}
+
 void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
   BatchingSpec& b = s.batching;
   b.micro_batch = sec.required_integer("micro_batch", 1);
-  b.accumulation = sec.required_integer("accumulation", 1);
   b.epochs = sec.integer("epochs", 1).value_or(1);
+  parse_accumulation(p, sec, b);
   b.ranks = sec.integer("ranks", 1).value_or(1);
   b.max_steps = sec.integer("max_steps", -1).value_or(-1);
   b.sampler = sec.choice("sampler", kSamplers).value_or(Sampler::pad);
@@ -540,12 +639,26 @@ void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc) {
   if (!horizon) {
     sec.forbid("warmup", "applies to kind = \"linear\" or \"cosine\" only");
     sec.forbid("total", "applies to kind = \"linear\" or \"cosine\" only");
+    sec.forbid("warmup_ratio",
+               "applies to kind = \"linear\" or \"cosine\" only");
   }
   if (sc.kind != ScheduleKind::step) {
     sec.forbid("step_size", "applies to kind = \"step\" only");
     sec.forbid("gamma", "applies to kind = \"step\" only");
   }
-  if (horizon) {
+  const toml::node* total = sec.node("total");
+  if (horizon && total && total->is_string() &&
+      total->as_string()->get() == "auto") {
+    // The horizon is the run's optimizer steps (sim/k_schedule.hpp).
+    sc.total_auto = true;
+    if (sec.has("warmup") && sec.has("warmup_ratio"))
+      sec.forbid("warmup_ratio", "and 'warmup' exclude each other");
+    sc.warmup = sec.integer("warmup", 0).value_or(0);
+    sc.warmup_ratio = sec.number("warmup_ratio", kUnitInterval).value_or(-1);
+  } else if (horizon) {
+    if (total && total->is_string())
+      sec.bad("total", "an integer >= 1 or \"auto\"");
+    sec.forbid("warmup_ratio", "applies to total = \"auto\" only");
     sc.warmup = sec.integer("warmup", 0).value_or(0);
     sc.total = sec.required_integer("total", 1);
     if (sc.total <= sc.warmup)
@@ -644,10 +757,11 @@ Scenario parse_scenario_string(std::string_view text,
 
   const Section model(p, root, "model",
                       {"widths", "activation", "loss", "kind", "norm",
-                       "dropout", "vocab", "embed"});
+                       "norm_groups", "dropout", "vocab", "embed"});
   const Section data(p, root, "data",
                      {"samples", "seed", "dyadic", "shuffle", "csv",
-                      "replicate", "lengths", "min_len", "max_len"});
+                      "replicate", "lengths", "min_len", "max_len",
+                      "pinned_order"});
   const Section batching(
       p, root, "batching",
       {"micro_batch", "accumulation", "epochs", "ranks", "max_steps",
@@ -655,8 +769,9 @@ Scenario parse_scenario_string(std::string_view text,
   const Section optimizer(p, root, "optimizer",
                           {"kind", "lr", "momentum", "beta1", "beta2", "eps",
                            "weight_decay", "l2_in_loss"});
-  const Section schedule(p, root, "schedule",
-                         {"kind", "warmup", "total", "step_size", "gamma"});
+  const Section schedule(
+      p, root, "schedule",
+      {"kind", "warmup", "warmup_ratio", "total", "step_size", "gamma"});
   const Section clip(p, root, "clip", {"max_norm"});
   const Section trainer(p, root, "trainer",
                         {"pitfalls", "accepted", "lr_scaling"});
@@ -676,6 +791,10 @@ Scenario parse_scenario_string(std::string_view text,
   s.trainer.accepted = pitfall_list(p, trainer, "accepted");
   s.trainer.lr_scaling =
       trainer.choice("lr_scaling", kLrScalings).value_or(LrScaling::none);
+  if (s.trainer.lr_scaling != LrScaling::none && k_changes(s.batching))
+    p.fail(trainer.node("lr_scaling"), "trainer.lr_scaling",
+           "the lr-scaling lesson scales by one K; batching.accumulation "
+           "changes from epoch to epoch here");
   validate_across(p, model, data, batching, trainer, s);
   parse_expect(p, expect, s, s.expect);
   return s;

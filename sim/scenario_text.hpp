@@ -31,7 +31,8 @@ inline constexpr std::pair<std::string_view, ModelKind> kModelKinds[] = {
 inline constexpr std::pair<std::string_view, NormKind> kNorms[] = {
     {"none", NormKind::none},
     {"batchnorm", NormKind::batchnorm},
-    {"layernorm", NormKind::layernorm}};
+    {"layernorm", NormKind::layernorm},
+    {"groupnorm", NormKind::groupnorm}};
 inline constexpr std::pair<std::string_view, SequenceLengths> kLengths[] = {
     {"fixed", SequenceLengths::fixed},
     {"uniform", SequenceLengths::uniform},

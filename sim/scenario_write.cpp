@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "sim/scenario_parse.hpp"
+#include "sim/k_schedule.hpp"
 #include "sim/pitfalls.hpp"
 #include "sim/scenario_parse.hpp"
 #include "sim/scenario_text.hpp"
@@ -93,6 +95,8 @@ std::string to_toml(const Scenario& s) {
     line("loss", toml_string(name_of<LossKind>(kLosses, s.model.loss)));
     if (s.model.norm != NormKind::none)
       line("norm", toml_string(name_of<NormKind>(kNorms, s.model.norm)));
+    if (s.model.norm == NormKind::groupnorm)
+      line("norm_groups", integer(s.model.norm_groups));
     if (s.model.dropout > 0) line("dropout", float_text(s.model.dropout));
   }
 
@@ -109,6 +113,7 @@ std::string to_toml(const Scenario& s) {
   if (s.model.kind != ModelKind::token) line("dyadic", boolean(s.data.dyadic));
   line("shuffle", boolean(s.data.shuffle));
   if (s.data.replicate) line("replicate", boolean(true));
+  if (s.data.pinned_order) line("pinned_order", boolean(true));
   if (s.model.kind == ModelKind::token) {
     line("lengths",
          toml_string(name_of<SequenceLengths>(kLengths, s.data.lengths)));
@@ -119,7 +124,16 @@ std::string to_toml(const Scenario& s) {
 
   o += "\n[batching]\n";
   line("micro_batch", integer(s.batching.micro_batch));
-  line("accumulation", integer(s.batching.accumulation));
+  if (s.batching.accumulation_per_epoch.empty()) {
+    line("accumulation", integer(s.batching.accumulation));
+  } else {
+    std::string ks = "[";
+    for (int64_t e = 0; e < s.batching.epochs; ++e) {
+      if (e) ks += ", ";
+      ks += integer(accumulation_at(s.batching, e));
+    }
+    line("accumulation", ks + "]");
+  }
   line("epochs", integer(s.batching.epochs));
   line("ranks", integer(s.batching.ranks));
   line("max_steps", integer(s.batching.max_steps));
@@ -145,8 +159,11 @@ std::string to_toml(const Scenario& s) {
   o += "\n[schedule]\n";
   line("kind", toml_string(name_of<ScheduleKind>(kSchedules, sc.kind)));
   if (sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) {
-    line("warmup", integer(sc.warmup));
-    line("total", integer(sc.total));
+    if (sc.total_auto && sc.warmup_ratio >= 0)
+      line("warmup_ratio", float_text(sc.warmup_ratio));
+    else
+      line("warmup", integer(sc.warmup));
+    line("total", sc.total_auto ? toml_string("auto") : integer(sc.total));
   } else if (sc.kind == ScheduleKind::step) {
     line("step_size", integer(sc.step_size));
     line("gamma", float_text(sc.gamma));
@@ -192,6 +209,8 @@ std::string describe(const Scenario& s) {
                     s.data.min_len, s.data.max_len);
   if (s.model.norm != NormKind::none)
     d += fmt::format(" {}", name_of<NormKind>(kNorms, s.model.norm));
+  if (s.model.norm == NormKind::groupnorm)
+    d += fmt::format("({})", s.model.norm_groups);
   if (s.model.dropout > 0) d += fmt::format(" dropout={}", s.model.dropout);
   d += fmt::format(" n={}", s.data.samples);
   if (s.data.replicate) d += " replicated";
@@ -200,8 +219,14 @@ std::string describe(const Scenario& s) {
   else
     d += fmt::format(" seed={}{}", s.data.seed, s.data.dyadic ? " dyadic" : "");
   if (!s.data.shuffle) d += " no-shuffle";
-  d += fmt::format(" b={} K={} R={}", s.batching.micro_batch,
-                   s.batching.accumulation, s.batching.ranks);
+  std::string k = std::to_string(s.batching.accumulation);
+  if (k_changes(s.batching)) {
+    k.clear();
+    for (int64_t e = 0; e < s.batching.epochs; ++e)
+      k += (e ? "," : "") + std::to_string(accumulation_at(s.batching, e));
+  }
+  d += fmt::format(" b={} K={} R={}", s.batching.micro_batch, k,
+                   s.batching.ranks);
   if (s.batching.sampler != Sampler::pad)
     d += fmt::format(" sampler={}",
                      name_of<Sampler>(kSamplers, s.batching.sampler));
@@ -229,9 +254,12 @@ std::string describe(const Scenario& s) {
       break;
     case ScheduleKind::linear:
     case ScheduleKind::cosine:
-      d += fmt::format(" {}(w={},T={})",
-                       name_of<ScheduleKind>(kSchedules, sc.kind), sc.warmup,
-                       sc.total);
+      d += fmt::format(
+          " {}(w={},T={})", name_of<ScheduleKind>(kSchedules, sc.kind),
+          sc.total_auto && sc.warmup_ratio >= 0
+              ? fmt::format("{}*T", sc.warmup_ratio)
+              : std::to_string(sc.warmup),
+          sc.total_auto ? std::string("auto") : std::to_string(sc.total));
       break;
   }
   if (s.clip.enabled) d += fmt::format(" clip={}", s.clip.max_norm);

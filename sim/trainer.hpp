@@ -22,7 +22,19 @@
 //    with every step]
 //   [scheduler.step if scheduler-per-micro-step]   (after the boundary's step)
 // and at the window's end the boundary block (step, scheduler, zero_grad)
-// as the behaviour says.
+// as the behaviour says (scheduler-before-optimizer: scheduler, step,
+// zero_grad; scheduler-per-epoch: no scheduler there, one scheduler.step()
+// after each epoch's last window).
+// The windows an epoch is cut into are the plan's, except where a pitfall
+// draws or cuts them differently (drawn()): skip-short-micro-batch drops
+// the epoch's short last micro-batch, window-boundary-off-by-one cuts
+// [0], [1..K], [K+1..2K], ... with the leftover a partial window.
+//
+// K may change from epoch to epoch (EpochPlan::accumulation,
+// sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp
+// pitfalls keep correct's call order and change values only:
+// ramp-normalization-stale weighs by the first epoch's K,
+// ramp-schedule-horizon-fixed resolves a total = "auto" horizon with it.
 //
 // Ranks (R > 1, DDP): every rank is a full replica (parameters, .grad,
 // optimizer state, buffers), as a DDP process is.  The one engine holds
@@ -47,6 +59,7 @@
 #include <vector>
 
 #include "sim/engine.hpp"
+#include "sim/k_schedule.hpp"
 #include "sim/lr_schedule.hpp"
 #include "sim/pitfalls.hpp"
 #include "sim/plan.hpp"
@@ -100,8 +113,10 @@ class Trainer {
         opt_(options),
         schedule_(
             behavior.schedule_horizon_in_micro_steps
-                ? stretched(scenario.schedule, scenario.batching.accumulation)
-                : scenario.schedule) {}
+                ? stretched(
+                      resolved_schedule(scenario, behavior.horizon_initial_k),
+                      scenario.batching.accumulation)
+                : resolved_schedule(scenario, behavior.horizon_initial_k)) {}
 
   // Runs every epoch of `plan` from the engine's current state (every
   // rank starts from it, as DDP broadcasts rank 0's parameters).  The
@@ -109,13 +124,20 @@ class Trainer {
   Run<Real> run(const Plan& plan, std::string name) {
     run_ = Run<Real>{};
     run_.name = std::move(name);
-    K_ = plan.accumulation;
     init_ranks(plan.ranks);
     // A lazy plan builds each epoch here, when the loop reaches it.
-    plan.visit([&](int64_t ep, const EpochPlan& epoch) {
+    plan.visit([&](int64_t ep, const EpochPlan& planned) {
+      // The pitfalls that draw or cut windows differently get their own
+      // copy of the epoch (drawn()); every other loop walks the plan's.
+      K_ = planned.accumulation;  // K may change from epoch to epoch
+      EpochPlan own;
+      const bool redrawn = b_.skip_short_micro_batch || b_.window_off_by_one;
+      if (redrawn) own = drawn(planned);
+      const EpochPlan& epoch = redrawn ? own : planned;
       for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w)
         window(epoch.windows[w], ep, w + 1 == epoch.windows.size(),
                epoch.micro_steps());
+      if (b_.scheduler_per_epoch && !epoch.windows.empty()) scheduler_step(-1);
       return !stop();
     });
     use_rank(0);
@@ -165,11 +187,50 @@ class Trainer {
     return done() || (opt_.max_windows >= 0 && c_.windows >= opt_.max_windows);
   }
 
+  // The epoch's windows as this trainer draws and cuts them.
+  EpochPlan drawn(const EpochPlan& planned) const {
+    std::vector<MicroBatch> micro;
+    for (const Window& w : planned.windows)
+      micro.insert(micro.end(), w.micro.begin(), w.micro.end());
+    if (b_.skip_short_micro_batch && !micro.empty()) {
+      bool is_short = false;
+      for (const auto& shard : micro.back().shards)
+        is_short = is_short || int64_t(shard.size()) < s_.batching.micro_batch;
+      if (is_short) micro.pop_back();
+    }
+    EpochPlan e;
+    e.accumulation = planned.accumulation;
+    size_t at = 0;
+    if (b_.window_off_by_one && !micro.empty()) {
+      e.windows.push_back(Window{{micro[0]}, false});  // i = 0: 0 % K == 0
+      at = 1;
+    }
+    while (at < micro.size()) {
+      Window w;
+      const size_t end = std::min(micro.size(), at + size_t(K_));
+      w.micro.assign(micro.begin() + std::ptrdiff_t(at),
+                     micro.begin() + std::ptrdiff_t(end));
+      w.partial = int64_t(w.micro.size()) < K_;
+      e.windows.push_back(std::move(w));
+      at = end;
+    }
+    return e;
+  }
+
+  // Whether the boundary block calls scheduler.step().
+  bool boundary_schedules() const {
+    return !b_.scheduler_per_micro_step && !b_.scheduler_per_epoch;
+  }
+
   // The weight of each item loss of rank r's micro-batch shard.  DDP then
   // averages the R ranks' gradients, so a rank weighing its items R/N_w
   // gives each item 1/N_w; the per-rank means are averaged as they are.
   LossWeight weight(const Window& w, int64_t r, int64_t shard_items) const {
     const int64_t Kw = int64_t(w.micro.size());
+    // ramp-normalization-stale: `loss / K_0` in the epochs whose K is not
+    // K_0 (inert while K never changes).
+    if (b_.normalization_stale_k && K_ != s_.batching.accumulation)
+      return {s_.batching.accumulation * shard_items};
     if (w.partial && b_.partial_scale_by_k) return {K_ * shard_items};
     switch (b_.normalization) {
       case Normalization::window_items:
@@ -345,20 +406,26 @@ class Trainer {
     if (b_.seed_002_loop) {
       // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
       if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
+        if (boundary_schedules() && b_.scheduler_before_optimizer)
+          scheduler_step(-1);
         if (clipping && !b_.clip_per_micro_step) clip_all();
         optimizer_step(-1);
-        if (!b_.scheduler_per_micro_step) scheduler_step(-1);
+        if (boundary_schedules() && !b_.scheduler_before_optimizer)
+          scheduler_step(-1);
         zero_all();
       }
     } else if (!steps_at_boundary) {
       if (b_.partial == PartialWindow::drop) zero_all();
       // leak: neither step nor zero_grad; the sum carries on.
     } else {
+      if (boundary_schedules() && b_.scheduler_before_optimizer)
+        scheduler_step(-1);
       if (!b_.step_every_micro_step && !done()) {
         if (clipping && !b_.clip_per_micro_step) clip_all();
         optimizer_step(-1);
       }
-      if (!b_.scheduler_per_micro_step) scheduler_step(-1);
+      if (boundary_schedules() && !b_.scheduler_before_optimizer)
+        scheduler_step(-1);
       if (b_.zero_grad == ZeroGradTiming::after_step) zero_all();
     }
   }
@@ -402,6 +469,7 @@ class Trainer {
           loss_items += items;
           event(EventKind::forward_backward, k, [&](Event& ev) {
             ev.samples = int64_t(shard.size());
+            ev.sample_ids = shard;
             if (s_.model.kind == ModelKind::token) ev.tokens = items;
             ev.loss = loss / double(items);
           });

@@ -10,59 +10,27 @@
 #include <sstream>
 #include <string>
 
+#include "certify_test_util.hpp"
 #include "gpu/device.hpp"
 #include "gpu/emulated.hpp"
 #include "sim/atomic_file.hpp"
-#include "verify/certify.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/experiment.hpp"
-#include "verify/export.hpp"
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
+#include "verify/certify.hpp"
+#include "verify/export.hpp"
 #include "verify/trace.hpp"
 
 namespace accumcheck {
 namespace {
 
+using certify_test::device_trace;
+using certify_test::kScenario;
+using certify_test::scenario;
+using certify_test::temp_dir;
 namespace fs = std::filesystem;
-
-const std::string kScenario =
-    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/certify-mlp.toml";
-
-std::string temp_dir(const std::string& name) {
-  const std::string d =
-      ::testing::TempDir() + "accumcheck_certify_test/" + name;
-  fs::remove_all(d);
-  fs::create_directories(fs::path(d).parent_path());
-  return d;
-}
-
-// The device engine's trainer run of `s` (with `pitfalls`), as a trace of
-// that one run, the way `accumcheck run --engine device` writes it.
-std::string device_trace(const std::string& name,
-                         const std::vector<Pitfall>& pitfalls) {
-  Scenario s = parse_scenario_file(kScenario);
-  s.trainer.pitfalls = pitfalls;
-  const Dataset data = make_dataset(s);
-  const ParamLayout layout = layout_of(s.model);
-  const std::vector<float> init = initial_parameters(s, layout);
-  EmulatedExecutor exec;
-  const auto x = run_experiment(s, [&] {
-    return std::make_unique<Device<EmulatedExecutor>>(s.model, data, init,
-                                                      exec);
-  });
-  TraceWriter w(s.name, s.digest, "device-emulated", "float32");
-  add_run(w, x.trainer, layout);
-  const std::string dir = temp_dir(name);
-  write_trace(dir, w);
-  return dir;
-}
-
-const Scenario& scenario() {
-  static const Scenario s = parse_scenario_file(kScenario);
-  return s;
-}
 
 TEST(Certify, DeviceCorrectRunPasses) {
   const std::string dir = device_trace("correct", {});
@@ -72,8 +40,16 @@ TEST(Certify, DeviceCorrectRunPasses) {
   EXPECT_EQ(r.expected_steps, 9);
   EXPECT_TRUE(r.pattern_checked);
   EXPECT_TRUE(r.pattern_ok) << r.pattern_message;
-  // step count + 9 gradients + 9 parameter sets + call pattern
-  EXPECT_EQ(r.checks.size(), 20u);
+  // step count + 9 gradients + 9 parameter sets + order and coverage + lr
+  // + call pattern
+  EXPECT_EQ(r.checks.size(), 22u);
+  for (const CertifyCheck& c : r.checks) {
+    if (c.name == "order and coverage") {
+      EXPECT_NE(c.message.find("every epoch draws every sample once"),
+                std::string::npos)
+          << c.message;
+    }
+  }
 }
 
 class CertifyPitfall : public ::testing::TestWithParam<Pitfall> {};
@@ -100,7 +76,10 @@ INSTANTIATE_TEST_SUITE_P(Pitfalls, CertifyPitfall,
                                            Pitfall::clip_per_micro_step,
                                            Pitfall::partial_cycle_scale_by_k,
                                            Pitfall::zero_grad_never,
-                                           Pitfall::partial_cycle_drop),
+                                           Pitfall::partial_cycle_drop,
+                                           Pitfall::window_boundary_off_by_one,
+                                           Pitfall::scheduler_before_optimizer,
+                                           Pitfall::scheduler_per_epoch),
                          [](const auto& info) {
                            std::string n(pitfall_id(info.param));
                            for (char& c : n)
@@ -324,8 +303,9 @@ TEST(Export, WarnsWhenPitfallsAreIndistinguishable) {
   EXPECT_NE(all.find("no clipping"), std::string::npos) << all;
   EXPECT_NE(all.find("K = 1"), std::string::npos) << all;
   EXPECT_NE(all.find("no L2"), std::string::npos) << all;
-  // certify-mlp.toml itself hides only the L2 and mean-of-means bugs.
-  EXPECT_EQ(export_warnings(scenario()).size(), 2u);
+  // certify-mlp.toml itself hides only the L2 and mean-of-means bugs and
+  // (K never changes) the ramp bugs.
+  EXPECT_EQ(export_warnings(scenario()).size(), 3u);
 }
 
 // Models the bundle and the PyTorch adapter cannot carry are refused with

@@ -459,6 +459,7 @@ TEST(DeviceEngine, TrainerCorrectAccumulationIsTheLargeBatchBitwise) {
     Plan plan;
     plan.accumulation = K;
     EpochPlan ep;
+    ep.accumulation = K;
     for (int64_t w = 0; w < 2; ++w) {  // two windows of 16 samples
       Window win;
       for (int64_t k = 0; k < K; ++k) {

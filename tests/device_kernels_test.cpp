@@ -15,6 +15,7 @@
 
 #include "gpu/emulated.hpp"
 #include "gpu/kernels.hpp"
+#include "sim/layout.hpp"
 
 namespace accumcheck {
 namespace {
@@ -288,10 +289,18 @@ TEST(KernelCoverage, ActivationForwardAndDropout) {
 }
 
 TEST(KernelCoverage, Norms) {
-  for (bool batch : {true, false}) {
+  // BatchNorm (0 row groups), LayerNorm (1), GroupNorm (2 groups of 4).
+  constexpr int64_t C = 8;  // divisible by the groups
+  for (int64_t row_groups : {0, 1, 2}) {
     Rng r;
-    const int64_t G = batch ? C : R, E = batch ? R : C;
-    const int64_t gs = batch ? 1 : C, es = batch ? C : 1;
+    const bool batch = row_groups == 0;
+    ModelSpec m;
+    m.norm = batch             ? NormKind::batchnorm
+             : row_groups == 1 ? NormKind::layernorm
+                               : NormKind::groupnorm;
+    m.norm_groups = row_groups;
+    const NormGeometry geo = norm_geometry(m, R, C);
+    const int64_t G = geo.G, E = geo.E, gs = geo.gs, es = geo.es;
     auto x = filled(R * C, r, 2.0f);
     Guarded<float> mean(G, true), rstd(G, true);
     auto rm = filled(G, r), rv = filled(G, r);
@@ -310,7 +319,7 @@ TEST(KernelCoverage, Norms) {
     check_coverage(
         "NormApply", R * C,
         kern::NormApply{x.data(), mean.data(), rstd.data(), gamma.data(),
-                        beta.data(), xh.data(), y.data(), C, batch},
+                        beta.data(), xh.data(), y.data(), C, row_groups},
         {out("xh", xh), out("y", y)});
     expect_finite("NormApply", y);
     auto dy = filled(R * C, r);
@@ -323,14 +332,14 @@ TEST(KernelCoverage, Norms) {
     check_coverage(
         "NormBackwardStats", G,
         kern::NormBackwardStats{dy.data(), xh.data(), gamma.data(), s1.data(),
-                                s2.data(), E, gs, es, batch},
+                                s2.data(), E, gs, es, row_groups},
         {out("s1", s1), out("s2", s2)});
     Guarded<float> dx(R * C, true);
-    check_coverage(
-        "NormBackwardApply", R * C,
-        kern::NormBackwardApply{dy.data(), xh.data(), gamma.data(), s1.data(),
-                                s2.data(), rstd.data(), dx.data(), C, batch},
-        {out("dx", dx)});
+    check_coverage("NormBackwardApply", R * C,
+                   kern::NormBackwardApply{dy.data(), xh.data(), gamma.data(),
+                                           s1.data(), s2.data(), rstd.data(),
+                                           dx.data(), C, row_groups},
+                   {out("dx", dx)});
     expect_finite("NormBackwardApply", dx);
   }
 }

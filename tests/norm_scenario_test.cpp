@@ -106,6 +106,30 @@ TEST(NormScenario, RoundTrip) {
   }
 }
 
+TEST(NormScenario, GroupNormGroupsDivideEveryHiddenWidth) {
+  std::string t = kBn;
+  t.replace(t.find("samples = 9"), 11, "samples = 8");
+  t.replace(t.find("norm = \"batchnorm\""), 18,
+            "norm = \"groupnorm\"\nnorm_groups = 2");
+  const Scenario s = parse_scenario_string(t, "s.toml");
+  EXPECT_EQ(s.model.norm, NormKind::groupnorm);
+  EXPECT_EQ(s.model.norm_groups, 2);
+  const Scenario back = parse_scenario_string(to_toml(s), "s.toml");
+  EXPECT_EQ(back.model.norm_groups, 2);
+  EXPECT_EQ(to_toml(s), to_toml(back));
+  // 4 features in 4 groups: groups of one feature.
+  std::string bad = t;
+  bad.replace(bad.find("norm_groups = 2"), 15, "norm_groups = 4");
+  expect_error(bad, 3, "model.widths[1]", "multiple of 8");
+  bad = t;
+  bad.replace(bad.find("\nnorm_groups = 2"), 16, "");
+  expect_error(bad, 2, "model.norm_groups", "missing required key");
+  bad = kBn;
+  bad.replace(bad.find("norm = \"batchnorm\""), 18,
+              "norm = \"layernorm\"\nnorm_groups = 2");
+  expect_error(bad, 5, "model.norm_groups", "groupnorm");
+}
+
 TEST(NormScenario, TokenDataIsKeyedBySampleAndPadded) {
   const Scenario s = parse_scenario_string(kToken, "s.toml");
   const Dataset d = make_dataset(s);

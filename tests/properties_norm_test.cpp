@@ -31,6 +31,9 @@ RC_GTEST_PROP(BatchNorm, RunningStatsKUpdates, ()) {
 RC_GTEST_PROP(LayerNorm, CorrectEqualsLargeBatch, ()) {
   run_property("layernorm.correct-equals-large-batch");
 }
+RC_GTEST_PROP(GroupNorm, CorrectEqualsLargeBatch, ()) {
+  run_property("groupnorm.correct-equals-large-batch");
+}
 RC_GTEST_PROP(Dropout, SampleKeyedEqualsLargeBatch, ()) {
   run_property("dropout.sample-keyed-equals-large-batch");
 }
@@ -39,12 +42,14 @@ RC_GTEST_PROP(DeviceNorm, BatchNorm, ()) { run_property("device.batchnorm"); }
 RC_GTEST_PROP(DeviceNorm, LayerNormDropout, ()) {
   run_property("device.layernorm-dropout");
 }
+RC_GTEST_PROP(DeviceNorm, GroupNorm, ()) { run_property("device.groupnorm"); }
 
 // The same on the CUDA executor: skipped, with the reason, without a GPU.
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
 ACCUMCHECK_CUDA_PROP(DeviceNormCuda, Token, "cuda.token")
 ACCUMCHECK_CUDA_PROP(DeviceNormCuda, BatchNorm, "cuda.batchnorm")
 ACCUMCHECK_CUDA_PROP(DeviceNormCuda, LayerNormDropout, "cuda.layernorm-dropout")
+ACCUMCHECK_CUDA_PROP(DeviceNormCuda, GroupNorm, "cuda.groupnorm")
 #endif
 
 }  // namespace accumcheck::properties

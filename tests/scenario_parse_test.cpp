@@ -7,6 +7,7 @@
 #include <string>
 
 #include "sim/errors.hpp"
+#include "tests/scenario_test_util.hpp"
 
 namespace accumcheck {
 namespace {
@@ -43,13 +44,7 @@ max_norm = 1.0
 pitfalls = ["zero-grad-never"]
 )";
 
-std::string with(std::string text, const std::string& from,
-                 const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  if (at != std::string::npos) text.replace(at, from.size(), to);
-  return text;
-}
+using testing_util::with;
 
 // Parses `text` expecting an InputError at line:column with `key`, whose
 // message contains `needle`.
@@ -150,7 +145,9 @@ TEST(ScenarioParse, OutOfRangeInteger) {
 
 TEST(ScenarioParse, WrongType) {
   expect_error(with(kBase, "accumulation = 4", "accumulation = 4.0"), 14, 16,
-               "batching.accumulation", "expected an integer >= 1, got 4.0");
+               "batching.accumulation",
+               "expected an integer >= 1, an array of one K per epoch, or a "
+               "ramp { start, step, max }, got 4.0");
   expect_error(with(kBase, "lr = 0.001", "lr = \"fast\""), 18, 6,
                "optimizer.lr", "expected a number > 0, got \"fast\"");
 }

@@ -56,6 +56,7 @@ Run<Real> make_run(const std::string& name, int64_t steps, int64_t total) {
       fb.kind = EventKind::forward_backward;
       fb.samples = 3;
       fb.loss = tricky(t * 2 + k);
+      fb.sample_ids = {t * 2 + k, 7};
       r.events.push_back(fb);
     }
     Event clip;
@@ -117,7 +118,7 @@ TEST(Trace, WriteReadRoundTripIsExact) {
   write_trace(dir, sample_writer());
   const Trace t = read_trace(dir);
 
-  EXPECT_EQ(t.meta_value("schema"), "accumcheck-trace/1");
+  EXPECT_EQ(t.meta_value("schema"), "accumcheck-trace/2");
   EXPECT_EQ(t.meta_value("scenario"), "zero-grad");
   EXPECT_EQ(t.meta_value("scenario_digest"), "0123456789abcdef");
   EXPECT_EQ(t.meta_value("engine"), "oracle");
@@ -142,6 +143,7 @@ TEST(Trace, WriteReadRoundTripIsExact) {
     EXPECT_TRUE(same(a.loss, b.loss)) << a.loss << " " << b.loss;
     EXPECT_TRUE(same(a.lr, b.lr)) << a.lr << " " << b.lr;
     EXPECT_TRUE(same(a.grad_norm, b.grad_norm));
+    EXPECT_EQ(a.sample_ids, b.sample_ids);
     EXPECT_EQ(r->events[i].line, int64_t(i) + 2);
   }
 
@@ -217,9 +219,10 @@ TEST(Trace, BytesAreDeterministicAndTidy) {
 
   const std::string events = read_file_bytes(a + "/events.csv", "trace_bytes");
   EXPECT_EQ(events.substr(0, events.find('\n')),
-            "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm");
+            "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,"
+            "sample_ids");
   EXPECT_NE(events.find("\nreference,0,0,0,forward_backward,3,0,"
-                        "0.10000000000000001,,\n"),
+                        "0.10000000000000001,,,0 7\n"),
             std::string::npos);
   const std::string values = read_file_bytes(a + "/values.csv", "trace_bytes");
   EXPECT_EQ(values.substr(0, values.find('\n')),
@@ -292,7 +295,7 @@ class TraceErrors : public ::testing::Test {
 };
 
 TEST_F(TraceErrors, MissingColumn) {
-  replace("events.csv", ",grad_norm\n", "\n");
+  replace("events.csv", ",grad_norm,", ",");
   expect_error("events.csv", 1, "missing column 'grad_norm'");
 }
 
@@ -371,17 +374,54 @@ TEST_F(TraceErrors, DuplicatedValuesRow) {
 }
 
 TEST_F(TraceErrors, SplitRun) {
-  put("events.csv", text("events.csv") + "reference,9,9,0,zero_grad,0,0,,,\n");
+  put("events.csv", text("events.csv") + "reference,9,9,0,zero_grad,0,0,,,,\n");
   const int64_t lines = line_of("events.csv", "reference,9,9");
   expect_error("events.csv", lines, "rows of run 'reference' are split");
 }
 
 TEST_F(TraceErrors, SchemaMismatch) {
-  replace("meta.csv", "accumcheck-trace/1", "accumcheck-trace/2");
+  replace("meta.csv", "accumcheck-trace/2", "accumcheck-trace/9");
   expect_error("meta.csv", 2,
                "schema version mismatch: expected "
-               "'accumcheck-trace/1', got "
-               "'accumcheck-trace/2'");
+               "'accumcheck-trace/2' (or 'accumcheck-trace/1'), got "
+               "'accumcheck-trace/9'");
+}
+
+// Version 1 (no sample_ids column) is still read; its events carry no ids.
+TEST_F(TraceErrors, Version1IsRead) {
+  replace("meta.csv", "accumcheck-trace/2", "accumcheck-trace/1");
+  std::string t = text("events.csv"), v1;
+  for (size_t at = 0; at < t.size();) {
+    const size_t end = t.find('\n', at);
+    const std::string line = t.substr(at, end - at);
+    v1 += line.substr(0, line.rfind(',')) + "\n";
+    at = end + 1;
+  }
+  put("events.csv", v1);
+  const Trace tr = read_trace(dir_);
+  ASSERT_FALSE(tr.runs.empty());
+  ASSERT_FALSE(tr.runs[0].events.empty());
+  for (const TraceEvent& e : tr.runs[0].events)
+    EXPECT_TRUE(e.event.sample_ids.empty());
+  // A version 1 trace with the column, or version 2 without it, is refused.
+  put("events.csv", t);
+  expect_error("events.csv", 1, "column 'sample_ids' in a accumcheck-trace/1");
+  replace("meta.csv", "accumcheck-trace/1", "accumcheck-trace/2");
+  put("events.csv", v1);
+  expect_error("events.csv", 1, "missing column 'sample_ids'");
+}
+
+TEST_F(TraceErrors, SampleIds) {
+  replace("events.csv", ",0 7\n", ",0 x\n");
+  expect_error("events.csv", 2, "expected an integer >= 0, got 'x'");
+  write_trace(dir_, sample_writer());
+  const int64_t line = line_of("events.csv", "optimizer_step");
+  std::string t = text("events.csv");
+  const size_t at = t.find("optimizer_step");
+  t.insert(t.find('\n', at), "3");
+  put("events.csv", t);
+  expect_error("events.csv", line,
+               "sample ids on a optimizer_step event; only forward_backward");
 }
 
 TEST_F(TraceErrors, MissingMetaKey) {

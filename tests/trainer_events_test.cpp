@@ -26,10 +26,7 @@ Scenario five_micro_batches(int64_t samples = 5) {
   return s;
 }
 
-std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5,
-                    int64_t ranks = 1) {
-  Scenario s = five_micro_batches(samples * ranks);
-  s.batching.ranks = ranks;
+std::string pattern_of(const Scenario& s, const std::vector<Pitfall>& pitfalls) {
   NullEngine e;
   Trainer<NullEngine> t(e, s, behavior_of(pitfalls), 0.1);
   const Run<double> run = t.run(make_plan(s), "x");
@@ -59,6 +56,21 @@ std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5,
   return p;
 }
 
+std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5,
+                    int64_t micro_batch = 1) {
+  Scenario s = five_micro_batches(samples);
+  s.batching.micro_batch = micro_batch;
+  return pattern_of(s, pitfalls);
+}
+
+// The same over R ranks (R times the samples: every rank sees `samples`).
+std::string ranks_pattern(const std::vector<Pitfall>& pitfalls,
+                          int64_t samples, int64_t ranks) {
+  Scenario s = five_micro_batches(samples * ranks);
+  s.batching.ranks = ranks;
+  return pattern_of(s, pitfalls);
+}
+
 // Windows: [F F] [F F] [F] (partial).  One row per pitfall; a pitfall
 // added to the catalog without a row fails EveryPitfallIsPinned.
 struct Pinned {
@@ -77,6 +89,8 @@ const Pinned kPinned[] = {
     {Pitfall::partial_cycle_scale_by_k, kCorrect, "weights only"},
     {Pitfall::schedule_horizon_in_micro_steps, kCorrect, "lr values only"},
     {Pitfall::l2_in_loss_unnormalized, kCorrect, "gradient values only"},
+    {Pitfall::ramp_normalization_stale, kCorrect, "weights only"},
+    {Pitfall::ramp_schedule_horizon_fixed, kCorrect, "lr values only"},
     {Pitfall::zero_grad_every_micro_step,
      "ZFZFCOS"
      "ZFZFCOS"
@@ -121,6 +135,24 @@ const Pinned kPinned[] = {
     {Pitfall::ddp_sync_every_micro_step, kCorrect, "one rank"},
     {Pitfall::ddp_clip_local_norm, kCorrect, "one rank"},
     {Pitfall::ddp_scheduler_per_rank, kCorrect, "one rank"},
+    {Pitfall::window_boundary_off_by_one,
+     "FCOSZ"
+     "FFCOSZ"
+     "FFCOSZ",
+     "`if i % K == 0`: steps after micro-batches 0, 2 and 4"},
+    {Pitfall::scheduler_before_optimizer,
+     "FFSCOZ"
+     "FFSCOZ"
+     "FSCOZ",
+     "scheduler.step() right before clip and optimizer.step()"},
+    {Pitfall::scheduler_per_epoch,
+     "FFCOZ"
+     "FFCOZ"
+     "FCOZ"
+     "S",
+     "one scheduler.step() after the epoch's last window"},
+    {Pitfall::skip_short_micro_batch, kCorrect,
+     "b = 1 has no short micro-batch (see SkipShortMicroBatch)"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
@@ -138,27 +170,27 @@ TEST(TrainerEvents, EveryPitfallIsPinned) {
 // Two ranks: each rank records its own calls; DDP's all-reduce (A) once
 // per stepped window, after the last micro-step's backwards.
 TEST(TrainerEvents, TwoRanks) {
-  EXPECT_EQ(pattern({}, 5, 2),
+  EXPECT_EQ(ranks_pattern({}, 5, 2),
             "FFFFACCOOSSZZ"
             "FFFFACCOOSSZZ"
             "FFACCOOSSZZ");
-  EXPECT_EQ(pattern({Pitfall::ddp_sync_every_micro_step}, 5, 2),
+  EXPECT_EQ(ranks_pattern({Pitfall::ddp_sync_every_micro_step}, 5, 2),
             "FFAFFACCOOSSZZ"
             "FFAFFACCOOSSZZ"
             "FFACCOOSSZZ")
       << "K all-reduces per step";
-  EXPECT_EQ(pattern({Pitfall::ddp_no_sync_everywhere}, 5, 2),
+  EXPECT_EQ(ranks_pattern({Pitfall::ddp_no_sync_everywhere}, 5, 2),
             "FFFFCCOOSSZZ"
             "FFFFCCOOSSZZ"
             "FFCCOOSSZZ")
       << "no all-reduce at all";
-  EXPECT_EQ(pattern({Pitfall::ddp_scheduler_per_rank}, 5, 2),
+  EXPECT_EQ(ranks_pattern({Pitfall::ddp_scheduler_per_rank}, 5, 2),
             "FFFFACCOOSSSSZZ"
             "FFFFACCOOSSSSZZ"
             "FFACCOOSSSSZZ")
       << "R scheduler.step() calls on each rank";
   for (Pitfall p : {Pitfall::ddp_uneven_shards, Pitfall::ddp_clip_local_norm})
-    EXPECT_EQ(pattern({p}, 5, 2), pattern({}, 5, 2)) << pitfall_id(p);
+    EXPECT_EQ(ranks_pattern({p}, 5, 2), ranks_pattern({}, 5, 2)) << pitfall_id(p);
 }
 
 TEST(TrainerEvents, Seed002LoopStepsOncePerEpochWhenKDivides) {
@@ -166,6 +198,52 @@ TEST(TrainerEvents, Seed002LoopStepsOncePerEpochWhenKDivides) {
   EXPECT_EQ(pattern({Pitfall::seed_002_loop}, 4),
             "ZFZFZFZF"
             "COSZ");
+}
+
+TEST(TrainerEvents, KPerEpoch) {
+  // K = 2 then 3 over two epochs of 5 micro-batches: windows [F F] [F F]
+  // [F], then [F F F] [F F]; the ramp pitfalls keep that call order.
+  Scenario s = five_micro_batches();
+  s.batching.epochs = 2;
+  s.batching.accumulation_per_epoch = {2, 3};
+  const std::string want =
+      "FFCOSZ"
+      "FFCOSZ"
+      "FCOSZ"
+      "FFFCOSZ"
+      "FFCOSZ";
+  EXPECT_EQ(pattern_of(s, {}), want);
+  for (Pitfall p : {Pitfall::ramp_normalization_stale,
+                    Pitfall::ramp_schedule_horizon_fixed})
+    EXPECT_EQ(pattern_of(s, {p}), want) << pitfall_id(p);
+  // seed 002's loop steps after an epoch iff its own K divides it: 5 % 2
+  // and 5 % 3 do not; with 6 micro-batches both do.
+  EXPECT_EQ(pattern_of(s, {Pitfall::seed_002_loop}), "ZFZFZFZFZFZFZFZFZFZF");
+  s.data.samples = 6;
+  EXPECT_EQ(pattern_of(s, {Pitfall::seed_002_loop}),
+            "ZFZFZFZFZFZFCOSZ"
+            "ZFZFZFZFZFZFCOSZ");
+}
+
+TEST(TrainerEvents, WindowOffByOneLeaksTheLeftover) {
+  // 4 micro-batches, K = 2: steps after 0 and 2; micro-batch 3 is neither
+  // stepped nor zeroed (it would join the next epoch's first window).
+  EXPECT_EQ(pattern({Pitfall::window_boundary_off_by_one}, 4),
+            "FCOSZ"
+            "FFCOSZ"
+            "F");
+}
+
+TEST(TrainerEvents, SkipShortMicroBatch) {
+  // 5 samples, b = 2: micro-batches of 2, 2, 1; K = 2.  Correct steps the
+  // short one in a partial window; drop_last never draws it.
+  EXPECT_EQ(pattern({}, 5, 2),
+            "FFCOSZ"
+            "FCOSZ");
+  EXPECT_EQ(pattern({Pitfall::skip_short_micro_batch}, 5, 2), "FFCOSZ");
+  // Without a short micro-batch it changes nothing.
+  EXPECT_EQ(pattern({Pitfall::skip_short_micro_batch}, 6, 2),
+            pattern({}, 6, 2));
 }
 
 }  // namespace

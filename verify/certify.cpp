@@ -2,12 +2,18 @@
 // stages in order, each in a file of its own (verify/certify_stages.hpp).
 #include "verify/certify.hpp"
 
-#include <chrono>
-#include <future>
+#include <algorithm>
+#include <fmt/format.h>
 
+#include <chrono>
+
+#include "sim/errors.hpp"
 #include "sim/limits.hpp"
 #include "verify/certify_stages.hpp"
+#include "verify/drawn.hpp"
+#include "verify/evidence.hpp"
 #include "verify/export.hpp"
+#include "verify/lr_channel.hpp"
 
 namespace accumcheck {
 
@@ -23,9 +29,20 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   const LoadedTrace L = load(s, trace_dir, cfg, layout);
   const Dataset data = make_dataset(s);
   const std::vector<float> init = initial_parameters(s, layout);
-  const Plan plan = make_plan(s);
+  // The micro-batches the trainer drew (its own order, when the trace's
+  // sample ids say so), cut into the scenario's windows.
+  const DrawnPlan drawn = drawn_plan(s, make_plan(s), *L.run);
+  const Plan& plan = drawn.plan;
   const int64_t max_windows = window_cap(s, L.steps.size());
-  const Ctx ctx{s, data, init, plan, layout, L.steps, cfg.fp64, max_windows};
+  // The steps judged: cfg.steps within the trace's.
+  const int64_t n = int64_t(L.steps.size());
+  StepRange range = cfg.steps;
+  range.end = range.end < 0 ? n : std::min(range.end, n);
+  range.begin = std::min(range.begin, range.end);
+  const Ctx ctx{s,           data,       init,
+                plan,        layout,     L.steps,
+                cfg.fp64,    range,      cfg.bound_arith,
+                cfg.threads, max_windows};
 
   CertifyReport r;
   r.scenario = s.name;
@@ -33,31 +50,94 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   r.engine = L.trace.meta_value("engine");
   r.precision = L.trace.meta_value("precision");
   r.accepted = semantics_name(s.trainer.accepted);
-  r.trace_steps = int64_t(L.steps.size());
+  r.trace_steps = n;
+  r.steps = range;
 
-  // 2. The accepted semantics, with the rigorous bound, on a thread of its
-  // own while every candidate is ranked cheaply here (3).
+  // 2. The accepted semantics, with the rigorous bound, its steps judged
+  // on every thread (teacher forcing makes them independent).
   const Behavior accepted_b = behavior_of(s.trainer.accepted);
-  auto acc_future = std::async(std::launch::async,
-                               [&] { return forced_run<TR>(ctx, accepted_b); });
-  std::vector<Behavior> behaviors;
-  rank_cheap(ctx, accepted_b, r, behaviors);
-  Refiner refiner(ctx, cfg, r, behaviors, accepted_b);
-  refiner.launch_if_accepted_looks_out();
-  const Forced acc = acc_future.get();
+  const Forced acc = judge_steps(ctx, accepted_b, true);
   const Distance acc_d = distance_of(acc, L.steps.size());
+  r.first_out = acc_d.first_out;
   judge_accepted(acc, r);
   check_ranks(L, layout, r);
+  if (drawn.known)
+    r.checks.push_back(
+        {"order and coverage", drawn.ok, false, false, drawn.message, -1, {}, {}});
+  else
+    r.notes.push_back(drawn.message);
+  const LrChannel lr = check_lr(s, plan, *L.run, accepted_b);
+  if (lr.checked)
+    r.checks.push_back({"lr", lr.ok, false, false,
+                        lr.ok ? lr.message : lr.message + "; " + lr.evidence,
+                        -1, {}, {}});
+  else
+    r.notes.push_back(lr.message);
 
-  // 4. The call pattern (when the trace has events).
+  // 4. The call pattern (when the trace has events).  A difference that
+  // changes no value (the accepted semantics within the bound at every
+  // step, the step counts equal) is a note, not a failure.
   const PatternCheck pc =
       check_pattern(s, plan, *L.run, accepted_b, max_windows, r);
+  if (!r.pattern_ok && acc_d.first_out < 0 && acc.steps == r.trace_steps)
+    for (CertifyCheck& c : r.checks)
+      if (c.name == "call pattern" && !c.ok) {
+        c.ok = true;
+        r.notes.push_back(c.message + " (changes no value: a note)");
+      }
+  {
+    const std::string notes = L.trace.meta_value("notes");
+    size_t at = 0;
+    while (!notes.empty() && at != std::string::npos) {
+      const size_t bar = notes.find(" | ", at);
+      r.notes.push_back("recorder: " + notes.substr(at, bar == std::string::npos
+                                                            ? bar
+                                                            : bar - at));
+      at = bar == std::string::npos ? bar : bar + 3;
+    }
+  }
 
-  // 5. Verdict; on FAIL, the rigorous ranking and the diagnosis.
+  // 5. Verdict; on FAIL, every candidate ranked (3: cheaply, then the
+  // closest few rigorously) and the diagnosis.  A PASS needs no ranking.
   verdict_of(acc, acc_d, r);
+  const std::string unseen = L.trace.meta_value("unseen");
+  if (!r.pass && !unseen.empty()) {
+    int64_t line = 0;
+    for (size_t i = 0; i < L.trace.meta.size(); ++i)
+      if (L.trace.meta[i].first == "unseen") line = int64_t(i) + 2;
+    throw InputError(
+        L.trace.meta_path(), line, 0, "unseen",
+        fmt::format("the trace would FAIL ({}), but its recorder reports what "
+                    "it could not see: {}; certify does not judge a loop on "
+                    "what it was not shown (record it, or remove the cause, "
+                    "and certify again)",
+                    r.verdict, unseen));
+  }
   if (!r.pass) {
+    std::vector<Behavior> behaviors;
+    rank_cheap(ctx, accepted_b, r, behaviors);
+    Refiner refiner(ctx, cfg, r, behaviors, accepted_b);
+    refiner.launch();
     mark_pattern_matches(s, plan, pc, behaviors, r);
     refiner.finish(acc);
+    if (r.ranking.front().distance > 1) {
+      r.unexplained = true;
+      const EvidenceInput in{s,
+                             data,
+                             init,
+                             plan,
+                             layout,
+                             L.steps,
+                             *L.run,
+                             accepted_b,
+                             r.accepted,
+                             acc_d.first_out,
+                             acc_d.first_out_what,
+                             r.trace_steps,
+                             acc.steps,
+                             lr};
+      r.evidence = unexplained_evidence(in);
+    }
     diagnose(acc, acc_d, r);
   }
   r.seconds =

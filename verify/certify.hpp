@@ -13,6 +13,13 @@
 // becomes one of double; hyperparameters are exact in double, so scaling
 // their float32 rounding too is conservative).
 //
+// The plan judged on is the one the trainer drew (verify/drawn.hpp: its
+// own order and loader, from the trace's sample ids), with an "order and
+// coverage" check of its own; each step's lr is judged against the
+// accepted schedule ("lr", verify/lr_channel.hpp).  A trace whose recorder
+// reports something it could not see (meta.csv `unseen`) and that would
+// FAIL is refused (InputError, exit 2) naming what was not seen.
+//
 // Verdict: PASS when the accepted semantics stays within the bound at
 // every step and the step counts match.  A step whose clip decision lies
 // within the bound of the threshold (coef = c/(norm + 1e-6) within its
@@ -23,10 +30,22 @@
 // max over steps of err/bound (infinite on a step-count mismatch).  All
 // candidates are ranked first with a double-precision oracle and a proxy
 // bound (64 u |v|, cheap); the accepted semantics and the closest few are
-// then judged with Oracle<Tracked<OracleReal>>, whose distances are the
-// ones reported.  The events table, when it has rows, is checked for the
-// call pattern (per optimizer step: backward, zero_grad, clip, step and
+// then judged with the Tracked bound, whose distances are the ones
+// reported.  The events table, when it has rows, is checked for the call
+// pattern (per optimizer step: backward, zero_grad, clip, step and
 // scheduler calls) against the accepted semantics and every candidate.
+// A PASS needs no ranking and computes none.
+//
+// At scale (issue 14): the Tracked bound is computed in double-double by
+// default (oracle/dd.hpp; BoundArith::mpfr: 40-digit MPFR, ~50x slower,
+// the same verdicts).  Steps are judged on every core: teacher forcing
+// makes each step depend on the trace only, so a run judges a range of
+// steps by skipping the forward and backward passes before it (the
+// optimizer still steps on the trace's gradients when it keeps state, so
+// its state at the range's start is bit for bit a whole run's); the
+// ranges are put back together in step order, and the report is the same
+// for every thread count.  A range can also be judged alone (a CI matrix:
+// CertifyConfig::steps, merged by verify/parts.hpp).
 //
 // The trace is validated before any judging (InputError, exit 2, with
 // file:line): steps 0, 1, 2, ... in values.csv; in events.csv every row's
@@ -36,8 +55,8 @@
 // report (a skipped testcase) say that the call pattern was NOT checked.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,12 +65,37 @@
 
 namespace accumcheck {
 
+// A half-open range of optimizer steps [begin, end); end < 0: to the end.
+struct StepRange {
+  int64_t begin = 0;
+  int64_t end = -1;
+  bool whole() const { return begin == 0 && end < 0; }
+  bool contains(int64_t step) const {
+    return step >= begin && (end < 0 || step < end);
+  }
+};
+
+// The numbers the Tracked float32 bound is computed in: double-double
+// (oracle/dd.hpp, the default: ~50x faster) or 40-digit MPFR.  Both give
+// the same verdicts; their bounds agree to error_model's dd_bound_rel.
+enum class BoundArith { dd, mpfr };
+
 struct CertifyConfig {
   std::string run;    // run to judge; "" = the only or the last run
   bool fp64 = false;  // the trainer computes in float64
-  // Candidates judged with the Tracked bound beyond the accepted semantics,
-  // run in parallel with it: one round on this machine's cores (the rest
-  // keep their cheap proxy distance, marked as such).
+  BoundArith bound_arith = BoundArith::dd;
+  // Threads that judge steps (teacher forcing makes steps independent:
+  // each thread takes a contiguous range of steps); 0: every core.  The
+  // report is the same for every count.
+  int threads = 0;
+  // Judge only these optimizer steps (a part of a CI matrix, merged by
+  // certify_merge, verify/parts.hpp); the step count and the call pattern
+  // are checked whole.
+  StepRange steps;
+  // Candidates judged with the Tracked bound beyond the accepted semantics
+  // (the rest keep their cheap proxy distance, marked as such); each is
+  // judged on `threads` threads.  Not tied to `threads`, so the report
+  // does not depend on it.
   int refine = std::max(1, int(std::thread::hardware_concurrency()) - 1);
 };
 
@@ -62,6 +106,11 @@ struct CertifyCheck {
   bool ambiguous = false;  // a clip decision within the bound: not failed
   bool skipped = false;    // could not run (no events): not failed, said so
   std::string message;     // summary (error_model::Comparison::summary())
+  // Step checks: the optimizer step, "gradient" or "parameters", and max
+  // err / bound per tensor (the report's heat strip).
+  int64_t step = -1;
+  std::string kind;
+  std::vector<std::pair<std::string, double>> tensor_ratio;
 };
 
 struct CertifyCandidate {
@@ -91,8 +140,22 @@ struct CertifyReport {
   std::string pattern_message;
   std::string verdict;    // one line
   std::string diagnosis;  // lines (FAIL only)
+  // Notes: what was not checked, call-pattern differences that change no
+  // value, what the recorder noted (meta.csv `notes`).
+  std::vector<std::string> notes;
+  // FAIL with no candidate within its bound: the model-free evidence
+  // (verify/evidence.hpp), printed after "no modelled pitfall explains
+  // this trace".
+  bool unexplained = false;
+  std::vector<std::string> evidence;
   double seconds = 0;
+  StepRange steps;         // the steps judged (end resolved)
+  double max_ratio = 0;    // accepted: max error/bound over judged steps
+  int64_t first_out = -1;  // accepted: first judged step outside the bound
 };
+
+// The PASS verdict line (certify and certify_merge share it).
+std::string certify_pass_verdict(const CertifyReport& r, double max_ratio);
 
 // Reads and validates the trace (InputError on anything malformed,
 // including a digest that is not the scenario's), then judges it.

@@ -9,6 +9,7 @@
 #include "sim/limits.hpp"
 #include "sim/trainer.hpp"
 #include "verify/certify_stages.hpp"
+#include "verify/parallel.hpp"
 
 namespace accumcheck::certify_detail {
 
@@ -20,29 +21,50 @@ const double kProxyUlps = error_model::tolerance("certify_proxy_ulps");
 constexpr double kU = error_model::kUnitRoundoff32;
 
 // An engine that remembers every grad_norm() it returned, so that the
-// clip decisions of a step can be checked for ambiguity.
+// clip decisions of a step can be checked for ambiguity, and that judges
+// the optimizer steps of one range only: what feeds a step outside it
+// (forward_backward, L2, clipping, zeroing) is skipped, and the optimizer
+// steps before it run on the trace's gradients and parameters only when
+// the optimizer keeps state (momentum, Adam), so that the state at the
+// range's first step is bit for bit a whole run's (teacher forcing: a
+// step depends on the trace, never on the oracle's earlier steps).
 template <class Inner>
 class Watched {
  public:
   using Real = typename Inner::Real;
-  explicit Watched(Inner& in) : in_(in) {}
+  // `ranks`: every rank calls optimizer_step once per optimizer step.
+  Watched(Inner& in, StepRange range, bool stateful, int64_t ranks)
+      : in_(in), range_(range), stateful_(stateful),
+        ranks_(std::max<int64_t>(ranks, 1)) {}
+  // Whether the current micro-batches feed a judged step.
+  bool live() const { return range_.contains(steps()); }
   int64_t items(const std::vector<int64_t>& ids) const {
     return in_.items(ids);
   }
   void set_epoch(int64_t epoch) { in_.set_epoch(epoch); }
-  void zero_grad() { in_.zero_grad(); }
+  void zero_grad() {
+    if (live()) in_.zero_grad();
+  }
   Real forward_backward(const std::vector<int64_t>& ids, LossWeight w) {
+    if (!live()) return Real(0);
     return in_.forward_backward(ids, w);
   }
-  void add_l2(double lambda, int64_t den) { in_.add_l2(lambda, den); }
+  void add_l2(double lambda, int64_t den) {
+    if (live()) in_.add_l2(lambda, den);
+  }
   Real grad_norm() const {
-    Real n = in_.grad_norm();
+    Real n = live() ? in_.grad_norm() : Real(0);
     norms_.push_back(n);
     return n;
   }
-  void scale_grads(const Real& f) { in_.scale_grads(f); }
+  void scale_grads(const Real& f) {
+    if (live()) in_.scale_grads(f);
+  }
   void optimizer_step(const OptimizerSpec& o, double lr) {
-    in_.optimizer_step(o, lr);
+    const bool before = steps() < range_.begin;
+    const bool after = !before && !live();
+    if (!after && (live() || stateful_)) in_.optimizer_step(o, lr);
+    ++calls_;
   }
   EngineState<Real> state() const { return in_.state(); }
   void set_state(const EngineState<Real>& s) { in_.set_state(s); }
@@ -51,6 +73,12 @@ class Watched {
 
  private:
   Inner& in_;
+  StepRange range_;
+  bool stateful_;
+  int64_t ranks_;
+  int64_t calls_ = 0;  // optimizer.step() calls so far, all ranks
+  // Optimizer steps so far (ranks in lockstep, rank 0 first).
+  int64_t steps() const { return calls_ / ranks_; }
   mutable std::vector<Real> norms_;
 };
 
@@ -59,15 +87,7 @@ T lift(double x) {
   if constexpr (std::is_same_v<T, double>)
     return x;
   else
-    return T::exact(OracleReal(x));
-}
-
-template <class T>
-std::vector<T> lift_all(const std::vector<double>& x) {
-  std::vector<T> r;
-  r.reserve(x.size());
-  for (double v : x) r.push_back(lift<T>(v));
-  return r;
+    return T::exact(decltype(T::v)(x));  // exact: x is a trace value
 }
 
 // The trace's values `f` against the oracle's `v`.
@@ -89,9 +109,10 @@ error_model::Comparison judge_values(const std::string& what,
   return c;
 }
 
+template <class B>
 error_model::Comparison judge_values(const std::string& what,
                                      const std::vector<double>& f,
-                                     const std::vector<TR>& v,
+                                     const std::vector<Tracked<B>>& v,
                                      const ParamLayout& layout, bool fp64) {
   if (!fp64) {
     const std::vector<float> f32(f.begin(), f.end());  // exact: validated
@@ -102,10 +123,15 @@ error_model::Comparison judge_values(const std::string& what,
 }
 }  // namespace
 
+// Steps outside `range`: before it, the trace's gradients and parameters
+// are still put in place (the optimizer's state is rebuilt from them, as
+// in a whole run), nothing is judged; after it, only steps are counted.
 template <class T>
-Forced forced_run(const Ctx& c, const Behavior& b) {
+Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   Oracle<T> oracle(c.s.model, c.data, c.init);
-  Watched<Oracle<T>> w(oracle);
+  const OptimizerSpec& o = c.s.optimizer;
+  const bool stateful = o.kind != OptimizerKind::sgd || o.momentum != 0.0;
+  Watched<Oracle<T>> w(oracle, range, stateful, c.s.batching.ranks);
   TrainerOptions opt;
   opt.record_values = false;
   opt.record_events = false;
@@ -121,14 +147,19 @@ Forced forced_run(const Ctx& c, const Behavior& b) {
   auto before = [&](int64_t step, Watched<Oracle<T>>& e) {
     r.steps = std::max(r.steps, step + 1);
     std::vector<T>& norms = e.norms();
-    if (trainer.rank() != 0 && size_t(step) < n) {
-      EngineState<T> st = e.state();
-      st.grads = lift_all<T>(c.trace[size_t(step)].grad);
-      e.set_state(st);
+    if (size_t(step) >= n || !range.contains(step)) {
+      norms.clear();
+      if (size_t(step) < n && step < range.begin && stateful) {
+        std::vector<T>& g = e.inner().grads();
+        const std::vector<double>& want = c.trace[size_t(step)].grad;
+        for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
+      }
       return;
     }
-    if (size_t(step) >= n) {
-      norms.clear();
+    if (trainer.rank() != 0) {  // rank 0 was judged: force the trace's
+      std::vector<T>& g = e.inner().grads();
+      const std::vector<double>& want = c.trace[size_t(step)].grad;
+      for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
       return;
     }
     StepEval& ev = r.eval[size_t(step)];
@@ -148,18 +179,27 @@ Forced forced_run(const Ctx& c, const Behavior& b) {
     ev.grad = judge_values(fmt::format("step {} gradient", step),
                            c.trace[size_t(step)].grad, e.inner().grads(),
                            c.layout, c.fp64);
-    EngineState<T> st = e.state();
-    st.grads = lift_all<T>(c.trace[size_t(step)].grad);
-    e.set_state(st);
+    std::vector<T>& g = e.inner().grads();
+    const std::vector<double>& want = c.trace[size_t(step)].grad;
+    for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
   };
   auto after = [&](int64_t step, Watched<Oracle<T>>& e) {
     if (size_t(step) >= n) return;
-    StepEval& ev = r.eval[size_t(step)];
     std::vector<T>& params = e.inner().params();
-    if (trainer.rank() == 0)
+    if (!range.contains(step)) {
+      // Before the range: the next step's parameters are the trace's.
+      if (step < range.begin) {
+        const std::vector<double>& want = c.trace[size_t(step)].param;
+        for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
+      }
+      return;
+    }
+    if (trainer.rank() == 0) {
+      StepEval& ev = r.eval[size_t(step)];
       ev.param =
           judge_values(fmt::format("step {} parameters", step),
                        c.trace[size_t(step)].param, params, c.layout, c.fp64);
+    }
     const std::vector<double>& want = c.trace[size_t(step)].param;
     for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
   };
@@ -168,8 +208,37 @@ Forced forced_run(const Ctx& c, const Behavior& b) {
   return r;
 }
 
-template Forced forced_run<double>(const Ctx&, const Behavior&);
-template Forced forced_run<TR>(const Ctx&, const Behavior&);
+template Forced forced_run<double>(const Ctx&, const Behavior&, StepRange);
+template Forced forced_run<TR>(const Ctx&, const Behavior&, StepRange);
+template Forced forced_run<TD>(const Ctx&, const Behavior&, StepRange);
+
+Forced judge_steps(const Ctx& c, const Behavior& b, bool rigorous) {
+  // Contiguous ranges, one per thread (at least one step each): the
+  // optimizer's state before a range is rebuilt by that range's run.
+  const int64_t begin = c.range.begin;
+  const int64_t end = c.range.end;
+  const int64_t steps = end - begin;
+  const int64_t parts = std::max<int64_t>(
+      1, std::min<int64_t>(int64_t(thread_count(c.threads)), steps));
+  std::vector<StepRange> ranges;
+  for (int64_t k = 0; k < parts; ++k)
+    ranges.push_back(
+        {begin + steps * k / parts, begin + steps * (k + 1) / parts});
+  std::vector<Forced> out(ranges.size());
+  parallel_for(ranges.size(), c.threads, [&](size_t k) {
+    if (!rigorous)
+      out[k] = forced_run<double>(c, b, ranges[k]);
+    else if (c.arith == BoundArith::dd)
+      out[k] = forced_run<TD>(c, b, ranges[k]);
+    else
+      out[k] = forced_run<TR>(c, b, ranges[k]);
+  });
+  Forced r = std::move(out[0]);
+  for (size_t k = 1; k < out.size(); ++k)
+    for (int64_t t = ranges[k].begin; t < ranges[k].end; ++t)
+      r.eval[size_t(t)] = std::move(out[k].eval[size_t(t)]);
+  return r;
+}
 
 Distance distance_of(const Forced& f, size_t trace_steps) {
   Distance d;
@@ -220,6 +289,9 @@ void judge_accepted(const Forced& acc, CertifyReport& r) {
       c.ok = cmp->ok() || ev.ambiguous;
       c.ambiguous = ev.ambiguous && !cmp->ok();
       c.message = cmp->summary();
+      c.step = int64_t(t);
+      c.kind = cmp == &ev.grad ? "gradient" : "parameters";
+      c.tensor_ratio = cmp->tensor_ratio;
       if (c.ambiguous)
         c.message.append(
             " [ambiguous: a clip decision lies within the bound of the "

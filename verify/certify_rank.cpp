@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "verify/certify_stages.hpp"
+#include "verify/parallel.hpp"
 
 namespace accumcheck::certify_detail {
 
@@ -48,8 +49,17 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
     CertifyCandidate c;
     c.name = name;
     c.pitfalls = sem;
-    // Cheap pass: double oracle, proxy bound.
-    const Forced f = forced_run<double>(ctx, b);
+    r.ranking.push_back(c);
+  }
+  // Cheap pass: double oracle, proxy bound; the candidates on every
+  // thread (results by index: the same for any thread count).
+  std::vector<Forced> cheap(behaviors.size());
+  parallel_for(behaviors.size(), ctx.threads, [&](size_t i) {
+    cheap[i] = forced_run<double>(ctx, behaviors[i], ctx.range);
+  });
+  for (size_t i = 0; i < behaviors.size(); ++i) {
+    const Forced& f = cheap[i];
+    CertifyCandidate& c = r.ranking[i];
     fingerprints.emplace_back();
     c.steps = f.steps;
     c.proxy = distance_of(f, ctx.trace.size()).value;
@@ -57,7 +67,6 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
       fingerprints.back().push_back(ev.grad.max_ratio);
       fingerprints.back().push_back(ev.param.max_ratio);
     }
-    r.ranking.push_back(c);
   }
   // Fold a candidate into a simpler one (a strict subset of its
   // pitfalls) that gave bitwise the same cheap result: the extra
@@ -106,12 +115,10 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   }
 }
 
-// The closest few candidates are judged with the Tracked bound too, in
-// parallel: plausible matches only (within 10x of the best cheap
-// distance, or of the bound), at most cfg.refine of them.  When the
-// accepted semantics already looks out of the bound on the cheap pass,
-// they start early, beside the accepted semantics' rigorous run, rather
-// than after it.
+// The closest few candidates are judged with the Tracked bound too:
+// plausible matches only (within 10x of the best cheap distance, or of
+// the bound), at most cfg.refine of them (and every candidate tied with
+// the best).
 void Refiner::launch() {
   CertifyReport& r = r_;
   launched_ = true;
@@ -132,16 +139,8 @@ void Refiner::launch() {
     const bool tied = c.proxy == best_proxy;
     if (!tied && (int(jobs_.size()) >= cfg_.refine || !(c.proxy <= plausible)))
       continue;
-    const Ctx& ctx = ctx_;
-    jobs_.emplace_back(order[k], std::async(std::launch::async, [&ctx, b] {
-                         return forced_run<TR>(ctx, b);
-                       }));
+    jobs_.push_back(order[k]);
   }
-}
-
-void Refiner::launch_if_accepted_looks_out() {
-  for (size_t k = 0; k < r_.ranking.size(); ++k)
-    if (behaviors_[k] == accepted_b_ && r_.ranking[k].proxy > 1) launch();
 }
 
 void Refiner::finish(const Forced& acc) {
@@ -157,8 +156,9 @@ void Refiner::finish(const Forced& acc) {
       c.first_out = d.first_out;
       c.first_out_what = d.first_out_what;
     }
-  for (auto& [i, job] : jobs_) {
-    const Distance d = distance_of(job.get(), n);
+  // One candidate after the other, each on every thread.
+  for (size_t i : jobs_) {
+    const Distance d = distance_of(judge_steps(ctx_, behaviors_[i], true), n);
     CertifyCandidate& c = r.ranking[i];
     c.tracked = true;
     c.distance = d.value;

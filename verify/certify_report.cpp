@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "verify/certify_stages.hpp"
+#include "verify/markup.hpp"
 
 namespace accumcheck {
 namespace certify_detail {
@@ -15,20 +16,34 @@ std::string ratio_text(double r) {
   return fmt::format("{:.3g}", r);
 }
 
+}  // namespace certify_detail
+
+std::string certify_pass_verdict(const CertifyReport& r, double max_ratio) {
+  // A part (certify --steps) names its steps.
+  const bool part = r.steps.begin != 0 || r.steps.end != r.trace_steps;
+  return fmt::format(
+      "PASS: {} within the bound of {} (max error {} of bound){}",
+      part ? fmt::format("steps {}:{} of {}", r.steps.begin, r.steps.end,
+                         r.trace_steps)
+           : fmt::format("{} steps", r.trace_steps),
+      r.accepted, certify_detail::ratio_text(max_ratio),
+      r.ambiguous_steps.empty() ? std::string()
+                                : fmt::format("; {} ambiguous clip step(s)",
+                                              r.ambiguous_steps.size()));
+}
+
+namespace certify_detail {
+
 void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
   r.pass = std::all_of(r.checks.begin(), r.checks.end(),
                        [](const CertifyCheck& c) { return c.ok; });
+  double worst = 0;
+  for (const StepEval& ev : acc.eval)
+    if (ev.seen && !ev.ambiguous)
+      worst = std::max({worst, ev.grad.max_ratio, ev.param.max_ratio});
+  r.max_ratio = worst;
   if (r.pass) {
-    double worst = 0;
-    for (const StepEval& ev : acc.eval)
-      if (ev.seen && !ev.ambiguous)
-        worst = std::max({worst, ev.grad.max_ratio, ev.param.max_ratio});
-    r.verdict = fmt::format(
-        "PASS: {} steps within the bound of {} (max error {} of bound){}",
-        r.trace_steps, r.accepted, ratio_text(worst),
-        r.ambiguous_steps.empty() ? std::string()
-                                  : fmt::format("; {} ambiguous clip step(s)",
-                                                r.ambiguous_steps.size()));
+    r.verdict = certify_pass_verdict(r, worst);
     if (!r.pattern_checked) r.verdict.append("; " + r.pattern_message);
   } else {
     std::string why;
@@ -39,7 +54,11 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
       why = fmt::format("{} leaves the bound at step {} ({})", r.accepted,
                         acc_d.first_out, acc_d.first_out_what);
     else
-      why = r.pattern_message;
+      for (const CertifyCheck& c : r.checks)
+        if (!c.ok) {
+          why = c.message;
+          break;
+        }
     r.verdict = fmt::format("FAIL: {}", why);
     if (!r.pattern_checked) r.verdict.append("; " + r.pattern_message);
   }
@@ -79,13 +98,17 @@ void diagnose(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
                       ratio_text(best.distance), inert_text(best));
     }
   } else {
-    d = fmt::format(
-        "no candidate stays within the bound; closest: {} (max error {} of "
+    // No candidate within its bound: say so first, then the model-free
+    // evidence, then the candidates, marked as not matching.
+    d = "no modelled pitfall explains this trace";
+    for (const std::string& e : r.evidence) d.append("\nevidence: ").append(e);
+    d.append(fmt::format(
+        "\ncandidates (none matching): closest {} (max error {} of "
         "bound{})",
         full_name(best), ratio_text(best.distance),
         best.first_out >= 0
             ? fmt::format(", first leaves it at step {}", best.first_out)
-            : std::string());
+            : std::string()));
   }
   if (acc_d.first_out >= 0)
     d.append(fmt::format("; {} leaves the bound at step {} ({})", r.accepted,
@@ -104,6 +127,11 @@ void diagnose(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
                              ratio_text(c.distance / best.distance)));
       break;
     }
+  // The checks of their own that failed: order and coverage, lr.
+  for (const CertifyCheck& c : r.checks)
+    if (!c.ok && (c.name == "order and coverage" || c.name == "lr") &&
+        d.find(c.message) == std::string::npos)
+      d.append("\n").append(c.message);
   if (r.pattern_checked) {
     d.append("\n").append(r.pattern_message);
     if (!r.pattern_ok) {
@@ -120,36 +148,9 @@ void diagnose(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
   r.diagnosis = d;
 }
 
-namespace {
-
-std::string xml_escape(std::string_view s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        o.append("&lt;");
-        break;
-      case '>':
-        o.append("&gt;");
-        break;
-      case '&':
-        o.append("&amp;");
-        break;
-      case '"':
-        o.append("&quot;");
-        break;
-      default:
-        o.push_back(c);
-    }
-  }
-  return o;
-}
-
-}  // namespace
 }  // namespace certify_detail
 
 using certify_detail::ratio_text;
-using certify_detail::xml_escape;
 
 std::string certify_text(const CertifyReport& r, int top) {
   std::string o = fmt::format(
@@ -163,8 +164,14 @@ std::string certify_text(const CertifyReport& r, int top) {
         "ambiguous: step {}: a clip decision lies within the bound of the "
         "threshold; the step is reported, not failed\n",
         s));
+  for (const std::string& n : r.notes)
+    o.append("note: ").append(n).append("\n");
   if (r.pass) {
-    if (r.pattern_checked) o.append(r.pattern_message).append("\n");
+    for (const CertifyCheck& c : r.checks)
+      if (c.name == "order and coverage" || c.name == "lr")
+        o.append(c.message).append("\n");
+    if (r.pattern_checked && r.pattern_ok)
+      o.append(r.pattern_message).append("\n");
     return o;
   }
   for (const CertifyCheck& c : r.checks)
@@ -195,11 +202,12 @@ std::string certify_text(const CertifyReport& r, int top) {
       if (pairs) name.append(fmt::format(" and {} pairs of them", pairs));
       name.append("]");
     }
-    o.append(fmt::format("  {:2}. {:<10}{} {}{}\n", i + 1,
+    o.append(fmt::format("  {:2}. {:<10}{} {}{}{}\n", i + 1,
                          ratio_text(c.distance), c.tracked ? "*" : " ", name,
                          std::isinf(c.distance)
                              ? fmt::format(" ({} steps)", c.steps)
-                             : std::string()));
+                             : std::string(),
+                         c.distance > 1 ? "  (not matching)" : ""));
   }
   return o;
 }

@@ -12,7 +12,6 @@
 
 #include <array>
 #include <cstdint>
-#include <future>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -31,7 +30,9 @@
 
 namespace accumcheck::certify_detail {
 
+// The rigorous bound's number types (CertifyConfig::bound_arith).
 using TR = Tracked<BoundReal>;
+using TD = Tracked<DD>;
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // ------------------------------------------------------------- load
@@ -76,6 +77,9 @@ struct Ctx {
   const ParamLayout& layout;
   const std::vector<TraceStep>& trace;
   bool fp64;
+  StepRange range;      // the steps judged (end resolved: <= trace.size())
+  BoundArith arith;     // the rigorous bound's numbers
+  int threads;          // CertifyConfig::threads
   int64_t max_windows;  // window_cap()
 };
 
@@ -86,12 +90,21 @@ struct Ctx {
 int64_t window_cap(const Scenario& s, size_t trace_steps);
 
 // The semantics `b` walked on the oracle over real type T (double: the
-// cheap proxy; TR: the rigorous Tracked bound), teacher-forced by the
-// trace at every optimizer step.
+// cheap proxy; TR, TD: the rigorous Tracked bound), teacher-forced by the
+// trace at every optimizer step, judging the steps of `range` only (the
+// rest skipped, verify/certify_judge.cpp says how); one thread.
 template <class T>
-Forced forced_run(const Ctx& c, const Behavior& b);
-extern template Forced forced_run<double>(const Ctx&, const Behavior&);
-extern template Forced forced_run<TR>(const Ctx&, const Behavior&);
+Forced forced_run(const Ctx& c, const Behavior& b, StepRange range);
+extern template Forced forced_run<double>(const Ctx&, const Behavior&,
+                                          StepRange);
+extern template Forced forced_run<TR>(const Ctx&, const Behavior&, StepRange);
+extern template Forced forced_run<TD>(const Ctx&, const Behavior&, StepRange);
+
+// forced_run over c.range, split into contiguous step ranges judged on
+// c.threads threads and put back together: the same result for every
+// thread count.  rigorous: the Tracked bound in c.arith; else the cheap
+// double proxy.
+Forced judge_steps(const Ctx& c, const Behavior& b, bool rigorous);
 
 struct Distance {
   double value = 0;
@@ -113,7 +126,8 @@ void judge_accepted(const Forced& acc, CertifyReport& r);
 void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
                 std::vector<Behavior>& behaviors);
 
-// The closest few candidates judged with the Tracked bound, in parallel.
+// The closest few candidates judged with the Tracked bound, one after the
+// other, each on every thread (judge_steps).
 class Refiner {
  public:
   Refiner(const Ctx& ctx, const CertifyConfig& cfg, CertifyReport& r,
@@ -123,13 +137,9 @@ class Refiner {
         r_(r),
         behaviors_(behaviors),
         accepted_b_(accepted_b) {}
-  // Starts the rigorous runs now (once).
+  // Chooses the candidates to judge rigorously (once).
   void launch();
-  bool launched() const { return launched_; }
-  // Starts them when the accepted semantics looks out of the bound on the
-  // cheap pass, beside the accepted semantics' rigorous run.
-  void launch_if_accepted_looks_out();
-  // Waits for them, records every distance (the accepted semantics' from
+  // Judges them, records every distance (the accepted semantics' from
   // `acc`) and sorts r.ranking, best first.
   void finish(const Forced& acc);
 
@@ -140,7 +150,7 @@ class Refiner {
   const std::vector<Behavior>& behaviors_;
   const Behavior& accepted_b_;
   bool launched_ = false;
-  std::vector<std::pair<size_t, std::future<Forced>>> jobs_;
+  std::vector<size_t> jobs_;  // indices into r.ranking
 };
 
 // ---------------------------------------------------------- pattern

@@ -14,6 +14,7 @@
 #include "sim/atomic_file.hpp"
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
+#include "sim/k_schedule.hpp"
 #include "sim/layout.hpp"
 #include "sim/limits.hpp"
 #include "sim/plan.hpp"
@@ -97,7 +98,7 @@ exact in float32 and float64):
                        targets y0.. (mse) or a class label (cross-entropy)
   tensors.csv          parameter tensors in PyTorch order and names
                        (nn.Sequential of Linear, then for hidden layers the
-                       norm (BatchNorm1d or LayerNorm, if any) and the
+                       norm (BatchNorm1d, LayerNorm or GroupNorm, if any) and the
                        activation: with no norm, Linear l is "{2l}.weight"
                        [out x in] and "{2l}.bias" [out]; the names here are
                        the state_dict's)
@@ -109,7 +110,10 @@ exact in float32 and float64):
                        window_micro_batches (K_w) and window_items (N_w, the
                        samples of the window over all ranks)
   hyperparameters.csv  model, loss, optimizer, schedule, clipping, batching,
-                       the accepted semantics and the scenario digest
+                       the accepted semantics and the scenario digest;
+                       accumulation_per_epoch is K of each epoch (K may
+                       change during training), total and warmup the
+                       schedule's horizon as the accepted trainer counts it
   lr_schedule.csv      the learning rate of each optimizer step under the
                        accepted semantics
   scenario.toml        the scenario itself
@@ -120,8 +124,9 @@ the accepted `correct` semantics weighs every sample of a window by 1/N_w
 starts at the first gradient; Adam's t counts optimizer steps;
 clip_grad_norm_ once per window on the accumulated gradient.
 
-Trace schema: accumcheck-trace/1 (meta.csv, events.csv, values.csv);
-see adapters/pytorch/accumcheck_torch.py for a recorder that writes it.
+Trace schema: accumcheck-trace/2 (meta.csv, events.csv, values.csv;
+events carry each micro-batch's sample ids; version 1 is still read);
+see adapters/pytorch/accumcheck_torch/ for a recorder that writes it.
 )";
 
 // Moves `tmp` into place at `out`, replacing an empty folder or a
@@ -235,6 +240,14 @@ std::vector<std::string> export_warnings(const Scenario& s) {
     w.push_back("no clipping: clip-per-micro-step is invisible");
   if (o.l2_in_loss == 0)
     w.push_back("no L2 in the loss: l2-in-loss-unnormalized is invisible");
+  if (!k_changes(s.batching))
+    w.push_back(
+        "K is the same every epoch: ramp-normalization-stale and "
+        "ramp-schedule-horizon-fixed are invisible");
+  else if (!s.schedule.total_auto)
+    w.push_back(
+        "the schedule's horizon is fixed in the file (not total = \"auto\"): "
+        "ramp-schedule-horizon-fixed is invisible");
   return w;
 }
 
@@ -244,6 +257,13 @@ void require_exportable_model(const Scenario& s) {
                      "models with dropout are not exported or certified yet: "
                      "accumcheck keys masks by sample, PyTorch draws them in "
                      "call order, so a trainer could not reproduce them");
+  if (s.batching.ranks != 1)
+    throw InputError(
+        s.path, 0, 0, "batching.ranks",
+        fmt::format("ranks = {}: data-parallel training is not exported or "
+                    "certified yet (a bundle would hold one rank's shard, a "
+                    "trace one rank's gradient); use ranks = 1",
+                    s.batching.ranks));
 }
 
 ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
@@ -381,6 +401,15 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
       widths.append(std::to_string(w));
     }
     const OptimizerSpec& o = s.optimizer;
+    // K of every epoch; the schedule as the accepted trainer resolves it
+    // (total = "auto": the run's optimizer steps).
+    std::string k_per_epoch;
+    for (int64_t e = 0; e < s.batching.epochs; ++e) {
+      if (e) k_per_epoch.push_back(' ');
+      k_per_epoch.append(std::to_string(accumulation_at(s.batching, e)));
+    }
+    const ScheduleSpec sched = resolved_schedule(
+        s, behavior_of(s.trainer.accepted).horizon_initial_k);
     kv = {{"scenario", s.name},
           {"scenario_digest", digest},
           {"trace_schema", std::string(kTraceSchema)},
@@ -393,11 +422,14 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
           {"max_len", std::to_string(data.max_len)},
           {"norm", s.model.norm == NormKind::none        ? "none"
                    : s.model.norm == NormKind::batchnorm ? "batchnorm"
-                                                         : "layernorm"},
+                   : s.model.norm == NormKind::layernorm ? "layernorm"
+                                                         : "groupnorm"},
+          {"norm_groups", std::to_string(s.model.norm_groups)},
           {"loss", s.model.loss == LossKind::mse ? "mse" : "cross-entropy"},
           {"samples", std::to_string(data.n)},
           {"micro_batch", std::to_string(s.batching.micro_batch)},
           {"accumulation", std::to_string(s.batching.accumulation)},
+          {"accumulation_per_epoch", k_per_epoch},
           {"epochs", std::to_string(s.batching.epochs)},
           {"ranks", std::to_string(s.batching.ranks)},
           {"max_steps", std::to_string(s.batching.max_steps)},
@@ -411,8 +443,9 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
           {"weight_decay", real(o.weight_decay)},
           {"l2_in_loss", real(o.l2_in_loss)},
           {"schedule", std::string(schedule_name(s.schedule.kind))},
-          {"warmup", std::to_string(s.schedule.warmup)},
-          {"total", std::to_string(s.schedule.total)},
+          {"warmup", std::to_string(sched.warmup)},
+          {"total", std::to_string(sched.total)},
+          {"warmup_ratio", real(s.schedule.warmup_ratio)},
           {"step_size", std::to_string(s.schedule.step_size)},
           {"gamma", real(s.schedule.gamma)},
           {"clip", s.clip.enabled ? "1" : "0"},

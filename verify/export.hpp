@@ -47,7 +47,9 @@ struct ExportResult {
 // replaced); anything else is an InputError.
 // Export and certify cover every model but dropout (accumcheck keys masks
 // by sample; PyTorch draws them in call order, so an outside trainer could
-// not reproduce them): refused with an InputError naming model.dropout.
+// not reproduce them): refused with an InputError naming model.dropout;
+// and every ranks != 1 (data parallelism: its own issue), naming
+// batching.ranks.
 void require_exportable_model(const Scenario& s);
 
 ExportResult export_bundle(const Scenario& s, const std::string& out);

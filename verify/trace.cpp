@@ -27,8 +27,11 @@ namespace accumcheck {
 
 namespace {
 
-// The rank column, last, is optional (TraceWriter::with_ranks).
+// The rank column, last, is optional (TraceWriter::with_ranks) in both
+// files.
 constexpr std::string_view kEventsHeader =
+    "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,sample_ids";
+constexpr std::string_view kEventsHeaderV1 =
     "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm";
 constexpr std::string_view kValuesHeader = "run,step,kind,tensor,index,value";
 constexpr std::string_view kMetaHeader = "key,value";
@@ -143,6 +146,10 @@ void TraceWriter::add_event(const Event& e) {
   o += ',';
   append_real(o, e.grad_norm);
   if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", e.rank);
+  o += ',';
+  for (size_t i = 0; i < e.sample_ids.size(); ++i)
+    fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "",
+                   e.sample_ids[i]);
   o += '\n';
 }
 
@@ -205,19 +212,17 @@ struct CsvFile {
     throw InputError(path, line, 0, std::string(column), msg);
   }
 
-  // Every column is required except `optional` (when absent, read_row
-  // leaves its variable as it was).
+  // `optional` columns may be missing (check r.has_column after).
   template <unsigned N, class... Names>
   void read_header(Reader<N>& r, std::string_view header,
-                   std::string_view optional, Names... names) const {
+                   Names... names) const {
+    read_header_flags(r, io::ignore_no_column, header, names...);
+  }
+  template <unsigned N, class... Names>
+  void read_header_flags(Reader<N>& r, io::ignore_column flags,
+                         std::string_view header, Names... names) const {
     try {
-      r.read_header(io::ignore_missing_column, names...);
-      for (const char* name : {names...})
-        if (name != optional && !r.has_column(name)) {
-          io::error::missing_column_in_header err;
-          err.set_column_name(name);
-          throw err;
-        }
+      r.read_header(flags, names...);
     } catch (const io::error::missing_column_in_header& e) {
       fail(1, e.column_name,
            fmt::format("missing column '{}'; expected the header {}",
@@ -344,7 +349,7 @@ Trace read_trace(const std::string& dir) {
   {  // meta.csv: the schema first of all.
     CsvFile f(t.meta_path(), kMetaHeader);
     Reader<2> r(f.bytes);
-    f.read_header(r, kMetaHeader, "", "key", "value");
+    f.read_header(r, kMetaHeader, "key", "value");
     std::string key, value;
     int64_t line = 0, schema_line = 0;
     while (f.row(r, line, key, value)) {
@@ -359,28 +364,48 @@ Trace read_trace(const std::string& dir) {
       if (std::none_of(t.meta.begin(), t.meta.end(),
                        [&](const auto& kv) { return kv.first == k; }))
         f.fail(0, k, fmt::format("missing required meta key '{}'", k));
-    if (t.meta_value("schema") != kTraceSchema)
+    if (t.meta_value("schema") != kTraceSchema &&
+        t.meta_value("schema") != kTraceSchemaV1)
       f.fail(schema_line, "schema",
-             fmt::format("schema version mismatch: expected '{}', got '{}'",
-                         kTraceSchema, t.meta_value("schema")));
+             fmt::format("schema version mismatch: expected '{}' (or '{}'), "
+                         "got '{}'",
+                         kTraceSchema, kTraceSchemaV1, t.meta_value("schema")));
   }
 
   RunTracker runs{t, {}, {}, {}, true};
-  {  // events.csv
-    CsvFile f(t.events_path(), kEventsHeader);
-    Reader<11> r(f.bytes);
-    f.read_header(r, kEventsHeader, "rank", "run", "epoch", "step", "micro",
-                  "event", "samples", "tokens", "loss", "lr", "grad_norm",
-                  "rank");
+  {  // events.csv (version 1: no sample_ids column)
+    const bool v1 = t.meta_value("schema") == kTraceSchemaV1;
+    const std::string_view header = v1 ? kEventsHeaderV1 : kEventsHeader;
+    CsvFile f(t.events_path(), header);
+    Reader<12> r(f.bytes);
+    f.read_header_flags(r, io::ignore_missing_column, header, "run", "epoch",
+                        "step", "micro", "event", "samples", "tokens", "loss",
+                        "lr", "grad_norm", "sample_ids", "rank");
+    for (std::string_view c : {"run", "epoch", "step", "micro", "event",
+                               "samples", "tokens", "loss", "lr", "grad_norm"})
+      if (!r.has_column(std::string(c)))
+        f.fail(1, c,
+               fmt::format("missing column '{}'; expected the header {}", c,
+                           header));
+    if (v1 && r.has_column("sample_ids"))
+      f.fail(1, "sample_ids",
+             fmt::format("column 'sample_ids' in a {} trace; expected the "
+                         "header {}",
+                         kTraceSchemaV1, header));
+    if (!v1 && !r.has_column("sample_ids"))
+      f.fail(1, "sample_ids",
+             fmt::format("missing column 'sample_ids'; expected the header {}",
+                         header));
     std::string run, event;
     char *epoch = nullptr, *step = nullptr, *micro = nullptr,
          *samples = nullptr, *tokens = nullptr, *loss = nullptr, *lr = nullptr,
          *norm = nullptr;
+    char* ids = nullptr;
     char zero[] = "0";
     char* rank = zero;
     int64_t line = 0;
     while (f.row(r, line, run, epoch, step, micro, event, samples, tokens, loss,
-                 lr, norm, rank)) {
+                 lr, norm, ids, rank)) {
       TraceRun& tr = runs.at(f, line, run);
       TraceEvent te;
       te.line = line;
@@ -404,6 +429,21 @@ Trace read_trace(const std::string& dir) {
       e.lr = f.real(line, "lr", lr);
       e.grad_norm = f.real(line, "grad_norm", norm);
       e.rank = f.integer(line, "rank", rank, -1);
+      if (ids != nullptr && *ids != '\0') {
+        std::string_view rest(ids);
+        while (!rest.empty()) {
+          const size_t sp = rest.find(' ');
+          const std::string_view tok = rest.substr(0, sp);
+          e.sample_ids.push_back(f.integer(line, "sample_ids", tok, 0));
+          rest = sp == std::string_view::npos ? std::string_view()
+                                              : rest.substr(sp + 1);
+        }
+        if (e.kind != EventKind::forward_backward)
+          f.fail(line, "sample_ids",
+                 fmt::format("sample ids on a {} event; only forward_backward "
+                             "events carry them",
+                             event));
+      }
       if (!tr.events.empty()) {
         const Event& prev = tr.events.back().event;
         if (e.epoch < prev.epoch)
@@ -426,8 +466,13 @@ Trace read_trace(const std::string& dir) {
   {  // values.csv
     CsvFile f(t.values_path(), kValuesHeader);
     Reader<7> r(f.bytes);
-    f.read_header(r, kValuesHeader, "rank", "run", "step", "kind", "tensor",
-                  "index", "value", "rank");
+    f.read_header_flags(r, io::ignore_missing_column, kValuesHeader, "run",
+                        "step", "kind", "tensor", "index", "value", "rank");
+    for (std::string_view c : {"run", "step", "kind", "tensor", "index", "value"})
+      if (!r.has_column(std::string(c)))
+        f.fail(1, c,
+               fmt::format("missing column '{}'; expected the header {}", c,
+                           kValuesHeader));
     std::string run, kind, tensor;
     char *step = nullptr, *index = nullptr, *value = nullptr;
     char zero[] = "0";

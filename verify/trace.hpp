@@ -4,7 +4,11 @@
 //   meta.csv    key,value          schema, scenario, scenario_digest,
 //                                  engine, precision, tool_version, extras
 //   events.csv  run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,
-//               rank
+//               sample_ids,rank
+//                 micro: the micro-batch's index within its window for
+//                 forward_backward, -1 for window-level events
+//                 sample_ids: forward_backward: the micro-batch's sample
+//                 ids, space-separated, in the order drawn ("" unknown)
 //   values.csv  run,step,kind,tensor,index,value,rank
 //                 kind grad: the gradient handed to optimizer step `step`
 //                 kind param: the parameters just after it
@@ -31,7 +35,10 @@
 
 namespace accumcheck {
 
-inline constexpr std::string_view kTraceSchema = "accumcheck-trace/1";
+// Written: version 2 (events carry sample_ids).  Read: versions 2 and 1
+// (version 1 has no sample_ids column; its events have none).
+inline constexpr std::string_view kTraceSchema = "accumcheck-trace/2";
+inline constexpr std::string_view kTraceSchemaV1 = "accumcheck-trace/1";
 
 enum class ValueKind { param, grad };
 std::string_view value_kind_name(ValueKind k);
@@ -134,12 +141,12 @@ struct Trace {
 
 // Reads a trace folder.  Every malformed input is an InputError naming the
 // file and line: a missing or unknown column, a schema version other than
-// kTraceSchema, a missing required meta key, an unknown event or kind, a
-// non-number where a number belongs (NaN is only ever an empty field), a
-// file whose last line has no line end (truncated), steps going backwards
-// within a run, a run's rows split by another run's, a duplicated meta key
-// or values row (per rank).  (Identical events rows are legitimate with
-// R > 1 and are not rejected.)  Digests and tensor shapes
+// kTraceSchema or kTraceSchemaV1, a missing required meta key, an unknown event
+// or kind, a non-number where a number belongs (NaN is only ever an empty
+// field), a file whose last line has no line end (truncated), steps going
+// backwards within a run, a run's rows split by another run's, a duplicated
+// meta key or values row (per rank).  (Identical events rows are legitimate
+// with R > 1 and are not rejected.)  Digests and tensor shapes
 // against a scenario are the caller's (see check_values).
 Trace read_trace(const std::string& dir);
 

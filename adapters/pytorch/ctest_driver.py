@@ -2,11 +2,25 @@
 
     python3 ctest_driver.py --accumcheck BIN --scenario S.toml \
         --example examples/train_x.py --work DIR --expect-exit N \
-        [--expect-pitfall ID]
+        [--expect-pitfall ID] [--expect-text TEXT ...]
 
 Passes when certify exits with N and, for a FAIL, its diagnosis line says
-"matches ID" (ID first among any ties).
+"matches ID" (ID first among any ties), and its output holds every TEXT.
+Prints the margin line the README reports: "max error X of bound" for a
+PASS, the runner-up's ratio for a FAIL.
+
+With --compare (issue 14) the same trace is certified four more ways and
+each must agree with the default run (double-double bound, every core):
+  mpfr     --bound-arith mpfr: the same exit code, verdict (PASS/FAIL and
+           the step it names), pitfall and ranking order; a difference is
+           allowed only where a clip decision is ambiguous, and is then
+           reported as such;
+  threads  --threads 1 and --threads 3: stdout and JUnit byte for byte
+           (JUnit's time attribute aside);
+  parts    --steps 0:m and m: with --part, merged by certify-merge: the
+           same exit code, verdict line and JUnit test cases.
 """
+import re
 import argparse
 import os
 import shutil
@@ -22,6 +36,8 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--expect-exit", type=int, required=True)
     ap.add_argument("--expect-pitfall")
+    ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--expect-text", action="append", default=[])
     args = ap.parse_args()
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -32,9 +48,14 @@ def main():
                    check=True)
     subprocess.run([sys.executable, args.example, "--bundle", bundle, "--out", trace],
                    check=True)
-    cert = subprocess.run([args.accumcheck, "certify", os.path.join(bundle, "scenario.toml"),
-                           "--trace", trace, "--junit", os.path.join(args.work, "junit.xml")],
-                          capture_output=True, text=True)
+    scenario = os.path.join(bundle, "scenario.toml")
+
+    def certify(*extra, junit="junit.xml"):
+        return subprocess.run([args.accumcheck, "certify", scenario, "--trace", trace,
+                               "--junit", os.path.join(args.work, junit), *extra],
+                              capture_output=True, text=True)
+
+    cert = certify()
     sys.stdout.write(cert.stdout)
     sys.stderr.write(cert.stderr)
     if cert.returncode != args.expect_exit:
@@ -46,11 +67,83 @@ def main():
         if want not in cert.stdout and want_tie not in cert.stdout:
             print("driver: the diagnosis does not name %s first" % args.expect_pitfall)
             return 1
+    for text in args.expect_text:
+        if text not in cert.stdout:
+            print("driver: certify's output does not say: %s" % text)
+            return 1
     if not os.path.exists(os.path.join(args.work, "junit.xml")):
         print("driver: no JUnit file")
         return 1
+    if args.compare and not compare(args, cert, certify):
+        return 1
     print("driver: ok")
     return 0
+
+
+def junit_cases(path, bodies=True):
+    """The JUnit file without its time attribute (and failure bodies: the
+    diagnosis, which a merge takes from one part)."""
+    with open(path) as f:
+        text = re.sub(r' time="[^"]*"', "", f.read())
+    if not bodies:
+        text = re.sub(r'(<failure message="[^"]*">)[^<]*(</failure>)', r"\1\2", text)
+    return text
+
+
+def summary(stdout):
+    """Verdict line, matched pitfall and ranking names of a certify output."""
+    lines = stdout.splitlines()
+    verdict = lines[1] if len(lines) > 1 else ""
+    verdict = re.sub(r"\(max error [^)]*\)", "", verdict)
+    m = re.search(r"diagnosis: matches(?:, tied \(all within the bound\):)? ([^ ]+)", stdout)
+    ranking = [re.sub(r"^\s*\d+\.\s+\S+\s+", "", l) for l in lines
+               if re.match(r"^\s+\d+\. ", l)]
+    ranking = [re.sub(r" \(\d+ steps\)$", "", r.lstrip("* ")) for r in ranking]
+    return verdict, m.group(1) if m else None, ranking
+
+
+def compare(args, cert, certify):
+    ok = True
+    # Double-double vs MPFR.
+    mp = certify("--bound-arith", "mpfr", junit="junit-mpfr.xml")
+    a, b = summary(cert.stdout), summary(mp.stdout)
+    if (mp.returncode, a) != (cert.returncode, b):
+        ambiguous = "ambiguous" in cert.stdout or "ambiguous" in mp.stdout
+        print("driver: dd and mpfr differ%s:\n  dd:   %s\n  mpfr: %s" %
+              (" (a clip decision is ambiguous)" if ambiguous else "", a, b))
+        sys.stdout.write(mp.stdout)
+        ok = ok and ambiguous
+    else:
+        print("driver: dd and mpfr agree: exit %d, %s" % (mp.returncode, a[0]))
+    # One thread, three threads: byte for byte.
+    base = junit_cases(os.path.join(args.work, "junit.xml"))
+    for n in ("1", "3"):
+        t = certify("--threads", n, junit="junit-t%s.xml" % n)
+        if t.stdout != cert.stdout or junit_cases(os.path.join(args.work, "junit-t%s.xml" % n)) != base:
+            print("driver: --threads %s output differs from the default run" % n)
+            sys.stdout.write(t.stdout)
+            ok = False
+    print("driver: --threads 1 and 3: the same output")
+    # Two parts, merged.
+    steps = int(re.search(r"(\d+) optimizer steps", cert.stdout).group(1))
+    m = steps // 2
+    p1, p2 = (os.path.join(args.work, "part%d.txt" % i) for i in (1, 2))
+    for rng, part in (("0:%d" % m, p1), ("%d:" % m, p2)):
+        certify("--steps", rng, "--part", part, junit="junit-part.xml")
+    merged = subprocess.run([args.accumcheck, "certify-merge", p2, p1, "--junit",
+                             os.path.join(args.work, "junit-merged.xml")],
+                            capture_output=True, text=True)
+    same_verdict = merged.stdout.splitlines()[1:2] == cert.stdout.splitlines()[1:2]
+    if (merged.returncode != cert.returncode or not same_verdict or
+            junit_cases(os.path.join(args.work, "junit-merged.xml"), False) !=
+            junit_cases(os.path.join(args.work, "junit.xml"), False)):
+        print("driver: certify-merge of steps 0:%d and %d: differs (exit %d)" %
+              (m, m, merged.returncode))
+        sys.stdout.write(merged.stdout + merged.stderr)
+        ok = False
+    else:
+        print("driver: steps 0:%d + %d: merged: the same verdict and JUnit" % (m, m))
+    return ok
 
 
 if __name__ == "__main__":

@@ -1,0 +1,391 @@
+"""Records a PyTorch training loop in the accumcheck trace schema.
+
+What the recorder hooks, and why each hook does not depend on how the loop
+is written:
+  - every parameter's gradient (Tensor.register_hook): fires inside
+    autograd for every backward pass that reaches the parameter, however it
+    was started (loss.backward(), torch.autograd.backward, a wrapper); the
+    first hook of a pass queues an end-of-pass callback on autograd's
+    engine, which records one `forward_backward` event per pass;
+  - the model's forward (a forward pre-hook): the input rows of each
+    forward with gradients enabled, looked up in the bundle's data to find
+    the micro-batch's sample ids (an eval forward under no_grad is noted,
+    not counted);
+  - optimizer.step (the instance's method): the lr of param_groups[0] and
+    the gradient the optimizer consumes, read from the parameters, then the
+    parameters after the step;
+  - torch.nn.utils.clip_grad.clip_grad_norm_ where PyTorch defines it: its
+    code object is swapped, so every name bound to it -- including a
+    `from torch.nn.utils import clip_grad_norm_` done before the recorder
+    existed -- goes through the recorder; a clip it still did not see
+    (the consumed gradient a scaled copy of the accumulated one) is
+    inferred from the values and written down as inferred;
+  - optimizer.zero_grad, model.zero_grad and scheduler.step (instance
+    methods); a gradient zeroed by hand (p.grad = None) is seen from the
+    values at the next backward.
+Whatever the recorder cannot attribute is written to meta.csv as `unseen`,
+and `accumcheck certify` names it and exits 2 rather than blame the loop.
+"""
+
+import types
+
+import torch
+import torch.nn.utils.clip_grad as _clip_module
+
+from .bundle import map_parameters
+from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
+
+# The recorder that clip_grad_norm_'s swapped code calls (one at a time).
+_ACTIVE = []
+
+
+def _clip_entry(*args, **kwargs):
+    """clip_grad_norm_'s code while a recorder is active (see _patch_clip).
+    It runs with torch.nn.utils.clip_grad's globals, where the recorder
+    puts `_accumcheck_clip`."""
+    return _accumcheck_clip(*args, **kwargs)  # noqa: F821
+
+
+class Recorder:
+    """Records a training loop's calls and values in the accumcheck trace schema.
+
+    Recorder(bundle, model, optimizer, scheduler=None, out="trace",
+             run="trainer", names=None, quiet=False)
+    `names` maps the model's parameter names to the scenario's explicitly
+    (see map_parameters); by default they are matched by order and shape
+    and the mapping is printed (unless quiet)."""
+
+    def __init__(self, bundle, model, optimizer, scheduler=None, out="trace",
+                 run="trainer", names=None, quiet=False):
+        if _ACTIVE:
+            raise Refused("a Recorder is already active; close() it first")
+        self.bundle, self.model, self.optimizer, self.scheduler = bundle, model, optimizer, scheduler
+        self.out, self.run = out, run
+        self.mapping = map_parameters(bundle, model, names)
+        self.names = [n for n, _ in bundle.tensors]
+        self.params = [self.mapping[n][1] for n in self.names]
+        if not quiet:
+            print("accumcheck_torch: parameters mapped to the scenario's tensors:")
+            for n in self.names:
+                m, p = self.mapping[n]
+                print("  %-20s <- %s %s" % (n, m, list(p.shape)))
+        self.events = []
+        self.values = []
+        self.notes = []         # call-pattern differences that change no value
+        self.unseen = []        # what the recorder could not attribute
+        self.steps = 0          # optimizer steps so far
+        self.backwards = 0      # backward passes so far
+        self.since_step = 0     # backward passes since the last optimizer step
+        self.in_backward = False
+        self.pending_ids = []   # sample ids of the grad-enabled forwards since the last backward
+        self.pending_rows = 0
+        self.zero_since_backward = False
+        self.snapshot = None    # the parameters' gradients after the last backward
+        self.epoch = 0
+        self.epoch_ids = set()
+        self.epoch_micro = 0    # micro-batches drawn in the current epoch
+        self.eval_forwards = 0
+        self.ambiguous_ids = 0
+        self._index = self._sample_index()
+        self.closed = False
+        self._patch()
+        _ACTIVE.append(self)
+
+    # ---- sample ids from the model's inputs
+
+    def _key(self, row):
+        return row.detach().cpu().contiguous().numpy().tobytes()
+
+    def _sample_index(self):
+        b = self.bundle
+        index = {}
+        for i in range(b.samples):
+            index.setdefault(self._key(b.x[i]), []).append(i)
+        return index
+
+    def sample_ids(self, ids):
+        """Tells the recorder the sample ids of the next micro-batch's
+        forward explicitly (only needed when inputs are not the bundle's
+        tensors, e.g. transformed on the fly)."""
+        self._explicit = [int(i) for i in ids]
+
+    def _covered(self):
+        """Whether the current epoch has drawn all its samples but fewer
+        than b (so a repeat starts the next epoch)."""
+        b = self.bundle
+        return len(self.epoch_ids) >= b.samples - (b.micro_batch - 1)
+
+    def _expected(self):
+        """The scenario's next micro-batch, if the trainer follows its order."""
+        order = self.bundle.order
+        e, k = self.epoch, self.epoch_micro
+        if self._covered():
+            e, k = e + 1, 0
+        flat = [m for w in order[e] for m in w] if e < len(order) else []
+        return flat[k] if k < len(flat) else None
+
+    def _ids_of(self, x):
+        explicit = getattr(self, "_explicit", None)
+        if explicit is not None:
+            self._explicit = None
+            return explicit
+        keys = [self._key(row) for row in x.to(self.bundle.x.dtype)]
+        # Rows that several samples share (identical inputs) are told apart
+        # by the scenario's order when the trainer follows it ...
+        expected = self._expected()
+        if expected is not None and len(expected) == len(keys):
+            pool = list(expected)
+            ids = []
+            for key in keys:
+                pick = next((i for i in pool if i in self._index.get(key, ())), None)
+                if pick is None:
+                    break
+                pool.remove(pick)
+                ids.append(pick)
+            else:
+                return ids
+        # ... else by content, preferring samples not drawn yet this epoch.
+        ids, used = [], set()
+        for key in keys:
+            cands = self._index.get(key)
+            if not cands:
+                return None
+            fresh = [c for c in cands if c not in used]
+            pick = next((c for c in fresh if c not in self.epoch_ids), fresh[0] if fresh else cands[0])
+            if len(cands) > 1 and not all(torch.equal(self.bundle.y[c], self.bundle.y[cands[0]])
+                                          for c in cands):
+                self.ambiguous_ids += 1  # their targets differ: a guess
+            used.add(pick)
+            ids.append(pick)
+        return ids
+
+    # ---- patching
+
+    def _patch(self):
+        rec = self
+        opt, sched, model = self.optimizer, self.scheduler, self.model
+
+        def wrap(obj, attr, before=None, after=None):
+            orig = getattr(obj, attr)
+
+            def f(*a, **k):
+                if before:
+                    before()
+                result = orig(*a, **k)
+                if after:
+                    after()
+                return result
+            if getattr(orig, "_with_counter", False):
+                f._with_counter = True  # LR schedulers' "step was called" check
+            setattr(obj, attr, f)
+
+        wrap(opt, "zero_grad", before=lambda: rec._event("zero_grad"))
+        wrap(model, "zero_grad", before=lambda: rec._event("zero_grad"))
+        wrap(opt, "step", before=rec._before_step, after=rec._after_step)
+        if sched is not None:
+            wrap(sched, "step", after=lambda: rec._event(
+                "scheduler_step", lr=opt.param_groups[0]["lr"]))
+
+        self._hooks = [p.register_hook(self._grad_hook) for p in self.params]
+        self._hooks.append(model.register_forward_pre_hook(self._forward_hook))
+        self._patch_clip()
+
+    def _patch_clip(self):
+        """Swaps clip_grad_norm_'s code for a call to the recorder, keeping a
+        copy of the original function to do the clipping."""
+        f = _clip_module.clip_grad_norm_
+        saved = types.FunctionType(f.__code__, f.__globals__, f.__name__,
+                                   f.__defaults__, f.__closure__)
+        saved.__kwdefaults__ = f.__kwdefaults__
+        rec = self
+
+        def clip(*a, **k):
+            # The gradient it clips must be the one backward left.
+            if rec.snapshot is not None:
+                rec._check_unseen_change(rec._grads(), may_be_clip=False)
+            norm = saved(*a, **k)
+            rec._event("clip", grad_norm=float(norm))
+            rec.snapshot = [g.clone() for g in rec._grads()]
+            return norm
+        self._clip = (f, f.__code__)
+        _clip_module.__dict__["_accumcheck_clip"] = clip
+        f.__code__ = _clip_entry.__code__
+
+    def _unpatch(self):
+        f, code = self._clip
+        f.__code__ = code
+        _clip_module.__dict__.pop("_accumcheck_clip", None)
+        for h in self._hooks:
+            h.remove()
+        for obj, attr in ((self.optimizer, "zero_grad"), (self.optimizer, "step"),
+                          (self.model, "zero_grad"), (self.scheduler, "step")):
+            if obj is not None and attr in obj.__dict__:
+                del obj.__dict__[attr]
+
+    # ---- hooks
+
+    def _forward_hook(self, module, inputs):
+        if not inputs or not torch.is_tensor(inputs[0]):
+            return
+        x = inputs[0]
+        if not torch.is_grad_enabled():
+            self.eval_forwards += 1
+            return
+        rows = int(x.shape[0]) if x.dim() > 0 else 1
+        self.pending_rows += rows
+        ids = self._ids_of(x) if x.dim() > 1 or self.bundle.kind != "token" else None
+        if ids is None:
+            self.pending_ids = None
+        elif self.pending_ids is not None:
+            self.pending_ids.extend(ids)
+
+    def _grad_hook(self, grad):
+        if not self.in_backward:
+            self.in_backward = True
+            self._begin_backward()
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        return None
+
+    def _begin_backward(self):
+        # A gradient zeroed by hand since the last backward (p.grad = None,
+        # p.grad.zero_()) is a zero_grad the recorder did not see called.
+        if self.snapshot is not None and not self.zero_since_backward:
+            now = [p.grad for p in self.params]
+            zeroed = all(g is None or not bool(g.any()) for g in now)
+            was = any(bool(s.any()) for s in self.snapshot)
+            if zeroed and was:
+                self._event("zero_grad")
+                self.notes.append("step %d: gradients zeroed without a zero_grad() call "
+                                  "(seen from the values)" % self.steps)
+
+    def _end_backward(self):
+        self.in_backward = False
+        ids = self.pending_ids
+        samples = self.pending_rows
+        if ids is not None:
+            samples = len(ids)
+            # A new epoch starts when a sample of this epoch is drawn again
+            # after (nearly) every sample was drawn -- all but fewer than b,
+            # what drop_last skips; an earlier repeat is a repeat.
+            new_epoch = self._covered() and any(i in self.epoch_ids for i in ids)
+            if new_epoch:
+                self.epoch += 1
+                self.epoch_ids = set()
+                self.epoch_micro = 0
+            self.epoch_micro += 1
+            self.epoch_ids.update(ids)
+        self._event("forward_backward", samples=samples, ids=ids)
+        self.backwards += 1
+        self.since_step += 1
+        self.pending_ids, self.pending_rows = [], 0
+        self.zero_since_backward = False
+        self.snapshot = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+                         for p in self.params]
+
+    def _grads(self):
+        return [torch.zeros_like(p) if p.grad is None else p.grad.detach()
+                for p in self.params]
+
+    def _before_step(self):
+        self.step_lr = float(self.optimizer.param_groups[0]["lr"])
+        consumed = self._grads()
+        if self.snapshot is not None:
+            self._check_unseen_change(consumed)
+        self._values("grad", consumed)
+
+    def _check_unseen_change(self, consumed, may_be_clip=True):
+        """The gradient about to be consumed (or clipped) against the one
+        the last backward (or clip) left."""
+        acc = self.snapshot
+        if all(torch.equal(a, c) for a, c in zip(acc, consumed)):
+            return
+        num = sum(float((a.double() * c.double()).sum()) for a, c in zip(acc, consumed))
+        den = sum(float((a.double() ** 2).sum()) for a in acc)
+        coef = num / den if den > 0 else 0.0
+        scaled = den > 0 and all(
+            torch.allclose(c.double(), coef * a.double(), rtol=1e-5, atol=1e-30)
+            for a, c in zip(acc, consumed))
+        norm = den ** 0.5
+        if scaled and 0 < coef < 1 and may_be_clip:
+            self._event("clip", grad_norm=norm)
+            self.notes.append(
+                "step %d: clip inferred from the values: the consumed gradient is %.9g x the "
+                "accumulated one (norm %.9g); no clip_grad_norm_ call was seen"
+                % (self.steps, coef, norm))
+        else:
+            self.unseen.append(
+                "step %d: the gradient changed between the last backward and %s "
+                "by something other than a clip_grad_norm_ the recorder saw%s"
+                % (self.steps, "optimizer.step()" if may_be_clip else "clip_grad_norm_",
+                   " (scaled by %.9g)" % coef if scaled else ""))
+
+    def _after_step(self):
+        self._event("optimizer_step", lr=self.step_lr)
+        self.steps += 1
+        self.since_step = 0
+        self._values("param", self.params, step=self.steps - 1)
+
+    # ---- rows
+
+    def _event(self, kind, samples=0, lr=float("nan"), grad_norm=float("nan"), ids=None):
+        # micro: the backward's index within its window for forward_backward
+        # (0-based, counted since the last optimizer step); -1 for the
+        # window-level events (zero_grad, clip, optimizer_step,
+        # scheduler_step), as accumcheck's own traces write them.
+        if kind == "zero_grad":
+            self.zero_since_backward = True
+        micro = self.since_step if kind == "forward_backward" else -1
+        self.events.append((self.run, self.epoch, self.steps, micro, kind, samples,
+                            lr, grad_norm, ids))
+
+    def _values(self, kind, tensors, step=None):
+        step = self.steps if step is None else step
+        for name, t in zip(self.names, tensors):
+            flat = t.detach().reshape(-1).double().tolist()
+            prefix = "%s,%d,%s,%s," % (self.run, step, kind, name)
+            self.values.extend("%s%d,%s\n" % (prefix, i, real(v)) for i, v in enumerate(flat))
+
+    def _event_rows(self):
+        rows = []
+        for run, epoch, step, micro, kind, samples, lr, gn, ids in self.events:
+            rows.append("%s,%d,%d,%d,%s,%d,0,,%s,%s,%s\n" % (
+                run, epoch, step, micro, kind, samples, real(lr), real(gn),
+                " ".join(str(i) for i in ids) if ids else ""))
+        return rows
+
+    def close(self):
+        """Restores the patched calls and writes the trace (atomically, meta last)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._unpatch()
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if self.ambiguous_ids:
+            self.unseen.append("%d input rows matched several samples with identical inputs: "
+                               "their sample ids are a guess" % self.ambiguous_ids)
+        if self.eval_forwards:
+            self.notes.append("%d forward(s) under no_grad (evaluation): not micro-batches"
+                              % self.eval_forwards)
+        dtype = self.params[0].dtype
+        precision = {torch.float32: "float32", torch.float64: "float64"}.get(dtype, str(dtype))
+        meta = [("schema", TRACE_SCHEMA), ("scenario", self.bundle.scenario),
+                ("scenario_digest", self.bundle.digest), ("engine", "pytorch"),
+                ("precision", precision),
+                ("tool_version", "accumcheck_torch-%s torch-%s" % (VERSION, torch.__version__)),
+                ("recorder", "autograd gradient hooks, forward pre-hook, optimizer.step, "
+                             "clip_grad_norm_ code")]
+        if self.notes:
+            meta.append(("notes", " | ".join(self.notes)))
+        if self.unseen:
+            shown = self.unseen[:3] + (["... (%d in all)" % len(self.unseen)]
+                                       if len(self.unseen) > 3 else [])
+            meta.append(("unseen", " | ".join(shown)))
+        write_trace(self.out, meta, self._event_rows(), self.values)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

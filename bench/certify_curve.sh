@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# certify's cost per parameter-step (issue 14), as a curve over MLP sizes,
+# beside the PyTorch trainer's own run of the same steps.
+#
+# For each size: export a scenario (tanh MLP, cross-entropy, Adam, linear
+# schedule, b = 4, K = 4: 16 samples per optimizer step), train it with
+# adapters/pytorch/examples/train_correct.py (the recorder writes the
+# trace), then certify it with the double-double bound on 1 thread and on
+# every core, and (small sizes) with the MPFR bound.  Prints one row per
+# size: parameters, steps, seconds and microseconds per parameter-step.
+# The trace's CSV reading is part of certify's time (it is what a user
+# waits for); `read` is that part alone, measured by certify --steps 0:0.
+#
+#   bash bench/certify_curve.sh            # sizes 1k 10k 100k 1M
+#   SIZES="1k 10k" bash bench/certify_curve.sh
+# Run after scripts/build.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+bin=./build/cli/accumcheck
+py=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+threads=$(getconf _NPROCESSORS_ONLN)
+sizes=${SIZES:-"1k 10k 100k 1M"}
+mpfr_max=${MPFR_MAX_PARAMS:-20000}   # the MPFR bound only up to this size
+
+# size -> widths, steps (parameters x steps kept near 2-10 M)
+shape() {
+  case $1 in
+    1k) echo "16, 48, 4|200" ;;      # 1012 parameters
+    10k) echo "32, 256, 8|100" ;;    # 10504
+    100k) echo "128, 640, 16|20" ;;  # 92816
+    1M) echo "512, 1536, 128|4" ;;   # 984704 (the trace: 8 M CSV rows)
+    *) echo "unknown size $1" >&2; exit 2 ;;
+  esac
+}
+
+# CPU seconds (user + sys) of a command: on a shared machine the wall
+# clock also counts other people's work; `wall` gives the wall clock.
+secs() { /usr/bin/time -f '%U %S' -o "$work/time" bash -c "$* >/dev/null 2>&1" || true
+         awk '{printf "%.2f\n", $1 + $2}' "$work/time"; }
+wall() { /usr/bin/time -f '%e' -o "$work/time" bash -c "$* >/dev/null 2>&1" || true
+         awk '{printf "%.2f\n", $1}' "$work/time"; }
+
+printf '%-5s %7s %5s | %7s %7s | %7s %7s | %7s %7s | %7s %7s | %7s %7s\n' \
+  size params steps "torch" "+record" "dd cpu" "us/p-s" "wall 1t" "wall ${threads}t" \
+  "mpfr cpu" "us/p-s" "read" "judge"
+for size in $sizes; do
+  IFS='|' read -r widths steps <<<"$(shape "$size")"
+  samples=$((steps * 16))
+  dir=$work/$size
+  mkdir -p "$dir"
+  cat >"$dir/s.toml" <<TOML
+story = "bench: certify cost at $size parameters"
+[model]
+widths = [$widths]
+activation = "tanh"
+loss = "cross-entropy"
+[data]
+samples = $samples
+seed = 5
+[batching]
+micro_batch = 4
+accumulation = 4
+epochs = 1
+[optimizer]
+kind = "adam"
+lr = 0.001
+[schedule]
+kind = "linear"
+warmup = 2
+total = $steps
+TOML
+  $bin export "$dir/s.toml" --out "$dir/bundle" >/dev/null 2>&1
+  params=$(tail -n +2 "$dir/bundle/params.csv" 2>/dev/null | wc -l || echo 0)
+  t_rec=$(secs "$py adapters/pytorch/examples/train_correct.py --bundle $dir/bundle --out $dir/trace")
+  t_torch=$($py bench/pytorch_train.py "$dir/bundle" | awk '{print $2}')
+  cert="$bin certify $dir/bundle/scenario.toml --trace $dir/trace --quiet"
+  $cert --threads 1 >"$dir/verdict" 2>&1 || true
+  grep -q '^PASS' "$dir/verdict" || { echo "$size: certify did not pass:" >&2; cat "$dir/verdict" >&2; }
+  t_dd1=$(secs "$cert --threads 1")
+  t_ddn=$(wall "$cert --threads $threads")
+  t_dd1w=$(wall "$cert --threads 1")
+  t_read=$(secs "$cert --threads 1 --steps 0:0")
+  if [ "$params" -le "$mpfr_max" ]; then
+    t_mp=$(secs "$cert --threads 1 --bound-arith mpfr")
+  else
+    t_mp=-
+  fi
+  ups() { [ "$1" = - ] && echo - || $py -c "print(f'{$1 / ($params * $steps) * 1e6:.3f}')"; }
+  judge=$($py -c "print(f'{($t_dd1 - $t_read) / ($params * $steps) * 1e6:.3f}')")
+  printf '%-5s %7s %5s | %7s %7s | %7s %7s | %7s %7s | %7s %7s | %7s %7s\n' \
+    "$size" "$params" "$steps" "$t_torch" "$t_rec" "$t_dd1" "$(ups "$t_dd1")" \
+    "$t_dd1w" "$t_ddn" "$t_mp" "$(ups "$t_mp")" "$t_read" "$judge"
+done

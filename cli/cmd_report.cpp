@@ -1,0 +1,30 @@
+// `accumcheck report`: a trace as one self-contained HTML page
+// (verify/report.hpp).
+#include <cstdio>
+
+#include "cli/commands.hpp"
+#include "sim/atomic_file.hpp"
+#include "verify/report.hpp"
+#include "verify/trace.hpp"
+
+namespace accumcheck::cli {
+
+std::string write_html_report(const std::string& trace_dir,
+                              const std::string& scenario_file,
+                              const std::string& out) {
+  const std::string file = out.empty() ? trace_dir + "/report.html" : out;
+  require_output_file(file, "--out");
+  const Trace t = read_trace(trace_dir);
+  const Scenario s =
+      scenario_of_trace(t, scenario_file, ACCUMCHECK_SCENARIO_DIR);
+  write_output_file(file, report_html(report_data(t, s)), "--out");
+  return file;
+}
+
+int report_command(const ReportOptions& o) {
+  const std::string file = write_html_report(o.trace, o.scenario, o.out);
+  std::printf("report: %s\n", file.c_str());
+  return 0;
+}
+
+}  // namespace accumcheck::cli

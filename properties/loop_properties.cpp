@@ -1,0 +1,185 @@
+// Properties of the pitfalls that change how a loop draws and cuts its
+// windows or when it steps its scheduler: window-boundary-off-by-one,
+// skip-short-micro-batch, scheduler-before-optimizer, scheduler-per-epoch
+// (DESIGN.md section 5).  Each prediction is written from the pitfall's
+// story (which micro-batches a step sums, which lr it uses), not by the
+// trainer switch it checks.
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "properties/generators.hpp"
+#include "properties/harness.hpp"
+#include "sim/lr_schedule.hpp"
+
+namespace accumcheck::properties {
+
+namespace {
+
+using Micro = std::vector<const MicroBatch*>;
+
+// Each epoch's micro-batches in order.
+std::vector<Micro> epoch_micro(const Plan& p) {
+  std::vector<Micro> out;
+  for (const EpochPlan& e : p.epochs) {
+    out.emplace_back();
+    for (const Window& w : e.windows)
+      for (const MicroBatch& m : w.micro) out.back().push_back(&m);
+  }
+  return out;
+}
+
+Parts weighted(const Micro& ms, const std::function<int64_t(int64_t)>& den) {
+  Parts ps;
+  for (const MicroBatch* m : ms)
+    for (const auto& sh : m->shards)
+      if (!sh.empty()) ps.push_back({sh, den(int64_t(sh.size()))});
+  return ps;
+}
+
+int64_t ranks_of(const MicroBatch& m) { return int64_t(m.shards.size()); }
+
+// (micro-batches, epoch) per optimizer step.
+using Groups = std::vector<std::pair<Micro, int64_t>>;
+
+// Each step of `bug` sums exactly groups[i], each item of a shard of b
+// items weighted 1/den(group, b), at the parameters before the step.
+void check_groups(const std::string& name, const Case& c, const Run<R>& bug,
+                  const Groups& groups,
+                  const std::function<int64_t(const Micro&, int64_t b)>& den,
+                  const char* what) {
+  RC_ASSERT(bug.steps.size() == groups.size());
+  for (size_t i = 0; i < bug.steps.size(); ++i) {
+    const Micro& g = groups[i].first;
+    const auto want = predicted(
+        c, theta_before(bug, i, c),
+        weighted(g, [&](int64_t b) { return den(g, b); }), groups[i].second);
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), what);
+  }
+}
+
+// `for i, batch in enumerate(loader): loss / K; backward; if i % K == 0:
+// step; zero_grad` -- each step sums the micro-batches since the last one,
+// the previous epoch's leftovers included (nothing zeroes them), each
+// weighted 1/(K*b_k).
+void window_off_by_one() {
+  const std::string name = "window.off-by-one";
+  Triggers t;
+  t.pitfalls = {Pitfall::window_boundary_off_by_one};
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const int64_t K = s.batching.accumulation;
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::window_boundary_off_by_one}, s.optimizer.lr);
+  Groups groups;
+  Micro carry;
+  const Plan full = materialize(c.plan);
+  const std::vector<Micro> epochs = epoch_micro(full);
+  for (size_t e = 0; e < epochs.size(); ++e)
+    for (size_t i = 0; i < epochs[e].size(); ++i) {
+      carry.push_back(epochs[e][i]);
+      if (int64_t(i) % K == 0) {
+        groups.push_back({carry, int64_t(e)});
+        carry.clear();
+      }
+    }
+  check_groups(
+      name, c, bug, groups,
+      [K](const Micro& g, int64_t b) { return K * b * ranks_of(*g.front()); },
+      "shifted window");
+  record_case(name);
+}
+
+// DataLoader(drop_last=True): each epoch's short last micro-batch never
+// drawn; the rest cut into windows of K, each weighted 1/N_w over what
+// it holds.
+void skip_short_micro_batch() {
+  const std::string name = "data.skip-short-micro-batch";
+  Triggers t;
+  t.pitfalls = {Pitfall::skip_short_micro_batch};
+  t.short_micro = true;
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const int64_t K = s.batching.accumulation;
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::skip_short_micro_batch}, s.optimizer.lr);
+  Groups windows;
+  const Plan full = materialize(c.plan);
+  const std::vector<Micro> epochs = epoch_micro(full);
+  int64_t skipped = 0;
+  for (size_t e = 0; e < epochs.size(); ++e) {
+    Micro ms = epochs[e];
+    bool is_short = false;
+    for (const auto& sh : ms.back()->shards)
+      is_short = is_short || int64_t(sh.size()) < s.batching.micro_batch;
+    if (is_short) {
+      ms.pop_back();
+      ++skipped;
+    }
+    for (size_t at = 0; at < ms.size(); at += size_t(K))
+      windows.push_back({Micro(ms.begin() + std::ptrdiff_t(at),
+                               ms.begin() + std::ptrdiff_t(std::min(
+                                                ms.size(), at + size_t(K)))),
+                         int64_t(e)});
+  }
+  RC_ASSERT(skipped == int64_t(epochs.size()));  // the trigger is present
+  check_groups(
+      name, c, bug, windows,
+      [](const Micro& g, int64_t) {
+        int64_t N = 0;
+        for (const MicroBatch* m : g) N += m->items();
+        return N;
+      },
+      "drawn window");
+  record_case(name);
+}
+
+// Exact lr sequences: scheduler-before-optimizer uses S(t+1) at step t;
+// scheduler-per-epoch uses S(e) at every step of epoch e.
+void scheduler_order() {
+  const std::string name = "scheduler.order";
+  Triggers t;
+  t.schedule = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const double lr = s.optimizer.lr;
+  const Run<R> ahead = c.run(c.plan, {Pitfall::scheduler_before_optimizer}, lr);
+  RC_ASSERT(!ahead.steps.empty());
+  for (size_t i = 0; i < ahead.steps.size(); ++i)
+    RC_ASSERT(ahead.steps[i].lr ==
+              lr * lr_multiplier(s.schedule, int64_t(i) + 1));
+  const Run<R> per_epoch = c.run(c.plan, {Pitfall::scheduler_per_epoch}, lr);
+  for (const auto& st : per_epoch.steps)
+    RC_ASSERT(st.lr == lr * lr_multiplier(s.schedule, st.epoch));
+  record_case(name);
+}
+
+}  // namespace
+
+const std::vector<Property>& loop_properties() {
+  static const std::vector<Property> props = {
+      {"window.off-by-one", "oracle",
+       "window-boundary-off-by-one: each step sums the micro-batches since "
+       "the last `i % K == 0`, leftovers of the previous epoch included, "
+       "each weighted 1/(K*b_k)",
+       window_off_by_one},
+      {"data.skip-short-micro-batch", "oracle",
+       "skip-short-micro-batch: the short last micro-batch of every epoch "
+       "never contributes; the rest is windowed by K at 1/N_w",
+       skip_short_micro_batch},
+      {"scheduler.order", "oracle",
+       "scheduler-before-optimizer uses S(t+1) at step t; "
+       "scheduler-per-epoch uses S(epoch)",
+       scheduler_order},
+  };
+  return props;
+}
+
+}  // namespace accumcheck::properties

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs each libFuzzer target in build-asan/fuzz (scripts/check-hardened.sh
+# builds them) for SECONDS seconds (default 60), one after another, from
+# its seed corpus fuzz/corpus/<target>.  New inputs go to a scratch corpus
+# build-asan/fuzz-corpus/<target> (kept between runs, never committed);
+# a crash leaves its input in build-asan/fuzz-artifacts/ and fails.
+#   bash scripts/fuzz.sh 60              # every target, 60 s each
+#   bash scripts/fuzz.sh 3600 trace      # one target for an hour
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(scenario trace data_csv)
+[ "$seconds" -gt 0 ] || { echo "fuzz: skipped (0 s)"; exit 0; }
+source scripts/sanitizer-env.sh
+mkdir -p build-asan/fuzz-artifacts
+for t in "${targets[@]}"; do
+  bin=build-asan/fuzz/fuzz_$t
+  [ -x "$bin" ] || { echo "fuzz: $bin missing: run scripts/check-hardened.sh"; exit 1; }
+  mkdir -p "build-asan/fuzz-corpus/$t"
+  log=build-asan/fuzz-$t.log
+  if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix=build-asan/fuzz-artifacts/"$t"- \
+      "build-asan/fuzz-corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
+    tail -n 60 "$log"
+    echo "fuzz: $t FAILED (input in build-asan/fuzz-artifacts/)"
+    exit 1
+  fi
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
+  cov=$(grep -E '^#[0-9]+.*(DONE|INITED).*cov: ' "$log" | tail -n 1 | sed -E 's/.*cov: ([0-9]+).*/\1/')
+  echo "fuzz: $t: $runs executions in $seconds s ($rate exec/s), coverage $cov edges, no crash"
+done

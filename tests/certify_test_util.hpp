@@ -1,0 +1,63 @@
+// Traces for the certify tests: `accumcheck run --engine device` runs of
+// scenarios/certify-mlp.toml, written as the trace of that one run.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "gpu/emulated.hpp"
+#include "sim/data.hpp"
+#include "sim/experiment.hpp"
+#include "sim/layout.hpp"
+#include "sim/scenario_parse.hpp"
+#include "verify/export.hpp"
+#include "verify/trace.hpp"
+
+namespace accumcheck::certify_test {
+
+namespace fs = std::filesystem;
+
+inline const std::string kScenario =
+    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/certify-mlp.toml";
+
+inline std::string temp_dir(const std::string& name) {
+  const std::string d =
+      ::testing::TempDir() + "accumcheck_certify_test/" + name;
+  fs::remove_all(d);
+  fs::create_directories(fs::path(d).parent_path());
+  return d;
+}
+
+// The device engine's trainer run of `s` (with `pitfalls`), as a trace of
+// that one run, the way `accumcheck run --engine device` writes it.
+inline std::string device_trace(const std::string& name,
+                                const std::vector<Pitfall>& pitfalls,
+                                const std::string& file = kScenario) {
+  Scenario s = parse_scenario_file(file);
+  s.trainer.pitfalls = pitfalls;
+  const Dataset data = make_dataset(s);
+  const ParamLayout layout = layout_of(s.model);
+  const std::vector<float> init = initial_parameters(s, layout);
+  EmulatedExecutor exec;
+  const auto x = run_experiment(s, [&] {
+    return std::make_unique<Device<EmulatedExecutor>>(s.model, data, init,
+                                                      exec);
+  });
+  TraceWriter w(s.name, s.digest, "device-emulated", "float32");
+  add_run(w, x.trainer, layout);
+  const std::string dir = temp_dir(name);
+  write_trace(dir, w);
+  return dir;
+}
+
+inline const Scenario& scenario() {
+  static const Scenario s = parse_scenario_file(kScenario);
+  return s;
+}
+
+}  // namespace accumcheck::certify_test

@@ -1,0 +1,323 @@
+// The pitfall catalog by NAME, the way users and scenario files spell it:
+//  - each id maps to the Behavior fields DESIGN.md section 5 describes (so
+//    two ids swapped in sim/pitfalls.cpp fail here, not only in the
+//    PyTorch tests);
+//  - each pitfall's own scenario (scenarios/<id>.toml), parsed and run
+//    through the one Trainer on the NullEngine, gives per window the call
+//    signature that id stands for, written here from the id alone;
+//  - the correct window gradient of a token model equals a sum computed
+//    here, outside the Trainer and the engines, over loss-bearing tokens
+//    only, divided by the window's token count N_w (counting padding in
+//    N_w fails it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hole_test_util.hpp"
+#include "oracle/error_model.hpp"
+#include "oracle/oracle.hpp"
+#include "sim/data.hpp"
+#include "sim/layout.hpp"
+#include "sim/pitfalls.hpp"
+#include "sim/plan.hpp"
+#include "sim/scenario_parse.hpp"
+#include "sim/trainer.hpp"
+#include "verify/null_engine.hpp"
+
+namespace accumcheck {
+namespace {
+
+const std::string kScenarios =
+    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/";
+
+// ------------------------------------------------ name -> Behavior table
+
+struct Expected {
+  const char* id;
+  Behavior b;
+};
+
+Behavior with(auto&& edit) {
+  Behavior b;
+  edit(b);
+  return b;
+}
+
+// Written from DESIGN.md section 5, field by field.
+const Expected kTable[] = {
+    {"no-loss-normalization",
+     with([](Behavior& b) { b.normalization = Normalization::micro_mean; })},
+    {"sample-mean-of-means", with([](Behavior& b) {
+       b.normalization = Normalization::micro_mean_over_window_micros;
+     })},
+    {"token-mean-of-means", with([](Behavior& b) {
+       b.normalization = Normalization::micro_mean_over_window_micros;
+     })},
+    {"zero-grad-every-micro-step",
+     with([](Behavior& b) { b.zero_grad = ZeroGradTiming::every_micro_step; })},
+    {"seed-002-loop", with([](Behavior& b) {
+       b.seed_002_loop = true;
+       b.normalization = Normalization::micro_mean_over_k;
+     })},
+    {"zero-grad-never",
+     with([](Behavior& b) { b.zero_grad = ZeroGradTiming::never; })},
+    {"step-every-micro-step",
+     with([](Behavior& b) { b.step_every_micro_step = true; })},
+    {"partial-cycle-scale-by-k",
+     with([](Behavior& b) { b.partial_scale_by_k = true; })},
+    {"partial-cycle-drop",
+     with([](Behavior& b) { b.partial = PartialWindow::drop; })},
+    {"partial-cycle-leak", with([](Behavior& b) {
+       b.partial = PartialWindow::leak;
+       b.partial_scale_by_k = true;
+     })},
+    {"scheduler-per-micro-step",
+     with([](Behavior& b) { b.scheduler_per_micro_step = true; })},
+    {"schedule-horizon-in-micro-steps",
+     with([](Behavior& b) { b.schedule_horizon_in_micro_steps = true; })},
+    {"clip-per-micro-step",
+     with([](Behavior& b) { b.clip_per_micro_step = true; })},
+    {"l2-in-loss-unnormalized",
+     with([](Behavior& b) { b.l2_unnormalized = true; })},
+};
+
+TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {
+  ASSERT_EQ(std::size(kTable), std::size(kAllPitfalls))
+      << "a pitfall was added or removed: give it a row here";
+  for (const Expected& e : kTable) {
+    const std::optional<Pitfall> p = pitfall_from_id(e.id);
+    ASSERT_TRUE(p) << e.id << " is not in the catalog";
+    EXPECT_EQ(pitfall_id(*p), e.id);
+    EXPECT_TRUE(behavior_of({*p}) == e.b)
+        << e.id << " does not switch the fields DESIGN.md describes";
+    EXPECT_EQ(semantics_name({*p}), e.id);
+  }
+  EXPECT_TRUE(behavior_of({}) == Behavior{}) << "correct is the default";
+  EXPECT_FALSE(pitfall_from_id("correct"));
+}
+
+// Every behaviour but the two mean-of-means names (one switch, named for
+// the loss) is distinct, so no id can stand in for another.
+TEST(PitfallCatalog, BehaviorsAreDistinct) {
+  for (const Expected& a : kTable)
+    for (const Expected& b : kTable) {
+      if (&a == &b) continue;
+      const bool same_switch =
+          std::string_view(a.id).ends_with("-mean-of-means") &&
+          std::string_view(b.id).ends_with("-mean-of-means");
+      EXPECT_EQ(a.b == b.b, same_switch) << a.id << " vs " << b.id;
+    }
+}
+
+// ----------------------------------- per-window signatures of scenarios
+
+// Z zero_grad, F forward_backward (one per non-empty rank shard), C clip,
+// O optimizer_step, S scheduler_step.
+std::string letters(const std::vector<Event>& events) {
+  std::string p;
+  for (const Event& e : events) p += "ZFCOS"[static_cast<int>(e.kind)];
+  return p;
+}
+
+struct WindowShape {
+  std::vector<int64_t> f;  // forward_backward calls per micro-step
+  bool partial = false;
+  bool last_of_epoch = false;
+  int64_t epoch_micro_steps = 0, K = 1;
+  bool clip = false;
+};
+
+// What the trainer called `id` does in one window, from the id alone.
+std::string expected_signature(std::string_view id, const WindowShape& w) {
+  const std::string C = w.clip ? "C" : "";
+  const size_t n = w.f.size();
+  auto F = [&](size_t k) { return std::string(size_t(w.f[k]), 'F'); };
+  std::string s;
+  if (id == "zero-grad-every-micro-step") {
+    for (size_t k = 0; k < n; ++k) s += "Z" + F(k);
+    return s + C + "OS";
+  }
+  if (id == "zero-grad-never") {
+    for (size_t k = 0; k < n; ++k) s += F(k);
+    return s + C + "OS";
+  }
+  if (id == "step-every-micro-step") {
+    for (size_t k = 0; k < n; ++k) s += F(k) + C + "O";
+    return s + "SZ";
+  }
+  if (id == "scheduler-per-micro-step") {
+    for (size_t k = 0; k < n; ++k)
+      s += F(k) + (k + 1 == n ? C + "OZ" : "") + "S";
+    return s;
+  }
+  if (id == "clip-per-micro-step") {
+    for (size_t k = 0; k < n; ++k) s += F(k) + C;
+    return s + "OSZ";
+  }
+  if (id == "seed-002-loop") {
+    for (size_t k = 0; k < n; ++k) s += "Z" + F(k);
+    if (w.last_of_epoch && w.epoch_micro_steps % w.K == 0) s += C + "OSZ";
+    return s;
+  }
+  for (size_t k = 0; k < n; ++k) s += F(k);
+  if (w.partial && id == "partial-cycle-drop") return s + "Z";
+  if (w.partial && id == "partial-cycle-leak") return s;
+  // The correct pattern: every pitfall that changes only values.
+  return s + C + "OSZ";
+}
+
+void check_signatures(const std::string& id, bool force_clip) {
+  Scenario s = parse_scenario_file(kScenarios + id + ".toml");
+  if (force_clip) {
+    s.clip.enabled = true;
+    s.clip.max_norm = 1.0;
+  }
+  ASSERT_EQ(s.trainer.pitfalls.size(), 1u) << id;
+  ASSERT_LT(s.batching.max_steps, 0) << id << ": every window must run";
+  const Plan plan = make_plan(s);
+  NullEngine e;
+  Trainer<NullEngine> t(e, s, behavior_of(s.trainer.pitfalls), base_lr(s));
+  TrainerCounters counters;
+  int64_t global = 0;
+  bool saw_partial = false;
+  for (size_t ep = 0; ep < plan.epochs.size(); ++ep) {
+    const EpochPlan& epoch = plan.epochs[ep];
+    for (size_t wi = 0; wi < epoch.windows.size(); ++wi, ++global) {
+      const Window& w = epoch.windows[wi];
+      WindowShape shape;
+      for (const MicroBatch& m : w.micro) {
+        int64_t f = 0;
+        for (const auto& shard : m.shards) f += shard.empty() ? 0 : 1;
+        shape.f.push_back(f);
+      }
+      shape.partial = w.partial;
+      shape.last_of_epoch = wi + 1 == epoch.windows.size();
+      shape.epoch_micro_steps = epoch.micro_steps();
+      shape.K = plan.accumulation;
+      shape.clip = s.clip.enabled;
+      saw_partial |= w.partial;
+      const Run<double> run =
+          t.run_window(w, plan.accumulation, counters, shape.last_of_epoch,
+                       shape.epoch_micro_steps);
+      counters = t.counters();
+      ASSERT_EQ(letters(run.events), expected_signature(id, shape))
+          << id << (force_clip ? " (clip on)" : "") << ": window " << global
+          << " (epoch " << ep << ", " << w.micro.size() << " micro-batches"
+          << (w.partial ? ", partial" : "") << ")";
+    }
+  }
+  if (id.starts_with("partial-cycle")) {
+    EXPECT_TRUE(saw_partial) << id << "'s scenario must have a partial window";
+  }
+}
+
+TEST(PitfallCatalog, EachPitfallScenarioHasItsSignaturePerWindow) {
+  for (const Expected& e : kTable) {
+    SCOPED_TRACE(e.id);
+    check_signatures(e.id, false);
+    check_signatures(e.id, true);
+  }
+}
+
+// ---------------------- token N_w: the window gradient computed by hand
+
+using R = OracleReal;
+
+// The gradient of the first window of `s` (correct semantics) computed
+// here: embedding -> Linear -> per-token cross-entropy, summed over the
+// window's loss-bearing tokens (targets other than ignore_index) and
+// divided by their count.  Plain loops over the dataset; nothing from the
+// Trainer or an engine.
+std::vector<R> window_gradient_by_hand(const Scenario& s, const Dataset& d,
+                                       const std::vector<float>& p,
+                                       const Window& w, int64_t& tokens) {
+  const ParamLayout L = layout_of(s.model);
+  const int64_t V = s.model.widths.back(), D = s.model.widths.front();
+  const int64_t emb = L.tensors[0].offset, W = L.tensors[1].offset,
+                bias = L.tensors[2].offset;
+  std::vector<R> g(size_t(L.total), R(0));
+  tokens = 0;
+  for (const MicroBatch& m : w.micro)
+    for (const auto& shard : m.shards)
+      for (int64_t id : shard)
+        for (int64_t t = 0; t < d.max_len; ++t)
+          if (d.token_targets[size_t(id * d.max_len + t)] !=
+              Dataset::kIgnoreIndex)
+            ++tokens;
+  for (const MicroBatch& m : w.micro)
+    for (const auto& shard : m.shards)
+      for (int64_t id : shard)
+        for (int64_t t = 0; t < d.max_len; ++t) {
+          const size_t at = size_t(id * d.max_len + t);
+          const int32_t target = d.token_targets[at];
+          if (target == Dataset::kIgnoreIndex) continue;
+          const int64_t tok = d.tokens[at];
+          std::vector<R> z(static_cast<size_t>(V)), dz(static_cast<size_t>(V));
+          R zmax(-1e300), sum(0);
+          for (int64_t j = 0; j < V; ++j) {
+            R acc = R(p[size_t(bias + j)]);
+            for (int64_t i = 0; i < D; ++i)
+              acc +=
+                  R(p[size_t(W + j * D + i)]) * R(p[size_t(emb + tok * D + i)]);
+            z[size_t(j)] = acc;
+            if (zmax < acc) zmax = acc;
+          }
+          for (int64_t j = 0; j < V; ++j) sum += R(exp(R(z[size_t(j)] - zmax)));
+          for (int64_t j = 0; j < V; ++j)
+            dz[size_t(j)] = R(exp(R(z[size_t(j)] - zmax))) / sum -
+                            (j == target ? R(1) : R(0));
+          for (int64_t j = 0; j < V; ++j) {
+            g[size_t(bias + j)] += dz[size_t(j)];
+            for (int64_t i = 0; i < D; ++i) {
+              g[size_t(W + j * D + i)] +=
+                  dz[size_t(j)] * R(p[size_t(emb + tok * D + i)]);
+              g[size_t(emb + tok * D + i)] +=
+                  dz[size_t(j)] * R(p[size_t(W + j * D + i)]);
+            }
+          }
+        }
+  for (R& x : g) x /= R(tokens);
+  return g;
+}
+
+TEST(TokenWindowGradient, EqualsTheSumOverLossBearingTokensOverTokenCount) {
+  for (const char* file :
+       {"token-mean-of-means", "token-mean-of-means-fixed"}) {
+    SCOPED_TRACE(file);
+    Scenario s = parse_scenario_file(kScenarios + file + ".toml");
+    ASSERT_EQ(s.model.kind, ModelKind::token);
+    s.trainer.pitfalls.clear();  // the correct trainer
+    s.clip.enabled = false;      // the raw accumulated gradient
+    s.optimizer.l2_in_loss = 0;
+    s.optimizer.weight_decay = 0;
+    const Dataset d = make_dataset(s);
+    const std::vector<float> p = initial_parameters(s, layout_of(s.model));
+    const Plan plan = make_plan(s);
+    const Window& w = plan.epochs.at(0).windows.at(0);
+
+    int64_t tokens = 0;
+    const std::vector<R> want = window_gradient_by_hand(s, d, p, w, tokens);
+    // Padding exists in this window, so counting it would change N_w.
+    int64_t positions = 0;
+    for (const MicroBatch& m : w.micro)
+      for (const auto& shard : m.shards)
+        positions += int64_t(shard.size()) * d.max_len;
+    if (std::string_view(file) == "token-mean-of-means") {
+      ASSERT_LT(tokens, positions) << "the window must hold padding";
+    }
+
+    const std::vector<R> got = hole_test::first_step_gradient(s, d, p);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LE(hole_test::max_relative_difference(got, want),
+              error_model::oracle_tolerance(oracle_digits()))
+        << "the window gradient is not sum(token gradients) / N_w with N_w = "
+        << tokens << " loss-bearing tokens (" << positions
+        << " positions with padding)";
+  }
+}
+
+}  // namespace
+}  // namespace accumcheck

@@ -1,0 +1,14 @@
+// The window-cutting, drawing and scheduler-order properties of
+// properties/loop_properties.cpp as RC_GTEST_PROP tests.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "properties/harness.hpp"
+
+namespace accumcheck::properties {
+RC_GTEST_PROP(Loop, WindowOffByOne, ()) { run_property("window.off-by-one"); }
+RC_GTEST_PROP(Loop, SkipShortMicroBatch, ()) {
+  run_property("data.skip-short-micro-batch");
+}
+RC_GTEST_PROP(Loop, SchedulerOrder, ()) { run_property("scheduler.order"); }
+}  // namespace accumcheck::properties
