@@ -26,7 +26,8 @@ Scenario five_micro_batches(int64_t samples = 5) {
   return s;
 }
 
-std::string pattern_of(const Scenario& s, const std::vector<Pitfall>& pitfalls) {
+std::string pattern_of(const Scenario& s,
+                       const std::vector<Pitfall>& pitfalls) {
   NullEngine e;
   Trainer<NullEngine> t(e, s, behavior_of(pitfalls), 0.1);
   const Run<double> run = t.run(make_plan(s), "x");
@@ -64,8 +65,8 @@ std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5,
 }
 
 // The same over R ranks (R times the samples: every rank sees `samples`).
-std::string ranks_pattern(const std::vector<Pitfall>& pitfalls,
-                          int64_t samples, int64_t ranks) {
+std::string ranks_pattern(const std::vector<Pitfall>& pitfalls, int64_t samples,
+                          int64_t ranks) {
   Scenario s = five_micro_batches(samples * ranks);
   s.batching.ranks = ranks;
   return pattern_of(s, pitfalls);
@@ -190,7 +191,8 @@ TEST(TrainerEvents, TwoRanks) {
             "FFACCOOSSSSZZ")
       << "R scheduler.step() calls on each rank";
   for (Pitfall p : {Pitfall::ddp_uneven_shards, Pitfall::ddp_clip_local_norm})
-    EXPECT_EQ(ranks_pattern({p}, 5, 2), ranks_pattern({}, 5, 2)) << pitfall_id(p);
+    EXPECT_EQ(ranks_pattern({p}, 5, 2), ranks_pattern({}, 5, 2))
+        << pitfall_id(p);
 }
 
 TEST(TrainerEvents, Seed002LoopStepsOncePerEpochWhenKDivides) {

@@ -2,9 +2,9 @@
 // stages in order, each in a file of its own (verify/certify_stages.hpp).
 #include "verify/certify.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "sim/errors.hpp"
@@ -61,16 +61,21 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   r.first_out = acc_d.first_out;
   judge_accepted(acc, r);
   check_ranks(L, layout, r);
+  auto check = [](std::string name, bool ok, std::string message) {
+    CertifyCheck c;
+    c.name = std::move(name);
+    c.ok = ok;
+    c.message = std::move(message);
+    return c;
+  };
   if (drawn.known)
-    r.checks.push_back(
-        {"order and coverage", drawn.ok, false, false, drawn.message, -1, {}, {}});
+    r.checks.push_back(check("order and coverage", drawn.ok, drawn.message));
   else
     r.notes.push_back(drawn.message);
   const LrChannel lr = check_lr(s, plan, *L.run, accepted_b);
   if (lr.checked)
-    r.checks.push_back({"lr", lr.ok, false, false,
-                        lr.ok ? lr.message : lr.message + "; " + lr.evidence,
-                        -1, {}, {}});
+    r.checks.push_back(check(
+        "lr", lr.ok, lr.ok ? lr.message : lr.message + "; " + lr.evidence));
   else
     r.notes.push_back(lr.message);
 

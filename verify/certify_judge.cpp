@@ -34,7 +34,9 @@ class Watched {
   using Real = typename Inner::Real;
   // `ranks`: every rank calls optimizer_step once per optimizer step.
   Watched(Inner& in, StepRange range, bool stateful, int64_t ranks)
-      : in_(in), range_(range), stateful_(stateful),
+      : in_(in),
+        range_(range),
+        stateful_(stateful),
         ranks_(std::max<int64_t>(ranks, 1)) {}
   // Whether the current micro-batches feed a judged step.
   bool live() const { return range_.contains(steps()); }

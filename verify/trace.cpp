@@ -468,7 +468,8 @@ Trace read_trace(const std::string& dir) {
     Reader<7> r(f.bytes);
     f.read_header_flags(r, io::ignore_missing_column, kValuesHeader, "run",
                         "step", "kind", "tensor", "index", "value", "rank");
-    for (std::string_view c : {"run", "step", "kind", "tensor", "index", "value"})
+    for (std::string_view c :
+         {"run", "step", "kind", "tensor", "index", "value"})
       if (!r.has_column(std::string(c)))
         f.fail(1, c,
                fmt::format("missing column '{}'; expected the header {}", c,
