@@ -49,7 +49,8 @@ TEST(SecondGuard, ClipCoefficientHasTheEpsilonInItsDenominator) {
   const Dataset d = make_dataset(s);
   const std::vector<float> p = initial_parameters(s, layout_of(s.model));
   const Plan plan = make_plan(s);
-  const Window& w = plan.epochs.at(0).windows.at(0);
+  const EpochPlan first = plan.epoch(0);  // built or lazy
+  const Window& w = first.windows.at(0);
 
   // The window accumulated on a bare oracle: correct weights 1/N_w.
   Oracle<R> bare(s.model, d, p);

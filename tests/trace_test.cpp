@@ -189,7 +189,7 @@ TEST(Trace, RanksRoundTrip) {
   add_run(w, r, L);
   write_trace(dir, w);
   EXPECT_NE(read_file_bytes(dir + "/events.csv", "trace_bytes")
-                .find("grad_norm,rank\n"),
+                .find("grad_norm,sample_ids,rank\n"),
             std::string::npos);
   const Trace t = read_trace(dir);
   const TraceRun& run = *t.run("ddp");

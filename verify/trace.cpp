@@ -145,11 +145,11 @@ void TraceWriter::add_event(const Event& e) {
   append_real(o, e.lr);
   o += ',';
   append_real(o, e.grad_norm);
-  if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", e.rank);
   o += ',';
   for (size_t i = 0; i < e.sample_ids.size(); ++i)
     fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "",
                    e.sample_ids[i]);
+  if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", e.rank);
   o += '\n';
 }
 
