@@ -35,6 +35,7 @@ void write_runs(const std::string& dir, const Scenario& s,
                 const std::string& engine, const std::string& precision,
                 const std::string& executor = "") {
   TraceWriter w(s.name, s.digest, engine, precision);
+  if (s.batching.ranks > 1) w.with_ranks();
   // Determinism holds per machine, BLAS, GPU architecture and toolkit:
   // the trace says which.
   if (!executor.empty()) w.add_meta("executor", executor);

@@ -69,7 +69,7 @@ class Device {
   void zero_grad();
   int64_t items(const std::vector<int64_t>& ids) const;
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
-  float forward_backward(const std::vector<int64_t>& ids, int64_t weight_den);
+  float forward_backward(const std::vector<int64_t>& ids, LossWeight weight);
   void add_l2(double lambda, int64_t den);
   float grad_norm();
   void scale_grads(float f);

@@ -404,15 +404,16 @@ void Device<Exec>::zero_grad() {
 
 template <class Exec>
 float Device<Exec>::forward_backward(const std::vector<int64_t>& ids,
-                                     int64_t weight_den) {
-  if (weight_den < 1)
-    device_detail::bad("weight_den must be >= 1, got " +
-                       std::to_string(weight_den));
+                                     LossWeight weight) {
+  if (weight.den < 1 || weight.num < 1)
+    device_detail::bad("loss weight num/den must be >= 1, got " +
+                       std::to_string(weight.num) + "/" +
+                       std::to_string(weight.den));
   if (ids.empty()) return 0.0f;
   const float sum = forward_and_loss(ids, true);
-  // w = 1/den, one correctly rounded float division (as loss / den's
+  // w = num/den, one correctly rounded float division (as loss / den's
   // backward gives in PyTorch); exact for den <= 2^24 a power of two.
-  backward(rows_, 1.0f / float(weight_den));
+  backward(rows_, float(weight.num) / float(weight.den));
   return sum;
 }
 

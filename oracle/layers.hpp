@@ -16,6 +16,7 @@
 
 #include "oracle/real.hpp"
 #include "oracle/tracked.hpp"
+#include "sim/engine.hpp"
 #include "sim/layout.hpp"
 #include "sim/rng.hpp"
 #include "sim/scenario.hpp"
@@ -168,12 +169,12 @@ void mse_loss_forward(T* loss, T* diff, const T* y, const T* target, int64_t B,
   }
 }
 
-// dy[b, j] = (y - t) * scale, scale = 2 / (d * den)      (SETS)
+// dy[b, j] = (y - t) * scale, scale = 2 num / (d * den)      (SETS)
 // (scale: one float division of exact integers)
 template <class T>
 void mse_loss_backward(T* dy, const T* y, const T* target, int64_t B, int64_t d,
-                       int64_t den) {
-  const T scale = trainer_loss_weight(T(2) / (T(d) * T(den)));
+                       LossWeight w) {
+  const T scale = trainer_loss_weight(T(2 * w.num) / (T(d) * T(w.den)), w.num);
   for (int64_t i = 0; i < B * d; ++i) {
     dy[i] = y[i];
     dy[i] -= target[i];
@@ -207,11 +208,11 @@ void cross_entropy_forward(T* loss, T* probs, const T* y, const int32_t* labels,
   }
 }
 
-// dy[b, j] = (probs[b, j] - [j == label]) * w,  w = 1 / den   (SETS)
+// dy[b, j] = (probs[b, j] - [j == label]) * w,  w = num / den   (SETS)
 template <class T>
 void cross_entropy_backward(T* dy, const T* probs, const int32_t* labels,
-                            int64_t B, int64_t C, int64_t den) {
-  const T w = trainer_loss_weight(T(1) / T(den));
+                            int64_t B, int64_t C, LossWeight weight) {
+  const T w = trainer_loss_weight(T(weight.num) / T(weight.den), weight.num);
   const T one = T(1);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < C; ++j) {

@@ -53,7 +53,7 @@ class Oracle {
 
   void zero_grad();
   int64_t items(const std::vector<int64_t>& ids) const;
-  T forward_backward(const std::vector<int64_t>& ids, int64_t weight_den);
+  T forward_backward(const std::vector<int64_t>& ids, LossWeight weight);
   void add_l2(double lambda, int64_t den);
   T grad_norm() const;
   void scale_grads(const T& f);
@@ -348,9 +348,9 @@ T Oracle<T>::loss(const std::vector<int64_t>& ids) {
 
 template <class T>
 T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
-                              int64_t weight_den) {
-  if (weight_den < 1)
-    throw std::invalid_argument("oracle: weight_den must be >= 1");
+                              LossWeight weight) {
+  if (weight.den < 1 || weight.num < 1)
+    throw std::invalid_argument("oracle: loss weight num/den must be >= 1");
   if (ids.empty()) return T(0);
   const int64_t B = forward(ids, true);
   const auto& w = model_.widths;
@@ -358,10 +358,10 @@ T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
   T total = loss_sum(B);
   if (model_.loss == LossKind::mse)
     mse_loss_backward(dz_[L].data(), z_[L].data(), target_.data(), B, w[L],
-                      weight_den);
+                      weight);
   else
     cross_entropy_backward(dz_[L].data(), probs_.data(), labels_.data(), B,
-                           w[L], weight_den);
+                           w[L], weight);
   const bool token = model_.kind == ModelKind::token;
   for (size_t l = L; l-- > 0;) {
     linear_backward(l > 0 || token ? da_[l].data() : nullptr,

@@ -686,18 +686,23 @@ struct Num<Tracked<B>> {
 // correct trainer is not failed for where it rounds its loss scale.  A
 // weight that is exact (bound 0) is a power of two with power-of-two
 // factors, exact in every order, and stays exact.
+// A DDP rank's weight R/N_w (num = R, sim/engine.hpp LossWeight) is formed
+// as (1/N_w) * R: one factor more, four roundings, (1+u)^4 - 1 <
+// 4.0000001 u, unless R is a power of two (then that factor is exact).
 template <class T>
-T trainer_loss_weight(const T& w) {
+T trainer_loss_weight(const T& w, int64_t = 1) {
   return w;
 }
 template <class B>
-Tracked<B> trainer_loss_weight(const Tracked<B>& w) {
+Tracked<B> trainer_loss_weight(const Tracked<B>& w, int64_t num = 1) {
   using std::abs;
   Tracked<B> r = w;
   // An exact weight (d, b and K powers of two) is exact in every order.
   if (r.e == B(0)) return r;
-  const B three_roundings = B(3.0000001) * tracked_detail::unit<B>() * abs(w.v);
-  if (r.e < three_roundings) r.e = three_roundings;
+  const bool pow2 = num > 0 && (num & (num - 1)) == 0;
+  const B roundings =
+      B(pow2 ? 3.0000001 : 4.0000001) * tracked_detail::unit<B>() * abs(w.v);
+  if (r.e < roundings) r.e = roundings;
   return r;
 }
 

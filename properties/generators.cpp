@@ -20,6 +20,8 @@ Gen<double> dyadic_real(int m_lo, int m_hi, int e_lo, int e_hi) {
 
 namespace {
 
+Gen<Scenario> scenario_one_rank(const Triggers& t);
+
 struct Shape {
   int64_t b = 1, K = 1, n = 1;
 };
@@ -62,7 +64,45 @@ Gen<Shape> shape(const Triggers& t) {
 
 }  // namespace
 
+// R ranks over a one-rank case: n' = R*n - d, d in [0, R-1], so that
+// ceil(n'/R) = n (DistributedSampler's shard of the longest rank keeps the
+// drawn window structure); bitwise cases keep full windows (d = 0).
+namespace {
+Gen<Scenario> with_ranks(const Triggers& t, Scenario s) {
+  if (t.max_ranks <= 1) return gen::just(s);
+  const bool bitwise = s.data.dyadic;
+  return gen::mapcat(
+      gen::inRange<int64_t>(std::max(1, t.min_ranks), t.max_ranks + 1),
+      [t, s, bitwise](int64_t R) {
+        // n' >= R: every rank holds a sample under drop-last too.
+        const int64_t n = s.data.samples;
+        const int64_t d_hi =
+            bitwise || R == 1 ? 0 : std::min(R - 1, R * (n - 1));
+        const int64_t d_lo = std::min<int64_t>(t.uneven_shards ? 1 : 0, d_hi);
+        return gen::apply(
+            [s, R](int64_t d, Sampler sampler) {
+              Scenario r = s;
+              r.batching.ranks = R;
+              r.data.samples = R * s.data.samples - d;
+              r.batching.sampler = sampler;
+              return r;
+            },
+            gen::inRange<int64_t>(d_lo, d_hi + 1),
+            t.sampler ? gen::just(*t.sampler)
+                      : gen::element(Sampler::pad, Sampler::drop_last,
+                                     Sampler::split));
+      });
+}
+
+}  // namespace
+
 Gen<Scenario> scenario(const Triggers& t) {
+  return gen::mapcat(scenario_one_rank(t),
+                     [t](Scenario s) { return with_ranks(t, s); });
+}
+
+namespace {
+Gen<Scenario> scenario_one_rank(const Triggers& t) {
   return gen::mapcat(shape(t), [t](Shape sh) {
     const bool bitwise = t.dyadic_bitwise;
     Gen<Activation> act =
@@ -145,6 +185,8 @@ Gen<Scenario> scenario(const Triggers& t) {
         gen::arbitrary<bool>(), gen::inRange<int64_t>(1, 3));
   });
 }
+
+}  // namespace
 
 }  // namespace accumcheck::properties
 

@@ -9,6 +9,7 @@
 #include <rapidcheck.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "sim/scenario.hpp"
@@ -32,6 +33,13 @@ struct Triggers {
   bool single_epoch = false;
   bool k_power_of_two = false;  // K in {2, 4}
   int max_width = 16;           // layer widths drawn in 1..16
+  // Data-parallel ranks R drawn in min_ranks..max_ranks (samples scaled
+  // so each rank's shard keeps the window structure above); the sampler
+  // drawn among pad, drop-last and split unless `sampler` is set.
+  int min_ranks = 1, max_ranks = 1;
+  std::optional<Sampler> sampler;
+  bool uneven_shards = false;  // R does not divide n (sampler split: the
+                               // ranks' shards differ in size)
   // Written into [trainer] so a counterexample file replays the pitfall.
   std::vector<Pitfall> pitfalls;
 };

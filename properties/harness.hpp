@@ -99,13 +99,16 @@ struct Property {
 const std::vector<Property>& oracle_properties();
 // BatchNorm, LayerNorm, token losses, dropout (properties/norm_properties.cpp).
 const std::vector<Property>& norm_properties();
+// Data parallelism: R ranks, repartition, DDP pitfalls
+// (properties/ddp_properties.cpp).
+const std::vector<Property>& ddp_properties();
 // K per epoch (properties/ramp_properties.cpp).
 const std::vector<Property>& ramp_properties();
 // Window cutting, drawing and scheduler order (properties/loop_properties.cpp).
 const std::vector<Property>& loop_properties();
 // The coefficient engine against the oracle (properties/contract_properties.cpp).
 const std::vector<Property>& contract_properties();
-// Every property: oracle, norm, ramp, loop, contract, then device
+// Every property: oracle, norm, ramp, loop, contract, ddp, then device
 // (properties/device_properties.cpp).
 const std::vector<Property>& all_properties();
 // Runs the body of the property of that name (RC_FAIL when there is none).

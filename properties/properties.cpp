@@ -37,7 +37,9 @@ double tol() { return oracle_tolerance(); }
 
 void equivalence_oracle() {
   const std::string name = "equivalence.oracle";
-  const Scenario s = *scenario(Triggers{}).as("scenario");
+  Triggers t;
+  t.max_ranks = 3;  // DDP with R ranks against one process's large batch
+  const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   EngineState<R> ref_state, acc_state;
   const Run<R> ref =
@@ -575,6 +577,7 @@ const std::vector<Property>& all_properties() {
     for (const Property& p : ramp_properties()) v.push_back(p);
     for (const Property& p : loop_properties()) v.push_back(p);
     for (const Property& p : contract_properties()) v.push_back(p);
+    for (const Property& p : ddp_properties()) v.push_back(p);
     for (const Property& p : device_properties()) v.push_back(p);
     return v;
   }();

@@ -86,8 +86,9 @@ class CsvTable {
   }
 
   unsigned get_file_line() const { return unsigned(lines_.line()); }
-  // Whether the header held the column `name` (after read_header with
-  // io::ignore_missing_column; a missing column's variable is left as is).
+  // After read_header: whether the file has the column `name` (with
+  // io::ignore_missing_column a column may be absent; read_row then leaves
+  // its variable as it was).
   bool has_column(const std::string& name) const {
     for (unsigned i = 0; i < N; ++i)
       if (names_[i] == name)

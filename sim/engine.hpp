@@ -27,6 +27,17 @@
 
 namespace accumcheck {
 
+// The weight of one micro-batch's summed item losses: num/den, exact
+// integers (the oracle forms it with one division).  num is 1 except for
+// a correct DDP rank, which weighs its items R/N_w so that DDP's average
+// over R ranks leaves each item 1/N_w.  Implicit from an integer: 1/den.
+struct LossWeight {
+  int64_t num = 1, den = 1;
+  LossWeight(int64_t d) : den(d) {}  // NOLINT: 1/den reads as den
+  LossWeight(int64_t n, int64_t d) : num(n), den(d) {}
+  bool operator==(const LossWeight&) const = default;
+};
+
 // Everything an engine holds between calls, in its own Real type: enough
 // to restart a run anywhere (teacher forcing).
 template <class Real>
@@ -51,9 +62,9 @@ concept Engine = requires(E e, const E ce, const std::vector<int64_t>& ids,
   // non-ignored tokens for token losses (N_w is the sum over the window,
   // counted before its first backward).
   { ce.items(ids) } -> std::same_as<int64_t>;
-  // grads += (1/weight_den) * sum_{i in ids} d l_i / d params  ("+=", like
+  // grads += (num/den) * sum_{i in ids} d l_i / d params  ("+=", like
   // loss.backward()); returns sum_{i in ids} l_i (unweighted).
-  { e.forward_backward(ids, int64_t{1}) } -> std::same_as<typename E::Real>;
+  { e.forward_backward(ids, LossWeight{1}) } -> std::same_as<typename E::Real>;
   // grads += (lambda/den) * params: the gradient of lambda*|p|^2/(2*den).
   { e.add_l2(double{}, int64_t{1}) } -> std::same_as<void>;
   // sqrt(sum grads^2), over every tensor (clip_grad_norm_'s total norm).

@@ -63,6 +63,23 @@ constexpr Entry kCatalog[] = {
     {Pitfall::skip_short_micro_batch, "skip-short-micro-batch",
      "DataLoader(drop_last=True): the short last micro-batch of every epoch "
      "is never seen"},
+    {Pitfall::ddp_token_mean_across_ranks, "ddp-token-mean-across-ranks",
+     "each rank divides by its own window's token count, then DDP averages: "
+     "a token weighs 1/(R*T_r), not 1/T"},
+    {Pitfall::ddp_uneven_shards, "ddp-uneven-shards",
+     "each rank averages over its own shard, then DDP averages ranks: with "
+     "unequal shards a sample weighs 1/(R*N_r), not 1/N"},
+    {Pitfall::ddp_no_sync_everywhere, "ddp-no-sync-everywhere",
+     "no_sync on the window's last micro-step too: ranks step on local "
+     "gradients and their parameters diverge"},
+    {Pitfall::ddp_sync_every_micro_step, "ddp-sync-every-micro-step",
+     "no no_sync at all: the same values with K times the all-reduces"},
+    {Pitfall::ddp_clip_local_norm, "ddp-clip-local-norm",
+     "clip_grad_norm_ on each rank's shard of the gradient: each shard "
+     "clipped by its own norm (about 1/sqrt(R) of the total)"},
+    {Pitfall::ddp_scheduler_per_rank, "ddp-scheduler-per-rank",
+     "the scheduler stepped once per process per optimizer step: step t "
+     "uses S(t*R)"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -156,6 +173,23 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         break;
       case Pitfall::skip_short_micro_batch:
         b.skip_short_micro_batch = true;
+        break;
+      case Pitfall::ddp_token_mean_across_ranks:
+      case Pitfall::ddp_uneven_shards:
+        // The same loop; items are tokens for token losses.
+        b.normalization = Normalization::rank_window_items;
+        break;
+      case Pitfall::ddp_no_sync_everywhere:
+        b.sync = Sync::never;
+        break;
+      case Pitfall::ddp_sync_every_micro_step:
+        b.sync = Sync::every_micro_step;
+        break;
+      case Pitfall::ddp_clip_local_norm:
+        b.clip_local_norm = true;
+        break;
+      case Pitfall::ddp_scheduler_per_rank:
+        b.scheduler_per_rank = true;
         break;
     }
   }

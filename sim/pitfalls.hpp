@@ -36,6 +36,13 @@ enum class Pitfall {
   scheduler_before_optimizer,
   scheduler_per_epoch,
   skip_short_micro_batch,
+  // Data parallelism (R ranks, DDP).
+  ddp_token_mean_across_ranks,
+  ddp_uneven_shards,
+  ddp_no_sync_everywhere,
+  ddp_sync_every_micro_step,
+  ddp_clip_local_norm,
+  ddp_scheduler_per_rank,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -59,6 +66,12 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::scheduler_before_optimizer,
     Pitfall::scheduler_per_epoch,
     Pitfall::skip_short_micro_batch,
+    Pitfall::ddp_token_mean_across_ranks,
+    Pitfall::ddp_uneven_shards,
+    Pitfall::ddp_no_sync_everywhere,
+    Pitfall::ddp_sync_every_micro_step,
+    Pitfall::ddp_clip_local_norm,
+    Pitfall::ddp_scheduler_per_rank,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -74,6 +87,15 @@ enum class Normalization {
   micro_mean,    // 1/b_k: the micro-batch mean, /K forgotten
   micro_mean_over_window_micros,  // 1/(K_w*b_k): mean of means
   micro_mean_over_k,              // 1/(K*b_k): the `loss / K` loop, K literal
+  rank_window_items,  // 1/N_{w,r}: the rank's own window items, then DDP's
+                      // average over R (the count never all-reduced)
+};
+
+// When DDP all-reduces the ranks' gradients (R > 1; no effect at R = 1).
+enum class Sync {
+  window_end,        // no_sync on every micro-step but the window's last
+  every_micro_step,  // no no_sync: an all-reduce after every backward
+  never,             // no_sync everywhere: ranks step on local gradients
 };
 
 enum class ZeroGradTiming { after_step, every_micro_step, never };
@@ -121,6 +143,12 @@ struct Behavior {
   // skip-short-micro-batch: DataLoader(drop_last=True): an epoch's short
   // last micro-batch (fewer than b samples) is never drawn.
   bool skip_short_micro_batch = false;
+  Sync sync = Sync::window_end;
+  // ddp-clip-local-norm: the gradient sharded over ranks in R contiguous
+  // chunks (ZeRO/FSDP), each chunk clipped by its own norm.
+  bool clip_local_norm = false;
+  // ddp-scheduler-per-rank: R scheduler.step() calls per optimizer step.
+  bool scheduler_per_rank = false;
 
   bool operator==(const Behavior&) const = default;
 };

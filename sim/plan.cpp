@@ -22,17 +22,33 @@ std::vector<int64_t> epoch_order(const Scenario& s, int64_t epoch) {
   return order;
 }
 
+std::vector<std::vector<int64_t>> rank_shards(const std::vector<int64_t>& order,
+                                              int64_t R, Sampler sampler) {
+  const int64_t n = int64_t(order.size());
+  int64_t total = n;  // ids dealt out, position i to rank i % R
+  if (sampler == Sampler::pad) total = (n + R - 1) / R * R;
+  if (sampler == Sampler::drop_last) total = n / R * R;
+  std::vector<std::vector<int64_t>> shard(static_cast<size_t>(R));
+  for (int64_t i = 0; i < total; ++i)
+    shard[size_t(i % R)].push_back(order[size_t(i % n)]);
+  return shard;
+}
+
 namespace {
+
+// The longest rank's shard (rank 0's) under the scenario's sampler.
+int64_t longest_shard(const Scenario& s) {
+  const int64_t n = s.data.samples, R = s.batching.ranks;
+  return s.batching.sampler == Sampler::drop_last ? n / R : (n + R - 1) / R;
+}
 
 EpochPlan build_epoch(const Scenario& s, int64_t e) {
   const int64_t b = s.batching.micro_batch, R = s.batching.ranks;
   const int64_t K = accumulation_at(s.batching, e);  // K of this epoch
   const std::vector<int64_t> order = epoch_order(s, e);
-  const int64_t n = int64_t(order.size());
-  const int64_t per_rank = (n + R - 1) / R;  // DistributedSampler padding
-  std::vector<std::vector<int64_t>> shard(static_cast<size_t>(R));
-  for (int64_t i = 0; i < per_rank * R; ++i)
-    shard[size_t(i % R)].push_back(order[size_t(i % n)]);
+  const std::vector<std::vector<int64_t>> shard =
+      rank_shards(order, R, s.batching.sampler);
+  const int64_t per_rank = int64_t(shard[0].size());  // the longest
   const int64_t micro_steps = (per_rank + b - 1) / b;
   EpochPlan ep;
   ep.accumulation = K;
@@ -40,8 +56,11 @@ EpochPlan build_epoch(const Scenario& s, int64_t e) {
     if (m % K == 0) ep.windows.emplace_back();
     MicroBatch mb;
     for (int64_t r = 0; r < R; ++r) {
+      // A shorter shard (sampler = split) runs out first: its rank takes
+      // part with an empty micro-batch, as under DDP's Join.
       const auto& sh = shard[size_t(r)];
-      const int64_t lo = m * b, hi = std::min(per_rank, lo + b);
+      const int64_t n_r = int64_t(sh.size());
+      const int64_t lo = std::min(n_r, m * b), hi = std::min(n_r, lo + b);
       mb.shards.emplace_back(sh.begin() + lo, sh.begin() + hi);
     }
     ep.windows.back().micro.push_back(std::move(mb));
@@ -50,14 +69,15 @@ EpochPlan build_epoch(const Scenario& s, int64_t e) {
   return ep;
 }
 
+// One process: rank 0's samples of each window, then rank 1's, ...
 EpochPlan large_batch_epoch(const EpochPlan& e, int64_t ranks) {
   EpochPlan be;
   for (const Window& w : e.windows) {
     MicroBatch all;
-    all.shards.resize(size_t(ranks));
-    for (const MicroBatch& m : w.micro)
-      for (size_t r = 0; r < m.shards.size(); ++r)
-        all.shards[r].insert(all.shards[r].end(), m.shards[r].begin(),
+    all.shards.resize(1);
+    for (size_t r = 0; r < size_t(ranks); ++r)
+      for (const MicroBatch& m : w.micro)
+        all.shards[0].insert(all.shards[0].end(), m.shards[r].begin(),
                              m.shards[r].end());
     Window bw;
     bw.micro.push_back(std::move(all));
@@ -75,7 +95,7 @@ int64_t Plan::epoch_count() const {
 EpochPlan Plan::epoch(int64_t e) const {
   if (!lazy) return epochs[size_t(e)];
   EpochPlan ep = build_epoch(*lazy, e);
-  return large_batch ? large_batch_epoch(ep, ranks) : ep;
+  return large_batch ? large_batch_epoch(ep, lazy->batching.ranks) : ep;
 }
 
 int64_t Plan::windows() const {
@@ -85,7 +105,7 @@ int64_t Plan::windows() const {
     return n;
   }
   const BatchingSpec& b = lazy->batching;
-  const int64_t per_rank = (lazy->data.samples + b.ranks - 1) / b.ranks;
+  const int64_t per_rank = longest_shard(*lazy);
   const int64_t micro = (per_rank + b.micro_batch - 1) / b.micro_batch;
   const int64_t per_epoch = (micro + b.accumulation - 1) / b.accumulation;
   int64_t n = 0;
@@ -130,7 +150,7 @@ Plan materialize(const Plan& p) {
 Plan as_large_batch(const Plan& p) {
   Plan big;
   big.accumulation = 1;
-  big.ranks = p.ranks;
+  big.ranks = 1;
   if (p.lazy) {
     big.lazy = p.lazy;
     big.large_batch = true;

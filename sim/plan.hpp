@@ -6,7 +6,8 @@
 //
 // Per epoch: a seeded permutation of the n sample ids (identity when
 // shuffle = false), sharded over R ranks as DistributedSampler does
-// (padded by wrapping to a multiple of R, rank r takes every R-th id);
+// (padded by wrapping to a multiple of R, rank r takes every R-th id;
+// or drop_last, or an unpadded split: batching.sampler);
 // each rank's shard is cut into micro-batches of b (the last one short
 // when b does not divide it); micro-step m holds every rank's m-th
 // micro-batch; windows are K consecutive micro-steps, the last one
@@ -87,10 +88,17 @@ Plan make_plan(const Scenario& s);
 // Every epoch of `p` built (tests and properties that index epochs).
 Plan materialize(const Plan& p);
 
-// The large-batch reference over the same windows: K = 1 and each window
-// one micro-step holding all of the window's samples (per rank).  Lazy
+// The large-batch reference over the same windows: one process (R = 1),
+// K = 1 and each window one micro-step holding all of the window's
+// samples of every rank (DistributedSampler's padding duplicates
+// included): what one device with memory for the window computes.  Lazy
 // when `p` is.
 Plan as_large_batch(const Plan& p);
+
+// One epoch's order dealt out over R ranks as `sampler` says
+// (scenario.hpp Sampler); shard 0 is the longest.
+std::vector<std::vector<int64_t>> rank_shards(const std::vector<int64_t>& order,
+                                              int64_t R, Sampler sampler);
 
 // The epoch permutation (exposed for tests and export).
 std::vector<int64_t> epoch_order(const Scenario& s, int64_t epoch);

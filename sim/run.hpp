@@ -18,7 +18,8 @@ enum class EventKind {
   forward_backward,
   clip,
   optimizer_step,
-  scheduler_step
+  scheduler_step,
+  all_reduce  // DDP's gradient all-reduce (R > 1), one per collective
 };
 
 inline std::string_view event_name(EventKind k) {
@@ -33,6 +34,8 @@ inline std::string_view event_name(EventKind k) {
       return "optimizer_step";
     case EventKind::scheduler_step:
       return "scheduler_step";
+    case EventKind::all_reduce:
+      return "all_reduce";
   }
   return "?";
 }
@@ -49,6 +52,9 @@ struct Event {
   double loss = kNaN;   // forward_backward: the micro-batch's mean item loss
   double lr = kNaN;     // optimizer_step: lr used; scheduler_step: lr after
   double grad_norm = kNaN;  // clip: the pre-clip total norm
+  // The rank that made the call (each rank records its own calls);
+  // -1 for a collective (all_reduce).
+  int64_t rank = 0;
   // forward_backward: the sample ids of its micro-batch (shard), in the
   // order drawn; empty when unknown.
   std::vector<int64_t> sample_ids;
@@ -63,6 +69,9 @@ struct StepRecord {
   double grad_norm = kNaN;  // of the gradient handed to the optimizer
   std::vector<Real> grad;   // just before the step (after any clipping)
   std::vector<Real> param;  // just after the step
+  // R > 1: the parameters of ranks 1..R-1 just after the step (rank 0's
+  // are `param`); equal to it whenever the ranks stay in sync.
+  std::vector<std::vector<Real>> rank_param;
 };
 
 template <class Real>

@@ -69,6 +69,15 @@ struct DataSpec {
   int64_t min_len = 1, max_len = 1;
 };
 
+// How the epoch's order is split over R ranks.
+//   pad        DistributedSampler(drop_last=False): padded by repeating the
+//              first samples to a multiple of R, rank r takes every R-th id
+//   drop-last  DistributedSampler(drop_last=True): the tail that does not
+//              fill R ranks is dropped
+//   split      order[r::R] with no padding (a hand-written sharder): ranks
+//              hold unequal shards when R does not divide n
+enum class Sampler { pad, drop_last, split };
+
 struct BatchingSpec {
   int64_t micro_batch = 1;   // b
   int64_t accumulation = 1;  // K (of epoch 0 when K changes)
@@ -78,6 +87,7 @@ struct BatchingSpec {
   std::vector<int64_t> accumulation_per_epoch;
   int64_t epochs = 1;
   int64_t ranks = 1;  // R data-parallel ranks (DistributedSampler sharding)
+  Sampler sampler = Sampler::pad;
   int64_t max_steps = -1;  // stop after this many optimizer steps (-1: all)
 };
 

@@ -550,6 +550,7 @@ void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
   parse_accumulation(p, sec, b);
   b.ranks = sec.integer("ranks", 1).value_or(1);
   b.max_steps = sec.integer("max_steps", -1).value_or(-1);
+  b.sampler = sec.choice("sampler", kSamplers).value_or(Sampler::pad);
   if (b.micro_batch > s.data.samples)
     p.fail(sec.node("micro_batch"), "batching.micro_batch",
            fmt::format("expected an integer in 1..{} (data.samples), got {}",
@@ -763,7 +764,8 @@ Scenario parse_scenario_string(std::string_view text,
                       "pinned_order"});
   const Section batching(
       p, root, "batching",
-      {"micro_batch", "accumulation", "epochs", "ranks", "max_steps"});
+      {"micro_batch", "accumulation", "epochs", "ranks", "max_steps",
+       "sampler"});
   const Section optimizer(p, root, "optimizer",
                           {"kind", "lr", "momentum", "beta1", "beta2", "eps",
                            "weight_decay", "l2_in_loss"});

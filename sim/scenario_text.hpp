@@ -46,6 +46,10 @@ inline constexpr std::pair<std::string_view, ScheduleKind> kSchedules[] = {
     {"step", ScheduleKind::step},
     {"linear", ScheduleKind::linear},
     {"cosine", ScheduleKind::cosine}};
+inline constexpr std::pair<std::string_view, Sampler> kSamplers[] = {
+    {"pad", Sampler::pad},
+    {"drop-last", Sampler::drop_last},
+    {"split", Sampler::split}};
 inline constexpr std::pair<std::string_view, LrScaling> kLrScalings[] = {
     {"none", LrScaling::none},
     {"linear", LrScaling::linear},

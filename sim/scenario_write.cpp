@@ -7,6 +7,7 @@
 #include "sim/scenario_parse.hpp"
 #include "sim/k_schedule.hpp"
 #include "sim/pitfalls.hpp"
+#include "sim/scenario_parse.hpp"
 #include "sim/scenario_text.hpp"
 
 namespace accumcheck {
@@ -136,6 +137,9 @@ std::string to_toml(const Scenario& s) {
   line("epochs", integer(s.batching.epochs));
   line("ranks", integer(s.batching.ranks));
   line("max_steps", integer(s.batching.max_steps));
+  if (s.batching.sampler != Sampler::pad)
+    line("sampler",
+         toml_string(name_of<Sampler>(kSamplers, s.batching.sampler)));
 
   const OptimizerSpec& opt = s.optimizer;
   o += "\n[optimizer]\n";
@@ -223,6 +227,9 @@ std::string describe(const Scenario& s) {
   }
   d += fmt::format(" b={} K={} R={}", s.batching.micro_batch, k,
                    s.batching.ranks);
+  if (s.batching.sampler != Sampler::pad)
+    d += fmt::format(" sampler={}",
+                     name_of<Sampler>(kSamplers, s.batching.sampler));
   if (s.batching.epochs != 1) d += fmt::format(" epochs={}", s.batching.epochs);
   if (s.batching.max_steps >= 0)
     d += fmt::format(" max_steps={}", s.batching.max_steps);

@@ -35,6 +35,19 @@
 // pitfalls keep correct's call order and change values only:
 // ramp-normalization-stale weighs by the first epoch's K,
 // ramp-schedule-horizon-fixed resolves a total = "auto" horizon with it.
+//
+// Ranks (R > 1, DDP): every rank is a full replica (parameters, .grad,
+// optimizer state, buffers), as a DDP process is.  The one engine holds
+// one rank at a time; the trainer keeps the others' EngineState and swaps
+// (use_rank), so engines stay single-replica and ranks may diverge
+// (ddp-no-sync-everywhere).  Per micro-step every rank runs its shard's
+// backward with weight R/N_w (N_w counted over ALL ranks before the first
+// backward); DDP's all-reduce (all_reduce) replaces every rank's .grad by
+//   sum_{r = 0..R-1} fl(g_r * fl(1/R))        (PyTorch's reducer: each
+// gradient multiplied by 1/world_size into the bucket, then summed), in
+// rank order, at the window's last micro-step only (no_sync elsewhere) as
+// `Behavior::sync` says.  zero_grad, clip, optimizer.step and
+// scheduler.step run on every rank and are recorded per rank.
 #pragma once
 
 #include <algorithm>
@@ -43,6 +56,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "sim/engine.hpp"
 #include "sim/k_schedule.hpp"
@@ -104,10 +118,13 @@ class Trainer {
                       scenario.batching.accumulation)
                 : resolved_schedule(scenario, behavior.horizon_initial_k)) {}
 
-  // Runs every epoch of `plan` from the engine's current state.
+  // Runs every epoch of `plan` from the engine's current state (every
+  // rank starts from it, as DDP broadcasts rank 0's parameters).  The
+  // engine is left holding rank 0.
   Run<Real> run(const Plan& plan, std::string name) {
     run_ = Run<Real>{};
     run_.name = std::move(name);
+    init_ranks(plan.ranks);
     // A lazy plan builds each epoch here, when the loop reaches it.
     plan.visit([&](int64_t ep, const EpochPlan& planned) {
       // The pitfalls that draw or cut windows differently get their own
@@ -123,6 +140,7 @@ class Trainer {
       if (b_.scheduler_per_epoch && !epoch.windows.empty()) scheduler_step(-1);
       return !stop();
     });
+    use_rank(0);
     return std::move(run_);
   }
 
@@ -136,7 +154,9 @@ class Trainer {
     run_ = Run<Real>{};
     K_ = K;
     c_ = counters;
+    init_ranks(int64_t(w.micro.front().shards.size()));
     window(w, 0, last_of_epoch, epoch_micro_steps);
+    use_rank(0);
     return std::move(run_);
   }
 
@@ -144,7 +164,9 @@ class Trainer {
   // the optimizer step's index and the engine, `before_step` after the
   // accumulated gradient is recorded and before optimizer.step() (it may
   // replace the gradient with the trace's), `after_step` after the new
-  // parameters are recorded (it may reset them to the trace's).
+  // parameters are recorded (it may reset them to the trace's).  With
+  // R > 1 each hook is called once per rank, the engine holding that rank
+  // (rank() says which).
   using StepHook = std::function<void(int64_t step, E& engine)>;
   void set_step_hooks(StepHook before_step, StepHook after_step) {
     before_step_ = std::move(before_step);
@@ -152,6 +174,7 @@ class Trainer {
   }
 
   const TrainerCounters& counters() const { return c_; }
+  int64_t rank() const { return rank_; }
   double current_lr() const {
     return base_lr_ * lr_multiplier(schedule_, c_.scheduler_steps);
   }
@@ -199,26 +222,29 @@ class Trainer {
     return !b_.scheduler_per_micro_step && !b_.scheduler_per_epoch;
   }
 
-  // 1/den is the weight of each item loss of one rank's micro-batch shard.
-  int64_t weight_den(const Window& w, int64_t shard_items) const {
-    const int64_t R = int64_t(w.micro.front().shards.size());
+  // The weight of each item loss of rank r's micro-batch shard.  DDP then
+  // averages the R ranks' gradients, so a rank weighing its items R/N_w
+  // gives each item 1/N_w; the per-rank means are averaged as they are.
+  LossWeight weight(const Window& w, int64_t r, int64_t shard_items) const {
     const int64_t Kw = int64_t(w.micro.size());
     // ramp-normalization-stale: `loss / K_0` in the epochs whose K is not
     // K_0 (inert while K never changes).
     if (b_.normalization_stale_k && K_ != s_.batching.accumulation)
-      return s_.batching.accumulation * shard_items * R;
-    if (w.partial && b_.partial_scale_by_k) return K_ * shard_items * R;
+      return {s_.batching.accumulation * shard_items};
+    if (w.partial && b_.partial_scale_by_k) return {K_ * shard_items};
     switch (b_.normalization) {
       case Normalization::window_items:
-        return window_items_;
+        return {R_, window_items_};
       case Normalization::micro_mean:
-        return shard_items * R;
+        return {shard_items};
       case Normalization::micro_mean_over_window_micros:
-        return Kw * shard_items * R;
+        return {Kw * shard_items};
       case Normalization::micro_mean_over_k:
-        return K_ * shard_items * R;
+        return {K_ * shard_items};
+      case Normalization::rank_window_items:
+        return {rank_items_[size_t(r)]};
     }
-    return window_items_;
+    return {R_, window_items_};
   }
 
   void event(EventKind kind, int64_t micro, auto&&... set) {
@@ -228,10 +254,59 @@ class Trainer {
     ev.step = c_.optimizer_steps;
     ev.micro = micro;
     ev.kind = kind;
+    ev.rank = rank_;
     (set(ev), ...);
     run_.events.push_back(ev);
   }
 
+  // ------------------------------------------------------------ ranks
+
+  void init_ranks(int64_t R) {
+    R_ = std::max<int64_t>(R, 1);
+    active_ = rank_ = 0;
+    rank_state_.clear();
+    if (R_ > 1) rank_state_.assign(size_t(R_), e_.state());
+  }
+
+  // Makes the engine hold rank r (saving the rank it held).
+  void use_rank(int64_t r) {
+    rank_ = r;
+    if (R_ == 1 || r == active_) return;
+    rank_state_[size_t(active_)] = e_.state();
+    e_.set_state(rank_state_[size_t(r)]);
+    active_ = r;
+  }
+
+  void each_rank(auto&& f) {
+    for (int64_t r = 0; r < R_; ++r) {
+      use_rank(r);
+      f(r);
+    }
+  }
+
+  // DDP's all-reduce of .grad: every rank gets
+  // sum_r fl(g_r * fl(1/R)), summed in rank order (a fixed order: the
+  // device's bits do not depend on timing).
+  void all_reduce(int64_t micro) {
+    if (R_ == 1) return;
+    rank_state_[size_t(active_)] = e_.state();
+    const size_t P = rank_state_[0].grads.size();
+    const Real inv = Real(1) / Real(R_);
+    std::vector<Real> avg(P);
+    for (size_t i = 0; i < P; ++i) {
+      Real acc = rank_state_[0].grads[i] * inv;
+      for (size_t r = 1; r < size_t(R_); ++r) {
+        const Real t = rank_state_[r].grads[i] * inv;
+        acc += t;
+      }
+      avg[i] = acc;
+    }
+    for (auto& st : rank_state_) st.grads = avg;
+    e_.set_state(rank_state_[size_t(active_)]);
+    event(EventKind::all_reduce, micro, [](Event& ev) { ev.rank = -1; });
+  }
+
+  // On the rank the engine holds.
   void zero_grad(int64_t micro) {
     e_.zero_grad();
     event(EventKind::zero_grad, micro);
@@ -242,6 +317,7 @@ class Trainer {
   // An engine that keeps the factor symbolic (the contract tier's
   // coefficient engine) clips itself.
   void clip(int64_t micro) {
+    if (b_.clip_local_norm && R_ > 1) return clip_sharded(micro);
     Real norm;
     if constexpr (requires { e_.clip_grad_norm(double{}); }) {
       norm = e_.clip_grad_norm(s_.clip.max_norm);
@@ -254,6 +330,36 @@ class Trainer {
           [&](Event& ev) { ev.grad_norm = static_cast<double>(norm); });
   }
 
+  // ddp-clip-local-norm: the flat gradient in R contiguous chunks of
+  // ceil(P/R) (ZeRO/FSDP shards), chunk q scaled by
+  // min(1, c/(|chunk q| + 1e-6)); every replica applies every chunk's
+  // coefficient (what the all-gather after the sharded step gives); the
+  // event carries this rank's own chunk norm.
+  void clip_sharded(int64_t micro) {
+    using std::sqrt;
+    EngineState<Real> st = e_.state();
+    const size_t P = st.grads.size(), chunk = (P + size_t(R_) - 1) / size_t(R_);
+    Real own(0);
+    for (size_t q = 0; q < size_t(R_); ++q) {
+      const size_t lo = std::min(P, q * chunk), hi = std::min(P, lo + chunk);
+      Real sq(0);
+      for (size_t i = lo; i < hi; ++i) {
+        const Real g2 = st.grads[i] * st.grads[i];
+        sq += g2;
+      }
+      const Real norm = sqrt(sq);
+      if (q == size_t(rank_)) own = norm;
+      const Real coef = Real(s_.clip.max_norm) / (norm + Real(1e-6));
+      if (coef < Real(1))
+        for (size_t i = lo; i < hi; ++i) st.grads[i] *= coef;
+    }
+    e_.set_state(st);
+    event(EventKind::clip, micro,
+          [&](Event& ev) { ev.grad_norm = static_cast<double>(own); });
+  }
+
+  // optimizer.step() on every rank; the record holds rank 0's gradient
+  // and parameters (and the other ranks' parameters).
   void optimizer_step(int64_t micro) {
     const double lr = current_lr();
     StepRecord<Real> rec;
@@ -261,51 +367,73 @@ class Trainer {
     rec.epoch = epoch_;
     rec.window = c_.windows;
     rec.lr = lr;
+    use_rank(0);
     rec.grad_norm = static_cast<double>(e_.grad_norm());
     if (opt_.record_values) rec.grad = e_.state().grads;
-    if (before_step_) before_step_(rec.step, e_);
-    e_.optimizer_step(s_.optimizer, lr);
-    event(EventKind::optimizer_step, micro, [&](Event& ev) { ev.lr = lr; });
+    each_rank([&](int64_t) {
+      if (before_step_) before_step_(rec.step, e_);
+      e_.optimizer_step(s_.optimizer, lr);
+      event(EventKind::optimizer_step, micro, [&](Event& ev) { ev.lr = lr; });
+    });
     ++c_.optimizer_steps;
-    if (opt_.record_values) rec.param = e_.state().params;
+    if (opt_.record_values) {
+      for (int64_t r = R_ - 1; r >= 0; --r) {
+        use_rank(r);
+        if (r == 0)
+          rec.param = e_.state().params;
+        else
+          rec.rank_param.insert(rec.rank_param.begin(), e_.state().params);
+      }
+    }
     run_.steps.push_back(std::move(rec));
-    if (after_step_) after_step_(run_.steps.back().step, e_);
+    if (after_step_)
+      each_rank([&](int64_t) { after_step_(run_.steps.back().step, e_); });
   }
 
+  // Every rank's scheduler.step() (ranks in lockstep share one counter);
+  // ddp-scheduler-per-rank: R calls per rank.
   void scheduler_step(int64_t micro) {
-    ++c_.scheduler_steps;
-    event(EventKind::scheduler_step, micro,
-          [&](Event& ev) { ev.lr = current_lr(); });
+    const int64_t calls = b_.scheduler_per_rank ? R_ : 1;
+    for (int64_t c = 0; c < calls; ++c) {
+      ++c_.scheduler_steps;
+      for (int64_t r = 0; r < R_; ++r)
+        event(EventKind::scheduler_step, micro, [&](Event& ev) {
+          ev.lr = current_lr();
+          ev.rank = r;
+        });
+    }
   }
 
   // The end of a window: step, schedule and zero as the behaviour says.
   void boundary(bool steps_at_boundary, bool last_of_epoch,
                 int64_t epoch_micro_steps) {
     const bool clipping = s_.clip.enabled;
+    auto clip_all = [&] { each_rank([&](int64_t) { clip(-1); }); };
+    auto zero_all = [&] { each_rank([&](int64_t) { zero_grad(-1); }); };
     if (b_.seed_002_loop) {
       // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
       if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
         if (boundary_schedules() && b_.scheduler_before_optimizer)
           scheduler_step(-1);
-        if (clipping && !b_.clip_per_micro_step) clip(-1);
+        if (clipping && !b_.clip_per_micro_step) clip_all();
         optimizer_step(-1);
         if (boundary_schedules() && !b_.scheduler_before_optimizer)
           scheduler_step(-1);
-        zero_grad(-1);
+        zero_all();
       }
     } else if (!steps_at_boundary) {
-      if (b_.partial == PartialWindow::drop) zero_grad(-1);
+      if (b_.partial == PartialWindow::drop) zero_all();
       // leak: neither step nor zero_grad; the sum carries on.
     } else {
       if (boundary_schedules() && b_.scheduler_before_optimizer)
         scheduler_step(-1);
       if (!b_.step_every_micro_step && !done()) {
-        if (clipping && !b_.clip_per_micro_step) clip(-1);
+        if (clipping && !b_.clip_per_micro_step) clip_all();
         optimizer_step(-1);
       }
       if (boundary_schedules() && !b_.scheduler_before_optimizer)
         scheduler_step(-1);
-      if (b_.zero_grad == ZeroGradTiming::after_step) zero_grad(-1);
+      if (b_.zero_grad == ZeroGradTiming::after_step) zero_all();
     }
   }
 
@@ -318,35 +446,52 @@ class Trainer {
     const bool clipping = s_.clip.enabled;
     double loss_sum = 0;
     int64_t loss_items = 0;
-    // N_w in the engine's items (tokens for token losses), counted before
-    // the first backward.
+    // N_w in the engine's items (tokens for token losses), over every
+    // rank, counted before the first backward; and each rank's own.
     window_items_ = 0;
+    rank_items_.assign(size_t(R_), 0);
     for (const MicroBatch& m : w.micro)
-      for (const auto& shard : m.shards) window_items_ += e_.items(shard);
-    if constexpr (requires { e_.set_epoch(epoch); }) e_.set_epoch(epoch);
+      for (size_t r = 0; r < m.shards.size(); ++r) {
+        const int64_t n = e_.items(m.shards[r]);
+        window_items_ += n;
+        rank_items_[r] += n;
+      }
+    // DDP all-reduces at the last micro-step of a window that is stepped
+    // (no_sync before it); seed 002's loop steps once, at the epoch's end.
+    const bool syncs_at_end =
+        steps_at_boundary || (b_.seed_002_loop && last_of_epoch);
 
     for (int64_t k = 0; k < Kw; ++k) {
-      if (b_.seed_002_loop || b_.zero_grad == ZeroGradTiming::every_micro_step)
-        zero_grad(k);
-      for (const auto& shard : w.micro[size_t(k)].shards) {
-        if (shard.empty()) continue;
-        const int64_t items = e_.items(shard);
-        const double loss = static_cast<double>(
-            e_.forward_backward(shard, weight_den(w, items)));
-        loss_sum += loss;
-        loss_items += items;
-        event(EventKind::forward_backward, k, [&](Event& ev) {
-          ev.samples = int64_t(shard.size());
-          ev.sample_ids = shard;
-          if (s_.model.kind == ModelKind::token) ev.tokens = items;
-          ev.loss = loss / double(items);
-        });
-      }
-      if (s_.optimizer.l2_in_loss != 0.0)
-        e_.add_l2(s_.optimizer.l2_in_loss, b_.l2_unnormalized ? 1 : Kw);
-      if (clipping && b_.clip_per_micro_step) clip(k);
+      each_rank([&](int64_t r) {
+        if constexpr (requires { e_.set_epoch(epoch); }) e_.set_epoch(epoch);
+        if (b_.seed_002_loop ||
+            b_.zero_grad == ZeroGradTiming::every_micro_step)
+          zero_grad(k);
+        const auto& shard = w.micro[size_t(k)].shards[size_t(r)];
+        if (!shard.empty()) {
+          const int64_t items = e_.items(shard);
+          const double loss = static_cast<double>(
+              e_.forward_backward(shard, weight(w, r, items)));
+          loss_sum += loss;
+          loss_items += items;
+          event(EventKind::forward_backward, k, [&](Event& ev) {
+            ev.samples = int64_t(shard.size());
+            ev.sample_ids = shard;
+            if (s_.model.kind == ModelKind::token) ev.tokens = items;
+            ev.loss = loss / double(items);
+          });
+        }
+        if (s_.optimizer.l2_in_loss != 0.0)
+          e_.add_l2(s_.optimizer.l2_in_loss, b_.l2_unnormalized ? 1 : Kw);
+      });
+      if (b_.sync == Sync::every_micro_step ||
+          (b_.sync == Sync::window_end && k + 1 == Kw && syncs_at_end))
+        all_reduce(k);
+      if (clipping && b_.clip_per_micro_step)
+        each_rank([&](int64_t) { clip(k); });
       if (b_.step_every_micro_step && steps_at_boundary && !done()) {
-        if (clipping && !b_.clip_per_micro_step) clip(k);
+        if (clipping && !b_.clip_per_micro_step)
+          each_rank([&](int64_t) { clip(k); });
         optimizer_step(k);
       }
       // The boundary's optimizer.step() precedes the micro-step's
@@ -355,6 +500,7 @@ class Trainer {
         boundary(steps_at_boundary, last_of_epoch, epoch_micro_steps);
       if (b_.scheduler_per_micro_step) scheduler_step(k);
     }
+    use_rank(0);
 
     WindowRecord<Real> rec;
     rec.window = c_.windows;
@@ -378,6 +524,11 @@ class Trainer {
   int64_t K_ = 1;
   int64_t epoch_ = 0;
   int64_t window_items_ = 0;
+  // Ranks: R, the rank being run, the rank the engine holds, the others'
+  // states (R > 1), each rank's window items.
+  int64_t R_ = 1, rank_ = 0, active_ = 0;
+  std::vector<EngineState<Real>> rank_state_;
+  std::vector<int64_t> rank_items_;
 };
 
 }  // namespace accumcheck

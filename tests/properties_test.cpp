@@ -73,6 +73,27 @@ RC_GTEST_PROP(Decay, AdamWOncePerStep, ()) {
   run_property("decay.adamw-once-per-step");
 }
 RC_GTEST_PROP(Inertness, Oracle, ()) { run_property("inertness.oracle"); }
+RC_GTEST_PROP(Ddp, GradientOutsideTrainer, ()) {
+  run_property("ddp.gradient-outside-trainer");
+}
+RC_GTEST_PROP(Ddp, RepartitionOracle, ()) {
+  run_property("ddp.repartition.oracle");
+}
+RC_GTEST_PROP(Ddp, RepartitionDevice, ()) {
+  run_property("ddp.repartition.device");
+}
+RC_GTEST_PROP(Ddp, UnevenShards, ()) { run_property("ddp.uneven-shards"); }
+RC_GTEST_PROP(Ddp, NoSyncEverywhere, ()) {
+  run_property("ddp.no-sync-everywhere");
+}
+RC_GTEST_PROP(Ddp, SyncEveryMicroStep, ()) {
+  run_property("ddp.sync-every-micro-step");
+}
+RC_GTEST_PROP(Ddp, ClipLocalNorm, ()) { run_property("ddp.clip-local-norm"); }
+RC_GTEST_PROP(Ddp, SchedulerPerRank, ()) {
+  run_property("ddp.scheduler-per-rank");
+}
+RC_GTEST_PROP(Inertness, Ddp, ()) { run_property("inertness.ddp"); }
 RC_GTEST_PROP(Equivalence, Device, ()) { run_property("equivalence.device"); }
 RC_GTEST_PROP(Trajectory, DeviceSmooth, ()) {
   run_property("trajectory.device-smooth");

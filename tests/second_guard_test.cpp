@@ -139,7 +139,7 @@ TEST(SecondGuard, BatchNormRunningVarianceIsUnbiased) {
 // NullEngine that records the sample ids of every forward_backward.
 struct RecordingEngine : NullEngine {
   std::vector<int64_t> fed;
-  double forward_backward(const std::vector<int64_t>& ids, int64_t) {
+  double forward_backward(const std::vector<int64_t>& ids, LossWeight) {
     fed.insert(fed.end(), ids.begin(), ids.end());
     return 0;
   }

@@ -170,12 +170,52 @@ TEST(Trace, WriteReadRoundTripIsExact) {
         same(zsteps[1].param[size_t(i)], double(zg.steps[1].param[size_t(i)])));
 }
 
+// R > 1: a rank column on both files; each rank's parameters read back
+// under its rank, collective events under -1.
+TEST(Trace, RanksRoundTrip) {
+  const std::string dir = temp_dir("ranks");
+  const ParamLayout L = layout();
+  accumcheck::Run<double> r = make_run<double>("ddp", 2, L.total);
+  Event ar = r.events.back();
+  ar.kind = EventKind::all_reduce;
+  ar.rank = -1;
+  r.events.push_back(ar);
+  for (auto& st : r.steps) {
+    st.rank_param.push_back(st.param);
+    st.rank_param.back()[0] += 1.0;  // rank 1 diverged
+  }
+  TraceWriter w("ddp", "0123456789abcdef", "oracle", "mpfr-50", "9.9.9");
+  w.with_ranks();
+  add_run(w, r, L);
+  write_trace(dir, w);
+  EXPECT_NE(read_file_bytes(dir + "/events.csv", "trace_bytes")
+                .find("grad_norm,sample_ids,rank\n"),
+            std::string::npos);
+  const Trace t = read_trace(dir);
+  const TraceRun& run = *t.run("ddp");
+  EXPECT_EQ(value_ranks(run), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(run.events.back().event.kind, EventKind::all_reduce);
+  EXPECT_EQ(run.events.back().event.rank, -1);
+  const auto s0 = gather_steps(t, run, L, 0), s1 = gather_steps(t, run, L, 1);
+  ASSERT_EQ(s1.size(), 2u);
+  EXPECT_TRUE(s1[0].grad.empty());  // ranks > 0: parameters only
+  EXPECT_EQ(s1[1].param[0], s0[1].param[0] + 1.0);
+  EXPECT_EQ(s1[1].param[1], s0[1].param[1]);
+  // One-rank writers keep the rank-free layout and refuse other ranks.
+  TraceWriter one("x", "0123456789abcdef", "oracle", "mpfr-50", "9.9.9");
+  one.begin_run("a");
+  EXPECT_THROW(one.add_value(0, ValueKind::param, "0.weight", 0, 1.0, 1),
+               std::logic_error);
+}
+
 TEST(Trace, BytesAreDeterministicAndTidy) {
   const std::string a = temp_dir("det_a"), b = temp_dir("det_b");
   write_trace(a, sample_writer());
   write_trace(b, sample_writer());
   for (const char* f : {"meta.csv", "events.csv", "values.csv"})
-    EXPECT_EQ(read_file_bytes(a + "/" + f, "trace_bytes"), read_file_bytes(b + "/" + f, "trace_bytes")) << f;
+    EXPECT_EQ(read_file_bytes(a + "/" + f, "trace_bytes"),
+              read_file_bytes(b + "/" + f, "trace_bytes"))
+        << f;
 
   const std::string events = read_file_bytes(a + "/events.csv", "trace_bytes");
   EXPECT_EQ(events.substr(0, events.find('\n')),

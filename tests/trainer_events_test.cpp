@@ -26,7 +26,8 @@ Scenario five_micro_batches(int64_t samples = 5) {
   return s;
 }
 
-std::string pattern_of(const Scenario& s, const std::vector<Pitfall>& pitfalls) {
+std::string pattern_of(const Scenario& s,
+                       const std::vector<Pitfall>& pitfalls) {
   NullEngine e;
   Trainer<NullEngine> t(e, s, behavior_of(pitfalls), 0.1);
   const Run<double> run = t.run(make_plan(s), "x");
@@ -48,6 +49,9 @@ std::string pattern_of(const Scenario& s, const std::vector<Pitfall>& pitfalls) 
       case EventKind::scheduler_step:
         p += 'S';
         break;
+      case EventKind::all_reduce:
+        p += 'A';
+        break;
     }
   }
   return p;
@@ -57,6 +61,14 @@ std::string pattern(const std::vector<Pitfall>& pitfalls, int64_t samples = 5,
                     int64_t micro_batch = 1) {
   Scenario s = five_micro_batches(samples);
   s.batching.micro_batch = micro_batch;
+  return pattern_of(s, pitfalls);
+}
+
+// The same over R ranks (R times the samples: every rank sees `samples`).
+std::string ranks_pattern(const std::vector<Pitfall>& pitfalls, int64_t samples,
+                          int64_t ranks) {
+  Scenario s = five_micro_batches(samples * ranks);
+  s.batching.ranks = ranks;
   return pattern_of(s, pitfalls);
 }
 
@@ -117,6 +129,13 @@ const Pinned kPinned[] = {
      "FCFCOSZ"
      "FCOSZ",
      "clip after every backward"},
+    // With one rank every DDP pitfall is inert (TwoRanks pins them).
+    {Pitfall::ddp_token_mean_across_ranks, kCorrect, "one rank"},
+    {Pitfall::ddp_uneven_shards, kCorrect, "one rank"},
+    {Pitfall::ddp_no_sync_everywhere, kCorrect, "one rank"},
+    {Pitfall::ddp_sync_every_micro_step, kCorrect, "one rank"},
+    {Pitfall::ddp_clip_local_norm, kCorrect, "one rank"},
+    {Pitfall::ddp_scheduler_per_rank, kCorrect, "one rank"},
     {Pitfall::window_boundary_off_by_one,
      "FCOSZ"
      "FFCOSZ"
@@ -147,6 +166,33 @@ TEST(TrainerEvents, EveryPitfallIsPinned) {
     ASSERT_NE(row, nullptr) << pitfall_id(p) << " has no pinned call order";
     EXPECT_EQ(pattern({p}), row->pattern) << pitfall_id(p) << ": " << row->why;
   }
+}
+
+// Two ranks: each rank records its own calls; DDP's all-reduce (A) once
+// per stepped window, after the last micro-step's backwards.
+TEST(TrainerEvents, TwoRanks) {
+  EXPECT_EQ(ranks_pattern({}, 5, 2),
+            "FFFFACCOOSSZZ"
+            "FFFFACCOOSSZZ"
+            "FFACCOOSSZZ");
+  EXPECT_EQ(ranks_pattern({Pitfall::ddp_sync_every_micro_step}, 5, 2),
+            "FFAFFACCOOSSZZ"
+            "FFAFFACCOOSSZZ"
+            "FFACCOOSSZZ")
+      << "K all-reduces per step";
+  EXPECT_EQ(ranks_pattern({Pitfall::ddp_no_sync_everywhere}, 5, 2),
+            "FFFFCCOOSSZZ"
+            "FFFFCCOOSSZZ"
+            "FFCCOOSSZZ")
+      << "no all-reduce at all";
+  EXPECT_EQ(ranks_pattern({Pitfall::ddp_scheduler_per_rank}, 5, 2),
+            "FFFFACCOOSSSSZZ"
+            "FFFFACCOOSSSSZZ"
+            "FFACCOOSSSSZZ")
+      << "R scheduler.step() calls on each rank";
+  for (Pitfall p : {Pitfall::ddp_uneven_shards, Pitfall::ddp_clip_local_norm})
+    EXPECT_EQ(ranks_pattern({p}, 5, 2), ranks_pattern({}, 5, 2))
+        << pitfall_id(p);
 }
 
 TEST(TrainerEvents, Seed002LoopStepsOncePerEpochWhenKDivides) {

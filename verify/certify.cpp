@@ -2,9 +2,9 @@
 // stages in order, each in a file of its own (verify/certify_stages.hpp).
 #include "verify/certify.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "sim/errors.hpp"
@@ -60,6 +60,7 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   const Distance acc_d = distance_of(acc, L.steps.size());
   r.first_out = acc_d.first_out;
   judge_accepted(acc, r);
+  check_ranks(L, layout, r);
   if (drawn.known)
     r.checks.push_back({.name = "order and coverage",
                         .ok = drawn.ok,

@@ -32,10 +32,14 @@ template <class Inner>
 class Watched {
  public:
   using Real = typename Inner::Real;
-  Watched(Inner& in, StepRange range, bool stateful)
-      : in_(in), range_(range), stateful_(stateful) {}
+  // `ranks`: every rank calls optimizer_step once per optimizer step.
+  Watched(Inner& in, StepRange range, bool stateful, int64_t ranks)
+      : in_(in),
+        range_(range),
+        stateful_(stateful),
+        ranks_(std::max<int64_t>(ranks, 1)) {}
   // Whether the current micro-batches feed a judged step.
-  bool live() const { return range_.contains(steps_); }
+  bool live() const { return range_.contains(steps()); }
   int64_t items(const std::vector<int64_t>& ids) const {
     return in_.items(ids);
   }
@@ -43,9 +47,9 @@ class Watched {
   void zero_grad() {
     if (live()) in_.zero_grad();
   }
-  Real forward_backward(const std::vector<int64_t>& ids, int64_t den) {
+  Real forward_backward(const std::vector<int64_t>& ids, LossWeight w) {
     if (!live()) return Real(0);
-    return in_.forward_backward(ids, den);
+    return in_.forward_backward(ids, w);
   }
   void add_l2(double lambda, int64_t den) {
     if (live()) in_.add_l2(lambda, den);
@@ -59,10 +63,10 @@ class Watched {
     if (live()) in_.scale_grads(f);
   }
   void optimizer_step(const OptimizerSpec& o, double lr) {
-    const bool before = steps_ < range_.begin;
+    const bool before = steps() < range_.begin;
     const bool after = !before && !live();
     if (!after && (live() || stateful_)) in_.optimizer_step(o, lr);
-    ++steps_;
+    ++calls_;
   }
   EngineState<Real> state() const { return in_.state(); }
   void set_state(const EngineState<Real>& s) { in_.set_state(s); }
@@ -73,7 +77,10 @@ class Watched {
   Inner& in_;
   StepRange range_;
   bool stateful_;
-  int64_t steps_ = 0;  // optimizer.step() calls so far
+  int64_t ranks_;
+  int64_t calls_ = 0;  // optimizer.step() calls so far, all ranks
+  // Optimizer steps so far (ranks in lockstep, rank 0 first).
+  int64_t steps() const { return calls_ / ranks_; }
   mutable std::vector<Real> norms_;
 };
 
@@ -126,7 +133,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   Oracle<T> oracle(c.s.model, c.data, c.init);
   const OptimizerSpec& o = c.s.optimizer;
   const bool stateful = o.kind != OptimizerKind::sgd || o.momentum != 0.0;
-  Watched<Oracle<T>> w(oracle, range, stateful);
+  Watched<Oracle<T>> w(oracle, range, stateful, c.s.batching.ranks);
   TrainerOptions opt;
   opt.record_values = false;
   opt.record_events = false;
@@ -136,6 +143,9 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   Forced r;
   r.eval.resize(c.trace.size());
   const size_t n = c.trace.size();
+  // With R > 1 ranks the hooks run once per rank: rank 0 is judged (the
+  // trace's values are rank 0's: the all-reduced gradient and its
+  // parameters); every rank is then forced to the trace's.
   auto before = [&](int64_t step, Watched<Oracle<T>>& e) {
     r.steps = std::max(r.steps, step + 1);
     std::vector<T>& norms = e.norms();
@@ -146,6 +156,12 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
         const std::vector<double>& want = c.trace[size_t(step)].grad;
         for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
       }
+      return;
+    }
+    if (trainer.rank() != 0) {  // rank 0 was judged: force the trace's
+      std::vector<T>& g = e.inner().grads();
+      const std::vector<double>& want = c.trace[size_t(step)].grad;
+      for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
       return;
     }
     StepEval& ev = r.eval[size_t(step)];
@@ -180,10 +196,12 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
       }
       return;
     }
-    StepEval& ev = r.eval[size_t(step)];
-    ev.param =
-        judge_values(fmt::format("step {} parameters", step),
-                     c.trace[size_t(step)].param, params, c.layout, c.fp64);
+    if (trainer.rank() == 0) {
+      StepEval& ev = r.eval[size_t(step)];
+      ev.param =
+          judge_values(fmt::format("step {} parameters", step),
+                       c.trace[size_t(step)].param, params, c.layout, c.fp64);
+    }
     const std::vector<double>& want = c.trace[size_t(step)].param;
     for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
   };

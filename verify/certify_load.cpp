@@ -147,4 +147,38 @@ LoadedTrace load(const Scenario& s, const std::string& dir,
   return L;
 }
 
+void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
+                 CertifyReport& r) {
+  const std::vector<int64_t> ranks = value_ranks(*L.run);
+  if (ranks.size() < 2) return;
+  CertifyCheck c;
+  c.name = "ranks agree";
+  c.message = fmt::format(
+      "ranks {}..{} hold rank 0's parameters after every "
+      "step",
+      ranks[1], ranks.back());
+  for (size_t q = 1; q < ranks.size() && c.ok; ++q) {
+    const std::vector<TraceStep> other =
+        gather_steps(L.trace, *L.run, layout, ranks[q]);
+    for (const TraceStep& st : other) {
+      if (st.param.empty() || st.step >= int64_t(L.steps.size())) continue;
+      const std::vector<double>& p0 = L.steps[size_t(st.step)].param;
+      for (size_t i = 0; i < p0.size(); ++i) {
+        if (st.param[i] == p0[i]) continue;
+        c.ok = false;
+        c.message = fmt::format(
+            "rank {}'s parameters differ from rank 0's after step {}: {}[{}] "
+            "{} vs {}; DDP ranks that all-reduce hold identical parameters "
+            "(ranks stepping on local gradients: ddp-no-sync-everywhere)",
+            ranks[q], st.step, layout.tensor_of(int64_t(i)).name,
+            int64_t(i) - layout.tensor_of(int64_t(i)).offset, st.param[i],
+            p0[i]);
+        break;
+      }
+      if (!c.ok) break;
+    }
+  }
+  r.checks.push_back(c);
+}
+
 }  // namespace accumcheck::certify_detail

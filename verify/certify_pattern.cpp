@@ -28,13 +28,20 @@ size_t kind_slot(EventKind k) {
       return 3;
     case EventKind::scheduler_step:
       return 4;
+    case EventKind::all_reduce:
+      return 5;
   }
   return 0;
 }
-constexpr std::string_view kSlotNames[] = {"backward", "zero_grad", "clip",
-                                           "optimizer.step", "scheduler.step"};
+constexpr std::string_view kSlotNames[] = {"backward",       "zero_grad",
+                                           "clip",           "optimizer.step",
+                                           "scheduler.step", "all_reduce"};
 
-Pattern pattern_of(const std::vector<Event>& events, bool ignore_scheduler) {
+Pattern pattern_of(const std::vector<Event>& all_events,
+                   bool ignore_scheduler) {
+  std::vector<Event> events;  // rank 0's and the collectives (rank -1)
+  for (const Event& e : all_events)
+    if (e.rank <= 0) events.push_back(e);
   Pattern p;
   bool seen_fb = false, last_zero = false;
   // zero_grads after the last backward change nothing either.
@@ -62,6 +69,7 @@ std::string counts_text(const Pattern& p, size_t step) {
   const Counts c = step < p.size() ? p[step] : Counts{};
   std::string s;
   for (size_t k = 0; k < c.size(); ++k) {
+    if (k == 5 && c[k] == 0) continue;  // all_reduce: ranks only
     if (!s.empty()) s.append(", ");
     s.append(fmt::format("{} {}", c[k], kSlotNames[k]));
   }

@@ -48,6 +48,13 @@ struct LoadedTrace {
 LoadedTrace load(const Scenario& s, const std::string& dir,
                  const CertifyConfig& cfg, const ParamLayout& layout);
 
+// DDP: every rank's parameters after each step must equal rank 0's bit
+// for bit (all-reduced gradients and one optimizer give identical
+// updates).  Adds the check "ranks agree" to the report when the trace
+// holds values of more than one rank.
+void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
+                 CertifyReport& r);
+
 // ------------------------------------------------------------ judge
 
 struct StepEval {
@@ -149,8 +156,10 @@ class Refiner {
 // ---------------------------------------------------------- pattern
 
 // Per optimizer step: forward_backward, zero_grad, clip, optimizer_step,
-// scheduler_step calls.
-using Counts = std::array<int64_t, 5>;
+// scheduler_step and all_reduce calls.  With R > 1 ranks the pattern is
+// rank 0's calls and the collectives: ranks run in lockstep, and a rank
+// that does not shows in its parameters.
+using Counts = std::array<int64_t, 6>;
 using Pattern = std::vector<Counts>;
 
 struct PatternCheck {

@@ -7,7 +7,7 @@
 // Behavior, it says which g_j with which weights form each optimizer
 // step's gradient -- for any model, since it never looks at one.
 //
-//   forward_backward(shard, den)  adds 1/den to the coefficient of a new
+//   forward_backward(shard, w)    adds w = num/den to the coefficient of a new
 //                                 term g_j (j counts backward passes; the
 //                                 term remembers the shard, its epoch and
 //                                 the parameter version: optimizer steps
@@ -144,10 +144,10 @@ class CoefficientEngine {
 
   void zero_grad() { buf_.clear(); }
   int64_t items(const std::vector<int64_t>& ids) const { return items_(ids); }
-  double forward_backward(const std::vector<int64_t>& ids, int64_t den) {
+  double forward_backward(const std::vector<int64_t>& ids, LossWeight w) {
     const int64_t j = int64_t(micro_.size());
     micro_.push_back({ids, epoch_, version_, items_(ids)});
-    buf_[Term{Term::grad, j}].add({}, Rational(1, den));
+    buf_[Term{Term::grad, j}].add({}, Rational(w.num, w.den));
     return nan();
   }
   void add_l2(double lambda, int64_t den) {

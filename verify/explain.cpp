@@ -285,7 +285,8 @@ constexpr ExplainEntry kEntries[] = {
      "FIELD.md: schedulers stepped at the wrong rate (transformers #24088, "
      "accelerate #2926)",
      "scheduler.order"},
-    {"skip-short-micro-batch", "DataLoader(drop_last=True): the short "
+    {"skip-short-micro-batch",
+     "DataLoader(drop_last=True): the short "
      "micro-batch is never seen",
      "With drop_last=True the epoch's short last micro-batch is never "
      "drawn: its samples never train, and the last window has one "
@@ -301,7 +302,8 @@ constexpr ExplainEntry kEntries[] = {
      "FIELD.md boundary arithmetic; PyTorch 1.13 facts (record the order "
      "you see)",
      "data.skip-short-micro-batch"},
-    {"ramp-normalization-stale", "K ramps, the loss still divided by the "
+    {"ramp-normalization-stale",
+     "K ramps, the loss still divided by the "
      "first K",
      "Seed 002's cold start ramps K per epoch (`min(epoch * 2, 8)`), and "
      "large-model recipes ramp the batch. A loop that divides by the K it "
@@ -319,7 +321,8 @@ constexpr ExplainEntry kEntries[] = {
      "Megatron-LM rampup-batch-size; GPT-3's batch ramp",
      "ramp.correct-equals-large-batch ramp.normalization-stale "
      "inertness.oracle"},
-    {"ramp-schedule-horizon-fixed", "K ramps, the schedule's horizon counted "
+    {"ramp-schedule-horizon-fixed",
+     "K ramps, the schedule's horizon counted "
      "with the first K",
      "A schedule's horizon in optimizer steps is epochs x ceil(M / K). "
      "Computed once with the initial K while K ramps up, it is too long: "
@@ -459,6 +462,128 @@ constexpr ExplainEntry kEntries[] = {
      "seed-002-ramp seed-002-ramp-loop certify-ramp",
      "seed 002 (cold start); GPT-3 and Megatron-LM batch ramps",
      "ramp.correct-equals-large-batch"},
+    {"ddp-token-mean-across-ranks",
+     "each rank divides by its own token count, then DDP averages",
+     "The data-parallel form of the Transformers accumulation bug: every "
+     "rank normalizes its window's loss by the tokens it holds itself, and "
+     "DDP's all-reduce then averages the R ranks. A token on a rank with "
+     "few tokens weighs more than one on a busy rank; the fix counts the "
+     "window's tokens over every rank (an all-reduce of the count) before "
+     "the first backward.",
+     " for i, batch in enumerate(loader):\n"
+     "-    n = (batch.labels != -100).sum()              # this rank's tokens\n"
+     "+    n = global_tokens_in_window                   # all_reduce(SUM) "
+     "first\n"
+     "+    n = n / world_size                            # DDP averages ranks\n"
+     "     loss = F.cross_entropy(logits, y, reduction='sum') / n\n"
+     "     loss.backward()",
+     "a token of rank r weighs 1/(R*T_r) instead of 1/T (T_r: rank r's "
+     "tokens in the window, T: all ranks'); equal to correct when every "
+     "rank holds the same number of tokens",
+     "ddp-token-mean-across-ranks",
+     "FIELD.md: DP token mean per rank (transformers #34242, torchtitan "
+     "#1842/#2206, Megatron-LM #7452: gradient 14/3 vs 4)",
+     "ddp.uneven-shards inertness.ddp token.mean-of-means-weights"},
+    {"ddp-uneven-shards", "per-rank sample means over unequal shards",
+     "Each rank averages over its own shard and DDP averages the ranks. "
+     "With DistributedSampler's padding every shard has the same size and "
+     "nothing shows; with a sampler that splits without padding (order[r::R]) "
+     "a rank with fewer samples gives each of them more weight, and the "
+     "window is no longer the large batch's mean.",
+     "-    loss = criterion(model(x), y) / K      # mean over this rank's b\n"
+     "+    loss = criterion_sum(model(x), y) * world_size / N_w\n"
+     "+    # N_w: the window's samples over ALL ranks, counted before backward",
+     "a sample of rank r weighs 1/(R*N_{w,r}) instead of 1/N_w; equal to "
+     "correct when every rank holds N_w/R samples",
+     "ddp-uneven-shards",
+     "FIELD.md: DistributedSampler pads each epoch by repeating samples "
+     "(drop_last=False); the DP token-mean reports (Megatron-LM #7452)",
+     "ddp.uneven-shards inertness.ddp"},
+    {"ddp-no-sync-everywhere", "no_sync on every micro-step, the last too",
+     "DDP decides in the forward whether the backward all-reduces. A loop "
+     "that wraps every micro-step in no_sync() (or sets the flag on the "
+     "wrong micro-step) never synchronizes: each rank steps on its own "
+     "shards' gradient, and since DDP never re-broadcasts parameters nor "
+     "warns, the replicas drift apart silently.",
+     " for i, (x, y) in enumerate(loader):\n"
+     "-    with model.no_sync():\n"
+     "+    sync = (i + 1) % K == 0\n"
+     "+    with (nullcontext() if sync else model.no_sync()):\n"
+     "         loss = criterion(model(x), y) / K\n"
+     "         loss.backward()",
+     "each rank steps on (R/N_w) times its own shards' gradient; the ranks' "
+     "parameters differ after the first step (certify: ranks agree fails)",
+     "ddp-no-sync-everywhere",
+     "FIELD.md: DDP no_sync misuse (build-nanogpt #30, ClassyVision #706, "
+     "FunASR #3472); DDP never re-broadcasts parameters; ranks out of "
+     "lockstep (NeMo Automodel #2468)",
+     "ddp.no-sync-everywhere inertness.ddp"},
+    {"ddp-sync-every-micro-step", "no no_sync at all: K all-reduces per step",
+     "Without no_sync() every backward all-reduces. The values are "
+     "correct's (the average of sums is the sum of averages up to "
+     "rounding), but every window pays K all-reduces instead of one: the "
+     "communication that accumulation was meant to save. Only the events "
+     "show it.",
+     " for i, (x, y) in enumerate(loader):\n"
+     "-    loss = criterion(model(x), y) / K      # syncs every micro-step\n"
+     "+    ctx = nullcontext() if (i + 1) % K == 0 else model.no_sync()\n"
+     "+    with ctx:\n"
+     "+        loss = criterion(model(x), y) / K\n"
+     "     loss.backward()",
+     "correct's values; K all_reduce events per optimizer step instead of 1",
+     "ddp-sync-every-micro-step",
+     "FIELD.md: a forward outside no_sync with the backward inside syncs "
+     "every micro-step (build-nanogpt #30, ClassyVision #706)",
+     "ddp.sync-every-micro-step inertness.ddp"},
+    {"ddp-clip-local-norm", "gradient clipping on each rank's local shard",
+     "With a sharded gradient (ZeRO, FSDP) clip_grad_norm_ on the local "
+     "shard computes each shard's own norm, about 1/sqrt(R) of the total, "
+     "and clips each shard by it: too little clipping overall, and the "
+     "shards are scaled by different factors, which changes the gradient's "
+     "direction.",
+     "-torch.nn.utils.clip_grad_norm_(local_shard_params, c)\n"
+     "+model.clip_grad_norm_(c)     # FSDP: the norm over every shard",
+     "chunk q of ceil(P/R) gradient elements scaled by min(1, c/(|g_q| + "
+     "1e-6)) instead of min(1, c/(|g| + 1e-6))",
+     "ddp-clip-local-norm",
+     "FIELD.md: clip norm on local shards: 1/sqrt(R) (pytorch #170862, "
+     "torchtitan #766)",
+     "ddp.clip-local-norm inertness.ddp"},
+    {"ddp-scheduler-per-rank", "the scheduler stepped once per process",
+     "A scheduler wrapped for distributed training (or called once per "
+     "process on a shared counter) advances R times per optimizer step: "
+     "warmup ends R times too early and the decay runs R times too fast.",
+     "     optimizer.step()\n"
+     "-    for _ in range(world_size): scheduler.step()   # e.g. accelerate\n"
+     "+    scheduler.step()                               # once per step",
+     "optimizer step t uses S(t*R) instead of S(t)", "ddp-scheduler-per-rank",
+     "FIELD.md: scheduler stepped xR under DP (transformers #24088, "
+     "accelerate #2926)",
+     "ddp.scheduler-per-rank inertness.ddp"},
+    {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
+     "Correct accumulation under DDP (no_sync on every micro-step but the "
+     "window's last, each rank weighting its items R/N_w with N_w counted "
+     "over all ranks, DDP's average at the all-reduce) equals one "
+     "process's large batch over the same windows, padding duplicates "
+     "included. Seed 003's server case (240 ranks x micro-batch 10 against "
+     "a target batch of 3072) gives K = 1.28, which must be rounded: "
+     "accumulation stays exact at K = 1 or 2, but the batch becomes 25 or "
+     "50 instead of 32 (scaled down), no K reaches the target's trajectory, "
+     "and scaling the lr by K moves further from it.",
+     "-K = round(target_batch / (world_size * b))    # 1.28 -> 1 or 2\n"
+     "-lr = lr * K                                   # seed 003's advice\n"
+     "+K = target_batch // (world_size * b)          # choose b, R so it "
+     "divides\n"
+     "+assert world_size * b * K == target_batch",
+     "G_t = (1/N_w) sum over every rank's shards in the window of grad "
+     "l_i(theta_t); the effective batch is R*K*b",
+     "ddp-correct seed-003-target seed-003-k1 seed-003-k2 seed-003-k2-linear",
+     "seed 003 (effective batch 3072 on 30 nodes x 8 GPUs, linear lr "
+     "scaling); FIELD.md: DistributedSampler padding duplicates, DDP's "
+     "1/world_size reduction; TTrace arXiv 2506.09280 (distributed vs "
+     "single-device reference)",
+     "ddp.gradient-outside-trainer ddp.repartition.oracle "
+     "ddp.repartition.device"},
 };
 
 }  // namespace

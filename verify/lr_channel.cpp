@@ -26,7 +26,8 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
   LrChannel c;
   std::vector<int64_t> epoch_of;
   for (const TraceEvent& te : run.events)
-    if (te.event.kind == EventKind::optimizer_step) {
+    if (te.event.kind == EventKind::optimizer_step && te.event.rank == 0) {
+      // With R ranks every rank records its step; rank 0's stand for all.
       c.trace_lr.push_back(te.event.lr);
       epoch_of.push_back(te.event.epoch);
     }

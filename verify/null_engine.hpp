@@ -21,7 +21,7 @@ struct NullEngine {
     return int64_t(ids.size());
   }
   void zero_grad() {}
-  double forward_backward(const std::vector<int64_t>&, int64_t) { return 0; }
+  double forward_backward(const std::vector<int64_t>&, LossWeight) { return 0; }
   void add_l2(double, int64_t) {}
   double grad_norm() const { return 0; }
   void scale_grads(double) {}

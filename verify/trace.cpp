@@ -28,6 +28,8 @@ namespace accumcheck {
 
 namespace {
 
+// The rank column, last, is optional (TraceWriter::with_ranks) in both
+// files.
 constexpr std::string_view kEventsHeader =
     "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,sample_ids";
 constexpr std::string_view kEventsHeaderV1 =
@@ -39,8 +41,9 @@ constexpr std::string_view kRequiredMeta[] = {
     "engine", "precision", "tool_version"};
 
 constexpr EventKind kEventKinds[] = {
-    EventKind::zero_grad, EventKind::forward_backward, EventKind::clip,
-    EventKind::optimizer_step, EventKind::scheduler_step};
+    EventKind::zero_grad,      EventKind::forward_backward,
+    EventKind::clip,           EventKind::optimizer_step,
+    EventKind::scheduler_step, EventKind::all_reduce};
 
 // A text field: double-quoted when it holds the separator, a quote, or
 // edge whitespace (which the reader would trim).  Line breaks cannot be
@@ -94,6 +97,15 @@ TraceWriter::TraceWriter(std::string scenario_name, std::string scenario_digest,
   values_ = std::string(kValuesHeader) + "\n";
 }
 
+void TraceWriter::with_ranks() {
+  if (!runs_.empty())
+    throw std::logic_error("TraceWriter::with_ranks after the first run");
+  if (ranks_) return;
+  ranks_ = true;
+  events_ = std::string(kEventsHeader) + ",rank\n";
+  values_ = std::string(kValuesHeader) + ",rank\n";
+}
+
 void TraceWriter::add_meta(std::string key, std::string value) {
   for (const auto& [k, v] : meta_)
     if (k == key)
@@ -138,19 +150,23 @@ void TraceWriter::add_event(const Event& e) {
   for (size_t i = 0; i < e.sample_ids.size(); ++i)
     fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "",
                    e.sample_ids[i]);
+  if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", e.rank);
   o += '\n';
 }
 
 void TraceWriter::add_value(int64_t step, ValueKind kind,
                             std::string_view tensor, int64_t index,
-                            double value) {
+                            double value, int64_t rank) {
   if (runs_.empty()) throw std::logic_error("add_value before begin_run");
+  if (rank != 0 && !ranks_)
+    throw std::logic_error("add_value of rank > 0 without with_ranks()");
   std::string& o = values_;
   append_field(o, runs_.back());
   fmt::format_to(std::back_inserter(o), ",{},{},", step, value_kind_name(kind));
   append_field(o, tensor);
   fmt::format_to(std::back_inserter(o), ",{},", index);
   append_real(o, value);
+  if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", rank);
   o += '\n';
 }
 
@@ -362,10 +378,10 @@ Trace read_trace(const std::string& dir) {
     const bool v1 = t.meta_value("schema") == kTraceSchemaV1;
     const std::string_view header = v1 ? kEventsHeaderV1 : kEventsHeader;
     CsvFile f(t.events_path(), header);
-    Reader<11> r(f.bytes);
+    Reader<12> r(f.bytes);
     f.read_header_flags(r, io::ignore_missing_column, header, "run", "epoch",
                         "step", "micro", "event", "samples", "tokens", "loss",
-                        "lr", "grad_norm", "sample_ids");
+                        "lr", "grad_norm", "sample_ids", "rank");
     for (std::string_view c : {"run", "epoch", "step", "micro", "event",
                                "samples", "tokens", "loss", "lr", "grad_norm"})
       if (!r.has_column(std::string(c)))
@@ -386,9 +402,11 @@ Trace read_trace(const std::string& dir) {
          *samples = nullptr, *tokens = nullptr, *loss = nullptr, *lr = nullptr,
          *norm = nullptr;
     char* ids = nullptr;
+    char zero[] = "0";
+    char* rank = zero;
     int64_t line = 0;
     while (f.row(r, line, run, epoch, step, micro, event, samples, tokens, loss,
-                 lr, norm, ids)) {
+                 lr, norm, ids, rank)) {
       TraceRun& tr = runs.at(f, line, run);
       TraceEvent te;
       te.line = line;
@@ -402,8 +420,8 @@ Trace read_trace(const std::string& dir) {
       if (kind == std::end(kEventKinds))
         f.fail(line, "event",
                fmt::format("unknown event '{}'; expected zero_grad, "
-                           "forward_backward, clip, optimizer_step or "
-                           "scheduler_step",
+                           "forward_backward, clip, optimizer_step, "
+                           "scheduler_step or all_reduce",
                            event));
       e.kind = *kind;
       e.samples = f.integer(line, "samples", samples, 0);
@@ -411,6 +429,7 @@ Trace read_trace(const std::string& dir) {
       e.loss = f.real(line, "loss", loss);
       e.lr = f.real(line, "lr", lr);
       e.grad_norm = f.real(line, "grad_norm", norm);
+      e.rank = f.integer(line, "rank", rank, -1);
       if (ids != nullptr && *ids != '\0') {
         std::string_view rest(ids);
         while (!rest.empty()) {
@@ -447,17 +466,26 @@ Trace read_trace(const std::string& dir) {
   runs.first = true;
   {  // values.csv
     CsvFile f(t.values_path(), kValuesHeader);
-    Reader<6> r(f.bytes);
-    f.read_header(r, kValuesHeader, "run", "step", "kind", "tensor", "index",
-                  "value");
+    Reader<7> r(f.bytes);
+    f.read_header_flags(r, io::ignore_missing_column, kValuesHeader, "run",
+                        "step", "kind", "tensor", "index", "value", "rank");
+    for (std::string_view c :
+         {"run", "step", "kind", "tensor", "index", "value"})
+      if (!r.has_column(std::string(c)))
+        f.fail(1, c,
+               fmt::format("missing column '{}'; expected the header {}", c,
+                           kValuesHeader));
     std::string run, kind, tensor;
     char *step = nullptr, *index = nullptr, *value = nullptr;
+    char zero[] = "0";
+    char* rank = zero;
     int64_t line = 0;
     // The rows of the current (run, step), to find duplicates.
-    std::map<std::tuple<ValueKind, std::string, int64_t>, int64_t> seen;
+    std::map<std::tuple<int64_t, ValueKind, std::string, int64_t>, int64_t>
+        seen;
     const TraceRun* seen_run = nullptr;
     int64_t seen_step = -1;
-    while (f.row(r, line, run, step, kind, tensor, index, value)) {
+    while (f.row(r, line, run, step, kind, tensor, index, value, rank)) {
       TraceRun& tr = runs.at(f, line, run);
       TraceValue v;
       v.line = line;
@@ -473,6 +501,7 @@ Trace read_trace(const std::string& dir) {
       v.tensor = tensor;
       v.index = f.integer(line, "index", index, 0);
       v.value = f.real(line, "value", value);
+      v.rank = f.integer(line, "rank", rank, 0);
       if (!tr.values.empty() && v.step < tr.values.back().step)
         f.fail(line, "step",
                fmt::format("steps out of order in run '{}': {} after {} "
@@ -484,21 +513,28 @@ Trace read_trace(const std::string& dir) {
         seen_run = &tr;
         seen_step = v.step;
       }
-      const auto [it, fresh] =
-          seen.emplace(std::make_tuple(v.kind, v.tensor, v.index), line);
+      const auto [it, fresh] = seen.emplace(
+          std::make_tuple(v.rank, v.kind, v.tensor, v.index), line);
       if (!fresh)
         f.fail(line, "",
-               fmt::format("duplicated row: run '{}' step {} {} {}[{}] was "
-                           "given at line {}",
-                           run, v.step, kind, tensor, v.index, it->second));
+               fmt::format("duplicated row: run '{}' step {} {} {}[{}] rank "
+                           "{} was given at line {}",
+                           run, v.step, kind, tensor, v.index, v.rank,
+                           it->second));
       tr.values.push_back(std::move(v));
     }
   }
   return t;
 }
 
+std::vector<int64_t> value_ranks(const TraceRun& run) {
+  std::set<int64_t> ranks{0};
+  for (const TraceValue& v : run.values) ranks.insert(v.rank);
+  return {ranks.begin(), ranks.end()};
+}
+
 std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
-                                    const ParamLayout& layout) {
+                                    const ParamLayout& layout, int64_t rank) {
   const std::string file = t.values_path();
   std::map<std::string, const TensorView*, std::less<>> tensors;
   for (const TensorView& v : layout.tensors) tensors[v.name] = &v;
@@ -507,6 +543,7 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
   std::vector<int64_t> count_grad, count_param;  // per step
   std::vector<int64_t> last_line;
   for (const TraceValue& v : run.values) {
+    if (v.rank != rank) continue;
     const auto it = tensors.find(v.tensor);
     if (it == tensors.end()) {
       std::string known;

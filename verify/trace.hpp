@@ -4,14 +4,19 @@
 //   meta.csv    key,value          schema, scenario, scenario_digest,
 //                                  engine, precision, tool_version, extras
 //   events.csv  run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,
-//               sample_ids
+//               sample_ids,rank
 //                 micro: the micro-batch's index within its window for
 //                 forward_backward, -1 for window-level events
 //                 sample_ids: forward_backward: the micro-batch's sample
 //                 ids, space-separated, in the order drawn ("" unknown)
-//   values.csv  run,step,kind,tensor,index,value
+//   values.csv  run,step,kind,tensor,index,value,rank
 //                 kind grad: the gradient handed to optimizer step `step`
 //                 kind param: the parameters just after it
+//               rank: the data-parallel rank that made the call or holds
+//               the value (-1 for a collective event, all_reduce).  Written
+//               only for a multi-rank scenario (TraceWriter::with_ranks),
+//               so one-rank traces keep their bytes; absent, every row is
+//               rank 0 (one-rank recorders need not write it).
 // Several runs ("reference", "correct", a pitfall id...) share the files,
 // told apart by `run`; each run's rows are contiguous.  Floats are written
 // with 17 significant digits (%.17g) so they read back exactly; NaN is an
@@ -46,6 +51,10 @@ class TraceWriter {
               std::string engine, std::string precision,
               std::string tool_version = "");
 
+  // Adds the rank column to events.csv and values.csv (R > 1); before
+  // any row.
+  void with_ranks();
+
   // Extra meta rows (BLAS, device, ...), written after the required ones
   // in the order added.  A key may appear once.
   void add_meta(std::string key, std::string value);
@@ -55,7 +64,7 @@ class TraceWriter {
   void begin_run(std::string_view name);
   void add_event(const Event& e);
   void add_value(int64_t step, ValueKind kind, std::string_view tensor,
-                 int64_t index, double value);
+                 int64_t index, double value, int64_t rank = 0);
 
   std::string meta_csv() const;
   const std::string& events_csv() const { return events_; }
@@ -65,6 +74,7 @@ class TraceWriter {
   std::vector<std::pair<std::string, std::string>> meta_;
   std::vector<std::string> runs_;
   std::string events_, values_;
+  bool ranks_ = false;
 };
 
 // A run's events, then per optimizer step its gradient and parameters
@@ -76,13 +86,17 @@ void add_run(TraceWriter& w, const Run<Real>& run, const ParamLayout& layout) {
   for (const StepRecord<Real>& s : run.steps) {
     const std::pair<ValueKind, const std::vector<Real>*> kinds[] = {
         {ValueKind::grad, &s.grad}, {ValueKind::param, &s.param}};
-    for (const auto& [kind, vals] : kinds) {
-      if (vals->empty()) continue;
+    auto add = [&](ValueKind kind, const std::vector<Real>& vals,
+                   int64_t rank) {
       for (const TensorView& t : layout.tensors)
         for (int64_t i = 0; i < t.size(); ++i)
           w.add_value(s.step, kind, t.name, i,
-                      static_cast<double>((*vals)[size_t(t.offset + i)]));
-    }
+                      static_cast<double>(vals[size_t(t.offset + i)]), rank);
+    };
+    for (const auto& [kind, vals] : kinds)
+      if (!vals->empty()) add(kind, *vals, 0);
+    for (size_t r = 0; r < s.rank_param.size(); ++r)
+      add(ValueKind::param, s.rank_param[r], int64_t(r) + 1);
   }
 }
 
@@ -101,6 +115,7 @@ struct TraceValue {
   std::string tensor;
   int64_t index = 0;
   double value = 0;
+  int64_t rank = 0;
   int64_t line = 0;  // in values.csv
 };
 
@@ -130,8 +145,8 @@ struct Trace {
 // or kind, a non-number where a number belongs (NaN is only ever an empty
 // field), a file whose last line has no line end (truncated), steps going
 // backwards within a run, a run's rows split by another run's, a duplicated
-// meta key or values row.  (Events carry no rank, so identical events rows are
-// legitimate with R > 1 and are not rejected.)  Digests and tensor shapes
+// meta key or values row (per rank).  (Identical events rows are legitimate
+// with R > 1 and are not rejected.)  Digests and tensor shapes
 // against a scenario are the caller's (see check_values).
 Trace read_trace(const std::string& dir);
 
@@ -145,8 +160,14 @@ struct TraceStep {
 // Checks a run's values against `layout` (every tensor name known, every
 // index in range, each step's grad or param complete) and gathers them by
 // step.  Throws InputError naming values.csv and the offending line.
+// Only the rows of `rank` (rank 0: what one process holds; its gradient is
+// the all-reduced one).
 std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
-                                    const ParamLayout& layout);
+                                    const ParamLayout& layout,
+                                    int64_t rank = 0);
+
+// The ranks a run's values name (sorted; {0} for a one-rank trace).
+std::vector<int64_t> value_ranks(const TraceRun& run);
 
 // ---- the contract tier's section (contract.csv, written by
 // adapters/pytorch/accumcheck_torch/contract.py beside meta/events/values;
