@@ -80,6 +80,30 @@ constexpr Entry kCatalog[] = {
     {Pitfall::ddp_scheduler_per_rank, "ddp-scheduler-per-rank",
      "the scheduler stepped once per process per optimizer step: step t "
      "uses S(t*R)"},
+    {Pitfall::low_precision_grad_buffer, "low-precision-grad-buffer",
+     "gradients accumulated in a bf16 .grad: once the sum is 2^8 times a "
+     "contribution, the contribution is lost (in bf16, 256 + 1 = 256)"},
+    {Pitfall::clip_before_unscale, "clip-before-unscale",
+     "clip_grad_norm_ before scaler.unscale_(): the scaled gradient is "
+     "clipped, so the threshold acts as c/S"},
+    {Pitfall::scaler_update_every_micro_step, "scaler-update-every-micro-step",
+     "scaler.unscale_() and scaler.update() on every micro-step: the running "
+     "sum is divided by S again at each micro-step, the scale moves K times "
+     "per step"},
+    {Pitfall::skipped_step_advances_scheduler,
+     "skipped-step-advances-scheduler",
+     "scheduler.step() after a step the scaler skipped for inf/NaN: the "
+     "schedule runs ahead of the optimizer"},
+    {Pitfall::accumulator_rescaled, "accumulator-rescaled",
+     "buf = 2*buf + g at every micro-step: micro-batch k weighs 2^(K-1-k); "
+     "scale-free optimizers hide it until 2^K overflows"},
+    {Pitfall::ema_every_micro_step, "ema-every-micro-step",
+     "the EMA of the weights updated every micro-step: it decays K times per "
+     "optimizer step"},
+    {Pitfall::optimizer_state_every_micro_step,
+     "optimizer-state-every-micro-step",
+     "Adam's step count and AdamW's decoupled weight decay advanced every "
+     "micro-step: bias corrections use t*K, decay applied K times"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -190,6 +214,27 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         break;
       case Pitfall::ddp_scheduler_per_rank:
         b.scheduler_per_rank = true;
+        break;
+      case Pitfall::low_precision_grad_buffer:
+        b.low_precision_grad_buffer = true;
+        break;
+      case Pitfall::clip_before_unscale:
+        b.clip_before_unscale = true;
+        break;
+      case Pitfall::scaler_update_every_micro_step:
+        b.scaler_update_every_micro_step = true;
+        break;
+      case Pitfall::skipped_step_advances_scheduler:
+        b.skipped_step_advances_scheduler = true;
+        break;
+      case Pitfall::accumulator_rescaled:
+        b.accumulator_rescaled = true;
+        break;
+      case Pitfall::ema_every_micro_step:
+        b.ema_every_micro_step = true;
+        break;
+      case Pitfall::optimizer_state_every_micro_step:
+        b.optimizer_state_every_micro_step = true;
         break;
     }
   }

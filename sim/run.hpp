@@ -19,7 +19,13 @@ enum class EventKind {
   clip,
   optimizer_step,
   scheduler_step,
-  all_reduce  // DDP's gradient all-reduce (R > 1), one per collective
+  all_reduce,  // DDP's gradient all-reduce (R > 1), one per collective
+  // GradScaler (sim/scenario.hpp PrecisionSpec): scaler.unscale_() and
+  // scaler.update(); a window whose unscale_ found an inf or NaN has no
+  // optimizer_step.
+  unscale,
+  scaler_update,
+  ema_update,  // the EMA of the parameters updated (EmaSpec)
 };
 
 inline std::string_view event_name(EventKind k) {
@@ -36,6 +42,12 @@ inline std::string_view event_name(EventKind k) {
       return "scheduler_step";
     case EventKind::all_reduce:
       return "all_reduce";
+    case EventKind::unscale:
+      return "unscale";
+    case EventKind::scaler_update:
+      return "scaler_update";
+    case EventKind::ema_update:
+      return "ema_update";
   }
   return "?";
 }
@@ -52,6 +64,10 @@ struct Event {
   double loss = kNaN;   // forward_backward: the micro-batch's mean item loss
   double lr = kNaN;     // optimizer_step: lr used; scheduler_step: lr after
   double grad_norm = kNaN;  // clip: the pre-clip total norm
+  // The loss scale: on forward_backward the scale its loss was multiplied
+  // by, on unscale the scale divided out, on scaler_update the new scale
+  // (NaN without a GradScaler).
+  double loss_scale = kNaN;
   // The rank that made the call (each rank records its own calls);
   // -1 for a collective (all_reduce).
   int64_t rank = 0;
@@ -72,6 +88,8 @@ struct StepRecord {
   // R > 1: the parameters of ranks 1..R-1 just after the step (rank 0's
   // are `param`); equal to it whenever the ranks stay in sync.
   std::vector<std::vector<Real>> rank_param;
+  // The EMA of the parameters after the step (empty without [ema]).
+  std::vector<Real> ema;
 };
 
 template <class Real>

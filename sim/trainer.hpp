@@ -53,7 +53,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <climits>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +74,13 @@ struct TrainerCounters {
   int64_t optimizer_steps = 0;  // optimizer.step() calls so far
   int64_t scheduler_steps = 0;  // scheduler.step() calls so far
   int64_t windows = 0;          // windows finished so far
+  // GradScaler's state (loss scaling only): the scale is 2^scale_exp
+  // (kNoScale: not started, the scenario's init_scale), and the clean
+  // steps since the scale last changed.
+  static constexpr int64_t kNoScale = INT64_MIN;
+  int64_t scale_exp = kNoScale;
+  int64_t growth_tracker = 0;
+  int64_t skipped_steps = 0;  // steps the scaler skipped (inf/NaN)
 };
 
 struct TrainerOptions {
@@ -111,12 +120,23 @@ class Trainer {
         b_(behavior),
         base_lr_(base_lr),
         opt_(options),
+        scaling_(scenario.precision.loss_scaling),
         schedule_(
             behavior.schedule_horizon_in_micro_steps
                 ? stretched(
                       resolved_schedule(scenario, behavior.horizon_initial_k),
                       scenario.batching.accumulation)
-                : resolved_schedule(scenario, behavior.horizon_initial_k)) {}
+                : resolved_schedule(scenario, behavior.horizon_initial_k)) {
+    // The engine's gradient buffer: the scenario's, or bf16 where the
+    // low-precision-grad-buffer trainer accumulates in its bf16 .grad.
+    const GradBuffer buf =
+        behavior.low_precision_grad_buffer &&
+                scenario.precision.grad_buffer == GradBuffer::fp32
+            ? GradBuffer::bf16
+            : scenario.precision.grad_buffer;
+    if constexpr (requires { engine.set_grad_buffer(buf); })
+      engine.set_grad_buffer(buf);
+  }
 
   // Runs every epoch of `plan` from the engine's current state (every
   // rank starts from it, as DDP broadcasts rank 0's parameters).  The
@@ -125,6 +145,7 @@ class Trainer {
     run_ = Run<Real>{};
     run_.name = std::move(name);
     init_ranks(plan.ranks);
+    init_state_beyond_gradients(true);
     // A lazy plan builds each epoch here, when the loop reaches it.
     plan.visit([&](int64_t ep, const EpochPlan& planned) {
       // The pitfalls that draw or cut windows differently get their own
@@ -155,6 +176,7 @@ class Trainer {
     K_ = K;
     c_ = counters;
     init_ranks(int64_t(w.micro.front().shards.size()));
+    init_state_beyond_gradients(false);
     window(w, 0, last_of_epoch, epoch_micro_steps);
     use_rank(0);
     return std::move(run_);
@@ -174,6 +196,13 @@ class Trainer {
   }
 
   const TrainerCounters& counters() const { return c_; }
+  // The EMA of the parameters (empty without [ema] until the first run).
+  const std::vector<Real>& ema() const { return ema_; }
+  void set_ema(std::vector<Real> ema) { ema_ = std::move(ema); }
+  // The loss scale now (1 without loss scaling).
+  double loss_scale() const {
+    return scaling_ ? std::ldexp(1.0, int(c_.scale_exp)) : 1.0;
+  }
   int64_t rank() const { return rank_; }
   double current_lr() const {
     return base_lr_ * lr_multiplier(schedule_, c_.scheduler_steps);
@@ -309,7 +338,125 @@ class Trainer {
   // On the rank the engine holds.
   void zero_grad(int64_t micro) {
     e_.zero_grad();
+    inf_pending_ = false;  // an injected overflow lives until zero_grad
     event(EventKind::zero_grad, micro);
+  }
+
+  // ------------------------------------- loss scaling, EMA, optimizer state
+
+  // The scaler's starting scale; the EMA's copy of the parameters
+  // (AveragedModel copies them when built; a teacher-forced window keeps
+  // the EMA it was given, or starts one from the state).
+  void init_state_beyond_gradients(bool fresh_run) {
+    if (scaling_ && c_.scale_exp == TrainerCounters::kNoScale)
+      c_.scale_exp = s_.precision.scale_exp;
+    inf_pending_ = false;
+    if (s_.ema.enabled && (fresh_run || ema_.empty()))
+      ema_ = e_.state().params;
+  }
+
+  // The loss weight times the scale 2^e (exact: the weight stays a
+  // rational, num * 2^e or den * 2^-e).
+  LossWeight scaled(LossWeight w) const {
+    if (!scaling_) return w;
+    const int64_t e = c_.scale_exp;
+    int64_t& v = e >= 0 ? w.num : w.den;
+    const int64_t by = e >= 0 ? e : -e;
+    if (by > 62 || v > (INT64_MAX >> by))
+      throw std::range_error(
+          "loss scale 2^" + std::to_string(e) +
+          " leaves the exactly representable loss weights (|e| <= 62)");
+    v <<= by;
+    return w;
+  }
+
+  bool grads_finite() {
+    if constexpr (requires { e_.grads_finite(); }) {
+      return e_.grads_finite();
+    } else {
+      return std::isfinite(static_cast<double>(e_.grad_norm()));
+    }
+  }
+
+  // scaler.unscale_() on every rank: grads *= 2^-e (exact), found_inf
+  // when any rank holds an inf or NaN (or an injected overflow).
+  bool unscale_all(int64_t micro) {
+    bool found = inf_pending_;
+    const double S = std::ldexp(1.0, int(c_.scale_exp));
+    each_rank([&](int64_t) {
+      found = !grads_finite() || found;
+      e_.scale_grads(Real(std::ldexp(1.0, -int(c_.scale_exp))));
+      event(EventKind::unscale, micro,
+            [&](Event& ev) { ev.loss_scale = S; });
+    });
+    return found;
+  }
+
+  // scaler.update(): back off on an inf/NaN, grow after growth_interval
+  // clean updates in a row.
+  void scaler_update(int64_t micro, bool found_inf) {
+    const PrecisionSpec& p = s_.precision;
+    if (found_inf) {
+      c_.scale_exp += p.backoff_exp;
+      c_.growth_tracker = 0;
+    } else if (++c_.growth_tracker == p.growth_interval) {
+      c_.scale_exp += p.growth_exp;
+      c_.growth_tracker = 0;
+    }
+    event(EventKind::scaler_update, micro, [&](Event& ev) {
+      ev.loss_scale = std::ldexp(1.0, int(c_.scale_exp));
+    });
+  }
+
+  // ema = ema * decay + p * (1 - decay), rank 0's parameters (the ranks
+  // agree whenever they are in sync).  The factors are rounded once to
+  // the engine's Real, as PyTorch's mul_(decay).add_(p, alpha=1-decay).
+  void ema_update(int64_t micro) {
+    use_rank(0);
+    const std::vector<Real> p = e_.state().params;
+    if (ema_.size() != p.size()) ema_ = p;
+    const Real d(s_.ema.decay), rest(1.0 - s_.ema.decay);
+    for (size_t i = 0; i < p.size(); ++i) {
+      const Real kept = ema_[i] * d;
+      const Real add = p[i] * rest;
+      ema_[i] = kept + add;
+    }
+    event(EventKind::ema_update, micro);
+  }
+
+  // optimizer-state-every-micro-step: Adam's t advanced and AdamW's
+  // decoupled decay p *= float(1 - lr*wd) applied, without a step.
+  void advance_optimizer_state() {
+    each_rank([&](int64_t) {
+      EngineState<Real> st = e_.state();
+      ++st.optimizer_steps;
+      if (s_.optimizer.kind == OptimizerKind::adamw) {
+        const Real mul(1.0 - current_lr() * s_.optimizer.weight_decay);
+        for (Real& p : st.params) p = p * mul;
+      }
+      e_.set_state(st);
+    });
+  }
+
+  // The step of a window: [clip if clip-before-unscale] unscale_ (loss
+  // scaling), clip, optimizer.step() unless unscale_ found an inf/NaN,
+  // scaler.update(), the EMA after a step.  Returns whether it stepped.
+  bool step_block(int64_t micro, bool clip_here) {
+    const bool pre_clip = clip_here && scaling_ && b_.clip_before_unscale;
+    if (pre_clip) each_rank([&](int64_t) { clip(micro); });
+    const bool found = scaling_ && unscale_all(micro);
+    if (clip_here && !pre_clip) each_rank([&](int64_t) { clip(micro); });
+    if (found)
+      ++c_.skipped_steps;
+    else
+      optimizer_step(micro);
+    if (scaling_) scaler_update(micro, found);
+    if (!found && s_.ema.enabled) {
+      ema_update(micro);
+      if (opt_.record_values && !run_.steps.empty())
+        run_.steps.back().ema = ema_;
+    }
+    return !found;
   }
 
   // clip_grad_norm_: coef = c / (norm + 1e-6), clamped to 1, in the
@@ -405,20 +552,25 @@ class Trainer {
   }
 
   // The end of a window: step, schedule and zero as the behaviour says.
+  // A step the scaler skipped is not followed by scheduler.step()
+  // (accelerate's `if not optimizer.step_was_skipped`) unless the
+  // trainer is skipped-step-advances-scheduler.
   void boundary(bool steps_at_boundary, bool last_of_epoch,
                 int64_t epoch_micro_steps) {
     const bool clipping = s_.clip.enabled;
-    auto clip_all = [&] { each_rank([&](int64_t) { clip(-1); }); };
     auto zero_all = [&] { each_rank([&](int64_t) { zero_grad(-1); }); };
+    auto schedules_after = [&](bool stepped) {
+      return boundary_schedules() && !b_.scheduler_before_optimizer &&
+             (stepped || b_.skipped_step_advances_scheduler);
+    };
     if (b_.seed_002_loop) {
       // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
       if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
         if (boundary_schedules() && b_.scheduler_before_optimizer)
           scheduler_step(-1);
-        if (clipping && !b_.clip_per_micro_step) clip_all();
-        optimizer_step(-1);
-        if (boundary_schedules() && !b_.scheduler_before_optimizer)
-          scheduler_step(-1);
+        const bool stepped =
+            step_block(-1, clipping && !b_.clip_per_micro_step);
+        if (schedules_after(stepped)) scheduler_step(-1);
         zero_all();
       }
     } else if (!steps_at_boundary) {
@@ -427,12 +579,10 @@ class Trainer {
     } else {
       if (boundary_schedules() && b_.scheduler_before_optimizer)
         scheduler_step(-1);
-      if (!b_.step_every_micro_step && !done()) {
-        if (clipping && !b_.clip_per_micro_step) clip_all();
-        optimizer_step(-1);
-      }
-      if (boundary_schedules() && !b_.scheduler_before_optimizer)
-        scheduler_step(-1);
+      bool stepped = true;
+      if (!b_.step_every_micro_step && !done())
+        stepped = step_block(-1, clipping && !b_.clip_per_micro_step);
+      if (schedules_after(stepped)) scheduler_step(-1);
       if (b_.zero_grad == ZeroGradTiming::after_step) zero_all();
     }
   }
@@ -467,11 +617,13 @@ class Trainer {
         if (b_.seed_002_loop ||
             b_.zero_grad == ZeroGradTiming::every_micro_step)
           zero_grad(k);
+        // accumulator-rescaled: buf = 2*buf + g.
+        if (b_.accumulator_rescaled) e_.scale_grads(Real(2));
         const auto& shard = w.micro[size_t(k)].shards[size_t(r)];
         if (!shard.empty()) {
           const int64_t items = e_.items(shard);
           const double loss = static_cast<double>(
-              e_.forward_backward(shard, weight(w, r, items)));
+              e_.forward_backward(shard, scaled(weight(w, r, items))));
           loss_sum += loss;
           loss_items += items;
           event(EventKind::forward_backward, k, [&](Event& ev) {
@@ -479,7 +631,9 @@ class Trainer {
             ev.sample_ids = shard;
             if (s_.model.kind == ModelKind::token) ev.tokens = items;
             ev.loss = loss / double(items);
+            if (scaling_) ev.loss_scale = loss_scale();
           });
+          if (injected_overflow(k)) inf_pending_ = true;
         }
         if (s_.optimizer.l2_in_loss != 0.0)
           e_.add_l2(s_.optimizer.l2_in_loss, b_.l2_unnormalized ? 1 : Kw);
@@ -489,11 +643,14 @@ class Trainer {
         all_reduce(k);
       if (clipping && b_.clip_per_micro_step)
         each_rank([&](int64_t) { clip(k); });
-      if (b_.step_every_micro_step && steps_at_boundary && !done()) {
-        if (clipping && !b_.clip_per_micro_step)
-          each_rank([&](int64_t) { clip(k); });
-        optimizer_step(k);
+      if (k + 1 < Kw) {  // the micro-steps that do not step
+        if (scaling_ && b_.scaler_update_every_micro_step)
+          scaler_update(k, unscale_all(k));
+        if (s_.ema.enabled && b_.ema_every_micro_step) ema_update(k);
+        if (b_.optimizer_state_every_micro_step) advance_optimizer_state();
       }
+      if (b_.step_every_micro_step && steps_at_boundary && !done())
+        step_block(k, clipping && !b_.clip_per_micro_step);
       // The boundary's optimizer.step() precedes the micro-step's
       // scheduler.step() (scheduler-per-micro-step: step t uses S(tK+K-1)).
       if (k + 1 == Kw)
@@ -512,11 +669,21 @@ class Trainer {
     ++c_.windows;
   }
 
+  // precision.overflow names (this window, micro-step k).
+  bool injected_overflow(int64_t k) const {
+    for (const auto& [w, m] : s_.precision.overflow)
+      if (w == c_.windows && m == k) return true;
+    return false;
+  }
+
   E& e_;
   const Scenario& s_;
   Behavior b_;
   double base_lr_;
   TrainerOptions opt_;
+  bool scaling_ = false;     // GradScaler on (precision.loss_scale)
+  bool inf_pending_ = false;  // an injected overflow since zero_grad
+  std::vector<Real> ema_;     // the EMA of the parameters ([ema])
   ScheduleSpec schedule_;
   TrainerCounters c_;
   Run<Real> run_;

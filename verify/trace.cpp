@@ -43,7 +43,9 @@ constexpr std::string_view kRequiredMeta[] = {
 constexpr EventKind kEventKinds[] = {
     EventKind::zero_grad,      EventKind::forward_backward,
     EventKind::clip,           EventKind::optimizer_step,
-    EventKind::scheduler_step, EventKind::all_reduce};
+    EventKind::scheduler_step, EventKind::all_reduce,
+    EventKind::unscale,        EventKind::scaler_update,
+    EventKind::ema_update};
 
 // A text field: double-quoted when it holds the separator, a quote, or
 // edge whitespace (which the reader would trim).  Line breaks cannot be
@@ -80,7 +82,9 @@ void append_real(std::string& out, double x) {
 }  // namespace
 
 std::string_view value_kind_name(ValueKind k) {
-  return k == ValueKind::param ? "param" : "grad";
+  return k == ValueKind::param ? "param"
+         : k == ValueKind::grad ? "grad"
+                                : "ema";
 }
 
 TraceWriter::TraceWriter(std::string scenario_name, std::string scenario_digest,
@@ -102,8 +106,21 @@ void TraceWriter::with_ranks() {
     throw std::logic_error("TraceWriter::with_ranks after the first run");
   if (ranks_) return;
   ranks_ = true;
-  events_ = std::string(kEventsHeader) + ",rank\n";
-  values_ = std::string(kValuesHeader) + ",rank\n";
+  reset_headers();
+}
+
+void TraceWriter::with_loss_scale() {
+  if (!runs_.empty())
+    throw std::logic_error("TraceWriter::with_loss_scale after the first run");
+  loss_scale_ = true;
+  reset_headers();
+}
+
+// The optional columns, last: rank, then loss_scale.
+void TraceWriter::reset_headers() {
+  events_ = std::string(kEventsHeader) + (ranks_ ? ",rank" : "") +
+            (loss_scale_ ? ",loss_scale" : "") + "\n";
+  values_ = std::string(kValuesHeader) + (ranks_ ? ",rank" : "") + "\n";
 }
 
 void TraceWriter::add_meta(std::string key, std::string value) {
@@ -151,6 +168,10 @@ void TraceWriter::add_event(const Event& e) {
     fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "",
                    e.sample_ids[i]);
   if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", e.rank);
+  if (loss_scale_) {
+    o += ',';
+    append_real(o, e.loss_scale);
+  }
   o += '\n';
 }
 
@@ -378,10 +399,10 @@ Trace read_trace(const std::string& dir) {
     const bool v1 = t.meta_value("schema") == kTraceSchemaV1;
     const std::string_view header = v1 ? kEventsHeaderV1 : kEventsHeader;
     CsvFile f(t.events_path(), header);
-    Reader<12> r(f.bytes);
+    Reader<13> r(f.bytes);
     f.read_header_flags(r, io::ignore_missing_column, header, "run", "epoch",
                         "step", "micro", "event", "samples", "tokens", "loss",
-                        "lr", "grad_norm", "sample_ids", "rank");
+                        "lr", "grad_norm", "sample_ids", "rank", "loss_scale");
     for (std::string_view c : {"run", "epoch", "step", "micro", "event",
                                "samples", "tokens", "loss", "lr", "grad_norm"})
       if (!r.has_column(std::string(c)))
@@ -404,9 +425,10 @@ Trace read_trace(const std::string& dir) {
     char* ids = nullptr;
     char zero[] = "0";
     char* rank = zero;
+    char* scale = nullptr;  // optional: NaN when absent
     int64_t line = 0;
     while (f.row(r, line, run, epoch, step, micro, event, samples, tokens, loss,
-                 lr, norm, ids, rank)) {
+                 lr, norm, ids, rank, scale)) {
       TraceRun& tr = runs.at(f, line, run);
       TraceEvent te;
       te.line = line;
@@ -421,7 +443,8 @@ Trace read_trace(const std::string& dir) {
         f.fail(line, "event",
                fmt::format("unknown event '{}'; expected zero_grad, "
                            "forward_backward, clip, optimizer_step, "
-                           "scheduler_step or all_reduce",
+                           "scheduler_step, all_reduce, unscale, "
+                           "scaler_update or ema_update",
                            event));
       e.kind = *kind;
       e.samples = f.integer(line, "samples", samples, 0);
@@ -430,6 +453,7 @@ Trace read_trace(const std::string& dir) {
       e.lr = f.real(line, "lr", lr);
       e.grad_norm = f.real(line, "grad_norm", norm);
       e.rank = f.integer(line, "rank", rank, -1);
+      e.loss_scale = scale ? f.real(line, "loss_scale", scale) : kNaN;
       if (ids != nullptr && *ids != '\0') {
         std::string_view rest(ids);
         while (!rest.empty()) {
@@ -494,9 +518,12 @@ Trace read_trace(const std::string& dir) {
         v.kind = ValueKind::param;
       else if (kind == "grad")
         v.kind = ValueKind::grad;
+      else if (kind == "ema")
+        v.kind = ValueKind::ema;
       else
         f.fail(line, "kind",
-               fmt::format("unknown kind '{}'; expected param or grad", kind));
+               fmt::format("unknown kind '{}'; expected param, grad or ema",
+                           kind));
       if (tensor.empty()) f.fail(line, "tensor", "expected a tensor name");
       v.tensor = tensor;
       v.index = f.integer(line, "index", index, 0);
@@ -540,7 +567,7 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
   for (const TensorView& v : layout.tensors) tensors[v.name] = &v;
 
   std::vector<TraceStep> steps;
-  std::vector<int64_t> count_grad, count_param;  // per step
+  std::vector<int64_t> count_grad, count_param, count_ema;  // per step
   std::vector<int64_t> last_line;
   for (const TraceValue& v : run.values) {
     if (v.rank != rank) continue;
@@ -567,20 +594,27 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
       steps.push_back(TraceStep{v.step, {}, {}});
       count_grad.push_back(0);
       count_param.push_back(0);
+      count_ema.push_back(0);
       last_line.push_back(v.line);
     }
     TraceStep& s = steps.back();
-    std::vector<double>& dst = v.kind == ValueKind::grad ? s.grad : s.param;
+    std::vector<double>& dst = v.kind == ValueKind::grad    ? s.grad
+                               : v.kind == ValueKind::param ? s.param
+                                                            : s.ema;
     if (dst.empty())
       dst.assign(size_t(layout.total),
                  std::numeric_limits<double>::quiet_NaN());
     dst[size_t(tv.offset + v.index)] = v.value;
-    ++(v.kind == ValueKind::grad ? count_grad : count_param).back();
+    ++(v.kind == ValueKind::grad    ? count_grad
+       : v.kind == ValueKind::param ? count_param
+                                    : count_ema)
+          .back();
     last_line.back() = v.line;
   }
   for (size_t i = 0; i < steps.size(); ++i) {
     for (const auto& [count, kind] :
-         {std::pair{count_grad[i], "grad"}, std::pair{count_param[i], "param"}})
+         {std::pair{count_grad[i], "grad"}, std::pair{count_param[i], "param"},
+          std::pair{count_ema[i], "ema"}})
       if (count != 0 && count != layout.total)
         throw InputError(
             file, last_line[i], 0, kind,

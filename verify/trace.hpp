@@ -40,7 +40,8 @@ namespace accumcheck {
 inline constexpr std::string_view kTraceSchema = "accumcheck-trace/2";
 inline constexpr std::string_view kTraceSchemaV1 = "accumcheck-trace/1";
 
-enum class ValueKind { param, grad };
+// ema: the EMA of the parameters after the step (runs with [ema]).
+enum class ValueKind { param, grad, ema };
 std::string_view value_kind_name(ValueKind k);
 
 // Accumulates the rows of one trace, run after run.
@@ -54,6 +55,9 @@ class TraceWriter {
   // Adds the rank column to events.csv and values.csv (R > 1); before
   // any row.
   void with_ranks();
+  // Adds the optional loss_scale column to events.csv (runs with loss
+  // scaling: sim/run.hpp Event::loss_scale); before the first run.
+  void with_loss_scale();
 
   // Extra meta rows (BLAS, device, ...), written after the required ones
   // in the order added.  A key may appear once.
@@ -75,6 +79,8 @@ class TraceWriter {
   std::vector<std::string> runs_;
   std::string events_, values_;
   bool ranks_ = false;
+  bool loss_scale_ = false;
+  void reset_headers();
 };
 
 // A run's events, then per optimizer step its gradient and parameters
@@ -85,7 +91,9 @@ void add_run(TraceWriter& w, const Run<Real>& run, const ParamLayout& layout) {
   for (const Event& e : run.events) w.add_event(e);
   for (const StepRecord<Real>& s : run.steps) {
     const std::pair<ValueKind, const std::vector<Real>*> kinds[] = {
-        {ValueKind::grad, &s.grad}, {ValueKind::param, &s.param}};
+        {ValueKind::grad, &s.grad},
+        {ValueKind::param, &s.param},
+        {ValueKind::ema, &s.ema}};
     auto add = [&](ValueKind kind, const std::vector<Real>& vals,
                    int64_t rank) {
       for (const TensorView& t : layout.tensors)
@@ -155,6 +163,7 @@ Trace read_trace(const std::string& dir);
 struct TraceStep {
   int64_t step = 0;
   std::vector<double> grad, param;
+  std::vector<double> ema;  // the EMA after the step (runs with [ema])
 };
 
 // Checks a run's values against `layout` (every tensor name known, every
