@@ -251,12 +251,29 @@ std::string semantics_name(const std::vector<Pitfall>& pitfalls) {
   return s;
 }
 
-std::vector<std::vector<Pitfall>> candidate_semantics(bool token_loss) {
+std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
+  auto in_scope = [&](Pitfall p) {
+    switch (p) {
+      case Pitfall::sample_mean_of_means:
+        return !scope.token_loss;
+      case Pitfall::token_mean_of_means:
+        return scope.token_loss;
+      case Pitfall::clip_before_unscale:
+      case Pitfall::scaler_update_every_micro_step:
+      case Pitfall::skipped_step_advances_scheduler:
+        return scope.loss_scaling;
+      case Pitfall::ema_every_micro_step:
+        return scope.ema;
+      case Pitfall::low_precision_grad_buffer:
+      case Pitfall::optimizer_state_every_micro_step:
+        return !scope.contract_tier;
+      default:
+        return true;
+    }
+  };
   std::vector<Pitfall> catalog;
   for (Pitfall p : kAllPitfalls)
-    if (p != (token_loss ? Pitfall::sample_mean_of_means
-                         : Pitfall::token_mean_of_means))
-      catalog.push_back(p);
+    if (in_scope(p)) catalog.push_back(p);
   std::vector<std::vector<Pitfall>> sems = {{}};
   for (Pitfall p : catalog) sems.push_back({p});
   for (size_t i = 0; i < catalog.size(); ++i)

@@ -198,8 +198,20 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
 // The candidates certification and the contract property judge: correct,
 // every single pitfall and every pair, with the mean-of-means pitfall of
 // the model's loss only (sample- for sample losses, token- for token
-// losses: the same switch, named for the loss).
-std::vector<std::vector<Pitfall>> candidate_semantics(bool token_loss);
+// losses: the same switch, named for the loss).  The GradScaler pitfalls
+// (clip-before-unscale, scaler-update-every-micro-step,
+// skipped-step-advances-scheduler) are candidates only with loss
+// scaling, ema-every-micro-step only with an EMA (elsewhere they are
+// `correct`); the contract tier (whose coefficient engine holds neither
+// rounded buffers nor parameters) leaves out low-precision-grad-buffer
+// and optimizer-state-every-micro-step.
+struct CandidateScope {
+  bool token_loss = false;
+  bool loss_scaling = false;
+  bool ema = false;
+  bool contract_tier = false;
+};
+std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope);
 
 // "correct", or the ids joined by "+".
 std::string semantics_name(const std::vector<Pitfall>& pitfalls);

@@ -25,6 +25,23 @@
 // as the behaviour says (scheduler-before-optimizer: scheduler, step,
 // zero_grad; scheduler-per-epoch: no scheduler there, one scheduler.step()
 // after each epoch's last window).
+// Loss scaling ([precision] loss_scale = "dynamic", PyTorch's GradScaler
+// as the docs' accumulation recipe uses it): every backward's loss weight
+// is multiplied by the scale S = 2^e (exact); the window's step block is
+//   [clip if clip-before-unscale] unscale_ (grads *= 2^-e; found_inf if
+//   any rank holds an inf/NaN or an injected overflow) [clip]
+//   optimizer.step() unless found_inf; scaler.update() (found_inf:
+//   e += backoff, else after growth_interval clean updates e += growth);
+//   [EMA update after a step]
+// then scheduler.step() unless the step was skipped
+// (skipped-step-advances-scheduler: always), zero_grad.  On the
+// micro-steps that do not step: [accumulator-rescaled: grads *= 2 before
+// each backward] [unscale_ + update if scaler-update-every-micro-step]
+// [EMA update if ema-every-micro-step] [t += 1 and AdamW's decay if
+// optimizer-state-every-micro-step].  The engine's gradient buffer
+// (bf16/fp16/fp32) is set once, from [precision] grad_buffer or bf16 for
+// low-precision-grad-buffer.
+//
 // The windows an epoch is cut into are the plan's, except where a pitfall
 // draws or cuts them differently (drawn()): skip-short-micro-batch drops
 // the epoch's short last micro-batch, window-boundary-off-by-one cuts

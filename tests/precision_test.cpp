@@ -75,11 +75,11 @@ TEST(PrecisionRounding, KernelEqualsExactRoundingOnASweep) {
 
 // A fixed MLP on generated data, micro-batches of one sample, so the K
 // terms of a window differ.
-struct Setup {
+struct Fixture {
   Scenario s;
   Dataset d;
   std::vector<float> p;
-  Setup() {
+  Fixture() {
     s.model.widths = {6, 8, 3};
     s.model.activation = Activation::tanh;
     s.model.loss = LossKind::mse;
@@ -96,7 +96,7 @@ struct Row {
   double max_err_u = 0;  // max err / sum|t|, in units of the format's u
 };
 
-Row measure(const Setup& st, GradBuffer b, int64_t K) {
+Row measure(const Fixture& st, GradBuffer b, int64_t K) {
   using T = Tracked<OracleReal>;
   EmulatedDevice dev(st.s.model, st.d, st.p);
   dev.set_grad_buffer(b);
@@ -130,7 +130,7 @@ Row measure(const Setup& st, GradBuffer b, int64_t K) {
 }
 
 TEST(PrecisionBuffer, ErrorAgainstBoundAsKGrows) {
-  const Setup st;
+  const Fixture st;
   std::printf("   K | bf16 err/bound  bf16 err/(u sum|t|) | fp16 err/bound  "
               "fp16 err/(u sum|t|)\n");
   double worst = 0;
@@ -148,7 +148,7 @@ TEST(PrecisionBuffer, ErrorAgainstBoundAsKGrows) {
 // A low-precision buffer changes the sum where float32 would not: the
 // bf16 window sum differs from the fp32 one (and both stay in bounds).
 TEST(PrecisionBuffer, Bf16DiffersFromFp32) {
-  const Setup st;
+  const Fixture st;
   EmulatedDevice a(st.s.model, st.d, st.p), b(st.s.model, st.d, st.p);
   b.set_grad_buffer(GradBuffer::bf16);
   for (int64_t k = 0; k < 64; ++k) {

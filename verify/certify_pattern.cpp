@@ -30,6 +30,10 @@ size_t kind_slot(EventKind k) {
       return 4;
     case EventKind::all_reduce:
       return 5;
+    case EventKind::unscale:
+    case EventKind::scaler_update:
+    case EventKind::ema_update:
+      break;  // not counted (pattern_of skips them)
   }
   return 0;
 }
@@ -59,6 +63,11 @@ Pattern pattern_of(const std::vector<Event>& all_events,
     }
     if (e.kind == EventKind::forward_backward) seen_fb = true;
     if (ignore_scheduler && e.kind == EventKind::scheduler_step) continue;
+    // The GradScaler's and the EMA's calls are state, judged by values,
+    // not by the call pattern (a recorder may not see them).
+    if (e.kind == EventKind::unscale || e.kind == EventKind::scaler_update ||
+        e.kind == EventKind::ema_update)
+      continue;
     if (p.size() <= size_t(e.step)) p.resize(size_t(e.step) + 1, Counts{});
     ++p[size_t(e.step)][kind_slot(e.kind)];
   }

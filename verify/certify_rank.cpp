@@ -21,7 +21,9 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   // losses, token- for token losses (the same switch, named for the
   // loss; the scenario parser refuses the other).
   std::vector<std::vector<Pitfall>> sems =
-      candidate_semantics(s.model.kind == ModelKind::token);
+      candidate_semantics({.token_loss = s.model.kind == ModelKind::token,
+                           .loss_scaling = s.precision.loss_scaling,
+                           .ema = s.ema.enabled});
   sems.push_back(s.trainer.accepted);
   // Per candidate: every step's cheap gradient and parameter ratios.
   std::vector<std::vector<double>> fingerprints;

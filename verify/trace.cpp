@@ -591,7 +591,7 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
                       "({} elements)",
                       v.index, tv.name, tv.rows, tv.cols, tv.size()));
     if (steps.empty() || steps.back().step != v.step) {
-      steps.push_back(TraceStep{v.step, {}, {}});
+      steps.push_back(TraceStep{v.step, {}, {}, {}});
       count_grad.push_back(0);
       count_param.push_back(0);
       count_ema.push_back(0);
