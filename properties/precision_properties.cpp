@@ -460,15 +460,19 @@ void optimizer_state_every_micro_step() {
   int64_t micro = 0;
   for (size_t i = 0; i < bug.steps.size(); ++i) {
     const std::vector<R> theta = theta_before(bug, i, c);
-    Parts ps;
-    for (const auto& sh : parts[i].shards) ps.push_back({sh, parts[i].N});
-    const std::vector<R> g = predicted(c, theta, ps, parts[i].epoch);
+    // Micro-batch k's backward sees the parameters decayed k times.
+    const R mul(1.0 - bug.steps[i].lr * wd);
+    std::vector<R> th = theta, g(theta.size(), R(0));
+    for (size_t k = 0; k < parts[i].shards.size(); ++k) {
+      if (k > 0)
+        for (R& p : th) p = p * mul;
+      const std::vector<R> gk = micro_gradient(c, th, parts[i].shards[k],
+                                               parts[i].N, parts[i].epoch);
+      for (size_t j = 0; j < g.size(); ++j) g[j] += gk[j];
+    }
     EngineState<R> st = replay->state();
     const int64_t extra = int64_t(parts[i].shards.size()) - 1;
-    st.params = theta;
-    const R mul(1.0 - bug.steps[i].lr * wd);
-    for (int64_t k = 0; k < extra; ++k)
-      for (R& p : st.params) p = p * mul;
+    st.params = th;
     st.optimizer_steps += extra;
     st.grads = g;
     replay->set_state(st);

@@ -653,7 +653,9 @@ class Trainer {
           if (injected_overflow(k)) inf_pending_ = true;
         }
         if (s_.optimizer.l2_in_loss != 0.0)
-          e_.add_l2(s_.optimizer.l2_in_loss, b_.l2_unnormalized ? 1 : Kw);
+          // The L2 term is part of the loss: scaled by S like the rest.
+          e_.add_l2(s_.optimizer.l2_in_loss * loss_scale(),
+                    b_.l2_unnormalized ? 1 : Kw);
       });
       if (b_.sync == Sync::every_micro_step ||
           (b_.sync == Sync::window_end && k + 1 == Kw && syncs_at_end))
