@@ -7,6 +7,7 @@
 
 #include "verify/certify_stages.hpp"
 #include "verify/markup.hpp"
+#include "verify/state_check.hpp"
 
 namespace accumcheck {
 namespace certify_detail {
@@ -36,7 +37,7 @@ namespace certify_detail {
 
 void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
   r.pass = std::all_of(r.checks.begin(), r.checks.end(),
-                       [](const CertifyCheck& c) { return c.ok; });
+                       [](const CertifyCheck& c) { return c.ok || c.separate; });
   double worst = 0;
   for (const StepEval& ev : acc.eval)
     if (ev.seen && !ev.ambiguous)
@@ -44,6 +45,11 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
   r.max_ratio = worst;
   if (r.pass) {
     r.verdict = certify_pass_verdict(r, worst);
+    for (const CertifyCheck& c : r.checks)
+      if (!c.ok && c.separate)
+        r.verdict.append(fmt::format("; but the {} is wrong (a check of its "
+                                     "own, not training's)",
+                                     c.name));
     if (!r.pattern_checked) r.verdict.append("; " + r.pattern_message);
   } else {
     std::string why;
@@ -55,7 +61,7 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
                         acc_d.first_out, acc_d.first_out_what);
     else
       for (const CertifyCheck& c : r.checks)
-        if (!c.ok) {
+        if (!c.ok && !c.separate) {
           why = c.message;
           break;
         }
@@ -150,6 +156,7 @@ void diagnose(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
 
 }  // namespace certify_detail
 
+using certify_detail::is_state_check;
 using certify_detail::ratio_text;
 
 std::string certify_text(const CertifyReport& r, int top) {
@@ -166,6 +173,10 @@ std::string certify_text(const CertifyReport& r, int top) {
         s));
   for (const std::string& n : r.notes)
     o.append("note: ").append(n).append("\n");
+  for (const CertifyCheck& c : r.checks)
+    if (is_state_check(c.name))
+      o.append(fmt::format("{} {}: {}\n", c.ok ? "ok  " : "FAIL", c.name,
+                           c.message));
   if (r.pass) {
     for (const CertifyCheck& c : r.checks)
       if (c.name == "order and coverage" || c.name == "lr")
@@ -175,11 +186,12 @@ std::string certify_text(const CertifyReport& r, int top) {
     return o;
   }
   for (const CertifyCheck& c : r.checks)
-    if (!c.ok) {
+    if (!c.ok && !c.separate) {
       o.append("first failing check: ").append(c.message).append("\n");
       break;
     }
   o.append("diagnosis: ").append(r.diagnosis).append("\n");
+  if (r.ranking.empty()) return o;
   o.append(
       "ranking (distance = max over steps of error/bound; * = rigorous "
       "Tracked bound, else the cheap proxy):\n");
