@@ -99,6 +99,16 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
          .message = lr.ok ? lr.message : lr.message + "; " + lr.evidence});
   else
     r.notes.push_back(lr.message);
+  if (grad_scale != 1) {  // the autocast bound's use, said
+    double g = 0;
+    for (const StepEval& ev : acc.eval)
+      if (ev.seen) g = std::max(g, ev.grad.max_ratio);
+    r.notes.push_back(fmt::format(
+        "--precision {}: gradients within {:.3g} of their bound (the float32 "
+        "bound x {:g}, error_model's {}_bound_scale), i.e. {:.3g} x the "
+        "float32 bound; parameters judged with the float32 bound",
+        cfg.autocast, g, grad_scale, cfg.autocast, g * grad_scale));
+  }
   // The training state beyond gradients (state.csv), when recorded.
   std::vector<std::string> state_findings;
   if (cfg.steps.whole())

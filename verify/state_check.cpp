@@ -265,10 +265,12 @@ void ema(const Ctx& c, const LoadedTrace& L, const StateSection& st,
   }
   std::string bad;
   for (const auto& [steps, n] : per_step)
-    if (n != 1 && bad.empty())
+    if ((n != 1 || steps == 0) && bad.empty())
       bad = fmt::format(
-          "{} EMA updates after optimizer step {} (expected 1){}", n,
-          steps - 1,
+          "{} EMA updates {} (expected {}){}", n,
+          steps == 0 ? std::string("before the first optimizer step")
+                     : fmt::format("after optimizer step {}", steps - 1),
+          steps == 0 ? "none: an EMA update follows an optimizer step" : "1",
           mid_window > 0 ? fmt::format("; {} of {} updates between backward "
                                        "passes of a window: the EMA is "
                                        "updated every micro-step",

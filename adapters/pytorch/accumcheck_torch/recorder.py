@@ -343,11 +343,14 @@ class Recorder:
         acc = self.snapshot
         if all(torch.equal(a, c) for a, c in zip(acc, consumed)):
             return
-        if self.scale is not None and self.scale != 1 and all(
-                torch.equal(c, a / self.scale) or torch.equal(c, a * (1.0 / self.scale))
-                for a, c in zip(acc, consumed)):
-            self.snapshot = [c.clone() for c in consumed]  # the unscale: not a clip
-            return
+        # The unscale (by the last backward's scale, or by the scaler's
+        # current one when it changed since): not a clip.
+        scales = {self.scale, self._scale_fn() if self._scale_fn is not None else None}
+        for S in scales - {None, 1.0}:
+            if all(torch.equal(c, a / S) or torch.equal(c, a * (1.0 / S))
+                   for a, c in zip(acc, consumed)):
+                self.snapshot = [c.clone() for c in consumed]
+                return
         num = sum(float((a.double() * c.double()).sum()) for a, c in zip(acc, consumed))
         den = sum(float((a.double() ** 2).sum()) for a in acc)
         coef = num / den if den > 0 else 0.0
