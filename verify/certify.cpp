@@ -40,8 +40,7 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   StepRange range = cfg.steps;
   range.end = range.end < 0 ? n : std::min(range.end, n);
   range.begin = std::min(range.begin, range.end);
-  if (!cfg.autocast.empty() && cfg.autocast != "bf16" &&
-      cfg.autocast != "fp16")
+  if (!cfg.autocast.empty() && cfg.autocast != "bf16" && cfg.autocast != "fp16")
     throw InputError("", 0, 0, "--precision",
                      "expected fp32, fp64, bf16 or fp16, got " + cfg.autocast);
   const double grad_scale =
@@ -50,7 +49,7 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
           : error_model::tolerance(cfg.autocast + "_bound_scale");
   {  // A trace recorded under autocast is judged at its precision.
     const std::string ac = L.trace.meta_value("autocast");
-    const std::string want = ac == "bfloat16" ? "bf16"
+    const std::string want = ac == "bfloat16"  ? "bf16"
                              : ac == "float16" ? "fp16"
                                                : "";
     if (!ac.empty() && want != cfg.autocast)
@@ -111,8 +110,7 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   }
   // The training state beyond gradients (state.csv), when recorded.
   std::vector<std::string> state_findings;
-  if (cfg.steps.whole())
-    check_state(ctx, L, grad_scale, r, state_findings);
+  if (cfg.steps.whole()) check_state(ctx, L, grad_scale, r, state_findings);
 
   // 4. The call pattern (when the trace has events).  A difference that
   // changes no value (the accepted semantics within the bound at every

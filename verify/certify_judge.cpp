@@ -96,8 +96,7 @@ T lift(double x) {
 error_model::Comparison judge_values(const std::string& what,
                                      const std::vector<double>& f,
                                      const std::vector<double>& v,
-                                     const ParamLayout& layout, bool,
-                                     double) {
+                                     const ParamLayout& layout, bool, double) {
   error_model::Comparison c;
   c.what = what;
   double maxabs = 0;
@@ -202,10 +201,9 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
     }
     if (trainer.rank() == 0) {
       StepEval& ev = r.eval[size_t(step)];
-      ev.param =
-          judge_values(fmt::format("step {} parameters", step),
-                       c.trace[size_t(step)].param, params, c.layout, c.fp64,
-                       1.0);
+      ev.param = judge_values(fmt::format("step {} parameters", step),
+                              c.trace[size_t(step)].param, params, c.layout,
+                              c.fp64, 1.0);
     }
     const std::vector<double>& want = c.trace[size_t(step)].param;
     for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);

@@ -36,8 +36,9 @@ std::string certify_pass_verdict(const CertifyReport& r, double max_ratio) {
 namespace certify_detail {
 
 void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
-  r.pass = std::all_of(r.checks.begin(), r.checks.end(),
-                       [](const CertifyCheck& c) { return c.ok || c.separate; });
+  r.pass =
+      std::all_of(r.checks.begin(), r.checks.end(),
+                  [](const CertifyCheck& c) { return c.ok || c.separate; });
   double worst = 0;
   // A step with an ambiguous clip decision counts when it is within the
   // bound anyway (under bf16 autocast every decision can be ambiguous).
@@ -49,9 +50,10 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
     r.verdict = certify_pass_verdict(r, worst);
     for (const CertifyCheck& c : r.checks)
       if (!c.ok && c.separate)
-        r.verdict.append(fmt::format("; but the {} is wrong (a check of its "
-                                     "own, not training's)",
-                                     c.name));
+        r.verdict.append(
+            fmt::format("; but the {} is wrong (a check of its "
+                        "own, not training's)",
+                        c.name));
     if (!r.pattern_checked) r.verdict.append("; " + r.pattern_message);
   } else {
     std::string why;

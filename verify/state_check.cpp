@@ -147,7 +147,8 @@ void loss_scale(const StateSection& st, const Walk& w, CertifyReport& r,
   std::string adv;
   for (int64_t b : skips) {
     // The calls after the skipped window's last backward, before the next.
-    const auto& g = w.gap[size_t(std::min<int64_t>(b, int64_t(w.gap.size()) - 1))];
+    const auto& g =
+        w.gap[size_t(std::min<int64_t>(b, int64_t(w.gap.size()) - 1))];
     if (g.first > g.second && adv.empty())
       adv = fmt::format(
           "the window ending at backward {} was skipped for overflow (no "
@@ -160,7 +161,8 @@ void loss_scale(const StateSection& st, const Walk& w, CertifyReport& r,
                                 "optimizer or scheduler step",
                                 skips.size())
                   : adv);
-  if (!adv.empty()) findings.push_back("skipped-step-advances-scheduler: " + adv);
+  if (!adv.empty())
+    findings.push_back("skipped-step-advances-scheduler: " + adv);
 }
 
 // ---- optimizer state
@@ -185,7 +187,8 @@ void optimizer_state(const Ctx& c, const StateSection& st, const Walk& w,
         per_micro ? ": the backward passes so far, advanced once per "
                     "micro-batch"
                   : "");
-    if (per_micro) findings.push_back("optimizer-state-every-micro-step: " + bad);
+    if (per_micro)
+      findings.push_back("optimizer-state-every-micro-step: " + bad);
   }
   const ByStep m = gather(st, "exp_avg", c.layout);
   const ByStep v2 = gather(st, "exp_avg_sq", c.layout);
@@ -196,7 +199,8 @@ void optimizer_state(const Ctx& c, const StateSection& st, const Walk& w,
   const bool adam = c.s.optimizer.kind != OptimizerKind::sgd;
   if (adam)
     for (const auto& [t, mt] : m) {
-      if (size_t(t) >= c.trace.size() || !v2.count(t) || !complete(mt)) continue;
+      if (size_t(t) >= c.trace.size() || !v2.count(t) || !complete(mt))
+        continue;
       Oracle<TD> o(c.s.model, c.data, c.init);
       EngineState<TD> s = o.state();
       const std::vector<double> p = params_before(c, t);
@@ -217,23 +221,25 @@ void optimizer_state(const Ctx& c, const StateSection& st, const Walk& w,
       for (const auto& [kind, rec, want] :
            {std::tuple{"exp_avg", &mt, &after.exp_avg},
             std::tuple{"exp_avg_sq", &v2.at(t), &after.exp_avg_sq}}) {
-        const error_model::Comparison cmp = error_model::compare(
-            fmt::format("step {} {}", t, kind), as_float(*rec), *want,
-            &c.layout);
+        const error_model::Comparison cmp =
+            error_model::compare(fmt::format("step {} {}", t, kind),
+                                 as_float(*rec), *want, &c.layout);
         worst = std::max(worst, cmp.max_ratio);
         if (!cmp.ok() && moment_bad.empty()) moment_bad = cmp.summary();
       }
     }
-  std::string msg =
-      bad.empty() ? fmt::format("state['step'] = t + 1 after every step t "
-                                "({} rows, exact)",
-                                rows)
-                  : bad;
+  std::string msg = bad.empty()
+                        ? fmt::format(
+                              "state['step'] = t + 1 after every step t "
+                              "({} rows, exact)",
+                              rows)
+                        : bad;
   if (!m.empty())
     msg += moment_bad.empty()
-               ? fmt::format("; Adam's moments replayed on the oracle from "
-                             "the recorded ones: max error {:.3g} of the bound",
-                             worst)
+               ? fmt::format(
+                     "; Adam's moments replayed on the oracle from "
+                     "the recorded ones: max error {:.3g} of the bound",
+                     worst)
                : "; moments: " + moment_bad;
   add(r, "optimizer state", bad.empty() && moment_bad.empty(), msg);
 }
@@ -292,7 +298,8 @@ void ema(const Ctx& c, const LoadedTrace& L, const StateSection& st,
       double want = p[i], bound = 0;  // the first update copies
       if (prev) {
         want = d * (*prev)[i] + (1 - d) * p[i];
-        bound = ulps * kU * (d * std::fabs((*prev)[i]) + (1 - d) * std::fabs(p[i]));
+        bound =
+            ulps * kU * (d * std::fabs((*prev)[i]) + (1 - d) * std::fabs(p[i]));
       }
       const double err = std::fabs(now[i] - want);
       const double ratio = bound > 0 ? err / bound : (err > 0 ? kInf : 0);
@@ -307,15 +314,16 @@ void ema(const Ctx& c, const LoadedTrace& L, const StateSection& st,
     }
     prev = &now;
   }
-  std::string msg = bad.empty() ? fmt::format("{} updates, one after each "
-                                              "optimizer step",
-                                              updates.size())
+  std::string msg = bad.empty() ? fmt::format(
+                                      "{} updates, one after each "
+                                      "optimizer step",
+                                      updates.size())
                                 : bad;
-  msg += value_bad.empty()
-             ? fmt::format("; each replayed in float64 (decay {:g}): max "
-                           "error {:.3g} of the bound",
-                           d, worst)
-             : "; " + value_bad;
+  msg += value_bad.empty() ? fmt::format(
+                                 "; each replayed in float64 (decay {:g}): max "
+                                 "error {:.3g} of the bound",
+                                 d, worst)
+                           : "; " + value_bad;
   add(r, "EMA", bad.empty() && value_bad.empty(), msg);
 }
 
@@ -327,7 +335,8 @@ std::vector<std::vector<int64_t>> window_ids(const Walk& w,
                                              int64_t t) {
   int64_t last_skip = -1;
   for (const StateValue& v : st.rows)
-    if (v.kind == "skipped" && v.step == t) last_skip = std::max(last_skip, v.index);
+    if (v.kind == "skipped" && v.step == t)
+      last_skip = std::max(last_skip, v.index);
   std::vector<std::vector<int64_t>> out;
   for (size_t b = 0; b < w.backward.size(); ++b)
     if (w.backward[b].step == t && int64_t(b) >= last_skip)
@@ -361,9 +370,8 @@ void batchnorm(const Ctx& c, const StateSection& st, const Walk& w,
   for (const auto& [t, mean] : rm) {
     if (size_t(t) >= c.trace.size() || !rv.count(t)) continue;
     const auto ids = window_ids(w, st, t);
-    if (ids.empty() ||
-        std::any_of(ids.begin(), ids.end(),
-                    [](const auto& v) { return v.empty(); }))
+    if (ids.empty() || std::any_of(ids.begin(), ids.end(),
+                                   [](const auto& v) { return v.empty(); }))
       continue;
     Oracle<TD> o(c.s.model, c.data, c.init);
     EngineState<TD> s = o.state();
@@ -377,7 +385,8 @@ void batchnorm(const Ctx& c, const StateSection& st, const Walk& w,
         const size_t at = size_t(tv.offset + i);
         if (t > 0) {
           const bool is_mean =
-              tv.name.size() >= 4 && tv.name.find("running_mean") != std::string::npos;
+              tv.name.size() >= 4 &&
+              tv.name.find("running_mean") != std::string::npos;
           s.buffers[at] = lift(is_mean ? pm->second[at] : pv->second[at]);
         }
       }
@@ -405,10 +414,11 @@ void batchnorm(const Ctx& c, const StateSection& st, const Walk& w,
                                 : bad;
   if (replayed)
     msg += stats_bad.empty()
-               ? fmt::format("; running_mean and running_var replayed on the "
-                             "oracle over each window's micro-batches: max "
-                             "error {:.3g} of the bound",
-                             worst)
+               ? fmt::format(
+                     "; running_mean and running_var replayed on the "
+                     "oracle over each window's micro-batches: max "
+                     "error {:.3g} of the bound",
+                     worst)
                : "; " + stats_bad;
   add(r, "BatchNorm statistics", bad.empty() && stats_bad.empty(), msg);
 }
@@ -454,10 +464,11 @@ void logged_loss(const Ctx& c, const StateSection& st, const Walk& w,
     const double last_mean = sums.back() / double(counts.back());
     std::string what = "matches no reading of the window's loss";
     if (std::fabs(v.value - K * want) <= K * bound)
-      what = fmt::format("{:g} x the window's mean (K = {:g}: a loss divided "
-                         "by K for backward, multiplied back for the log, or "
-                         "the micro-batch means summed)",
-                         K, K);
+      what = fmt::format(
+          "{:g} x the window's mean (K = {:g}: a loss divided "
+          "by K for backward, multiplied back for the log, or "
+          "the micro-batch means summed)",
+          K, K);
     else if (std::fabs(v.value - last_mean) <=
              bound * K + ulps * kU * std::fabs(last_mean))
       what = "the last micro-batch's mean only";
@@ -470,12 +481,13 @@ void logged_loss(const Ctx& c, const StateSection& st, const Walk& w,
   }
   if (n == 0) return;
   add(r, "logged loss", bad.empty(),
-      bad.empty() ? fmt::format("{} logged losses, each the window's mean "
-                                "item loss: max error {:.3g} of the bound "
-                                "(judged on its own, not part of training's "
-                                "verdict)",
-                                n, worst)
-                  : bad + " (judged on its own, not part of training's verdict)",
+      bad.empty()
+          ? fmt::format("{} logged losses, each the window's mean "
+                        "item loss: max error {:.3g} of the bound "
+                        "(judged on its own, not part of training's "
+                        "verdict)",
+                        n, worst)
+          : bad + " (judged on its own, not part of training's verdict)",
       true);
 }
 

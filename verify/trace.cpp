@@ -707,10 +707,12 @@ StateSection read_state(const std::string& dir) {
   if (!std::filesystem::exists(st.path)) return st;
   st.present = true;
   constexpr std::string_view kHeader = "kind,step,tensor,index,value";
-  constexpr std::string_view kKinds[] = {
-      "loss_scale", "skipped",      "opt_step",     "exp_avg",
-      "exp_avg_sq", "ema_update",   "ema",          "running_mean",
-      "running_var", "num_batches_tracked", "logged_loss"};
+  constexpr std::string_view kKinds[] = {"loss_scale",  "skipped",
+                                         "opt_step",    "exp_avg",
+                                         "exp_avg_sq",  "ema_update",
+                                         "ema",         "running_mean",
+                                         "running_var", "num_batches_tracked",
+                                         "logged_loss"};
   CsvFile f(st.path, kHeader);
   Reader<5> r(f.bytes);
   f.read_header_flags(r, io::ignore_no_column, kHeader, "kind", "step",
