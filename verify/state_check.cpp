@@ -104,6 +104,13 @@ void add(CertifyReport& r, std::string name, bool ok, std::string message,
   r.checks.push_back(std::move(k));
 }
 
+// "; WHAT: max error X of the bound", or "; BAD" when a replay failed.
+std::string replay_text(const std::string& bad, std::string_view what,
+                        double worst) {
+  if (!bad.empty()) return "; " + bad;
+  return fmt::format("; {}: max error {:.3g} of the bound", what, worst);
+}
+
 // ---- loss scale and skipped steps
 
 void loss_scale(const StateSection& st, const Walk& w, CertifyReport& r,
@@ -235,12 +242,10 @@ void optimizer_state(const Ctx& c, const StateSection& st, const Walk& w,
                               rows)
                         : bad;
   if (!m.empty())
-    msg += moment_bad.empty()
-               ? fmt::format(
-                     "; Adam's moments replayed on the oracle from "
-                     "the recorded ones: max error {:.3g} of the bound",
-                     worst)
-               : "; moments: " + moment_bad;
+    msg += replay_text(moment_bad.empty() ? "" : "moments: " + moment_bad,
+                       "Adam's moments replayed on the oracle from the "
+                       "recorded ones",
+                       worst);
   add(r, "optimizer state", bad.empty() && moment_bad.empty(), msg);
 }
 
@@ -319,11 +324,9 @@ void ema(const Ctx& c, const LoadedTrace& L, const StateSection& st,
                                       "optimizer step",
                                       updates.size())
                                 : bad;
-  msg += value_bad.empty() ? fmt::format(
-                                 "; each replayed in float64 (decay {:g}): max "
-                                 "error {:.3g} of the bound",
-                                 d, worst)
-                           : "; " + value_bad;
+  msg += replay_text(value_bad,
+                     fmt::format("each replayed in float64 (decay {:g})", d),
+                     worst);
   add(r, "EMA", bad.empty() && value_bad.empty(), msg);
 }
 
@@ -413,13 +416,10 @@ void batchnorm(const Ctx& c, const StateSection& st, const Walk& w,
                                   "forwards so far (exact)"
                                 : bad;
   if (replayed)
-    msg += stats_bad.empty()
-               ? fmt::format(
-                     "; running_mean and running_var replayed on the "
-                     "oracle over each window's micro-batches: max "
-                     "error {:.3g} of the bound",
-                     worst)
-               : "; " + stats_bad;
+    msg += replay_text(stats_bad,
+                       "running_mean and running_var replayed on the oracle "
+                       "over each window's micro-batches",
+                       worst);
   add(r, "BatchNorm statistics", bad.empty() && stats_bad.empty(), msg);
 }
 
