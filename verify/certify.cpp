@@ -110,7 +110,7 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   }
   // The training state beyond gradients (state.csv), when recorded.
   std::vector<std::string> state_findings;
-  if (cfg.steps.whole()) check_state(ctx, L, grad_scale, r, state_findings);
+  check_state(ctx, L, grad_scale, r, state_findings);  // whole, in every part
 
   // 4. The call pattern (when the trace has events).  A difference that
   // changes no value (the accepted semantics within the bound at every

@@ -22,15 +22,23 @@ std::string ratio_text(double r) {
 std::string certify_pass_verdict(const CertifyReport& r, double max_ratio) {
   // A part (certify --steps) names its steps.
   const bool part = r.steps.begin != 0 || r.steps.end != r.trace_steps;
+  std::string wrong;  // checks of their own that failed (the logged loss)
+  for (const CertifyCheck& c : r.checks)
+    if (!c.ok && c.separate)
+      wrong.append(fmt::format(
+          "; but the {} is wrong (a check of its own, not training's)",
+          c.name));
   return fmt::format(
-      "PASS: {} within the bound of {} (max error {} of bound){}",
-      part ? fmt::format("steps {}:{} of {}", r.steps.begin, r.steps.end,
-                         r.trace_steps)
-           : fmt::format("{} steps", r.trace_steps),
-      r.accepted, certify_detail::ratio_text(max_ratio),
-      r.ambiguous_steps.empty() ? std::string()
-                                : fmt::format("; {} ambiguous clip step(s)",
-                                              r.ambiguous_steps.size()));
+             "PASS: {} within the bound of {} (max error {} of bound){}",
+             part ? fmt::format("steps {}:{} of {}", r.steps.begin, r.steps.end,
+                                r.trace_steps)
+                  : fmt::format("{} steps", r.trace_steps),
+             r.accepted, certify_detail::ratio_text(max_ratio),
+             r.ambiguous_steps.empty()
+                 ? std::string()
+                 : fmt::format("; {} ambiguous clip step(s)",
+                               r.ambiguous_steps.size())) +
+         wrong;
 }
 
 namespace certify_detail {
@@ -48,12 +56,6 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
   r.max_ratio = worst;
   if (r.pass) {
     r.verdict = certify_pass_verdict(r, worst);
-    for (const CertifyCheck& c : r.checks)
-      if (!c.ok && c.separate)
-        r.verdict.append(
-            fmt::format("; but the {} is wrong (a check of its "
-                        "own, not training's)",
-                        c.name));
     if (!r.pattern_checked) r.verdict.append("; " + r.pattern_message);
   } else {
     std::string why;
