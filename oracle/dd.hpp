@@ -91,7 +91,9 @@ struct DD {
   ACCUMCHECK_DD_INLINE DD& operator*=(const DD& o) { return *this = *this * o; }
   ACCUMCHECK_DD_INLINE DD& operator/=(const DD& o) { return *this = *this / o; }
 
-  ACCUMCHECK_DD_INLINE friend DD operator-(const DD& a) { return raw(-a.hi, -a.lo); }
+  ACCUMCHECK_DD_INLINE friend DD operator-(const DD& a) {
+    return raw(-a.hi, -a.lo);
+  }
 
   // --------------------------------------- error-free transformations
   ACCUMCHECK_DD_INLINE static DD two_sum(double a, double b) {
@@ -117,7 +119,9 @@ struct DD {
     s.lo += t.lo;
     return quick_two_sum(s.hi, s.lo);
   }
-  ACCUMCHECK_DD_INLINE friend DD operator-(const DD& a, const DD& b) { return a + (-b); }
+  ACCUMCHECK_DD_INLINE friend DD operator-(const DD& a, const DD& b) {
+    return a + (-b);
+  }
   ACCUMCHECK_DD_INLINE friend DD operator*(const DD& a, const DD& b) {
     DD p = two_prod(a.hi, b.hi);
     if (!std::isfinite(p.hi)) return DD(p.hi);
@@ -140,9 +144,15 @@ struct DD {
   ACCUMCHECK_DD_INLINE friend bool operator<(const DD& a, const DD& b) {
     return a.hi < b.hi || (a.hi == b.hi && a.lo < b.lo);
   }
-  ACCUMCHECK_DD_INLINE friend bool operator>(const DD& a, const DD& b) { return b < a; }
-  ACCUMCHECK_DD_INLINE friend bool operator<=(const DD& a, const DD& b) { return a < b || a == b; }
-  ACCUMCHECK_DD_INLINE friend bool operator>=(const DD& a, const DD& b) { return b <= a; }
+  ACCUMCHECK_DD_INLINE friend bool operator>(const DD& a, const DD& b) {
+    return b < a;
+  }
+  ACCUMCHECK_DD_INLINE friend bool operator<=(const DD& a, const DD& b) {
+    return a < b || a == b;
+  }
+  ACCUMCHECK_DD_INLINE friend bool operator>=(const DD& a, const DD& b) {
+    return b <= a;
+  }
 
   ACCUMCHECK_DD_INLINE friend DD abs(const DD& a) { return a.hi < 0 ? -a : a; }
   friend DD ldexp(const DD& a, int k) {

@@ -204,14 +204,15 @@ ACCUMCHECK_DD_INLINE DD add_bound(const DD& ae, const DD& be, const DD& rv) {
   constexpr double u = error_model::kUnitRoundoff32;
   return DD(((ae.hi + be.hi) * (1 + u) + u * std::fabs(rv.hi)) * kUpDD);
 }
-ACCUMCHECK_DD_INLINE DD mul_bound(const DD& av, const DD& ae, const DD& bv, const DD& be,
-                    const DD& rv) {
+ACCUMCHECK_DD_INLINE DD mul_bound(const DD& av, const DD& ae, const DD& bv,
+                                  const DD& be, const DD& rv) {
   constexpr double u = error_model::kUnitRoundoff32;
   const double P =
       std::fabs(av.hi) * be.hi + std::fabs(bv.hi) * ae.hi + ae.hi * be.hi;
   return DD((P * (1 + u) + u * std::fabs(rv.hi) + 0x1p-150) * kUpDD);
 }
-ACCUMCHECK_DD_INLINE DD div_bound(const DD& ae, const DD& bv, const DD& be, const DD& rv) {
+ACCUMCHECK_DD_INLINE DD div_bound(const DD& ae, const DD& bv, const DD& be,
+                                  const DD& rv) {
   constexpr double u = error_model::kUnitRoundoff32;
   const double den =
       (std::fabs(bv.hi) * (1 - 0x1p-52) - be.hi * (1 + 0x1p-52)) *
@@ -262,14 +263,25 @@ struct Tracked {
 
   explicit operator double() const { return static_cast<double>(v); }
 
-  ACCUMCHECK_DD_INLINE Tracked& operator+=(const Tracked& o) { return *this = *this + o; }
-  ACCUMCHECK_DD_INLINE Tracked& operator-=(const Tracked& o) { return *this = *this - o; }
-  ACCUMCHECK_DD_INLINE Tracked& operator*=(const Tracked& o) { return *this = *this * o; }
-  ACCUMCHECK_DD_INLINE Tracked& operator/=(const Tracked& o) { return *this = *this / o; }
+  ACCUMCHECK_DD_INLINE Tracked& operator+=(const Tracked& o) {
+    return *this = *this + o;
+  }
+  ACCUMCHECK_DD_INLINE Tracked& operator-=(const Tracked& o) {
+    return *this = *this - o;
+  }
+  ACCUMCHECK_DD_INLINE Tracked& operator*=(const Tracked& o) {
+    return *this = *this * o;
+  }
+  ACCUMCHECK_DD_INLINE Tracked& operator/=(const Tracked& o) {
+    return *this = *this / o;
+  }
 
-  ACCUMCHECK_DD_INLINE friend Tracked operator-(const Tracked& a) { return Tracked(B(-a.v), a.e); }
+  ACCUMCHECK_DD_INLINE friend Tracked operator-(const Tracked& a) {
+    return Tracked(B(-a.v), a.e);
+  }
 
-  ACCUMCHECK_DD_INLINE friend Tracked operator+(const Tracked& a, const Tracked& b) {
+  ACCUMCHECK_DD_INLINE friend Tracked operator+(const Tracked& a,
+                                                const Tracked& b) {
     using namespace tracked_detail;
     using std::abs;
     Tracked r;
@@ -278,10 +290,12 @@ struct Tracked {
     r.e = add_bound(a.e, b.e, r.v);
     return r;
   }
-  ACCUMCHECK_DD_INLINE friend Tracked operator-(const Tracked& a, const Tracked& b) {
+  ACCUMCHECK_DD_INLINE friend Tracked operator-(const Tracked& a,
+                                                const Tracked& b) {
     return a + (-b);
   }
-  ACCUMCHECK_DD_INLINE friend Tracked operator*(const Tracked& a, const Tracked& b) {
+  ACCUMCHECK_DD_INLINE friend Tracked operator*(const Tracked& a,
+                                                const Tracked& b) {
     using namespace tracked_detail;
     using std::abs;
     Tracked r;
@@ -296,7 +310,8 @@ struct Tracked {
     r.e = mul_bound(a.v, a.e, b.v, b.e, r.v);
     return r;
   }
-  ACCUMCHECK_DD_INLINE friend Tracked operator/(const Tracked& a, const Tracked& b) {
+  ACCUMCHECK_DD_INLINE friend Tracked operator/(const Tracked& a,
+                                                const Tracked& b) {
     using namespace tracked_detail;
     using std::abs;
     Tracked r;
