@@ -183,6 +183,9 @@ struct Comparison {
   double max_ratio = 0;  // max err / bound: 1 = the bound fully used
   // Per tensor (with a layout, in the order met): max err / bound.
   std::vector<std::pair<std::string, double>> tensor_ratio;
+  // accumulate()'s cache: the tensor of tensor_ratio.back() (in the
+  // layout it was given).
+  const TensorView* last_tensor = nullptr;
   double bound_used_pct() const { return 100.0 * max_ratio; }
   bool ok() const { return violations == 0; }
   // "grads: 0 of 42 outside the bound; worst 0.weight[3] f=.. v=.. err=..

@@ -19,6 +19,7 @@
 #include "sim/atomic_file.hpp"
 #include "sim/csv_lines.hpp"
 #include "sim/errors.hpp"
+#include "verify/trace_bin.hpp"
 
 #ifndef ACCUMCHECK_VERSION
 #define ACCUMCHECK_VERSION "unknown"
@@ -313,7 +314,7 @@ struct RunTracker {
     auto it = index.find(name);
     if (it == index.end()) {
       it = index.emplace(name, trace.runs.size()).first;
-      trace.runs.push_back(TraceRun{name, {}, {}});
+      trace.runs.push_back(TraceRun{name, {}, {}, {}});
     }
     return trace.runs[it->second];
   }
@@ -337,6 +338,7 @@ std::string Trace::events_path() const {
   return (std::filesystem::path(dir) / "events.csv").string();
 }
 std::string Trace::values_path() const {
+  if (binary) return binary->path;
   return (std::filesystem::path(dir) / "values.csv").string();
 }
 std::string Trace::meta_path() const {
@@ -462,6 +464,17 @@ Trace read_trace(const std::string& dir) {
     }
   }
 
+  const std::string bin_path =
+      (std::filesystem::path(dir) / "values.bin").string();
+  std::error_code ec;
+  if (std::filesystem::exists(bin_path, ec)) {
+    if (std::filesystem::exists(t.values_path(), ec))
+      throw InputError(bin_path, 0, 0, "",
+                       "the trace holds both values.csv and values.bin; a "
+                       "trace holds one or the other");
+    trace_detail::read_values_bin(t, bin_path);
+    return t;
+  }
   runs.closed.clear();
   runs.first = true;
   {  // values.csv
@@ -530,11 +543,32 @@ Trace read_trace(const std::string& dir) {
 std::vector<int64_t> value_ranks(const TraceRun& run) {
   std::set<int64_t> ranks{0};
   for (const TraceValue& v : run.values) ranks.insert(v.rank);
+  for (const TraceBlock& b : run.blocks) ranks.insert(b.rank);
   return {ranks.begin(), ranks.end()};
+}
+
+ValueWhere locate_value(const Trace& t, const TraceRun& run, int64_t step,
+                        ValueKind kind, int64_t flat, const ParamLayout& layout,
+                        int64_t rank) {
+  if (t.binary) {
+    for (const TraceBlock& b : run.blocks)
+      if (b.step == step && b.kind == kind && b.rank == rank)
+        return {
+            trace_detail::byte_at(t.binary->path, t.binary->offset(b, flat)),
+            0};
+    return {t.binary->path, 0};
+  }
+  const TensorView& tv = layout.tensor_of(flat);
+  for (const TraceValue& v : run.values)
+    if (v.step == step && v.kind == kind && v.rank == rank &&
+        v.tensor == tv.name && v.index == flat - tv.offset)
+      return {t.values_path(), v.line};
+  return {t.values_path(), 0};
 }
 
 std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
                                     const ParamLayout& layout, int64_t rank) {
+  if (t.binary) return trace_detail::gather_blocks(t, run, layout, rank);
   const std::string file = t.values_path();
   std::map<std::string, const TensorView*, std::less<>> tensors;
   for (const TensorView& v : layout.tensors) tensors[v.name] = &v;
@@ -609,24 +643,28 @@ std::vector<std::string_view> split_commas(std::string_view line) {
 }  // namespace
 
 ContractSection read_contract(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "contract.csv").string();
+  const std::string path =
+      (std::filesystem::path(dir) / "contract.csv").string();
   std::ifstream in(path);
   if (!in)
-    throw InputError(path, 0, 0, "", "cannot open (a contract-tier trace "
-                                     "has contract.csv beside meta.csv)");
+    throw InputError(path, 0, 0, "",
+                     "cannot open (a contract-tier trace "
+                     "has contract.csv beside meta.csv)");
   constexpr std::string_view kHeader =
       "kind,index,ref,epoch,version,items,samples,value,residual,scale";
   std::string line;
   int64_t ln = 1;
   if (!std::getline(in, line) || line != kHeader)
-    throw InputError(path, 1, 1, "", fmt::format("expected the header '{}'", kHeader));
+    throw InputError(path, 1, 1, "",
+                     fmt::format("expected the header '{}'", kHeader));
   ContractSection c;
   while (std::getline(in, line)) {
     ++ln;
     if (line.empty()) continue;
     const auto f = split_commas(line);
     if (f.size() != 10)
-      throw InputError(path, ln, 1, "", fmt::format("expected 10 fields, got {}", f.size()));
+      throw InputError(path, ln, 1, "",
+                       fmt::format("expected 10 fields, got {}", f.size()));
     auto integer = [&](size_t i, bool required) -> int64_t {
       if (f[i].empty()) {
         if (required)
@@ -655,9 +693,10 @@ ContractSection read_contract(const std::string& dir) {
     const int64_t index = integer(1, true);
     auto expect_index = [&](size_t next) {
       if (index != int64_t(next))
-        throw InputError(path, ln, 1, "index",
-                         fmt::format("expected {} (rows of a kind in order), got {}",
-                                     next, index));
+        throw InputError(
+            path, ln, 1, "index",
+            fmt::format("expected {} (rows of a kind in order), got {}", next,
+                        index));
     };
     if (kind == "micro") {
       expect_index(c.micro.size());
@@ -667,7 +706,8 @@ ContractSection read_contract(const std::string& dir) {
       expect_index(c.backward.size());
       const int64_t j = integer(2, true);
       if (j < 0 || j >= int64_t(c.micro.size()))
-        throw InputError(path, ln, 1, "ref", fmt::format("unknown micro-batch {}", j));
+        throw InputError(path, ln, 1, "ref",
+                         fmt::format("unknown micro-batch {}", j));
       c.backward.push_back({j, integer(4, true), number(7), number(8)});
     } else if (kind == "epoch") {
       expect_index(c.epochs.size());
@@ -682,12 +722,14 @@ ContractSection read_contract(const std::string& dir) {
       c.steps.push_back(st);
     } else if (kind == "coef" || kind == "replay") {
       if (index < 0 || index >= int64_t(c.steps.size()))
-        throw InputError(path, ln, 1, "index", fmt::format("unknown step {}", index));
+        throw InputError(path, ln, 1, "index",
+                         fmt::format("unknown step {}", index));
       ContractStep& st = c.steps[size_t(index)];
       if (kind == "coef") {
         const int64_t b = integer(2, true);
         if (b < -1 || b >= int64_t(c.backward.size()))
-          throw InputError(path, ln, 1, "ref", fmt::format("unknown backward {}", b));
+          throw InputError(path, ln, 1, "ref",
+                           fmt::format("unknown backward {}", b));
         st.coefs.push_back({b, number(7), number(9)});
       } else {
         st.replay = number(7);
@@ -695,7 +737,8 @@ ContractSection read_contract(const std::string& dir) {
     } else {
       throw InputError(path, ln, 1, "kind",
                        fmt::format("unknown kind '{}' (micro, backward, epoch, "
-                                   "step, coef, replay)", kind));
+                                   "step, coef, replay)",
+                                   kind));
     }
   }
   return c;

@@ -51,7 +51,7 @@ import torch
 import torch.nn.utils.clip_grad as _clip_module
 
 from .bundle import map_parameters
-from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
+from .trace import TRACE_SCHEMA, VERSION, Refused, Values, real, write_trace
 
 STATE_HEADER = "kind,step,tensor,index,value"
 
@@ -70,14 +70,15 @@ class Recorder:
     """Records a training loop's calls and values in the accumcheck trace schema.
 
     Recorder(bundle, model, optimizer, scheduler=None, out="trace",
-             run="trainer", names=None, quiet=False)
+             run="trainer", names=None, quiet=False, values="bin")
     `names` maps the model's parameter names to the scenario's explicitly
     (see map_parameters); by default they are matched by order and shape
-    and the mapping is printed (unless quiet)."""
+    and the mapping is printed (unless quiet).  `values`: "bin" writes
+    the values as values.bin (binary, exact, compact), "csv" as values.csv."""
 
     def __init__(self, bundle, model, optimizer, scheduler=None, out="trace",
                  run="trainer", names=None, quiet=False, loss_scale=None, ema=None,
-                 ema_decay=None):
+                 ema_decay=None, values="bin"):
         if _ACTIVE:
             raise Refused("a Recorder is already active; close() it first")
         self.bundle, self.model, self.optimizer, self.scheduler = bundle, model, optimizer, scheduler
@@ -91,7 +92,11 @@ class Recorder:
                 m, p = self.mapping[n]
                 print("  %-20s <- %s %s" % (n, m, list(p.shape)))
         self.events = []
-        self.values = []
+        if values not in ("bin", "csv"):
+            raise Refused("values=%r: expected 'bin' or 'csv'" % (values,))
+        self.values = Values([(n, p.numel()) for n, p in zip(self.names, self.params)],
+                             8 if self.params[0].dtype == torch.float64 else 4,
+                             binary=values == "bin")
         self.notes = []         # call-pattern differences that change no value
         self.unseen = []        # what the recorder could not attribute
         self.steps = 0          # optimizer steps so far
@@ -457,10 +462,8 @@ class Recorder:
 
     def _values(self, kind, tensors, step=None):
         step = self.steps if step is None else step
-        for name, t in zip(self.names, tensors):
-            flat = t.detach().reshape(-1).double().tolist()
-            prefix = "%s,%d,%s,%s," % (self.run, step, kind, name)
-            self.values.extend("%s%d,%s\n" % (prefix, i, real(v)) for i, v in enumerate(flat))
+        self.values.add(self.run, step, kind,
+                        [t.detach().reshape(-1).cpu().numpy() for t in tensors])
 
     def _event_rows(self):
         rows = []
