@@ -317,7 +317,12 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const std::vector<std::vector<Pitfall>> sems = candidate_semantics(tokens);
   std::vector<Prediction> preds;
   std::vector<Distance> dists;
+  const bool fits_ok = fit.ok && sfit.ok && rep.ok;
   for (const auto& sem : sems) {
+    // When the trace passes (every fit within its bound and correct
+    // within 1), the ranking is not printed: the other candidates are not
+    // predicted at all.
+    if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1) break;
     const Prediction p = predict(cp, s, behavior_of(sem));
     const Distance d = distance(meas, p, c);
     // Semantics with the same prediction (e.g. scheduler pitfalls: the
