@@ -14,6 +14,7 @@
 #include "sim/errors.hpp"
 #include "sim/trainer.hpp"
 #include "verify/coefficient_engine.hpp"
+#include "verify/lr_channel.hpp"
 #include "verify/trace.hpp"
 
 namespace accumcheck {
@@ -122,7 +123,30 @@ struct Prediction {
   std::vector<std::map<int64_t, int64_t>> version;  // micro -> version
 };
 
-Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b) {
+// The clip symbols' values of a predicted run: the factor the trainer's
+// k-th clip_grad_norm_ call at the same parameter version applied (1 where
+// the trainer made no such call: then the accepted loop's clip is judged
+// by the clip check, not here).
+std::vector<double> clip_symbols(const contract::CoefficientEngine& e,
+                                 const ContractSection& c) {
+  std::vector<double> sym;
+  std::map<int64_t, int64_t> seen;  // version -> calls so far
+  for (const auto& clip : e.clips()) {
+    const int64_t k = seen[clip.version]++;
+    double v = 1.0;
+    int64_t at = 0;
+    for (const auto& tc : c.clips)
+      if (tc.version == clip.version && at++ == k) {
+        v = tc.factor;
+        break;
+      }
+    sym.push_back(v);
+  }
+  return sym;
+}
+
+Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
+                   const ContractSection& c) {
   contract::CoefficientEngine e([&](const std::vector<int64_t>& ids) {
     int64_t n = 0;
     std::set<int64_t> seen;
@@ -132,6 +156,7 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b)
   });
   Trainer<contract::CoefficientEngine> t(e, s, b, 1.0, TrainerOptions{false, false, -1});
   t.run(cp.plan, "prediction");
+  const std::vector<double> sym = clip_symbols(e, c);
   Prediction p;
   for (const auto& st : e.steps()) {
     Weights w;
@@ -140,7 +165,7 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b)
       if (term.kind != contract::Term::grad) continue;
       const auto& mg = e.micro()[size_t(term.index)];
       const int64_t m = mg.ids.front() / cp.stride;
-      w[m] += coef.value(std::vector<double>{});
+      w[m] += coef.value(sym);
       v[m] = mg.version;
     }
     p.P.push_back(std::move(w));
@@ -193,6 +218,105 @@ Distance distance(const Measured& m, const Prediction& p,
   return out;
 }
 
+// The accepted lr schedule and clip the recorder declared (meta.csv: lr,
+// schedule_kind, schedule_warmup, schedule_total, schedule_step_size,
+// schedule_gamma, clip), as a scenario's [optimizer] lr, [schedule] and
+// [clip] would give them.
+void declared(const Trace& tr, Scenario& s) {
+  auto number = [&](const char* key, double fallback) {
+    const std::string v = tr.meta_value(key);
+    if (v.empty()) return fallback;
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (end != v.c_str() + v.size() || !std::isfinite(x) || x < 0)
+      throw InputError(tr.meta_path(), 0, 0, key,
+                       fmt::format("expected a number >= 0, got '{}'", v));
+    return x;
+  };
+  auto integer = [&](const char* key, int64_t fallback) {
+    const double x = number(key, double(fallback));
+    if (x != std::floor(x) || x > 9e15)
+      throw InputError(tr.meta_path(), 0, 0, key, "expected an integer >= 0");
+    return int64_t(x);
+  };
+  s.optimizer.lr = number("lr", 1.0);
+  const std::string kind = tr.meta_value("schedule_kind");
+  ScheduleSpec& sc = s.schedule;
+  if (kind.empty() || kind == "constant") {
+    sc.kind = ScheduleKind::constant;
+  } else if (kind == "step") {
+    sc.kind = ScheduleKind::step;
+  } else if (kind == "linear") {
+    sc.kind = ScheduleKind::linear;
+  } else if (kind == "cosine") {
+    sc.kind = ScheduleKind::cosine;
+  } else {
+    throw InputError(tr.meta_path(), 0, 0, "schedule_kind",
+                     fmt::format("expected constant, step, linear or cosine, got '{}'", kind));
+  }
+  sc.warmup = integer("schedule_warmup", 0);
+  sc.total = integer("schedule_total", 0);
+  sc.step_size = std::max<int64_t>(1, integer("schedule_step_size", 1));
+  sc.gamma = number("schedule_gamma", sc.gamma);
+  if ((sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) &&
+      sc.total <= sc.warmup)
+    throw InputError(tr.meta_path(), 0, 0, "schedule_total",
+                     fmt::format("expected an integer > schedule_warmup = {}", sc.warmup));
+  s.clip.enabled = !tr.meta_value("clip").empty();
+  s.clip.max_norm = number("clip", 1.0);
+}
+
+// The clip_grad_norm_ calls against the declared clip: one per optimizer
+// step, before it, with the declared max_norm, and each factor what
+// clip_grad_norm_'s formula gives on the float64 norm of the gradient it
+// saw, within gamma_{n+2} (float32 norm of n values, Higham 3.1, and the
+// division).
+CertifyCheck clip_check(const ContractSection& c, const Scenario& s, int64_t n) {
+  CertifyCheck ck{"clip", true, false, false, ""};
+  const double nu = double(n + 2) * error_model::kUnitRoundoff32;
+  const double rel = nu / (1 - nu);
+  double lo = 1, hi = 0;
+  for (const auto& cl : c.clips) {
+    lo = std::min(lo, cl.factor);
+    hi = std::max(hi, cl.factor);
+  }
+  if (!s.clip.enabled) {
+    ck.ok = false;
+    ck.message = fmt::format(
+        "the trainer called clip_grad_norm_ {} times (max_norm {:.6g}, factors {:.6g} to "
+        "{:.6g}); the accepted loop does not clip (declare ContractRecorder(clip=...))",
+        c.clips.size(), c.clips.front().max_norm, lo, hi);
+    return ck;
+  }
+  std::map<int64_t, int64_t> per;
+  for (const auto& cl : c.clips) ++per[cl.version];
+  for (size_t t = 0; t < c.steps.size() && ck.ok; ++t)
+    if (per[int64_t(t)] != 1) {
+      ck.ok = false;
+      ck.message = fmt::format(
+          "step {}: {} clip_grad_norm_ calls, the accepted loop clips once before each "
+          "optimizer step",
+          t, per[int64_t(t)]);
+    }
+  for (size_t m = 0; m < c.clips.size() && ck.ok; ++m) {
+    const ContractClip& cl = c.clips[m];
+    const double want = std::min(1.0, s.clip.max_norm / (cl.norm + 1e-6));
+    if (cl.max_norm != s.clip.max_norm || !(std::abs(cl.factor - want) <= rel * want)) {
+      ck.ok = false;
+      ck.message = fmt::format(
+          "clip {} (step {}): factor {:.9g} with max_norm {:.6g}; the declared max_norm "
+          "{:.6g} on the gradient's norm {:.9g} gives {:.9g}",
+          m, cl.version, cl.factor, cl.max_norm, s.clip.max_norm, cl.norm, want);
+    }
+  }
+  if (ck.ok)
+    ck.message = fmt::format(
+        "{} clip_grad_norm_ calls, one before each step, max_norm {:.6g}: factors {:.6g} "
+        "to {:.6g}, each clip_grad_norm_'s formula on the gradient it saw (within {:.2g})",
+        c.clips.size(), s.clip.max_norm, lo, hi, rel);
+  return ck;
+}
+
 std::string fmt_ratio(double x) {
   return std::isinf(x) ? std::string("inf") : fmt::format("{:.3g}", x);
 }
@@ -222,6 +346,15 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   if (K < 1)
     throw InputError(tr.meta_path(), 0, 0, "accumulation", "expected an integer >= 1");
   const bool tokens = tr.meta_value("items") == "tokens";
+  Scenario s;
+  s.name = "contract";
+  declared(tr, s);
+  int64_t n = 0;
+  try {
+    n = std::stoll(tr.meta_value("parameters"));
+  } catch (...) {
+    n = 0;
+  }
   CertifyReport r;
   r.scenario = "contract";
   r.run = tr.runs.empty() ? "trainer" : tr.runs.front().name;
@@ -300,16 +433,22 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     worst_rep = std::max(worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
   rep.ok = worst_rep <= 1;
   rep.message = fmt::format(
-      "PyTorch's optimizer replayed in float64 from the recorded state: worst {} of "
-      "the bound ({} u32 of |p| + |update|, plus the float32 replay's distance)",
+      "PyTorch's optimizer class replayed from the recorded parameters, state and "
+      "gradient: worst {} of the bound ({} u32 of |p| + |update|)",
       fmt_ratio(worst_rep), replay_ulps);
   r.checks.push_back(rep);
+
+  // 3b. The clip factors, when the loop clips or the recorder declared one.
+  bool clip_ok = true;
+  if (s.clip.enabled || !c.clips.empty()) {
+    const CertifyCheck ck = clip_check(c, s, n);
+    clip_ok = ck.ok;
+    r.checks.push_back(ck);
+  }
 
   // 4. Which g_j with which weights: against every semantics.
   const Measured meas = compose(c, eps, step_bound);
   const ContractPlan cp = contract_plan(c, K);
-  Scenario s;
-  s.name = "contract";
   s.batching.accumulation = K;
   s.batching.micro_batch = cp.micro_batch;
   s.batching.epochs = int64_t(cp.plan.epochs.size());
@@ -317,19 +456,33 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const std::vector<std::vector<Pitfall>> sems = candidate_semantics(tokens);
   std::vector<Prediction> preds;
   std::vector<Distance> dists;
-  const bool fits_ok = fit.ok && sfit.ok && rep.ok;
+  std::vector<std::vector<double>> lrs;
+  LrChannel lr_correct;
+  Distance correct_weights;  // correct's weight distance, whatever its lr
+  const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok;
   for (const auto& sem : sems) {
     // When the trace passes (every fit within its bound and correct
-    // within 1), the ranking is not printed: the other candidates are not
-    // predicted at all.
+    // within 1, lr included), the ranking is not printed: the other
+    // candidates are not predicted at all.
     if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1) break;
-    const Prediction p = predict(cp, s, behavior_of(sem));
-    const Distance d = distance(meas, p, c);
+    const Prediction p = predict(cp, s, behavior_of(sem), c);
+    Distance d = distance(meas, p, c);
+    // The lr channel: each step's lr against this semantics' schedule.
+    LrChannel lr;
+    if (!tr.runs.empty()) lr = check_lr(s, cp.plan, tr.runs.front(), behavior_of(sem));
+    if (preds.empty()) {
+      lr_correct = lr;
+      correct_weights = d;
+    }
+    if (!lr.ok) {
+      d.d = kInf;
+      d.why = lr.message;
+    }
     // Semantics with the same prediction (e.g. scheduler pitfalls: the
     // contract tier sees weights, not the lr) are one candidate.
     bool merged = false;
     for (size_t k = 0; k < preds.size(); ++k)
-      if (preds[k].P == p.P && preds[k].version == p.version) {
+      if (preds[k].P == p.P && preds[k].version == p.version && lrs[k] == lr.accepted_lr) {
         r.ranking[k].aliases.push_back(semantics_name(sem));
         merged = true;
         break;
@@ -346,24 +499,33 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     r.ranking.push_back(cand);
     preds.push_back(p);
     dists.push_back(d);
+    lrs.push_back(lr.accepted_lr);
   }
   const CertifyCandidate correct = r.ranking.front();
   r.expected_steps = correct.steps;
-  const bool structure_ok = correct.distance <= 1;
+  const bool structure_ok = correct_weights.d <= 1;
   CertifyCheck st{"weights", structure_ok, false, false,
                   fmt::format("which g_j with which weight each step holds, against "
                               "correct: max {} of the uncertainty{}",
-                              fmt_ratio(correct.distance),
-                              structure_ok ? "" : " (" + correct.first_out_what + ")")};
+                              fmt_ratio(correct_weights.d),
+                              structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
-  r.pass = fit.ok && sfit.ok && rep.ok && structure_ok;
+  if (lr_correct.checked) {
+    std::string msg = lr_correct.message;
+    if (msg.rfind("lr: ", 0) == 0) msg = msg.substr(4);
+    CertifyCheck lc{"lr", lr_correct.ok, false, false, msg};
+    if (!lr_correct.ok) lc.message += ": " + lr_correct.evidence;
+    r.checks.push_back(lc);
+  }
+  r.pass = fit.ok && sfit.ok && rep.ok && clip_ok && structure_ok && lr_correct.ok;
   std::stable_sort(r.ranking.begin(), r.ranking.end(),
                    [](const auto& a, const auto& b) { return a.distance < b.distance; });
   if (r.pass) {
     r.verdict = fmt::format(
         "PASS (contract tier): {} steps; every step holds the micro-batch gradients "
-        "correct accumulation predicts (max {} of the uncertainty)",
-        c.steps.size(), fmt_ratio(correct.distance));
+        "correct accumulation predicts (max {} of the uncertainty){}",
+        c.steps.size(), fmt_ratio(correct.distance),
+        lr_correct.checked ? "; lr as declared" : "");
     r.ranking.clear();
   } else {
     r.verdict = "FAIL (contract tier): ";
@@ -385,8 +547,27 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           fmt_ratio(next), fmt_ratio(best.distance > 0 ? next / best.distance : kInf));
     } else {
       r.diagnosis = "diagnosis: no modelled pitfall explains this trace\n";
-      for (const auto& line : contract_evidence(c, meas.W, preds.front().P, K))
-        r.diagnosis += "evidence: " + line + "\n";
+      if (structure_ok)
+        r.diagnosis += fmt::format(
+            "evidence: the weights are correct's (max {} of the uncertainty); the lr "
+            "is not\n",
+            fmt_ratio(correct_weights.d));
+      else
+        for (const auto& line : contract_evidence(c, meas.W, preds.front().P, K))
+          r.diagnosis += "evidence: " + line + "\n";
+      if (!lr_correct.ok) r.diagnosis += "evidence: " + lr_correct.evidence + "\n";
+      if (!s.clip.enabled && !c.clips.empty()) {
+        // The trainer clips and the recorder was not told: correct with
+        // that clip, for the evidence.
+        Scenario clipped = s;
+        clipped.clip.enabled = true;
+        clipped.clip.max_norm = c.clips.front().max_norm;
+        const Distance d = distance(meas, predict(cp, clipped, behavior_of({}), c), c);
+        r.diagnosis += fmt::format(
+            "evidence: with clip_grad_norm_(max_norm = {:.6g}) accepted, the weights are "
+            "{}correct's (max {} of the uncertainty)\n",
+            clipped.clip.max_norm, d.d <= 1 ? "" : "still not ", fmt_ratio(d.d));
+      }
       r.diagnosis += fmt::format("closest (not matching): {} at {} of the uncertainty ({})",
                                  names, fmt_ratio(best.distance), best.first_out_what);
     }

@@ -183,9 +183,23 @@ def double_count(m, opt, load, K, epochs, mean, items, summed):
             opt.zero_grad()
 
 
+def clip_per_micro_step(m, opt, load, K, epochs, mean, items, summed):
+    """clip_grad_norm_ after every backward instead of once before the
+    step: each partial sum clipped by its own norm."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(items(b) for b in window)
+            for b in window:
+                (summed(m, b) / n).backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), opt.max_norm)
+            opt.step()
+            opt.zero_grad()
+
+
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   zero_grad_inside, step_outside_if, rescaled_accumulator,
-                                  off_by_one, leak, skip_short, double_count)}
+                                  off_by_one, leak, skip_short, double_count,
+                                  clip_per_micro_step)}
 
 
 def parse(argv=None):
@@ -226,8 +240,9 @@ class Stepping:
     """The optimizer as the loops see it: zero_grad, step -- with the
     scheduler and the clip of the chosen variant around step."""
 
-    def __init__(self, opt, model, scheduler=None, early=False, clip=None):
+    def __init__(self, opt, model, scheduler=None, early=False, clip=None, max_norm=None):
         self.opt, self.model, self.scheduler, self.early, self.clip = opt, model, scheduler, early, clip
+        self.max_norm = max_norm  # for a loop that clips by itself
 
     def zero_grad(self):
         self.opt.zero_grad()
@@ -272,7 +287,8 @@ def run(a):
         rec = ContractRecorder(model, opt, summed, items, accumulation=a.K,
                                out=a.out or "trace", items=kind, lr=lr, schedule=schedule,
                                clip=None if a.undeclared_clip else a.clip)
-    stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early", a.clip)
+    stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",
+                        None if a.loop == "clip_per_micro_step" else a.clip, a.clip)
     shuffler = torch.Generator().manual_seed(1)
 
     def load(drop_last=False):
