@@ -455,54 +455,79 @@ class ContractRecorder:
     def _replay_step(self, grads):
         """PyTorch's own optimizer class, built once on copies of the
         parameters, stepped from this step's parameters, state and gradient
-        (before your step runs): what your step must give."""
+        (before your step runs): what your step must give.  The copies are
+        views of one flat buffer (the parameters' dtype; float64 if they
+        mix dtypes), so the comparison is a few whole-vector operations and
+        nothing is allocated per step."""
+        ours = [p for g in self.optimizer.param_groups for p in g["params"]]
         if self.replay is None:
-            params = [p.detach().clone().requires_grad_(True) for p in self.params]
+            dts = {p.dtype for p in ours}
+            dt = dts.pop() if len(dts) == 1 else torch.float64
+            total = sum(p.numel() for p in ours)
+            flat = torch.zeros(total, dtype=dt)
+            params, at = [], 0
+            for q in ours:
+                params.append(flat[at:at + q.numel()].view(q.shape).requires_grad_(True))
+                at += q.numel()
             groups, at = [], 0
             for g in self.optimizer.param_groups:
                 h = {k: v for k, v in g.items() if k != "params"}
                 groups.append(dict(h, params=params[at:at + len(g["params"])]))
                 at += len(g["params"])
-            self.replay = (type(self.optimizer)(groups), params)
-        opt, params = self.replay
-        ours = [p for g in self.optimizer.param_groups for p in g["params"]]
+            self.replay = (type(self.optimizer)(groups), params, flat,
+                           torch.zeros_like(flat), torch.zeros_like(flat), torch.zeros_like(flat),
+                           [torch.zeros_like(p) for p in params])
+        opt, params, flat, before, now, tmp, gbuf = self.replay
         for g, mine in zip(opt.param_groups, self.optimizer.param_groups):
             for k, v in mine.items():
                 if k != "params":
                     g[k] = v
-        opt.state.clear()
         for p, q in zip(params, ours):
             st = self.optimizer.state.get(q)
-            if st:
-                opt.state[p] = {k: v.clone() if torch.is_tensor(v) else copy.deepcopy(v)
-                                for k, v in st.items()}
-        by_id = {id(q): i for i, q in enumerate(ours)}
+            if not st:
+                opt.state.pop(p, None)
+                continue
+            mine = opt.state.get(p)
+            if mine is None or set(mine) != set(st):
+                mine = opt.state[p] = {}
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    if k in mine and torch.is_tensor(mine[k]) and mine[k].shape == v.shape \
+                            and mine[k].dtype == v.dtype:
+                        mine[k].copy_(v)
+                    else:
+                        mine[k] = v.clone()
+                else:
+                    mine[k] = copy.deepcopy(v)
+        got = {id(q): g for q, g in zip(self.params, grads)}
         with torch.no_grad():
-            for p, q in zip(params, ours):
+            for p, q, b in zip(params, ours, gbuf):
                 p.copy_(q)
-        for p in params:
-            p.grad = None
-        for q, g in zip(self.params, grads):
-            if g is not None:
-                params[by_id[id(q)]].grad = g.detach().clone()
-        self._before = [p.detach().clone() for p in params]
+                g = got.get(id(q))
+                if g is None:
+                    p.grad = None
+                else:
+                    b.copy_(g)
+                    p.grad = b
+            before.copy_(flat)
         opt.step()
 
     def _after_step(self):
         """Your update against the replay: |p - p_replay| within 16 u32 of
-        |p_replay| + |update| (error model: contract_replay_ulps)."""
-        opt, params = self.replay
+        |p_replay| + |update| (error model: contract_replay_ulps), in the
+        parameters' precision: |p - p_replay| is exact there (Sterbenz) and
+        the bound needs no more than a few digits."""
+        opt, params, flat, before, now, tmp, gbuf = self.replay
         ours = [p for g in self.optimizer.param_groups for p in g["params"]]
-        worst = 0.0
+        at = 0
         with torch.no_grad():
-            for a, p0, p in zip(params, self._before, ours):
-                # In the parameters' precision: |p - a| is exact there
-                # (Sterbenz) and the bound needs no more than a few digits.
-                err = (p - a).abs_()
-                bound = (a - p0).abs_().add_(a.abs()).mul_(REPLAY_ULPS * U32)
-                r = torch.where(err > 0, err / bound, torch.zeros_like(err))
-                worst = max(worst, float(r.max()) if r.numel() else 0.0)
-        self._before = None
+            for q in ours:
+                now[at:at + q.numel()].copy_(q.reshape(-1))
+                at += q.numel()
+            torch.sub(flat, before, out=tmp).abs_().add_(flat.abs()).mul_(REPLAY_ULPS * U32)
+            now.sub_(flat).abs_()
+            hit = now > 0
+            worst = float((now[hit] / tmp[hit]).max()) if bool(hit.any()) else 0.0
         self.rows.append("replay,%d,,,,,,%s,,\n" % (self.steps, real(worst * REPLAY_ULPS)))
         self.steps += 1
         for b in self.since_step:

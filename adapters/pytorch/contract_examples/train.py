@@ -6,7 +6,9 @@
 
 Each loop below is a complete loop in one idiom; the mistakes are the ones
 reported in the field.  --no-record runs the same loop without the
-recorder (for timing: bench/contract_bench.sh)."""
+recorder (for timing: bench/contract_bench.py).  --schedule and --clip add
+an lr scheduler and clip_grad_norm_ around the step (declared to the recorder
+unless --undeclared-clip)."""
 
 import argparse
 import itertools
