@@ -122,12 +122,15 @@ inline constexpr Tolerance kTolerances[] = {
      "of it; the fractions certify tells apart differ by far more"},
     {"contract_fit_calibration", 4.0,
      "contract tier: a captured backward gradient c_b fitted as w*g_j (g_j "
-     "recomputed in float64) leaves a relative residual of the order of the "
-     "float32-vs-float64 difference cal_j of the same recompute (measured "
-     "0.5-1.0 cal_j on the GPT-style and CNN examples); the user's pass, "
-     "with its loss weight folded in, rounds independently of the "
-     "recompute: two float32 evaluations each ~cal_j from float64, doubled "
-     "again for the spread of rounding between evaluations of equal inputs"},
+     "the float32 backward of the summed loss, from the trainer's own "
+     "forward or a recompute on a copy) leaves a relative residual of the "
+     "order of the float32-vs-float64 difference cal_j of g_j (calibrated "
+     "on every 16th micro-batch; the run's largest stands for the others: "
+     "a sample's maximum never exceeds the whole run's, so sampling can "
+     "only tighten the bound, never hide a weight); two float32 "
+     "evaluations (c_b and g_j) each ~cal_j from float64, doubled again "
+     "for the spread of rounding between evaluations of equal inputs "
+     "(measured 0-0.15 of the bound on the GPT-style and CNN examples)"},
     {"contract_fit_ulps", 8.0,
      "contract tier: the loss weight's own roundings (a mean's 1/n, a /K, "
      "a /num_items: at most three roundings of the scalar, DESIGN.md "
@@ -139,13 +142,14 @@ inline constexpr Tolerance kTolerances[] = {
      "most gamma_m * sum |a_b| |c_b| (Higham 4.3, normwise); 2 more u for a "
      "clip's or a rescale's multiplication"},
     {"contract_replay_ulps", 16.0,
-     "contract tier: PyTorch's own optimizer replayed in float64 from the "
-     "recorded state and gradient vs the float32 step: per element at most "
-     "16 u32 (|p| + |update|) (the update's roundings: Adam's moment "
+     "contract tier: the trainer's update against PyTorch's own optimizer "
+     "class replayed once, in the parameters' precision, from the recorded "
+     "parameters, state and gradient: per element at most 16 u32 "
+     "(|p_replay| + |update|) (the update's roundings: Adam's moment "
      "updates, sqrt, bias corrections, division, lr product, ~10, and the "
-     "parameter's storage) plus the distance of the same replay in float32 "
-     "to the float64 one (calibrates the moments' cancellation, which a "
-     "bound on |update| alone misses: seen at 1.5x on a 1-micro-batch step)"},
+     "parameter's storage); the same class on the same inputs normally "
+     "gives the same bits (measured 0), so any other change of the "
+     "parameters shows"},
     {"evidence_fit_residual", 1e-3,
      "certify's model-free evidence: a step's gradient is a weighted sum of "
      "its window's micro-batch gradients when the least-squares residual is "

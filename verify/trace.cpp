@@ -720,6 +720,9 @@ ContractSection read_contract(const std::string& dir) {
       st.residual = number(8);
       st.scale = number(9);
       c.steps.push_back(st);
+    } else if (kind == "clip") {
+      expect_index(c.clips.size());
+      c.clips.push_back({integer(2, true), number(7), number(8), number(9)});
     } else if (kind == "coef" || kind == "replay") {
       if (index < 0 || index >= int64_t(c.steps.size()))
         throw InputError(path, ln, 1, "index",
@@ -737,8 +740,7 @@ ContractSection read_contract(const std::string& dir) {
     } else {
       throw InputError(path, ln, 1, "kind",
                        fmt::format("unknown kind '{}' (micro, backward, epoch, "
-                                   "step, coef, replay)",
-                                   kind));
+                                   "step, coef, replay, clip)", kind));
     }
   }
   return c;

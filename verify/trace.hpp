@@ -250,9 +250,12 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //            residual = |G_t - fit| (absolute), scale = sum |a| |term|
 //   coef     index t, ref = backward b (-1: the previous step's gradient),
 //            value = its fitted coefficient a, scale = |term vector|
-//   replay   index t, value = 16 * max_i |p_i - p64_i| / (16 u32 (|p64_i| +
-//            |update_i|) + |p32_i - p64_i|): p64, p32 the step replayed in
-//            float64 and float32 (certify divides by contract_replay_ulps)
+//   replay   index t, value = 16 * max_i |p_i - r_i| / (16 u32 (|r_i| +
+//            |update_i|)): r the step replayed by PyTorch's optimizer class
+//            from the recorded state (certify divides by contract_replay_ulps)
+//   clip     index m (call order), ref = version (optimizer steps before
+//            it), value = the factor clip_grad_norm_ applied, residual = the
+//            float64 norm of the gradient it saw, scale = its max_norm
 struct ContractMicro {
   int64_t epoch = 0, version = 0, items = 0, samples = 0;
   double calibration = kNaN;
@@ -271,6 +274,10 @@ struct ContractStep {
   };
   std::vector<Coef> coefs;
 };
+struct ContractClip {
+  int64_t version = 0;
+  double factor = kNaN, norm = kNaN, max_norm = kNaN;
+};
 struct ContractEpoch {
   int64_t dataset = -1, batch_size = -1;
 };
@@ -279,6 +286,7 @@ struct ContractSection {
   std::vector<ContractBackward> backward;
   std::vector<ContractStep> steps;
   std::vector<ContractEpoch> epochs;
+  std::vector<ContractClip> clips;
 };
 
 // Reads `dir`/contract.csv (InputError naming the file and line on
