@@ -71,6 +71,32 @@ inline constexpr Tolerance kTolerances[] = {
      "certify --precision fp64: the float32 bound scaled by u64/u32 = "
      "2^-53/2^-24 = 2^-29 (same formulas, float64 rounding; not derived "
      "per operation like the float32 bound)"},
+    {"bf16_bound_scale", 3.0 * 65536.0,
+     "certify --precision bf16 (torch.autocast bfloat16): the forward's and "
+     "backward's float32 bound scaled by u_bf16/u32 = 2^-8/2^-24 = 2^16 "
+     "(the same formulas with bfloat16's rounding: autocast rounds every "
+     "Linear's output and its gradients to bfloat16) times 3: autocast "
+     "also rounds both factors of each product (input and weight cast to "
+     "bfloat16, 2 roundings per term) on top of a dot product's n >= 1 "
+     "roundings, at most 3x them; the optimizer step stays float32 and "
+     "keeps the float32 bound"},
+    {"fp16_bound_scale", 3.0 * 8192.0,
+     "certify --precision fp16: as bf16_bound_scale with u_fp16 = 2^-11 "
+     "(2^13 u32), times 3 for the casts of both factors; float16's "
+     "underflow (subnormals below 2^-14) is not covered: a loss scale "
+     "keeps gradients above it"},
+    {"state_ema_ulps", 5.0,
+     "certify's EMA check: an update e = d*e_prev + (1-d)*p in float32, "
+     "replayed in float64 from the recorded e_prev and parameters: d and "
+     "1-d rounded to float32 (1 u each), two products (1 u each) and the "
+     "sum (1 u), so |e - e64| <= 5 u32 (d|e_prev| + (1-d)|p|) to first "
+     "order (the second-order terms are below 2^-40 of it)"},
+    {"logged_loss_ulps", 4.0,
+     "certify's logged-loss check: the Tracked bound of the window's summed "
+     "item losses covers the forward; the trainer's scaling of each "
+     "micro-batch's loss (a division and a multiplication by constants "
+     "rounded to float32, DESIGN.md 'three roundings') and its summation "
+     "add at most 4 u32 of each micro-batch's term"},
     {"dd_bound_rel", 1e-10,
      "the Tracked bound in double-double (certify --bound-arith dd) vs in "
      "50-digit MPFR, relative to the MPFR bound, for values and bounds: "

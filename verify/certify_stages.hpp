@@ -81,6 +81,9 @@ struct Ctx {
   BoundArith arith;     // the rigorous bound's numbers
   int threads;          // CertifyConfig::threads
   int64_t max_windows;  // window_cap()
+  // The gradient bound's scale (CertifyConfig::autocast: bf16_bound_scale,
+  // fp16_bound_scale; 1 otherwise).  Parameters keep the float32 bound.
+  double grad_scale;
 };
 
 // Windows after which a forced run stops (-1: none): with max_steps, a

@@ -701,4 +701,44 @@ ContractSection read_contract(const std::string& dir) {
   return c;
 }
 
+StateSection read_state(const std::string& dir) {
+  StateSection st;
+  st.path = (std::filesystem::path(dir) / "state.csv").string();
+  if (!std::filesystem::exists(st.path)) return st;
+  st.present = true;
+  constexpr std::string_view kHeader = "kind,step,tensor,index,value";
+  constexpr std::string_view kKinds[] = {"loss_scale",  "skipped",
+                                         "opt_step",    "exp_avg",
+                                         "exp_avg_sq",  "ema_update",
+                                         "ema",         "running_mean",
+                                         "running_var", "num_batches_tracked",
+                                         "logged_loss"};
+  CsvFile f(st.path, kHeader);
+  Reader<5> r(f.bytes);
+  f.read_header_flags(r, io::ignore_no_column, kHeader, "kind", "step",
+                      "tensor", "index", "value");
+  std::string kind, tensor;
+  char *step = nullptr, *index = nullptr, *value = nullptr;
+  int64_t line = 0;
+  while (f.row(r, line, kind, step, tensor, index, value)) {
+    if (std::find(std::begin(kKinds), std::end(kKinds), kind) ==
+        std::end(kKinds))
+      f.fail(line, "kind",
+             fmt::format("unknown kind '{}'; expected one of loss_scale, "
+                         "skipped, opt_step, exp_avg, exp_avg_sq, "
+                         "ema_update, ema, running_mean, running_var, "
+                         "num_batches_tracked, logged_loss",
+                         kind));
+    StateValue v;
+    v.kind = kind;
+    v.tensor = tensor;
+    v.step = f.integer(line, "step", step, 0);
+    v.index = f.integer(line, "index", index, 0);
+    v.value = f.real(line, "value", value);
+    v.line = line;
+    st.rows.push_back(std::move(v));
+  }
+  return st;
+}
+
 }  // namespace accumcheck

@@ -220,4 +220,44 @@ struct ContractSection {
 // number, a reference to an unknown backward or micro-batch).
 ContractSection read_contract(const std::string& dir);
 
+// ---- the training state beyond gradients (state.csv, written by
+// adapters/pytorch/accumcheck_torch/recorder.py beside meta/events/values
+// when the trainer keeps any; verify/state_check.hpp judges it).  One row
+// per value:  kind,step,tensor,index,value
+//   loss_scale           step t (the window), index = backward pass
+//                        (0-based over the run), value = the scale it used
+//   skipped              step t: a window whose gradients overflowed
+//                        (inf/NaN) and that was zeroed without an
+//                        optimizer step; index = backward passes so far,
+//                        value = the loss scale
+//   opt_step             step t, tensor: Adam's state['step'] after
+//                        optimizer step t (index 0)
+//   exp_avg, exp_avg_sq  step t, tensor, index: Adam's moments after it
+//   ema_update           step = the EMA update's number c, index =
+//                        optimizer steps before it, value = backward
+//                        passes since the last optimizer step
+//   ema                  step = update c, tensor, index: the EMA's
+//                        parameters after it
+//   running_mean, running_var, num_batches_tracked
+//                        step t, tensor (the scenario's buffer name,
+//                        "1.running_mean"), index: BatchNorm's buffers
+//                        when optimizer step t is taken
+//   logged_loss          step t: the loss the trainer logged for window t
+struct StateValue {
+  std::string kind, tensor;
+  int64_t step = 0, index = 0;
+  double value = kNaN;
+  int64_t line = 0;
+};
+struct StateSection {
+  std::string path;
+  std::vector<StateValue> rows;  // file order
+  bool present = false;          // state.csv exists
+};
+
+// Reads `dir`/state.csv when present (absent: present = false, no rows).
+// InputError naming the file and line on an unknown kind, a missing or
+// malformed number.
+StateSection read_state(const std::string& dir);
+
 }  // namespace accumcheck

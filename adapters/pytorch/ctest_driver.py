@@ -38,6 +38,10 @@ def main():
     ap.add_argument("--expect-pitfall")
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--expect-text", action="append", default=[])
+    ap.add_argument("--example-arg", action="append", default=[],
+                    help="passed to the example (--example-arg=--variant=x)")
+    ap.add_argument("--certify-arg", action="append", default=[],
+                    help="passed to every certify (--certify-arg=--precision=bf16)")
     args = ap.parse_args()
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -46,13 +50,14 @@ def main():
     trace = os.path.join(args.work, "trace")
     subprocess.run([args.accumcheck, "export", args.scenario, "--out", bundle, "--quiet"],
                    check=True)
-    subprocess.run([sys.executable, args.example, "--bundle", bundle, "--out", trace],
-                   check=True)
+    subprocess.run([sys.executable, args.example, "--bundle", bundle, "--out", trace,
+                    *args.example_arg], check=True)
     scenario = os.path.join(bundle, "scenario.toml")
 
     def certify(*extra, junit="junit.xml"):
         return subprocess.run([args.accumcheck, "certify", scenario, "--trace", trace,
-                               "--junit", os.path.join(args.work, junit), *extra],
+                               "--junit", os.path.join(args.work, junit),
+                               *args.certify_arg, *extra],
                               capture_output=True, text=True)
 
     cert = certify()
