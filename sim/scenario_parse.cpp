@@ -1,5 +1,7 @@
 // Scenario files: TOML -> Scenario with precise errors (the inverse,
-// to_toml() and describe(), is sim/scenario_write.cpp).
+// to_toml() and describe(), is sim/scenario_write.cpp).  [batching] with
+// its K schedule and [schedule] are sim/scenario_parse_batching.cpp, the
+// reading machinery (Parser, Section) sim/scenario_reader.hpp.
 #include "sim/scenario_parse.hpp"
 
 #include <fmt/format.h>
@@ -21,246 +23,15 @@
 #include "sim/k_schedule.hpp"
 #include "sim/layout.hpp"
 #include "sim/limits.hpp"
+#include "sim/scenario_reader.hpp"
 #include "sim/scenario_text.hpp"
 
 namespace accumcheck {
 
 using namespace scenario_text;
+using namespace scenario_reader;
 
 namespace {
-
-// Levenshtein distance, for "did you mean".
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min(
-          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// The closest candidate within a small edit distance, or "".
-template <class Range>
-std::string_view closest(std::string_view word, const Range& candidates) {
-  std::string_view best;
-  size_t best_d = std::max<size_t>(2, word.size() / 4) + 1;
-  for (std::string_view c : candidates) {
-    const size_t d = edit_distance(word, c);
-    if (d < best_d) best = c, best_d = d;
-  }
-  return best;
-}
-
-// "got 0", "got \"tahn\"", "got an array".
-std::string got(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::integer:
-      return "got " + std::to_string(n.as_integer()->get());
-    case toml::node_type::floating_point:
-      return "got " + float_text(n.as_floating_point()->get());
-    case toml::node_type::boolean:
-      return n.as_boolean()->get() ? "got true" : "got false";
-    case toml::node_type::string:
-      return "got " + toml_string(n.as_string()->get());
-    case toml::node_type::array:
-      return "got an array";
-    case toml::node_type::table:
-      return "got a table";
-    default:
-      return "got a date/time";
-  }
-}
-
-std::string int_range_text(int64_t lo, int64_t hi) {
-  if (hi == kIntMax) return fmt::format("an integer >= {}", lo);
-  return fmt::format("an integer in {}..{}", lo, hi);
-}
-
-// A number predicate with its wording ("a number > 0").
-struct NumberRule {
-  std::string_view text;
-  bool (*ok)(double);
-};
-constexpr NumberRule kPositive{"a number > 0", [](double x) { return x > 0; }};
-constexpr NumberRule kNonNegative{"a number >= 0",
-                                  [](double x) { return x >= 0; }};
-constexpr NumberRule kUnitInterval{"a number in [0, 1)",
-                                   [](double x) { return x >= 0 && x < 1; }};
-
-class Parser {
- public:
-  Parser(std::string file) : file_(std::move(file)) {}
-
-  [[noreturn]] void fail(const toml::source_region& r, const std::string& key,
-                         const std::string& msg) const {
-    throw InputError(file_, int64_t(r.begin.line), int64_t(r.begin.column), key,
-                     msg);
-  }
-  [[noreturn]] void fail(const toml::node* n, const std::string& key,
-                         const std::string& msg) const {
-    if (n) fail(n->source(), key, msg);
-    throw InputError(file_, 0, 0, key, msg);
-  }
-
-  const std::string& file() const { return file_; }
-
-  // A value against a limit of sim/limits.hpp, reported at node `n`.
-  void within(const toml::node* n, const std::string& key,
-              std::string_view limit_key, std::optional<int64_t> value,
-              const std::string& what) const {
-    const int64_t line = n ? int64_t(n->source().begin.line) : 0;
-    const int64_t col = n ? int64_t(n->source().begin.column) : 0;
-    require_within(limit_key, value, what, file_, line, col, key);
-  }
-
- private:
-  std::string file_;
-};
-
-// One [section]: checks its keys against the allowed ones and reads typed,
-// range-checked values.
-class Section {
- public:
-  Section(const Parser& p, const toml::table& root, std::string name,
-          std::initializer_list<std::string_view> keys)
-      : p_(p), name_(std::move(name)), keys_(keys) {
-    const toml::node* n = root.get(name_);
-    if (n && !n->is_table())
-      p_.fail(n, name_, "expected a table [" + name_ + "], " + got(*n));
-    table_ = n ? n->as_table() : nullptr;
-    if (!table_) return;
-    for (auto&& [k, v] : *table_) {
-      (void)v;
-      if (std::find(keys_.begin(), keys_.end(), k.str()) != keys_.end())
-        continue;
-      std::string msg = fmt::format("unknown key '{}' in [{}]", k.str(), name_);
-      const std::string_view guess = closest(k.str(), keys_);
-      if (!guess.empty())
-        msg += fmt::format("; did you mean '{}'?", guess);
-      else
-        msg += "; known keys: " + join(keys_);
-      p_.fail(k.source(), key(k.str()), msg);
-    }
-  }
-
-  bool present() const { return table_ != nullptr; }
-  std::string key(std::string_view k) const {
-    return name_ + "." + std::string(k);
-  }
-  const toml::node* node(std::string_view k) const {
-    return table_ ? table_->get(k) : nullptr;
-  }
-  bool has(std::string_view k) const { return node(k) != nullptr; }
-
-  [[noreturn]] void missing(std::string_view k, std::string_view what) const {
-    const std::string msg =
-        fmt::format("missing required key '{}'; expected {}", k, what);
-    if (table_) p_.fail(table_->source(), key(k), msg);
-    p_.fail(nullptr, key(k),
-            fmt::format("{} (section [{}] is absent)", msg, name_));
-  }
-  [[noreturn]] void bad(std::string_view k, std::string_view what) const {
-    const toml::node* n = node(k);
-    p_.fail(n, key(k), fmt::format("expected {}, {}", what, got(*n)));
-  }
-  // Rejects a key that has no meaning under the chosen setting.
-  void forbid(std::string_view k, std::string_view why) const {
-    if (const toml::node* n = node(k))
-      p_.fail(n, key(k), fmt::format("'{}' {}", k, why));
-  }
-
-  std::optional<int64_t> integer(std::string_view k, int64_t lo,
-                                 int64_t hi = kIntMax) const {
-    const toml::node* n = node(k);
-    if (!n) return std::nullopt;
-    const auto* v = n->as_integer();
-    if (!v || v->get() < lo || v->get() > hi) bad(k, int_range_text(lo, hi));
-    return v->get();
-  }
-  int64_t required_integer(std::string_view k, int64_t lo,
-                           int64_t hi = kIntMax) const {
-    if (!has(k)) missing(k, int_range_text(lo, hi));
-    return *integer(k, lo, hi);
-  }
-
-  std::optional<double> number(std::string_view k, NumberRule rule) const {
-    const toml::node* n = node(k);
-    if (!n) return std::nullopt;
-    double x;
-    if (const auto* i = n->as_integer())
-      x = double(i->get());
-    else if (const auto* f = n->as_floating_point())
-      x = f->get();
-    else
-      bad(k, rule.text);
-    if (!std::isfinite(x) || !rule.ok(x)) bad(k, rule.text);
-    return x;
-  }
-  double required_number(std::string_view k, NumberRule rule) const {
-    if (!has(k)) missing(k, rule.text);
-    return *number(k, rule);
-  }
-
-  std::optional<bool> boolean(std::string_view k) const {
-    const toml::node* n = node(k);
-    if (!n) return std::nullopt;
-    if (!n->is_boolean()) bad(k, "true or false");
-    return n->as_boolean()->get();
-  }
-
-  std::optional<std::string> string(std::string_view k) const {
-    const toml::node* n = node(k);
-    if (!n) return std::nullopt;
-    if (!n->is_string()) bad(k, "a string");
-    return n->as_string()->get();
-  }
-
-  template <class E, size_t N>
-  std::optional<E> choice(
-      std::string_view k,
-      const std::pair<std::string_view, E> (&names)[N]) const {
-    const toml::node* n = node(k);
-    if (!n) return std::nullopt;
-    std::vector<std::string_view> spelled;
-    for (const auto& [name, v] : names) spelled.push_back(name);
-    std::string what = "one of";
-    for (size_t i = 0; i < N; ++i) {
-      what += i ? ", " : " ";
-      what += toml_string(spelled[i]);
-    }
-    if (!n->is_string()) bad(k, what);
-    const std::string& s = n->as_string()->get();
-    for (const auto& [name, v] : names)
-      if (name == s) return v;
-    std::string msg = fmt::format("expected {}, {}", what, got(*n));
-    const std::string_view guess = closest(s, spelled);
-    if (!guess.empty())
-      msg += fmt::format("; did you mean {}?", toml_string(guess));
-    p_.fail(n, key(k), msg);
-  }
-
-  static std::string join(const std::vector<std::string_view>& v) {
-    std::string s;
-    for (std::string_view x : v) {
-      if (!s.empty()) s += ", ";
-      s += x;
-    }
-    return s;
-  }
-
- private:
-  const Parser& p_;
-  std::string name_;
-  std::vector<std::string_view> keys_;
-  const toml::table* table_ = nullptr;
-};
 
 std::vector<Pitfall> pitfall_list(const Parser& p, const Section& sec,
                                   std::string_view k) {
@@ -461,106 +232,6 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
                        per_sample));
 }
 
-// K = 0 is what seed 002's cold-start advice computes in epoch 0; its loop
-// then fails on `% 0`.
-constexpr std::string_view kSeed002KZeroHint =
-    "; hint: seed 002's cold start `accumulation_steps = min(epoch * 2, 8)` "
-    "gives K = 0 in epoch 0 (its loop then fails on `% 0`): start the ramp "
-    "at K >= 1, e.g. accumulation = [2, 4, 6, 8, 8] for its epochs 1..5";
-
-// batching.accumulation: K (an integer), K per epoch (an array of one
-// integer per epoch), or a ramp rule { start, step, max }: K_e =
-// min(start + e * step, max) for epochs e = 0, 1, ...
-void parse_accumulation(const Parser& p, const Section& sec, BatchingSpec& b) {
-  const toml::node* n = sec.node("accumulation");
-  if (!n)
-    sec.missing("accumulation",
-                "an integer >= 1, an array of one K per epoch, or a ramp "
-                "{ start, step, max }");
-  auto k_value = [&](const toml::node& el, const std::string& key) {
-    const auto* v = el.as_integer();
-    if (!v || v->get() < 1 || v->get() > kIntMax)
-      p.fail(&el, key,
-             fmt::format("expected an integer >= 1, {}{}", got(el),
-                         v && v->get() == 0 ? kSeed002KZeroHint : ""));
-    return v->get();
-  };
-  b.accumulation_per_epoch.clear();
-  if (n->is_integer()) {
-    b.accumulation = k_value(*n, "batching.accumulation");
-    return;
-  }
-  if (const auto* arr = n->as_array()) {
-    if (int64_t(arr->size()) != b.epochs)
-      p.fail(n, "batching.accumulation",
-             fmt::format("expected one K per epoch ({} entries for "
-                         "batching.epochs = {}), got {}",
-                         b.epochs, b.epochs, arr->size()));
-    for (size_t i = 0; i < arr->size(); ++i)
-      b.accumulation_per_epoch.push_back(
-          k_value((*arr)[i], fmt::format("batching.accumulation[{}]", i)));
-  } else if (const auto* t = n->as_table()) {
-    for (auto&& [k, v] : *t) {
-      (void)v;
-      if (k.str() != "start" && k.str() != "step" && k.str() != "max")
-        p.fail(k.source(), "batching.accumulation." + std::string(k.str()),
-               fmt::format("unknown key '{}' in the ramp; known keys: start, "
-                           "step, max",
-                           k.str()));
-    }
-    auto field = [&](std::string_view k, int64_t lo) {
-      const toml::node* f = t->get(k);
-      const std::string key = "batching.accumulation." + std::string(k);
-      if (!f)
-        p.fail(n, key,
-               fmt::format("missing required key '{}' of the ramp {{ start, "
-                           "step, max }}; expected {}",
-                           k, int_range_text(lo, kIntMax)));
-      const auto* v = f->as_integer();
-      if (!v || v->get() < lo)
-        p.fail(
-            f, key,
-            fmt::format(
-                "expected {}, {}{}", int_range_text(lo, kIntMax), got(*f),
-                k == "start" && v && v->get() == 0 ? kSeed002KZeroHint : ""));
-      return v->get();
-    };
-    const int64_t start = field("start", 1), step = field("step", 0),
-                  max = field("max", 1);
-    // K_e = min(start + e * step, max), saturating (no overflow); kept
-    // until it stops changing (accumulation_at repeats the last entry).
-    int64_t k = std::min(start, max);
-    for (int64_t e = 0; e < b.epochs; ++e) {
-      b.accumulation_per_epoch.push_back(k);
-      if (k == max || step == 0) break;
-      k = max - k <= step ? max : k + step;
-    }
-  } else {
-    sec.bad("accumulation",
-            "an integer >= 1, an array of one K per epoch, or a ramp "
-            "{ start, step, max }");
-  }
-  b.accumulation = b.accumulation_per_epoch.front();
-}
-
-void parse_batching(const Parser& p, const Section& sec, Scenario& s) {
-  BatchingSpec& b = s.batching;
-  b.micro_batch = sec.required_integer("micro_batch", 1);
-  b.epochs = sec.integer("epochs", 1).value_or(1);
-  parse_accumulation(p, sec, b);
-  b.ranks = sec.integer("ranks", 1).value_or(1);
-  b.max_steps = sec.integer("max_steps", -1).value_or(-1);
-  b.sampler = sec.choice("sampler", kSamplers).value_or(Sampler::pad);
-  if (b.micro_batch > s.data.samples)
-    p.fail(sec.node("micro_batch"), "batching.micro_batch",
-           fmt::format("expected an integer in 1..{} (data.samples), got {}",
-                       s.data.samples, b.micro_batch));
-  if (b.ranks > s.data.samples)
-    p.fail(sec.node("ranks"), "batching.ranks",
-           fmt::format("expected an integer in 1..{} (data.samples), got {}",
-                       s.data.samples, b.ranks));
-}
-
 // Settings that span sections (after [model], [data], [batching] and
 // [trainer] are read).
 void validate_across(const Parser& p, const Section& model, const Section& data,
@@ -629,46 +300,6 @@ void parse_optimizer(const Section& sec, OptimizerSpec& o) {
   }
   o.weight_decay = sec.number("weight_decay", kNonNegative).value_or(0.0);
   o.l2_in_loss = sec.number("l2_in_loss", kNonNegative).value_or(0.0);
-}
-
-void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc) {
-  sc = ScheduleSpec{};
-  sc.kind = sec.choice("kind", kSchedules).value_or(ScheduleKind::constant);
-  const bool horizon =
-      sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine;
-  if (!horizon) {
-    sec.forbid("warmup", "applies to kind = \"linear\" or \"cosine\" only");
-    sec.forbid("total", "applies to kind = \"linear\" or \"cosine\" only");
-    sec.forbid("warmup_ratio",
-               "applies to kind = \"linear\" or \"cosine\" only");
-  }
-  if (sc.kind != ScheduleKind::step) {
-    sec.forbid("step_size", "applies to kind = \"step\" only");
-    sec.forbid("gamma", "applies to kind = \"step\" only");
-  }
-  const toml::node* total = sec.node("total");
-  if (horizon && total && total->is_string() &&
-      total->as_string()->get() == "auto") {
-    // The horizon is the run's optimizer steps (sim/k_schedule.hpp).
-    sc.total_auto = true;
-    if (sec.has("warmup") && sec.has("warmup_ratio"))
-      sec.forbid("warmup_ratio", "and 'warmup' exclude each other");
-    sc.warmup = sec.integer("warmup", 0).value_or(0);
-    sc.warmup_ratio = sec.number("warmup_ratio", kUnitInterval).value_or(-1);
-  } else if (horizon) {
-    if (total && total->is_string())
-      sec.bad("total", "an integer >= 1 or \"auto\"");
-    sec.forbid("warmup_ratio", "applies to total = \"auto\" only");
-    sc.warmup = sec.integer("warmup", 0).value_or(0);
-    sc.total = sec.required_integer("total", 1);
-    if (sc.total <= sc.warmup)
-      p.fail(sec.node("total"), "schedule.total",
-             fmt::format("expected an integer > schedule.warmup = {}, got {}",
-                         sc.warmup, sc.total));
-  } else if (sc.kind == ScheduleKind::step) {
-    sc.step_size = sec.integer("step_size", 1).value_or(1);
-    sc.gamma = sec.number("gamma", kPositive).value_or(sc.gamma);
-  }
 }
 
 void parse_expect(const Parser& p, const Section& sec, const Scenario& s,
@@ -758,14 +389,13 @@ Scenario parse_scenario_string(std::string_view text,
   const Section model(p, root, "model",
                       {"widths", "activation", "loss", "kind", "norm",
                        "norm_groups", "dropout", "vocab", "embed"});
-  const Section data(p, root, "data",
-                     {"samples", "seed", "dyadic", "shuffle", "csv",
-                      "replicate", "lengths", "min_len", "max_len",
-                      "pinned_order"});
-  const Section batching(
-      p, root, "batching",
-      {"micro_batch", "accumulation", "epochs", "ranks", "max_steps",
-       "sampler"});
+  const Section data(
+      p, root, "data",
+      {"samples", "seed", "dyadic", "shuffle", "csv", "replicate", "lengths",
+       "min_len", "max_len", "pinned_order"});
+  const Section batching(p, root, "batching",
+                         {"micro_batch", "accumulation", "epochs", "ranks",
+                          "max_steps", "sampler"});
   const Section optimizer(p, root, "optimizer",
                           {"kind", "lr", "momentum", "beta1", "beta2", "eps",
                            "weight_decay", "l2_in_loss"});
