@@ -61,16 +61,20 @@ def write_atomically(path, text):
         raise
 
 
-def write_trace(folder, meta, events, values, extra=None):
+def write_trace(folder, meta, events, values, extra=None, ranks=False):
     """meta: [(key, value)]; events, values: row strings ending in '\\n';
-    extra: {file name: text} (the contract tier's contract.csv).
+    extra: {file name: text} (the contract tier's contract.csv); ranks:
+    the rows end in the `rank` column (a multi-rank trace).
     Writes events, values and extra first and meta last (a trace without
     meta.csv is incomplete and refused by the reader)."""
     os.makedirs(folder, exist_ok=True)
     for name, text in sorted((extra or {}).items()):
         write_atomically(os.path.join(folder, name), text)
-    write_atomically(os.path.join(folder, "events.csv"), EVENTS_HEADER + "\n" + "".join(events))
-    write_atomically(os.path.join(folder, "values.csv"), VALUES_HEADER + "\n" + "".join(values))
+    rank = ",rank" if ranks else ""
+    write_atomically(os.path.join(folder, "events.csv"),
+                     EVENTS_HEADER + rank + "\n" + "".join(events))
+    write_atomically(os.path.join(folder, "values.csv"),
+                     VALUES_HEADER + rank + "\n" + "".join(values))
     write_atomically(os.path.join(folder, "meta.csv"),
                      "key,value\n" + "".join("%s,%s\n" % (k, _field(v)) for k, v in meta))
 
