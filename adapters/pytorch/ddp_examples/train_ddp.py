@@ -111,7 +111,7 @@ def clip_own_chunk(model, max_norm):
     R, q = dist.get_world_size(), dist.get_rank()
     chunk = (flat.numel() + R - 1) // R
     flat = torch.cat([flat, flat.new_zeros(chunk * R - flat.numel())])
-    mine = torch.nn.Parameter(torch.empty(0))
+    mine = torch.nn.Parameter(torch.zeros(chunk))
     mine.grad = flat[q * chunk:(q + 1) * chunk].clone()
     torch.nn.utils.clip_grad_norm_([mine], max_norm)
     gathered = [torch.empty(chunk) for _ in range(R)]
