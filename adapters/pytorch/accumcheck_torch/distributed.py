@@ -19,6 +19,12 @@ into .grad) as a callback queued during the backward, so the recorder's
 end-of-backward callback is queued from a callback, after it: the
 gradient it keeps is the one DDP left.
 
+A sharded (ZeRO-style) clip -- each rank clips its chunk of the gradient,
+then torch.distributed.all_gather brings every rank the clipped chunks --
+changes the gradient after clip_grad_norm_; the recorder sees the
+all_gather (torch.distributed.all_gather is wrapped while it records),
+notes it and lets certify judge the values (ddp-clip-local-norm).
+
 close() gathers every rank's part on rank 0 (torch.distributed's
 gather_object, over the trainer's own process group) and rank 0 writes ONE
 trace with the `rank` column (merge_parts): every rank's events, the
@@ -68,11 +74,37 @@ class DistributedRecorder(Recorder):
         self.shards = [{s for w in ep for m in w for s in m} for ep in bundle.order]
         super().__init__(bundle, model, optimizer, scheduler, out=out, run=run,
                          names=names, quiet=(self.rank != 0) if quiet is None else quiet)
+        # torch.distributed.all_gather, seen: a sharded (ZeRO-style) clip
+        # gathers the chunks other ranks clipped into the gradient.
+        self.gathered = False
+        self._all_gather = dist.all_gather
+
+        def all_gather(*a, **k):
+            self.gathered = True
+            return self._all_gather(*a, **k)
+        dist.all_gather = all_gather
         if self.ddp is None:
             self.unseen.append("rank %d: the model is not a DistributedDataParallel module: "
                                "its gradient all-reduces are not seen" % self.rank)
         else:
             self._hooks.append(self.ddp.register_forward_pre_hook(self._ddp_forward))
+
+    def _unpatch(self):
+        dist.all_gather = self._all_gather
+        super()._unpatch()
+
+    def _check_unseen_change(self, consumed, may_be_clip=True):
+        """A gradient changed after the rank's clip by chunks gathered
+        from the other ranks (torch.distributed.all_gather since the clip)
+        is a sharded clip, not an unseen change: noted, and judged on the
+        values."""
+        if may_be_clip and self.gathered and self.events and self.events[-1][4] == "clip":
+            self.gathered = False
+            self.notes.append("step %d: the gradient changed after clip_grad_norm_ by chunks "
+                              "gathered with torch.distributed.all_gather (a sharded clip)"
+                              % self.steps)
+            return
+        super()._check_unseen_change(consumed, may_be_clip)
 
     def _ddp_forward(self, module, inputs):
         # DDP prepares the reducer (the backward will all-reduce) when
