@@ -403,8 +403,8 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
       if (e) k_per_epoch.push_back(' ');
       k_per_epoch.append(std::to_string(accumulation_at(s.batching, e)));
     }
-    const ScheduleSpec sched = resolved_schedule(
-        s, behavior_of(s.trainer.accepted).horizon_initial_k);
+    const ScheduleSpec sched =
+        resolved_schedule(s, behavior_of(s.trainer.accepted).horizon_initial_k);
     kv = {{"scenario", s.name},
           {"scenario_digest", digest},
           {"trace_schema", std::string(kTraceSchema)},
