@@ -208,9 +208,13 @@ std::string semantics_name(const std::vector<Pitfall>& pitfalls) {
 
 std::vector<std::vector<Pitfall>> candidate_semantics(bool token_loss) {
   std::vector<Pitfall> catalog;
+  // The mean-of-means pitfalls, and the two DDP ones that are one switch
+  // (rank_window_items), are named for the loss: the other is left out.
   for (Pitfall p : kAllPitfalls)
     if (p != (token_loss ? Pitfall::sample_mean_of_means
-                         : Pitfall::token_mean_of_means))
+                         : Pitfall::token_mean_of_means) &&
+        p != (token_loss ? Pitfall::ddp_uneven_shards
+                         : Pitfall::ddp_token_mean_across_ranks))
       catalog.push_back(p);
   std::vector<std::vector<Pitfall>> sems = {{}};
   for (Pitfall p : catalog) sems.push_back({p});

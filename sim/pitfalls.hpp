@@ -159,7 +159,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
 // The candidates certification and the contract property judge: correct,
 // every single pitfall and every pair, with the mean-of-means pitfall of
 // the model's loss only (sample- for sample losses, token- for token
-// losses: the same switch, named for the loss).
+// losses: the same switch, named for the loss); likewise
+// ddp-uneven-shards (sample losses) or ddp-token-mean-across-ranks (token
+// losses).
 std::vector<std::vector<Pitfall>> candidate_semantics(bool token_loss);
 
 // "correct", or the ids joined by "+".

@@ -102,7 +102,7 @@ struct CertifyConfig {
   // (the rest keep their cheap proxy distance, marked as such); each is
   // judged on `threads` threads.  Not tied to `threads`, so the report
   // does not depend on it.
-  int refine = std::max(1, int(std::thread::hardware_concurrency()) - 1);
+  int refine = std::max(3, int(std::thread::hardware_concurrency()) - 1);
 };
 
 // One check (a JUnit testcase).

@@ -2,7 +2,10 @@
 // Anything malformed or inconsistent is an InputError naming file:line.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "sim/errors.hpp"
 #include "verify/certify_stages.hpp"
@@ -20,9 +23,12 @@ namespace {
 // trainer behaviour.
 void check_events(const Trace& t, const TraceRun& run, int64_t value_steps) {
   const std::string file = t.events_path();
-  int64_t steps = 0, last_step_line = 0;
+  // Counted per rank (a multi-rank trace: every rank calls optimizer.step
+  // once per step; the collective all_reduce, rank -1, counts as rank 0).
+  std::map<int64_t, std::pair<int64_t, int64_t>> per_rank;  // steps, line
   for (const TraceEvent& te : run.events) {
     const Event& e = te.event;
+    auto& [steps, last_step_line] = per_rank[std::max<int64_t>(e.rank, 0)];
     const bool is_step = e.kind == EventKind::optimizer_step;
     if (e.step != steps) {
       std::string why;
@@ -58,6 +64,7 @@ void check_events(const Trace& t, const TraceRun& run, int64_t value_steps) {
                           ? std::string("no steps")
                           : fmt::format("steps 0..{}", value_steps - 1)));
   }
+  const int64_t steps = per_rank[0].first;
   if (steps != value_steps)
     throw InputError(
         file, run.events.back().line, 0, "step",

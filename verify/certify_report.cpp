@@ -96,6 +96,12 @@ void diagnose(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
     if (c.tracked && (c.distance == best.distance ||
                       (c.distance <= 1 && best.distance <= 1)))
       ties.push_back(&c);
+  // Tied on the values, told apart by the call pattern: the candidates
+  // whose pattern is the trace's first.
+  if (r.pattern_checked && !r.pattern_ok)
+    std::stable_partition(
+        ties.begin(), ties.end(),
+        [](const CertifyCandidate* c) { return c->pattern_matches; });
   std::string d;
   if (best.distance <= 1) {
     if (ties.size() > 1) {

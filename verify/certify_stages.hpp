@@ -169,6 +169,9 @@ struct PatternCheck {
   Pattern trace;              // the trace's pattern (when checked)
   bool ignore_sched = false;  // scheduler calls not counted
   int64_t max_windows = -1;   // window_cap()
+  // The trace's all-reduces differ from the accepted semantics' in number
+  // (DDP's gradient collectives: their cost is the damage, never a note).
+  bool collectives_differ = false;
 };
 
 // Checks the trace's call pattern against the accepted semantics when the

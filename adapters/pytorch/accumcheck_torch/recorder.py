@@ -312,8 +312,7 @@ class Recorder:
             # A new epoch starts when a sample of this epoch is drawn again
             # after (nearly) every sample was drawn -- all but fewer than b,
             # what drop_last skips; an earlier repeat is a repeat.
-            new_epoch = self._covered() and any(i in self.epoch_ids for i in ids)
-            if new_epoch:
+            if self._new_epoch(ids):
                 self.epoch += 1
                 self.epoch_ids = set()
                 self.epoch_micro = 0
@@ -330,6 +329,10 @@ class Recorder:
         self.zero_since_backward = False
         self.snapshot = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                          for p in self.params]
+
+    def _new_epoch(self, ids):
+        """Whether the micro-batch `ids` starts a new epoch (see _end_backward)."""
+        return self._covered() and any(i in self.epoch_ids for i in ids)
 
     def _grads(self):
         return [torch.zeros_like(p) if p.grad is None else p.grad.detach()
@@ -511,7 +514,12 @@ class Recorder:
             extra["state.csv"] = STATE_HEADER + "\n" + "".join(self.state_rows)
         elif os.path.exists(os.path.join(self.out, "state.csv")):
             os.unlink(os.path.join(self.out, "state.csv"))  # an earlier trace's
-        write_trace(self.out, meta, self._event_rows(), self.values, extra)
+        self._write(meta, self._event_rows(), self.values, extra)
+
+    def _write(self, meta, events, values, extra):
+        """Writes the trace (a DistributedRecorder gathers every rank's part
+        first: accumcheck_torch/distributed.py)."""
+        write_trace(self.out, meta, events, values, extra)
 
     def __enter__(self):
         return self

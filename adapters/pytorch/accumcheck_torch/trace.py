@@ -118,23 +118,27 @@ class Values:
         self.chunks.extend(a.astype(dtype, copy=False).tobytes() for a in flats)
 
 
-def write_trace(folder, meta, events, values, extra=None):
+def write_trace(folder, meta, events, values, extra=None, ranks=False):
     """meta: [(key, value)]; events: row strings ending in '\\n'; values:
     a Values, or values.csv row strings; extra: {file name: text} (the
-    contract tier's contract.csv).  Writes events, values and extra first
+    contract tier's contract.csv); ranks: the CSV rows end in the `rank`
+    column (a multi-rank trace).  Writes events, values and extra first
     and meta last (a trace without meta.csv is incomplete and refused by
     the reader); a values file of the other format left from an earlier
     write is removed (a trace holds one or the other)."""
     os.makedirs(folder, exist_ok=True)
     for name, text in sorted((extra or {}).items()):
         write_atomically(os.path.join(folder, name), text)
-    write_atomically(os.path.join(folder, "events.csv"), EVENTS_HEADER + "\n" + "".join(events))
+    rank = ",rank" if ranks else ""
+    write_atomically(os.path.join(folder, "events.csv"),
+                     EVENTS_HEADER + rank + "\n" + "".join(events))
     binary = isinstance(values, Values) and values.binary
     rows = values.rows if isinstance(values, Values) else values
     if binary:
         write_atomically(os.path.join(folder, "values.bin"), values.chunks)
     else:
-        write_atomically(os.path.join(folder, "values.csv"), VALUES_HEADER + "\n" + "".join(rows))
+        write_atomically(os.path.join(folder, "values.csv"),
+                         VALUES_HEADER + rank + "\n" + "".join(rows))
     stale = os.path.join(folder, "values.csv" if binary else "values.bin")
     if os.path.exists(stale):
         os.unlink(stale)
