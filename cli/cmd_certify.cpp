@@ -56,6 +56,8 @@ int certify_command(const CertifyOptions& o) {
   CertifyConfig cfg;
   cfg.run = o.run;
   cfg.fp64 = o.precision == "fp64";
+  if (o.precision == "bf16" || o.precision == "fp16")
+    cfg.autocast = o.precision;
   cfg.bound_arith = o.bound_arith == "mpfr" ? BoundArith::mpfr : BoundArith::dd;
   cfg.threads = o.threads;
   if (!o.steps.empty()) cfg.steps = parse_step_range(o.steps, "--steps");

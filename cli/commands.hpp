@@ -49,7 +49,7 @@ struct CertifyOptions {
   std::string trace;  // trace folder
   std::string run;    // run name in the trace; default: the only/last
   std::string junit;  // JUnit XML file, or ""
-  std::string precision = "fp32";  // fp32 | fp64
+  std::string precision = "fp32";  // fp32 | fp64 | bf16 | fp16
   int top = 5;                     // candidates shown in the ranking
   bool quiet = false;
   std::string bound_arith = "dd";  // dd | mpfr: the Tracked bound's numbers

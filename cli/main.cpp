@@ -142,8 +142,11 @@ int main(int argc, char** argv) {
   certify_cmd
       ->add_option("--precision", cert.precision,
                    "the trainer's arithmetic: fp32 (the derived float32 "
-                   "bound) or fp64 (that bound scaled by 2^-29)")
-      ->check(CLI::IsMember({"fp32", "fp64"}))
+                   "bound), fp64 (that bound scaled by 2^-29), bf16 or fp16 "
+                   "(forwards and backwards under torch.autocast: the "
+                   "gradient bound scaled by error_model's bf16_bound_scale "
+                   "/ fp16_bound_scale, the float32 optimizer step's kept)")
+      ->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}))
       ->capture_default_str();
   certify_cmd->add_option("--top", cert.top, "candidates shown on FAIL")
       ->check(CLI::Range(1, 1000))

@@ -1,17 +1,21 @@
 // libFuzzer target: the trace reader (verify/trace.hpp), read_trace and
 // gather_steps.
 //
-// One input is the three files of a trace folder joined by a line
-// "--accumcheck-fuzz--" (meta.csv, events.csv, values.csv; missing parts
-// are empty files), so mutations reach every file.  The seed corpus
+// One input is the files of a trace folder joined by a line
+// "--accumcheck-fuzz--" (meta.csv, events.csv, values.csv, values.bin;
+// missing parts are empty files), so mutations reach every file.  A
+// non-empty fourth part is written as values.bin in place of values.csv
+// (the binary values file, verify/trace_bin.cpp).  The seed corpus
 // (fuzz/corpus/trace) holds real traces written by `accumcheck run
 // tests/data/tiny_mse.toml --out DIR` (oracle and device engines).  A bad
 // trace must be an InputError; anything else is a crash.  Every run is
 // gathered against the layout of that scenario's model (linear 2-1).
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "fuzz/fuzz_files.hpp"
 #include "sim/errors.hpp"
@@ -28,16 +32,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }();
   static constexpr std::string_view kSep = "--accumcheck-fuzz--\n";
   std::string_view rest(reinterpret_cast<const char*>(data), size);
-  std::string_view part[3];
-  for (int i = 0; i < 3; ++i) {
-    const size_t at = i < 2 ? rest.find(kSep) : std::string_view::npos;
+  std::string_view part[4];
+  for (int i = 0; i < 4; ++i) {
+    const size_t at = i < 3 ? rest.find(kSep) : std::string_view::npos;
     part[i] = rest.substr(0, at);
     rest = at == std::string_view::npos ? std::string_view()
                                         : rest.substr(at + kSep.size());
   }
   dir.write("meta.csv", part[0]);
   dir.write("events.csv", part[1]);
-  dir.write("values.csv", part[2]);
+  std::error_code ec;
+  if (part[3].empty()) {
+    std::filesystem::remove(dir.path() + "/values.bin", ec);
+    dir.write("values.csv", part[2]);
+  } else {
+    std::filesystem::remove(dir.path() + "/values.csv", ec);
+    dir.write("values.bin", part[3]);
+  }
   try {
     const Trace t = read_trace(dir.path());
     for (const TraceRun& run : t.runs) (void)gather_steps(t, run, layout);

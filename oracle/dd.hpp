@@ -37,6 +37,11 @@
 #include <limits>
 #include <ostream>
 
+// The basic operations are forced inline: called through the Tracked
+// templates by the million, they are otherwise left out of line (with
+// their arguments through memory) by GCC's inliner.
+#define ACCUMCHECK_DD_INLINE [[gnu::always_inline]] inline
+
 namespace accumcheck {
 
 struct DD {
@@ -68,7 +73,7 @@ struct DD {
   explicit operator double() const { return hi + lo; }
   // Correctly rounded to float (hi alone may sit on a float tie that lo
   // decides).
-  explicit operator float() const {
+  ACCUMCHECK_DD_INLINE explicit operator float() const {
     float f = static_cast<float>(hi);
     if (lo == 0 || !std::isfinite(f)) return f;
     const double r = hi - double(f);  // exact (Sterbenz)
@@ -81,29 +86,31 @@ struct DD {
     return f;
   }
 
-  DD& operator+=(const DD& o) { return *this = *this + o; }
-  DD& operator-=(const DD& o) { return *this = *this - o; }
-  DD& operator*=(const DD& o) { return *this = *this * o; }
-  DD& operator/=(const DD& o) { return *this = *this / o; }
+  ACCUMCHECK_DD_INLINE DD& operator+=(const DD& o) { return *this = *this + o; }
+  ACCUMCHECK_DD_INLINE DD& operator-=(const DD& o) { return *this = *this - o; }
+  ACCUMCHECK_DD_INLINE DD& operator*=(const DD& o) { return *this = *this * o; }
+  ACCUMCHECK_DD_INLINE DD& operator/=(const DD& o) { return *this = *this / o; }
 
-  friend DD operator-(const DD& a) { return raw(-a.hi, -a.lo); }
+  ACCUMCHECK_DD_INLINE friend DD operator-(const DD& a) {
+    return raw(-a.hi, -a.lo);
+  }
 
   // --------------------------------------- error-free transformations
-  static DD two_sum(double a, double b) {
+  ACCUMCHECK_DD_INLINE static DD two_sum(double a, double b) {
     const double s = a + b;
     const double bb = s - a;
     return raw(s, (a - (s - bb)) + (b - bb));
   }
-  static DD quick_two_sum(double a, double b) {
+  ACCUMCHECK_DD_INLINE static DD quick_two_sum(double a, double b) {
     const double s = a + b;
     return raw(s, b - (s - a));
   }
-  static DD two_prod(double a, double b) {
+  ACCUMCHECK_DD_INLINE static DD two_prod(double a, double b) {
     const double p = a * b;
     return raw(p, std::fma(a, b, -p));
   }
 
-  friend DD operator+(const DD& a, const DD& b) {
+  ACCUMCHECK_DD_INLINE friend DD operator+(const DD& a, const DD& b) {
     DD s = two_sum(a.hi, b.hi);
     if (!std::isfinite(s.hi)) return DD(s.hi);
     const DD t = two_sum(a.lo, b.lo);
@@ -112,14 +119,16 @@ struct DD {
     s.lo += t.lo;
     return quick_two_sum(s.hi, s.lo);
   }
-  friend DD operator-(const DD& a, const DD& b) { return a + (-b); }
-  friend DD operator*(const DD& a, const DD& b) {
+  ACCUMCHECK_DD_INLINE friend DD operator-(const DD& a, const DD& b) {
+    return a + (-b);
+  }
+  ACCUMCHECK_DD_INLINE friend DD operator*(const DD& a, const DD& b) {
     DD p = two_prod(a.hi, b.hi);
     if (!std::isfinite(p.hi)) return DD(p.hi);
     p.lo += a.hi * b.lo + a.lo * b.hi;
     return quick_two_sum(p.hi, p.lo);
   }
-  friend DD operator/(const DD& a, const DD& b) {
+  ACCUMCHECK_DD_INLINE friend DD operator/(const DD& a, const DD& b) {
     const double q1 = a.hi / b.hi;
     if (!std::isfinite(q1) || !std::isfinite(b.hi)) return DD(q1);
     DD r = a - DD(q1) * b;
@@ -129,17 +138,23 @@ struct DD {
     return quick_two_sum(q1, q2) + DD(q3);
   }
 
-  friend bool operator==(const DD& a, const DD& b) {
+  ACCUMCHECK_DD_INLINE friend bool operator==(const DD& a, const DD& b) {
     return a.hi == b.hi && a.lo == b.lo;
   }
-  friend bool operator<(const DD& a, const DD& b) {
+  ACCUMCHECK_DD_INLINE friend bool operator<(const DD& a, const DD& b) {
     return a.hi < b.hi || (a.hi == b.hi && a.lo < b.lo);
   }
-  friend bool operator>(const DD& a, const DD& b) { return b < a; }
-  friend bool operator<=(const DD& a, const DD& b) { return a < b || a == b; }
-  friend bool operator>=(const DD& a, const DD& b) { return b <= a; }
+  ACCUMCHECK_DD_INLINE friend bool operator>(const DD& a, const DD& b) {
+    return b < a;
+  }
+  ACCUMCHECK_DD_INLINE friend bool operator<=(const DD& a, const DD& b) {
+    return a < b || a == b;
+  }
+  ACCUMCHECK_DD_INLINE friend bool operator>=(const DD& a, const DD& b) {
+    return b <= a;
+  }
 
-  friend DD abs(const DD& a) { return a.hi < 0 ? -a : a; }
+  ACCUMCHECK_DD_INLINE friend DD abs(const DD& a) { return a.hi < 0 ? -a : a; }
   friend DD ldexp(const DD& a, int k) {
     return raw(std::ldexp(a.hi, k), std::ldexp(a.lo, k));
   }
@@ -167,7 +182,7 @@ const DD& two_over_sqrt_pi();
 
 }  // namespace dd_detail
 
-inline DD sqrt(const DD& a) {
+ACCUMCHECK_DD_INLINE DD sqrt(const DD& a) {
   if (a.hi <= 0 || !std::isfinite(a.hi)) return DD(std::sqrt(a.hi));
   const double x = 1.0 / std::sqrt(a.hi);
   const double ax = a.hi * x;

@@ -51,7 +51,7 @@ void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
   const double inf = std::numeric_limits<double>::infinity();
   // err > 0 in high precision but below double's range: still a violation.
   if (violated && ratio <= 1) ratio = std::nextafter(1.0, inf);
-  const double scale = std::max(std::fabs(v), std::ldexp(1.0, -126));
+  const double scale = std::max(std::fabs(v), 0x1p-126);  // 2^-126
   const double err_u = err / (kUnitRoundoff32 * scale);
   ++c.n;
   if (violated) ++c.violations;
@@ -72,17 +72,29 @@ void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
   }
   c.max_ratio = std::max(c.max_ratio, ratio);
   if (layout && !layout->tensors.empty()) {
-    const std::string& name = layout->tensor_of(index).name;
+    // Elements come in layout order: the last entry's tensor, found by
+    // its range, saves a search and a name comparison per element.
+    const TensorView* last = c.tensor_ratio.empty() ? nullptr : c.last_tensor;
+    if (last && index >= last->offset && index < last->offset + last->size()) {
+      c.tensor_ratio.back().second =
+          std::max(c.tensor_ratio.back().second, ratio);
+      return;
+    }
+    const TensorView& tv = layout->tensor_of(index);
+    const std::string& name = tv.name;
     if (c.tensor_ratio.empty() || c.tensor_ratio.back().first != name) {
       auto it = std::find_if(c.tensor_ratio.begin(), c.tensor_ratio.end(),
                              [&](const auto& tr) { return tr.first == name; });
       if (it == c.tensor_ratio.end()) {
         c.tensor_ratio.emplace_back(name, ratio);
+        c.last_tensor = &tv;
         return;
       }
       it->second = std::max(it->second, ratio);
+      c.last_tensor = nullptr;  // back() is another tensor's entry
       return;
     }
+    c.last_tensor = &tv;
     c.tensor_ratio.back().second =
         std::max(c.tensor_ratio.back().second, ratio);
   }

@@ -72,6 +72,32 @@ inline constexpr Tolerance kTolerances[] = {
      "certify --precision fp64: the float32 bound scaled by u64/u32 = "
      "2^-53/2^-24 = 2^-29 (same formulas, float64 rounding; not derived "
      "per operation like the float32 bound)"},
+    {"bf16_bound_scale", 3.0 * 65536.0,
+     "certify --precision bf16 (torch.autocast bfloat16): the forward's and "
+     "backward's float32 bound scaled by u_bf16/u32 = 2^-8/2^-24 = 2^16 "
+     "(the same formulas with bfloat16's rounding: autocast rounds every "
+     "Linear's output and its gradients to bfloat16) times 3: autocast "
+     "also rounds both factors of each product (input and weight cast to "
+     "bfloat16, 2 roundings per term) on top of a dot product's n >= 1 "
+     "roundings, at most 3x them; the optimizer step stays float32 and "
+     "keeps the float32 bound"},
+    {"fp16_bound_scale", 3.0 * 8192.0,
+     "certify --precision fp16: as bf16_bound_scale with u_fp16 = 2^-11 "
+     "(2^13 u32), times 3 for the casts of both factors; float16's "
+     "underflow (subnormals below 2^-14) is not covered: a loss scale "
+     "keeps gradients above it"},
+    {"state_ema_ulps", 5.0,
+     "certify's EMA check: an update e = d*e_prev + (1-d)*p in float32, "
+     "replayed in float64 from the recorded e_prev and parameters: d and "
+     "1-d rounded to float32 (1 u each), two products (1 u each) and the "
+     "sum (1 u), so |e - e64| <= 5 u32 (d|e_prev| + (1-d)|p|) to first "
+     "order (the second-order terms are below 2^-40 of it)"},
+    {"logged_loss_ulps", 4.0,
+     "certify's logged-loss check: the Tracked bound of the window's summed "
+     "item losses covers the forward; the trainer's scaling of each "
+     "micro-batch's loss (a division and a multiplication by constants "
+     "rounded to float32, DESIGN.md 'three roundings') and its summation "
+     "add at most 4 u32 of each micro-batch's term"},
     {"dd_bound_rel", 1e-10,
      "the Tracked bound in double-double (certify --bound-arith dd) vs in "
      "50-digit MPFR, relative to the MPFR bound, for values and bounds: "
@@ -97,12 +123,15 @@ inline constexpr Tolerance kTolerances[] = {
      "of it; the fractions certify tells apart differ by far more"},
     {"contract_fit_calibration", 4.0,
      "contract tier: a captured backward gradient c_b fitted as w*g_j (g_j "
-     "recomputed in float64) leaves a relative residual of the order of the "
-     "float32-vs-float64 difference cal_j of the same recompute (measured "
-     "0.5-1.0 cal_j on the GPT-style and CNN examples); the user's pass, "
-     "with its loss weight folded in, rounds independently of the "
-     "recompute: two float32 evaluations each ~cal_j from float64, doubled "
-     "again for the spread of rounding between evaluations of equal inputs"},
+     "the float32 backward of the summed loss, from the trainer's own "
+     "forward or a recompute on a copy) leaves a relative residual of the "
+     "order of the float32-vs-float64 difference cal_j of g_j (calibrated "
+     "on every 16th micro-batch; the run's largest stands for the others: "
+     "a sample's maximum never exceeds the whole run's, so sampling can "
+     "only tighten the bound, never hide a weight); two float32 "
+     "evaluations (c_b and g_j) each ~cal_j from float64, doubled again "
+     "for the spread of rounding between evaluations of equal inputs "
+     "(measured 0-0.15 of the bound on the GPT-style and CNN examples)"},
     {"contract_fit_ulps", 8.0,
      "contract tier: the loss weight's own roundings (a mean's 1/n, a /K, "
      "a /num_items: at most three roundings of the scalar, DESIGN.md "
@@ -114,13 +143,14 @@ inline constexpr Tolerance kTolerances[] = {
      "most gamma_m * sum |a_b| |c_b| (Higham 4.3, normwise); 2 more u for a "
      "clip's or a rescale's multiplication"},
     {"contract_replay_ulps", 16.0,
-     "contract tier: PyTorch's own optimizer replayed in float64 from the "
-     "recorded state and gradient vs the float32 step: per element at most "
-     "16 u32 (|p| + |update|) (the update's roundings: Adam's moment "
+     "contract tier: the trainer's update against PyTorch's own optimizer "
+     "class replayed once, in the parameters' precision, from the recorded "
+     "parameters, state and gradient: per element at most 16 u32 "
+     "(|p_replay| + |update|) (the update's roundings: Adam's moment "
      "updates, sqrt, bias corrections, division, lr product, ~10, and the "
-     "parameter's storage) plus the distance of the same replay in float32 "
-     "to the float64 one (calibrates the moments' cancellation, which a "
-     "bound on |update| alone misses: seen at 1.5x on a 1-micro-batch step)"},
+     "parameter's storage); the same class on the same inputs normally "
+     "gives the same bits (measured 0), so any other change of the "
+     "parameters shows"},
     {"unit_roundoff_bf16", 1.0 / 256.0,
      "bf16 gradient buffers: 8 significant bits, round to nearest even, "
      "u = 2^-8; each accumulation rounds twice (the float32 add, then to "
@@ -196,6 +226,9 @@ struct Comparison {
   double max_ratio = 0;  // max err / bound: 1 = the bound fully used
   // Per tensor (with a layout, in the order met): max err / bound.
   std::vector<std::pair<std::string, double>> tensor_ratio;
+  // accumulate()'s cache: the tensor of tensor_ratio.back() (in the
+  // layout it was given).
+  const TensorView* last_tensor = nullptr;
   double bound_used_pct() const { return 100.0 * max_ratio; }
   bool ok() const { return violations == 0; }
   // "grads: 0 of 42 outside the bound; worst 0.weight[3] f=.. v=.. err=..

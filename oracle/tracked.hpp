@@ -136,12 +136,12 @@ B infinity() {
   return std::numeric_limits<B>::infinity();
 }
 template <class B>
-bool is_zero(const B& x) {
+ACCUMCHECK_DD_INLINE bool is_zero(const B& x) {
   return x == 0;
 }
 // Whether x is a float32 number (finite).
 template <class B>
-bool float_exact(const B& x) {
+ACCUMCHECK_DD_INLINE bool float_exact(const B& x) {
   const float f = static_cast<float>(x);
   return std::isfinite(f) && B(f) == x;
 }
@@ -200,18 +200,19 @@ B div_bound(const B& ae, const B& bv, const B& be, const B& rv) {
 // exact arithmetic.  The subtraction of div_bound's denominator is done
 // on a lower bound of |bv| and an upper bound of be, then rounded down.
 inline constexpr double kUpDD = 1 + 0x1p-49;
-inline DD add_bound(const DD& ae, const DD& be, const DD& rv) {
+ACCUMCHECK_DD_INLINE DD add_bound(const DD& ae, const DD& be, const DD& rv) {
   constexpr double u = error_model::kUnitRoundoff32;
   return DD(((ae.hi + be.hi) * (1 + u) + u * std::fabs(rv.hi)) * kUpDD);
 }
-inline DD mul_bound(const DD& av, const DD& ae, const DD& bv, const DD& be,
-                    const DD& rv) {
+ACCUMCHECK_DD_INLINE DD mul_bound(const DD& av, const DD& ae, const DD& bv,
+                                  const DD& be, const DD& rv) {
   constexpr double u = error_model::kUnitRoundoff32;
   const double P =
       std::fabs(av.hi) * be.hi + std::fabs(bv.hi) * ae.hi + ae.hi * be.hi;
   return DD((P * (1 + u) + u * std::fabs(rv.hi) + 0x1p-150) * kUpDD);
 }
-inline DD div_bound(const DD& ae, const DD& bv, const DD& be, const DD& rv) {
+ACCUMCHECK_DD_INLINE DD div_bound(const DD& ae, const DD& bv, const DD& be,
+                                  const DD& rv) {
   constexpr double u = error_model::kUnitRoundoff32;
   const double den =
       (std::fabs(bv.hi) * (1 - 0x1p-52) - be.hi * (1 + 0x1p-52)) *
@@ -219,6 +220,21 @@ inline DD div_bound(const DD& ae, const DD& bv, const DD& be, const DD& rv) {
   if (!(den > 0)) return DD(std::numeric_limits<double>::infinity());
   const double D = (ae.hi + std::fabs(rv.hi) * be.hi) / den;
   return DD((D * (1 + u) + u * std::fabs(rv.hi) + 0x1p-150) * kUpDD);
+}
+
+// sqrt's bound S (1 + u) + u sqrt x, S = min(ex / sqrt x, sqrt ex), in
+// double and rounded up: ex <= ex.hi (1 + 2^-52) =: eh; sqrt and / round
+// once each (<= 2^-53, covered by a factor 1 + 2^-52), sqrt x >= its
+// high part (1 - 2^-52); the last formula's roundings are kUpDD's.
+ACCUMCHECK_DD_INLINE DD sqrt_bound(const DD& xe, const DD& rv) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  const double eh = xe.hi * (1 + 0x1p-52);
+  double S = std::sqrt(eh) * (1 + 0x1p-52);
+  if (rv.hi > 0) {
+    const double lin = eh / (rv.hi * (1 - 0x1p-52)) * (1 + 0x1p-52);
+    if (lin < S) S = lin;
+  }
+  return DD((S * (1 + u) + u * std::fabs(rv.hi)) * kUpDD);
 }
 
 }  // namespace tracked_detail
@@ -247,14 +263,25 @@ struct Tracked {
 
   explicit operator double() const { return static_cast<double>(v); }
 
-  Tracked& operator+=(const Tracked& o) { return *this = *this + o; }
-  Tracked& operator-=(const Tracked& o) { return *this = *this - o; }
-  Tracked& operator*=(const Tracked& o) { return *this = *this * o; }
-  Tracked& operator/=(const Tracked& o) { return *this = *this / o; }
+  ACCUMCHECK_DD_INLINE Tracked& operator+=(const Tracked& o) {
+    return *this = *this + o;
+  }
+  ACCUMCHECK_DD_INLINE Tracked& operator-=(const Tracked& o) {
+    return *this = *this - o;
+  }
+  ACCUMCHECK_DD_INLINE Tracked& operator*=(const Tracked& o) {
+    return *this = *this * o;
+  }
+  ACCUMCHECK_DD_INLINE Tracked& operator/=(const Tracked& o) {
+    return *this = *this / o;
+  }
 
-  friend Tracked operator-(const Tracked& a) { return Tracked(B(-a.v), a.e); }
+  ACCUMCHECK_DD_INLINE friend Tracked operator-(const Tracked& a) {
+    return Tracked(B(-a.v), a.e);
+  }
 
-  friend Tracked operator+(const Tracked& a, const Tracked& b) {
+  ACCUMCHECK_DD_INLINE friend Tracked operator+(const Tracked& a,
+                                                const Tracked& b) {
     using namespace tracked_detail;
     using std::abs;
     Tracked r;
@@ -263,10 +290,12 @@ struct Tracked {
     r.e = add_bound(a.e, b.e, r.v);
     return r;
   }
-  friend Tracked operator-(const Tracked& a, const Tracked& b) {
+  ACCUMCHECK_DD_INLINE friend Tracked operator-(const Tracked& a,
+                                                const Tracked& b) {
     return a + (-b);
   }
-  friend Tracked operator*(const Tracked& a, const Tracked& b) {
+  ACCUMCHECK_DD_INLINE friend Tracked operator*(const Tracked& a,
+                                                const Tracked& b) {
     using namespace tracked_detail;
     using std::abs;
     Tracked r;
@@ -281,7 +310,8 @@ struct Tracked {
     r.e = mul_bound(a.v, a.e, b.v, b.e, r.v);
     return r;
   }
-  friend Tracked operator/(const Tracked& a, const Tracked& b) {
+  ACCUMCHECK_DD_INLINE friend Tracked operator/(const Tracked& a,
+                                                const Tracked& b) {
     using namespace tracked_detail;
     using std::abs;
     Tracked r;
@@ -312,16 +342,20 @@ struct Tracked {
     return a.v == b.v;
   }
 
-  friend Tracked abs(const Tracked& a) {
+  ACCUMCHECK_DD_INLINE friend Tracked abs(const Tracked& a) {
     using std::abs;
     return Tracked(B(abs(a.v)), a.e);
   }
-  friend Tracked sqrt(const Tracked& x) {
+  ACCUMCHECK_DD_INLINE friend Tracked sqrt(const Tracked& x) {
     using namespace tracked_detail;
     using std::sqrt;
     Tracked r;
     r.v = sqrt(x.v);
     if (is_zero(x.e) && float_exact(r.v)) return r;
+    if constexpr (std::is_same_v<B, DD>) {
+      r.e = sqrt_bound(x.e, r.v);
+      return r;
+    }
     B S(0);
     if (!is_zero(x.e)) {
       S = sqrt(x.e);

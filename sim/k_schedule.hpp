@@ -17,7 +17,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <optional>
 
+#include "sim/limits.hpp"
 #include "sim/scenario.hpp"
 
 namespace accumcheck {
@@ -30,9 +33,17 @@ inline int64_t accumulation_at(const BatchingSpec& b, int64_t epoch) {
   return b.accumulation_per_epoch[i];
 }
 
+// The epochs whose K is stored: from the next one on, K is the last stored
+// one (accumulation_at).  Loops over epochs stop there, so that a run of
+// 10^12 epochs costs nothing here (the sanitizer build's -O1 does not fold
+// a loop over every epoch away: it ran for minutes).
+inline int64_t stored_k_epochs(const BatchingSpec& b) {
+  return std::min(b.epochs, int64_t(b.accumulation_per_epoch.size()));
+}
+
 // Whether K differs between two epochs of the run.
 inline bool k_changes(const BatchingSpec& b) {
-  for (int64_t e = 1; e < b.epochs; ++e)
+  for (int64_t e = 1; e < stored_k_epochs(b); ++e)
     if (accumulation_at(b, e) != accumulation_at(b, 0)) return true;
   return false;
 }
@@ -49,13 +60,21 @@ inline int64_t micro_steps_per_epoch(const Scenario& s) {
 inline int64_t planned_optimizer_steps(const Scenario& s,
                                        bool initial_k_only = false) {
   if (s.batching.max_steps >= 0) return s.batching.max_steps;
+  const BatchingSpec& b = s.batching;
   const int64_t M = micro_steps_per_epoch(s);
+  auto windows = [&](int64_t e) {
+    const int64_t K = accumulation_at(b, initial_k_only ? 0 : e);
+    return (M + K - 1) / K;
+  };
+  // The stored epochs one by one, the rest (same K) at once; saturating.
+  const int64_t stored = initial_k_only ? 0 : stored_k_epochs(b);
   int64_t n = 0;
-  for (int64_t e = 0; e < s.batching.epochs; ++e) {
-    const int64_t K = accumulation_at(s.batching, initial_k_only ? 0 : e);
-    n += (M + K - 1) / K;
-  }
-  return n;
+  for (int64_t e = 0; e < stored; ++e) n += windows(e);
+  const std::optional<int64_t> rest =
+      checked_mul(b.epochs - stored, windows(stored));
+  const std::optional<int64_t> total =
+      rest ? checked_add(n, *rest) : std::nullopt;
+  return total.value_or(std::numeric_limits<int64_t>::max());
 }
 
 // The scenario's schedule with total = "auto" resolved (unchanged

@@ -255,8 +255,10 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
   auto in_scope = [&](Pitfall p) {
     switch (p) {
       case Pitfall::sample_mean_of_means:
+      case Pitfall::ddp_uneven_shards:
         return !scope.token_loss;
       case Pitfall::token_mean_of_means:
+      case Pitfall::ddp_token_mean_across_ranks:
         return scope.token_loss;
       case Pitfall::clip_before_unscale:
       case Pitfall::scaler_update_every_micro_step:
@@ -272,6 +274,8 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
     }
   };
   std::vector<Pitfall> catalog;
+  // The mean-of-means pitfalls, and the two DDP ones that are one switch
+  // (rank_window_items), are named for the loss: the other is left out.
   for (Pitfall p : kAllPitfalls)
     if (in_scope(p)) catalog.push_back(p);
   std::vector<std::vector<Pitfall>> sems = {{}};

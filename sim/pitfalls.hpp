@@ -198,7 +198,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
 // The candidates certification and the contract property judge: correct,
 // every single pitfall and every pair, with the mean-of-means pitfall of
 // the model's loss only (sample- for sample losses, token- for token
-// losses: the same switch, named for the loss).  The GradScaler pitfalls
+// losses: the same switch, named for the loss); likewise
+// ddp-uneven-shards (sample losses) or ddp-token-mean-across-ranks (token
+// losses).  The GradScaler pitfalls
 // (clip-before-unscale, scaler-update-every-micro-step,
 // skipped-step-advances-scheduler) are candidates only with loss
 // scaling, ema-every-micro-step only with an EMA (elsewhere they are

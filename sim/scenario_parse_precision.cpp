@@ -1,13 +1,13 @@
 // Scenario files: the [precision] and [ema] sections (sim/scenario.hpp
 // PrecisionSpec, EmaSpec).
-#include "sim/scenario_parse_precision.hpp"
-
 #include <fmt/format.h>
 
 #include <cmath>
 #include <string>
 
-namespace accumcheck::scenario_section {
+#include "sim/scenario_reader.hpp"
+
+namespace accumcheck::scenario_reader {
 
 namespace {
 
@@ -19,8 +19,8 @@ int64_t power_of_two(const Section& sec, std::string_view k, double x,
   const double m = std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
   const bool pow2 = m == 0.5;
   const int64_t exp = e - 1;
-  if (!pow2 || (above_one && exp < 1) || (below_one && exp > -1) ||
-      exp < -60 || exp > 60)
+  if (!pow2 || (above_one && exp < 1) || (below_one && exp > -1) || exp < -60 ||
+      exp > 60)
     sec.bad(k, above_one   ? "a power of two > 1 (2, 4, ...)"
                : below_one ? "a power of two < 1 (0.5, 0.25, ...)"
                            : "a power of two in 2^-60..2^60 (65536 = 2^16)");
@@ -59,8 +59,7 @@ void parse_precision(const Parser& p, const Section& sec, const Section& ema,
         const std::string key = fmt::format("precision.overflow[{}]", i);
         const auto* pair = el.as_array();
         if (!pair || pair->size() != 2 || !(*pair)[0].is_integer() ||
-            !(*pair)[1].is_integer() ||
-            (*pair)[0].as_integer()->get() < 0 ||
+            !(*pair)[1].is_integer() || (*pair)[0].as_integer()->get() < 0 ||
             (*pair)[1].as_integer()->get() < 0)
           p.fail(&el, key,
                  "expected [window, micro] (two integers >= 0: the window "
@@ -78,4 +77,4 @@ void parse_precision(const Parser& p, const Section& sec, const Section& ema,
   }
 }
 
-}  // namespace accumcheck::scenario_section
+}  // namespace accumcheck::scenario_reader

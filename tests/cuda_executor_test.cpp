@@ -124,7 +124,8 @@ TEST_F(CudaGpu, MathBitsEqualTheEmulatedExecutor) {
 }
 
 // On the bitwise tier every product is exact, so cuBLAS and OpenBLAS agree
-// too: the whole engine matches bit for bit.  Elsewhere, close.
+// too: the whole engine matches bit for bit.  On both tiers the optimizer,
+// elementwise, gives the same bits from the same state.
 TEST_F(CudaGpu, EngineMatchesEmulated) {
   for (bool dyadic : {true, false}) {
     ModelSpec m{{4, 8, 4},
@@ -161,11 +162,11 @@ TEST_F(CudaGpu, EngineMatchesEmulated) {
         EXPECT_EQ(std::bit_cast<uint32_t>(sc.grads[i]),
                   std::bit_cast<uint32_t>(sg.grads[i]))
             << i;
-    } else {
-      EXPECT_NEAR(lc, lg, 1e-5);
-      for (size_t i = 0; i < sc.grads.size(); ++i)
-        EXPECT_NEAR(sc.grads[i], sg.grads[i], 1e-5) << i;
     }
+    // Off the bitwise tier cuBLAS and OpenBLAS sum in different orders:
+    // both engines are judged against the error model's bound by the
+    // properties equivalence.cuda and difference.cuda, not by a tolerance
+    // picked here.
     // The optimizer is elementwise: from the same state, the same bits.
     gpu.set_state(sc);
     cpu.optimizer_step(opt, 1e-2);

@@ -14,6 +14,7 @@
 #include "verify/evidence.hpp"
 #include "verify/export.hpp"
 #include "verify/lr_channel.hpp"
+#include "verify/state_check.hpp"
 
 namespace accumcheck {
 
@@ -39,10 +40,32 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   StepRange range = cfg.steps;
   range.end = range.end < 0 ? n : std::min(range.end, n);
   range.begin = std::min(range.begin, range.end);
-  const Ctx ctx{s,           data,       init,
-                plan,        layout,     L.steps,
-                cfg.fp64,    range,      cfg.bound_arith,
-                cfg.threads, max_windows};
+  if (!cfg.autocast.empty() && cfg.autocast != "bf16" && cfg.autocast != "fp16")
+    throw InputError("", 0, 0, "--precision",
+                     "expected fp32, fp64, bf16 or fp16, got " + cfg.autocast);
+  const double grad_scale =
+      cfg.autocast.empty()
+          ? 1.0
+          : error_model::tolerance(cfg.autocast + "_bound_scale");
+  {  // A trace recorded under autocast is judged at its precision.
+    const std::string ac = L.trace.meta_value("autocast");
+    const std::string want = ac == "bfloat16"  ? "bf16"
+                             : ac == "float16" ? "fp16"
+                                               : "";
+    if (!ac.empty() && want != cfg.autocast)
+      throw InputError(
+          L.trace.meta_path(), 0, 0, "autocast",
+          fmt::format("the trainer's forwards ran under torch.autocast({}); "
+                      "certify it with --precision {} (the bound of its "
+                      "rounding), not {}",
+                      ac, want.empty() ? ac : want,
+                      cfg.autocast.empty() ? (cfg.fp64 ? "fp64" : "fp32")
+                                           : cfg.autocast));
+  }
+  const Ctx ctx{s,           data,        init,
+                plan,        layout,      L.steps,
+                cfg.fp64,    range,       cfg.bound_arith,
+                cfg.threads, max_windows, grad_scale};
 
   CertifyReport r;
   r.scenario = s.name;
@@ -75,13 +98,29 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
          .message = lr.ok ? lr.message : lr.message + "; " + lr.evidence});
   else
     r.notes.push_back(lr.message);
+  if (grad_scale != 1) {  // the autocast bound's use, said
+    double g = 0;
+    for (const StepEval& ev : acc.eval)
+      if (ev.seen) g = std::max(g, ev.grad.max_ratio);
+    r.notes.push_back(fmt::format(
+        "--precision {}: gradients within {:.3g} of their bound (the float32 "
+        "bound x {:g}, error_model's {}_bound_scale), i.e. {:.3g} x the "
+        "float32 bound; parameters judged with the float32 bound",
+        cfg.autocast, g, grad_scale, cfg.autocast, g * grad_scale));
+  }
+  // The training state beyond gradients (state.csv), when recorded.
+  std::vector<std::string> state_findings;
+  check_state(ctx, L, grad_scale, r, state_findings);  // whole, in every part
 
   // 4. The call pattern (when the trace has events).  A difference that
   // changes no value (the accepted semantics within the bound at every
-  // step, the step counts equal) is a note, not a failure.
+  // step, the step counts equal) is a note, not a failure -- unless it
+  // changes the number of all-reduces (ddp-sync-every-micro-step: the
+  // same values at K times the communication).
   const PatternCheck pc =
       check_pattern(s, plan, *L.run, accepted_b, max_windows, r);
-  if (!r.pattern_ok && acc_d.first_out < 0 && acc.steps == r.trace_steps)
+  if (!r.pattern_ok && !pc.collectives_differ && acc_d.first_out < 0 &&
+      acc.steps == r.trace_steps)
     for (CertifyCheck& c : r.checks)
       if (c.name == "call pattern" && !c.ok) {
         c.ok = true;
@@ -115,7 +154,17 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                     "and certify again)",
                     r.verdict, unseen));
   }
-  if (!r.pass) {
+  // Gradients and parameters within the bound, the step counts equal, the
+  // state wrong: no candidate to rank, the state findings are the diagnosis.
+  bool state_only = !r.pass && acc_d.first_out < 0 && acc.steps == n;
+  for (const CertifyCheck& c : r.checks)
+    if (!c.ok && !c.separate && !is_state_check(c.name)) state_only = false;
+  if (state_only) {
+    r.diagnosis = "the gradients and parameters are " + r.accepted +
+                  "'s; the training state is not";
+    for (const std::string& f : state_findings)
+      r.diagnosis.append("\nstate finding: ").append(f);
+  } else if (!r.pass) {
     std::vector<Behavior> behaviors;
     rank_cheap(ctx, accepted_b, r, behaviors);
     Refiner refiner(ctx, cfg, r, behaviors, accepted_b);
@@ -141,6 +190,8 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
       r.evidence = unexplained_evidence(in);
     }
     diagnose(acc, acc_d, r);
+    for (const std::string& f : state_findings)
+      r.diagnosis.append("\nstate finding: ").append(f);
   }
   r.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)

@@ -83,6 +83,12 @@ enum class BoundArith { dd, mpfr };
 struct CertifyConfig {
   std::string run;    // run to judge; "" = the only or the last run
   bool fp64 = false;  // the trainer computes in float64
+  // The trainer's forward and backward run in a lower precision (bf16,
+  // fp16 autocast): the gradient bound (and the clip decisions, the
+  // BatchNorm statistics, the logged loss) scaled by error_model's
+  // bf16_bound_scale / fp16_bound_scale; the optimizer step stays float32.
+  // "" for float32 / float64.
+  std::string autocast;
   BoundArith bound_arith = BoundArith::dd;
   // Threads that judge steps (teacher forcing makes steps independent:
   // each thread takes a contiguous range of steps); 0: every core.  The
@@ -96,7 +102,7 @@ struct CertifyConfig {
   // (the rest keep their cheap proxy distance, marked as such); each is
   // judged on `threads` threads.  Not tied to `threads`, so the report
   // does not depend on it.
-  int refine = std::max(1, int(std::thread::hardware_concurrency()) - 1);
+  int refine = std::max(3, int(std::thread::hardware_concurrency()) - 1);
 };
 
 // One check (a JUnit testcase).
@@ -111,6 +117,9 @@ struct CertifyCheck {
   int64_t step = -1;
   std::string kind{};
   std::vector<std::pair<std::string, double>> tensor_ratio{};
+  // Judged on its own, never part of training's verdict (the logged loss):
+  // a failure is reported, the exit code stays that of training.
+  bool separate = false;
 };
 
 struct CertifyCandidate {

@@ -96,7 +96,7 @@ T lift(double x) {
 error_model::Comparison judge_values(const std::string& what,
                                      const std::vector<double>& f,
                                      const std::vector<double>& v,
-                                     const ParamLayout& layout, bool) {
+                                     const ParamLayout& layout, bool, double) {
   error_model::Comparison c;
   c.what = what;
   double maxabs = 0;
@@ -115,10 +115,12 @@ template <class B>
 error_model::Comparison judge_values(const std::string& what,
                                      const std::vector<double>& f,
                                      const std::vector<Tracked<B>>& v,
-                                     const ParamLayout& layout, bool fp64) {
+                                     const ParamLayout& layout, bool fp64,
+                                     double scale) {
   if (!fp64) {
     const std::vector<float> f32(f.begin(), f.end());  // exact: validated
-    return error_model::compare(what, f32, v, &layout);
+    return error_model::compare(what, f32, v, &layout,
+                                error_model::tolerance("bound_slack"), scale);
   }
   return error_model::compare(
       what, f, v, &layout, error_model::tolerance("bound_slack"), kFp64Scale);
@@ -174,13 +176,14 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
           using std::abs;
           auto bound = coef.e;
           if (c.fp64) bound *= decltype(bound)(kFp64Scale);
+          bound *= decltype(bound)(c.grad_scale);
           if (abs(coef.v - decltype(bound)(1)) <= bound) ev.ambiguous = true;
         }
     }
     norms.clear();
     ev.grad = judge_values(fmt::format("step {} gradient", step),
                            c.trace[size_t(step)].grad, e.inner().grads(),
-                           c.layout, c.fp64);
+                           c.layout, c.fp64, c.grad_scale);
     std::vector<T>& g = e.inner().grads();
     const std::vector<double>& want = c.trace[size_t(step)].grad;
     for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
@@ -198,9 +201,9 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
     }
     if (trainer.rank() == 0) {
       StepEval& ev = r.eval[size_t(step)];
-      ev.param =
-          judge_values(fmt::format("step {} parameters", step),
-                       c.trace[size_t(step)].param, params, c.layout, c.fp64);
+      ev.param = judge_values(fmt::format("step {} parameters", step),
+                              c.trace[size_t(step)].param, params, c.layout,
+                              c.fp64, 1.0);
     }
     const std::vector<double>& want = c.trace[size_t(step)].param;
     for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);

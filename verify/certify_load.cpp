@@ -2,10 +2,14 @@
 // Anything malformed or inconsistent is an InputError naming file:line.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "sim/errors.hpp"
 #include "verify/certify_stages.hpp"
+#include "verify/trace_bin.hpp"
 
 namespace accumcheck::certify_detail {
 
@@ -19,9 +23,12 @@ namespace {
 // trainer behaviour.
 void check_events(const Trace& t, const TraceRun& run, int64_t value_steps) {
   const std::string file = t.events_path();
-  int64_t steps = 0, last_step_line = 0;
+  // Counted per rank (a multi-rank trace: every rank calls optimizer.step
+  // once per step; the collective all_reduce, rank -1, counts as rank 0).
+  std::map<int64_t, std::pair<int64_t, int64_t>> per_rank;  // steps, line
   for (const TraceEvent& te : run.events) {
     const Event& e = te.event;
+    auto& [steps, last_step_line] = per_rank[std::max<int64_t>(e.rank, 0)];
     const bool is_step = e.kind == EventKind::optimizer_step;
     if (e.step != steps) {
       std::string why;
@@ -57,6 +64,7 @@ void check_events(const Trace& t, const TraceRun& run, int64_t value_steps) {
                           ? std::string("no steps")
                           : fmt::format("steps 0..{}", value_steps - 1)));
   }
+  const int64_t steps = per_rank[0].first;
   if (steps != value_steps)
     throw InputError(
         file, run.events.back().line, 0, "step",
@@ -64,6 +72,37 @@ void check_events(const Trace& t, const TraceRun& run, int64_t value_steps) {
                     "{} steps of this run; events and values must describe "
                     "the same steps",
                     run.name, steps, value_steps));
+}
+
+// The checks of the values.csv loop in load(), for values.bin: every
+// value a finite number, float32 unless --precision fp64.
+void check_numbers(const Trace& t, const TraceRun& run,
+                   const std::vector<TraceStep>& steps,
+                   const CertifyConfig& cfg, const ParamLayout& layout) {
+  for (const TraceStep& st : steps)
+    for (const auto* vals : {&st.grad, &st.param})
+      for (size_t i = 0; i < vals->size(); ++i) {
+        const double x = (*vals)[i];
+        const bool is_float = cfg.fp64 || double(float(x)) == x;
+        if (std::isfinite(x) && is_float) continue;
+        const ValueKind kind =
+            vals == &st.grad ? ValueKind::grad : ValueKind::param;
+        const ValueWhere w =
+            locate_value(t, run, st.step, kind, int64_t(i), layout);
+        const TensorView& tv = layout.tensor_of(int64_t(i));
+        const std::string what =
+            fmt::format("step {} {} {}[{}]: ", st.step, value_kind_name(kind),
+                        tv.name, int64_t(i) - tv.offset);
+        if (!std::isfinite(x))
+          throw InputError(
+              w.file, w.line, 0, "value",
+              what + fmt::format("expected a finite number, got {}", x));
+        throw InputError(w.file, w.line, 0, "value",
+                         what + fmt::format("{} is not a float32 value; a "
+                                            "float64 trainer is certified "
+                                            "with --precision fp64",
+                                            x));
+      }
 }
 
 }  // namespace
@@ -120,22 +159,30 @@ LoadedTrace load(const Scenario& s, const std::string& dir,
                       v.value));
   }
   L.steps = gather_steps(t, run, layout);
+  if (t.binary) check_numbers(t, run, L.steps, cfg, layout);
   for (size_t i = 0; i < L.steps.size(); ++i) {
     const TraceStep& st = L.steps[i];
     auto line_of = [&](int64_t step) {
       for (const TraceValue& v : run.values)
         if (v.step == step) return v.line;
+      for (const TraceBlock& b : run.blocks)
+        if (b.step == step && b.rank == 0) return b.at;
       return int64_t(0);
+    };
+    auto where = [&](int64_t step) {
+      const int64_t at = line_of(step);
+      return t.binary ? ValueWhere{trace_detail::byte_at(t.binary->path, at), 0}
+                      : ValueWhere{t.values_path(), at};
     };
     if (st.step != int64_t(i))
       throw InputError(
-          t.values_path(), line_of(st.step), 0, "step",
+          where(st.step).file, where(st.step).line, 0, "step",
           fmt::format("run '{}': step {} follows step {}; "
                       "steps must be 0, 1, 2, ... without gaps",
                       run.name, st.step, i == 0 ? -1 : L.steps[i - 1].step));
     if (st.grad.empty() || st.param.empty())
       throw InputError(
-          t.values_path(), line_of(st.step), 0,
+          where(st.step).file, where(st.step).line, 0,
           st.grad.empty() ? "grad" : "param",
           fmt::format("run '{}' step {} has no {} values; each "
                       "step needs its gradient and parameters",

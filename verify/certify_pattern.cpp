@@ -131,6 +131,10 @@ PatternCheck check_pattern(const Scenario& s, const Plan& plan,
   const Pattern want =
       semantics_pattern(s, plan, accepted_b, pc.ignore_sched, max_windows);
   r.pattern_ok = trace_pattern == want;
+  for (size_t i = 0; i < std::max(want.size(), trace_pattern.size()); ++i)
+    if ((i < want.size() ? want[i][5] : 0) !=
+        (i < trace_pattern.size() ? trace_pattern[i][5] : 0))
+      pc.collectives_differ = true;
   if (r.pattern_ok) {
     r.pattern_message =
         fmt::format("call pattern as {} (optimizer step 1: {})", r.accepted,

@@ -81,7 +81,10 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
       const bool is_acc = behaviors[i] == accepted_b;
       CertifyCandidate* into = nullptr;
       for (size_t k = 0; k < kept.size(); ++k)
+        // With R > 1 a candidate that changes the all-reduces
+        // (Behavior::sync) is never inert: its damage is in the events.
         if (!is_acc && subset(kept[k].pitfalls, x.pitfalls) &&
+            (s.batching.ranks == 1 || kept_b[k].sync == behaviors[i].sync) &&
             fingerprints[kept_i[k]] == fingerprints[i] &&
             kept[k].steps == x.steps) {
           into = &kept[k];

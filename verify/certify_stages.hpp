@@ -81,6 +81,9 @@ struct Ctx {
   BoundArith arith;     // the rigorous bound's numbers
   int threads;          // CertifyConfig::threads
   int64_t max_windows;  // window_cap()
+  // The gradient bound's scale (CertifyConfig::autocast: bf16_bound_scale,
+  // fp16_bound_scale; 1 otherwise).  Parameters keep the float32 bound.
+  double grad_scale;
 };
 
 // Windows after which a forced run stops (-1: none): with max_steps, a
@@ -166,6 +169,9 @@ struct PatternCheck {
   Pattern trace;              // the trace's pattern (when checked)
   bool ignore_sched = false;  // scheduler calls not counted
   int64_t max_windows = -1;   // window_cap()
+  // The trace's all-reduces differ from the accepted semantics' in number
+  // (DDP's gradient collectives: their cost is the damage, never a note).
+  bool collectives_differ = false;
 };
 
 // Checks the trace's call pattern against the accepted semantics when the

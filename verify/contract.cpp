@@ -14,6 +14,7 @@
 #include "sim/errors.hpp"
 #include "sim/trainer.hpp"
 #include "verify/coefficient_engine.hpp"
+#include "verify/lr_channel.hpp"
 #include "verify/trace.hpp"
 
 namespace accumcheck {
@@ -80,16 +81,19 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K) {
   }
   p.plan.accumulation = K;
   const int64_t E = int64_t(c.epochs.size());
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> per(size_t(std::max<int64_t>(E, 1)));
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> per(
+      size_t(std::max<int64_t>(E, 1)));
   for (size_t j = 0; j < c.micro.size(); ++j) {
-    const int64_t e = std::clamp<int64_t>(c.micro[j].epoch, 0, int64_t(per.size()) - 1);
+    const int64_t e =
+        std::clamp<int64_t>(c.micro[j].epoch, 0, int64_t(per.size()) - 1);
     per[size_t(e)].push_back({int64_t(j), c.micro[j].samples});
   }
   for (size_t e = 0; e < c.epochs.size(); ++e) {
     int64_t seen = 0;
     for (const auto& [j, rows] : per[e]) seen += rows;
     const int64_t b = c.epochs[e].batch_size;
-    for (int64_t left = c.epochs[e].dataset - seen; b > 0 && left > 0; left -= b) {
+    for (int64_t left = c.epochs[e].dataset - seen; b > 0 && left > 0;
+         left -= b) {
       const int64_t rows = std::min(b, left);
       per[e].push_back({int64_t(p.items.size()), rows});
       // Its item count is unknown; its rows stand in (only whether it is
@@ -105,7 +109,8 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K) {
       for (size_t k = at; k < std::min(ms.size(), at + size_t(K)); ++k) {
         MicroBatch mb;
         std::vector<int64_t> ids;
-        for (int64_t i = 0; i < ms[k].second; ++i) ids.push_back(ms[k].first * p.stride + i);
+        for (int64_t i = 0; i < ms[k].second; ++i)
+          ids.push_back(ms[k].first * p.stride + i);
         mb.shards.push_back(std::move(ids));
         w.micro.push_back(std::move(mb));
       }
@@ -122,16 +127,42 @@ struct Prediction {
   std::vector<std::map<int64_t, int64_t>> version;  // micro -> version
 };
 
-Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b) {
+// The clip symbols' values of a predicted run: the factor the trainer's
+// k-th clip_grad_norm_ call at the same parameter version applied (1 where
+// the trainer made no such call: then the accepted loop's clip is judged
+// by the clip check, not here).
+std::vector<double> clip_symbols(const contract::CoefficientEngine& e,
+                                 const ContractSection& c) {
+  std::vector<double> sym;
+  std::map<int64_t, int64_t> seen;  // version -> calls so far
+  for (const auto& clip : e.clips()) {
+    const int64_t k = seen[clip.version]++;
+    double v = 1.0;
+    int64_t at = 0;
+    for (const auto& tc : c.clips)
+      if (tc.version == clip.version && at++ == k) {
+        v = tc.factor;
+        break;
+      }
+    sym.push_back(v);
+  }
+  return sym;
+}
+
+Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
+                   const ContractSection& c) {
   contract::CoefficientEngine e([&](const std::vector<int64_t>& ids) {
     int64_t n = 0;
     std::set<int64_t> seen;
     for (int64_t id : ids)
-      if (seen.insert(id / cp.stride).second) n += cp.items[size_t(id / cp.stride)];
+      if (seen.insert(id / cp.stride).second)
+        n += cp.items[size_t(id / cp.stride)];
     return n;
   });
-  Trainer<contract::CoefficientEngine> t(e, s, b, 1.0, TrainerOptions{false, false, -1});
+  Trainer<contract::CoefficientEngine> t(e, s, b, 1.0,
+                                         TrainerOptions{false, false, -1});
   t.run(cp.plan, "prediction");
+  const std::vector<double> sym = clip_symbols(e, c);
   Prediction p;
   for (const auto& st : e.steps()) {
     Weights w;
@@ -140,7 +171,7 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b)
       if (term.kind != contract::Term::grad) continue;
       const auto& mg = e.micro()[size_t(term.index)];
       const int64_t m = mg.ids.front() / cp.stride;
-      w[m] += coef.value(std::vector<double>{});
+      w[m] += coef.value(sym);
       v[m] = mg.version;
     }
     p.P.push_back(std::move(w));
@@ -160,7 +191,8 @@ Distance distance(const Measured& m, const Prediction& p,
   Distance out;
   if (p.P.size() != m.W.size()) {
     out.d = kInf;
-    out.why = fmt::format("takes {} optimizer steps, the trace {}", p.P.size(), m.W.size());
+    out.why = fmt::format("takes {} optimizer steps, the trace {}", p.P.size(),
+                          m.W.size());
     return out;
   }
   const double u = error_model::kUnitRoundoff32;
@@ -179,18 +211,132 @@ Distance distance(const Measured& m, const Prediction& p,
       if (P != 0 && j < int64_t(c.micro.size()) &&
           p.version[t].at(j) != c.micro[size_t(j)].version) {
         r = kInf;
-        why = fmt::format("takes g of micro-batch {} at parameter version {}, the trace at {}",
-                          j, p.version[t].at(j), c.micro[size_t(j)].version);
+        why = fmt::format(
+            "takes g of micro-batch {} at parameter version {}, the trace at "
+            "{}",
+            j, p.version[t].at(j), c.micro[size_t(j)].version);
       }
       if (r > out.d) {
         out = {r, int64_t(t), j, why};
         if (why.empty())
-          out.why = fmt::format("step {} micro-batch {}: weight {:.9g}, predicted {:.9g}",
-                                t, j, W, P);
+          out.why = fmt::format(
+              "step {} micro-batch {}: weight {:.9g}, predicted {:.9g}", t, j,
+              W, P);
       }
     }
   }
   return out;
+}
+
+// The accepted lr schedule and clip the recorder declared (meta.csv: lr,
+// schedule_kind, schedule_warmup, schedule_total, schedule_step_size,
+// schedule_gamma, clip), as a scenario's [optimizer] lr, [schedule] and
+// [clip] would give them.
+void declared(const Trace& tr, Scenario& s) {
+  auto number = [&](const char* key, double fallback) {
+    const std::string v = tr.meta_value(key);
+    if (v.empty()) return fallback;
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (end != v.c_str() + v.size() || !std::isfinite(x) || x < 0)
+      throw InputError(tr.meta_path(), 0, 0, key,
+                       fmt::format("expected a number >= 0, got '{}'", v));
+    return x;
+  };
+  auto integer = [&](const char* key, int64_t fallback) {
+    const double x = number(key, double(fallback));
+    if (x != std::floor(x) || x > 9e15)
+      throw InputError(tr.meta_path(), 0, 0, key, "expected an integer >= 0");
+    return int64_t(x);
+  };
+  s.optimizer.lr = number("lr", 1.0);
+  const std::string kind = tr.meta_value("schedule_kind");
+  ScheduleSpec& sc = s.schedule;
+  if (kind.empty() || kind == "constant") {
+    sc.kind = ScheduleKind::constant;
+  } else if (kind == "step") {
+    sc.kind = ScheduleKind::step;
+  } else if (kind == "linear") {
+    sc.kind = ScheduleKind::linear;
+  } else if (kind == "cosine") {
+    sc.kind = ScheduleKind::cosine;
+  } else {
+    throw InputError(
+        tr.meta_path(), 0, 0, "schedule_kind",
+        fmt::format("expected constant, step, linear or cosine, got '{}'",
+                    kind));
+  }
+  sc.warmup = integer("schedule_warmup", 0);
+  sc.total = integer("schedule_total", 0);
+  sc.step_size = std::max<int64_t>(1, integer("schedule_step_size", 1));
+  sc.gamma = number("schedule_gamma", sc.gamma);
+  if ((sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) &&
+      sc.total <= sc.warmup)
+    throw InputError(
+        tr.meta_path(), 0, 0, "schedule_total",
+        fmt::format("expected an integer > schedule_warmup = {}", sc.warmup));
+  s.clip.enabled = !tr.meta_value("clip").empty();
+  s.clip.max_norm = number("clip", 1.0);
+}
+
+// The clip_grad_norm_ calls against the declared clip: one per optimizer
+// step, before it, with the declared max_norm, and each factor what
+// clip_grad_norm_'s formula gives on the float64 norm of the gradient it
+// saw, within gamma_{n+2} (float32 norm of n values, Higham 3.1, and the
+// division).
+CertifyCheck clip_check(const ContractSection& c, const Scenario& s,
+                        int64_t n) {
+  CertifyCheck ck{"clip", true, false, false, ""};
+  const double nu = double(n + 2) * error_model::kUnitRoundoff32;
+  const double rel = nu / (1 - nu);
+  double lo = 1, hi = 0;
+  for (const auto& cl : c.clips) {
+    lo = std::min(lo, cl.factor);
+    hi = std::max(hi, cl.factor);
+  }
+  if (!s.clip.enabled) {
+    ck.ok = false;
+    ck.message = fmt::format(
+        "the trainer called clip_grad_norm_ {} times (max_norm {:.6g}, factors "
+        "{:.6g} to "
+        "{:.6g}); the accepted loop does not clip (declare "
+        "ContractRecorder(clip=...))",
+        c.clips.size(), c.clips.front().max_norm, lo, hi);
+    return ck;
+  }
+  std::map<int64_t, int64_t> per;
+  for (const auto& cl : c.clips) ++per[cl.version];
+  for (size_t t = 0; t < c.steps.size() && ck.ok; ++t)
+    if (per[int64_t(t)] != 1) {
+      ck.ok = false;
+      ck.message = fmt::format(
+          "step {}: {} clip_grad_norm_ calls, the accepted loop clips once "
+          "before each "
+          "optimizer step",
+          t, per[int64_t(t)]);
+    }
+  for (size_t m = 0; m < c.clips.size() && ck.ok; ++m) {
+    const ContractClip& cl = c.clips[m];
+    const double want = std::min(1.0, s.clip.max_norm / (cl.norm + 1e-6));
+    if (cl.max_norm != s.clip.max_norm ||
+        !(std::abs(cl.factor - want) <= rel * want)) {
+      ck.ok = false;
+      ck.message = fmt::format(
+          "clip {} (step {}): factor {:.9g} with max_norm {:.6g}; the declared "
+          "max_norm "
+          "{:.6g} on the gradient's norm {:.9g} gives {:.9g}",
+          m, cl.version, cl.factor, cl.max_norm, s.clip.max_norm, cl.norm,
+          want);
+    }
+  }
+  if (ck.ok)
+    ck.message = fmt::format(
+        "{} clip_grad_norm_ calls, one before each step, max_norm {:.6g}: "
+        "factors {:.6g} "
+        "to {:.6g}, each clip_grad_norm_'s formula on the gradient it saw "
+        "(within {:.2g})",
+        c.clips.size(), s.clip.max_norm, lo, hi, rel);
+  return ck;
 }
 
 std::string fmt_ratio(double x) {
@@ -209,9 +355,10 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const auto t0 = std::chrono::steady_clock::now();
   const Trace tr = read_trace(trace_dir);
   if (tr.meta_value("tier") != "contract")
-    throw InputError(tr.meta_path(), 0, 0, "tier",
-                     "not a contract-tier trace (meta.csv has no 'tier,contract'); "
-                     "judge oracle-tier traces with `certify SCENARIO --trace DIR`");
+    throw InputError(
+        tr.meta_path(), 0, 0, "tier",
+        "not a contract-tier trace (meta.csv has no 'tier,contract'); "
+        "judge oracle-tier traces with `certify SCENARIO --trace DIR`");
   const ContractSection c = read_contract(trace_dir);
   int64_t K = 0;
   try {
@@ -220,8 +367,18 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     K = 0;
   }
   if (K < 1)
-    throw InputError(tr.meta_path(), 0, 0, "accumulation", "expected an integer >= 1");
+    throw InputError(tr.meta_path(), 0, 0, "accumulation",
+                     "expected an integer >= 1");
   const bool tokens = tr.meta_value("items") == "tokens";
+  Scenario s;
+  s.name = "contract";
+  declared(tr, s);
+  int64_t n = 0;
+  try {
+    n = std::stoll(tr.meta_value("parameters"));
+  } catch (...) {
+    n = 0;
+  }
   CertifyReport r;
   r.scenario = "contract";
   r.run = tr.runs.empty() ? "trainer" : tr.runs.front().name;
@@ -247,7 +404,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   for (size_t b = 0; b < c.backward.size(); ++b) {
     const ContractBackward& bw = c.backward[b];
     const double cal = c.micro[size_t(bw.micro)].calibration;
-    const double bound = fit_cal * (std::isnan(cal) ? cal_max : cal) + fit_ulps * u;
+    const double bound =
+        fit_cal * (std::isnan(cal) ? cal_max : cal) + fit_ulps * u;
     eps.push_back(bound);
     const double ratio = std::isnan(bw.residual) ? kInf : bw.residual / bound;
     if (ratio > worst_fit || worst_b < 0) {
@@ -259,13 +417,16 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     const auto& bw = c.backward[size_t(worst_b)];
     fit.ok = worst_fit <= 1;
     fit.message = fmt::format(
-        "{} backward passes, each w*g_j: worst residual {:.3g} = {} of its bound "
+        "{} backward passes, each w*g_j: worst residual {:.3g} = {} of its "
+        "bound "
         "(backward {}, micro-batch {})",
-        c.backward.size(), bw.residual, fmt_ratio(worst_fit), worst_b, bw.micro);
+        c.backward.size(), bw.residual, fmt_ratio(worst_fit), worst_b,
+        bw.micro);
     if (!fit.ok)
-      fit.message += ": that gradient is not a multiple of the micro-batch's g_j "
-                     "(another loss than the declared summed loss, other "
-                     "randomness, or the gradient changed inside the backward)";
+      fit.message +=
+          ": that gradient is not a multiple of the micro-batch's g_j "
+          "(another loss than the declared summed loss, other "
+          "randomness, or the gradient changed inside the backward)";
   } else {
     fit.ok = false;
     fit.message = "no backward pass recorded";
@@ -280,51 +441,84 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     const auto& st = c.steps[t];
     const double bound = (double(st.terms) + sum_ulps) * u * st.scale;
     step_bound.push_back(bound);
-    const double ratio = bound > 0 ? st.residual / bound : (st.residual == 0 ? 0 : kInf);
+    const double ratio =
+        bound > 0 ? st.residual / bound : (st.residual == 0 ? 0 : kInf);
     worst_step = std::max(worst_step, ratio);
   }
   sfit.ok = worst_step <= 1;
   sfit.message = fmt::format(
-      "{} optimizer steps, each consumed gradient = beta*G_prev + sum a_b c_b: worst "
+      "{} optimizer steps, each consumed gradient = beta*G_prev + sum a_b c_b: "
+      "worst "
       "residual {} of its bound",
       c.steps.size(), fmt_ratio(worst_step));
   if (!sfit.ok)
-    sfit.message += ": a step's gradient is not made of the backward passes since "
-                    "the previous step (changed by something the recorder did not see)";
+    sfit.message +=
+        ": a step's gradient is not made of the backward passes since "
+        "the previous step (changed by something the recorder did not see)";
   r.checks.push_back(sfit);
 
   // 3. The optimizer update, replayed in float64.
   CertifyCheck rep{"optimizer replay", true, false, false, ""};
   double worst_rep = 0;
   for (const auto& st : c.steps)
-    worst_rep = std::max(worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
+    worst_rep = std::max(
+        worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
   rep.ok = worst_rep <= 1;
   rep.message = fmt::format(
-      "PyTorch's optimizer replayed in float64 from the recorded state: worst {} of "
-      "the bound ({} u32 of |p| + |update|, plus the float32 replay's distance)",
+      "PyTorch's optimizer class replayed from the recorded parameters, state "
+      "and "
+      "gradient: worst {} of the bound ({} u32 of |p| + |update|)",
       fmt_ratio(worst_rep), replay_ulps);
   r.checks.push_back(rep);
+
+  // 3b. The clip factors, when the loop clips or the recorder declared one.
+  bool clip_ok = true;
+  if (s.clip.enabled || !c.clips.empty()) {
+    const CertifyCheck ck = clip_check(c, s, n);
+    clip_ok = ck.ok;
+    r.checks.push_back(ck);
+  }
 
   // 4. Which g_j with which weights: against every semantics.
   const Measured meas = compose(c, eps, step_bound);
   const ContractPlan cp = contract_plan(c, K);
-  Scenario s;
-  s.name = "contract";
   s.batching.accumulation = K;
   s.batching.micro_batch = cp.micro_batch;
   s.batching.epochs = int64_t(cp.plan.epochs.size());
   s.model.kind = tokens ? ModelKind::token : ModelKind::mlp;
-  const std::vector<std::vector<Pitfall>> sems = candidate_semantics({.token_loss = tokens, .contract_tier = true});
+  const std::vector<std::vector<Pitfall>> sems =
+      candidate_semantics({.token_loss = tokens, .contract_tier = true});
   std::vector<Prediction> preds;
   std::vector<Distance> dists;
+  std::vector<std::vector<double>> lrs;
+  LrChannel lr_correct;
+  Distance correct_weights;  // correct's weight distance, whatever its lr
+  const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok;
   for (const auto& sem : sems) {
-    const Prediction p = predict(cp, s, behavior_of(sem));
-    const Distance d = distance(meas, p, c);
+    // When the trace passes (every fit within its bound and correct
+    // within 1, lr included), the ranking is not printed: the other
+    // candidates are not predicted at all.
+    if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1) break;
+    const Prediction p = predict(cp, s, behavior_of(sem), c);
+    Distance d = distance(meas, p, c);
+    // The lr channel: each step's lr against this semantics' schedule.
+    LrChannel lr;
+    if (!tr.runs.empty())
+      lr = check_lr(s, cp.plan, tr.runs.front(), behavior_of(sem));
+    if (preds.empty()) {
+      lr_correct = lr;
+      correct_weights = d;
+    }
+    if (!lr.ok) {
+      d.d = kInf;
+      d.why = lr.message;
+    }
     // Semantics with the same prediction (e.g. scheduler pitfalls: the
     // contract tier sees weights, not the lr) are one candidate.
     bool merged = false;
     for (size_t k = 0; k < preds.size(); ++k)
-      if (preds[k].P == p.P && preds[k].version == p.version) {
+      if (preds[k].P == p.P && preds[k].version == p.version &&
+          lrs[k] == lr.accepted_lr) {
         r.ranking[k].aliases.push_back(semantics_name(sem));
         merged = true;
         break;
@@ -341,24 +535,37 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     r.ranking.push_back(cand);
     preds.push_back(p);
     dists.push_back(d);
+    lrs.push_back(lr.accepted_lr);
   }
   const CertifyCandidate correct = r.ranking.front();
   r.expected_steps = correct.steps;
-  const bool structure_ok = correct.distance <= 1;
-  CertifyCheck st{"weights", structure_ok, false, false,
-                  fmt::format("which g_j with which weight each step holds, against "
-                              "correct: max {} of the uncertainty{}",
-                              fmt_ratio(correct.distance),
-                              structure_ok ? "" : " (" + correct.first_out_what + ")")};
+  const bool structure_ok = correct_weights.d <= 1;
+  CertifyCheck st{
+      "weights", structure_ok, false, false,
+      fmt::format("which g_j with which weight each step holds, against "
+                  "correct: max {} of the uncertainty{}",
+                  fmt_ratio(correct_weights.d),
+                  structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
-  r.pass = fit.ok && sfit.ok && rep.ok && structure_ok;
-  std::stable_sort(r.ranking.begin(), r.ranking.end(),
-                   [](const auto& a, const auto& b) { return a.distance < b.distance; });
+  if (lr_correct.checked) {
+    std::string msg = lr_correct.message;
+    if (msg.rfind("lr: ", 0) == 0) msg = msg.substr(4);
+    CertifyCheck lc{"lr", lr_correct.ok, false, false, msg};
+    if (!lr_correct.ok) lc.message += ": " + lr_correct.evidence;
+    r.checks.push_back(lc);
+  }
+  r.pass =
+      fit.ok && sfit.ok && rep.ok && clip_ok && structure_ok && lr_correct.ok;
+  std::stable_sort(
+      r.ranking.begin(), r.ranking.end(),
+      [](const auto& a, const auto& b) { return a.distance < b.distance; });
   if (r.pass) {
     r.verdict = fmt::format(
-        "PASS (contract tier): {} steps; every step holds the micro-batch gradients "
-        "correct accumulation predicts (max {} of the uncertainty)",
-        c.steps.size(), fmt_ratio(correct.distance));
+        "PASS (contract tier): {} steps; every step holds the micro-batch "
+        "gradients "
+        "correct accumulation predicts (max {} of the uncertainty){}",
+        c.steps.size(), fmt_ratio(correct.distance),
+        lr_correct.checked ? "; lr as declared" : "");
     r.ranking.clear();
   } else {
     r.verdict = "FAIL (contract tier): ";
@@ -370,23 +577,54 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     const CertifyCandidate& best = r.ranking.front();
     const double next = r.ranking.size() > 1 ? r.ranking[1].distance : kInf;
     std::string names = best.name;
-    if (!best.aliases.empty()) names += " (same weights: " + best.aliases.front() +
-                                        (best.aliases.size() > 1 ? ", ..." : "") + ")";
+    if (!best.aliases.empty())
+      names += " (same weights: " + best.aliases.front() +
+               (best.aliases.size() > 1 ? ", ..." : "") + ")";
     if (best.distance <= 1) {
       r.diagnosis = fmt::format(
-          "diagnosis: matches {} (max {} of the uncertainty)\nmargin: next is {} at {} "
+          "diagnosis: matches {} (max {} of the uncertainty)\nmargin: next is "
+          "{} at {} "
           "({}x the best)",
-          names, fmt_ratio(best.distance), r.ranking.size() > 1 ? r.ranking[1].name : "-",
-          fmt_ratio(next), fmt_ratio(best.distance > 0 ? next / best.distance : kInf));
+          names, fmt_ratio(best.distance),
+          r.ranking.size() > 1 ? r.ranking[1].name : "-", fmt_ratio(next),
+          fmt_ratio(best.distance > 0 ? next / best.distance : kInf));
     } else {
       r.diagnosis = "diagnosis: no modelled pitfall explains this trace\n";
-      for (const auto& line : contract_evidence(c, meas.W, preds.front().P, K))
-        r.diagnosis += "evidence: " + line + "\n";
-      r.diagnosis += fmt::format("closest (not matching): {} at {} of the uncertainty ({})",
-                                 names, fmt_ratio(best.distance), best.first_out_what);
+      if (structure_ok)
+        r.diagnosis += fmt::format(
+            "evidence: the weights are correct's (max {} of the uncertainty); "
+            "the lr "
+            "is not\n",
+            fmt_ratio(correct_weights.d));
+      else
+        for (const auto& line :
+             contract_evidence(c, meas.W, preds.front().P, K))
+          r.diagnosis += "evidence: " + line + "\n";
+      if (!lr_correct.ok)
+        r.diagnosis += "evidence: " + lr_correct.evidence + "\n";
+      if (!s.clip.enabled && !c.clips.empty()) {
+        // The trainer clips and the recorder was not told: correct with
+        // that clip, for the evidence.
+        Scenario clipped = s;
+        clipped.clip.enabled = true;
+        clipped.clip.max_norm = c.clips.front().max_norm;
+        const Distance d =
+            distance(meas, predict(cp, clipped, behavior_of({}), c), c);
+        r.diagnosis += fmt::format(
+            "evidence: with clip_grad_norm_(max_norm = {:.6g}) accepted, the "
+            "weights are "
+            "{}correct's (max {} of the uncertainty)\n",
+            clipped.clip.max_norm, d.d <= 1 ? "" : "still not ",
+            fmt_ratio(d.d));
+      }
+      r.diagnosis += fmt::format(
+          "closest (not matching): {} at {} of the uncertainty ({})", names,
+          fmt_ratio(best.distance), best.first_out_what);
     }
   }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   return r;
 }
 

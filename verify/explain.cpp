@@ -671,7 +671,8 @@ constexpr ExplainEntry kEntries[] = {
      "+assert world_size * b * K == target_batch",
      "G_t = (1/N_w) sum over every rank's shards in the window of grad "
      "l_i(theta_t); the effective batch is R*K*b",
-     "ddp-correct seed-003-target seed-003-k1 seed-003-k2 seed-003-k2-linear",
+     "ddp-correct certify-ddp certify-ddp-2 certify-ddp-uneven seed-003-target "
+     "seed-003-k1 seed-003-k2 seed-003-k2-linear",
      "seed 003 (effective batch 3072 on 30 nodes x 8 GPUs, linear lr "
      "scaling); FIELD.md: DistributedSampler padding duplicates, DDP's "
      "1/world_size reduction; TTrace arXiv 2506.09280 (distributed vs "

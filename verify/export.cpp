@@ -257,13 +257,6 @@ void require_exportable_model(const Scenario& s) {
                      "models with dropout are not exported or certified yet: "
                      "accumcheck keys masks by sample, PyTorch draws them in "
                      "call order, so a trainer could not reproduce them");
-  if (s.batching.ranks != 1)
-    throw InputError(
-        s.path, 0, 0, "batching.ranks",
-        fmt::format("ranks = {}: data-parallel training is not exported or "
-                    "certified yet (a bundle would hold one rank's shard, a "
-                    "trace one rank's gradient); use ranks = 1",
-                    s.batching.ranks));
 }
 
 ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
@@ -410,8 +403,8 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
       if (e) k_per_epoch.push_back(' ');
       k_per_epoch.append(std::to_string(accumulation_at(s.batching, e)));
     }
-    const ScheduleSpec sched = resolved_schedule(
-        s, behavior_of(s.trainer.accepted).horizon_initial_k);
+    const ScheduleSpec sched =
+        resolved_schedule(s, behavior_of(s.trainer.accepted).horizon_initial_k);
     kv = {{"scenario", s.name},
           {"scenario_digest", digest},
           {"trace_schema", std::string(kTraceSchema)},
@@ -434,6 +427,9 @@ ExportResult export_bundle(const Scenario& s, const std::string& out_dir) {
           {"accumulation_per_epoch", k_per_epoch},
           {"epochs", std::to_string(s.batching.epochs)},
           {"ranks", std::to_string(s.batching.ranks)},
+          {"sampler", s.batching.sampler == Sampler::pad         ? "pad"
+                      : s.batching.sampler == Sampler::drop_last ? "drop-last"
+                                                                 : "split"},
           {"max_steps", std::to_string(s.batching.max_steps)},
           {"steps", std::to_string(r.steps)},
           {"optimizer", std::string(optimizer_name(o.kind))},

@@ -19,6 +19,7 @@
 #include "sim/atomic_file.hpp"
 #include "sim/csv_lines.hpp"
 #include "sim/errors.hpp"
+#include "verify/trace_bin.hpp"
 
 #ifndef ACCUMCHECK_VERSION
 #define ACCUMCHECK_VERSION "unknown"
@@ -82,7 +83,7 @@ void append_real(std::string& out, double x) {
 }  // namespace
 
 std::string_view value_kind_name(ValueKind k) {
-  return k == ValueKind::param ? "param"
+  return k == ValueKind::param  ? "param"
          : k == ValueKind::grad ? "grad"
                                 : "ema";
 }
@@ -334,7 +335,7 @@ struct RunTracker {
     auto it = index.find(name);
     if (it == index.end()) {
       it = index.emplace(name, trace.runs.size()).first;
-      trace.runs.push_back(TraceRun{name, {}, {}});
+      trace.runs.push_back(TraceRun{name, {}, {}, {}});
     }
     return trace.runs[it->second];
   }
@@ -358,6 +359,7 @@ std::string Trace::events_path() const {
   return (std::filesystem::path(dir) / "events.csv").string();
 }
 std::string Trace::values_path() const {
+  if (binary) return binary->path;
   return (std::filesystem::path(dir) / "values.csv").string();
 }
 std::string Trace::meta_path() const {
@@ -486,6 +488,17 @@ Trace read_trace(const std::string& dir) {
     }
   }
 
+  const std::string bin_path =
+      (std::filesystem::path(dir) / "values.bin").string();
+  std::error_code ec;
+  if (std::filesystem::exists(bin_path, ec)) {
+    if (std::filesystem::exists(t.values_path(), ec))
+      throw InputError(bin_path, 0, 0, "",
+                       "the trace holds both values.csv and values.bin; a "
+                       "trace holds one or the other");
+    trace_detail::read_values_bin(t, bin_path);
+    return t;
+  }
   runs.closed.clear();
   runs.first = true;
   {  // values.csv
@@ -557,11 +570,32 @@ Trace read_trace(const std::string& dir) {
 std::vector<int64_t> value_ranks(const TraceRun& run) {
   std::set<int64_t> ranks{0};
   for (const TraceValue& v : run.values) ranks.insert(v.rank);
+  for (const TraceBlock& b : run.blocks) ranks.insert(b.rank);
   return {ranks.begin(), ranks.end()};
+}
+
+ValueWhere locate_value(const Trace& t, const TraceRun& run, int64_t step,
+                        ValueKind kind, int64_t flat, const ParamLayout& layout,
+                        int64_t rank) {
+  if (t.binary) {
+    for (const TraceBlock& b : run.blocks)
+      if (b.step == step && b.kind == kind && b.rank == rank)
+        return {
+            trace_detail::byte_at(t.binary->path, t.binary->offset(b, flat)),
+            0};
+    return {t.binary->path, 0};
+  }
+  const TensorView& tv = layout.tensor_of(flat);
+  for (const TraceValue& v : run.values)
+    if (v.step == step && v.kind == kind && v.rank == rank &&
+        v.tensor == tv.name && v.index == flat - tv.offset)
+      return {t.values_path(), v.line};
+  return {t.values_path(), 0};
 }
 
 std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
                                     const ParamLayout& layout, int64_t rank) {
+  if (t.binary) return trace_detail::gather_blocks(t, run, layout, rank);
   const std::string file = t.values_path();
   std::map<std::string, const TensorView*, std::less<>> tensors;
   for (const TensorView& v : layout.tensors) tensors[v.name] = &v;
@@ -625,114 +659,46 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
   return steps;
 }
 
-// ---- the contract section
+// ---- the state section (the contract section: verify/trace_contract.cpp)
 
-namespace {
-
-std::vector<std::string_view> split_commas(std::string_view line) {
-  std::vector<std::string_view> out;
-  size_t at = 0;
-  while (true) {
-    const size_t c = line.find(',', at);
-    out.push_back(line.substr(at, c == std::string_view::npos ? c : c - at));
-    if (c == std::string_view::npos) return out;
-    at = c + 1;
+StateSection read_state(const std::string& dir) {
+  StateSection st;
+  st.path = (std::filesystem::path(dir) / "state.csv").string();
+  if (!std::filesystem::exists(st.path)) return st;
+  st.present = true;
+  constexpr std::string_view kHeader = "kind,step,tensor,index,value";
+  constexpr std::string_view kKinds[] = {"loss_scale",  "skipped",
+                                         "opt_step",    "exp_avg",
+                                         "exp_avg_sq",  "ema_update",
+                                         "ema",         "running_mean",
+                                         "running_var", "num_batches_tracked",
+                                         "logged_loss"};
+  CsvFile f(st.path, kHeader);
+  Reader<5> r(f.bytes);
+  f.read_header_flags(r, io::ignore_no_column, kHeader, "kind", "step",
+                      "tensor", "index", "value");
+  std::string kind, tensor;
+  char *step = nullptr, *index = nullptr, *value = nullptr;
+  int64_t line = 0;
+  while (f.row(r, line, kind, step, tensor, index, value)) {
+    if (std::find(std::begin(kKinds), std::end(kKinds), kind) ==
+        std::end(kKinds))
+      f.fail(line, "kind",
+             fmt::format("unknown kind '{}'; expected one of loss_scale, "
+                         "skipped, opt_step, exp_avg, exp_avg_sq, "
+                         "ema_update, ema, running_mean, running_var, "
+                         "num_batches_tracked, logged_loss",
+                         kind));
+    StateValue v;
+    v.kind = kind;
+    v.tensor = tensor;
+    v.step = f.integer(line, "step", step, 0);
+    v.index = f.integer(line, "index", index, 0);
+    v.value = f.real(line, "value", value);
+    v.line = line;
+    st.rows.push_back(std::move(v));
   }
-}
-
-}  // namespace
-
-ContractSection read_contract(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "contract.csv").string();
-  std::ifstream in(path);
-  if (!in)
-    throw InputError(path, 0, 0, "", "cannot open (a contract-tier trace "
-                                     "has contract.csv beside meta.csv)");
-  constexpr std::string_view kHeader =
-      "kind,index,ref,epoch,version,items,samples,value,residual,scale";
-  std::string line;
-  int64_t ln = 1;
-  if (!std::getline(in, line) || line != kHeader)
-    throw InputError(path, 1, 1, "", fmt::format("expected the header '{}'", kHeader));
-  ContractSection c;
-  while (std::getline(in, line)) {
-    ++ln;
-    if (line.empty()) continue;
-    const auto f = split_commas(line);
-    if (f.size() != 10)
-      throw InputError(path, ln, 1, "", fmt::format("expected 10 fields, got {}", f.size()));
-    auto integer = [&](size_t i, bool required) -> int64_t {
-      if (f[i].empty()) {
-        if (required)
-          throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
-                           "expected an integer, got an empty field");
-        return -1;
-      }
-      int64_t v = 0;
-      const auto r = std::from_chars(f[i].data(), f[i].data() + f[i].size(), v);
-      if (r.ec != std::errc() || r.ptr != f[i].data() + f[i].size())
-        throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
-                         fmt::format("expected an integer, got '{}'", f[i]));
-      return v;
-    };
-    auto number = [&](size_t i) -> double {
-      if (f[i].empty()) return kNaN;
-      const std::string t(f[i]);
-      char* end = nullptr;
-      const double v = std::strtod(t.c_str(), &end);
-      if (end != t.c_str() + t.size())
-        throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
-                         fmt::format("expected a number, got '{}'", t));
-      return v;
-    };
-    const std::string_view kind = f[0];
-    const int64_t index = integer(1, true);
-    auto expect_index = [&](size_t next) {
-      if (index != int64_t(next))
-        throw InputError(path, ln, 1, "index",
-                         fmt::format("expected {} (rows of a kind in order), got {}",
-                                     next, index));
-    };
-    if (kind == "micro") {
-      expect_index(c.micro.size());
-      c.micro.push_back({integer(3, true), integer(4, true), integer(5, true),
-                         integer(6, true), number(9)});
-    } else if (kind == "backward") {
-      expect_index(c.backward.size());
-      const int64_t j = integer(2, true);
-      if (j < 0 || j >= int64_t(c.micro.size()))
-        throw InputError(path, ln, 1, "ref", fmt::format("unknown micro-batch {}", j));
-      c.backward.push_back({j, integer(4, true), number(7), number(8)});
-    } else if (kind == "epoch") {
-      expect_index(c.epochs.size());
-      c.epochs.push_back({integer(5, true), integer(6, true)});
-    } else if (kind == "step") {
-      expect_index(c.steps.size());
-      ContractStep st;
-      st.terms = integer(2, true);
-      st.lr = number(7);
-      st.residual = number(8);
-      st.scale = number(9);
-      c.steps.push_back(st);
-    } else if (kind == "coef" || kind == "replay") {
-      if (index < 0 || index >= int64_t(c.steps.size()))
-        throw InputError(path, ln, 1, "index", fmt::format("unknown step {}", index));
-      ContractStep& st = c.steps[size_t(index)];
-      if (kind == "coef") {
-        const int64_t b = integer(2, true);
-        if (b < -1 || b >= int64_t(c.backward.size()))
-          throw InputError(path, ln, 1, "ref", fmt::format("unknown backward {}", b));
-        st.coefs.push_back({b, number(7), number(9)});
-      } else {
-        st.replay = number(7);
-      }
-    } else {
-      throw InputError(path, ln, 1, "kind",
-                       fmt::format("unknown kind '{}' (micro, backward, epoch, "
-                                   "step, coef, replay)", kind));
-    }
-  }
-  return c;
+  return st;
 }
 
 }  // namespace accumcheck

@@ -22,9 +22,26 @@
 // with 17 significant digits (%.17g) so they read back exactly; NaN is an
 // empty field.  Fields holding ',' or '"' are double-quoted.  Files are
 // written atomically and their bytes depend only on the content.
+//
+// values.bin, the binary alternative to values.csv (a trace holds one or
+// the other; written by adapters/pytorch/accumcheck_torch/trace.py, read
+// here).  All numbers little-endian:
+//   offset 0   8 bytes  magic "ACVALUES"
+//          8   u32      version (kValuesVersion)
+//          12  u32      bytes per value: 4 (float32) or 8 (float64), IEEE
+//          16  u32      T, the number of tensors
+//          20  T x { u32 name length L, L bytes of name, u64 elements }
+//                       (the scenario's tensors, layout order)
+//   then blocks to the end of the file, each
+//       u32 run name length L, L bytes of run name,
+//       i64 step, i64 rank, u32 kind (0 grad, 1 param),
+//       sum(elements) values: every tensor in header order, flat.
+// A block is one (run, step, kind, rank): the rows values.csv would hold.
+// Errors name the file and the byte offset: `values.bin:byte 20: ...`.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -127,35 +144,84 @@ struct TraceValue {
   int64_t line = 0;  // in values.csv
 };
 
+inline constexpr std::string_view kValuesMagic = "ACVALUES";
+inline constexpr uint32_t kValuesVersion = 1;
+
+// One block of values.bin.
+struct TraceBlock {
+  int64_t step = 0;
+  ValueKind kind = ValueKind::param;
+  int64_t rank = 0;
+  int64_t at = 0;      // byte offset of the block
+  int64_t values = 0;  // byte offset of its first value
+};
+
+// values.bin held in memory, its header read.
+struct TraceBinary {
+  std::string path;
+  std::string bytes;
+  uint32_t width = 4;  // bytes per value
+  struct Tensor {
+    std::string name;
+    int64_t elements = 0;
+    int64_t at = 0;  // byte offset of its header entry
+  };
+  std::vector<Tensor> tensors;
+  int64_t per_block = 0;  // values per block
+  // Value i of the block starting its values at byte `values`.
+  double value(int64_t values, int64_t i) const;
+  // The byte offset of value i of block b.
+  int64_t offset(const TraceBlock& b, int64_t i) const {
+    return b.values + i * int64_t(width);
+  }
+};
+
 struct TraceRun {
   std::string name;
   std::vector<TraceEvent> events;  // file order
-  std::vector<TraceValue> values;  // file order
+  std::vector<TraceValue> values;  // file order (values.csv)
+  std::vector<TraceBlock> blocks;  // file order (values.bin)
 };
 
 struct Trace {
   std::string dir;
   std::vector<std::pair<std::string, std::string>> meta;  // file order
   std::vector<TraceRun> runs;  // in order of first appearance
+  // values.bin when the trace has one (then values.csv is absent).
+  std::shared_ptr<const TraceBinary> binary;
 
   // The meta value for `key`, or "" when absent.
   std::string meta_value(std::string_view key) const;
   // The run called `name`, or nullptr.
   const TraceRun* run(std::string_view name) const;
   std::string events_path() const;
+  // values.csv, or values.bin when the trace has that.
   std::string values_path() const;
   std::string meta_path() const;
 };
 
+// Where a value of a run sits, for messages: "values.csv" and its line,
+// or "values.bin:byte N" and line 0 (0 / the file alone when not found).
+struct ValueWhere {
+  std::string file;
+  int64_t line = 0;
+};
+ValueWhere locate_value(const Trace& t, const TraceRun& run, int64_t step,
+                        ValueKind kind, int64_t flat, const ParamLayout& layout,
+                        int64_t rank = 0);
+
 // Reads a trace folder.  Every malformed input is an InputError naming the
-// file and line: a missing or unknown column, a schema version other than
-// kTraceSchema or kTraceSchemaV1, a missing required meta key, an unknown event
-// or kind, a non-number where a number belongs (NaN is only ever an empty
-// field), a file whose last line has no line end (truncated), steps going
-// backwards within a run, a run's rows split by another run's, a duplicated
-// meta key or values row (per rank).  (Identical events rows are legitimate
-// with R > 1 and are not rejected.)  Digests and tensor shapes
-// against a scenario are the caller's (see check_values).
+// file and line (values.bin: the byte offset; a truncated file, a bad
+// magic, version or width, a name or block running past the end, a kind
+// other than 0 or 1, a negative step or rank, both values.csv and
+// values.bin present, and the CSV rules below): a missing or unknown column, a
+// schema version other than kTraceSchema or kTraceSchemaV1, a missing required
+// meta key, an unknown event or kind, a non-number where a number belongs (NaN
+// is only ever an empty field), a file whose last line has no line end
+// (truncated), steps going backwards within a run, a run's rows split by
+// another run's, a duplicated meta key or values row (per rank).  (Identical
+// events rows are legitimate with R > 1 and are not rejected.)  Digests and
+// tensor shapes against a scenario are the caller's (see check_values).
 Trace read_trace(const std::string& dir);
 
 // Per optimizer step of a run, the flat gradient and parameters in
@@ -193,9 +259,12 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //            residual = |G_t - fit| (absolute), scale = sum |a| |term|
 //   coef     index t, ref = backward b (-1: the previous step's gradient),
 //            value = its fitted coefficient a, scale = |term vector|
-//   replay   index t, value = 16 * max_i |p_i - p64_i| / (16 u32 (|p64_i| +
-//            |update_i|) + |p32_i - p64_i|): p64, p32 the step replayed in
-//            float64 and float32 (certify divides by contract_replay_ulps)
+//   replay   index t, value = 16 * max_i |p_i - r_i| / (16 u32 (|r_i| +
+//            |update_i|)): r the step replayed by PyTorch's optimizer class
+//            from the recorded state (certify divides by contract_replay_ulps)
+//   clip     index m (call order), ref = version (optimizer steps before
+//            it), value = the factor clip_grad_norm_ applied, residual = the
+//            float64 norm of the gradient it saw, scale = its max_norm
 struct ContractMicro {
   int64_t epoch = 0, version = 0, items = 0, samples = 0;
   double calibration = kNaN;
@@ -214,6 +283,10 @@ struct ContractStep {
   };
   std::vector<Coef> coefs;
 };
+struct ContractClip {
+  int64_t version = 0;
+  double factor = kNaN, norm = kNaN, max_norm = kNaN;
+};
 struct ContractEpoch {
   int64_t dataset = -1, batch_size = -1;
 };
@@ -222,11 +295,52 @@ struct ContractSection {
   std::vector<ContractBackward> backward;
   std::vector<ContractStep> steps;
   std::vector<ContractEpoch> epochs;
+  std::vector<ContractClip> clips;
 };
 
 // Reads `dir`/contract.csv (InputError naming the file and line on
 // anything malformed: an unknown kind, indices out of order, a missing
 // number, a reference to an unknown backward or micro-batch).
 ContractSection read_contract(const std::string& dir);
+
+// ---- the training state beyond gradients (state.csv, written by
+// adapters/pytorch/accumcheck_torch/recorder.py beside meta/events/values
+// when the trainer keeps any; verify/state_check.hpp judges it).  One row
+// per value:  kind,step,tensor,index,value
+//   loss_scale           step t (the window), index = backward pass
+//                        (0-based over the run), value = the scale it used
+//   skipped              step t: a window whose gradients overflowed
+//                        (inf/NaN) and that was zeroed without an
+//                        optimizer step; index = backward passes so far,
+//                        value = the loss scale
+//   opt_step             step t, tensor: Adam's state['step'] after
+//                        optimizer step t (index 0)
+//   exp_avg, exp_avg_sq  step t, tensor, index: Adam's moments after it
+//   ema_update           step = the EMA update's number c, index =
+//                        optimizer steps before it, value = backward
+//                        passes since the last optimizer step
+//   ema                  step = update c, tensor, index: the EMA's
+//                        parameters after it
+//   running_mean, running_var, num_batches_tracked
+//                        step t, tensor (the scenario's buffer name,
+//                        "1.running_mean"), index: BatchNorm's buffers
+//                        when optimizer step t is taken
+//   logged_loss          step t: the loss the trainer logged for window t
+struct StateValue {
+  std::string kind, tensor;
+  int64_t step = 0, index = 0;
+  double value = kNaN;
+  int64_t line = 0;
+};
+struct StateSection {
+  std::string path;
+  std::vector<StateValue> rows;  // file order
+  bool present = false;          // state.csv exists
+};
+
+// Reads `dir`/state.csv when present (absent: present = false, no rows).
+// InputError naming the file and line on an unknown kind, a missing or
+// malformed number.
+StateSection read_state(const std::string& dir);
 
 }  // namespace accumcheck

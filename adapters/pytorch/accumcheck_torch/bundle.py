@@ -14,7 +14,7 @@ class Bundle:
 
     """An accumcheck export bundle, loaded."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, rank=None):
         self.dir = folder
         hp = {r["key"]: r["value"] for r in read_csv(os.path.join(folder, "hyperparameters.csv"))}
         self.hyper = hp
@@ -35,11 +35,14 @@ class Bundle:
             int(k) for k in hp.get("accumulation_per_epoch", "").split()]
         self.epochs = int(hp["epochs"])
         self.ranks = int(hp["ranks"])
-        if self.ranks != 1:
-            raise Refused(
-                "%s: ranks = %d: data-parallel training is not supported yet "
-                "(the bundle would only hold rank 0's shard); export a scenario "
-                "with ranks = 1" % (os.path.join(folder, "hyperparameters.csv"), self.ranks))
+        # DDP (ranks > 1): the bundle is one rank's view (its shard of every
+        # micro-batch: order, windows(), micro_batches()); `rank` defaults
+        # to torch.distributed's rank when a process group is initialized.
+        self.sampler = hp.get("sampler", "pad")
+        self.rank = _default_rank() if rank is None else int(rank)
+        if not 0 <= self.rank < self.ranks:
+            raise Refused("%s: rank %d, but the scenario has ranks = %d"
+                          % (os.path.join(folder, "hyperparameters.csv"), self.rank, self.ranks))
         self.max_steps = int(hp["max_steps"])
         self.steps = int(hp["steps"])
         self.optimizer_kind = hp["optimizer"]
@@ -95,15 +98,22 @@ class Bundle:
             vals = [v for _, v in sorted(init[name])]
             self.initial[name] = torch.tensor(vals, dtype=torch.float64).float().reshape(shape)
 
-        # Batch order: epochs -> windows -> micro-batches (ranks = 1).
-        self.order = [[] for _ in range(self.epochs)]
+        # Batch order: rank -> epochs -> windows -> micro-batches (each
+        # rank's shard of every micro-batch; a rank that ran out of samples
+        # holds an empty one, as under DDP's Join).
+        self.rank_orders = [[[] for _ in range(self.epochs)] for _ in range(self.ranks)]
         windows = {}
         for r in read_csv(os.path.join(folder, "batches.csv")):
             e, w, m = int(r["epoch"]), int(r["window"]), int(r["micro"])
-            windows.setdefault((e, w), {}).setdefault(m, []).append((int(r["position"]), int(r["sample"])))
+            rk = int(r.get("rank", 0))
+            windows.setdefault((e, w), {}).setdefault(m, {}).setdefault(rk, []).append(
+                (int(r["position"]), int(r["sample"])))
         for (e, w) in sorted(windows):
             micro = windows[(e, w)]
-            self.order[e].append([[s for _, s in sorted(micro[m])] for m in sorted(micro)])
+            for rk in range(self.ranks):
+                self.rank_orders[rk][e].append(
+                    [[s for _, s in sorted(micro[m].get(rk, []))] for m in sorted(micro)])
+        self.order = self.rank_orders[self.rank]
         self.lr_per_step = [float(r["lr"]) for r in read_csv(os.path.join(folder, "lr_schedule.csv"))]
 
     # ---- what a trainer builds from the bundle
@@ -170,12 +180,25 @@ class Bundle:
     def scheduler(self, optimizer):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_multiplier)
 
-    def dataset(self):
+    def dataset(self, epoch=None):
         """A torch.utils.data.Dataset of the scenario's samples: item i is
         (x_i, y_i, i), the sample id last.  Use it with your own DataLoader,
         sampler, shuffle or drop_last; the recorder finds each micro-batch's
-        sample ids from the model's inputs (or from `recorder.sample_ids`)."""
-        return SampleDataset(self)
+        sample ids from the model's inputs (or from `recorder.sample_ids`).
+        With `epoch`, item i is the i-th sample of that epoch's order (every
+        rank's samples, in the order the scenario deals them): a
+        DistributedSampler(shuffle=False) over it gives each rank the
+        scenario's shard (sampler = "pad"; "drop-last": drop_last=True)."""
+        return SampleDataset(self, None if epoch is None else self.epoch_order(epoch))
+
+    def epoch_order(self, epoch):
+        """The epoch's sample order before it is dealt out to the ranks:
+        position i went to rank i % R (DistributedSampler's deal)."""
+        R = self.ranks
+        shards = [[s for w in self.rank_orders[r][epoch] for m in w for s in m]
+                  for r in range(R)]
+        n = self.samples if self.sampler != "drop-last" else self.samples // R * R
+        return [shards[i % R][i // R] for i in range(n)]
 
     def load_initial(self, model, names=None):
         """Copies the scenario's initial parameters into `model` (the
@@ -238,13 +261,15 @@ class Bundle:
 class SampleDataset(torch.utils.data.Dataset):
     """The bundle's samples; item i is (x_i, y_i, i)."""
 
-    def __init__(self, bundle):
+    def __init__(self, bundle, order=None):
         self.bundle = bundle
+        self.order = list(range(bundle.samples)) if order is None else order
 
     def __len__(self):
-        return self.bundle.samples
+        return len(self.order)
 
     def __getitem__(self, i):
+        i = self.order[i]
         return self.bundle.x[i], self.bundle.y[i], i
 
 
@@ -300,6 +325,12 @@ def _refuse_mapping(want, params, why):
                   "explicitly:\n%s" % (why, "\n".join(lines)))
 
 
-def load_bundle(folder):
-    """Loads an `accumcheck export` bundle (exit 2 on ranks > 1)."""
-    return Bundle(folder)
+def load_bundle(folder, rank=None):
+    """Loads an `accumcheck export` bundle; with ranks > 1, as `rank` sees
+    it (default: torch.distributed's rank, or 0)."""
+    return Bundle(folder, rank)
+
+
+def _default_rank():
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -18,32 +18,41 @@ Everything else is your own loop, model, optimizer and DataLoader.
 
 What it measures, per micro-batch j (one item of the watched loader):
   - g_j: the gradient of summed_loss at the parameters the micro-batch's
-    forward saw, recomputed in float64 on a copy of the model with the same
-    batch and the same randomness (the CPU RNG state captured when the
-    batch was drawn is replayed, so dropout draws the same masks; the copy
-    is in train mode and its BatchNorm running statistics are its own,
-    so yours are untouched) -- and the same recompute in float32, whose
-    difference to float64 calibrates how far a float32 gradient of this
-    micro-batch may honestly stray (cal_j = |g32 - g64| / |g64|; by
-    default on one micro-batch per window, the run's largest used for all);
+    forward saw, recomputed on a copy of the model in the model's own
+    precision, with the same batch and the same randomness (the CPU RNG
+    state captured at its forward is replayed, so dropout draws the same
+    masks; the copy is in train mode and its BatchNorm running statistics
+    are its own, so yours are untouched); on a sample of micro-batches
+    (every calibrate_every-th, default 16, the first included) the same
+    recompute in float64 calibrates how far a
+    float32 gradient of this model may honestly stray (cal_j = |g32 - g64|
+    / |g64|, the run's largest used for the others);
   - per backward pass b (autograd gradient hooks on every parameter, so any
     call style is seen): the gradient c_b it added to .grad, fitted as
     w_b * g_j of the micro-batch drawn last: the weight w_b and the
     relative residual;
+  - per clip_grad_norm_ call: the factor it applied, the float64 norm of
+    the gradient it saw and its max_norm (a recorded scalar: the
+    coefficient engine's clip symbol);
   - per optimizer step t: the gradient it consumed, fitted by least squares
     as beta * G_{t-1} + sum_b a_b c_b over the backward passes since the
     previous step (beta: what .grad still held of the previous step's
-    gradient: 0 after zero_grad, 1 when never zeroed); the lr; and the
-    update, replayed in float64 with PyTorch's own optimizer class from the
-    recorded state, in units of u32 of |p| + |update|.
+    gradient: 0 after zero_grad, 1 when never zeroed); the lr it used
+    (judged against the declared schedule: certify's lr channel); and the
+    update against PyTorch's own optimizer class replayed once from the
+    recorded parameters, state and gradient, in units of u32 of
+    |p| + |update|.
 The judging (which g_j with which weight each step holds, against the
 coefficient engine's predictions) is `accumcheck certify --contract`.
 """
 
 import copy
+import types
 
 import torch
+import torch.nn.utils.clip_grad as _clip_module
 
+from .recorder import _clip_entry
 from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
 
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
@@ -51,6 +60,8 @@ U32 = 2.0 ** -24
 # oracle/error_model.hpp contract_replay_ulps (the judging is certify's; this
 # only scales what the trace reports).
 REPLAY_ULPS = 16.0
+# The declared lr schedule's keys (a scenario's [schedule] table).
+SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
 
 
 def _to(batch, dtype):
@@ -64,16 +75,6 @@ def _to(batch, dtype):
     return batch
 
 
-def _rows(batch):
-    t = batch
-    while not torch.is_tensor(t):
-        if isinstance(t, dict):
-            t = next(iter(t.values()))
-        else:
-            t = t[0]
-    return int(t.shape[0])
-
-
 def _first(batch):
     t = batch
     while not torch.is_tensor(t):
@@ -81,8 +82,59 @@ def _first(batch):
     return t
 
 
-def _flat(tensors):
-    return torch.cat([t.reshape(-1) for t in tensors])
+class _Rows:
+    """The float64 vectors the fits use, in one preallocated matrix that
+    grows by doubling: row 0 the previous step's gradient, rows 1.. the
+    backward passes since it, then spare rows for the consumed gradient, the
+    recomputed g_j and scratch.  Every n-long vector is written in place: on
+    a loaded machine a fresh 1 MB tensor costs more (page faults) than the
+    arithmetic on it."""
+
+    def __init__(self, params, rows):
+        self.slices, at = [], 0
+        for p in params:
+            self.slices.append((at, at + p.numel()))
+            at += p.numel()
+        self.n = at
+        self.m = torch.zeros((rows, at), dtype=torch.float64)
+
+    def row(self, i):
+        if i >= self.m.shape[0]:
+            grown = torch.zeros((2 * i, self.n), dtype=torch.float64)
+            grown[:self.m.shape[0]] = self.m
+            self.m = grown
+        return self.m[i]
+
+    def fill(self, dst, tensors):
+        """dst <- the tensors flattened, zeros where one is None."""
+        for (a, b), t in zip(self.slices, tensors):
+            if t is None:
+                dst[a:b].zero_()
+            else:
+                dst[a:b].copy_(t.detach().reshape(-1))
+        return dst
+
+
+class _Output:
+    """The model as summed_loss sees it when g_j is taken from the forward
+    your loop just ran: calling it returns that forward's output (once, for
+    the same input); any attribute is the model's."""
+
+    def __init__(self, model, inp, out):
+        self._model, self._inp, self._out, self.calls = model, inp, out, 0
+
+    def __call__(self, *a, **k):
+        self.calls += 1
+        if self.calls > 1 or not a or a[0] is not self._inp:
+            raise _NotTheForward()
+        return self._out
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class _NotTheForward(Exception):
+    pass
 
 
 class _Watched:
@@ -102,10 +154,19 @@ class _Watched:
 class ContractRecorder:
     """ContractRecorder(model, optimizer, loss_fn, count_fn, accumulation,
     out="trace", items="samples", run="trainer", quiet=False,
-    calibrate_every=None)."""
+    calibrate_every=None, lr=None, schedule=None, clip=None).
+
+    lr, schedule: the accepted lr schedule, judged by certify's lr channel:
+    lr the base lr (default: the optimizer's lr now, or its initial_lr when
+    a scheduler already wraps it), schedule a dict like a scenario's
+    [schedule] table: {"kind": "constant" | "step" | "linear" | "cosine",
+    "warmup", "total", "step_size", "gamma"} (default constant).
+    clip: the accepted clip_grad_norm_ max_norm once per step before
+    optimizer.step() (default None: no clipping accepted)."""
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
-                 items="samples", run="trainer", quiet=False, calibrate_every=None):
+                 items="samples", run="trainer", quiet=False, calibrate_every=None,
+                 lr=None, schedule=None, clip=None):
         if items not in ("samples", "tokens"):
             raise Refused("items must be 'samples' or 'tokens', got %r" % (items,))
         if int(accumulation) < 1:
@@ -113,28 +174,50 @@ class ContractRecorder:
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.count_fn = loss_fn, count_fn
         self.K, self.out, self.items_kind, self.run = int(accumulation), out, items, run
-        # The float32 calibration recompute: every calibrate_every-th
-        # micro-batch (default: one per window, K); the others are judged
-        # with the largest calibration of the run.
-        self.calibrate_every = max(1, int(calibrate_every or self.K))
+        # The float64 calibration recompute on every calibrate_every-th
+        # micro-batch (default 16); certify judges the others with the run's
+        # largest calibration.
+        self.calibrate_every = max(1, int(calibrate_every or 16))
+        group = optimizer.param_groups[0]
+        self.lr0 = float(lr if lr is not None else group.get("initial_lr", group["lr"]))
+        schedule = dict(schedule or {"kind": "constant"})
+        bad = sorted(set(schedule) - set(SCHEDULE_KEYS))
+        if bad or schedule.get("kind") not in ("constant", "step", "linear", "cosine"):
+            raise Refused("schedule: expected {'kind': 'constant' | 'step' | 'linear' | "
+                          "'cosine', 'warmup', 'total', 'step_size', 'gamma'}, got %r" % (schedule,))
+        self.schedule = schedule
+        self.clip_max = None if clip is None else float(clip)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.n = sum(p.numel() for p in self.params)
-        # The float64 and float32 copies the recomputes run on.
+        self.dtype = self.params[0].dtype
+        # The copies the recomputes run on: the model's precision (g_j) and
+        # float64 (calibration).
+        self.mref = copy.deepcopy(model).train()
         self.m64 = copy.deepcopy(model).double().train()
-        self.m32 = copy.deepcopy(model).float().train()
+        self.pref = [p for p in self.mref.parameters() if p.requires_grad]
         self.p64 = [p for p in self.m64.parameters() if p.requires_grad]
-        self.p32 = [p for p in self.m32.parameters() if p.requires_grad]
         self.first, self.forwarded, self.current = [], [], -1
-        self.micro = []        # [epoch, version, items, samples, rng, batch, g64]
-        self.backwards = []    # [micro, version, c (float64 flat)]
+        self.micro = []        # [epoch, version, items, samples, rng, batch, done, cal]
+        self.backwards = []    # [micro, version, row of c in self.buf, fit]
         self.epochs = []       # [dataset items, batch size] per watched epoch
         self.rows = []         # contract.csv rows
-        self.events = []
+        self.clips = []        # [version, factor, norm, max_norm]
+        self.events = []       # (kind, step, micro, lr)
         self.steps = 0
         self.since_step = []   # backward indices since the last step
-        self.prev_grad = None  # float64 flat gradient consumed by the last step
+        self.has_prev = False  # rows row 0: the gradient the last step consumed
+        # Rows: 0 previous G, 1..B the backward passes since it; four spare
+        # vectors (consumed G, g_j, g64, scratch) live outside the matrix.
+        self.buf = _Rows(self.params, self.K + 2)
+        self.vec = [torch.zeros(self.n, dtype=torch.float64) for _ in range(4)]
+        self.seen = [False] * len(self.params)
+        self.gfwd = {}         # micro-batch -> g_j taken from your forward
+        self.spare = []        # free n-long float64 vectors
+        self.pending = None    # (micro-batch, input) of the forward running
+        self.taking = False    # inside our own autograd.grad: hooks ignore it
         self.in_backward = False
         self.pass_grads = None
+        self.replay = None     # (optimizer, params) of the replay, built once
         self.closed = False
         self.quiet = quiet
         self._patch()
@@ -155,9 +238,10 @@ class ContractRecorder:
         self._recompute_pending()
         with torch.no_grad():
             items = int(self.count_fn(batch))
-        self.micro.append([len(self.epochs) - 1, self.steps, items, _rows(batch),
-                           torch.get_rng_state(), batch, None])
-        self.first.append(_first(batch).data_ptr())
+        first = _first(batch)
+        self.micro.append([len(self.epochs) - 1, self.steps, items, int(first.shape[0]),
+                           torch.get_rng_state(), batch, None, float("nan")])
+        self.first.append(first.data_ptr())
         self.forwarded.append(False)
         self.current = len(self.micro) - 1
 
@@ -175,7 +259,31 @@ class ContractRecorder:
                 self.micro[j][4] = torch.get_rng_state()
                 self.micro[j][1] = self.steps
                 self.current = j
+                self.pending = (j, inputs[0])
                 return
+
+    def _forward_done(self, module, inputs, output):
+        """g_j from the forward your loop just ran, when summed_loss calls
+        the model once on the same input: its backward only (retain_graph,
+        so your backward still runs), at the same parameters, with the same
+        dropout masks and BatchNorm statistics by construction.  Otherwise
+        (or on any error) the micro-batch is recomputed on the copy."""
+        pending, self.pending = self.pending, None
+        if pending is None or not inputs or inputs[0] is not pending[1]:
+            return
+        j = pending[0]
+        if j in self.gfwd or not torch.is_grad_enabled():
+            return
+        self.taking = True
+        try:
+            loss = self.loss_fn(_Output(self.model, inputs[0], output), self.micro[j][5])
+            grads = torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True)
+        except Exception:  # noqa: BLE001 -- the copy's recompute stands in
+            return
+        finally:
+            self.taking = False
+        g = self.spare.pop() if self.spare else torch.empty(self.n, dtype=torch.float64)
+        self.gfwd[j] = self.buf.fill(g, grads)
 
     # ---- hooks
 
@@ -190,202 +298,291 @@ class ContractRecorder:
             return out
 
         def zero_grad(*a, **k):
-            rec.events.append(("zero_grad", rec.steps, -1))
+            rec.events.append(("zero_grad", rec.steps, -1, None))
             return orig_zero(*a, **k)
         if getattr(orig_step, "_with_counter", False):
             step._with_counter = True
         opt.step, opt.zero_grad = step, zero_grad
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
         self._hooks.append(self.model.register_forward_pre_hook(self._forward_hook))
+        self._hooks.append(self.model.register_forward_hook(self._forward_done))
+        # clip_grad_norm_, also when imported by name before the recorder
+        # existed: its code swapped for a call to the recorder (as the
+        # oracle tier's Recorder does; one recorder at a time).
+        f = _clip_module.clip_grad_norm_
+        if "_accumcheck_clip" in _clip_module.__dict__:
+            raise Refused("another recorder is active (one recorder at a time)")
+        saved = types.FunctionType(f.__code__, f.__globals__, f.__name__,
+                                   f.__defaults__, f.__closure__)
+        saved.__kwdefaults__ = f.__kwdefaults__
+
+        def clip(parameters, max_norm, *a, **k):
+            if torch.is_tensor(parameters):
+                parameters = [parameters]
+            parameters = list(parameters)
+            with torch.no_grad():
+                norm = float(sum(float(p.grad.detach().double().pow(2).sum())
+                                 for p in parameters if p.grad is not None)) ** 0.5
+            total = saved(parameters, max_norm, *a, **k)
+            factor = min(1.0, float(max_norm) / (float(total) + 1e-6))
+            rec.clips.append([rec.steps, factor, norm, float(max_norm)])
+            rec.events.append(("clip", rec.steps, -1, None))
+            return total
+        self._clip = (f, f.__code__)
+        _clip_module.__dict__["_accumcheck_clip"] = clip
+        f.__code__ = _clip_entry.__code__
 
     def _grad_hook(self, i):
+        a, b = self.buf.slices[i]
+
         def hook(grad):
+            if self.taking:
+                return None
             if not self.in_backward:
                 self.in_backward = True
-                self.pass_grads = [None] * len(self.params)
+                self.pass_row = 1 + len(self.since_step)
+                self.buf.row(self.pass_row).zero_()
+                self.seen = [False] * len(self.params)
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
-            g = grad.detach().double()
-            self.pass_grads[i] = g if self.pass_grads[i] is None else self.pass_grads[i] + g
+            dst = self.buf.m[self.pass_row, a:b]
+            g = grad.detach().reshape(-1)
+            if self.seen[i]:
+                dst.add_(g.double())
+            else:
+                dst.copy_(g)  # a copy: .grad may take the incoming tensor
+                self.seen[i] = True
             return None
         return hook
 
     def _end_backward(self):
         self.in_backward = False
-        c = _flat([torch.zeros(p.numel(), dtype=torch.float64) if g is None else g
-                   for p, g in zip(self.params, self.pass_grads)])
-        self.pass_grads = None
         if not self.micro:
             raise Refused("a backward pass before any batch was drawn from recorder.watch(loader)")
         self.since_step.append(len(self.backwards))
-        self.backwards.append([self.current, self.steps, c])
-        self.events.append(("forward_backward", self.steps, self.current))
+        self.backwards.append([self.current, self.steps, self.pass_row, None])
+        self.events.append(("forward_backward", self.steps, self.current, None))
 
     # ---- recompute and fit
 
+    def _grad_of(self, model, params, batch, dtype, dst):
+        loss = self.loss_fn(model, _to(batch, dtype))
+        return self.buf.fill(dst, torch.autograd.grad(loss, params, allow_unused=True))
+
     def _recompute_pending(self):
-        """g_j (float64) and its float32 calibration for every micro-batch
-        that had a backward pass and no recompute yet, at the current
-        parameters (those of its forward: called before any step)."""
+        """g_j (in the model's precision; float64 on the calibration sample)
+        for every micro-batch that had a backward pass and no recompute yet,
+        at the current parameters (those of its forward: called before any
+        step), then the weight fit of each of its backward passes."""
         todo = sorted({b[0] for b in self.backwards if self.micro[b[0]][6] is None})
         if not todo:
             return
+        calibrate = [j for j in todo if j % self.calibrate_every == 0]
         with torch.no_grad():
-            for dst64, dst32, src in zip(self.p64, self.p32, self.params):
-                dst64.copy_(src)
-                dst32.copy_(src)
+            if any(j not in self.gfwd for j in todo):
+                for dst, src in zip(self.pref, self.params):
+                    dst.copy_(src)
+            if calibrate:
+                for dst, src in zip(self.p64, self.params):
+                    dst.copy_(src)
         keep = torch.get_rng_state()
+        g64, tmp = self.vec[2], self.vec[3]
         for j in todo:
             m = self.micro[j]
             if m[1] != self.steps:
                 raise Refused("micro-batch %d: an optimizer step between its forward and its "
                               "recompute" % j)
-            gs = []
-            runs = [(self.m64, self.p64, torch.float64)]
-            if j % self.calibrate_every == 0:
-                runs.append((self.m32, self.p32, torch.float32))
-            for model, params, dtype in runs:
-                torch.set_rng_state(m[4])
-                model.zero_grad(set_to_none=True)
-                loss = self.loss_fn(model, _to(m[5], dtype))
-                loss.backward()
-                gs.append(_flat([torch.zeros(p.numel(), dtype=dtype) if p.grad is None
-                                 else p.grad.detach() for p in params]).double())
-            g64 = gs[0]
-            n64 = float(g64.norm())
-            m[6] = g64
-            if len(gs) > 1:
-                m.append(float((gs[1] - g64).norm()) / n64 if n64 > 0 else 0.0)
+            if j in self.gfwd:
+                g = self.gfwd.pop(j)
+                self.spare.append(g)
             else:
-                m.append(float("nan"))  # certify uses the run's largest calibration
-            m[5] = None  # the batch is no longer needed
-        torch.set_rng_state(keep)
-        for rec in self.backwards:
-            if len(rec) > 3 or rec[0] not in todo:
-                continue
-            c, g = rec[2], self.micro[rec[0]][6]
+                g = self.vec[1]
+                torch.set_rng_state(m[4])
+                self._grad_of(self.mref, self.pref, m[5], self.dtype, g)
+            if j in calibrate:
+                torch.set_rng_state(m[4])
+                self._grad_of(self.m64, self.p64, m[5], torch.float64, g64)
+                n64 = float(g64.norm())
+                m[7] = float(torch.dist(g, g64)) / n64 if n64 > 0 else 0.0
+            m[5], m[6] = None, True  # the batch is no longer needed
             gg = float(g.dot(g))
-            w = float(c.dot(g)) / gg if gg > 0 else 0.0
-            r = c - w * g
-            wn = abs(w) * gg ** 0.5
-            resid = float(r.norm()) / wn if wn > 0 else (0.0 if float(c.norm()) == 0 else float("inf"))
-            rec.append((w, resid))
+            for rec in self.backwards:
+                if rec[0] != j or rec[3] is not None:
+                    continue
+                c = self.buf.m[rec[2]]
+                w = float(c.dot(g)) / gg if gg > 0 else 0.0
+                wn = abs(w) * gg ** 0.5
+                if wn > 0:
+                    torch.mul(g, w, out=tmp)
+                    resid = float(torch.dist(c, tmp)) / wn
+                else:
+                    resid = 0.0 if float(c.norm()) == 0 else float("inf")
+                rec[3] = (w, resid)
+        torch.set_rng_state(keep)
 
     def _before_step(self):
         self._recompute_pending()
-        G = _flat([torch.zeros(p.numel(), dtype=torch.float64) if p.grad is None
-                   else p.grad.detach().double() for p in self.params])
-        vecs, refs = [], []
-        if self.prev_grad is not None:
-            vecs.append(self.prev_grad)
-            refs.append(-1)
-        for b in self.since_step:
-            vecs.append(self.backwards[b][2])
-            refs.append(b)
+        grads = [p.grad for p in self.params]
+        G = self.buf.fill(self.vec[0], grads)
+        first = 0 if self.has_prev else 1
+        refs = ([-1] if self.has_prev else []) + list(self.since_step)
         t = self.steps
         lr = float(self.optimizer.param_groups[0]["lr"])
-        if vecs:
-            A = torch.stack(vecs, dim=1)
-            # Least squares through the normal equations, scaled to unit
-            # columns (m is a handful; the columns' float64 norms keep the
-            # Gram matrix far from singular unless two terms are equal).
-            norms = A.norm(dim=0).clamp_min(1e-300)
-            An = A / norms
-            sol = torch.linalg.pinv(An.t() @ An, hermitian=True) @ (An.t() @ G) / norms
+        if refs:
+            # Least squares through the normal equations of the unit-scaled
+            # rows (m is a handful; the rows' float64 norms keep the Gram
+            # matrix far from singular unless two terms are equal).  A is a
+            # view of the rows, the products run at BLAS speed, and the one
+            # n-long temporary is a preallocated vector.
+            A = self.buf.m[first:1 + len(self.since_step)]
+            norms = A.norm(dim=1).clamp_min(1e-300)
+            gram = (A @ A.t()) / torch.outer(norms, norms)
+            sol = torch.linalg.pinv(gram, hermitian=True) @ ((A @ G) / norms) / norms
             coef = sol.tolist()
-            resid = float((A @ sol - G).norm())
-            scale = sum(abs(a) * float(v.norm()) for a, v in zip(coef, vecs))
+            tmp = torch.mv(A.t(), sol, out=self.vec[3])
+            resid = float(torch.dist(tmp, G))
+            vnorms = norms.tolist()
+            scale = sum(abs(a) * v for a, v in zip(coef, vnorms))
         else:
-            coef, resid, scale = [], float(G.norm()), 0.0
-        self.rows.append("step,%d,%d,,,,,%s,%s,%s\n" % (t, len(vecs), real(lr), real(resid), real(scale)))
-        for ref, a, v in zip(refs, coef, vecs):
-            self.rows.append("coef,%d,%d,,,,,%s,,%s\n" % (t, ref, real(a), real(float(v.norm()))))
-        self.prev_grad = G
-        # State for the float64 replay of this step.
-        self._replay = (
-            [p.detach().double().clone() for p in self.params],
-            copy.deepcopy(self.optimizer.state_dict()),
-            [p.grad.detach().double().clone() if p.grad is not None else None
-             for p in self.params])
+            coef, resid, scale, vnorms = [], float(G.norm()), 0.0, []
+        self.rows.append("step,%d,%d,,,,,%s,%s,%s\n" % (t, len(refs), real(lr), real(resid), real(scale)))
+        for ref, a, v in zip(refs, coef, vnorms):
+            self.rows.append("coef,%d,%d,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
+        self.buf.row(0).copy_(G)
+        self.has_prev = True
+        self.events.append(("optimizer_step", t, -1, lr))
+        self._replay_step(grads)
 
-    def _replayed(self, dtype):
-        """This step replayed with PyTorch's own optimizer class in `dtype`
-        from the recorded parameters, state and gradient."""
-        before, state, grads = self._replay
-        params = [b.to(dtype).clone().requires_grad_(True) for b in before]
-        groups, at = [], 0
-        for g in self.optimizer.param_groups:
-            h = {k: v for k, v in g.items() if k != "params"}
-            groups.append(dict(h, params=params[at:at + len(g["params"])]))
-            at += len(g["params"])
-        opt = type(self.optimizer)(groups)
-        state = copy.deepcopy(state)
-        for v in state["state"].values():
-            for name, x in list(v.items()):
-                if torch.is_tensor(x) and x.is_floating_point() and x.dim() > 0:
-                    v[name] = x.to(dtype)
-        opt.load_state_dict(state)
-        for p, g in zip(params, grads):
-            p.grad = None if g is None else g.to(dtype)
+    def _replay_step(self, grads):
+        """PyTorch's own optimizer class, built once on copies of the
+        parameters, stepped from this step's parameters, state and gradient
+        (before your step runs): what your step must give.  The copies are
+        views of one flat buffer (the parameters' dtype; float64 if they
+        mix dtypes), so the comparison is a few whole-vector operations and
+        nothing is allocated per step."""
+        ours = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if self.replay is None:
+            dts = {p.dtype for p in ours}
+            dt = dts.pop() if len(dts) == 1 else torch.float64
+            total = sum(p.numel() for p in ours)
+            flat = torch.zeros(total, dtype=dt)
+            params, at = [], 0
+            for q in ours:
+                params.append(flat[at:at + q.numel()].view(q.shape).requires_grad_(True))
+                at += q.numel()
+            groups, at = [], 0
+            for g in self.optimizer.param_groups:
+                h = {k: v for k, v in g.items() if k != "params"}
+                groups.append(dict(h, params=params[at:at + len(g["params"])]))
+                at += len(g["params"])
+            self.replay = (type(self.optimizer)(groups), params, flat,
+                           torch.zeros_like(flat), torch.zeros_like(flat), torch.zeros_like(flat),
+                           [torch.zeros_like(p) for p in params])
+        opt, params, flat, before, now, tmp, gbuf = self.replay
+        for g, mine in zip(opt.param_groups, self.optimizer.param_groups):
+            for k, v in mine.items():
+                if k != "params":
+                    g[k] = v
+        for p, q in zip(params, ours):
+            st = self.optimizer.state.get(q)
+            if not st:
+                opt.state.pop(p, None)
+                continue
+            mine = opt.state.get(p)
+            if mine is None or set(mine) != set(st):
+                mine = opt.state[p] = {}
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    if k in mine and torch.is_tensor(mine[k]) and mine[k].shape == v.shape \
+                            and mine[k].dtype == v.dtype:
+                        mine[k].copy_(v)
+                    else:
+                        mine[k] = v.clone()
+                else:
+                    mine[k] = copy.deepcopy(v)
+        got = {id(q): g for q, g in zip(self.params, grads)}
+        with torch.no_grad():
+            for p, q, b in zip(params, ours, gbuf):
+                p.copy_(q)
+                g = got.get(id(q))
+                if g is None:
+                    p.grad = None
+                else:
+                    b.copy_(g)
+                    p.grad = b
+            before.copy_(flat)
         opt.step()
-        return [p.detach().double() for p in params]
 
     def _after_step(self):
-        """The update against PyTorch's optimizer replayed in float64; the
-        same replay in float32 calibrates how far a float32 step may be
-        from it (error model: contract_replay_ulps)."""
-        before = self._replay[0]
-        p64, p32 = self._replayed(torch.float64), self._replayed(torch.float32)
-        worst = 0.0
-        for a, b, c, p0, p in zip(p64, p32, before, before, self.params):
-            now = p.detach().double()
-            bound = (REPLAY_ULPS * U32 * (a.abs() + (a - p0).abs()) + (b - a).abs())
-            err = (now - a).abs()
-            ok = bound > 0
-            if bool((~ok & (err > 0)).any()):
-                worst = float("inf")
-            elif bool(ok.any()):
-                worst = max(worst, float((err[ok] / bound[ok]).max()))
+        """Your update against the replay: |p - p_replay| within 16 u32 of
+        |p_replay| + |update| (error model: contract_replay_ulps), in the
+        parameters' precision: |p - p_replay| is exact there (Sterbenz) and
+        the bound needs no more than a few digits."""
+        opt, params, flat, before, now, tmp, gbuf = self.replay
+        ours = [p for g in self.optimizer.param_groups for p in g["params"]]
+        at = 0
+        with torch.no_grad():
+            for q in ours:
+                now[at:at + q.numel()].copy_(q.reshape(-1))
+                at += q.numel()
+            torch.sub(flat, before, out=tmp).abs_().add_(flat.abs()).mul_(REPLAY_ULPS * U32)
+            now.sub_(flat).abs_()
+            hit = now > 0
+            worst = float((now[hit] / tmp[hit]).max()) if bool(hit.any()) else 0.0
         self.rows.append("replay,%d,,,,,,%s,,\n" % (self.steps, real(worst * REPLAY_ULPS)))
-        self.events.append(("optimizer_step", self.steps, -1))
         self.steps += 1
         for b in self.since_step:
-            self.backwards[b][2] = None  # fitted; only G_t is kept
+            self.backwards[b][2] = None  # fitted; its row is free again
         self.since_step = []
 
     # ---- output
 
     def close(self):
-        """Recomputes what is pending, restores the optimizer and writes the
-        trace (meta.csv, events.csv, values.csv, contract.csv)."""
+        """Recomputes what is pending, restores the optimizer and
+        clip_grad_norm_, and writes the trace (meta.csv, events.csv,
+        values.csv, contract.csv)."""
         if self.closed:
             return
         self.closed = True
         self._recompute_pending()
         for h in self._hooks:
             h.remove()
+        f, code = self._clip
+        f.__code__ = code
+        _clip_module.__dict__.pop("_accumcheck_clip", None)
         for attr in ("step", "zero_grad"):
             self.optimizer.__dict__.pop(attr, None)
         rows = []
         for j, m in enumerate(self.micro):
-            cal = m[7] if len(m) > 7 else float("nan")
-            rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(cal)))
+            rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[7])))
         for b, rec in enumerate(self.backwards):
-            w, resid = rec[3] if len(rec) > 3 else (float("nan"), float("nan"))
+            w, resid = rec[3] if rec[3] is not None else (float("nan"), float("nan"))
             rows.append("backward,%d,%d,,%d,,,%s,%s,\n" % (b, rec[0], rec[1], real(w), real(resid)))
         for e, (n, bs) in enumerate(self.epochs):
             rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
         rows += self.rows
-        dtype = self.params[0].dtype
-        precision = {torch.float32: "float32", torch.float64: "float64"}.get(dtype, str(dtype))
+        for i, (version, factor, norm, max_norm) in enumerate(self.clips):
+            rows.append("clip,%d,%d,,,,,%s,%s,%s\n" % (i, version, real(factor), real(norm),
+                                                      real(max_norm)))
+        precision = {torch.float32: "float32", torch.float64: "float64"}.get(self.dtype,
+                                                                              str(self.dtype))
         meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),
                 ("scenario_digest", "contract"), ("engine", "pytorch"),
                 ("precision", precision),
                 ("tool_version", "accumcheck_torch-%s torch-%s" % (VERSION, torch.__version__)),
                 ("tier", "contract"), ("accumulation", str(self.K)),
-                ("items", self.items_kind), ("parameters", str(self.n))]
-        events = []
-        for kind, step, micro in self.events:
-            events.append("%s,0,%d,%d,%s,0,0,,,,\n" % (self.run, step, micro, kind))
+                ("items", self.items_kind), ("parameters", str(self.n)),
+                ("lr", real(self.lr0))]
+        meta += [("schedule_" + k, str(self.schedule[k])) for k in SCHEDULE_KEYS
+                 if k in self.schedule]
+        if self.clip_max is not None:
+            meta.append(("clip", real(self.clip_max)))
+        # Each event's epoch: that of the last micro-batch backwarded.
+        events, epoch = [], 0
+        for kind, step, micro, lr in self.events:
+            if micro >= 0:
+                epoch = self.micro[micro][0]
+            events.append("%s,%d,%d,%d,%s,0,0,,%s,,\n" % (self.run, epoch, step, micro, kind,
+                                                         "" if lr is None else real(lr)))
         write_trace(self.out, meta, events, [], extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})
 
     def __enter__(self):

@@ -25,6 +25,24 @@ is written:
     values at the next backward.
 Whatever the recorder cannot attribute is written to meta.csv as `unseen`,
 and `accumcheck certify` names it and exits 2 rather than blame the loop.
+
+The training state beyond gradients goes to state.csv (verify/trace.hpp
+describes its rows; certify's state checks judge it):
+  - the loss scale of each backward pass: `loss_scale=` a callable the
+    recorder polls at the end of every backward (`lambda: scaler.scale`,
+    the trainer's own dynamic scaler, as DeepSpeed and Megatron carry
+    theirs), or `rec.loss_scale(s)` called by the loop; the unscale
+    (.grad divided by the scale) is then recognised, not taken for a clip;
+    a window whose gradients hold inf/NaN and that is zeroed without an
+    optimizer step is recorded as skipped;
+  - the optimizer's state after every step (state['step'], exp_avg,
+    exp_avg_sq), read from optimizer.state;
+  - BatchNorm's running_mean, running_var and num_batches_tracked at every
+    step, mapped to the scenario's buffers by order;
+  - an EMA (`ema=` a torch.optim.swa_utils.AveragedModel, `ema_decay=` its
+    decay): every update_parameters call and the averaged parameters after it;
+  - the loss the trainer logs: `rec.log_loss(value)` where it logs;
+  - autocast: a forward under torch.autocast writes `autocast` to meta.csv.
 """
 
 import types
@@ -33,7 +51,9 @@ import torch
 import torch.nn.utils.clip_grad as _clip_module
 
 from .bundle import map_parameters
-from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
+from .trace import TRACE_SCHEMA, VERSION, Refused, Values, real, write_trace
+
+STATE_HEADER = "kind,step,tensor,index,value"
 
 # The recorder that clip_grad_norm_'s swapped code calls (one at a time).
 _ACTIVE = []
@@ -50,13 +70,15 @@ class Recorder:
     """Records a training loop's calls and values in the accumcheck trace schema.
 
     Recorder(bundle, model, optimizer, scheduler=None, out="trace",
-             run="trainer", names=None, quiet=False)
+             run="trainer", names=None, quiet=False, values="bin")
     `names` maps the model's parameter names to the scenario's explicitly
     (see map_parameters); by default they are matched by order and shape
-    and the mapping is printed (unless quiet)."""
+    and the mapping is printed (unless quiet).  `values`: "bin" writes
+    the values as values.bin (binary, exact, compact), "csv" as values.csv."""
 
     def __init__(self, bundle, model, optimizer, scheduler=None, out="trace",
-                 run="trainer", names=None, quiet=False):
+                 run="trainer", names=None, quiet=False, loss_scale=None, ema=None,
+                 ema_decay=None, values="bin"):
         if _ACTIVE:
             raise Refused("a Recorder is already active; close() it first")
         self.bundle, self.model, self.optimizer, self.scheduler = bundle, model, optimizer, scheduler
@@ -70,7 +92,11 @@ class Recorder:
                 m, p = self.mapping[n]
                 print("  %-20s <- %s %s" % (n, m, list(p.shape)))
         self.events = []
-        self.values = []
+        if values not in ("bin", "csv"):
+            raise Refused("values=%r: expected 'bin' or 'csv'" % (values,))
+        self.values = Values([(n, p.numel()) for n, p in zip(self.names, self.params)],
+                             8 if self.params[0].dtype == torch.float64 else 4,
+                             binary=values == "bin")
         self.notes = []         # call-pattern differences that change no value
         self.unseen = []        # what the recorder could not attribute
         self.steps = 0          # optimizer steps so far
@@ -88,6 +114,16 @@ class Recorder:
         self.ambiguous_ids = 0
         self._index = self._sample_index()
         self.closed = False
+        # The training state beyond gradients (state.csv).
+        self.state_rows = []
+        self._scale_fn = loss_scale       # polled at each backward's end
+        self._scale_now = None            # rec.loss_scale(s)
+        self.scale = None                 # the scale of the last backward
+        self.ema, self.ema_decay, self.ema_updates = ema, ema_decay, 0
+        if ema is not None and ema_decay is None:
+            raise Refused("Recorder(ema=...) needs ema_decay=, the decay of its avg_fn")
+        self.autocast = None
+        self._bn = self._batchnorms()
         self._patch()
         _ACTIVE.append(self)
 
@@ -179,8 +215,13 @@ class Recorder:
                 f._with_counter = True  # LR schedulers' "step was called" check
             setattr(obj, attr, f)
 
-        wrap(opt, "zero_grad", before=lambda: rec._event("zero_grad"))
-        wrap(model, "zero_grad", before=lambda: rec._event("zero_grad"))
+        def zero():
+            rec._maybe_skipped(rec._grads())
+            rec._event("zero_grad")
+        wrap(opt, "zero_grad", before=zero)
+        wrap(model, "zero_grad", before=zero)
+        if self.ema is not None:
+            wrap(self.ema, "update_parameters", after=rec._after_ema)
         wrap(opt, "step", before=rec._before_step, after=rec._after_step)
         if sched is not None:
             wrap(sched, "step", after=lambda: rec._event(
@@ -218,7 +259,8 @@ class Recorder:
         for h in self._hooks:
             h.remove()
         for obj, attr in ((self.optimizer, "zero_grad"), (self.optimizer, "step"),
-                          (self.model, "zero_grad"), (self.scheduler, "step")):
+                          (self.model, "zero_grad"), (self.scheduler, "step"),
+                          (self.ema, "update_parameters")):
             if obj is not None and attr in obj.__dict__:
                 del obj.__dict__[attr]
 
@@ -231,6 +273,8 @@ class Recorder:
         if not torch.is_grad_enabled():
             self.eval_forwards += 1
             return
+        if torch.is_autocast_cpu_enabled():
+            self.autocast = str(torch.get_autocast_cpu_dtype()).replace("torch.", "")
         rows = int(x.shape[0]) if x.dim() > 0 else 1
         self.pending_rows += rows
         ids = self._ids_of(x) if x.dim() > 1 or self.bundle.kind != "token" else None
@@ -254,6 +298,7 @@ class Recorder:
             zeroed = all(g is None or not bool(g.any()) for g in now)
             was = any(bool(s.any()) for s in self.snapshot)
             if zeroed and was:
+                self._maybe_skipped(self.snapshot)
                 self._event("zero_grad")
                 self.notes.append("step %d: gradients zeroed without a zero_grad() call "
                                   "(seen from the values)" % self.steps)
@@ -267,20 +312,27 @@ class Recorder:
             # A new epoch starts when a sample of this epoch is drawn again
             # after (nearly) every sample was drawn -- all but fewer than b,
             # what drop_last skips; an earlier repeat is a repeat.
-            new_epoch = self._covered() and any(i in self.epoch_ids for i in ids)
-            if new_epoch:
+            if self._new_epoch(ids):
                 self.epoch += 1
                 self.epoch_ids = set()
                 self.epoch_micro = 0
             self.epoch_micro += 1
             self.epoch_ids.update(ids)
         self._event("forward_backward", samples=samples, ids=ids)
+        scale = self._scale_fn() if self._scale_fn is not None else self._scale_now
+        if scale is not None:
+            self.scale = float(scale)
+            self._state("loss_scale", self.steps, "", self.backwards, self.scale)
         self.backwards += 1
         self.since_step += 1
         self.pending_ids, self.pending_rows = [], 0
         self.zero_since_backward = False
         self.snapshot = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                          for p in self.params]
+
+    def _new_epoch(self, ids):
+        """Whether the micro-batch `ids` starts a new epoch (see _end_backward)."""
+        return self._covered() and any(i in self.epoch_ids for i in ids)
 
     def _grads(self):
         return [torch.zeros_like(p) if p.grad is None else p.grad.detach()
@@ -299,6 +351,14 @@ class Recorder:
         acc = self.snapshot
         if all(torch.equal(a, c) for a, c in zip(acc, consumed)):
             return
+        # The unscale (by the last backward's scale, or by the scaler's
+        # current one when it changed since): not a clip.
+        scales = {self.scale, self._scale_fn() if self._scale_fn is not None else None}
+        for S in scales - {None, 1.0}:
+            if all(torch.equal(c, a / S) or torch.equal(c, a * (1.0 / S))
+                   for a, c in zip(acc, consumed)):
+                self.snapshot = [c.clone() for c in consumed]
+                return
         num = sum(float((a.double() * c.double()).sum()) for a, c in zip(acc, consumed))
         den = sum(float((a.double() ** 2).sum()) for a in acc)
         coef = num / den if den > 0 else 0.0
@@ -324,6 +384,71 @@ class Recorder:
         self.steps += 1
         self.since_step = 0
         self._values("param", self.params, step=self.steps - 1)
+        self._record_state(self.steps - 1)
+
+    # ---- the training state beyond gradients
+
+    def loss_scale(self, scale):
+        """Tells the recorder the loss scale of the following backward passes
+        (instead of Recorder(loss_scale=callable))."""
+        self._scale_now = float(scale)
+
+    def log_loss(self, value):
+        """Records the loss the trainer logs for the current window (or, right
+        after an optimizer step, for the window that step closed)."""
+        window = self.steps if self.since_step > 0 else self.steps - 1
+        self._state("logged_loss", max(window, 0), "", 0, float(value))
+
+    def _state(self, kind, step, tensor, index, value):
+        self.state_rows.append("%s,%d,%s,%d,%s\n" % (kind, step, tensor, index, real(value)))
+
+    def _state_tensor(self, kind, step, name, t):
+        for i, v in enumerate(t.detach().reshape(-1).double().tolist()):
+            self._state(kind, step, name, i, v)
+
+    def _batchnorms(self):
+        """(module, the scenario's buffer prefix) of each BatchNorm, by order."""
+        norm = torch.nn.modules.batchnorm._BatchNorm
+        mine = [m for m in self.model.modules() if isinstance(m, norm)]
+        if not mine:
+            return []
+        theirs = [n for n, m in self.bundle.model().named_modules() if isinstance(m, norm)]
+        if len(theirs) != len(mine):
+            self.notes.append("%d BatchNorm modules, the scenario has %d: their running "
+                              "statistics are not recorded" % (len(mine), len(theirs)))
+            return []
+        return list(zip(mine, theirs))
+
+    def _maybe_skipped(self, grads):
+        """A window zeroed without an optimizer step whose gradients hold
+        inf/NaN: the loss scaler's skipped step."""
+        if self.since_step > 0 and any(not bool(torch.isfinite(g).all()) for g in grads):
+            self._state("skipped", self.steps, "", self.backwards,
+                        self.scale if self.scale is not None else float("nan"))
+            self.since_step = 0
+            self.snapshot = None
+
+    def _record_state(self, step):
+        for name, p in zip(self.names, self.params):
+            st = self.optimizer.state.get(p, {})
+            if "step" in st:
+                self._state("opt_step", step, name, 0, float(st["step"]))
+            for kind in ("exp_avg", "exp_avg_sq"):
+                if kind in st:
+                    self._state_tensor(kind, step, name, st[kind])
+        for m, prefix in self._bn:
+            for kind in ("running_mean", "running_var", "num_batches_tracked"):
+                buf = getattr(m, kind, None)
+                if buf is not None:
+                    self._state_tensor(kind, step, "%s.%s" % (prefix, kind), buf)
+
+    def _after_ema(self):
+        self._state("ema_update", self.ema_updates, "", self.steps, self.since_step)
+        mine = dict(self.ema.module.named_parameters())
+        for name in self.names:
+            model_name = self.mapping[name][0]
+            self._state_tensor("ema", self.ema_updates, name, mine[model_name])
+        self.ema_updates += 1
 
     # ---- rows
 
@@ -340,10 +465,8 @@ class Recorder:
 
     def _values(self, kind, tensors, step=None):
         step = self.steps if step is None else step
-        for name, t in zip(self.names, tensors):
-            flat = t.detach().reshape(-1).double().tolist()
-            prefix = "%s,%d,%s,%s," % (self.run, step, kind, name)
-            self.values.extend("%s%d,%s\n" % (prefix, i, real(v)) for i, v in enumerate(flat))
+        self.values.add(self.run, step, kind,
+                        [t.detach().reshape(-1).cpu().numpy() for t in tensors])
 
     def _event_rows(self):
         rows = []
@@ -377,11 +500,26 @@ class Recorder:
                              "clip_grad_norm_ code")]
         if self.notes:
             meta.append(("notes", " | ".join(self.notes)))
+        if self.autocast:
+            meta.append(("autocast", self.autocast))
+        if self.ema is not None:
+            meta.append(("ema_decay", real(self.ema_decay)))
         if self.unseen:
             shown = self.unseen[:3] + (["... (%d in all)" % len(self.unseen)]
                                        if len(self.unseen) > 3 else [])
             meta.append(("unseen", " | ".join(shown)))
-        write_trace(self.out, meta, self._event_rows(), self.values)
+        import os
+        extra = {}
+        if self.state_rows:
+            extra["state.csv"] = STATE_HEADER + "\n" + "".join(self.state_rows)
+        elif os.path.exists(os.path.join(self.out, "state.csv")):
+            os.unlink(os.path.join(self.out, "state.csv"))  # an earlier trace's
+        self._write(meta, self._event_rows(), self.values, extra)
+
+    def _write(self, meta, events, values, extra):
+        """Writes the trace (a DistributedRecorder gathers every rank's part
+        first: accumcheck_torch/distributed.py)."""
+        write_trace(self.out, meta, events, values, extra)
 
     def __enter__(self):
         return self

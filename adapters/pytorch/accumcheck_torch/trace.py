@@ -1,12 +1,15 @@
 """The accumcheck trace schema, as verify/trace.cpp writes and reads it.
 
 verify/trace.* is the one reader and writer of record; this module only
-writes what it reads: meta.csv, events.csv, values.csv, each atomically.
+writes what it reads: meta.csv, events.csv and the values (values.bin,
+or values.csv), each atomically.  values.bin (verify/trace.hpp gives the
+format) is written only here: class Values.
 """
 
 import csv
 import math
 import os
+import struct
 import sys
 import tempfile
 
@@ -14,6 +17,8 @@ TRACE_SCHEMA = "accumcheck-trace/2"
 EVENTS_HEADER = "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,sample_ids"
 VALUES_HEADER = "run,step,kind,tensor,index,value"
 VERSION = "0.2.0"
+VALUES_MAGIC = b"ACVALUES"
+VALUES_VERSION = 1
 
 
 class Refused(SystemExit):
@@ -47,11 +52,17 @@ def read_csv(path):
 
 
 def write_atomically(path, text):
+    """text: a str, or an iterable of bytes chunks (written in order)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp.")
     try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
+        binary = not isinstance(text, str)
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
+            if binary:
+                for chunk in text:
+                    f.write(chunk)
+            else:
+                f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -61,16 +72,76 @@ def write_atomically(path, text):
         raise
 
 
-def write_trace(folder, meta, events, values, extra=None):
-    """meta: [(key, value)]; events, values: row strings ending in '\\n';
-    extra: {file name: text} (the contract tier's contract.csv).
-    Writes events, values and extra first and meta last (a trace without
-    meta.csv is incomplete and refused by the reader)."""
+class Values:
+    """A trace's values, kept until write_trace: values.bin (binary=True)
+    or values.csv rows.
+
+    tensors: [(name, elements)] in the scenario's layout order; width: 4
+    (float32) or 8 (float64), the bytes per value of values.bin.  add()
+    takes one block: a run's gradient (kind "grad") or parameters ("param")
+    of one step, one flat array per tensor (anything numpy.asarray takes)."""
+
+    def __init__(self, tensors, width=4, binary=True):
+        if width not in (4, 8):
+            raise ValueError("values.bin holds 4- or 8-byte values, not %r" % width)
+        self.tensors = [(str(n), int(k)) for n, k in tensors]
+        self.width, self.binary = width, binary
+        self.rows = []      # values.csv rows
+        self.chunks = []    # values.bin: header, then the blocks
+        if binary:
+            head = [VALUES_MAGIC, struct.pack("<III", VALUES_VERSION, width, len(self.tensors))]
+            for name, k in self.tensors:
+                b = name.encode("utf-8")
+                head.append(struct.pack("<I", len(b)) + b + struct.pack("<Q", k))
+            self.chunks.append(b"".join(head))
+
+    def add(self, run, step, kind, arrays, rank=0):
+        import numpy
+        if kind not in ("grad", "param"):
+            raise ValueError("kind %r: expected grad or param" % kind)
+        if len(arrays) != len(self.tensors):
+            raise ValueError("%d arrays for %d tensors" % (len(arrays), len(self.tensors)))
+        flats = [numpy.asarray(a).reshape(-1) for a in arrays]
+        for (name, k), a in zip(self.tensors, flats):
+            if a.size != k:
+                raise ValueError("tensor %s: %d values, expected %d" % (name, a.size, k))
+        if not self.binary:
+            for (name, _), a in zip(self.tensors, flats):
+                prefix = "%s,%d,%s,%s," % (run, step, kind, name)
+                self.rows.extend("%s%d,%s\n" % (prefix, i, real(v))
+                                 for i, v in enumerate(a.astype("<f8").tolist()))
+            return
+        r = run.encode("utf-8")
+        self.chunks.append(struct.pack("<I", len(r)) + r +
+                           struct.pack("<qqI", step, rank, 0 if kind == "grad" else 1))
+        dtype = "<f4" if self.width == 4 else "<f8"
+        self.chunks.extend(a.astype(dtype, copy=False).tobytes() for a in flats)
+
+
+def write_trace(folder, meta, events, values, extra=None, ranks=False):
+    """meta: [(key, value)]; events: row strings ending in '\\n'; values:
+    a Values, or values.csv row strings; extra: {file name: text} (the
+    contract tier's contract.csv); ranks: the CSV rows end in the `rank`
+    column (a multi-rank trace).  Writes events, values and extra first
+    and meta last (a trace without meta.csv is incomplete and refused by
+    the reader); a values file of the other format left from an earlier
+    write is removed (a trace holds one or the other)."""
     os.makedirs(folder, exist_ok=True)
     for name, text in sorted((extra or {}).items()):
         write_atomically(os.path.join(folder, name), text)
-    write_atomically(os.path.join(folder, "events.csv"), EVENTS_HEADER + "\n" + "".join(events))
-    write_atomically(os.path.join(folder, "values.csv"), VALUES_HEADER + "\n" + "".join(values))
+    rank = ",rank" if ranks else ""
+    write_atomically(os.path.join(folder, "events.csv"),
+                     EVENTS_HEADER + rank + "\n" + "".join(events))
+    binary = isinstance(values, Values) and values.binary
+    rows = values.rows if isinstance(values, Values) else values
+    if binary:
+        write_atomically(os.path.join(folder, "values.bin"), values.chunks)
+    else:
+        write_atomically(os.path.join(folder, "values.csv"),
+                         VALUES_HEADER + rank + "\n" + "".join(rows))
+    stale = os.path.join(folder, "values.csv" if binary else "values.bin")
+    if os.path.exists(stale):
+        os.unlink(stale)
     write_atomically(os.path.join(folder, "meta.csv"),
                      "key,value\n" + "".join("%s,%s\n" % (k, _field(v)) for k, v in meta))
 

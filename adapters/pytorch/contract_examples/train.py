@@ -6,7 +6,9 @@
 
 Each loop below is a complete loop in one idiom; the mistakes are the ones
 reported in the field.  --no-record runs the same loop without the
-recorder (for timing: bench/contract_bench.sh)."""
+recorder (for timing: bench/contract_bench.py).  --schedule and --clip add
+an lr scheduler and clip_grad_norm_ around the step (declared to the recorder
+unless --undeclared-clip)."""
 
 import argparse
 import itertools
@@ -183,12 +185,26 @@ def double_count(m, opt, load, K, epochs, mean, items, summed):
             opt.zero_grad()
 
 
+def clip_per_micro_step(m, opt, load, K, epochs, mean, items, summed):
+    """clip_grad_norm_ after every backward instead of once before the
+    step: each partial sum clipped by its own norm."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(items(b) for b in window)
+            for b in window:
+                (summed(m, b) / n).backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), opt.max_norm)
+            opt.step()
+            opt.zero_grad()
+
+
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   zero_grad_inside, step_outside_if, rescaled_accumulator,
-                                  off_by_one, leak, skip_short, double_count)}
+                                  off_by_one, leak, skip_short, double_count,
+                                  clip_per_micro_step)}
 
 
-def main():
+def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["gpt", "cnn"], default="gpt")
     ap.add_argument("--loop", choices=sorted(LOOPS), default="transformers")
@@ -197,10 +213,55 @@ def main():
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--schedule", choices=["constant", "linear", "linear-early", "linear-x-k"],
+                    default="constant",
+                    help="linear: get_linear_schedule_with_warmup (warmup 2, total 12), "
+                    "declared; linear-early: the same with scheduler.step() before "
+                    "optimizer.step(); linear-x-k: the same with lr x K (the linear "
+                    "scaling rule), the schedule declared at the base lr")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
+    ap.add_argument("--undeclared-clip", action="store_true",
+                    help="clip, but do not declare it to the recorder")
     ap.add_argument("--out", default=None, help="trace folder (contract tier)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def warmup_linear(warmup, total):
+    """Transformers' get_linear_schedule_with_warmup's lambda."""
+    def f(n):
+        if n < warmup:
+            return n / max(1, warmup)
+        return max(0.0, (total - n) / max(1, total - warmup))
+    return f
+
+
+class Stepping:
+    """The optimizer as the loops see it: zero_grad, step -- with the
+    scheduler and the clip of the chosen variant around step."""
+
+    def __init__(self, opt, model, scheduler=None, early=False, clip=None, max_norm=None):
+        self.opt, self.model, self.scheduler, self.early, self.clip = opt, model, scheduler, early, clip
+        self.max_norm = max_norm  # for a loop that clips by itself
+
+    def zero_grad(self):
+        self.opt.zero_grad()
+
+    def step(self):
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        if self.scheduler is not None and self.early:
+            self.scheduler.step()
+        self.opt.step()
+        if self.scheduler is not None and not self.early:
+            self.scheduler.step()
+
+
+def run(a):
+    """One run of the chosen loop; returns (wall, cpu) seconds of the loop
+    (and the recorder's close)."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     if a.model == "gpt":
@@ -213,14 +274,23 @@ def main():
         mean = lambda mm, b: summed(mm, b) / items(b)  # noqa: E731
         kind = "samples"
     model.train()
+    lr = 1e-3 if a.optimizer == "adamw" else 0.05
+    lr_used = lr * a.K if a.schedule == "linear-x-k" else lr
     if a.optimizer == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr_used, weight_decay=0.01)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        opt = torch.optim.SGD(model.parameters(), lr=lr_used, momentum=0.9)
+    scheduler, schedule = None, None
+    if a.schedule != "constant":
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(2, 12))
+        schedule = {"kind": "linear", "warmup": 2, "total": 12}
     rec = None
     if not a.no_record:
         rec = ContractRecorder(model, opt, summed, items, accumulation=a.K,
-                               out=a.out or "trace", items=kind)
+                               out=a.out or "trace", items=kind, lr=lr, schedule=schedule,
+                               clip=None if a.undeclared_clip else a.clip)
+    stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",
+                        None if a.loop == "clip_per_micro_step" else a.clip, a.clip)
     shuffler = torch.Generator().manual_seed(1)
 
     def load(drop_last=False):
@@ -228,13 +298,19 @@ def main():
                             generator=shuffler, drop_last=drop_last)
         return rec.watch(loader) if rec else loader
 
-    t0 = time.perf_counter()
-    LOOPS[a.loop](model, opt, load, a.K, a.epochs, mean, items, summed)
+    t0, c0 = time.perf_counter(), time.process_time()
+    LOOPS[a.loop](model, stepping, load, a.K, a.epochs, mean, items, summed)
     if rec:
         rec.close()
-    dt = time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def main():
+    a = parse()
+    dt, dc = run(a)
     if not a.quiet:
-        print("%s %s K=%d: %.3f s%s" % (a.model, a.loop, a.K, dt, "" if rec else " (not recorded)"))
+        print("%s %s K=%d: %.3f s wall, %.3f s cpu%s" % (a.model, a.loop, a.K, dt, dc,
+                                                       "" if not a.no_record else " (not recorded)"))
 
 
 if __name__ == "__main__":

@@ -182,7 +182,8 @@ def test_own_dataloader_ids_and_epochs(mlp_bundle, tmp_path):
     assert [int(e["epoch"]) for e in fb] == [0] * per_epoch + [1] * per_epoch
 
 
-def test_ranks_above_one_are_refused(tmp_path, scenario_text):
+def test_ranks_above_one_are_exported_per_rank(tmp_path, scenario_text):
+    # Issue 12: DDP bundles; each rank loads its own view (test_distributed.py).
     text = scenario_text("certify-mlp").replace("epochs = 3", "epochs = 3\nranks = 2")
     binary = os.environ.get("ACCUMCHECK_BIN")
     if not binary:
@@ -192,15 +193,12 @@ def test_ranks_above_one_are_refused(tmp_path, scenario_text):
     import subprocess
     r = subprocess.run([binary, "export", str(src), "--out", str(tmp_path / "b")],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "ranks" in r.stderr
+    assert r.returncode == 0, r.stderr
+    b0, b1 = (act.load_bundle(str(tmp_path / "b"), rank=k) for k in (0, 1))
+    assert b0.ranks == 2 and b0.order != b1.order
 
 
-def test_the_adapter_refuses_a_ranks_2_bundle(mlp_bundle):
-    path = os.path.join(mlp_bundle, "hyperparameters.csv")
-    with open(path) as f:
-        text = f.read()
-    with open(path, "w") as f:
-        f.write(text.replace("ranks,1\n", "ranks,2\n"))
+def test_the_adapter_refuses_a_rank_outside_the_bundle(mlp_bundle):
     with pytest.raises(act.Refused) as e:
-        act.load_bundle(mlp_bundle)
-    assert e.value.code == 2 and "ranks = 2" in str(e.value)
+        act.load_bundle(mlp_bundle, rank=1)
+    assert e.value.code == 2 and "ranks = 1" in str(e.value)

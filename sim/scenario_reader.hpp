@@ -1,5 +1,9 @@
-// Internal to the scenario parser (sim/scenario_parse*.cpp): the typed,
-// range-checked reading of one TOML [section] with file:line:column errors.
+// The scenario parser's reading machinery, shared by the files that parse
+// the sections (sim/scenario_parse.cpp: the top level, [model], [data],
+// [optimizer], [expect] and the checks across sections;
+// sim/scenario_parse_batching.cpp: [batching] with its K schedule, and
+// [schedule]; sim/scenario_parse_precision.cpp: [precision] and [ema]).
+// Internal to sim/: nothing outside the parser includes it.
 #pragma once
 
 #include <fmt/format.h>
@@ -7,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,9 +20,10 @@
 
 #include "sim/errors.hpp"
 #include "sim/limits.hpp"
+#include "sim/scenario.hpp"
 #include "sim/scenario_text.hpp"
 
-namespace accumcheck::scenario_section {
+namespace accumcheck::scenario_reader {
 
 using namespace scenario_text;
 
@@ -40,7 +46,7 @@ inline size_t edit_distance(std::string_view a, std::string_view b) {
 
 // The closest candidate within a small edit distance, or "".
 template <class Range>
-inline std::string_view closest(std::string_view word, const Range& candidates) {
+std::string_view closest(std::string_view word, const Range& candidates) {
   std::string_view best;
   size_t best_d = std::max<size_t>(2, word.size() / 4) + 1;
   for (std::string_view c : candidates) {
@@ -80,10 +86,10 @@ struct NumberRule {
   std::string_view text;
   bool (*ok)(double);
 };
-inline constexpr NumberRule kPositive{"a number > 0", [](double x) { return x > 0; }};
-inline constexpr NumberRule kNonNegative{"a number >= 0",
+constexpr NumberRule kPositive{"a number > 0", [](double x) { return x > 0; }};
+constexpr NumberRule kNonNegative{"a number >= 0",
                                   [](double x) { return x >= 0; }};
-inline constexpr NumberRule kUnitInterval{"a number in [0, 1)",
+constexpr NumberRule kUnitInterval{"a number in [0, 1)",
                                    [](double x) { return x >= 0 && x < 1; }};
 
 class Parser {
@@ -254,4 +260,12 @@ class Section {
   const toml::table* table_ = nullptr;
 };
 
-}  // namespace accumcheck::scenario_section
+// sim/scenario_parse_batching.cpp
+void parse_batching(const Parser& p, const Section& sec, Scenario& s);
+void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc);
+
+// sim/scenario_parse_precision.cpp
+void parse_precision(const Parser& p, const Section& precision,
+                     const Section& ema, Scenario& s);
+
+}  // namespace accumcheck::scenario_reader

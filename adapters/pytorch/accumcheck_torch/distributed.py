@@ -1,0 +1,250 @@
+"""accumcheck inside torch.distributed: DDP trainers (gloo on CPU).
+
+    dist.init_process_group("gloo")          # torchrun, or mp.spawn
+    bundle = load_bundle("bundle/")           # this rank's view (its shards)
+    model = DDP(MyNet())  ...                 # bundle.load_initial() before wrapping
+    recorder = DistributedRecorder(bundle, model, optimizer, scheduler, out="trace/")
+    ... your DDP loop, unchanged (no_sync, DistributedSampler, ...) ...
+    recorder.close()                          # every rank; rank 0 writes trace/
+
+Each rank records its own part with the one Recorder (recorder.py): its
+calls, the gradient its optimizer consumes and its parameters after every
+step.  DDP's gradient all-reduce is recorded without touching DDP's
+arithmetic (no comm hook): DDP decides at each forward whether the coming
+backward synchronizes (`require_backward_grad_sync`, which `no_sync()`
+clears), and the recorder reads that flag in a forward pre-hook on the DDP
+module; the backward it belongs to is then followed by one `all_reduce`
+event.  Autograd runs DDP's finalize (which writes the averaged gradient
+into .grad) as a callback queued during the backward, so the recorder's
+end-of-backward callback is queued from a callback, after it: the
+gradient it keeps is the one DDP left.
+
+A sharded (ZeRO-style) clip -- each rank clips its chunk of the gradient,
+then torch.distributed.all_gather brings every rank the clipped chunks --
+changes the gradient after clip_grad_norm_; the recorder sees the
+all_gather (torch.distributed.all_gather is wrapped while it records),
+notes it and lets certify judge the values (ddp-clip-local-norm).
+
+close() gathers every rank's part on rank 0 (torch.distributed's
+gather_object, over the trainer's own process group) and rank 0 writes ONE
+trace with the `rank` column (merge_parts): every rank's events, the
+all-reduce once as the collective (rank -1), rank 0's gradient and every
+rank's parameters.  `accumcheck certify` then judges rank 0's values,
+checks that every rank holds rank 0's parameters after each step and
+counts the all-reduces in the call pattern.
+"""
+
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from .recorder import Recorder
+from .trace import Refused, write_trace
+
+
+class DistributedRecorder(Recorder):
+    """A Recorder for one rank of a torch.distributed trainer.
+
+    DistributedRecorder(bundle, model, optimizer, scheduler=None,
+                        out="trace", run="trainer", names=None, quiet=None)
+    `model` is the DistributedDataParallel module (or the plain module of a
+    trainer that synchronizes by hand: its all-reduces are then unseen);
+    `bundle` is this rank's view (load_bundle in this rank's process);
+    quiet defaults to True on every rank but 0."""
+
+    def __init__(self, bundle, model, optimizer, scheduler=None, out="trace",
+                 run="trainer", names=None, quiet=None):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise Refused("DistributedRecorder: no torch.distributed process group "
+                          "(call torch.distributed.init_process_group first)")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world != bundle.ranks:
+            raise Refused("the process group has %d ranks, the scenario %s has ranks = %d"
+                          % (self.world, bundle.scenario, bundle.ranks))
+        if bundle.rank != self.rank:
+            raise Refused("rank %d records with a bundle loaded for rank %d "
+                          "(load_bundle(folder) in each rank's process)"
+                          % (self.rank, bundle.rank))
+        self.ddp = model if isinstance(model, DistributedDataParallel) else None
+        self.sync_pending = False  # a forward since the last backward will sync
+        self.all_reduces = 0
+        # The rank's own samples per epoch (its shards), for the epoch count.
+        self.shards = [{s for w in ep for m in w for s in m} for ep in bundle.order]
+        # Each rank's values travel to rank 0 as values.csv rows, which
+        # merge_parts tags with the rank (values.bin is single-rank).
+        super().__init__(bundle, model, optimizer, scheduler, out=out, run=run,
+                         names=names, quiet=(self.rank != 0) if quiet is None else quiet,
+                         values="csv")
+        # torch.distributed.all_gather, seen: a sharded (ZeRO-style) clip
+        # gathers the chunks other ranks clipped into the gradient.
+        self.gathered = False
+        self._all_gather = dist.all_gather
+
+        def all_gather(*a, **k):
+            self.gathered = True
+            return self._all_gather(*a, **k)
+        dist.all_gather = all_gather
+        if self.ddp is None:
+            self.unseen.append("rank %d: the model is not a DistributedDataParallel module: "
+                               "its gradient all-reduces are not seen" % self.rank)
+        else:
+            self._hooks.append(self.ddp.register_forward_pre_hook(self._ddp_forward))
+
+    def _unpatch(self):
+        dist.all_gather = self._all_gather
+        super()._unpatch()
+
+    def _check_unseen_change(self, consumed, may_be_clip=True):
+        """A gradient changed after the rank's clip by chunks gathered
+        from the other ranks (torch.distributed.all_gather since the clip)
+        is a sharded clip, not an unseen change: noted, and judged on the
+        values."""
+        if may_be_clip and self.gathered and self.events and self.events[-1][4] == "clip":
+            self.gathered = False
+            self.notes.append("step %d: the gradient changed after clip_grad_norm_ by chunks "
+                              "gathered with torch.distributed.all_gather (a sharded clip)"
+                              % self.steps)
+            return
+        super()._check_unseen_change(consumed, may_be_clip)
+
+    def _ddp_forward(self, module, inputs):
+        # DDP prepares the reducer (the backward will all-reduce) when
+        # gradients are enabled and no_sync() is not active.
+        if torch.is_grad_enabled() and module.require_backward_grad_sync:
+            self.sync_pending = True
+
+    def _covered(self):
+        """The epoch is covered when this rank drew its shard (all but
+        fewer than b of it), not the scenario's every sample."""
+        e = min(self.epoch, len(self.shards) - 1)
+        return len(self.epoch_ids) >= len(self.shards[e]) - (self.bundle.micro_batch - 1)
+
+    def _new_epoch(self, ids):
+        """After the rank's shard is covered, a sample drawn again or one
+        outside the epoch's shard starts the next epoch (a rank's next
+        shard need not repeat any of its samples)."""
+        e = min(self.epoch, len(self.shards) - 1)
+        return self._covered() and any(i in self.epoch_ids or i not in self.shards[e]
+                                       for i in ids)
+
+    def _grad_hook(self, grad):
+        if not self.in_backward:
+            self.in_backward = True
+            self._begin_backward()
+            engine = torch.autograd.Variable._execution_engine
+            # Queued from a callback: it runs after DDP's finalize_backward.
+            engine.queue_callback(lambda: engine.queue_callback(self._end_backward_synced))
+        return None
+
+    def _end_backward_synced(self):
+        self._end_backward()
+        if self.sync_pending:
+            self.sync_pending = False
+            self.all_reduces += 1
+            self._event("all_reduce")
+
+    def _write(self, meta, events, values, extra):
+        # The training state (state.csv: optimizer state, BatchNorm buffers)
+        # is rank 0's: DDP keeps it identical on every rank.
+        part = (self.rank, meta, events, values.rows)
+        parts = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(part, parts, dst=0)
+        if self.rank == 0:
+            write_trace(self.out, *merge_parts(parts), extra=extra, ranks=True)
+        dist.barrier()  # every rank returns once the trace is written
+
+
+def _fields(row, n):
+    return row.rstrip("\n").split(",", n)
+
+
+def merge_parts(parts):
+    """Every rank's (rank, meta, events rows, values rows) -> one trace's
+    (meta, events, values) with the rank column.
+
+    Events: each step's rows (the `step` column) rank by rank in turn --
+    each rank's i-th row of the step, then its (i+1)-th -- as accumcheck's
+    own trainer writes them; an `all_reduce` once, as the collective (rank
+    -1, from rank 0's part).  Values: rank 0's gradient and parameters,
+    the other ranks' parameters.  meta: rank 0's, with every rank's notes
+    and unseen, and whether the ranks saw the same number of all-reduces."""
+    parts = sorted(parts, key=lambda p: p[0])
+    by_step = []  # per rank: {step: [rows]}
+    steps = set()
+    reduces = []
+    for rank, _, events, _ in parts:
+        d = {}
+        n = 0
+        for row in events:
+            f = _fields(row, 5)
+            d.setdefault(int(f[2]), []).append((f[4], row.rstrip("\n")))
+            n += f[4] == "all_reduce"
+        by_step.append((rank, d))
+        reduces.append(n)
+        steps.update(d)
+    out_events = []
+    for step in sorted(steps):
+        lists = [(rank, d.get(step, [])) for rank, d in by_step]
+        for row_set in itertools.zip_longest(*[rows for _, rows in lists]):
+            for (rank, _), item in zip(lists, row_set):
+                if item is None:
+                    continue
+                kind, row = item
+                if kind == "all_reduce":
+                    if rank == 0:
+                        out_events.append(row + ",-1\n")
+                else:
+                    out_events.append("%s,%d\n" % (row, rank))
+    # Step by step: rank 0's gradient and parameters, then each other
+    # rank's parameters.
+    value_rows = {}
+    for rank, _, _, values in parts:
+        for row in values:
+            f = _fields(row, 3)
+            if rank == 0 or f[2] == "param":
+                value_rows.setdefault((int(f[1]), rank), []).append(
+                    "%s,%d\n" % (row.rstrip("\n"), rank))
+    out_values = [row for key in sorted(value_rows) for row in value_rows[key]]
+    meta = [(k, v) for k, v in parts[0][1] if k not in ("notes", "unseen")]
+    notes, unseen = [], []
+    for rank, m, _, _ in parts:
+        md = dict(m)
+        for key, into in (("notes", notes), ("unseen", unseen)):
+            if md.get(key):
+                into.append(md[key] if len(parts) == 1 else "rank %d: %s" % (rank, md[key]))
+    if len(set(reduces)) > 1:
+        unseen.append("the ranks saw different numbers of all-reduces (%s): a collective "
+                      "the recorder did not see" % ", ".join(
+                          "rank %d: %d" % (p[0], n) for p, n in zip(parts, reduces)))
+    meta.append(("ranks", str(len(parts))))
+    if notes:
+        meta.append(("notes", " | ".join(notes)))
+    if unseen:
+        meta.append(("unseen", " | ".join(unseen)))
+    return meta, out_events, out_values
+
+
+def launch(main, ranks, *args):
+    """Runs main(rank, ranks, *args) in `ranks` processes joined in a gloo
+    process group on this machine (torch.multiprocessing.spawn), for
+    trainers not started by torchrun.  Exits like the worst rank."""
+    import os
+    import socket
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    mp.spawn(_spawned, args=(main, ranks, args), nprocs=ranks, join=True)
+
+
+def _spawned(rank, main, ranks, args):
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    try:
+        main(rank, ranks, *args)
+    finally:
+        dist.destroy_process_group()

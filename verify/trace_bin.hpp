@@ -1,0 +1,25 @@
+// Internal to verify/trace.cpp: values.bin (the format is described in
+// verify/trace.hpp), read by verify/trace_bin.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/layout.hpp"
+#include "verify/trace.hpp"
+
+namespace accumcheck::trace_detail {
+
+// Reads `path` into t.binary and the runs' blocks (t.runs, created in
+// order of first appearance after the events' runs).  InputError naming
+// "path:byte N" on anything malformed.
+void read_values_bin(Trace& t, const std::string& path);
+
+// gather_steps for a run of a values.bin trace.
+std::vector<TraceStep> gather_blocks(const Trace& t, const TraceRun& run,
+                                     const ParamLayout& layout, int64_t rank);
+
+// "path:byte N", the file part of a values.bin message.
+std::string byte_at(const std::string& path, int64_t offset);
+
+}  // namespace accumcheck::trace_detail
