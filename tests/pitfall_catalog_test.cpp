@@ -11,6 +11,7 @@
 //    N_w fails it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -162,6 +163,50 @@ TEST(PitfallCatalog, BehaviorsAreDistinct) {
     }
 }
 
+// The candidates certify and the contract tier judge: correct, each
+// in-scope pitfall alone and every pair.  Of each one-switch pair of names
+// only the loss's own is a candidate; the GradScaler pitfalls only with
+// loss scaling, the EMA one only with an EMA; the contract tier leaves out
+// the two its coefficient engine cannot see.
+TEST(PitfallCatalog, CandidateScope) {
+  auto singles = [](CandidateScope scope) {
+    std::vector<std::string> ids;
+    for (const auto& sem : candidate_semantics(scope))
+      if (sem.size() == 1) ids.emplace_back(pitfall_id(sem[0]));
+    return ids;
+  };
+  auto has = [](const std::vector<std::string>& ids, std::string_view id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
+  const auto sample = singles({});
+  const auto token = singles({.token_loss = true});
+  const auto scaled = singles({.loss_scaling = true, .ema = true});
+  const auto contract = singles({.contract_tier = true});
+  for (std::string_view id : {"sample-mean-of-means", "ddp-uneven-shards"}) {
+    EXPECT_TRUE(has(sample, id)) << id;
+    EXPECT_FALSE(has(token, id)) << id;
+  }
+  for (std::string_view id :
+       {"token-mean-of-means", "ddp-token-mean-across-ranks"}) {
+    EXPECT_TRUE(has(token, id)) << id;
+    EXPECT_FALSE(has(sample, id)) << id;
+  }
+  for (std::string_view id :
+       {"clip-before-unscale", "scaler-update-every-micro-step",
+        "skipped-step-advances-scheduler", "ema-every-micro-step"}) {
+    EXPECT_FALSE(has(sample, id)) << id;
+    EXPECT_TRUE(has(scaled, id)) << id;
+  }
+  for (std::string_view id :
+       {"low-precision-grad-buffer", "optimizer-state-every-micro-step"}) {
+    EXPECT_TRUE(has(sample, id)) << id;
+    EXPECT_FALSE(has(contract, id)) << id;
+  }
+  // correct, n singles, n(n-1)/2 pairs.
+  const size_t n = sample.size();
+  EXPECT_EQ(candidate_semantics({}).size(), 1 + n + n * (n - 1) / 2);
+}
+
 // ----------------------------------- per-window signatures of scenarios
 
 // Z zero_grad, F forward_backward (one per non-empty rank shard), C clip,
@@ -180,7 +225,7 @@ struct WindowShape {
   int64_t epoch_micro_steps = 0, K = 1;
   bool clip = false;
   bool scaling = false, ema = false;  // [precision] loss_scale, [ema]
-  bool overflow = false;  // an overflow injected in this window
+  bool overflow = false;              // an overflow injected in this window
 };
 
 // What the trainer called `id` does in one window, from the id alone.
@@ -238,7 +283,8 @@ std::string expected_signature(std::string_view id, const WindowShape& w) {
     const bool skip = w.scaling && w.overflow;
     std::string steps;
     std::string micro_extra;
-    if (id == "scaler-update-every-micro-step" && w.scaling) micro_extra += "UG";
+    if (id == "scaler-update-every-micro-step" && w.scaling)
+      micro_extra += "UG";
     if (id == "ema-every-micro-step" && w.ema) micro_extra += "E";
     steps.clear();
     for (size_t k = 0; k < n; ++k)
