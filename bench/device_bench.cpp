@@ -180,24 +180,31 @@ void BM_FmaPeak(benchmark::State& state) {
 }
 BENCHMARK(BM_FmaPeak);
 
-void BM_CudaAdamStep(benchmark::State& state) {
+// Runs `body` when a GPU can be used; otherwise marks the benchmark skipped
+// with the reason (no GPU, or a build without the CUDA executor).
+template <class Body>
+void on_cuda(benchmark::State& state, Body body) {
+  std::string why = "built without the CUDA executor";
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-  std::string why;
-  if (!cuda_available(&why)) {
-    state.SkipWithError(("skipped: " + why).c_str());
-    for (auto _ : state) {
-    }
+  if (cuda_available(&why)) {
+    body();
     return;
   }
-  const ModelSpec m = model(Activation(state.range(0)));
-  CudaDevice dev(m, dataset(m), params(m));
-  state.SetLabel(cuda_trace_header());
-  train_steps(state, dev);
-#else
-  state.SkipWithError("skipped: built without the CUDA executor");
+#endif
+  state.SkipWithError(("skipped: " + why).c_str());
   for (auto _ : state) {
   }
+}
+
+void BM_CudaAdamStep(benchmark::State& state) {
+  on_cuda(state, [&] {
+#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
+    const ModelSpec m = model(Activation(state.range(0)));
+    CudaDevice dev(m, dataset(m), params(m));
+    state.SetLabel(cuda_trace_header());
+    train_steps(state, dev);
 #endif
+  });
 }
 BENCHMARK(BM_CudaAdamStep)
     ->Arg(int(Activation::tanh))
@@ -206,20 +213,11 @@ BENCHMARK(BM_CudaAdamStep)
 
 // The same sizes on the GPU (wall time: every step ends in a device sync).
 void BM_CudaStepSize(benchmark::State& state) {
+  on_cuda(state, [&] {
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-  std::string why;
-  if (!cuda_available(&why)) {
-    state.SkipWithError(("skipped: " + why).c_str());
-    for (auto _ : state) {
-    }
-    return;
-  }
-  step_size<CudaDevice>(state);
-#else
-  state.SkipWithError("skipped: built without the CUDA executor");
-  for (auto _ : state) {
-  }
+    step_size<CudaDevice>(state);
 #endif
+  });
 }
 BENCHMARK(BM_CudaStepSize)
     ->Args({256, 512, 10, 1})

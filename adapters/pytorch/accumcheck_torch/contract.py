@@ -373,12 +373,12 @@ class ContractRecorder:
         for every micro-batch that had a backward pass and no recompute yet,
         at the current parameters (those of its forward: called before any
         step), then the weight fit of each of its backward passes."""
-        todo = sorted({b[0] for b in self.backwards if self.micro[b[0]][6] is None})
-        if not todo:
+        unrecomputed = sorted({b[0] for b in self.backwards if self.micro[b[0]][6] is None})
+        if not unrecomputed:
             return
-        calibrate = [j for j in todo if j % self.calibrate_every == 0]
+        calibrate = [j for j in unrecomputed if j % self.calibrate_every == 0]
         with torch.no_grad():
-            if any(j not in self.gfwd for j in todo):
+            if any(j not in self.gfwd for j in unrecomputed):
                 for dst, src in zip(self.pref, self.params):
                     dst.copy_(src)
             if calibrate:
@@ -386,7 +386,7 @@ class ContractRecorder:
                     dst.copy_(src)
         keep = torch.get_rng_state()
         g64, tmp = self.vec[2], self.vec[3]
-        for j in todo:
+        for j in unrecomputed:
             m = self.micro[j]
             if m[1] != self.steps:
                 raise Refused("micro-batch %d: an optimizer step between its forward and its "
