@@ -88,8 +88,22 @@ struct StepRecord {
   // R > 1: the parameters of ranks 1..R-1 just after the step (rank 0's
   // are `param`); equal to it whenever the ranks stay in sync.
   std::vector<std::vector<Real>> rank_param;
-  // The EMA of the parameters after the step (empty without [ema]).
-  std::vector<Real> ema;
+};
+
+// A window skipped by the loss scaler: its gradients overflowed, no
+// optimizer step was taken (runs with loss scaling).
+struct SkippedWindow {
+  int64_t step = 0;          // optimizer steps before it (the window)
+  int64_t backward = 0;      // backward passes of the run so far (rank 0)
+  double loss_scale = kNaN;  // the scale its backward passes used
+};
+
+// One update of the EMA of the parameters (runs with [ema]).
+template <class Real>
+struct EmaRecord {
+  int64_t steps = 0;      // optimizer steps before it
+  int64_t since = 0;      // backward passes since the last optimizer step
+  std::vector<Real> ema;  // the EMA after it (empty: values not recorded)
 };
 
 template <class Real>
@@ -107,6 +121,8 @@ struct Run {
   std::vector<Event> events;
   std::vector<StepRecord<Real>> steps;
   std::vector<WindowRecord<Real>> windows;
+  std::vector<SkippedWindow> skipped;  // in order
+  std::vector<EmaRecord<Real>> ema;    // every EMA update, in order
 };
 
 }  // namespace accumcheck

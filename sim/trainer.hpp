@@ -68,9 +68,9 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
-#include <climits>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -161,6 +161,7 @@ class Trainer {
   Run<Real> run(const Plan& plan, std::string name) {
     run_ = Run<Real>{};
     run_.name = std::move(name);
+    backward_ = since_step_ = 0;
     init_ranks(plan.ranks);
     init_state_beyond_gradients(true);
     // A lazy plan builds each epoch here, when the loop reaches it.
@@ -190,6 +191,7 @@ class Trainer {
                        bool last_of_epoch = false,
                        int64_t epoch_micro_steps = 0) {
     run_ = Run<Real>{};
+    backward_ = since_step_ = 0;
     K_ = K;
     c_ = counters;
     init_ranks(int64_t(w.micro.front().shards.size()));
@@ -368,8 +370,7 @@ class Trainer {
     if (scaling_ && c_.scale_exp == TrainerCounters::kNoScale)
       c_.scale_exp = s_.precision.scale_exp;
     inf_pending_ = false;
-    if (s_.ema.enabled && (fresh_run || ema_.empty()))
-      ema_ = e_.state().params;
+    if (s_.ema.enabled && (fresh_run || ema_.empty())) ema_ = e_.state().params;
   }
 
   // The loss weight times the scale 2^e (exact: the weight stays a
@@ -403,8 +404,7 @@ class Trainer {
     each_rank([&](int64_t) {
       found = !grads_finite() || found;
       e_.scale_grads(Real(std::ldexp(1.0, -int(c_.scale_exp))));
-      event(EventKind::unscale, micro,
-            [&](Event& ev) { ev.loss_scale = S; });
+      event(EventKind::unscale, micro, [&](Event& ev) { ev.loss_scale = S; });
     });
     return found;
   }
@@ -439,6 +439,8 @@ class Trainer {
       ema_[i] = kept + add;
     }
     event(EventKind::ema_update, micro);
+    run_.ema.push_back({c_.optimizer_steps, since_step_,
+                        opt_.record_values ? ema_ : std::vector<Real>{}});
   }
 
   // optimizer-state-every-micro-step: Adam's t advanced and AdamW's
@@ -463,16 +465,15 @@ class Trainer {
     if (pre_clip) each_rank([&](int64_t) { clip(micro); });
     const bool found = scaling_ && unscale_all(micro);
     if (clip_here && !pre_clip) each_rank([&](int64_t) { clip(micro); });
-    if (found)
+    if (found) {
       ++c_.skipped_steps;
-    else
+      run_.skipped.push_back({c_.optimizer_steps, backward_, loss_scale()});
+      since_step_ = 0;
+    } else {
       optimizer_step(micro);
-    if (scaling_) scaler_update(micro, found);
-    if (!found && s_.ema.enabled) {
-      ema_update(micro);
-      if (opt_.record_values && !run_.steps.empty())
-        run_.steps.back().ema = ema_;
     }
+    if (scaling_) scaler_update(micro, found);
+    if (!found && s_.ema.enabled) ema_update(micro);
     return !found;
   }
 
@@ -540,6 +541,7 @@ class Trainer {
       event(EventKind::optimizer_step, micro, [&](Event& ev) { ev.lr = lr; });
     });
     ++c_.optimizer_steps;
+    since_step_ = 0;
     if (opt_.record_values) {
       for (int64_t r = R_ - 1; r >= 0; --r) {
         use_rank(r);
@@ -650,6 +652,10 @@ class Trainer {
             ev.loss = loss / double(items);
             if (scaling_) ev.loss_scale = loss_scale();
           });
+          if (r == 0) {
+            ++backward_;
+            ++since_step_;
+          }
           if (injected_overflow(k)) inf_pending_ = true;
         }
         if (s_.optimizer.l2_in_loss != 0.0)
@@ -700,7 +706,10 @@ class Trainer {
   Behavior b_;
   double base_lr_;
   TrainerOptions opt_;
-  bool scaling_ = false;     // GradScaler on (precision.loss_scale)
+  bool scaling_ = false;  // GradScaler on (precision.loss_scale)
+  // Rank 0's backward passes in this run, and since its last optimizer
+  // step (or skipped window): Run::skipped and Run::ema say where.
+  int64_t backward_ = 0, since_step_ = 0;
   bool inf_pending_ = false;  // an injected overflow since zero_grad
   std::vector<Real> ema_;     // the EMA of the parameters ([ema])
   ScheduleSpec schedule_;

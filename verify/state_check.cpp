@@ -300,14 +300,19 @@ void ema(const Ctx& c, const LoadedTrace& L, const StateSection& st,
   // parameters it saw.
   double worst = 0;
   std::string value_bad;
+  // The first update copies the parameters (AveragedModel) or, an EMA
+  // started from the initial parameters (accumcheck's engine, timm's
+  // ModelEmaV2), averages them in.
+  const std::vector<double> init(c.init.begin(), c.init.end());
   const std::vector<double>* prev = nullptr;
   for (const auto& [k, u] : updates) {
     const auto it = e.find(k);
     if (it == e.end() || !complete(it->second)) continue;
     const std::vector<double>& now = it->second;
     const std::vector<double> p = params_before(c, u.steps);
+    if (!prev && now != p) prev = &init;
     for (size_t i = 0; i < now.size(); ++i) {
-      double want = p[i], bound = 0;  // the first update copies
+      double want = p[i], bound = 0;  // a copy
       if (prev) {
         want = d * (*prev)[i] + (1 - d) * p[i];
         bound =
@@ -502,7 +507,7 @@ void logged_loss(const Ctx& c, const StateSection& st, const Walk& w,
 
 void check_state(const Ctx& c, const LoadedTrace& L, double forward_scale,
                  CertifyReport& r, std::vector<std::string>& findings) {
-  const StateSection st = read_state(L.trace.dir);
+  const StateSection st = read_state(L.trace.dir, L.run->name);
   if (!st.present) return;
   const Walk w = walk(*L.run);
   loss_scale(st, w, r, findings);

@@ -14,7 +14,9 @@
 //   EMA             one update per optimizer step, after it (every
 //                   micro-step: ema-every-micro-step); each update
 //                   replayed in float64 from the recorded EMA and
-//                   parameters within error_model's state_ema_ulps
+//                   parameters within error_model's state_ema_ulps (the
+//                   first: a copy of the parameters, AveragedModel, or
+//                   an update of the initial ones, an EMA started there)
 //   BatchNorm stats num_batches_tracked = the training forwards so far,
 //                   exactly; running_mean and running_var replayed on the
 //                   Tracked oracle from the recorded statistics and

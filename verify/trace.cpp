@@ -37,6 +37,15 @@ constexpr std::string_view kEventsHeaderV1 =
     "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm";
 constexpr std::string_view kValuesHeader = "run,step,kind,tensor,index,value";
 constexpr std::string_view kMetaHeader = "key,value";
+// state.csv; the run column is optional when read (read_state).
+constexpr std::string_view kStateHeader = "run,kind,step,tensor,index,value";
+constexpr std::string_view kStateKinds[] = {
+    "loss_scale",  "skipped",
+    "opt_step",    "exp_avg",
+    "exp_avg_sq",  "ema_update",
+    "ema",         "running_mean",
+    "running_var", "num_batches_tracked",
+    "logged_loss"};
 constexpr std::string_view kRequiredMeta[] = {
     "schema", "scenario",  "scenario_digest",
     "engine", "precision", "tool_version"};
@@ -83,9 +92,7 @@ void append_real(std::string& out, double x) {
 }  // namespace
 
 std::string_view value_kind_name(ValueKind k) {
-  return k == ValueKind::param  ? "param"
-         : k == ValueKind::grad ? "grad"
-                                : "ema";
+  return k == ValueKind::param ? "param" : "grad";
 }
 
 TraceWriter::TraceWriter(std::string scenario_name, std::string scenario_digest,
@@ -107,21 +114,8 @@ void TraceWriter::with_ranks() {
     throw std::logic_error("TraceWriter::with_ranks after the first run");
   if (ranks_) return;
   ranks_ = true;
-  reset_headers();
-}
-
-void TraceWriter::with_loss_scale() {
-  if (!runs_.empty())
-    throw std::logic_error("TraceWriter::with_loss_scale after the first run");
-  loss_scale_ = true;
-  reset_headers();
-}
-
-// The optional columns, last: rank, then loss_scale.
-void TraceWriter::reset_headers() {
-  events_ = std::string(kEventsHeader) + (ranks_ ? ",rank" : "") +
-            (loss_scale_ ? ",loss_scale" : "") + "\n";
-  values_ = std::string(kValuesHeader) + (ranks_ ? ",rank" : "") + "\n";
+  events_ = std::string(kEventsHeader) + ",rank\n";
+  values_ = std::string(kValuesHeader) + ",rank\n";
 }
 
 void TraceWriter::add_meta(std::string key, std::string value) {
@@ -169,10 +163,6 @@ void TraceWriter::add_event(const Event& e) {
     fmt::format_to(std::back_inserter(o), "{}{}", i ? " " : "",
                    e.sample_ids[i]);
   if (ranks_) fmt::format_to(std::back_inserter(o), ",{}", e.rank);
-  if (loss_scale_) {
-    o += ',';
-    append_real(o, e.loss_scale);
-  }
   o += '\n';
 }
 
@@ -192,14 +182,39 @@ void TraceWriter::add_value(int64_t step, ValueKind kind,
   o += '\n';
 }
 
+void TraceWriter::add_state(std::string_view kind, int64_t step,
+                            std::string_view tensor, int64_t index,
+                            double value) {
+  if (runs_.empty()) throw std::logic_error("add_state before begin_run");
+  std::string& o = state_;
+  append_field(o, runs_.back());
+  o += ',';
+  append_field(o, kind);
+  fmt::format_to(std::back_inserter(o), ",{},", step);
+  append_field(o, tensor);
+  fmt::format_to(std::back_inserter(o), ",{},", index);
+  append_real(o, value);
+  o += '\n';
+}
+
+std::string TraceWriter::state_csv() const {
+  return state_.empty() ? std::string()
+                        : std::string(kStateHeader) + "\n" + state_;
+}
+
 void write_trace(const std::string& dir, const TraceWriter& w) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);  // throws filesystem_error on failure
   const fs::path d(dir);
-  // meta last: a folder with a complete meta.csv has all three files of
+  // meta last: a folder with a complete meta.csv has all its files of
   // this or a previous write.
   write_file_atomically((d / "events.csv").string(), w.events_csv());
   write_file_atomically((d / "values.csv").string(), w.values_csv());
+  const std::string state = w.state_csv();
+  if (state.empty())
+    fs::remove(d / "state.csv");  // an earlier trace's (throws on failure)
+  else
+    write_file_atomically((d / "state.csv").string(), state);
   write_file_atomically((d / "meta.csv").string(), w.meta_csv());
 }
 
@@ -401,10 +416,10 @@ Trace read_trace(const std::string& dir) {
     const bool v1 = t.meta_value("schema") == kTraceSchemaV1;
     const std::string_view header = v1 ? kEventsHeaderV1 : kEventsHeader;
     CsvFile f(t.events_path(), header);
-    Reader<13> r(f.bytes);
+    Reader<12> r(f.bytes);
     f.read_header_flags(r, io::ignore_missing_column, header, "run", "epoch",
                         "step", "micro", "event", "samples", "tokens", "loss",
-                        "lr", "grad_norm", "sample_ids", "rank", "loss_scale");
+                        "lr", "grad_norm", "sample_ids", "rank");
     for (std::string_view c : {"run", "epoch", "step", "micro", "event",
                                "samples", "tokens", "loss", "lr", "grad_norm"})
       if (!r.has_column(std::string(c)))
@@ -427,10 +442,9 @@ Trace read_trace(const std::string& dir) {
     char* ids = nullptr;
     char zero[] = "0";
     char* rank = zero;
-    char* scale = nullptr;  // optional: NaN when absent
     int64_t line = 0;
     while (f.row(r, line, run, epoch, step, micro, event, samples, tokens, loss,
-                 lr, norm, ids, rank, scale)) {
+                 lr, norm, ids, rank)) {
       TraceRun& tr = runs.at(f, line, run);
       TraceEvent te;
       te.line = line;
@@ -455,7 +469,6 @@ Trace read_trace(const std::string& dir) {
       e.lr = f.real(line, "lr", lr);
       e.grad_norm = f.real(line, "grad_norm", norm);
       e.rank = f.integer(line, "rank", rank, -1);
-      e.loss_scale = scale ? f.real(line, "loss_scale", scale) : kNaN;
       if (ids != nullptr && *ids != '\0') {
         std::string_view rest(ids);
         while (!rest.empty()) {
@@ -531,12 +544,9 @@ Trace read_trace(const std::string& dir) {
         v.kind = ValueKind::param;
       else if (kind == "grad")
         v.kind = ValueKind::grad;
-      else if (kind == "ema")
-        v.kind = ValueKind::ema;
       else
         f.fail(line, "kind",
-               fmt::format("unknown kind '{}'; expected param, grad or ema",
-                           kind));
+               fmt::format("unknown kind '{}'; expected param or grad", kind));
       if (tensor.empty()) f.fail(line, "tensor", "expected a tensor name");
       v.tensor = tensor;
       v.index = f.integer(line, "index", index, 0);
@@ -601,7 +611,7 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
   for (const TensorView& v : layout.tensors) tensors[v.name] = &v;
 
   std::vector<TraceStep> steps;
-  std::vector<int64_t> count_grad, count_param, count_ema;  // per step
+  std::vector<int64_t> count_grad, count_param;  // per step
   std::vector<int64_t> last_line;
   for (const TraceValue& v : run.values) {
     if (v.rank != rank) continue;
@@ -625,30 +635,23 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
                       "({} elements)",
                       v.index, tv.name, tv.rows, tv.cols, tv.size()));
     if (steps.empty() || steps.back().step != v.step) {
-      steps.push_back(TraceStep{v.step, {}, {}, {}});
+      steps.push_back(TraceStep{v.step, {}, {}});
       count_grad.push_back(0);
       count_param.push_back(0);
-      count_ema.push_back(0);
       last_line.push_back(v.line);
     }
     TraceStep& s = steps.back();
-    std::vector<double>& dst = v.kind == ValueKind::grad    ? s.grad
-                               : v.kind == ValueKind::param ? s.param
-                                                            : s.ema;
+    std::vector<double>& dst = v.kind == ValueKind::grad ? s.grad : s.param;
     if (dst.empty())
       dst.assign(size_t(layout.total),
                  std::numeric_limits<double>::quiet_NaN());
     dst[size_t(tv.offset + v.index)] = v.value;
-    ++(v.kind == ValueKind::grad    ? count_grad
-       : v.kind == ValueKind::param ? count_param
-                                    : count_ema)
-          .back();
+    ++(v.kind == ValueKind::grad ? count_grad : count_param).back();
     last_line.back() = v.line;
   }
   for (size_t i = 0; i < steps.size(); ++i) {
     for (const auto& [count, kind] :
-         {std::pair{count_grad[i], "grad"}, std::pair{count_param[i], "param"},
-          std::pair{count_ema[i], "ema"}})
+         {std::pair{count_grad[i], "grad"}, std::pair{count_param[i], "param"}})
       if (count != 0 && count != layout.total)
         throw InputError(
             file, last_line[i], 0, kind,
@@ -661,28 +664,29 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
 
 // ---- the state section (the contract section: verify/trace_contract.cpp)
 
-StateSection read_state(const std::string& dir) {
+StateSection read_state(const std::string& dir, std::string_view run) {
   StateSection st;
   st.path = (std::filesystem::path(dir) / "state.csv").string();
   if (!std::filesystem::exists(st.path)) return st;
   st.present = true;
-  constexpr std::string_view kHeader = "kind,step,tensor,index,value";
-  constexpr std::string_view kKinds[] = {"loss_scale",  "skipped",
-                                         "opt_step",    "exp_avg",
-                                         "exp_avg_sq",  "ema_update",
-                                         "ema",         "running_mean",
-                                         "running_var", "num_batches_tracked",
-                                         "logged_loss"};
-  CsvFile f(st.path, kHeader);
-  Reader<5> r(f.bytes);
-  f.read_header_flags(r, io::ignore_no_column, kHeader, "kind", "step",
-                      "tensor", "index", "value");
-  std::string kind, tensor;
+  CsvFile f(st.path, kStateHeader);
+  Reader<6> r(f.bytes);
+  f.read_header_flags(r, io::ignore_missing_column, kStateHeader, "run", "kind",
+                      "step", "tensor", "index", "value");
+  for (std::string_view c : {"kind", "step", "tensor", "index", "value"})
+    if (!r.has_column(std::string(c)))
+      f.fail(1, c,
+             fmt::format("missing column '{}'; expected the header {} (run "
+                         "optional)",
+                         c, kStateHeader));
+  const bool runs = r.has_column("run");
+  std::string name, kind, tensor;
   char *step = nullptr, *index = nullptr, *value = nullptr;
   int64_t line = 0;
-  while (f.row(r, line, kind, step, tensor, index, value)) {
-    if (std::find(std::begin(kKinds), std::end(kKinds), kind) ==
-        std::end(kKinds))
+  while (f.row(r, line, name, kind, step, tensor, index, value)) {
+    if (runs && name.empty()) f.fail(line, "run", "expected a run name");
+    if (std::find(std::begin(kStateKinds), std::end(kStateKinds), kind) ==
+        std::end(kStateKinds))
       f.fail(line, "kind",
              fmt::format("unknown kind '{}'; expected one of loss_scale, "
                          "skipped, opt_step, exp_avg, exp_avg_sq, "
@@ -690,13 +694,14 @@ StateSection read_state(const std::string& dir) {
                          "num_batches_tracked, logged_loss",
                          kind));
     StateValue v;
+    v.run = runs ? name : std::string(run);
     v.kind = kind;
     v.tensor = tensor;
     v.step = f.integer(line, "step", step, 0);
     v.index = f.integer(line, "index", index, 0);
     v.value = f.real(line, "value", value);
     v.line = line;
-    st.rows.push_back(std::move(v));
+    if (v.run == run) st.rows.push_back(std::move(v));
   }
   return st;
 }

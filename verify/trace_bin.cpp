@@ -240,7 +240,7 @@ std::vector<TraceStep> gather_blocks(const Trace& t, const TraceRun& run,
   for (const TraceBlock& b : run.blocks) {
     if (b.rank != rank) continue;
     if (steps.empty() || steps.back().step != b.step)
-      steps.push_back(TraceStep{b.step, {}, {}, {}});
+      steps.push_back(TraceStep{b.step, {}, {}});
     std::vector<double>& dst =
         b.kind == ValueKind::grad ? steps.back().grad : steps.back().param;
     dst.resize(n);
