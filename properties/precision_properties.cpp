@@ -21,6 +21,7 @@
 #endif
 #include "oracle/error_model.hpp"
 #include "oracle/tracked.hpp"
+#include "properties/device_properties.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
 
@@ -73,11 +74,6 @@ std::vector<WindowParts> window_parts(const Case& c) {
 // Low-precision buffers on the device, against the error model's bound of
 // a K-term sum (error_model::lowp_sum_bound), the terms the Tracked
 // oracle's single backward passes from the same state.
-
-template <class Dev>
-std::string engine_name() {
-  return std::is_same_v<Dev, EmulatedDevice> ? "device" : "cuda";
-}
 
 struct ValueBound {
   OracleReal v, e;
@@ -173,6 +169,28 @@ void low_precision_grad_buffer() {
                                      ok.steps[0].grad);
   }
   record_case(name);
+}
+
+// Every step of `bug` against sum_k weight(K-1-k) g_k: g_k micro-batch
+// k's gradient (weight 1/N_w) at the step's parameters, K the window's
+// micro-batches (weight's argument: the micro-batches after k).
+template <class Weight>
+void assert_micro_weights(const std::string& name, const Case& c,
+                          const Run<R>& bug, Weight weight, const char* what) {
+  const auto parts = window_parts(c);
+  RC_ASSERT(bug.steps.size() == parts.size());
+  for (size_t i = 0; i < bug.steps.size(); ++i) {
+    const std::vector<R> theta = theta_before(bug, i, c);
+    const size_t K = parts[i].shards.size();
+    std::vector<R> want(c.init.size(), R(0));
+    for (size_t k = 0; k < K; ++k) {
+      const std::vector<R> g = micro_gradient(c, theta, parts[i].shards[k],
+                                              parts[i].N, parts[i].epoch);
+      const R f = weight(int64_t(K - 1 - k));
+      for (size_t j = 0; j < g.size(); ++j) want[j] += f * g[j];
+    }
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), what);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -349,21 +367,10 @@ void update_every_micro_step() {
   const Case c(s);
   const Run<R> bug =
       c.run(c.plan, {Pitfall::scaler_update_every_micro_step}, s.optimizer.lr);
-  const auto parts = window_parts(c);
-  RC_ASSERT(bug.steps.size() == parts.size());
-  for (size_t i = 0; i < bug.steps.size(); ++i) {
-    const std::vector<R> theta = theta_before(bug, i, c);
-    const size_t K = parts[i].shards.size();
-    std::vector<R> want(c.init.size(), R(0));
-    for (size_t k = 0; k < K; ++k) {
-      const std::vector<R> g = micro_gradient(c, theta, parts[i].shards[k],
-                                              parts[i].N, parts[i].epoch);
-      const R f = R(std::ldexp(1.0, -int(init * int64_t(K - 1 - k))));
-      for (size_t j = 0; j < g.size(); ++j) want[j] += f * g[j];
-    }
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
-                 "micro-batch k weighs S^-(K-1-k)/N");
-  }
+  assert_micro_weights(
+      name, c, bug,
+      [&](int64_t later) { return R(std::ldexp(1.0, -int(init * later))); },
+      "micro-batch k weighs S^-(K-1-k)/N");
   record_case(name);
 }
 
@@ -380,21 +387,10 @@ void accumulator_rescaled() {
   const Case c(s);
   const Run<R> bug =
       c.run(c.plan, {Pitfall::accumulator_rescaled}, s.optimizer.lr);
-  const auto parts = window_parts(c);
-  RC_ASSERT(bug.steps.size() == parts.size());
-  for (size_t i = 0; i < bug.steps.size(); ++i) {
-    const std::vector<R> theta = theta_before(bug, i, c);
-    const size_t K = parts[i].shards.size();
-    std::vector<R> want(c.init.size(), R(0));
-    for (size_t k = 0; k < K; ++k) {
-      const std::vector<R> g = micro_gradient(c, theta, parts[i].shards[k],
-                                              parts[i].N, parts[i].epoch);
-      const R f = R(std::ldexp(1.0, int(K - 1 - k)));
-      for (size_t j = 0; j < g.size(); ++j) want[j] += f * g[j];
-    }
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
-                 "micro-batch k weighs 2^(K-1-k)/N");
-  }
+  assert_micro_weights(
+      name, c, bug,
+      [](int64_t later) { return R(std::ldexp(1.0, int(later))); },
+      "micro-batch k weighs 2^(K-1-k)/N");
   record_case(name);
 }
 

@@ -9,25 +9,7 @@
 #   tests/state_cli.sh CASE path/to/accumcheck SOURCE_DIR
 set -u
 case_name=$1 bin=$2 src=$3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-fail() { echo "FAIL [$case_name]: $*"; exit 1; }
-
-# expect CODE REGEX -- cmd...: the exit code is CODE and the output
-# (stdout and stderr) matches the extended regex REGEX.
-expect() {
-  local code=$1 re=$2
-  shift 3
-  local out rc
-  out=$(timeout 300 "$@" 2>&1)
-  rc=$?
-  echo "\$ $* -> exit $rc"
-  echo "$out" | grep -v '^   ' | head -c 4000
-  echo
-  [ "$rc" = "$code" ] || fail "exit code $rc, expected $code"
-  echo "$out" | grep -Eq -- "$re" || fail "output does not match /$re/"
-}
+source "$(dirname "$0")/cli_lib.sh"
 
 # trace SCENARIO_FILE: the device engine's runs of it in $tmp/tr.
 trace() {

@@ -239,9 +239,9 @@ TEST(Trace, StateRowsRoundTrip) {
   EXPECT_NE(state.find("\nscaled,skipped,1,,4,32768\n"), std::string::npos);
   EXPECT_NE(state.find("\nscaled,ema_update,1,,2,1\n"), std::string::npos);
   EXPECT_NE(state.find("\nscaled,ema,1,2.bias,0,"), std::string::npos);
-  EXPECT_EQ(read_file_bytes(dir + "/events.csv", "trace_bytes")
-                .find("loss_scale"),
-            std::string::npos);
+  EXPECT_EQ(
+      read_file_bytes(dir + "/events.csv", "trace_bytes").find("loss_scale"),
+      std::string::npos);
   EXPECT_EQ(read_file_bytes(dir + "/values.csv", "trace_bytes").find(",ema,"),
             std::string::npos);
 
