@@ -78,6 +78,7 @@
 #include <vector>
 
 #include "sim/engine.hpp"
+#include "sim/errors.hpp"
 #include "sim/k_schedule.hpp"
 #include "sim/lr_schedule.hpp"
 #include "sim/pitfalls.hpp"
@@ -381,9 +382,12 @@ class Trainer {
     int64_t& v = e >= 0 ? w.num : w.den;
     const int64_t by = e >= 0 ? e : -e;
     if (by > 62 || v > (INT64_MAX >> by))
-      throw std::range_error(
+      throw ScaleRangeError(
+          s_.path, 0, 0, "precision",
           "loss scale 2^" + std::to_string(e) +
-          " leaves the exactly representable loss weights (|e| <= 62)");
+              " leaves the exactly representable loss weights (|e| <= 62) "
+              "in this run: a smaller init_scale or a longer "
+              "growth_interval keeps it in range");
     v <<= by;
     return w;
   }

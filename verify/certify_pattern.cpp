@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "sim/errors.hpp"
 #include "sim/trainer.hpp"
 #include "verify/certify_stages.hpp"
 #include "verify/null_engine.hpp"
@@ -164,10 +165,13 @@ void mark_pattern_matches(const Scenario& s, const Plan& plan,
                           const std::vector<Behavior>& behaviors,
                           CertifyReport& r) {
   if (!r.pattern_checked) return;
-  for (size_t i = 0; i < r.ranking.size(); ++i)
-    r.ranking[i].pattern_matches =
-        semantics_pattern(s, plan, behaviors[i], pc.ignore_sched,
-                          pc.max_windows) == pc.trace;
+  for (size_t i = 0; i < r.ranking.size(); ++i) try {
+      r.ranking[i].pattern_matches =
+          semantics_pattern(s, plan, behaviors[i], pc.ignore_sched,
+                            pc.max_windows) == pc.trace;
+    } catch (const ScaleRangeError&) {  // a candidate that cannot be run
+      r.ranking[i].pattern_matches = false;
+    }
 }
 
 }  // namespace accumcheck::certify_detail
