@@ -1,6 +1,7 @@
 // Traces: the one versioned trace schema (DESIGN.md section 7).
 //
-// A trace is a folder of three tidy CSV files (steps counted from 0):
+// A trace is a folder of three or four tidy CSV files (steps counted from
+// 0):
 //   meta.csv    key,value          schema, scenario, scenario_digest,
 //                                  engine, precision, tool_version, extras
 //   events.csv  run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,
@@ -17,6 +18,9 @@
 //               only for a multi-rank scenario (TraceWriter::with_ranks),
 //               so one-rank traces keep their bytes; absent, every row is
 //               rank 0 (one-rank recorders need not write it).
+//   state.csv   run,kind,step,tensor,index,value (when a run keeps state
+//               beyond gradients: loss scale, EMA, optimizer state...;
+//               see StateValue below)
 // Several runs ("reference", "correct", a pitfall id...) share the files,
 // told apart by `run`; each run's rows are contiguous.  Floats are written
 // with 17 significant digits (%.17g) so they read back exactly; NaN is an
