@@ -23,7 +23,9 @@ using namespace certify_detail;
 CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                       const CertifyConfig& cfg) {
   require_exportable_model(s);
-  require_scenario_within_limits(s);
+  require_scenario_within_limits(s, cfg.bound_arith == BoundArith::dd
+                                        ? "oracle_madds_dd"
+                                        : "oracle_madds");
   const auto t0 = std::chrono::steady_clock::now();
   // 1. Load and validate.
   const ParamLayout layout = layout_of(s.model);

@@ -166,7 +166,9 @@ using Counts = std::array<int64_t, 6>;
 using Pattern = std::vector<Counts>;
 
 struct PatternCheck {
-  Pattern trace;              // the trace's pattern (when checked)
+  // The trace's pattern (when checked), one per rank: rank r's own calls
+  // and the collectives (rank -1).
+  std::vector<Pattern> trace;
   bool ignore_sched = false;  // scheduler calls not counted
   int64_t max_windows = -1;   // window_cap()
   // The trace's all-reduces differ from the accepted semantics' in number
