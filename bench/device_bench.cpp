@@ -183,7 +183,7 @@ BENCHMARK(BM_FmaPeak);
 // Runs `body` when a GPU can be used; otherwise marks the benchmark skipped
 // with the reason (no GPU, or a build without the CUDA executor).
 template <class Body>
-void on_cuda(benchmark::State& state, Body body) {
+void on_cuda(benchmark::State& state, [[maybe_unused]] Body body) {
   std::string why = "built without the CUDA executor";
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
   if (cuda_available(&why)) {

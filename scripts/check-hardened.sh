@@ -52,8 +52,8 @@ cmake -S . -B build-asan -DCMAKE_CXX_COMPILER=clang++-14 \
   -DACCUMCHECK_WERROR=ON -DACCUMCHECK_RC_CASES=$rc_cases \
   ${ACCUMCHECK_CMAKE_ARGS:-} >build-asan.configure.log 2>&1 \
   || { cat build-asan.configure.log; exit 1; }
-cmake --build build-asan -j"$jobs" 2>&1 | grep -vE '^\[ *[0-9]+%\]|^(Consolidate|Scanning|Built target)' || true
-test "${PIPESTATUS[0]}" -eq 0
+source scripts/build-quiet.sh
+build_quiet build-asan "$jobs"
 echo "check-hardened: build took $((SECONDS - t0)) s"
 source scripts/sanitizer-env.sh
 t0=$SECONDS
