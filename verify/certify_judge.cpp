@@ -64,8 +64,8 @@ bool clip_factor(const T& n, double max_norm, T& f) {
 // trainer's own pre-clip norm (ClipNorms: the trace's clip rows, call i
 // of rank r at step t) forces the decision and the factor, so the clipped
 // gradient is predicted as the trainer computed it, and the oracle's norm
-// is kept to judge the recorded one against (StepEval::norm).  A clip
-// call with no recorded norm is decided by the oracle's own norm.
+// is kept to judge rank 0's recorded ones against (StepEval::norm).  A
+// clip call with no recorded norm is decided by the oracle's own norm.
 template <class Inner>
 class Watched {
  public:
@@ -119,10 +119,14 @@ class Watched {
     const Real own = in_.grad_norm();
     Real used = own;
     const double* rec = recorded(t, r, i);
+    // Every rank's decision is forced by its own recorded norm (a rank's
+    // clipped gradient may feed the all-reduce); rank 0's norms are judged,
+    // as its gradient is (the other ranks' oracle state is rank 0's trace,
+    // which is theirs only when they step in sync).
     if (rec) {
       used = lift<Real>(*rec);
-      forced_.push_back({own, *rec});
-    } else {
+      if (r == 0) forced_.push_back({own, *rec});
+    } else if (r == 0) {
       ++unforced_;
     }
     Real f;
@@ -140,8 +144,7 @@ class Watched {
   }
   EngineState<Real> state() const { return in_.state(); }
   void set_state(const EngineState<Real>& s) { in_.set_state(s); }
-  // The clip calls of `step` (every rank's), taken: forced, and how many
-  // were not.
+  // Rank 0's clip calls of `step`, taken: forced, and how many were not.
   std::vector<ForcedNorm> take_forced(int64_t step, int64_t& unforced) {
     unforced = 0;
     if (step != clip_step_) return {};

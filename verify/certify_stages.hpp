@@ -60,9 +60,9 @@ void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
 struct StepEval {
   bool seen = false;
   error_model::Comparison grad, param;
-  // The trainer's recorded pre-clip norms (every rank's clip calls of the
-  // step) against the oracle's, within the norm's bound; n = 0: no clip
-  // decision was forced at this step.
+  // The trainer's recorded pre-clip norms (rank 0's clip calls of the
+  // step, as its gradient is rank 0's) against the oracle's, within the
+  // norm's bound; n = 0: no clip decision was forced at this step.
   error_model::Comparison norm;
   // Clip calls of the semantics with no recorded norm to force them: the
   // oracle's own norm decided (a trace without them, or a semantics that
