@@ -64,10 +64,12 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                       cfg.autocast.empty() ? (cfg.fp64 ? "fp64" : "fp32")
                                            : cfg.autocast));
   }
+  const ClipNorms clip_norms = clip_norms_of(*L.run, L.steps.size());
   const Ctx ctx{s,           data,        init,
                 plan,        layout,      L.steps,
                 cfg.fp64,    range,       cfg.bound_arith,
-                cfg.threads, max_windows, grad_scale};
+                cfg.threads, max_windows, grad_scale,
+                clip_norms};
 
   CertifyReport r;
   r.scenario = s.name;
