@@ -5,8 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${ACCUMCHECK_CMAKE_ARGS:-} >build.configure.log 2>&1 \
+source scripts/build-quiet.sh
+use_compiler_cache
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release $cache_args \
+  ${ACCUMCHECK_CMAKE_ARGS:-} >build.configure.log 2>&1 \
   || { cat build.configure.log; exit 1; }
 grep -E '^-- accumcheck:' build.configure.log || true
-cmake --build build -j"$jobs" 2>&1 | grep -vE '^\[ *[0-9]+%\]|^(Consolidate|Scanning|Built target)' || true
-test "${PIPESTATUS[0]}" -eq 0
+build_quiet build "$jobs"

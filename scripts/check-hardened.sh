@@ -42,6 +42,8 @@ CI_SKIP='^(PyTorch|Memory\.PyTorch)\.'
 
 bash scripts/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
+source scripts/build-quiet.sh
+use_compiler_cache
 t0=$SECONDS
 # -gline-tables-only: file:line in every sanitizer report at a fraction of
 # -g's compile time.
@@ -49,11 +51,10 @@ cmake -S . -B build-asan -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
   -DACCUMCHECK_CUDA=OFF -DACCUMCHECK_SANITIZE=ON -DACCUMCHECK_FUZZ=ON \
-  -DACCUMCHECK_WERROR=ON -DACCUMCHECK_RC_CASES=$rc_cases \
+  -DACCUMCHECK_WERROR=ON -DACCUMCHECK_RC_CASES=$rc_cases $cache_args \
   ${ACCUMCHECK_CMAKE_ARGS:-} >build-asan.configure.log 2>&1 \
   || { cat build-asan.configure.log; exit 1; }
-cmake --build build-asan -j"$jobs" 2>&1 | grep -vE '^\[ *[0-9]+%\]|^(Consolidate|Scanning|Built target)' || true
-test "${PIPESTATUS[0]}" -eq 0
+build_quiet build-asan "$jobs"
 echo "check-hardened: build took $((SECONDS - t0)) s"
 source scripts/sanitizer-env.sh
 t0=$SECONDS

@@ -69,7 +69,11 @@ ScenarioSize scenario_size(const Scenario& s);
 // oracle's multiply-adds): call after the command's overrides (--steps)
 // and before any allocation.  The per-key limits (samples, width, layers,
 // file sizes) are checked where the value is read, with its line.
-void require_scenario_within_limits(const Scenario& s);
+// `madds_key` names the limit on the oracle's estimated work: oracle_madds
+// (the 50-digit MPFR oracle: run, export, certify --bound-arith mpfr) or
+// oracle_madds_dd (certify's default double-double bound, ~100x cheaper).
+void require_scenario_within_limits(
+    const Scenario& s, std::string_view madds_key = "oracle_madds");
 
 // Opens nothing: refuses a path that is not a regular file or is larger
 // than the limit `limit_key` (InputError naming the path), before the file

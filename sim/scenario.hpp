@@ -85,6 +85,13 @@ struct BatchingSpec {
   // GPT-3's batch ramp): one entry per epoch, all >= 1; empty: K in every
   // epoch.  sim/k_schedule.hpp reads it.
   std::vector<int64_t> accumulation_per_epoch;
+  // The ramp rule it came from, when the file gave one: K_e = min(start +
+  // e * step, max).  Written back as the rule (scenario_write.cpp), never as
+  // one entry per epoch: 10^12 epochs must cost nothing to describe.
+  struct Ramp {
+    int64_t start = 1, step = 0, max = 1;
+  };
+  std::optional<Ramp> accumulation_ramp;
   int64_t epochs = 1;
   int64_t ranks = 1;  // R data-parallel ranks (DistributedSampler sharding)
   Sampler sampler = Sampler::pad;

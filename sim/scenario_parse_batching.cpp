@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "sim/limits.hpp"
 #include "sim/scenario_reader.hpp"
 
 namespace accumcheck::scenario_reader {
@@ -40,6 +41,7 @@ void parse_accumulation(const Parser& p, const Section& sec, BatchingSpec& b) {
     return v->get();
   };
   b.accumulation_per_epoch.clear();
+  b.accumulation_ramp.reset();
   if (n->is_integer()) {
     b.accumulation = k_value(*n, "batching.accumulation");
     return;
@@ -82,9 +84,16 @@ void parse_accumulation(const Parser& p, const Section& sec, BatchingSpec& b) {
     const int64_t start = field("start", 1), step = field("step", 0),
                   max = field("max", 1);
     // K_e = min(start + e * step, max), saturating (no overflow); kept
-    // until it stops changing (accumulation_at repeats the last entry).
+    // until it stops changing (accumulation_at repeats the last entry), and
+    // for at most `windows` + 1 epochs: every epoch holds at least one
+    // optimizer window, so a run within the windows limit (or cut by
+    // max_steps / --steps, which that limit also bounds) never reaches a
+    // later epoch, while { start = 1, step = 1, max = 2^62 } with 10^12
+    // epochs would otherwise store 10^12 entries before any limit is read.
+    b.accumulation_ramp = BatchingSpec::Ramp{start, step, max};
+    const int64_t stored_max = std::min(b.epochs, limit("windows") + 1);
     int64_t k = std::min(start, max);
-    for (int64_t e = 0; e < b.epochs; ++e) {
+    for (int64_t e = 0; e < stored_max; ++e) {
       b.accumulation_per_epoch.push_back(k);
       if (k == max || step == 0) break;
       k = max - k <= step ? max : k + step;

@@ -2,10 +2,10 @@
 // inverse of sim/scenario_parse.cpp.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "sim/scenario_parse.hpp"
 #include "sim/k_schedule.hpp"
 #include "sim/pitfalls.hpp"
 #include "sim/scenario_parse.hpp"
@@ -127,6 +127,9 @@ std::string to_toml(const Scenario& s) {
   line("micro_batch", integer(s.batching.micro_batch));
   if (s.batching.accumulation_per_epoch.empty()) {
     line("accumulation", integer(s.batching.accumulation));
+  } else if (const auto& r = s.batching.accumulation_ramp) {
+    line("accumulation", fmt::format("{{ start = {}, step = {}, max = {} }}",
+                                     r->start, r->step, r->max));
   } else {
     std::string ks = "[";
     for (int64_t e = 0; e < s.batching.epochs; ++e) {
@@ -245,9 +248,16 @@ std::string describe(const Scenario& s) {
   if (!s.data.shuffle) d += " no-shuffle";
   std::string k = std::to_string(s.batching.accumulation);
   if (k_changes(s.batching)) {
+    // K of each epoch, the first 16 of them (10^12 epochs cost nothing).
+    constexpr int64_t kShown = 16;
     k.clear();
-    for (int64_t e = 0; e < s.batching.epochs; ++e)
+    for (int64_t e = 0; e < std::min(s.batching.epochs, kShown); ++e)
       k += (e ? "," : "") + std::to_string(accumulation_at(s.batching, e));
+    if (s.batching.epochs > kShown) {
+      const auto& r = s.batching.accumulation_ramp;
+      k += r ? fmt::format(",... (min({}+{}e,{}))", r->start, r->step, r->max)
+             : ",...";
+    }
   }
   d += fmt::format(" b={} K={} R={}", s.batching.micro_batch, k,
                    s.batching.ranks);

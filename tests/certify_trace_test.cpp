@@ -2,6 +2,7 @@
 // the float32 device engine are certified (correct passes, a pitfall fails
 // and is diagnosed as itself), and every malformed trace is an InputError
 // naming the file and line.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -40,16 +41,23 @@ TEST(Certify, DeviceCorrectRunPasses) {
   EXPECT_EQ(r.expected_steps, 9);
   EXPECT_TRUE(r.pattern_checked);
   EXPECT_TRUE(r.pattern_ok) << r.pattern_message;
-  // step count + 9 gradients + 9 parameter sets + order and coverage + lr
-  // + call pattern
-  EXPECT_EQ(r.checks.size(), 22u);
+  // step count + 9 clip norms + 9 gradients + 9 parameter sets + order
+  // and coverage + lr + call pattern
+  EXPECT_EQ(r.checks.size(), 31u);
+  int clip_norms = 0;
   for (const CertifyCheck& c : r.checks) {
+    if (c.kind == "clip norm") {
+      ++clip_norms;
+      EXPECT_TRUE(c.ok) << c.message;
+      EXPECT_EQ(c.name, fmt::format("step {} clip norm", c.step));
+    }
     if (c.name == "order and coverage") {
       EXPECT_NE(c.message.find("every epoch draws every sample once"),
                 std::string::npos)
           << c.message;
     }
   }
+  EXPECT_EQ(clip_norms, 9);
 }
 
 class CertifyPitfall : public ::testing::TestWithParam<Pitfall> {};
@@ -262,6 +270,65 @@ TEST_F(CertifyBadInput, MissingEventsColumn) {
     v[0] = "run,epoch,step,micro,event,samples,tokens,loss,lr";
   });
   expect_error("events.csv:1", "missing column 'grad_norm'");
+}
+
+// ------------------------------------------------- recorded clip norms
+
+// The trainer's recorded pre-clip norms force every clip decision and are
+// judged themselves: a trace from the same (correct) run, edited.
+class CertifyClipNorm : public CertifyBadInput {
+ protected:
+  // Applies fn to the grad_norm field of every clip row of events.csv.
+  template <class F>
+  void edit_clip_norms(F fn) {
+    edit("events.csv", [&](auto& v) {
+      for (std::string& l : v) {
+        if (l.find(",clip,") == std::string::npos) continue;
+        std::vector<std::string> f;
+        std::istringstream in(l);
+        for (std::string x; std::getline(in, x, ',');) f.push_back(x);
+        if (l.back() == ',') f.emplace_back();
+        f[9] = fn(f[9]);  // run,epoch,step,micro,event,...,lr,grad_norm
+        l.clear();
+        for (size_t i = 0; i < f.size(); ++i) l.append(i ? "," : "") += f[i];
+      }
+    });
+  }
+};
+
+TEST_F(CertifyClipNorm, AWrongRecordedNormFails) {
+  // clip_grad_norm_ reporting twice its gradient's norm: the norm is
+  // outside its bound, and the factor it forces clips the oracle's
+  // gradient by half the trainer's factor.
+  edit_clip_norms([](const std::string& x) {
+    return fmt::format("{:.17g}", 2 * std::stod(x));
+  });
+  const CertifyReport r = certify(scenario(), dir_);
+  EXPECT_FALSE(r.pass);
+  EXPECT_EQ(r.first_out, 0);
+  EXPECT_NE(r.verdict.find("leaves the bound at step 0 (clip norm)"),
+            std::string::npos)
+      << r.verdict;
+  for (const CertifyCheck& c : r.checks)
+    if (c.kind == "clip norm") {
+      EXPECT_FALSE(c.ok) << c.message;
+    }
+}
+
+TEST_F(CertifyClipNorm, WithoutRecordedNormsTheOraclesNormDecides) {
+  // A trace whose clip rows carry no norm: the decisions are the oracle's
+  // (none of certify-mlp's lies near the float32 bound of the threshold),
+  // no clip norm is judged, and the report says so.
+  edit_clip_norms([](const std::string&) { return std::string(); });
+  const CertifyReport r = certify(scenario(), dir_);
+  EXPECT_TRUE(r.pass) << certify_text(r);
+  for (const CertifyCheck& c : r.checks) EXPECT_NE(c.kind, "clip norm");
+  std::string notes;
+  for (const std::string& n : r.notes) notes.append(n).append("\n");
+  EXPECT_NE(notes.find("clip: at 9 step(s) (0, 1, 2, 3, 4, ...) correct "
+                       "clips where the trace records no pre-clip norm"),
+            std::string::npos)
+      << notes;
 }
 
 // ---------------------------------------------------------------- export

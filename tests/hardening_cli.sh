@@ -101,6 +101,21 @@ epochs = 1000000000000"
     [ "$(tail -n +2 "$tmp/bundle/batches.csv" | cut -d, -f1 | sort -u | wc -l)" = 2 ] ||
       fail "batches.csv should hold the 2 epochs around max_steps"
     ;;
+  ramp_epochs_huge)  # a ramp rule used to store one K per epoch (10^12) at parse
+    scenario "$tmp/a.toml" "[4, 8, 2]" "samples = 64
+seed = 1" "micro_batch = 4
+accumulation = { start = 1, step = 1, max = 4611686018427387904 }
+epochs = 1000000000000"
+    expect 2 'batching.epochs = 1000000000000 x 16 windows per epoch = 16000000000000 optimizer windows exceeds the limit windows' 10 -- \
+      "$bin" run "$tmp/a.toml" --no-trace
+    expect 0 'K=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,\.\.\. \(min\(1\+1e,4611686018427387904\)\)' 20 -- \
+      "$bin" run "$tmp/a.toml" --steps 3 --no-trace
+    # export writes the rule back, not 10^12 entries, and reads it again.
+    sed -i 's/^epochs = .*/&\nmax_steps = 3/' "$tmp/a.toml"
+    expect 0 'exported a' 20 -- "$bin" export "$tmp/a.toml" --out "$tmp/bundle"
+    grep -q '^accumulation = { start = 1, step = 1, max = 4611686018427387904 }$' \
+      "$tmp/bundle/scenario.toml" || fail "the bundle's scenario.toml lost the ramp rule"
+    ;;
   epochs_int64max)
     scenario "$tmp/a.toml" "[4, 8, 2]" "samples = 64" "micro_batch = 4
 accumulation = 2

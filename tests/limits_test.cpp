@@ -106,6 +106,40 @@ TEST(Limits, MaxStepsCapsWindowsAndOverflowIsRefused) {
   EXPECT_EQ(scenario_size(s).windows, 2);
 }
 
+TEST(Limits, OracleWorkLimitDependsOnTheBoundArithmetic) {
+  // 1M-parameter-sized work: over the 50-digit oracle's limit, within the
+  // double-double bound's (certify's default).
+  Scenario s = parse_scenario_string(
+      scenario_text("micro_batch = 4\naccumulation = 2\nepochs = 10"),
+      "big.toml");
+  s.model.widths = {64, 512, 512, 10};  // 301066 parameters
+  s.batching.max_steps = 1;
+  const int64_t per_step = *scenario_size(s).oracle_madds;
+  s.batching.max_steps = limit("oracle_madds") / per_step + 1;
+  ASSERT_LE(s.batching.max_steps, limit("windows"));
+  s.batching.epochs = s.batching.max_steps;
+  try {
+    require_scenario_within_limits(s);
+    FAIL() << "over oracle_madds accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the limit oracle_madds ="),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(require_scenario_within_limits(s, "oracle_madds_dd"));
+  s.batching.max_steps = limit("oracle_madds_dd") / per_step + 1;
+  s.batching.epochs = s.batching.max_steps;
+  ASSERT_LE(s.batching.max_steps, limit("windows"));
+  try {
+    require_scenario_within_limits(s, "oracle_madds_dd");
+    FAIL() << "over oracle_madds_dd accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the limit oracle_madds_dd ="),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Limits, RequireWithinNamesKeyValueLimitAndTheWayToRaiseIt) {
   try {
     require_within("samples", 20000000, "data.samples = 20000000", "f.toml", 7,

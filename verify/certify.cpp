@@ -23,7 +23,9 @@ using namespace certify_detail;
 CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                       const CertifyConfig& cfg) {
   require_exportable_model(s);
-  require_scenario_within_limits(s);
+  require_scenario_within_limits(s, cfg.bound_arith == BoundArith::dd
+                                        ? "oracle_madds_dd"
+                                        : "oracle_madds");
   const auto t0 = std::chrono::steady_clock::now();
   // 1. Load and validate.
   const ParamLayout layout = layout_of(s.model);
@@ -62,10 +64,12 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                       cfg.autocast.empty() ? (cfg.fp64 ? "fp64" : "fp32")
                                            : cfg.autocast));
   }
+  const ClipNorms clip_norms = clip_norms_of(*L.run, L.steps.size());
   const Ctx ctx{s,           data,        init,
                 plan,        layout,      L.steps,
                 cfg.fp64,    range,       cfg.bound_arith,
-                cfg.threads, max_windows, grad_scale};
+                cfg.threads, max_windows, grad_scale,
+                clip_norms};
 
   CertifyReport r;
   r.scenario = s.name;

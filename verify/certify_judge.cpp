@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <utility>
 
 #include "oracle/oracle.hpp"
 #include "sim/limits.hpp"
@@ -20,24 +22,69 @@ const double kFp64Scale = error_model::tolerance("fp64_bound_scale");
 const double kProxyUlps = error_model::tolerance("certify_proxy_ulps");
 constexpr double kU = error_model::kUnitRoundoff32;
 
-// An engine that remembers every grad_norm() it returned, so that the
-// clip decisions of a step can be checked for ambiguity, and that judges
-// the optimizer steps of one range only: what feeds a step outside it
-// (forward_backward, L2, clipping, zeroing) is skipped, and the optimizer
-// steps before it run on the trace's gradients and parameters only when
-// the optimizer keeps state (momentum, Adam), so that the state at the
-// range's first step is bit for bit a whole run's (teacher forcing: a
-// step depends on the trace, never on the oracle's earlier steps).
+template <class T>
+T lift(double x) {
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return T::exact(decltype(T::v)(x));  // exact: x is a trace value
+}
+
+// The clip factor PyTorch's clip_grad_norm_ applies for the pre-clip norm
+// `n`: clamp(max_norm / (n + 1e-6), max = 1), computed in float32 as
+// Tensor.__rdiv__ does it, max_norm * (1 / (n + 1e-6)) (three roundings;
+// the one Trainer's float32 engine divides once, within the same bound),
+// and multiplied always (by 1 when clamped).  Returns false where the
+// factor is 1 for certain (no scaling); else `f`, whose Tracked bound
+// holds the float32 factor whichever side of 1 it rounds to (the clamp
+// is 1-Lipschitz: |min(f32, 1) - min(v, 1)| <= |f32 - v| <= e).
+template <class T>
+bool clip_factor(const T& n, double max_norm, T& f) {
+  const T c = T(max_norm) * (T(1) / (n + T(1e-6)));
+  if constexpr (std::is_same_v<T, double>) {
+    f = c;
+    return c < 1;
+  } else {
+    using V = decltype(c.v);
+    if (!(c.v - c.e < V(1))) return false;
+    f = T(c.v < V(1) ? c.v : V(1), c.e);
+    return true;
+  }
+}
+
+// An engine that judges the optimizer steps of one range only: what feeds
+// a step outside it (forward_backward, L2, clipping, zeroing) is skipped,
+// and the optimizer steps before it run on the trace's gradients and
+// parameters only when the optimizer keeps state (momentum, Adam), so
+// that the state at the range's first step is bit for bit a whole run's
+// (teacher forcing: a step depends on the trace, never on the oracle's
+// earlier steps).
+//
+// It clips itself (the Trainer's clip() hands it clip_grad_norm): the
+// trainer's own pre-clip norm (ClipNorms: the trace's clip rows, call i
+// of rank r at step t) forces the decision and the factor, so the clipped
+// gradient is predicted as the trainer computed it, and the oracle's norm
+// is kept to judge rank 0's recorded ones against (StepEval::norm).  A
+// clip call with no recorded norm is decided by the oracle's own norm.
 template <class Inner>
 class Watched {
  public:
   using Real = typename Inner::Real;
+  // A clip call of the current step: the oracle's norm, the recorded one.
+  struct ForcedNorm {
+    Real oracle;
+    double recorded;
+  };
   // `ranks`: every rank calls optimizer_step once per optimizer step.
-  Watched(Inner& in, StepRange range, bool stateful, int64_t ranks)
+  Watched(Inner& in, StepRange range, bool stateful, int64_t ranks,
+          const ClipNorms& recorded)
       : in_(in),
         range_(range),
         stateful_(stateful),
-        ranks_(std::max<int64_t>(ranks, 1)) {}
+        ranks_(std::max<int64_t>(ranks, 1)),
+        recorded_(recorded) {}
+  // The rank the Trainer runs (its rank()), set once the Trainer exists.
+  void set_rank(std::function<int64_t()> rank) { rank_ = std::move(rank); }
   // Whether the current micro-batches feed a judged step.
   bool live() const { return range_.contains(steps()); }
   int64_t items(const std::vector<int64_t>& ids) const {
@@ -54,10 +101,37 @@ class Watched {
   void add_l2(double lambda, int64_t den) {
     if (live()) in_.add_l2(lambda, den);
   }
-  Real grad_norm() const {
-    Real n = live() ? in_.grad_norm() : Real(0);
-    norms_.push_back(n);
-    return n;
+  Real grad_norm() const { return live() ? in_.grad_norm() : Real(0); }
+  // clip_grad_norm_(max_norm): returns the norm the decision was made on.
+  Real clip_grad_norm(double max_norm) {
+    if (!live()) return Real(0);
+    const int64_t t = steps();
+    if (t != clip_step_) {
+      clip_step_ = t;
+      calls_of_rank_.clear();
+      forced_.clear();
+      unforced_ = 0;
+    }
+    const int64_t r = rank_ ? rank_() : 0;
+    if (calls_of_rank_.size() <= size_t(r))
+      calls_of_rank_.resize(size_t(r) + 1);
+    const size_t i = size_t(calls_of_rank_[size_t(r)]++);
+    const Real own = in_.grad_norm();
+    Real used = own;
+    const double* rec = recorded(t, r, i);
+    // Every rank's decision is forced by its own recorded norm (a rank's
+    // clipped gradient may feed the all-reduce); rank 0's norms are judged,
+    // as its gradient is (the other ranks' oracle state is rank 0's trace,
+    // which is theirs only when they step in sync).
+    if (rec) {
+      used = lift<Real>(*rec);
+      if (r == 0) forced_.push_back({own, *rec});
+    } else if (r == 0) {
+      ++unforced_;
+    }
+    Real f;
+    if (clip_factor(used, max_norm, f)) in_.scale_grads(f);
+    return used;
   }
   void scale_grads(const Real& f) {
     if (live()) in_.scale_grads(f);
@@ -70,7 +144,14 @@ class Watched {
   }
   EngineState<Real> state() const { return in_.state(); }
   void set_state(const EngineState<Real>& s) { in_.set_state(s); }
-  std::vector<Real>& norms() { return norms_; }
+  // Rank 0's clip calls of `step`, taken: forced, and how many were not.
+  std::vector<ForcedNorm> take_forced(int64_t step, int64_t& unforced) {
+    unforced = 0;
+    if (step != clip_step_) return {};
+    unforced = unforced_;
+    unforced_ = 0;
+    return std::exchange(forced_, {});
+  }
   Inner& inner() { return in_; }
 
  private:
@@ -78,25 +159,31 @@ class Watched {
   StepRange range_;
   bool stateful_;
   int64_t ranks_;
+  const ClipNorms& recorded_;
+  std::function<int64_t()> rank_;
   int64_t calls_ = 0;  // optimizer.step() calls so far, all ranks
   // Optimizer steps so far (ranks in lockstep, rank 0 first).
   int64_t steps() const { return calls_ / ranks_; }
-  mutable std::vector<Real> norms_;
+  // The clip calls of step clip_step_: per rank so far; forced; not.
+  int64_t clip_step_ = -1;
+  std::vector<int64_t> calls_of_rank_;
+  std::vector<ForcedNorm> forced_;
+  int64_t unforced_ = 0;
+  const double* recorded(int64_t t, int64_t r, size_t i) const {
+    if (size_t(t) >= recorded_.size() ||
+        size_t(r) >= recorded_[size_t(t)].size())
+      return nullptr;
+    const std::vector<double>& calls = recorded_[size_t(t)][size_t(r)];
+    if (i >= calls.size() || !std::isfinite(calls[i])) return nullptr;
+    return &calls[i];
+  }
 };
-
-template <class T>
-T lift(double x) {
-  if constexpr (std::is_same_v<T, double>)
-    return x;
-  else
-    return T::exact(decltype(T::v)(x));  // exact: x is a trace value
-}
 
 // The trace's values `f` against the oracle's `v`.
 error_model::Comparison judge_values(const std::string& what,
                                      const std::vector<double>& f,
                                      const std::vector<double>& v,
-                                     const ParamLayout& layout, bool, double) {
+                                     const ParamLayout* layout, bool, double) {
   error_model::Comparison c;
   c.what = what;
   double maxabs = 0;
@@ -105,7 +192,7 @@ error_model::Comparison judge_values(const std::string& what,
     const double err = std::fabs(f[i] - v[i]);
     const double bound =
         kProxyUlps * kU * (std::fabs(v[i]) + std::ldexp(maxabs, -10)) + 1e-300;
-    error_model::accumulate(c, &layout, int64_t(i), f[i], v[i], err, bound,
+    error_model::accumulate(c, layout, int64_t(i), f[i], v[i], err, bound,
                             err / bound, err > bound);
   }
   return c;
@@ -115,15 +202,36 @@ template <class B>
 error_model::Comparison judge_values(const std::string& what,
                                      const std::vector<double>& f,
                                      const std::vector<Tracked<B>>& v,
-                                     const ParamLayout& layout, bool fp64,
+                                     const ParamLayout* layout, bool fp64,
                                      double scale) {
   if (!fp64) {
     const std::vector<float> f32(f.begin(), f.end());  // exact: validated
-    return error_model::compare(what, f32, v, &layout,
+    return error_model::compare(what, f32, v, layout,
                                 error_model::tolerance("bound_slack"), scale);
   }
   return error_model::compare(
-      what, f, v, &layout, error_model::tolerance("bound_slack"), kFp64Scale);
+      what, f, v, layout, error_model::tolerance("bound_slack"), kFp64Scale);
+}
+
+// The trainer's recorded pre-clip norms `f` against the oracle's `v`:
+// the norm of the gradient, so within the gradient's bound (scaled as the
+// gradient's is: fp64, autocast).  A norm the recorder computed itself
+// (an inferred clip) is a double: compared as it is.
+error_model::Comparison judge_norms(const std::string& what,
+                                    const std::vector<double>& f,
+                                    const std::vector<double>& v,
+                                    const Ctx& c) {
+  return judge_values(what, f, v, nullptr, c.fp64, c.grad_scale);
+}
+
+template <class B>
+error_model::Comparison judge_norms(const std::string& what,
+                                    const std::vector<double>& f,
+                                    const std::vector<Tracked<B>>& v,
+                                    const Ctx& c) {
+  return error_model::compare(what, f, v, nullptr,
+                              error_model::tolerance("bound_slack"),
+                              c.fp64 ? kFp64Scale : c.grad_scale);
 }
 }  // namespace
 
@@ -135,13 +243,15 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   Oracle<T> oracle(c.s.model, c.data, c.init);
   const OptimizerSpec& o = c.s.optimizer;
   const bool stateful = o.kind != OptimizerKind::sgd || o.momentum != 0.0;
-  Watched<Oracle<T>> w(oracle, range, stateful, c.s.batching.ranks);
+  Watched<Oracle<T>> w(oracle, range, stateful, c.s.batching.ranks,
+                       c.clip_norms);
   TrainerOptions opt;
   opt.record_values = false;
   opt.record_events = false;
   opt.max_steps = c.s.batching.max_steps;
   opt.max_windows = c.max_windows;
   Trainer<Watched<Oracle<T>>> trainer(w, c.s, b, c.s.optimizer.lr, opt);
+  w.set_rank([&trainer] { return trainer.rank(); });
   Forced r;
   r.eval.resize(c.trace.size());
   const size_t n = c.trace.size();
@@ -150,9 +260,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   // parameters); every rank is then forced to the trace's.
   auto before = [&](int64_t step, Watched<Oracle<T>>& e) {
     r.steps = std::max(r.steps, step + 1);
-    std::vector<T>& norms = e.norms();
     if (size_t(step) >= n || !range.contains(step)) {
-      norms.clear();
       if (size_t(step) < n && step < range.begin && stateful) {
         std::vector<T>& g = e.inner().grads();
         const std::vector<double>& want = c.trace[size_t(step)].grad;
@@ -168,22 +276,19 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
     }
     StepEval& ev = r.eval[size_t(step)];
     ev.seen = true;
-    if constexpr (!std::is_same_v<T, double>) {
-      // Every norm but the last (the step record's) was a clip decision.
-      if (c.s.clip.enabled)
-        for (size_t i = 0; i + 1 < norms.size(); ++i) {
-          const T coef = T(c.s.clip.max_norm) / (norms[i] + T(1e-6));
-          using std::abs;
-          auto bound = coef.e;
-          if (c.fp64) bound *= decltype(bound)(kFp64Scale);
-          bound *= decltype(bound)(c.grad_scale);
-          if (abs(coef.v - decltype(bound)(1)) <= bound) ev.ambiguous = true;
-        }
+    const auto forced = e.take_forced(step, ev.unforced);
+    if (!forced.empty()) {
+      std::vector<double> f;
+      std::vector<T> v;
+      for (const auto& x : forced) {
+        f.push_back(x.recorded);
+        v.push_back(x.oracle);
+      }
+      ev.norm = judge_norms(fmt::format("step {} clip norm", step), f, v, c);
     }
-    norms.clear();
     ev.grad = judge_values(fmt::format("step {} gradient", step),
                            c.trace[size_t(step)].grad, e.inner().grads(),
-                           c.layout, c.fp64, c.grad_scale);
+                           &c.layout, c.fp64, c.grad_scale);
     std::vector<T>& g = e.inner().grads();
     const std::vector<double>& want = c.trace[size_t(step)].grad;
     for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
@@ -202,7 +307,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
     if (trainer.rank() == 0) {
       StepEval& ev = r.eval[size_t(step)];
       ev.param = judge_values(fmt::format("step {} parameters", step),
-                              c.trace[size_t(step)].param, params, c.layout,
+                              c.trace[size_t(step)].param, params, &c.layout,
                               c.fp64, 1.0);
     }
     const std::vector<double>& want = c.trace[size_t(step)].param;
@@ -250,11 +355,15 @@ Distance distance_of(const Forced& f, size_t trace_steps) {
   for (size_t t = 0; t < f.eval.size(); ++t) {
     const StepEval& ev = f.eval[t];
     if (!ev.seen) continue;
-    const double worst = std::max(ev.grad.max_ratio, ev.param.max_ratio);
-    const bool out = !ev.grad.ok() || !ev.param.ok();
-    if (out && ev.ambiguous) continue;
-    d.value = std::max(d.value, worst);
-    if (out && d.first_out < 0) {
+    d.value = std::max(
+        {d.value, ev.norm.max_ratio, ev.grad.max_ratio, ev.param.max_ratio});
+    if (d.first_out >= 0) continue;
+    // In the order the trainer computed them: the norm its clip decided
+    // on, the gradient, the parameters.
+    if (!ev.norm.ok()) {
+      d.first_out = int64_t(t);
+      d.first_out_what = "clip norm";
+    } else if (!ev.grad.ok() || !ev.param.ok()) {
       d.first_out = int64_t(t);
       const bool g = !ev.grad.ok();
       const auto& cmp = g ? ev.grad : ev.param;
@@ -283,26 +392,39 @@ void judge_accepted(const Forced& acc, CertifyReport& r) {
                             r.accepted, acc.steps);
     r.checks.push_back(c);
   }
+  std::vector<int64_t> unforced;
   for (size_t t = 0; t < acc.eval.size(); ++t) {
     const StepEval& ev = acc.eval[t];
     if (!ev.seen) continue;
-    if (ev.ambiguous && (!ev.grad.ok() || !ev.param.ok()))
-      r.ambiguous_steps.push_back(int64_t(t));
-    for (const auto* cmp : {&ev.grad, &ev.param}) {
+    if (ev.unforced > 0) unforced.push_back(int64_t(t));
+    for (const auto* cmp : {&ev.norm, &ev.grad, &ev.param}) {
+      if (cmp == &ev.norm && ev.norm.n == 0) continue;  // no clip forced
       CertifyCheck c;
       c.name = cmp->what;
-      c.ok = cmp->ok() || ev.ambiguous;
-      c.ambiguous = ev.ambiguous && !cmp->ok();
+      c.ok = cmp->ok();
       c.message = cmp->summary();
       c.step = int64_t(t);
-      c.kind = cmp == &ev.grad ? "gradient" : "parameters";
-      c.tensor_ratio = cmp->tensor_ratio;
-      if (c.ambiguous)
-        c.message.append(
-            " [ambiguous: a clip decision lies within the bound of the "
-            "threshold]");
+      c.kind = cmp == &ev.norm   ? "clip norm"
+               : cmp == &ev.grad ? "gradient"
+                                 : "parameters";
+      c.tensor_ratio =
+          cmp == &ev.norm
+              ? std::vector<std::pair<std::string, double>>{{"total",
+                                                             cmp->max_ratio}}
+              : cmp->tensor_ratio;
       r.checks.push_back(c);
     }
+  }
+  if (!unforced.empty()) {
+    std::string steps;
+    for (size_t i = 0; i < unforced.size() && i < 5; ++i)
+      steps.append(fmt::format("{}{}", i ? ", " : "", unforced[i]));
+    if (unforced.size() > 5) steps.append(", ...");
+    r.notes.push_back(fmt::format(
+        "clip: at {} step(s) ({}) {} clips where the trace records no "
+        "pre-clip norm to force the decision: the oracle's own norm decided "
+        "it",
+        unforced.size(), steps, r.accepted));
   }
 }
 

@@ -228,4 +228,18 @@ void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
   r.checks.push_back(c);
 }
 
+ClipNorms clip_norms_of(const TraceRun& run, size_t steps) {
+  ClipNorms n(steps);
+  for (const TraceEvent& te : run.events) {
+    const Event& e = te.event;
+    if (e.kind != EventKind::clip || e.rank < 0 || e.step < 0 ||
+        size_t(e.step) >= steps)
+      continue;
+    std::vector<std::vector<double>>& ranks = n[size_t(e.step)];
+    if (ranks.size() <= size_t(e.rank)) ranks.resize(size_t(e.rank) + 1);
+    ranks[size_t(e.rank)].push_back(e.grad_norm);
+  }
+  return n;
+}
+
 }  // namespace accumcheck::certify_detail

@@ -42,11 +42,12 @@ constexpr std::string_view kSlotNames[] = {"backward",       "zero_grad",
                                            "clip",           "optimizer.step",
                                            "scheduler.step", "all_reduce"};
 
-Pattern pattern_of(const std::vector<Event>& all_events,
-                   bool ignore_scheduler) {
-  std::vector<Event> events;  // rank 0's and the collectives (rank -1)
+// Rank `rank`'s calls and the collectives (rank -1).
+Pattern pattern_of(const std::vector<Event>& all_events, bool ignore_scheduler,
+                   int64_t rank) {
+  std::vector<Event> events;
   for (const Event& e : all_events)
-    if (e.rank <= 0) events.push_back(e);
+    if (e.rank == rank || e.rank < 0) events.push_back(e);
   Pattern p;
   bool seen_fb = false, last_zero = false;
   // zero_grads after the last backward change nothing either.
@@ -86,16 +87,43 @@ std::string counts_text(const Pattern& p, size_t step) {
   return s;
 }
 
-Pattern semantics_pattern(const Scenario& s, const Plan& plan,
-                          const Behavior& b, bool ignore_scheduler,
-                          int64_t max_windows) {
+// Every rank's pattern, ranks 0..R-1 (R: the scenario's ranks, or more
+// when the trace's events name a higher rank).
+std::vector<Pattern> patterns_of(const std::vector<Event>& events,
+                                 bool ignore_scheduler, int64_t ranks) {
+  for (const Event& e : events) ranks = std::max(ranks, e.rank + 1);
+  std::vector<Pattern> out;
+  for (int64_t r = 0; r < ranks; ++r)
+    out.push_back(pattern_of(events, ignore_scheduler, r));
+  return out;
+}
+
+std::vector<Pattern> semantics_pattern(const Scenario& s, const Plan& plan,
+                                       const Behavior& b, bool ignore_scheduler,
+                                       int64_t max_windows) {
   NullEngine null;
   TrainerOptions opt;
   opt.record_values = false;
   opt.max_steps = s.batching.max_steps;
   opt.max_windows = max_windows;
   Trainer<NullEngine> t(null, s, b, s.optimizer.lr, opt);
-  return pattern_of(t.run(plan, "pattern").events, ignore_scheduler);
+  return patterns_of(t.run(plan, "pattern").events, ignore_scheduler,
+                     s.batching.ranks);
+}
+
+// The first (rank, optimizer step) where two patterns differ.
+std::pair<size_t, size_t> first_difference(const std::vector<Pattern>& a,
+                                           const std::vector<Pattern>& b) {
+  for (size_t r = 0; r < std::max(a.size(), b.size()); ++r) {
+    const Pattern none;
+    const Pattern& x = r < a.size() ? a[r] : none;
+    const Pattern& y = r < b.size() ? b[r] : none;
+    if (x == y) continue;
+    size_t at = 0;
+    while (at < x.size() && at < y.size() && x[at] == y[at]) ++at;
+    return {r, at};
+  }
+  return {0, 0};
 }
 
 }  // namespace
@@ -127,30 +155,36 @@ PatternCheck check_pattern(const Scenario& s, const Plan& plan,
   }
   // A constant schedule needs no scheduler object at all.
   pc.ignore_sched = !any_sched && s.schedule.kind == ScheduleKind::constant;
-  pc.trace = pattern_of(evs, pc.ignore_sched);
-  const Pattern& trace_pattern = pc.trace;
-  const Pattern want =
+  pc.trace = patterns_of(evs, pc.ignore_sched, s.batching.ranks);
+  const std::vector<Pattern> want =
       semantics_pattern(s, plan, accepted_b, pc.ignore_sched, max_windows);
-  r.pattern_ok = trace_pattern == want;
-  for (size_t i = 0; i < std::max(want.size(), trace_pattern.size()); ++i)
-    if ((i < want.size() ? want[i][5] : 0) !=
-        (i < trace_pattern.size() ? trace_pattern[i][5] : 0))
+  r.pattern_ok = pc.trace == want;
+  // The collectives (rank -1) are in every rank's pattern: rank 0's says.
+  const Pattern& w0 = want.front();
+  const Pattern& t0 = pc.trace.front();
+  for (size_t i = 0; i < std::max(w0.size(), t0.size()); ++i)
+    if ((i < w0.size() ? w0[i][5] : 0) != (i < t0.size() ? t0[i][5] : 0))
       pc.collectives_differ = true;
+  const std::string on_ranks =
+      want.size() > 1 ? fmt::format(" on each of the {} ranks", want.size())
+                      : "";
   if (r.pattern_ok) {
-    r.pattern_message =
-        fmt::format("call pattern as {} (optimizer step 1: {})", r.accepted,
-                    counts_text(want, std::min<size_t>(1, want.size() - 1)));
-  } else {
-    size_t at = 0;
-    while (at < std::max(want.size(), trace_pattern.size()) &&
-           at < want.size() && at < trace_pattern.size() &&
-           want[at] == trace_pattern[at])
-      ++at;
     r.pattern_message = fmt::format(
-        "call pattern differs from {} at optimizer step {}: the trace has "
+        "call pattern as {}{} (optimizer step 1: {})", r.accepted, on_ranks,
+        counts_text(w0, std::min<size_t>(1, w0.size() - 1)));
+  } else {
+    const auto [rank, at] = first_difference(pc.trace, want);
+    const Pattern none;
+    const Pattern& tr = rank < pc.trace.size() ? pc.trace[rank] : none;
+    const Pattern& wr = rank < want.size() ? want[rank] : none;
+    r.pattern_message = fmt::format(
+        "call pattern differs from {} at optimizer step {}{}: the trace has "
         "{}; {} has {}",
-        r.accepted, at, counts_text(trace_pattern, at), r.accepted,
-        counts_text(want, at));
+        r.accepted, at,
+        want.size() > 1 || pc.trace.size() > 1
+            ? fmt::format(" on rank {}", rank)
+            : "",
+        counts_text(tr, at), r.accepted, counts_text(wr, at));
   }
   CertifyCheck c;
   c.name = "call pattern";

@@ -29,16 +29,11 @@ std::string certify_pass_verdict(const CertifyReport& r, double max_ratio) {
           "; but the {} is wrong (a check of its own, not training's)",
           c.name));
   return fmt::format(
-             "PASS: {} within the bound of {} (max error {} of bound){}",
-             part ? fmt::format("steps {}:{} of {}", r.steps.begin, r.steps.end,
-                                r.trace_steps)
-                  : fmt::format("{} steps", r.trace_steps),
-             r.accepted, certify_detail::ratio_text(max_ratio),
-             r.ambiguous_steps.empty()
-                 ? std::string()
-                 : fmt::format("; {} ambiguous clip step(s)",
-                               r.ambiguous_steps.size())) +
-         wrong;
+      "PASS: {} within the bound of {} (max error {} of bound){}",
+      part ? fmt::format("steps {}:{} of {}", r.steps.begin, r.steps.end,
+                         r.trace_steps)
+           : fmt::format("{} steps", r.trace_steps),
+      r.accepted, certify_detail::ratio_text(max_ratio), wrong);
 }
 
 namespace certify_detail {
@@ -48,11 +43,10 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
       std::all_of(r.checks.begin(), r.checks.end(),
                   [](const CertifyCheck& c) { return c.ok || c.separate; });
   double worst = 0;
-  // A step with an ambiguous clip decision counts when it is within the
-  // bound anyway (under bf16 autocast every decision can be ambiguous).
   for (const StepEval& ev : acc.eval)
-    if (ev.seen && (!ev.ambiguous || (ev.grad.ok() && ev.param.ok())))
-      worst = std::max({worst, ev.grad.max_ratio, ev.param.max_ratio});
+    if (ev.seen)
+      worst = std::max(
+          {worst, ev.norm.max_ratio, ev.grad.max_ratio, ev.param.max_ratio});
   r.max_ratio = worst;
   if (r.pass) {
     r.verdict = certify_pass_verdict(r, worst);
@@ -178,11 +172,6 @@ std::string certify_text(const CertifyReport& r, int top) {
       r.scenario, r.run, r.engine, r.precision, r.trace_steps, r.accepted,
       r.expected_steps);
   o.append(r.verdict).append("\n");
-  for (int64_t s : r.ambiguous_steps)
-    o.append(fmt::format(
-        "ambiguous: step {}: a clip decision lies within the bound of the "
-        "threshold; the step is reported, not failed\n",
-        s));
   for (const std::string& n : r.notes)
     o.append("note: ").append(n).append("\n");
   for (const CertifyCheck& c : r.checks)
@@ -248,7 +237,7 @@ std::string certify_junit(const CertifyReport& r) {
   for (const CertifyCheck& c : r.checks) {
     o.append(fmt::format("  <testcase classname=\"{}\" name=\"{}\"", cls,
                          xml_escape(c.name)));
-    if (c.ok && !c.ambiguous && !c.skipped) {
+    if (c.ok && !c.skipped) {
       o.append("/>\n");
       continue;
     }
@@ -256,13 +245,10 @@ std::string certify_junit(const CertifyReport& r) {
     if (c.skipped)
       o.append(fmt::format("    <skipped message=\"{}\"/>\n",
                            xml_escape(c.message)));
-    else if (!c.ok)
+    else
       o.append(fmt::format(
           "    <failure message=\"{}\">{}</failure>\n", xml_escape(c.message),
           xml_escape(r.diagnosis.empty() ? c.message : r.diagnosis)));
-    else
-      o.append(fmt::format("    <system-out>{}</system-out>\n",
-                           xml_escape(c.message)));
     o.append("  </testcase>\n");
   }
   o.append("</testsuite>\n</testsuites>\n");

@@ -59,14 +59,27 @@ void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
 
 struct StepEval {
   bool seen = false;
-  bool ambiguous = false;
   error_model::Comparison grad, param;
+  // The trainer's recorded pre-clip norms (rank 0's clip calls of the
+  // step, as its gradient is rank 0's) against the oracle's, within the
+  // norm's bound; n = 0: no clip decision was forced at this step.
+  error_model::Comparison norm;
+  // Clip calls of the semantics with no recorded norm to force them: the
+  // oracle's own norm decided (a trace without them, or a semantics that
+  // clips where the trainer did not).
+  int64_t unforced = 0;
 };
 
 struct Forced {
   int64_t steps = 0;
   std::vector<StepEval> eval;
 };
+
+// The trainer's recorded pre-clip total norms (events.csv: each clip
+// row's grad_norm, clip_grad_norm_'s return), [step][rank][call], NaN
+// where a row has none.
+using ClipNorms = std::vector<std::vector<std::vector<double>>>;
+ClipNorms clip_norms_of(const TraceRun& run, size_t steps);
 
 // Context shared by every forced run.
 struct Ctx {
@@ -84,6 +97,7 @@ struct Ctx {
   // The gradient bound's scale (CertifyConfig::autocast: bf16_bound_scale,
   // fp16_bound_scale; 1 otherwise).  Parameters keep the float32 bound.
   double grad_scale;
+  const ClipNorms& clip_norms;  // clip_norms_of(the run, trace.size())
 };
 
 // Windows after which a forced run stops (-1: none): with max_steps, a
@@ -118,8 +132,9 @@ struct Distance {
 // Max over steps of err/bound (inf when the step counts differ).
 Distance distance_of(const Forced& f, size_t trace_steps);
 
-// The accepted semantics' checks: step count, every step's gradient and
-// parameters (r.checks, r.ambiguous_steps, r.expected_steps).
+// The accepted semantics' checks: step count, every step's gradient,
+// parameters and forced clip norms (r.checks, r.expected_steps), and a
+// note for clip decisions the trace gave no norm to force.
 void judge_accepted(const Forced& acc, CertifyReport& r);
 
 // ------------------------------------------------------------- rank
@@ -166,7 +181,9 @@ using Counts = std::array<int64_t, 6>;
 using Pattern = std::vector<Counts>;
 
 struct PatternCheck {
-  Pattern trace;              // the trace's pattern (when checked)
+  // The trace's pattern (when checked), one per rank: rank r's own calls
+  // and the collectives (rank -1).
+  std::vector<Pattern> trace;
   bool ignore_sched = false;  // scheduler calls not counted
   int64_t max_windows = -1;   // window_cap()
   // The trace's all-reduces differ from the accepted semantics' in number

@@ -286,7 +286,7 @@ void declared(const Trace& tr, Scenario& s) {
 // division).
 CertifyCheck clip_check(const ContractSection& c, const Scenario& s,
                         int64_t n) {
-  CertifyCheck ck{"clip", true, false, false, ""};
+  CertifyCheck ck{"clip", true, false, ""};
   const double nu = double(n + 2) * error_model::kUnitRoundoff32;
   const double rel = nu / (1 - nu);
   double lo = 1, hi = 0;
@@ -398,7 +398,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   for (const auto& m : c.micro)
     if (!std::isnan(m.calibration)) cal_max = std::max(cal_max, m.calibration);
   std::vector<double> eps;
-  CertifyCheck fit{"weight fit", true, false, false, ""};
+  CertifyCheck fit{"weight fit", true, false, ""};
   double worst_fit = 0;
   int64_t worst_b = -1;
   for (size_t b = 0; b < c.backward.size(); ++b) {
@@ -435,7 +435,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
 
   // 2. Each step's consumed gradient as a combination of what .grad held.
   std::vector<double> step_bound;
-  CertifyCheck sfit{"step fit", true, false, false, ""};
+  CertifyCheck sfit{"step fit", true, false, ""};
   double worst_step = 0;
   for (size_t t = 0; t < c.steps.size(); ++t) {
     const auto& st = c.steps[t];
@@ -458,7 +458,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   r.checks.push_back(sfit);
 
   // 3. The optimizer update, replayed in float64.
-  CertifyCheck rep{"optimizer replay", true, false, false, ""};
+  CertifyCheck rep{"optimizer replay", true, false, ""};
   double worst_rep = 0;
   for (const auto& st : c.steps)
     worst_rep = std::max(
@@ -541,7 +541,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   r.expected_steps = correct.steps;
   const bool structure_ok = correct_weights.d <= 1;
   CertifyCheck st{
-      "weights", structure_ok, false, false,
+      "weights", structure_ok, false,
       fmt::format("which g_j with which weight each step holds, against "
                   "correct: max {} of the uncertainty{}",
                   fmt_ratio(correct_weights.d),
@@ -550,7 +550,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   if (lr_correct.checked) {
     std::string msg = lr_correct.message;
     if (msg.rfind("lr: ", 0) == 0) msg = msg.substr(4);
-    CertifyCheck lc{"lr", lr_correct.ok, false, false, msg};
+    CertifyCheck lc{"lr", lr_correct.ok, false, msg};
     if (!lr_correct.ok) lc.message += ": " + lr_correct.evidence;
     r.checks.push_back(lc);
   }

@@ -16,7 +16,7 @@ namespace accumcheck {
 
 namespace {
 
-constexpr std::string_view kSchema = "accumcheck-certify-part/1";
+constexpr std::string_view kSchema = "accumcheck-certify-part/2";
 
 std::string esc(std::string_view s) {
   std::string o;
@@ -145,12 +145,11 @@ Part read_part(const std::string& file) {
     const std::vector<std::string> f = fields_of(line);
     if (f.empty()) continue;
     if (f[0] == "check") {
-      if (f.size() != 5) bad(file, n, "check: expected 4 fields");
+      if (f.size() != 4) bad(file, n, "check: expected 3 fields");
       CertifyCheck c;
       c.name = f[1];
       c.ok = f[2] == "1";
-      c.ambiguous = f[3] == "1";
-      c.message = f[4];
+      c.message = f[3];
       c.separate = c.name == "logged loss";  // verify/state_check's own check
       p.r.checks.push_back(c);
     } else if (f[0] == "candidate") {
@@ -168,9 +167,6 @@ Part read_part(const std::string& file) {
       c.pattern_matches = f[10] == "1";
       // f[11]: the pitfall ids (names suffice for the report).
       p.r.ranking.push_back(c);
-    } else if (f[0] == "ambiguous_step") {
-      if (f.size() != 2) bad(file, n, "ambiguous_step: expected 1 field");
-      p.r.ambiguous_steps.push_back(std::strtoll(f[1].c_str(), nullptr, 10));
     } else {
       if (f.size() != 2) bad(file, n, f[0] + ": expected one value");
       p.kv[f[0]] = f[1];
@@ -259,11 +255,9 @@ std::string certify_part_text(const CertifyReport& r,
   kv("verdict", r.verdict);
   kv("diagnosis", r.diagnosis);
   kv("seconds", num(r.seconds));
-  for (int64_t s : r.ambiguous_steps)
-    o.append(fmt::format("ambiguous_step\t{}\n", s));
   for (const CertifyCheck& c : r.checks)
-    o.append(fmt::format("check\t{}\t{}\t{}\t{}\n", esc(c.name), c.ok ? 1 : 0,
-                         c.ambiguous ? 1 : 0, esc(c.message)));
+    o.append(fmt::format("check\t{}\t{}\t{}\n", esc(c.name), c.ok ? 1 : 0,
+                         esc(c.message)));
   for (const CertifyCandidate& c : r.ranking) {
     std::vector<std::string> ids;
     for (Pitfall x : c.pitfalls) ids.emplace_back(pitfall_id(x));
@@ -319,16 +313,12 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
 
   CertifyReport m = first.r;
   m.checks.clear();
-  m.ambiguous_steps.clear();
   m.ranking.clear();
   m.seconds = 0;
   double worst = 0;
   for (const Part& p : parts) {
     m.seconds += p.r.seconds;
     worst = std::max(worst, p.info.worst);
-    m.ambiguous_steps.insert(m.ambiguous_steps.end(),
-                             p.r.ambiguous_steps.begin(),
-                             p.r.ambiguous_steps.end());
   }
   // Checks in one certify's order: the whole-trace ones of the first part
   // around every part's step checks.

@@ -28,6 +28,10 @@ Loops (--loop):
   clip_local_norm         ZeRO-style sharding by hand: rank q clips its
                           chunk of the flat gradient by that chunk's own norm,
                           then the clipped chunks are all-gathered
+  clip_main_only          clip_grad_norm_ under `if rank == 0` (the
+                          "main process only" guard put around the wrong
+                          line): rank 0 clips, the other ranks step on the
+                          unclipped gradient
 --sharding split: each rank takes order[r::R] by hand (Subset), unequal
 shards (the scenario's sampler = "split"), instead of DistributedSampler.
 """
@@ -48,7 +52,7 @@ from accumcheck_torch import load_bundle  # noqa: E402
 from accumcheck_torch.distributed import DistributedRecorder, launch  # noqa: E402
 
 LOOPS = ("correct", "no_sync_everywhere", "sync_every_micro_step", "local_mean",
-         "scheduler_per_rank", "clip_local_norm")
+         "scheduler_per_rank", "clip_local_norm", "clip_main_only")
 
 
 class Net(torch.nn.Module):
@@ -160,6 +164,9 @@ def train(rank, ranks, args):
             if bundle.clip:
                 if loop == "clip_local_norm":
                     clip_own_chunk(model, bundle.max_norm)
+                elif loop == "clip_main_only":
+                    if rank == 0:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), bundle.max_norm)
                 else:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), bundle.max_norm)
             optimizer.step()

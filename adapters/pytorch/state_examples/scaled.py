@@ -7,6 +7,9 @@ overflow, double it after `growth_interval` clean steps.
 
     python3 scaled.py --bundle BUNDLE --out TRACE --variant correct
     variants: correct, bf16 (the correct loop under torch.autocast bfloat16),
+              bf16_zero_grad_inside (MISTAKE, under bf16 autocast: zero_grad()
+              at the top of the micro-batch loop, so only the last
+              micro-batch of each window reaches the clip and the step),
               scaler_per_micro (scaler.update() after every backward),
               skip_advances_scheduler (scheduler.step() also on a skipped step;
               the scaler starts above float32's range, so it skips at once)
@@ -65,7 +68,8 @@ def main():
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--variant", default="correct",
-                    choices=["correct", "bf16", "scaler_per_micro", "skip_advances_scheduler"])
+                    choices=["correct", "bf16", "bf16_zero_grad_inside", "scaler_per_micro",
+                             "skip_advances_scheduler"])
     args = ap.parse_args()
 
     bundle = load_bundle(args.bundle)
@@ -79,7 +83,7 @@ def main():
     scaler = DynamicLossScaler(init_scale=init)
     recorder = Recorder(bundle, model, optimizer, scheduler, out=args.out,
                         loss_scale=lambda: scaler.scale)
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.variant == "bf16"
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.variant.startswith("bf16")
                 else contextlib.nullcontext())
 
     K = bundle.accumulation
@@ -89,6 +93,8 @@ def main():
         for i, (x, y, _) in enumerate(batches):
             start = (i // K) * K
             n_w = sum(len(b[1]) for b in batches[start:start + K])
+            if args.variant == "bf16_zero_grad_inside":
+                optimizer.zero_grad()  # the mistake
             with autocast:
                 out = model(x)
             loss = F.mse_loss(out.float(), y, reduction="sum") / (bundle.d_out * n_w)

@@ -1,0 +1,30 @@
+# Sourced by scripts/build.sh and scripts/check-hardened.sh.
+#
+# use_compiler_cache: sets cache_args to the CMake arguments that put
+# ccache in front of the C++ and CUDA compilers (scripts/setup.sh installs
+# it) and exports its settings for the build, keyed so that a fresh clone in
+# another folder hits what an earlier build compiled (CCACHE_BASEDIR: paths
+# under the clone become relative; CCACHE_NOHASHDIR: the build folder is
+# not hashed, so -g builds are shared too, their debug info naming the
+# folder of the first compile).  The cache is ccache's own
+# (~/.cache/ccache, 5 GB at most); ACCUMCHECK_NO_CCACHE=1 turns it off.  A
+# cold cache changes nothing but the time.
+use_compiler_cache() {
+  cache_args=""
+  if [ "${ACCUMCHECK_NO_CCACHE:-0}" = 1 ] || ! command -v ccache >/dev/null; then
+    return 0
+  fi
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+  cache_args="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+}
+
+build_quiet() {
+  local status=0
+  cmake --build "$1" -j"$2" 2>&1 \
+    | grep -vE '^\[ *[0-9]+%\]|^(Consolidate|Scanning|Built target)' \
+    || status=${PIPESTATUS[0]}
+  if [ "$status" -ne 0 ]; then
+    echo "build of $1 failed (exit $status)" >&2
+    return "$status"
+  fi
+}
