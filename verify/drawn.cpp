@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <string_view>
 
 namespace accumcheck {
 
@@ -50,6 +51,89 @@ EpochPlan cut(const std::vector<Ids>& micro, int64_t K) {
   return cut(steps, K);
 }
 
+// What the check finds, the first four problems kept for its message.
+struct Findings {
+  std::vector<std::string> problems;
+  void add(std::string p) {
+    if (problems.size() < 4) problems.push_back(std::move(p));
+  }
+};
+
+// The check's start, shared by one rank and many: the epochs drawn against
+// the scenario's, the per-epoch lists sized.
+Findings begin_check(DrawnPlan& d, size_t drawn_epochs, int64_t E) {
+  d.known = true;
+  d.skipped.resize(size_t(E));
+  d.repeated.resize(size_t(E));
+  Findings f;
+  if (int64_t(drawn_epochs) > E)
+    f.add(fmt::format("the trace draws {} epochs, the scenario has {}",
+                      drawn_epochs, E));
+  return f;
+}
+
+// The check's end: its verdict, the plan certify judges on (the drawn one
+// when the order differs) and its message; `covered` says what passed.
+void conclude(DrawnPlan& d, const Findings& f, bool order_same, Plan&& drawn,
+              std::string_view covered) {
+  d.ok = f.problems.empty();
+  if (!order_same) {
+    d.reordered = true;
+    d.plan = std::move(drawn);
+  }
+  if (d.ok) {
+    d.message = fmt::format(
+        "order and coverage: {}; order {}", covered,
+        order_same ? "as the scenario's plan"
+                   : "the trainer's own (the scenario does not pin it); "
+                     "judged on the micro-batches it drew");
+  } else {
+    d.message = "order and coverage: ";
+    for (size_t i = 0; i < f.problems.size(); ++i)
+      d.message.append(i ? "; " : "").append(f.problems[i]);
+  }
+}
+
+// The forward_backward events' sample ids, [epoch][rank] -> shards in
+// order; `unchecked` says why the check cannot run (no events, or events
+// without sample ids or a rank in 0..R-1), empty when it can.
+struct Gathered {
+  std::vector<std::vector<std::vector<Ids>>> by_epoch;
+  int64_t last_epoch = -1;
+  std::string unchecked;
+};
+
+Gathered gather(const TraceRun& run, int64_t R) {
+  Gathered g;
+  int64_t without = 0, fb = 0;
+  for (const TraceEvent& te : run.events) {
+    const Event& e = te.event;
+    if (e.kind != EventKind::forward_backward) continue;
+    ++fb;
+    const int64_t r = R > 1 ? e.rank : 0;
+    if (e.sample_ids.empty() || r < 0 || r >= R) {
+      ++without;
+      continue;
+    }
+    if (e.epoch >= int64_t(g.by_epoch.size()))
+      g.by_epoch.resize(size_t(e.epoch) + 1,
+                        std::vector<std::vector<Ids>>(size_t(R)));
+    g.by_epoch[size_t(e.epoch)][size_t(r)].push_back(e.sample_ids);
+    g.last_epoch = std::max(g.last_epoch, e.epoch);
+  }
+  if (fb == 0)
+    g.unchecked =
+        "order and coverage not checked: the trace has no forward_backward "
+        "events";
+  else if (without > 0)
+    g.unchecked = fmt::format(
+        "order and coverage not checked: {} of {} forward_backward events "
+        "carry no sample ids (trace schema 1, or a recorder that could not "
+        "tell the samples){}; judged on the scenario's order",
+        without, fb, R > 1 ? fmt::format(" or no rank in 0..{}", R - 1) : "");
+  return g;
+}
+
 // R > 1 (DDP): per epoch, rank r's forward_backward sample ids in order are
 // its micro-batch shards; micro-step k is every rank's k-th (a rank whose
 // shard ran out takes part with an empty one, as the plan has it under
@@ -62,45 +146,16 @@ DrawnPlan drawn_plan_ranks(const Scenario& s, const Plan& planned,
   DrawnPlan d;
   d.plan = planned;
   const int64_t R = planned.ranks, E = planned.epoch_count();
-  // [epoch][rank] -> the rank's micro-batch shards
-  std::vector<std::vector<std::vector<Ids>>> drawn;
-  int64_t without = 0, fb = 0, last_epoch = -1;
-  for (const TraceEvent& te : run.events) {
-    const Event& e = te.event;
-    if (e.kind != EventKind::forward_backward) continue;
-    ++fb;
-    if (e.sample_ids.empty() || e.rank < 0 || e.rank >= R) {
-      ++without;
-      continue;
-    }
-    if (e.epoch >= int64_t(drawn.size()))
-      drawn.resize(size_t(e.epoch) + 1,
-                   std::vector<std::vector<Ids>>(size_t(R)));
-    drawn[size_t(e.epoch)][size_t(e.rank)].push_back(e.sample_ids);
-    last_epoch = std::max(last_epoch, e.epoch);
-  }
-  if (fb == 0 || without > 0) {
-    d.message = fb == 0 ? "order and coverage not checked: the trace has no "
-                          "forward_backward events"
-                        : fmt::format(
-                              "order and coverage not checked: {} of {} "
-                              "forward_backward events carry no sample ids "
-                              "or no rank in 0..{}; judged on the "
-                              "scenario's order",
-                              without, fb, R - 1);
+  const Gathered g = gather(run, R);
+  if (!g.unchecked.empty()) {
+    d.message = g.unchecked;
     return d;
   }
-  d.known = true;
-  d.skipped.resize(size_t(E));
-  d.repeated.resize(size_t(E));
+  const auto& drawn = g.by_epoch;  // [epoch][rank] -> the rank's shards
+  const int64_t last_epoch = g.last_epoch;
+  Findings found = begin_check(d, drawn.size(), E);
+  auto problem = [&](std::string p) { found.add(std::move(p)); };
   const bool cut_short = s.batching.max_steps >= 0;
-  std::vector<std::string> problems;
-  auto problem = [&](std::string p) {
-    if (problems.size() < 4) problems.push_back(std::move(p));
-  };
-  if (int64_t(drawn.size()) > E)
-    problem(fmt::format("the trace draws {} epochs, the scenario has {}",
-                        drawn.size(), E));
   bool order_same = true;
   Plan p;
   p.accumulation = planned.accumulation;
@@ -185,24 +240,10 @@ DrawnPlan drawn_plan_ranks(const Scenario& s, const Plan& planned,
     }
     p.epochs.push_back(cut(got, planned_epoch.accumulation));
   }
-  d.ok = problems.empty();
-  if (!order_same) {
-    d.reordered = true;
-    d.plan = std::move(p);
-  }
-  if (d.ok) {
-    d.message = fmt::format(
-        "order and coverage: every epoch draws every sample once over the "
-        "{} ranks (the sampler's padding repeats included); order {}",
-        R,
-        order_same ? "as the scenario's plan"
-                   : "the trainer's own (the scenario does not pin it); "
-                     "judged on the micro-batches it drew");
-  } else {
-    d.message = "order and coverage: ";
-    for (size_t i = 0; i < problems.size(); ++i)
-      d.message.append(i ? "; " : "").append(problems[i]);
-  }
+  conclude(d, found, order_same, std::move(p),
+           fmt::format("every epoch draws every sample once over the {} "
+                       "ranks (the sampler's padding repeats included)",
+                       R));
   return d;
 }
 
@@ -214,49 +255,22 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
   d.plan = planned;
   if (planned.ranks > 1) return drawn_plan_ranks(s, planned, run);
   const int64_t E = planned.epoch_count();
-  std::vector<std::vector<Ids>> drawn;  // [epoch] -> micro-batches
-  int64_t without = 0, fb = 0;
-  int64_t last_epoch = -1;
-  for (const TraceEvent& te : run.events) {
-    const Event& e = te.event;
-    if (e.kind != EventKind::forward_backward) continue;
-    ++fb;
-    if (e.sample_ids.empty()) {
-      ++without;
-      continue;
-    }
-    if (e.epoch >= int64_t(drawn.size())) drawn.resize(size_t(e.epoch) + 1);
-    drawn[size_t(e.epoch)].push_back(e.sample_ids);
-    last_epoch = std::max(last_epoch, e.epoch);
-  }
-  if (fb == 0 || without > 0) {
-    d.message = fb == 0 ? "order and coverage not checked: the trace has no "
-                          "forward_backward events"
-                        : fmt::format(
-                              "order and coverage not checked: {} of {} "
-                              "forward_backward events carry no sample ids "
-                              "(trace schema 1, or a recorder that could not "
-                              "tell the samples); judged on the scenario's "
-                              "order",
-                              without, fb);
+  const Gathered g = gather(run, 1);
+  if (!g.unchecked.empty()) {
+    d.message = g.unchecked;
     return d;
   }
-  d.known = true;
+  std::vector<std::vector<Ids>> drawn;  // [epoch] -> micro-batches
+  for (const auto& ranks : g.by_epoch) drawn.push_back(ranks[0]);
+  const int64_t last_epoch = g.last_epoch;
+  Findings found = begin_check(d, drawn.size(), E);
+  auto problem = [&](std::string p) { found.add(std::move(p)); };
   const bool cut_short = s.batching.max_steps >= 0;
-  std::vector<std::string> problems;
-  auto problem = [&](std::string p) {
-    if (problems.size() < 4) problems.push_back(std::move(p));
-  };
-  if (int64_t(drawn.size()) > E)
-    problem(fmt::format("the trace draws {} epochs, the scenario has {}",
-                        drawn.size(), E));
   bool all_short_last = true;
   bool order_same = true;
   Plan p;
   p.accumulation = planned.accumulation;
   p.ranks = planned.ranks;
-  d.skipped.resize(size_t(E));
-  d.repeated.resize(size_t(E));
   for (int64_t ep = 0; ep < E; ++ep) {
     const EpochPlan planned_epoch = planned.epoch(ep);
     const std::vector<Ids> want = planned_micro(planned_epoch);
@@ -338,22 +352,8 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
   bool any_skip = false;
   for (const Ids& sk : d.skipped) any_skip = any_skip || !sk.empty();
   d.skips_are_short_last = any_skip && all_short_last;
-  d.ok = problems.empty();
-  if (!order_same) {
-    d.reordered = true;
-    d.plan = std::move(p);
-  }
-  if (d.ok) {
-    d.message = fmt::format(
-        "order and coverage: every epoch draws every sample once; order {}",
-        order_same ? "as the scenario's plan"
-                   : "the trainer's own (the scenario does not pin it); "
-                     "judged on the micro-batches it drew");
-  } else {
-    d.message = "order and coverage: ";
-    for (size_t i = 0; i < problems.size(); ++i)
-      d.message.append(i ? "; " : "").append(problems[i]);
-  }
+  conclude(d, found, order_same, std::move(p),
+           "every epoch draws every sample once");
   return d;
 }
 
