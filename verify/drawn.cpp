@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <set>
+#include <string_view>
 
 namespace accumcheck {
 
@@ -28,16 +30,221 @@ std::vector<Ids> planned_micro(const EpochPlan& e) {
   return m;
 }
 
-EpochPlan cut(const std::vector<Ids>& micro, int64_t K) {
+// Micro-steps ([step] -> [rank] -> sample ids) cut into windows of K, the
+// last one partial, as sim/plan.cpp cuts the scenario's.
+EpochPlan cut(const std::vector<std::vector<Ids>>& steps, int64_t K) {
   EpochPlan e;
-  for (size_t at = 0; at < micro.size(); at += size_t(K)) {
+  e.accumulation = K;
+  for (size_t at = 0; at < steps.size(); at += size_t(K)) {
     Window w;
-    for (size_t k = at; k < micro.size() && k < at + size_t(K); ++k)
-      w.micro.push_back(MicroBatch{{micro[k]}});
+    for (size_t k = at; k < steps.size() && k < at + size_t(K); ++k)
+      w.micro.push_back(MicroBatch{steps[k]});
     w.partial = int64_t(w.micro.size()) < K;
     e.windows.push_back(std::move(w));
   }
   return e;
+}
+
+EpochPlan cut(const std::vector<Ids>& micro, int64_t K) {
+  std::vector<std::vector<Ids>> steps;
+  for (const Ids& m : micro) steps.push_back({m});
+  return cut(steps, K);
+}
+
+// What the check finds, the first four problems kept for its message.
+struct Findings {
+  std::vector<std::string> problems;
+  void add(std::string p) {
+    if (problems.size() < 4) problems.push_back(std::move(p));
+  }
+};
+
+// The check's start, shared by one rank and many: the epochs drawn against
+// the scenario's, the per-epoch lists sized.
+Findings begin_check(DrawnPlan& d, size_t drawn_epochs, int64_t E) {
+  d.known = true;
+  d.skipped.resize(size_t(E));
+  d.repeated.resize(size_t(E));
+  Findings f;
+  if (int64_t(drawn_epochs) > E)
+    f.add(fmt::format("the trace draws {} epochs, the scenario has {}",
+                      drawn_epochs, E));
+  return f;
+}
+
+// The check's end: its verdict, the plan certify judges on (the drawn one
+// when the order differs) and its message; `covered` says what passed.
+void conclude(DrawnPlan& d, const Findings& f, bool order_same, Plan&& drawn,
+              std::string_view covered) {
+  d.ok = f.problems.empty();
+  if (!order_same) {
+    d.reordered = true;
+    d.plan = std::move(drawn);
+  }
+  if (d.ok) {
+    d.message = fmt::format(
+        "order and coverage: {}; order {}", covered,
+        order_same ? "as the scenario's plan"
+                   : "the trainer's own (the scenario does not pin it); "
+                     "judged on the micro-batches it drew");
+  } else {
+    d.message = "order and coverage: ";
+    for (size_t i = 0; i < f.problems.size(); ++i)
+      d.message.append(i ? "; " : "").append(f.problems[i]);
+  }
+}
+
+// The forward_backward events' sample ids, [epoch][rank] -> shards in
+// order; `unchecked` says why the check cannot run (no events, or events
+// without sample ids or a rank in 0..R-1), empty when it can.
+struct Gathered {
+  std::vector<std::vector<std::vector<Ids>>> by_epoch;
+  int64_t last_epoch = -1;
+  std::string unchecked;
+};
+
+Gathered gather(const TraceRun& run, int64_t R) {
+  Gathered g;
+  int64_t without = 0, fb = 0;
+  for (const TraceEvent& te : run.events) {
+    const Event& e = te.event;
+    if (e.kind != EventKind::forward_backward) continue;
+    ++fb;
+    const int64_t r = R > 1 ? e.rank : 0;
+    if (e.sample_ids.empty() || r < 0 || r >= R) {
+      ++without;
+      continue;
+    }
+    if (e.epoch >= int64_t(g.by_epoch.size()))
+      g.by_epoch.resize(size_t(e.epoch) + 1,
+                        std::vector<std::vector<Ids>>(size_t(R)));
+    g.by_epoch[size_t(e.epoch)][size_t(r)].push_back(e.sample_ids);
+    g.last_epoch = std::max(g.last_epoch, e.epoch);
+  }
+  if (fb == 0)
+    g.unchecked =
+        "order and coverage not checked: the trace has no forward_backward "
+        "events";
+  else if (without > 0)
+    g.unchecked = fmt::format(
+        "order and coverage not checked: {} of {} forward_backward events "
+        "carry no sample ids (trace schema 1, or a recorder that could not "
+        "tell the samples){}; judged on the scenario's order",
+        without, fb, R > 1 ? fmt::format(" or no rank in 0..{}", R - 1) : "");
+  return g;
+}
+
+// R > 1 (DDP): per epoch, rank r's forward_backward sample ids in order are
+// its micro-batch shards; micro-step k is every rank's k-th (a rank whose
+// shard ran out takes part with an empty one, as the plan has it under
+// DDP's Join).  Coverage: the epoch's drawn samples, over all ranks, are
+// the plan's as a multiset (each sample once, plus the sampler's padding
+// repeats).  Order: the plan's, or the trainer's own, judged on what it
+// drew (pinned_order = true: the plan's required).
+DrawnPlan drawn_plan_ranks(const Scenario& s, const Plan& planned,
+                           const TraceRun& run) {
+  DrawnPlan d;
+  d.plan = planned;
+  const int64_t R = planned.ranks, E = planned.epoch_count();
+  const Gathered g = gather(run, R);
+  if (!g.unchecked.empty()) {
+    d.message = g.unchecked;
+    return d;
+  }
+  const auto& drawn = g.by_epoch;  // [epoch][rank] -> the rank's shards
+  const int64_t last_epoch = g.last_epoch;
+  Findings found = begin_check(d, drawn.size(), E);
+  auto problem = [&](std::string p) { found.add(std::move(p)); };
+  const bool cut_short = s.batching.max_steps >= 0;
+  bool order_same = true;
+  Plan p;
+  p.accumulation = planned.accumulation;
+  p.ranks = R;
+  for (int64_t ep = 0; ep < E; ++ep) {
+    const EpochPlan planned_epoch = planned.epoch(ep);
+    std::vector<std::vector<Ids>> want;  // [step] -> [rank]
+    std::multiset<int64_t> want_ids, got_ids;
+    for (const Window& w : planned_epoch.windows)
+      for (const MicroBatch& mb : w.micro) {
+        want.push_back(mb.shards);
+        for (const Ids& sh : mb.shards) want_ids.insert(sh.begin(), sh.end());
+      }
+    if (ep >= int64_t(drawn.size()) || ep > last_epoch) {
+      if (!cut_short) problem(fmt::format("epoch {}: never drawn", ep));
+      p.epochs.push_back(planned_epoch);
+      continue;
+    }
+    const auto& ranks = drawn[size_t(ep)];
+    size_t steps = 0;
+    for (const auto& shards : ranks) steps = std::max(steps, shards.size());
+    std::vector<std::vector<Ids>> got(steps, std::vector<Ids>(size_t(R)));
+    for (int64_t r = 0; r < R; ++r)
+      for (size_t k = 0; k < ranks[size_t(r)].size(); ++k) {
+        got[k][size_t(r)] = ranks[size_t(r)][k];
+        got_ids.insert(got[k][size_t(r)].begin(), got[k][size_t(r)].end());
+      }
+    // Every sample at least once, and as many repeated draws as the
+    // sampler's padding (DistributedSampler pads with the first samples of
+    // ITS order, so which samples repeat depends on the trainer's shuffle).
+    const bool last_cut = cut_short && ep == last_epoch;
+    const std::set<int64_t> want_set(want_ids.begin(), want_ids.end()),
+        got_set(got_ids.begin(), got_ids.end());
+    const size_t pad_want = want_ids.size() - want_set.size(),
+                 pad_got = got_ids.size() - got_set.size();
+    if (!last_cut) {
+      Ids missing;
+      std::set_difference(want_set.begin(), want_set.end(), got_set.begin(),
+                          got_set.end(), std::back_inserter(missing));
+      d.skipped[size_t(ep)] = missing;
+      if (!missing.empty())
+        problem(fmt::format("epoch {}: {} never drawn on any rank", ep,
+                            (missing.size() == 1 ? "sample " : "samples ") +
+                                ids_text(missing)));
+      if (pad_got != pad_want) {
+        Ids again;
+        for (int64_t id : got_set)
+          if (got_ids.count(id) > 1) again.push_back(id);
+        d.repeated[size_t(ep)] = again;
+        problem(fmt::format(
+            "epoch {}: {} repeated draw{} ({} {}); the sampler's padding "
+            "repeats {}",
+            ep, pad_got, pad_got == 1 ? "" : "s",
+            again.size() == 1 ? "sample" : "samples", ids_text(again),
+            pad_want));
+      }
+    }
+    for (int64_t id : got_ids)
+      if (id < 0 || id >= s.data.samples) {
+        problem(
+            fmt::format("epoch {}: sample id {} is not in the data set "
+                        "(0..{})",
+                        ep, id, s.data.samples - 1));
+        break;
+      }
+    if (got != want) {
+      order_same = false;
+      if (s.data.pinned_order && got_set == want_set && pad_got == pad_want) {
+        size_t k = 0;
+        while (k < got.size() && k < want.size() && got[k] == want[k]) ++k;
+        size_t r = 0;
+        while (k < got.size() && k < want.size() && r + 1 < got[k].size() &&
+               got[k][r] == want[k][r])
+          ++r;
+        problem(fmt::format(
+            "epoch {}: the order differs from the one the scenario pins "
+            "(pinned_order = true): micro-step {} on rank {} holds samples "
+            "{}, the scenario's holds {}",
+            ep, k, r, k < got.size() ? ids_text(got[k][r]) : "none",
+            k < want.size() ? ids_text(want[k][r]) : "none"));
+      }
+    }
+    p.epochs.push_back(cut(got, planned_epoch.accumulation));
+  }
+  conclude(d, found, order_same, std::move(p),
+           fmt::format("every epoch draws every sample once over the {} "
+                       "ranks (the sampler's padding repeats included)",
+                       R));
+  return d;
 }
 
 }  // namespace
@@ -46,57 +253,24 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
                      const TraceRun& run) {
   DrawnPlan d;
   d.plan = planned;
-  if (planned.ranks > 1) {
-    d.message = fmt::format(
-        "order and coverage not checked: {} ranks (the check reads one "
-        "rank's micro-batches); judged on the scenario's order",
-        planned.ranks);
-    return d;
-  }
+  if (planned.ranks > 1) return drawn_plan_ranks(s, planned, run);
   const int64_t E = planned.epoch_count();
-  std::vector<std::vector<Ids>> drawn;  // [epoch] -> micro-batches
-  int64_t without = 0, fb = 0;
-  int64_t last_epoch = -1;
-  for (const TraceEvent& te : run.events) {
-    const Event& e = te.event;
-    if (e.kind != EventKind::forward_backward) continue;
-    ++fb;
-    if (e.sample_ids.empty()) {
-      ++without;
-      continue;
-    }
-    if (e.epoch >= int64_t(drawn.size())) drawn.resize(size_t(e.epoch) + 1);
-    drawn[size_t(e.epoch)].push_back(e.sample_ids);
-    last_epoch = std::max(last_epoch, e.epoch);
-  }
-  if (fb == 0 || without > 0) {
-    d.message = fb == 0 ? "order and coverage not checked: the trace has no "
-                          "forward_backward events"
-                        : fmt::format(
-                              "order and coverage not checked: {} of {} "
-                              "forward_backward events carry no sample ids "
-                              "(trace schema 1, or a recorder that could not "
-                              "tell the samples); judged on the scenario's "
-                              "order",
-                              without, fb);
+  const Gathered g = gather(run, 1);
+  if (!g.unchecked.empty()) {
+    d.message = g.unchecked;
     return d;
   }
-  d.known = true;
+  std::vector<std::vector<Ids>> drawn;  // [epoch] -> micro-batches
+  for (const auto& ranks : g.by_epoch) drawn.push_back(ranks[0]);
+  const int64_t last_epoch = g.last_epoch;
+  Findings found = begin_check(d, drawn.size(), E);
+  auto problem = [&](std::string p) { found.add(std::move(p)); };
   const bool cut_short = s.batching.max_steps >= 0;
-  std::vector<std::string> problems;
-  auto problem = [&](std::string p) {
-    if (problems.size() < 4) problems.push_back(std::move(p));
-  };
-  if (int64_t(drawn.size()) > E)
-    problem(fmt::format("the trace draws {} epochs, the scenario has {}",
-                        drawn.size(), E));
   bool all_short_last = true;
   bool order_same = true;
   Plan p;
   p.accumulation = planned.accumulation;
   p.ranks = planned.ranks;
-  d.skipped.resize(size_t(E));
-  d.repeated.resize(size_t(E));
   for (int64_t ep = 0; ep < E; ++ep) {
     const EpochPlan planned_epoch = planned.epoch(ep);
     const std::vector<Ids> want = planned_micro(planned_epoch);
@@ -173,27 +347,13 @@ DrawnPlan drawn_plan(const Scenario& s, const Plan& planned,
             k < want.size() ? ids_text(want[k]) : "none"));
       }
     }
-    p.epochs.push_back(cut(micro, planned.accumulation));
+    p.epochs.push_back(cut(micro, planned_epoch.accumulation));
   }
   bool any_skip = false;
   for (const Ids& sk : d.skipped) any_skip = any_skip || !sk.empty();
   d.skips_are_short_last = any_skip && all_short_last;
-  d.ok = problems.empty();
-  if (!order_same) {
-    d.reordered = true;
-    d.plan = std::move(p);
-  }
-  if (d.ok) {
-    d.message = fmt::format(
-        "order and coverage: every epoch draws every sample once; order {}",
-        order_same ? "as the scenario's plan"
-                   : "the trainer's own (the scenario does not pin it); "
-                     "judged on the micro-batches it drew");
-  } else {
-    d.message = "order and coverage: ";
-    for (size_t i = 0; i < problems.size(); ++i)
-      d.message.append(i ? "; " : "").append(problems[i]);
-  }
+  conclude(d, found, order_same, std::move(p),
+           "every epoch draws every sample once");
   return d;
 }
 

@@ -20,6 +20,11 @@
 // The order-and-coverage check passes when every epoch draws every sample
 // exactly once and, where the scenario pins the order ([data]
 // pinned_order = true), in the plan's order.
+//
+// With R > 1 ranks (DDP), rank r's forward_backward events are its shards
+// and micro-step k is every rank's k-th; the epoch's samples over all ranks
+// must be the sampler's (each once, plus DistributedSampler's padding
+// repeats), and a trainer's own order is judged on the shards it drew.
 #pragma once
 
 #include <cstdint>

@@ -72,6 +72,9 @@ class DistributedRecorder(Recorder):
         self.all_reduces = 0
         # The rank's own samples per epoch (its shards), for the epoch count.
         self.shards = [{s for w in ep for m in w for s in m} for ep in bundle.order]
+        self.shard_sizes = [sum(len(m) for w in ep for m in w) for ep in bundle.order]
+        self._drawn = 0        # samples this rank drew in the epoch (repeats too)
+        self._in_plan = True   # every one of them from the scenario's shard
         # Each rank's values travel to rank 0 as values.csv rows, which
         # merge_parts tags with the rank (values.bin is single-rank).
         super().__init__(bundle, model, optimizer, scheduler, out=out, run=run,
@@ -122,12 +125,22 @@ class DistributedRecorder(Recorder):
         return len(self.epoch_ids) >= len(self.shards[e]) - (self.bundle.micro_batch - 1)
 
     def _new_epoch(self, ids):
-        """After the rank's shard is covered, a sample drawn again or one
-        outside the epoch's shard starts the next epoch (a rank's next
-        shard need not repeat any of its samples)."""
+        """After the rank's shard is covered, the next epoch starts with a
+        sample drawn again, or once the rank drew as many samples as its
+        shard holds (a shuffling DistributedSampler draws its own shard of
+        that size), or -- while the rank draws the scenario's shard -- with
+        a sample outside it (a rank's next shard need not repeat any of its
+        samples, and drop_last may leave it short)."""
         e = min(self.epoch, len(self.shards) - 1)
-        return self._covered() and any(i in self.epoch_ids or i not in self.shards[e]
-                                       for i in ids)
+        new = self._covered() and (
+            any(i in self.epoch_ids for i in ids) or self._drawn >= self.shard_sizes[e]
+            or (self._in_plan and any(i not in self.shards[e] for i in ids)))
+        if new:
+            self._drawn, self._in_plan = 0, True
+            e = min(self.epoch + 1, len(self.shards) - 1)
+        self._drawn += len(ids)
+        self._in_plan = self._in_plan and all(i in self.shards[e] for i in ids)
+        return new
 
     def _grad_hook(self, grad):
         if not self.in_backward:

@@ -34,6 +34,9 @@ Loops (--loop):
                           unclipped gradient
 --sharding split: each rank takes order[r::R] by hand (Subset), unequal
 shards (the scenario's sampler = "split"), instead of DistributedSampler.
+--sharding shuffle: DistributedSampler(shuffle=True, seed=1234) with
+set_epoch over the data set in its natural order: the trainer's own order
+(certify checks its coverage over the ranks and judges what it drew).
 """
 import argparse
 import contextlib
@@ -96,9 +99,14 @@ def items(bundle, y):
     return int((y != -100).sum()) if bundle.kind == "token" else int(y.shape[0])
 
 
-def loader(bundle, epoch, split):
+def loader(bundle, epoch, sharding):
+    if sharding == "shuffle":  # the trainer's own order, as most DDP loops draw it
+        sampler = DistributedSampler(bundle.dataset(), shuffle=True, seed=1234,
+                                     drop_last=bundle.sampler == "drop-last")
+        sampler.set_epoch(epoch)
+        return DataLoader(bundle.dataset(), batch_size=bundle.micro_batch, sampler=sampler)
     data = bundle.dataset(epoch=epoch)  # the epoch's order, dealt as DistributedSampler does
-    if split:
+    if sharding == "split":
         shard = Subset(data, range(dist.get_rank(), len(data), dist.get_world_size()))
         return DataLoader(shard, batch_size=bundle.micro_batch, shuffle=False)
     sampler = DistributedSampler(data, shuffle=False, drop_last=bundle.sampler == "drop-last")
@@ -139,7 +147,7 @@ def train(rank, ranks, args):
     loop = args.loop
     for epoch in range(bundle.epochs):
         K = bundle.accumulation_at(epoch)
-        batches = list(loader(bundle, epoch, args.sharding == "split"))
+        batches = list(loader(bundle, epoch, args.sharding))
         for start in range(0, len(batches), K):
             window = batches[start:start + K]
             n = torch.tensor(float(sum(items(bundle, y) for _, y, _ in window)),
@@ -181,7 +189,7 @@ def main():
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--loop", choices=LOOPS, default="correct")
-    ap.add_argument("--sharding", choices=("sampler", "split"), default="sampler")
+    ap.add_argument("--sharding", choices=("sampler", "split", "shuffle"), default="sampler")
     ap.add_argument("--spawn", type=int, metavar="R",
                     help="start R ranks with torch.multiprocessing.spawn (not torchrun)")
     args = ap.parse_args()
