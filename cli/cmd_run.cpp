@@ -36,6 +36,9 @@ void write_runs(const std::string& dir, const Scenario& s,
                 const std::string& executor = "") {
   TraceWriter w(s.name, s.digest, engine, precision);
   if (s.batching.ranks > 1) w.with_ranks();
+  // The EMA's decay, as the recorder writes it (state.csv's ema rows).
+  if (s.ema.enabled)
+    w.add_meta("ema_decay", fmt::format("{:.17g}", s.ema.decay));
   // Determinism holds per machine, BLAS, GPU architecture and toolkit:
   // the trace says which.
   if (!executor.empty()) w.add_meta("executor", executor);

@@ -77,6 +77,18 @@ class Device {
   EngineState<float> state() const;
   void set_state(const EngineState<float>& s);
 
+  // --- precision (sim/scenario.hpp GradBuffer; the trainer sets it) ---
+  // The format the .grad buffer accumulates in: fp32 (the default), or
+  // bf16 / fp16, where each backward's fresh float32 gradient (computed in
+  // a staging arena) is added as AccumulateGradRounded does and clip's and
+  // unscale_'s multiplications round to the format too.  The buffer stays
+  // a float32 arena holding values of the format; parameters and
+  // optimizer state stay float32 (master weights).
+  void set_grad_buffer(GradBuffer b);
+  GradBuffer grad_buffer() const { return GradBuffer(int(fmt_)); }
+  // No inf or NaN in the gradient (GradScaler's found_inf check).
+  bool grads_finite();
+
   // --- extras ---
   // Sum of the item losses of `ids` at the current parameters; gradients
   // untouched.
@@ -93,7 +105,13 @@ class Device {
   void backward(int64_t rows, float w);
   int64_t gather_tokens(const std::vector<int64_t>& ids);
   void hidden_backward(size_t l, int64_t rows, kern::Act act);
+  // Where a backward writes its gradient: the .grad buffer itself (fp32),
+  // or the staging arena that AccumulateGradRounded adds from.
+  float* grad_target() { return staged() ? fresh_.data() : grads_.data(); }
+  bool staged() const { return fmt_ != kern::Fmt::fp32; }
   int64_t rows_ = 0;
+  kern::Fmt fmt_ = kern::Fmt::fp32;
+  Buffer<float> fresh_;
 
   ModelSpec spec_;
   ParamLayout layout_;

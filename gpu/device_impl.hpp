@@ -347,8 +347,8 @@ void Device<Exec>::backward(int64_t b, float w) {
     ex.gemm(Trans::yes, Trans::no, out, in, b, 1.0f, dz_.data(), out,
             a_[l - 1].data(), in, 0.0f, wtmp_.data(), in);
     ex.launch(W.size(),
-              kern::AccumulateGrad{grads_.data() + W.offset, wtmp_.data()});
-    ex.launch(out, kern::BiasGradColSum{dz_.data(), grads_.data() + B.offset, b,
+              kern::AccumulateGrad{grad_target() + W.offset, wtmp_.data()});
+    ex.launch(out, kern::BiasGradColSum{dz_.data(), grad_target() + B.offset, b,
                                         out});
     // da_{l-1} = dz_l W_l (the token model: into the embedding's rows).
     if (l > 1 || spec_.kind == ModelKind::token)
@@ -359,7 +359,7 @@ void Device<Exec>::backward(int64_t b, float w) {
     const TensorView& E = layout_.tensors[size_t(layout_.embedding)];
     ex.launch(E.size(),
               kern::EmbeddingGrad{da_.data(), ids_.data(),
-                                  grads_.data() + E.offset, b, d_in_});
+                                  grad_target() + E.offset, b, d_in_});
   }
 }
 
@@ -386,8 +386,8 @@ void Device<Exec>::hidden_backward(size_t l, int64_t b, kern::Act act) {
   const TensorView& Bt = layout_.norm_bias(l - 1);
   const float* gamma = params_.data() + G.offset;
   ex.launch(out,
-            kern::NormAffineGrad{dpre, xh_[l].data(), grads_.data() + G.offset,
-                                 grads_.data() + Bt.offset, b, out});
+            kern::NormAffineGrad{dpre, xh_[l].data(), grad_target() + G.offset,
+                                 grad_target() + Bt.offset, b, out});
   const NormGeometry geo = norm_geometry(spec_, b, out);
   ex.launch(geo.G, kern::NormBackwardStats{dpre, xh_[l].data(), gamma,
                                            s1_.data(), s2_.data(), geo.E,
@@ -411,9 +411,14 @@ float Device<Exec>::forward_backward(const std::vector<int64_t>& ids,
                        std::to_string(weight.den));
   if (ids.empty()) return 0.0f;
   const float sum = forward_and_loss(ids, true);
+  const int64_t P = layout_.total;
+  if (staged()) ex_->launch(P, kern::Fill{fresh_.data(), 0.0f});
   // w = num/den, one correctly rounded float division (as loss / den's
   // backward gives in PyTorch); exact for den <= 2^24 a power of two.
   backward(rows_, float(weight.num) / float(weight.den));
+  if (staged())
+    ex_->launch(P, kern::AccumulateGradRounded{grads_.data(), fresh_.data(),
+                                               fmt_});
   return sum;
 }
 
@@ -427,7 +432,12 @@ template <class Exec>
 void Device<Exec>::add_l2(double lambda, int64_t den) {
   if (den < 1) device_detail::bad("add_l2: den must be >= 1");
   const float coef = float(lambda / double(den));
-  ex_->launch(layout_.total, kern::AddL2{grads_.data(), params_.data(), coef});
+  const int64_t P = layout_.total;
+  if (staged()) ex_->launch(P, kern::Fill{fresh_.data(), 0.0f});
+  ex_->launch(P, kern::AddL2{grad_target(), params_.data(), coef});
+  if (staged())
+    ex_->launch(P, kern::AccumulateGradRounded{grads_.data(), fresh_.data(),
+                                               fmt_});
 }
 
 template <class Exec>
@@ -440,7 +450,23 @@ float Device<Exec>::grad_norm() {
 
 template <class Exec>
 void Device<Exec>::scale_grads(float f) {
-  ex_->launch(layout_.total, kern::ScaleGrads{grads_.data(), f});
+  ex_->launch(layout_.total, kern::ScaleGrads{grads_.data(), f, fmt_});
+}
+
+template <class Exec>
+void Device<Exec>::set_grad_buffer(GradBuffer b) {
+  fmt_ = kern::Fmt(int32_t(b));
+  if (staged() && fresh_.size() < layout_.total)
+    fresh_ = ex_->template alloc<float>(layout_.total);
+}
+
+template <class Exec>
+bool Device<Exec>::grads_finite() {
+  ex_->launch(1,
+              kern::CountNonFinite{grads_.data(), layout_.total, scalar_.data()});
+  float bad = 0;
+  ex_->download(scalar_, &bad, 1);
+  return bad == 0.0f;
 }
 
 template <class Exec>

@@ -313,6 +313,63 @@ struct AccumulateGrad {
   ACCUMCHECK_HD void operator()(int64_t i) const { dst[i] = dst[i] + src[i]; }
 };
 
+// Formats of a gradient buffer (sim/scenario.hpp GradBuffer, same order).
+enum class Fmt : int32_t { fp32 = 0, bf16 = 1, fp16 = 2 };
+
+// x rounded to the format: round to nearest, ties to even; a value beyond
+// the format's largest finite one becomes +-inf; NaN stays NaN.
+//   bf16: 8 significant bits, float32's exponent range: the upper half of
+//         the float's bits, rounded on the lower half.
+//   fp16: 11 significant bits, normal from 2^-14, subnormal quantum 2^-24,
+//         largest 65504: x / q rounded to an integer (|x / q| < 2^11, so
+//         (y + 1.5*2^23) - 1.5*2^23 rounds it to nearest even in float),
+//         times the quantum q = 2^(max(e, -14) - 10), e = x's exponent.
+ACCUMCHECK_HD inline float round_to(Fmt f, float x) {
+  if (f == Fmt::fp32 || !(x == x)) return x;
+  const uint32_t u = uint32_t(dm::float_as_int(x));
+  if (f == Fmt::bf16) {
+    const uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
+    return dm::int_as_float(int32_t(r & 0xffff0000u));
+  }
+  const int32_t e = int32_t((u >> 23) & 0xffu) - 127;
+  const int32_t qexp = (e < -14 ? -14 : e) - 10;  // >= -24: a normal float
+  const float q = dm::int_as_float((qexp + 127) << 23);
+  const float y = x / q;  // exact: a power-of-two divisor
+  const float kMagic = 12582912.0f;  // 1.5 * 2^23
+  const float r = ((y + kMagic) - kMagic) * q;
+  const float kMax = 65504.0f;
+  if (r > kMax) return dm::int_as_float(0x7f800000);
+  if (r < -kMax) return dm::int_as_float(int32_t(0xff800000u));
+  return r;
+}
+
+// dst = rnd(dst + rnd(src)) in the buffer's format: a fresh float32
+// gradient rounded into a bf16/fp16 .grad, added through float32 and
+// rounded back (PyTorch adds reduced-precision tensors through float).
+// Fmt::fp32 is AccumulateGrad.  threads: n.
+struct AccumulateGradRounded {
+  float* dst;
+  const float* src;
+  Fmt fmt;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    dst[i] = round_to(fmt, dst[i] + round_to(fmt, src[i]));
+  }
+};
+
+// out[0] = the number of non-finite g[i] (GradScaler's found_inf: inf or
+// NaN in any element), counted in order (one thread).  threads: 1.
+struct CountNonFinite {
+  const float* g;
+  int64_t n;
+  float* out;
+  ACCUMCHECK_HD void operator()(int64_t) const {
+    float c = 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      if (!(g[i] - g[i] == 0.0f)) c = c + 1.0f;  // inf - inf, NaN: NaN
+    out[0] = c;
+  }
+};
+
 // dst = value.  threads: n.
 struct Fill {
   float* dst;
@@ -416,11 +473,15 @@ struct GradNorm {
   }
 };
 
-// g *= f.  threads: n.
+// g = rnd(g * f), rounded to the buffer's format (clip_grad_norm_'s
+// and unscale_'s mul_ on a bf16/fp16 .grad).  threads: n.
 struct ScaleGrads {
   float* g;
   float f;
-  ACCUMCHECK_HD void operator()(int64_t i) const { g[i] = g[i] * f; }
+  Fmt fmt = Fmt::fp32;
+  ACCUMCHECK_HD void operator()(int64_t i) const {
+    g[i] = round_to(fmt, g[i] * f);
+  }
 };
 
 // g += coef * p, coef = float(lambda / den).  threads: n.

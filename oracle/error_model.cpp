@@ -18,6 +18,33 @@ double tolerance(std::string_view name) {
   throw std::out_of_range("unknown tolerance: " + std::string(name));
 }
 
+double buffer_unit(GradBuffer b) {
+  switch (b) {
+    case GradBuffer::fp32:
+      return kUnitRoundoff32;
+    case GradBuffer::bf16:
+      return tolerance("unit_roundoff_bf16");
+    case GradBuffer::fp16:
+      return tolerance("unit_roundoff_fp16");
+  }
+  return kUnitRoundoff32;
+}
+
+double lowp_sum_bound(GradBuffer b, int64_t K, double sum_abs_terms,
+                      double sum_term_bounds) {
+  const bool lowp = b != GradBuffer::fp32;
+  const double u32 = kUnitRoundoff32;
+  const double u = lowp ? (1 + u32) * (1 + buffer_unit(b)) - 1 : u32;
+  const double n = double(lowp ? K : K - 1);
+  if (n * u >= 1) return std::numeric_limits<double>::infinity();
+  const double gamma = n * u / (1 - n * u);
+  const double eta = b == GradBuffer::bf16   ? tolerance("underflow_bf16")
+                     : b == GradBuffer::fp16 ? tolerance("underflow_fp16")
+                                             : 0.0;
+  return gamma * sum_abs_terms + (1 + gamma) * sum_term_bounds +
+         double(2 * K - 1) * eta * (1 + gamma);
+}
+
 void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
                 double f, double v, double err, double bound, double ratio,
                 bool violated) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "sim/layout.hpp"
+#include "sim/scenario.hpp"
 
 namespace accumcheck::error_model {
 
@@ -150,6 +151,20 @@ inline constexpr Tolerance kTolerances[] = {
      "parameter's storage); the same class on the same inputs normally "
      "gives the same bits (measured 0), so any other change of the "
      "parameters shows"},
+    {"unit_roundoff_bf16", 1.0 / 256.0,
+     "bf16 gradient buffers: 8 significant bits, round to nearest even, "
+     "u = 2^-8; each accumulation rounds twice (the float32 add, then to "
+     "bf16), so the per-addition unit is (1 + 2^-24)(1 + 2^-8) - 1"},
+    {"unit_roundoff_fp16", 1.0 / 2048.0,
+     "fp16 gradient buffers: 11 significant bits, u = 2^-11; per addition "
+     "(1 + 2^-24)(1 + 2^-11) - 1 as for bf16"},
+    {"underflow_bf16", 0x1p-134,
+     "bf16's absolute error below its normal range: half its subnormal "
+     "quantum 2^-133 (the relative bound u|x| fails there)"},
+    {"underflow_fp16", 0x1p-25,
+     "fp16's absolute error below 2^-14: half its subnormal quantum 2^-24; "
+     "what makes unscaled small fp16 gradients vanish and loss scaling "
+     "necessary"},
     {"evidence_fit_residual", 1e-3,
      "certify's model-free evidence: a step's gradient is a weighted sum of "
      "its window's micro-batch gradients when the least-squares residual is "
@@ -163,6 +178,30 @@ double oracle_tolerance(unsigned digits);
 
 // The value of a tolerance by name; throws std::out_of_range if unknown.
 double tolerance(std::string_view name);
+
+// ------------------------------------------ low-precision gradient buffers
+
+// The unit roundoff of a gradient buffer's format: 2^-24, 2^-8, 2^-11.
+double buffer_unit(GradBuffer b);
+
+// The bound of a K-term sum accumulated in a gradient buffer of format b
+// (sim/scenario.hpp GradBuffer; the device's AccumulateGradRounded:
+// s = rnd(s + rnd(f_k)), k = 1..K, from s = 0), per element, against the
+// exact sum of the oracle's terms t_k:
+//   |s - sum t_k| <= gamma_n(u') sum |t_k| + (1 + gamma_n(u')) sum e_k
+//                    + (2K - 1) eta (1 + gamma_n(u'))
+// where f_k = the float32 term, |f_k - t_k| <= e_k (the Tracked bound of
+// that backward alone), u' = (1 + u32)(1 + u) - 1 the unit of one
+// rounding pair (the float32 add, then the format's rounding), and n = K:
+// each term meets its own rounding and at most K - 1 additions (Higham,
+// Accuracy and Stability, 4.2: recursive summation, gamma_n =
+// n u' / (1 - n u')); eta = the format's underflow error per rounding
+// (underflow_bf16, underflow_fp16), at most 2K - 1 of them, each carried
+// through the later additions.  For fp32 (one rounding per addition, no
+// rounding of the terms, no underflow in float32 addition) n = K - 1,
+// u' = u32 and eta = 0.  Returns +inf where n u' >= 1 (no bound).
+double lowp_sum_bound(GradBuffer b, int64_t K, double sum_abs_terms,
+                      double sum_term_bounds);
 
 // One element of a comparison.
 struct ElementError {

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -41,6 +42,41 @@ namespace accumcheck {
 
 // ---------------------------------------------------------------- engine
 
+// x rounded to the gradient buffer's format (sim/scenario.hpp
+// GradBuffer) exactly: round to nearest, ties to even, at 8 (bf16) or 11
+// (fp16) significant bits, fp16's subnormal quantum 2^-24, beyond the
+// largest finite value (bf16 (2 - 2^-7) 2^127, fp16 65504) +-inf.  For
+// plain number types (double, OracleReal); a Tracked value is returned as
+// it is (its bound models float32; the error model bounds low-precision
+// sums: error_model::lowp_sum_bound).
+template <class T>
+T round_to_buffer(const T& x, GradBuffer b) {
+  if constexpr (requires { x.e; }) {
+    return x;
+  } else {
+    using std::abs, std::floor, std::frexp, std::ldexp;
+    if (b == GradBuffer::fp32 || x == T(0) || x != x) return x;
+    const bool bf16 = b == GradBuffer::bf16;
+    const int p = bf16 ? 8 : 11, emin = bf16 ? -126 : -14;
+    const T big = bf16 ? T(std::ldexp(2.0 - std::ldexp(1.0, -7), 127))
+                       : T(65504);
+    const T inf = T(std::numeric_limits<double>::infinity());
+    if (abs(x) > T(std::numeric_limits<double>::max()))
+      return x > T(0) ? inf : -inf;
+    int e = 0;
+    (void)frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+    const int qe = std::max(e - 1, emin) - (p - 1);
+    const T y = ldexp(x, -qe);
+    T f = floor(y);
+    const T d = y - f;
+    const bool odd = f - T(2) * floor(f / T(2)) != T(0);
+    if (d > T(0.5) || (d == T(0.5) && odd)) f += T(1);
+    const T r = ldexp(f, qe);
+    if (abs(r) > big) return r > T(0) ? inf : -inf;
+    return r;
+  }
+}
+
 template <class T>
 class Oracle {
  public:
@@ -53,8 +89,31 @@ class Oracle {
 
   void zero_grad();
   int64_t items(const std::vector<int64_t>& ids) const;
-  T forward_backward(const std::vector<int64_t>& ids, LossWeight weight);
-  void add_l2(double lambda, int64_t den);
+  T forward_backward(const std::vector<int64_t>& ids, LossWeight weight) {
+    return rounded([&] { return forward_backward_exact(ids, weight); });
+  }
+  void add_l2(double lambda, int64_t den) {
+    rounded([&] {
+      add_l2_exact(lambda, den);
+      return T(0);
+    });
+  }
+  // The gradient buffer's format (sim/scenario.hpp GradBuffer; the
+  // trainer sets it): bf16/fp16 round every accumulation,
+  // grad = rnd(grad + rnd(fresh)), and every scaling of the buffer, each
+  // rounding applied once to the exact value (round_to_buffer).
+  void set_grad_buffer(GradBuffer b) { buffer_ = b; }
+  // No inf or NaN in the gradient (GradScaler's found_inf), by value.
+  bool grads_finite() const {
+    for (const T& g : grads_) {
+      if constexpr (requires { g.v; }) {
+        if (!(g.v - g.v == decltype(g.v)(0))) return false;
+      } else {
+        if (!(g - g == T(0))) return false;
+      }
+    }
+    return true;
+  }
   T grad_norm() const;
   void scale_grads(const T& f);
   void optimizer_step(const OptimizerSpec& opt, double lr);
@@ -76,6 +135,23 @@ class Oracle {
   const std::vector<T>& buffers() const { return buffers_; }
 
  private:
+  T forward_backward_exact(const std::vector<int64_t>& ids, LossWeight weight);
+  void add_l2_exact(double lambda, int64_t den);
+  // Runs `f` into a zeroed buffer and adds its gradient with the buffer's
+  // rounding (fp32: straight into the buffer, as before).
+  template <class F>
+  T rounded(F&& f) {
+    if (buffer_ == GradBuffer::fp32) return f();
+    std::vector<T> sum = grads_;
+    for (T& g : grads_) g = T(0);
+    const T r = f();
+    for (size_t i = 0; i < grads_.size(); ++i)
+      grads_[i] =
+          round_to_buffer(T(sum[i] + round_to_buffer(grads_[i], buffer_)),
+                          buffer_);
+    return r;
+  }
+  GradBuffer buffer_ = GradBuffer::fp32;
   void check_ids(const std::vector<int64_t>& ids) const;
   // Returns the rows of the pass: samples, or loss-bearing tokens.
   int64_t forward(const std::vector<int64_t>& ids, bool update_running);
@@ -347,8 +423,8 @@ T Oracle<T>::loss(const std::vector<int64_t>& ids) {
 }
 
 template <class T>
-T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
-                              LossWeight weight) {
+T Oracle<T>::forward_backward_exact(const std::vector<int64_t>& ids,
+                                    LossWeight weight) {
   if (weight.den < 1 || weight.num < 1)
     throw std::invalid_argument("oracle: loss weight num/den must be >= 1");
   if (ids.empty()) return T(0);
@@ -422,7 +498,7 @@ T Oracle<T>::forward_backward(const std::vector<int64_t>& ids,
 
 // grads += c * params, c = lambda / den computed by the host, rounded once.
 template <class T>
-void Oracle<T>::add_l2(double lambda, int64_t den) {
+void Oracle<T>::add_l2_exact(double lambda, int64_t den) {
   using H = typename Num<T>::Host;
   if (den < 1) throw std::invalid_argument("oracle: add_l2 den must be >= 1");
   const T c = Num<T>::from_host(H(H(lambda) / H(double(den))));
@@ -445,6 +521,8 @@ T Oracle<T>::grad_norm() const {
 template <class T>
 void Oracle<T>::scale_grads(const T& f) {
   for (T& g : grads_) g *= f;
+  if (buffer_ != GradBuffer::fp32)
+    for (T& g : grads_) g = round_to_buffer(g, buffer_);
 }
 
 template <class T>

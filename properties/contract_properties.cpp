@@ -86,7 +86,8 @@ void coefficients(bool break_on_purpose) {
   s.model.dropout =
       s.model.widths.size() > 2 && *rc::gen::arbitrary<bool>() ? 0.25 : 0.0;
   const Case c(s);
-  const auto sems = candidate_semantics(s.model.kind == ModelKind::token);
+  const auto sems = candidate_semantics(
+      {.token_loss = s.model.kind == ModelKind::token, .contract_tier = true});
   // Every semantics of the catalog: correct, each pitfall, each pair.
   const double tol = oracle_tolerance();
   for (const auto& sem : sems) {

@@ -29,21 +29,6 @@ std::unique_ptr<Dev> device(const Case& c) {
   return std::make_unique<Dev>(c.s.model, c.data, c.init);
 }
 
-// "equivalence.device" for the emulated executor, "equivalence.cuda" for
-// the CUDA executor: the same property, the same kernel bodies.
-template <class Dev>
-std::string engine_name();
-template <>
-std::string engine_name<EmulatedDevice>() {
-  return "device";
-}
-#ifdef ACCUMCHECK_HAVE_CUDA_TARGET
-template <>
-std::string engine_name<CudaDevice>() {
-  return "cuda";
-}
-#endif
-
 // A one-window plan holding `w` (for Trainer::run_window on the large
 // batch: all of the window's samples in one micro-batch per rank).
 Window large(const Window& w) {

@@ -108,6 +108,9 @@ const std::vector<Property>& ramp_properties();
 const std::vector<Property>& loop_properties();
 // The coefficient engine against the oracle (properties/contract_properties.cpp).
 const std::vector<Property>& contract_properties();
+// Precision, loss scaling, EMA and optimizer state
+// (properties/precision_properties.cpp).
+const std::vector<Property>& precision_properties();
 // Every property: oracle, norm, ramp, loop, contract, ddp, then device
 // (properties/device_properties.cpp).
 const std::vector<Property>& all_properties();

@@ -46,4 +46,12 @@ class InputError : public std::runtime_error {
 // Kept as the name the scenario code uses.
 using ScenarioError = InputError;
 
+// A run's loss scale left what the engines weigh exactly (2^-62 .. 2^62):
+// the scenario's [precision] grows it too far in this run (exit 2).
+// certify's ranking drops a candidate semantics that reaches it.
+class ScaleRangeError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 }  // namespace accumcheck

@@ -80,6 +80,30 @@ constexpr Entry kCatalog[] = {
     {Pitfall::ddp_scheduler_per_rank, "ddp-scheduler-per-rank",
      "the scheduler stepped once per process per optimizer step: step t "
      "uses S(t*R)"},
+    {Pitfall::low_precision_grad_buffer, "low-precision-grad-buffer",
+     "gradients accumulated in a bf16 .grad: once the sum is 2^8 times a "
+     "contribution, the contribution is lost (in bf16, 256 + 1 = 256)"},
+    {Pitfall::clip_before_unscale, "clip-before-unscale",
+     "clip_grad_norm_ before scaler.unscale_(): the scaled gradient is "
+     "clipped, so the threshold acts as c/S"},
+    {Pitfall::scaler_update_every_micro_step, "scaler-update-every-micro-step",
+     "scaler.unscale_() and scaler.update() on every micro-step: the running "
+     "sum is divided by S again at each micro-step, the scale moves K times "
+     "per step"},
+    {Pitfall::skipped_step_advances_scheduler,
+     "skipped-step-advances-scheduler",
+     "scheduler.step() after a step the scaler skipped for inf/NaN: the "
+     "schedule runs ahead of the optimizer"},
+    {Pitfall::accumulator_rescaled, "accumulator-rescaled",
+     "buf = 2*buf + g at every micro-step: micro-batch k weighs 2^(K-1-k); "
+     "scale-free optimizers hide it until 2^K overflows"},
+    {Pitfall::ema_every_micro_step, "ema-every-micro-step",
+     "the EMA of the weights updated every micro-step: it decays K times per "
+     "optimizer step"},
+    {Pitfall::optimizer_state_every_micro_step,
+     "optimizer-state-every-micro-step",
+     "Adam's step count and AdamW's decoupled weight decay advanced every "
+     "micro-step: bias corrections use t*K, decay applied K times"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -191,6 +215,27 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
       case Pitfall::ddp_scheduler_per_rank:
         b.scheduler_per_rank = true;
         break;
+      case Pitfall::low_precision_grad_buffer:
+        b.low_precision_grad_buffer = true;
+        break;
+      case Pitfall::clip_before_unscale:
+        b.clip_before_unscale = true;
+        break;
+      case Pitfall::scaler_update_every_micro_step:
+        b.scaler_update_every_micro_step = true;
+        break;
+      case Pitfall::skipped_step_advances_scheduler:
+        b.skipped_step_advances_scheduler = true;
+        break;
+      case Pitfall::accumulator_rescaled:
+        b.accumulator_rescaled = true;
+        break;
+      case Pitfall::ema_every_micro_step:
+        b.ema_every_micro_step = true;
+        break;
+      case Pitfall::optimizer_state_every_micro_step:
+        b.optimizer_state_every_micro_step = true;
+        break;
     }
   }
   return b;
@@ -206,16 +251,33 @@ std::string semantics_name(const std::vector<Pitfall>& pitfalls) {
   return s;
 }
 
-std::vector<std::vector<Pitfall>> candidate_semantics(bool token_loss) {
+std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
+  auto in_scope = [&](Pitfall p) {
+    switch (p) {
+      case Pitfall::sample_mean_of_means:
+      case Pitfall::ddp_uneven_shards:
+        return !scope.token_loss;
+      case Pitfall::token_mean_of_means:
+      case Pitfall::ddp_token_mean_across_ranks:
+        return scope.token_loss;
+      case Pitfall::clip_before_unscale:
+      case Pitfall::scaler_update_every_micro_step:
+      case Pitfall::skipped_step_advances_scheduler:
+        return scope.loss_scaling;
+      case Pitfall::ema_every_micro_step:
+        return scope.ema;
+      case Pitfall::low_precision_grad_buffer:
+      case Pitfall::optimizer_state_every_micro_step:
+        return !scope.contract_tier;
+      default:
+        return true;
+    }
+  };
   std::vector<Pitfall> catalog;
   // The mean-of-means pitfalls, and the two DDP ones that are one switch
   // (rank_window_items), are named for the loss: the other is left out.
   for (Pitfall p : kAllPitfalls)
-    if (p != (token_loss ? Pitfall::sample_mean_of_means
-                         : Pitfall::token_mean_of_means) &&
-        p != (token_loss ? Pitfall::ddp_uneven_shards
-                         : Pitfall::ddp_token_mean_across_ranks))
-      catalog.push_back(p);
+    if (in_scope(p)) catalog.push_back(p);
   std::vector<std::vector<Pitfall>> sems = {{}};
   for (Pitfall p : catalog) sems.push_back({p});
   for (size_t i = 0; i < catalog.size(); ++i)

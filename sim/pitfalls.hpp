@@ -43,6 +43,14 @@ enum class Pitfall {
   ddp_sync_every_micro_step,
   ddp_clip_local_norm,
   ddp_scheduler_per_rank,
+  // Precision, loss scaling and the training state beyond gradients.
+  low_precision_grad_buffer,
+  clip_before_unscale,
+  scaler_update_every_micro_step,
+  skipped_step_advances_scheduler,
+  accumulator_rescaled,
+  ema_every_micro_step,
+  optimizer_state_every_micro_step,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -72,6 +80,13 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::ddp_sync_every_micro_step,
     Pitfall::ddp_clip_local_norm,
     Pitfall::ddp_scheduler_per_rank,
+    Pitfall::low_precision_grad_buffer,
+    Pitfall::clip_before_unscale,
+    Pitfall::scaler_update_every_micro_step,
+    Pitfall::skipped_step_advances_scheduler,
+    Pitfall::accumulator_rescaled,
+    Pitfall::ema_every_micro_step,
+    Pitfall::optimizer_state_every_micro_step,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -149,6 +164,30 @@ struct Behavior {
   bool clip_local_norm = false;
   // ddp-scheduler-per-rank: R scheduler.step() calls per optimizer step.
   bool scheduler_per_rank = false;
+  // low-precision-grad-buffer: the micro-batches accumulate in a bf16
+  // .grad where the scenario's buffer is fp32 (no float32 accumulation
+  // buffer beside bf16 weights).
+  bool low_precision_grad_buffer = false;
+  // clip-before-unscale: clip_grad_norm_ on the scaled gradient, before
+  // scaler.unscale_(): the threshold acts as c / S.
+  bool clip_before_unscale = false;
+  // scaler-update-every-micro-step: scaler.unscale_() and scaler.update()
+  // after every backward, not only at the step: the running sum is
+  // unscaled again at each micro-step and the scale moves per micro-step.
+  bool scaler_update_every_micro_step = false;
+  // skipped-step-advances-scheduler: scheduler.step() even when the scaler
+  // skipped optimizer.step() for an inf/NaN.
+  bool skipped_step_advances_scheduler = false;
+  // accumulator-rescaled: buf = 2*buf + g at every micro-step: micro-batch
+  // k of K weighs 2^(K-1-k).
+  bool accumulator_rescaled = false;
+  // ema-every-micro-step: the EMA updated after every micro-step (K times
+  // per optimizer step), not after each optimizer step.
+  bool ema_every_micro_step = false;
+  // optimizer-state-every-micro-step: Adam's step count t and AdamW's
+  // decoupled decay p *= 1 - lr*wd advanced at every micro-step that does
+  // not step (keras' per-call state), besides the step's own.
+  bool optimizer_state_every_micro_step = false;
 
   bool operator==(const Behavior&) const = default;
 };
@@ -161,8 +200,20 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
 // the model's loss only (sample- for sample losses, token- for token
 // losses: the same switch, named for the loss); likewise
 // ddp-uneven-shards (sample losses) or ddp-token-mean-across-ranks (token
-// losses).
-std::vector<std::vector<Pitfall>> candidate_semantics(bool token_loss);
+// losses).  The GradScaler pitfalls
+// (clip-before-unscale, scaler-update-every-micro-step,
+// skipped-step-advances-scheduler) are candidates only with loss
+// scaling, ema-every-micro-step only with an EMA (elsewhere they are
+// `correct`); the contract tier (whose coefficient engine holds neither
+// rounded buffers nor parameters) leaves out low-precision-grad-buffer
+// and optimizer-state-every-micro-step.
+struct CandidateScope {
+  bool token_loss = false;
+  bool loss_scaling = false;
+  bool ema = false;
+  bool contract_tier = false;
+};
+std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope);
 
 // "correct", or the ids joined by "+".
 std::string semantics_name(const std::vector<Pitfall>& pitfalls);

@@ -19,7 +19,13 @@ enum class EventKind {
   clip,
   optimizer_step,
   scheduler_step,
-  all_reduce  // DDP's gradient all-reduce (R > 1), one per collective
+  all_reduce,  // DDP's gradient all-reduce (R > 1), one per collective
+  // GradScaler (sim/scenario.hpp PrecisionSpec): scaler.unscale_() and
+  // scaler.update(); a window whose unscale_ found an inf or NaN has no
+  // optimizer_step.
+  unscale,
+  scaler_update,
+  ema_update,  // the EMA of the parameters updated (EmaSpec)
 };
 
 inline std::string_view event_name(EventKind k) {
@@ -36,6 +42,12 @@ inline std::string_view event_name(EventKind k) {
       return "scheduler_step";
     case EventKind::all_reduce:
       return "all_reduce";
+    case EventKind::unscale:
+      return "unscale";
+    case EventKind::scaler_update:
+      return "scaler_update";
+    case EventKind::ema_update:
+      return "ema_update";
   }
   return "?";
 }
@@ -52,6 +64,10 @@ struct Event {
   double loss = kNaN;   // forward_backward: the micro-batch's mean item loss
   double lr = kNaN;     // optimizer_step: lr used; scheduler_step: lr after
   double grad_norm = kNaN;  // clip: the pre-clip total norm
+  // The loss scale: on forward_backward the scale its loss was multiplied
+  // by, on unscale the scale divided out, on scaler_update the new scale
+  // (NaN without a GradScaler).
+  double loss_scale = kNaN;
   // The rank that made the call (each rank records its own calls);
   // -1 for a collective (all_reduce).
   int64_t rank = 0;
@@ -74,6 +90,22 @@ struct StepRecord {
   std::vector<std::vector<Real>> rank_param;
 };
 
+// A window skipped by the loss scaler: its gradients overflowed, no
+// optimizer step was taken (runs with loss scaling).
+struct SkippedWindow {
+  int64_t step = 0;          // optimizer steps before it (the window)
+  int64_t backward = 0;      // backward passes of the run so far (rank 0)
+  double loss_scale = kNaN;  // the scale its backward passes used
+};
+
+// One update of the EMA of the parameters (runs with [ema]).
+template <class Real>
+struct EmaRecord {
+  int64_t steps = 0;      // optimizer steps before it
+  int64_t since = 0;      // backward passes since the last optimizer step
+  std::vector<Real> ema;  // the EMA after it (empty: values not recorded)
+};
+
 template <class Real>
 struct WindowRecord {
   int64_t window = 0;  // global index, from 0
@@ -89,6 +121,8 @@ struct Run {
   std::vector<Event> events;
   std::vector<StepRecord<Real>> steps;
   std::vector<WindowRecord<Real>> windows;
+  std::vector<SkippedWindow> skipped;  // in order
+  std::vector<EmaRecord<Real>> ema;    // every EMA update, in order
 };
 
 }  // namespace accumcheck

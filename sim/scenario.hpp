@@ -142,6 +142,42 @@ struct TrainerSpec {
   LrScaling lr_scaling = LrScaling::none;
 };
 
+// The precision of the gradient buffers (.grad) the micro-batches
+// accumulate in; parameters, activations and optimizer state stay float32
+// (master weights).  Each backward's fresh float32 gradient is rounded to
+// the buffer's format (round to nearest even) and added in float32, the
+// sum rounded back: grad = rnd(grad + rnd(fresh)), as PyTorch adds bf16
+// and fp16 tensors (through float).  The oracle keeps exact sums; the
+// error model (oracle/error_model.hpp) bounds the difference.
+enum class GradBuffer { fp32, bf16, fp16 };
+
+// [precision]: the gradient buffer and dynamic loss scaling as PyTorch's
+// GradScaler does it.  The scale is a power of two, 2^scale_exp, so that
+// scaling and unscaling are exact in every engine (and the loss weight
+// stays an exact rational: sim/engine.hpp LossWeight).
+struct PrecisionSpec {
+  GradBuffer grad_buffer = GradBuffer::fp32;
+  bool loss_scaling = false;      // loss_scale = "dynamic"
+  int64_t scale_exp = 16;         // init_scale = 65536 (GradScaler's default)
+  int64_t growth_exp = 1;         // growth_factor = 2
+  int64_t backoff_exp = -1;       // backoff_factor = 0.5
+  int64_t growth_interval = 2000;  // clean steps before the scale grows
+  // Overflow injected deterministically: (window, micro-step) pairs, both
+  // from 0 (windows counted over the whole run): that micro-step's
+  // backward overflows, so the window's gradient holds an inf until the
+  // next zero_grad.
+  std::vector<std::pair<int64_t, int64_t>> overflow;
+};
+
+// [ema]: the trainer keeps an exponential moving average of the
+// parameters (torch.optim.swa_utils.AveragedModel with an EMA avg_fn):
+// after each optimizer step ema = ema * decay + p * (1 - decay); it starts
+// as a copy of the initial parameters.
+struct EmaSpec {
+  bool enabled = false;
+  double decay = 0.999;
+};
+
 enum class ExpectKind {
   matches_reference,        // the trainer stays within tolerance of the
                             // large-batch reference at every window boundary
@@ -170,6 +206,8 @@ struct Scenario {
   ScheduleSpec schedule;
   ClipSpec clip;
   TrainerSpec trainer;
+  PrecisionSpec precision;
+  EmaSpec ema;
   ExpectSpec expect;
 };
 

@@ -331,9 +331,9 @@ void parse_expect(const Parser& p, const Section& sec, const Scenario& s,
   }
 }
 
-constexpr std::string_view kSections[] = {"model",     "data",     "batching",
-                                          "optimizer", "schedule", "clip",
-                                          "trainer",   "expect"};
+constexpr std::string_view kSections[] = {
+    "model", "data",    "batching",  "optimizer", "schedule",
+    "clip",  "trainer", "precision", "ema",       "expect"};
 
 }  // namespace
 
@@ -405,6 +405,11 @@ Scenario parse_scenario_string(std::string_view text,
   const Section clip(p, root, "clip", {"max_norm"});
   const Section trainer(p, root, "trainer",
                         {"pitfalls", "accepted", "lr_scaling"});
+  const Section precision(
+      p, root, "precision",
+      {"grad_buffer", "loss_scale", "init_scale", "growth_factor",
+       "backoff_factor", "growth_interval", "overflow"});
+  const Section ema(p, root, "ema", {"decay"});
   const Section expect(p, root, "expect",
                        {"verdict", "min_distance", "at_step"});
 
@@ -425,6 +430,7 @@ Scenario parse_scenario_string(std::string_view text,
     p.fail(trainer.node("lr_scaling"), "trainer.lr_scaling",
            "the lr-scaling lesson scales by one K; batching.accumulation "
            "changes from epoch to epoch here");
+  parse_precision(p, precision, ema, s);
   validate_across(p, model, data, batching, trainer, s);
   parse_expect(p, expect, s, s.expect);
   return s;

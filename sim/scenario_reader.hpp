@@ -2,7 +2,8 @@
 // the sections (sim/scenario_parse.cpp: the top level, [model], [data],
 // [optimizer], [expect] and the checks across sections;
 // sim/scenario_parse_batching.cpp: [batching] with its K schedule, and
-// [schedule]).  Internal to sim/: nothing outside the parser includes it.
+// [schedule]; sim/scenario_parse_precision.cpp: [precision] and [ema]).
+// Internal to sim/: nothing outside the parser includes it.
 #pragma once
 
 #include <fmt/format.h>
@@ -262,5 +263,9 @@ class Section {
 // sim/scenario_parse_batching.cpp
 void parse_batching(const Parser& p, const Section& sec, Scenario& s);
 void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc);
+
+// sim/scenario_parse_precision.cpp
+void parse_precision(const Parser& p, const Section& precision,
+                     const Section& ema, Scenario& s);
 
 }  // namespace accumcheck::scenario_reader

@@ -54,6 +54,10 @@ inline constexpr std::pair<std::string_view, LrScaling> kLrScalings[] = {
     {"none", LrScaling::none},
     {"linear", LrScaling::linear},
     {"sqrt", LrScaling::sqrt}};
+inline constexpr std::pair<std::string_view, GradBuffer> kGradBuffers[] = {
+    {"fp32", GradBuffer::fp32},
+    {"bf16", GradBuffer::bf16},
+    {"fp16", GradBuffer::fp16}};
 inline constexpr std::pair<std::string_view, ExpectKind> kVerdicts[] = {
     {"matches-reference", ExpectKind::matches_reference},
     {"diverges-from-reference", ExpectKind::diverges_from_reference},

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "sim/k_schedule.hpp"
@@ -183,6 +184,29 @@ std::string to_toml(const Scenario& s) {
   line("lr_scaling",
        toml_string(name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling)));
 
+  const PrecisionSpec& pr = s.precision;
+  if (pr.grad_buffer != GradBuffer::fp32 || pr.loss_scaling) {
+    o += "\n[precision]\n";
+    line("grad_buffer",
+         toml_string(name_of<GradBuffer>(kGradBuffers, pr.grad_buffer)));
+    if (pr.loss_scaling) {
+      line("loss_scale", toml_string("dynamic"));
+      line("init_scale", float_text(std::ldexp(1.0, int(pr.scale_exp))));
+      line("growth_factor", float_text(std::ldexp(1.0, int(pr.growth_exp))));
+      line("backoff_factor", float_text(std::ldexp(1.0, int(pr.backoff_exp))));
+      line("growth_interval", integer(pr.growth_interval));
+      std::string ov = "[";
+      for (size_t i = 0; i < pr.overflow.size(); ++i)
+        ov += fmt::format("{}[{}, {}]", i ? ", " : "", pr.overflow[i].first,
+                          pr.overflow[i].second);
+      line("overflow", ov + "]");
+    }
+  }
+  if (s.ema.enabled) {
+    o += "\n[ema]\n";
+    line("decay", float_text(s.ema.decay));
+  }
+
   o += "\n[expect]\n";
   line("verdict", toml_string(name_of<ExpectKind>(kVerdicts, s.expect.kind)));
   if (s.expect.kind == ExpectKind::diverges_from_reference) {
@@ -276,6 +300,13 @@ std::string describe(const Scenario& s) {
   if (s.trainer.lr_scaling != LrScaling::none)
     d += fmt::format(" lr-scaling={}",
                      name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling));
+  if (s.precision.grad_buffer != GradBuffer::fp32)
+    d += fmt::format(" grad={}", name_of<GradBuffer>(kGradBuffers,
+                                                     s.precision.grad_buffer));
+  if (s.precision.loss_scaling)
+    d += fmt::format(" scaler(2^{},every={})", s.precision.scale_exp,
+                     s.precision.growth_interval);
+  if (s.ema.enabled) d += fmt::format(" ema={}", s.ema.decay);
   d += fmt::format(" {}", semantics_name(s.trainer.pitfalls));
   if (!s.trainer.accepted.empty())
     d += fmt::format(" accepted={}", semantics_name(s.trainer.accepted));

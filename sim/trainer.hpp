@@ -25,6 +25,23 @@
 // as the behaviour says (scheduler-before-optimizer: scheduler, step,
 // zero_grad; scheduler-per-epoch: no scheduler there, one scheduler.step()
 // after each epoch's last window).
+// Loss scaling ([precision] loss_scale = "dynamic", PyTorch's GradScaler
+// as the docs' accumulation recipe uses it): every backward's loss weight
+// is multiplied by the scale S = 2^e (exact); the window's step block is
+//   [clip if clip-before-unscale] unscale_ (grads *= 2^-e; found_inf if
+//   any rank holds an inf/NaN or an injected overflow) [clip]
+//   optimizer.step() unless found_inf; scaler.update() (found_inf:
+//   e += backoff, else after growth_interval clean updates e += growth);
+//   [EMA update after a step]
+// then scheduler.step() unless the step was skipped
+// (skipped-step-advances-scheduler: always), zero_grad.  On the
+// micro-steps that do not step: [accumulator-rescaled: grads *= 2 before
+// each backward] [unscale_ + update if scaler-update-every-micro-step]
+// [EMA update if ema-every-micro-step] [t += 1 and AdamW's decay if
+// optimizer-state-every-micro-step].  The engine's gradient buffer
+// (bf16/fp16/fp32) is set once, from [precision] grad_buffer or bf16 for
+// low-precision-grad-buffer.
+//
 // The windows an epoch is cut into are the plan's, except where a pitfall
 // draws or cuts them differently (drawn()): skip-short-micro-batch drops
 // the epoch's short last micro-batch, window-boundary-off-by-one cuts
@@ -51,14 +68,17 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "sim/engine.hpp"
+#include "sim/errors.hpp"
 #include "sim/k_schedule.hpp"
 #include "sim/lr_schedule.hpp"
 #include "sim/pitfalls.hpp"
@@ -72,6 +92,13 @@ struct TrainerCounters {
   int64_t optimizer_steps = 0;  // optimizer.step() calls so far
   int64_t scheduler_steps = 0;  // scheduler.step() calls so far
   int64_t windows = 0;          // windows finished so far
+  // GradScaler's state (loss scaling only): the scale is 2^scale_exp
+  // (kNoScale: not started, the scenario's init_scale), and the clean
+  // steps since the scale last changed.
+  static constexpr int64_t kNoScale = INT64_MIN;
+  int64_t scale_exp = kNoScale;
+  int64_t growth_tracker = 0;
+  int64_t skipped_steps = 0;  // steps the scaler skipped (inf/NaN)
 };
 
 struct TrainerOptions {
@@ -111,12 +138,23 @@ class Trainer {
         b_(behavior),
         base_lr_(base_lr),
         opt_(options),
+        scaling_(scenario.precision.loss_scaling),
         schedule_(
             behavior.schedule_horizon_in_micro_steps
                 ? stretched(
                       resolved_schedule(scenario, behavior.horizon_initial_k),
                       scenario.batching.accumulation)
-                : resolved_schedule(scenario, behavior.horizon_initial_k)) {}
+                : resolved_schedule(scenario, behavior.horizon_initial_k)) {
+    // The engine's gradient buffer: the scenario's, or bf16 where the
+    // low-precision-grad-buffer trainer accumulates in its bf16 .grad.
+    const GradBuffer buf =
+        behavior.low_precision_grad_buffer &&
+                scenario.precision.grad_buffer == GradBuffer::fp32
+            ? GradBuffer::bf16
+            : scenario.precision.grad_buffer;
+    if constexpr (requires { engine.set_grad_buffer(buf); })
+      engine.set_grad_buffer(buf);
+  }
 
   // Runs every epoch of `plan` from the engine's current state (every
   // rank starts from it, as DDP broadcasts rank 0's parameters).  The
@@ -124,7 +162,9 @@ class Trainer {
   Run<Real> run(const Plan& plan, std::string name) {
     run_ = Run<Real>{};
     run_.name = std::move(name);
+    backward_ = since_step_ = 0;
     init_ranks(plan.ranks);
+    init_state_beyond_gradients(true);
     // A lazy plan builds each epoch here, when the loop reaches it.
     plan.visit([&](int64_t ep, const EpochPlan& planned) {
       // The pitfalls that draw or cut windows differently get their own
@@ -152,9 +192,11 @@ class Trainer {
                        bool last_of_epoch = false,
                        int64_t epoch_micro_steps = 0) {
     run_ = Run<Real>{};
+    backward_ = since_step_ = 0;
     K_ = K;
     c_ = counters;
     init_ranks(int64_t(w.micro.front().shards.size()));
+    init_state_beyond_gradients(false);
     window(w, 0, last_of_epoch, epoch_micro_steps);
     use_rank(0);
     return std::move(run_);
@@ -174,6 +216,13 @@ class Trainer {
   }
 
   const TrainerCounters& counters() const { return c_; }
+  // The EMA of the parameters (empty without [ema] until the first run).
+  const std::vector<Real>& ema() const { return ema_; }
+  void set_ema(std::vector<Real> ema) { ema_ = std::move(ema); }
+  // The loss scale now (1 without loss scaling).
+  double loss_scale() const {
+    return scaling_ ? std::ldexp(1.0, int(c_.scale_exp)) : 1.0;
+  }
   int64_t rank() const { return rank_; }
   double current_lr() const {
     return base_lr_ * lr_multiplier(schedule_, c_.scheduler_steps);
@@ -309,7 +358,127 @@ class Trainer {
   // On the rank the engine holds.
   void zero_grad(int64_t micro) {
     e_.zero_grad();
+    inf_pending_ = false;  // an injected overflow lives until zero_grad
     event(EventKind::zero_grad, micro);
+  }
+
+  // ------------------------------------- loss scaling, EMA, optimizer state
+
+  // The scaler's starting scale; the EMA's copy of the parameters
+  // (AveragedModel copies them when built; a teacher-forced window keeps
+  // the EMA it was given, or starts one from the state).
+  void init_state_beyond_gradients(bool fresh_run) {
+    if (scaling_ && c_.scale_exp == TrainerCounters::kNoScale)
+      c_.scale_exp = s_.precision.scale_exp;
+    inf_pending_ = false;
+    if (s_.ema.enabled && (fresh_run || ema_.empty())) ema_ = e_.state().params;
+  }
+
+  // The loss weight times the scale 2^e (exact: the weight stays a
+  // rational, num * 2^e or den * 2^-e).
+  LossWeight scaled(LossWeight w) const {
+    if (!scaling_) return w;
+    const int64_t e = c_.scale_exp;
+    int64_t& v = e >= 0 ? w.num : w.den;
+    const int64_t by = e >= 0 ? e : -e;
+    if (by > 62 || v > (INT64_MAX >> by))
+      throw ScaleRangeError(
+          s_.path, 0, 0, "precision",
+          "loss scale 2^" + std::to_string(e) +
+              " leaves the exactly representable loss weights (|e| <= 62) "
+              "in this run: a smaller init_scale or a longer "
+              "growth_interval keeps it in range");
+    v <<= by;
+    return w;
+  }
+
+  bool grads_finite() {
+    if constexpr (requires { e_.grads_finite(); }) {
+      return e_.grads_finite();
+    } else {
+      return std::isfinite(static_cast<double>(e_.grad_norm()));
+    }
+  }
+
+  // scaler.unscale_() on every rank: grads *= 2^-e (exact), found_inf
+  // when any rank holds an inf or NaN (or an injected overflow).
+  bool unscale_all(int64_t micro) {
+    bool found = inf_pending_;
+    const double S = std::ldexp(1.0, int(c_.scale_exp));
+    each_rank([&](int64_t) {
+      found = !grads_finite() || found;
+      e_.scale_grads(Real(std::ldexp(1.0, -int(c_.scale_exp))));
+      event(EventKind::unscale, micro, [&](Event& ev) { ev.loss_scale = S; });
+    });
+    return found;
+  }
+
+  // scaler.update(): back off on an inf/NaN, grow after growth_interval
+  // clean updates in a row.
+  void scaler_update(int64_t micro, bool found_inf) {
+    const PrecisionSpec& p = s_.precision;
+    if (found_inf) {
+      c_.scale_exp += p.backoff_exp;
+      c_.growth_tracker = 0;
+    } else if (++c_.growth_tracker == p.growth_interval) {
+      c_.scale_exp += p.growth_exp;
+      c_.growth_tracker = 0;
+    }
+    event(EventKind::scaler_update, micro, [&](Event& ev) {
+      ev.loss_scale = std::ldexp(1.0, int(c_.scale_exp));
+    });
+  }
+
+  // ema = ema * decay + p * (1 - decay), rank 0's parameters (the ranks
+  // agree whenever they are in sync).  The factors are rounded once to
+  // the engine's Real, as PyTorch's mul_(decay).add_(p, alpha=1-decay).
+  void ema_update(int64_t micro) {
+    use_rank(0);
+    const std::vector<Real> p = e_.state().params;
+    if (ema_.size() != p.size()) ema_ = p;
+    const Real d(s_.ema.decay), rest(1.0 - s_.ema.decay);
+    for (size_t i = 0; i < p.size(); ++i) {
+      const Real kept = ema_[i] * d;
+      const Real add = p[i] * rest;
+      ema_[i] = kept + add;
+    }
+    event(EventKind::ema_update, micro);
+    run_.ema.push_back({c_.optimizer_steps, since_step_,
+                        opt_.record_values ? ema_ : std::vector<Real>{}});
+  }
+
+  // optimizer-state-every-micro-step: Adam's t advanced and AdamW's
+  // decoupled decay p *= float(1 - lr*wd) applied, without a step.
+  void advance_optimizer_state() {
+    each_rank([&](int64_t) {
+      EngineState<Real> st = e_.state();
+      ++st.optimizer_steps;
+      if (s_.optimizer.kind == OptimizerKind::adamw) {
+        const Real mul(1.0 - current_lr() * s_.optimizer.weight_decay);
+        for (Real& p : st.params) p = p * mul;
+      }
+      e_.set_state(st);
+    });
+  }
+
+  // The step of a window: [clip if clip-before-unscale] unscale_ (loss
+  // scaling), clip, optimizer.step() unless unscale_ found an inf/NaN,
+  // scaler.update(), the EMA after a step.  Returns whether it stepped.
+  bool step_block(int64_t micro, bool clip_here) {
+    const bool pre_clip = clip_here && scaling_ && b_.clip_before_unscale;
+    if (pre_clip) each_rank([&](int64_t) { clip(micro); });
+    const bool found = scaling_ && unscale_all(micro);
+    if (clip_here && !pre_clip) each_rank([&](int64_t) { clip(micro); });
+    if (found) {
+      ++c_.skipped_steps;
+      run_.skipped.push_back({c_.optimizer_steps, backward_, loss_scale()});
+      since_step_ = 0;
+    } else {
+      optimizer_step(micro);
+    }
+    if (scaling_) scaler_update(micro, found);
+    if (!found && s_.ema.enabled) ema_update(micro);
+    return !found;
   }
 
   // clip_grad_norm_: coef = c / (norm + 1e-6), clamped to 1, in the
@@ -376,6 +545,7 @@ class Trainer {
       event(EventKind::optimizer_step, micro, [&](Event& ev) { ev.lr = lr; });
     });
     ++c_.optimizer_steps;
+    since_step_ = 0;
     if (opt_.record_values) {
       for (int64_t r = R_ - 1; r >= 0; --r) {
         use_rank(r);
@@ -405,20 +575,25 @@ class Trainer {
   }
 
   // The end of a window: step, schedule and zero as the behaviour says.
+  // A step the scaler skipped is not followed by scheduler.step()
+  // (accelerate's `if not optimizer.step_was_skipped`) unless the
+  // trainer is skipped-step-advances-scheduler.
   void boundary(bool steps_at_boundary, bool last_of_epoch,
                 int64_t epoch_micro_steps) {
     const bool clipping = s_.clip.enabled;
-    auto clip_all = [&] { each_rank([&](int64_t) { clip(-1); }); };
     auto zero_all = [&] { each_rank([&](int64_t) { zero_grad(-1); }); };
+    auto schedules_after = [&](bool stepped) {
+      return boundary_schedules() && !b_.scheduler_before_optimizer &&
+             (stepped || b_.skipped_step_advances_scheduler);
+    };
     if (b_.seed_002_loop) {
       // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
       if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
         if (boundary_schedules() && b_.scheduler_before_optimizer)
           scheduler_step(-1);
-        if (clipping && !b_.clip_per_micro_step) clip_all();
-        optimizer_step(-1);
-        if (boundary_schedules() && !b_.scheduler_before_optimizer)
-          scheduler_step(-1);
+        const bool stepped =
+            step_block(-1, clipping && !b_.clip_per_micro_step);
+        if (schedules_after(stepped)) scheduler_step(-1);
         zero_all();
       }
     } else if (!steps_at_boundary) {
@@ -427,12 +602,10 @@ class Trainer {
     } else {
       if (boundary_schedules() && b_.scheduler_before_optimizer)
         scheduler_step(-1);
-      if (!b_.step_every_micro_step && !done()) {
-        if (clipping && !b_.clip_per_micro_step) clip_all();
-        optimizer_step(-1);
-      }
-      if (boundary_schedules() && !b_.scheduler_before_optimizer)
-        scheduler_step(-1);
+      bool stepped = true;
+      if (!b_.step_every_micro_step && !done())
+        stepped = step_block(-1, clipping && !b_.clip_per_micro_step);
+      if (schedules_after(stepped)) scheduler_step(-1);
       if (b_.zero_grad == ZeroGradTiming::after_step) zero_all();
     }
   }
@@ -467,11 +640,13 @@ class Trainer {
         if (b_.seed_002_loop ||
             b_.zero_grad == ZeroGradTiming::every_micro_step)
           zero_grad(k);
+        // accumulator-rescaled: buf = 2*buf + g.
+        if (b_.accumulator_rescaled) e_.scale_grads(Real(2));
         const auto& shard = w.micro[size_t(k)].shards[size_t(r)];
         if (!shard.empty()) {
           const int64_t items = e_.items(shard);
           const double loss = static_cast<double>(
-              e_.forward_backward(shard, weight(w, r, items)));
+              e_.forward_backward(shard, scaled(weight(w, r, items))));
           loss_sum += loss;
           loss_items += items;
           event(EventKind::forward_backward, k, [&](Event& ev) {
@@ -479,21 +654,32 @@ class Trainer {
             ev.sample_ids = shard;
             if (s_.model.kind == ModelKind::token) ev.tokens = items;
             ev.loss = loss / double(items);
+            if (scaling_) ev.loss_scale = loss_scale();
           });
+          if (r == 0) {
+            ++backward_;
+            ++since_step_;
+          }
+          if (injected_overflow(k)) inf_pending_ = true;
         }
         if (s_.optimizer.l2_in_loss != 0.0)
-          e_.add_l2(s_.optimizer.l2_in_loss, b_.l2_unnormalized ? 1 : Kw);
+          // The L2 term is part of the loss: scaled by S like the rest.
+          e_.add_l2(s_.optimizer.l2_in_loss * loss_scale(),
+                    b_.l2_unnormalized ? 1 : Kw);
       });
       if (b_.sync == Sync::every_micro_step ||
           (b_.sync == Sync::window_end && k + 1 == Kw && syncs_at_end))
         all_reduce(k);
       if (clipping && b_.clip_per_micro_step)
         each_rank([&](int64_t) { clip(k); });
-      if (b_.step_every_micro_step && steps_at_boundary && !done()) {
-        if (clipping && !b_.clip_per_micro_step)
-          each_rank([&](int64_t) { clip(k); });
-        optimizer_step(k);
+      if (k + 1 < Kw) {  // the micro-steps that do not step
+        if (scaling_ && b_.scaler_update_every_micro_step)
+          scaler_update(k, unscale_all(k));
+        if (s_.ema.enabled && b_.ema_every_micro_step) ema_update(k);
+        if (b_.optimizer_state_every_micro_step) advance_optimizer_state();
       }
+      if (b_.step_every_micro_step && steps_at_boundary && !done())
+        step_block(k, clipping && !b_.clip_per_micro_step);
       // The boundary's optimizer.step() precedes the micro-step's
       // scheduler.step() (scheduler-per-micro-step: step t uses S(tK+K-1)).
       if (k + 1 == Kw)
@@ -512,11 +698,24 @@ class Trainer {
     ++c_.windows;
   }
 
+  // precision.overflow names (this window, micro-step k).
+  bool injected_overflow(int64_t k) const {
+    for (const auto& [w, m] : s_.precision.overflow)
+      if (w == c_.windows && m == k) return true;
+    return false;
+  }
+
   E& e_;
   const Scenario& s_;
   Behavior b_;
   double base_lr_;
   TrainerOptions opt_;
+  bool scaling_ = false;  // GradScaler on (precision.loss_scale)
+  // Rank 0's backward passes in this run, and since its last optimizer
+  // step (or skipped window): Run::skipped and Run::ema say where.
+  int64_t backward_ = 0, since_step_ = 0;
+  bool inf_pending_ = false;  // an injected overflow since zero_grad
+  std::vector<Real> ema_;     // the EMA of the parameters ([ema])
   ScheduleSpec schedule_;
   TrainerCounters c_;
   Run<Real> run_;

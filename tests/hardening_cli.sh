@@ -6,28 +6,7 @@
 #   tests/hardening_cli.sh CASE path/to/accumcheck SOURCE_DIR
 set -u
 case_name=$1 bin=$2 src=$3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-fail() { echo "FAIL [$case_name]: $*"; exit 1; }
-
-# expect CODE REGEX [TIMEOUT] -- cmd...: the exit code is CODE and the
-# output (stdout and stderr) matches the extended regex REGEX, within
-# TIMEOUT seconds (default 60).
-expect() {
-  local code=$1 re=$2 limit=60
-  shift 2
-  if [ "$1" != "--" ]; then limit=$1; shift; fi
-  shift
-  local out rc
-  out=$(timeout "$limit" "$@" 2>&1)
-  rc=$?
-  echo "\$ $* -> exit $rc"
-  echo "$out" | head -c 3000
-  echo
-  [ "$rc" = "$code" ] || fail "exit code $rc, expected $code"
-  echo "$out" | grep -Eq -- "$re" || fail "output does not match /$re/"
-}
+source "$(dirname "$0")/cli_lib.sh"
 
 # A small scenario with the given [data] / [batching] / [model] lines.
 scenario() {  # file widths data_lines batching_lines [extra]

@@ -11,6 +11,7 @@
 //    N_w fails it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -113,6 +114,20 @@ const Expected kTable[] = {
      with([](Behavior& b) { b.clip_local_norm = true; })},
     {"ddp-scheduler-per-rank",
      with([](Behavior& b) { b.scheduler_per_rank = true; })},
+    {"low-precision-grad-buffer",
+     with([](Behavior& b) { b.low_precision_grad_buffer = true; })},
+    {"clip-before-unscale",
+     with([](Behavior& b) { b.clip_before_unscale = true; })},
+    {"scaler-update-every-micro-step",
+     with([](Behavior& b) { b.scaler_update_every_micro_step = true; })},
+    {"skipped-step-advances-scheduler",
+     with([](Behavior& b) { b.skipped_step_advances_scheduler = true; })},
+    {"accumulator-rescaled",
+     with([](Behavior& b) { b.accumulator_rescaled = true; })},
+    {"ema-every-micro-step",
+     with([](Behavior& b) { b.ema_every_micro_step = true; })},
+    {"optimizer-state-every-micro-step",
+     with([](Behavior& b) { b.optimizer_state_every_micro_step = true; })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {
@@ -148,13 +163,58 @@ TEST(PitfallCatalog, BehaviorsAreDistinct) {
     }
 }
 
+// The candidates certify and the contract tier judge: correct, each
+// in-scope pitfall alone and every pair.  Of each one-switch pair of names
+// only the loss's own is a candidate; the GradScaler pitfalls only with
+// loss scaling, the EMA one only with an EMA; the contract tier leaves out
+// the two its coefficient engine cannot see.
+TEST(PitfallCatalog, CandidateScope) {
+  auto singles = [](CandidateScope scope) {
+    std::vector<std::string> ids;
+    for (const auto& sem : candidate_semantics(scope))
+      if (sem.size() == 1) ids.emplace_back(pitfall_id(sem[0]));
+    return ids;
+  };
+  auto has = [](const std::vector<std::string>& ids, std::string_view id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
+  const auto sample = singles({});
+  const auto token = singles({.token_loss = true});
+  const auto scaled = singles({.loss_scaling = true, .ema = true});
+  const auto contract = singles({.contract_tier = true});
+  for (std::string_view id : {"sample-mean-of-means", "ddp-uneven-shards"}) {
+    EXPECT_TRUE(has(sample, id)) << id;
+    EXPECT_FALSE(has(token, id)) << id;
+  }
+  for (std::string_view id :
+       {"token-mean-of-means", "ddp-token-mean-across-ranks"}) {
+    EXPECT_TRUE(has(token, id)) << id;
+    EXPECT_FALSE(has(sample, id)) << id;
+  }
+  for (std::string_view id :
+       {"clip-before-unscale", "scaler-update-every-micro-step",
+        "skipped-step-advances-scheduler", "ema-every-micro-step"}) {
+    EXPECT_FALSE(has(sample, id)) << id;
+    EXPECT_TRUE(has(scaled, id)) << id;
+  }
+  for (std::string_view id :
+       {"low-precision-grad-buffer", "optimizer-state-every-micro-step"}) {
+    EXPECT_TRUE(has(sample, id)) << id;
+    EXPECT_FALSE(has(contract, id)) << id;
+  }
+  // correct, n singles, n(n-1)/2 pairs.
+  const size_t n = sample.size();
+  EXPECT_EQ(candidate_semantics({}).size(), 1 + n + n * (n - 1) / 2);
+}
+
 // ----------------------------------- per-window signatures of scenarios
 
 // Z zero_grad, F forward_backward (one per non-empty rank shard), C clip,
-// O optimizer_step, S scheduler_step.
+// O optimizer_step, S scheduler_step, A all_reduce, U unscale, G
+// scaler_update (the scale Grows or backs off), E ema_update.
 std::string letters(const std::vector<Event>& events) {
   std::string p;
-  for (const Event& e : events) p += "ZFCOS"[static_cast<int>(e.kind)];
+  for (const Event& e : events) p += "ZFCOSAUGE"[static_cast<int>(e.kind)];
   return p;
 }
 
@@ -164,6 +224,8 @@ struct WindowShape {
   bool last_of_epoch = false;
   int64_t epoch_micro_steps = 0, K = 1;
   bool clip = false;
+  bool scaling = false, ema = false;  // [precision] loss_scale, [ema]
+  bool overflow = false;              // an overflow injected in this window
 };
 
 // What the trainer called `id` does in one window, from the id alone.
@@ -213,6 +275,31 @@ std::string expected_signature(std::string_view id, const WindowShape& w) {
   // not in one window: tests/trainer_events_test.cpp pins those.
   if (w.partial && id == "window-boundary-off-by-one") return s;
   if (id == "scheduler-before-optimizer") return s + "S" + C + "OZ";
+  // Loss scaling and the EMA: unscale_ before the clip (after it for
+  // clip-before-unscale), the step unless unscale_ found an overflow,
+  // the scaler's update, the EMA after a step; the scheduler waits for a
+  // skipped step unless skipped-step-advances-scheduler.
+  if (w.scaling || w.ema) {
+    const bool skip = w.scaling && w.overflow;
+    std::string steps;
+    std::string micro_extra;
+    if (id == "scaler-update-every-micro-step" && w.scaling)
+      micro_extra += "UG";
+    if (id == "ema-every-micro-step" && w.ema) micro_extra += "E";
+    steps.clear();
+    for (size_t k = 0; k < n; ++k)
+      steps += F(k) + (k + 1 < n ? micro_extra : "");
+    std::string block;
+    if (w.scaling)
+      block = id == "clip-before-unscale" ? C + "U" : "U" + C;
+    else
+      block = C;
+    if (!skip) block += "O";
+    if (w.scaling) block += "G";
+    if (w.ema && !skip) block += "E";
+    const bool sched = !skip || id == "skipped-step-advances-scheduler";
+    return steps + block + (sched ? "S" : "") + "Z";
+  }
   // scheduler-per-epoch: scheduler.step() once after the epoch (in run()).
   if (id == "scheduler-per-epoch") return s + C + "OZ";
   // The correct pattern: every pitfall that changes only values.
@@ -248,6 +335,10 @@ void check_signatures(const std::string& id, bool force_clip) {
       shape.epoch_micro_steps = epoch.micro_steps();
       shape.K = plan.accumulation;
       shape.clip = s.clip.enabled;
+      shape.scaling = s.precision.loss_scaling;
+      shape.ema = s.ema.enabled;
+      for (const auto& [ow, om] : s.precision.overflow)
+        shape.overflow |= ow == global && om < int64_t(w.micro.size());
       saw_partial |= w.partial;
       const Run<double> run =
           t.run_window(w, plan.accumulation, counters, shape.last_of_epoch,

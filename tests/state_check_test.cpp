@@ -2,8 +2,10 @@
 // correct trace with a state.csv written beside it: a loss scale constant
 // within each window passes, one that changes inside a window fails naming
 // scaler-update-every-micro-step, a wrong logged loss is a check of its
-// own that leaves the training verdict alone, and a malformed state.csv is
-// an InputError naming the file and line.
+// own that leaves the training verdict alone, the run column selects the
+// judged run's rows (a file without it, as recorders wrote before it, is
+// one run's), and a malformed state.csv is an InputError naming the file
+// and line.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -11,6 +13,7 @@
 
 #include "certify_test_util.hpp"
 #include "sim/errors.hpp"
+#include "sim/pitfalls.hpp"
 #include "verify/certify.hpp"
 #include "verify/trace.hpp"
 
@@ -36,8 +39,7 @@ std::string scale_rows(const std::string& dir, int64_t odd) {
 }
 
 void write_state(const std::string& dir, const std::string& rows) {
-  std::ofstream(dir + "/state.csv") << "kind,step,tensor,index,value\n"
-                                    << rows;
+  std::ofstream(dir + "/state.csv") << "kind,step,tensor,index,value\n" << rows;
 }
 
 const CertifyCheck* check(const CertifyReport& r, const std::string& name) {
@@ -62,7 +64,9 @@ TEST(StateCheck, ScaleChangedWithinAWindowIsNamed) {
   EXPECT_FALSE(r.pass);
   ASSERT_NE(check(r, "loss scale"), nullptr);
   EXPECT_FALSE(check(r, "loss scale")->ok);
-  EXPECT_NE(r.diagnosis.find("state finding: scaler-update-every-micro-step"),
+  EXPECT_NE(r.diagnosis.find("state finding: " +
+                             std::string(pitfall_id(
+                                 Pitfall::scaler_update_every_micro_step))),
             std::string::npos)
       << r.diagnosis;
   // Gradients and parameters are correct's: no ranking, the state is the
@@ -81,6 +85,45 @@ TEST(StateCheck, WrongLoggedLossIsACheckOfItsOwn) {
   EXPECT_TRUE(c->separate);
   EXPECT_NE(r.verdict.find("the logged loss is wrong"), std::string::npos)
       << r.verdict;
+}
+
+// state.csv with the run column (as TraceWriter and the recorder write
+// it): only the judged run's rows count.  The trace holds one run; rows of
+// another run that change the scale inside a window are not its.
+TEST(StateCheck, RunColumnSelectsTheJudgedRunsRows) {
+  const std::string dir = device_trace("state_run_column", {});
+  const std::string judged = read_trace(dir).runs.back().name;
+  auto with_run = [](const std::string& run, const std::string& rows) {
+    std::string o;
+    size_t at = 0;
+    while (at < rows.size()) {
+      const size_t end = rows.find('\n', at);
+      o += run + "," + rows.substr(at, end + 1 - at);
+      at = end + 1;
+    }
+    return o;
+  };
+  auto write = [&](const std::string& rows) {
+    std::ofstream(dir + "/state.csv") << "run,kind,step,tensor,index,value\n"
+                                      << rows;
+  };
+  write(with_run(judged, scale_rows(dir, -1)) +
+        with_run("other", scale_rows(dir, 2)));
+  const CertifyReport ok = certify(scenario(), dir);
+  EXPECT_TRUE(ok.pass) << certify_text(ok);
+  ASSERT_NE(check(ok, "loss scale"), nullptr);
+  EXPECT_TRUE(check(ok, "loss scale")->ok);
+
+  write(with_run("other", scale_rows(dir, -1)) +
+        with_run(judged, scale_rows(dir, 2)));
+  const CertifyReport bad = certify(scenario(), dir);
+  EXPECT_FALSE(bad.pass);
+  ASSERT_NE(check(bad, "loss scale"), nullptr);
+  EXPECT_FALSE(check(bad, "loss scale")->ok);
+
+  // Rows of other runs only: no state check at all.
+  write(with_run("other", scale_rows(dir, 2)));
+  EXPECT_EQ(check(certify(scenario(), dir), "loss scale"), nullptr);
 }
 
 TEST(StateCheck, MalformedStateIsInputErrorWithLine) {

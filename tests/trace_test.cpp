@@ -208,6 +208,76 @@ TEST(Trace, RanksRoundTrip) {
                std::logic_error);
 }
 
+// The training state beyond gradients goes to state.csv, one run's rows
+// told apart by `run` (as the recorder writes it): the loss scale of each
+// rank-0 backward pass, skipped windows, each EMA update and the EMA after
+// it; events.csv and values.csv keep their columns and kinds.
+TEST(Trace, StateRowsRoundTrip) {
+  const std::string dir = temp_dir("state");
+  const ParamLayout L = layout();
+  accumcheck::Run<float> r = make_run<float>("scaled", 2, L.total);
+  for (Event& e : r.events)
+    if (e.kind == EventKind::forward_backward) e.loss_scale = 65536.0 / 3.0;
+  r.skipped.push_back({1, 4, 32768});
+  for (int64_t c = 0; c < 2; ++c) {
+    EmaRecord<float> u{c + 1, c, {}};
+    for (int64_t i = 0; i < L.total; ++i) u.ema.push_back(float(tricky(i)));
+    r.ema.push_back(u);
+  }
+  TraceWriter w("scaled", "0123456789abcdef", "device", "float32", "9.9.9");
+  add_run(w, make_run<double>("plain", 1, L.total), L);  // no state rows
+  add_run(w, r, L);
+  fs::create_directories(dir);
+  std::ofstream(dir + "/state.csv") << "stale\n";
+  write_trace(dir, w);
+  const std::string state = read_file_bytes(dir + "/state.csv", "trace_bytes");
+  EXPECT_EQ(state.substr(0, state.find('\n')),
+            "run,kind,step,tensor,index,value");
+  EXPECT_NE(state.find("\nscaled,loss_scale,1,,3,21845.333333333332\n"),
+            std::string::npos)
+      << state;
+  EXPECT_NE(state.find("\nscaled,skipped,1,,4,32768\n"), std::string::npos);
+  EXPECT_NE(state.find("\nscaled,ema_update,1,,2,1\n"), std::string::npos);
+  EXPECT_NE(state.find("\nscaled,ema,1,2.bias,0,"), std::string::npos);
+  EXPECT_EQ(
+      read_file_bytes(dir + "/events.csv", "trace_bytes").find("loss_scale"),
+      std::string::npos);
+  EXPECT_EQ(read_file_bytes(dir + "/values.csv", "trace_bytes").find(",ema,"),
+            std::string::npos);
+
+  const StateSection st = read_state(dir, "scaled");
+  ASSERT_TRUE(st.present);
+  ASSERT_EQ(st.rows.size(), 4u + 1 + 2 * (1 + size_t(L.total)));
+  EXPECT_EQ(st.rows[0].run, "scaled");
+  EXPECT_EQ(st.rows[0].kind, "loss_scale");
+  EXPECT_EQ(st.rows[0].value, 65536.0 / 3.0);
+  EXPECT_EQ(st.rows.back().kind, "ema");
+  EXPECT_EQ(st.rows.back().value, double(float(tricky(L.total - 1))));
+  EXPECT_TRUE(read_state(dir, "plain").rows.empty());
+
+  // A file without the run column (recorders before it): one run's rows,
+  // whichever run is asked for.
+  std::ofstream(dir + "/state.csv") << "kind,step,tensor,index,value\n"
+                                       "loss_scale,0,,0,1024\n";
+  const StateSection old = read_state(dir, "plain");
+  ASSERT_EQ(old.rows.size(), 1u);
+  EXPECT_EQ(old.rows[0].run, "plain");
+  EXPECT_EQ(old.rows[0].line, 2);
+  // An empty run name is refused with its line.
+  std::ofstream(dir + "/state.csv") << "run,kind,step,tensor,index,value\n"
+                                       ",loss_scale,0,,0,1024\n";
+  try {
+    read_state(dir, "plain");
+    FAIL() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("state.csv:2"), std::string::npos)
+        << e.what();
+  }
+  // Rewritten without state rows: no state.csv left behind.
+  write_trace(dir, sample_writer());
+  EXPECT_FALSE(fs::exists(dir + "/state.csv"));
+}
+
 TEST(Trace, BytesAreDeterministicAndTidy) {
   const std::string a = temp_dir("det_a"), b = temp_dir("det_b");
   write_trace(a, sample_writer());

@@ -52,6 +52,15 @@ std::string pattern_of(const Scenario& s,
       case EventKind::all_reduce:
         p += 'A';
         break;
+      case EventKind::unscale:
+        p += 'U';
+        break;
+      case EventKind::scaler_update:
+        p += 'G';
+        break;
+      case EventKind::ema_update:
+        p += 'E';
+        break;
     }
   }
   return p;
@@ -154,6 +163,16 @@ const Pinned kPinned[] = {
      "one scheduler.step() after the epoch's last window"},
     {Pitfall::skip_short_micro_batch, kCorrect,
      "b = 1 has no short micro-batch (see SkipShortMicroBatch)"},
+    // Without a GradScaler or an EMA these are inert or values only
+    // (ScalerAndEma pins them with both).
+    {Pitfall::low_precision_grad_buffer, kCorrect, "gradient values only"},
+    {Pitfall::clip_before_unscale, kCorrect, "no scaler"},
+    {Pitfall::scaler_update_every_micro_step, kCorrect, "no scaler"},
+    {Pitfall::skipped_step_advances_scheduler, kCorrect, "no scaler"},
+    {Pitfall::accumulator_rescaled, kCorrect, "gradient values only"},
+    {Pitfall::ema_every_micro_step, kCorrect, "no EMA"},
+    {Pitfall::optimizer_state_every_micro_step, kCorrect,
+     "optimizer state values only"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
@@ -166,6 +185,39 @@ TEST(TrainerEvents, EveryPitfallIsPinned) {
     ASSERT_NE(row, nullptr) << pitfall_id(p) << " has no pinned call order";
     EXPECT_EQ(pattern({p}), row->pattern) << pitfall_id(p) << ": " << row->why;
   }
+}
+
+// With a GradScaler (U unscale_, G update) and an EMA (E), an overflow
+// injected in window 1: its step is skipped (no O, no E) and the
+// scheduler waits unless skipped-step-advances-scheduler.
+TEST(TrainerEvents, ScalerAndEma) {
+  Scenario s = five_micro_batches();
+  s.precision.loss_scaling = true;
+  s.precision.growth_interval = 2;
+  s.precision.overflow = {{1, 0}};
+  s.ema.enabled = true;
+  s.ema.decay = 0.5;
+  const std::pair<std::vector<Pitfall>, const char*> rows[] = {
+      {{}, "FFUCOGESZ" "FFUCGZ" "FUCOGESZ"},
+      {{Pitfall::clip_before_unscale}, "FFCUOGESZ" "FFCUGZ" "FCUOGESZ"},
+      {{Pitfall::scaler_update_every_micro_step},
+       "FUGFUCOGESZ" "FUGFUCGZ" "FUCOGESZ"},
+      {{Pitfall::skipped_step_advances_scheduler},
+       "FFUCOGESZ" "FFUCGSZ" "FUCOGESZ"},
+      {{Pitfall::ema_every_micro_step}, "FEFUCOGESZ" "FEFUCGZ" "FUCOGESZ"},
+  };
+  for (const auto& [p, want] : rows)
+    EXPECT_EQ(pattern_of(s, p), want) << semantics_name(p);
+  // The scale: 2^16, no growth after one clean step, back off at the
+  // skip, then one more clean step.
+  NullEngine e;
+  Trainer<NullEngine> t(e, s, behavior_of({}), 0.1);
+  const accumcheck::Run<double> run = t.run(make_plan(s), "x");
+  std::vector<double> scales;
+  for (const Event& ev : run.events)
+    if (ev.kind == EventKind::scaler_update) scales.push_back(ev.loss_scale);
+  EXPECT_EQ(scales, (std::vector<double>{65536.0, 32768.0, 32768.0}));
+  EXPECT_EQ(t.counters().skipped_steps, 1);
 }
 
 // Two ranks: each rank records its own calls; DDP's all-reduce (A) once

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "sim/errors.hpp"
 #include "sim/trainer.hpp"
 #include "verify/certify_stages.hpp"
 #include "verify/null_engine.hpp"
@@ -30,6 +31,10 @@ size_t kind_slot(EventKind k) {
       return 4;
     case EventKind::all_reduce:
       return 5;
+    case EventKind::unscale:
+    case EventKind::scaler_update:
+    case EventKind::ema_update:
+      break;  // not counted (pattern_of skips them)
   }
   return 0;
 }
@@ -60,6 +65,11 @@ Pattern pattern_of(const std::vector<Event>& all_events, bool ignore_scheduler,
     }
     if (e.kind == EventKind::forward_backward) seen_fb = true;
     if (ignore_scheduler && e.kind == EventKind::scheduler_step) continue;
+    // The GradScaler's and the EMA's calls are state, judged by values,
+    // not by the call pattern (a recorder may not see them).
+    if (e.kind == EventKind::unscale || e.kind == EventKind::scaler_update ||
+        e.kind == EventKind::ema_update)
+      continue;
     if (p.size() <= size_t(e.step)) p.resize(size_t(e.step) + 1, Counts{});
     ++p[size_t(e.step)][kind_slot(e.kind)];
   }
@@ -189,10 +199,13 @@ void mark_pattern_matches(const Scenario& s, const Plan& plan,
                           const std::vector<Behavior>& behaviors,
                           CertifyReport& r) {
   if (!r.pattern_checked) return;
-  for (size_t i = 0; i < r.ranking.size(); ++i)
-    r.ranking[i].pattern_matches =
-        semantics_pattern(s, plan, behaviors[i], pc.ignore_sched,
-                          pc.max_windows) == pc.trace;
+  for (size_t i = 0; i < r.ranking.size(); ++i) try {
+      r.ranking[i].pattern_matches =
+          semantics_pattern(s, plan, behaviors[i], pc.ignore_sched,
+                            pc.max_windows) == pc.trace;
+    } catch (const ScaleRangeError&) {  // a candidate that cannot be run
+      r.ranking[i].pattern_matches = false;
+    }
 }
 
 }  // namespace accumcheck::certify_detail

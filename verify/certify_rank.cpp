@@ -8,6 +8,7 @@
 // ones reported.
 #include <algorithm>
 
+#include "sim/errors.hpp"
 #include "verify/certify_stages.hpp"
 #include "verify/parallel.hpp"
 
@@ -21,7 +22,9 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   // losses, token- for token losses (the same switch, named for the
   // loss; the scenario parser refuses the other).
   std::vector<std::vector<Pitfall>> sems =
-      candidate_semantics(s.model.kind == ModelKind::token);
+      candidate_semantics({.token_loss = s.model.kind == ModelKind::token,
+                           .loss_scaling = s.precision.loss_scaling,
+                           .ema = s.ema.enabled});
   sems.push_back(s.trainer.accepted);
   // Per candidate: every step's cheap gradient and parameter ratios.
   std::vector<std::vector<double>> fingerprints;
@@ -47,7 +50,15 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   // thread (results by index: the same for any thread count).
   std::vector<Forced> cheap(behaviors.size());
   parallel_for(behaviors.size(), ctx.threads, [&](size_t i) {
-    cheap[i] = forced_run<double>(ctx, behaviors[i], ctx.range);
+    try {
+      cheap[i] = forced_run<double>(ctx, behaviors[i], ctx.range);
+    } catch (const ScaleRangeError&) {
+      // Its loss scale leaves the exact range: it cannot be followed
+      // (no step matches: infinitely far).  The accepted semantics' own
+      // run reports it to the user.
+      if (behaviors[i] == accepted_b) throw;
+      cheap[i] = Forced{-1, {}};
+    }
   });
   for (size_t i = 0; i < behaviors.size(); ++i) {
     const Forced& f = cheap[i];
@@ -81,7 +92,7 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
       for (size_t k = 0; k < kept.size(); ++k)
         // With R > 1 a candidate that changes the all-reduces
         // (Behavior::sync) is never inert: its damage is in the events.
-        if (!is_acc && subset(kept[k].pitfalls, x.pitfalls) &&
+        if (!is_acc && x.steps >= 0 && subset(kept[k].pitfalls, x.pitfalls) &&
             (s.batching.ranks == 1 || kept_b[k].sync == behaviors[i].sync) &&
             fingerprints[kept_i[k]] == fingerprints[i] &&
             kept[k].steps == x.steps) {

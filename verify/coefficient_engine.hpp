@@ -157,6 +157,9 @@ class CoefficientEngine {
     if (c.zero()) buf_.erase(Term{Term::param, version_});
   }
   double grad_norm() const { return nan(); }
+  // Coefficients are finite by construction: an overflow is the trace's
+  // (the scaler's skip), never the prediction's.
+  bool grads_finite() const { return true; }
   void scale_grads(double r) {
     const Rational q = exact_rational(r);
     for (auto& [t, c] : buf_) c.scale(q);

@@ -486,7 +486,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   s.batching.micro_batch = cp.micro_batch;
   s.batching.epochs = int64_t(cp.plan.epochs.size());
   s.model.kind = tokens ? ModelKind::token : ModelKind::mlp;
-  const std::vector<std::vector<Pitfall>> sems = candidate_semantics(tokens);
+  const std::vector<std::vector<Pitfall>> sems =
+      candidate_semantics({.token_loss = tokens, .contract_tier = true});
   std::vector<Prediction> preds;
   std::vector<Distance> dists;
   std::vector<std::vector<double>> lrs;

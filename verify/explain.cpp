@@ -560,6 +560,100 @@ constexpr ExplainEntry kEntries[] = {
      "FIELD.md: scheduler stepped xR under DP (transformers #24088, "
      "accelerate #2926)",
      "ddp.scheduler-per-rank inertness.ddp"},
+    {"low-precision-grad-buffer", "gradients accumulated in bf16",
+     "The micro-batch gradients are summed in a bf16 .grad (the model's "
+     "own bf16 parameters, no fp32 accumulation buffer). Each contribution "
+     "is rounded to 8 significant bits and so is every running sum: once "
+     "the sum is 256 times a contribution, the contribution is lost.",
+     "-model = model.to(torch.bfloat16)         # .grad in bf16\n"
+     "+master = [p.detach().float() for p in model.parameters()]\n"
+     "+acc = [torch.zeros_like(m) for m in master]  # fp32 accumulation\n"
+     "+for a, p in zip(acc, model.parameters()): a += p.grad.float()",
+     "s = rnd(s + rnd(g_k)) per micro-step; |s - sum g_k| <= gamma_K(u') "
+     "sum|g_k| with u = 2^-8 (bf16), 2^-11 (fp16)",
+     "low-precision-grad-buffer mixed-precision-correct",
+     "DeepSpeed #1800, #2768; trl #2175 (in bf16 256 + 1 = 256)",
+     "precision.low-precision-grad-buffer precision.buffer-bound.device"},
+    {"clip-before-unscale", "clip_grad_norm_ before scaler.unscale_()",
+     "With a GradScaler the gradients hold S times their value until "
+     "unscale_. Clipping before it measures S*|G| against c, so the "
+     "threshold acts as c/S: with S = 65536 nearly every step is clipped "
+     "to a vanishing norm.",
+     "     scaler.scale(loss / K).backward()\n"
+     "     if (i + 1) % K == 0:\n"
+     "-        clip_grad_norm_(model.parameters(), c)\n"
+     "-        scaler.unscale_(optimizer)\n"
+     "+        scaler.unscale_(optimizer)\n"
+     "+        clip_grad_norm_(model.parameters(), c)\n"
+     "         scaler.step(optimizer); scaler.update()",
+     "G' = G * min(1, c / (S |G| + 1e-6)) instead of "
+     "G * min(1, c / (|G| + 1e-6))",
+     "clip-before-unscale", "seed 002 (GradScaler with clipping)",
+     "scaler.clip-before-unscale"},
+    {"scaler-update-every-micro-step",
+     "scaler.unscale_() / update() on every micro-step",
+     "unscale_ divides the .grad by S; called on a micro-step that does "
+     "not step, it divides the running sum, and the next unscale_ divides "
+     "it again: micro-batch k of K ends up weighted S^-(K-1-k). update() "
+     "per micro-step also grows the scale K times too fast.",
+     "     scaler.scale(loss / K).backward()\n"
+     "-    scaler.unscale_(optimizer); scaler.update()\n"
+     "     if (i + 1) % K == 0:\n"
+     "+        scaler.unscale_(optimizer)\n"
+     "         scaler.step(optimizer)\n"
+     "+        scaler.update()",
+     "G = sum_k g_k S^-(K-1-k) / N (scale constant within the window)",
+     "scaler-update-every-micro-step", "pytorch #36601; Transformers #23935",
+     "scaler.update-every-micro-step"},
+    {"skipped-step-advances-scheduler",
+     "scheduler.step() after a skipped step",
+     "scaler.step() skips optimizer.step() when unscale_ found an inf or "
+     "NaN. A loop that calls scheduler.step() regardless moves the lr one "
+     "step ahead of the optimizer per skip.",
+     "         scaler.step(optimizer); scaler.update()\n"
+     "-        scheduler.step()\n"
+     "+        if not optimizer_step_was_skipped:\n"
+     "+            scheduler.step()",
+     "after s skips, step t uses S(t + s) instead of S(t)",
+     "skipped-step-advances-scheduler mixed-precision-correct",
+     "accelerate #4242",
+     "scaler.skipped-step-advances-scheduler scaler.skip-leaves-state"},
+    {"accumulator-rescaled", "buf = 2*buf + g at every micro-step",
+     "A hand-written accumulator that doubles the running sum before each "
+     "add (a momentum-like update with the wrong coefficient): micro-batch "
+     "k of K weighs 2^(K-1-k). Adam hides the scale at small K; at large K "
+     "2^K overflows float32 and training dies.",
+     "-    acc = 2 * acc + grad\n"
+     "+    acc = acc + grad",
+     "G = sum_k 2^(K-1-k) g_k / N; with equal g_k, (2^K - 1)/K times "
+     "correct: float32 v = G^2 overflows from K = 128, G from K = 256",
+     "accumulator-rescaled", "issue 13 (rescaled accumulators)",
+     "state.accumulator-rescaled"},
+    {"ema-every-micro-step", "the EMA updated every micro-step",
+     "The EMA of the weights (AveragedModel, an ema.update() call) sits "
+     "in the micro-batch loop instead of after the step: it decays K times "
+     "per optimizer step, K - 1 times towards the weights before it.",
+     "     loss.backward()\n"
+     "-    ema.update(model)\n"
+     "     if (i + 1) % K == 0:\n"
+     "         optimizer.step(); optimizer.zero_grad()\n"
+     "+        ema.update(model)",
+     "ema <- d ema + (1-d) theta_t (K_w - 1 times), then d ema + (1-d) "
+     "theta_{t+1}; correct: the last only",
+     "ema-every-micro-step mixed-precision-correct", "F5-TTS #631",
+     "state.ema-every-micro-step state.ema-per-step"},
+    {"optimizer-state-every-micro-step",
+     "Adam's step count and decay advanced every micro-step",
+     "An optimizer whose state moves on every call (keras' iterations "
+     "counter, a decay applied per batch) advances t and the decoupled "
+     "weight decay on micro-steps that do not step: bias corrections use "
+     "t*K, the decay is applied K times per step.",
+     "-    optimizer.iterations += 1; p *= 1 - lr * wd   # every batch\n"
+     "     if (i + 1) % K == 0:\n"
+     "         optimizer.step()   # t += 1, p *= 1 - lr * wd once",
+     "t_after_step = sum of micro-steps; decay (1 - lr*wd)^K per step",
+     "optimizer-state-every-micro-step", "keras #19990",
+     "state.optimizer-state-every-micro-step"},
     {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
      "Correct accumulation under DDP (no_sync on every micro-step but the "
      "window's last, each rank weighting its items R/N_w with N_w counted "

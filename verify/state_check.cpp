@@ -10,6 +10,7 @@
 
 #include "oracle/oracle.hpp"
 #include "sim/errors.hpp"
+#include "sim/pitfalls.hpp"
 
 namespace accumcheck::certify_detail {
 
@@ -18,6 +19,11 @@ namespace {
 constexpr double kU = error_model::kUnitRoundoff32;
 
 TD lift(double x) { return TD::exact(DD(x)); }
+
+// "<catalog id>: <what>".
+std::string finding(Pitfall p, const std::string& what) {
+  return fmt::format("{}: {}", pitfall_id(p), what);
+}
 
 // The backward passes of the trace (forward_backward events, in order):
 // the optimizer steps before each and its sample ids, and the events
@@ -148,7 +154,7 @@ void loss_scale(const StateSection& st, const Walk& w, CertifyReport& r,
                                   scales, skips.size())
                     : bad);
     if (!bad.empty())
-      findings.push_back("scaler-update-every-micro-step: " + bad);
+      findings.push_back(finding(Pitfall::scaler_update_every_micro_step, bad));
   }
   if (skips.empty()) return;
   std::string adv;
@@ -169,7 +175,7 @@ void loss_scale(const StateSection& st, const Walk& w, CertifyReport& r,
                                 skips.size())
                   : adv);
   if (!adv.empty())
-    findings.push_back("skipped-step-advances-scheduler: " + adv);
+    findings.push_back(finding(Pitfall::skipped_step_advances_scheduler, adv));
 }
 
 // ---- optimizer state
@@ -195,7 +201,8 @@ void optimizer_state(const Ctx& c, const StateSection& st, const Walk& w,
                     "micro-batch"
                   : "");
     if (per_micro)
-      findings.push_back("optimizer-state-every-micro-step: " + bad);
+      findings.push_back(
+          finding(Pitfall::optimizer_state_every_micro_step, bad));
   }
   const ByStep m = gather(st, "exp_avg", c.layout);
   const ByStep v2 = gather(st, "exp_avg_sq", c.layout);
@@ -288,19 +295,24 @@ void ema(const Ctx& c, const LoadedTrace& L, const StateSection& st,
                                        mid_window, updates.size())
                          : "");
   if (!bad.empty() && mid_window > 0)
-    findings.push_back("ema-every-micro-step: " + bad);
+    findings.push_back(finding(Pitfall::ema_every_micro_step, bad));
   // Each update replayed from the recorded EMA before it and the
   // parameters it saw.
   double worst = 0;
   std::string value_bad;
+  // The first update copies the parameters (AveragedModel) or, an EMA
+  // started from the initial parameters (accumcheck's engine, timm's
+  // ModelEmaV2), averages them in.
+  const std::vector<double> init(c.init.begin(), c.init.end());
   const std::vector<double>* prev = nullptr;
   for (const auto& [k, u] : updates) {
     const auto it = e.find(k);
     if (it == e.end() || !complete(it->second)) continue;
     const std::vector<double>& now = it->second;
     const std::vector<double> p = params_before(c, u.steps);
+    if (!prev && now != p) prev = &init;
     for (size_t i = 0; i < now.size(); ++i) {
-      double want = p[i], bound = 0;  // the first update copies
+      double want = p[i], bound = 0;  // a copy
       if (prev) {
         want = d * (*prev)[i] + (1 - d) * p[i];
         bound =
@@ -495,7 +507,7 @@ void logged_loss(const Ctx& c, const StateSection& st, const Walk& w,
 
 void check_state(const Ctx& c, const LoadedTrace& L, double forward_scale,
                  CertifyReport& r, std::vector<std::string>& findings) {
-  const StateSection st = read_state(L.trace.dir);
+  const StateSection st = read_state(L.trace.dir, L.run->name);
   if (!st.present) return;
   const Walk w = walk(*L.run);
   loss_scale(st, w, r, findings);

@@ -14,7 +14,9 @@
 //   EMA             one update per optimizer step, after it (every
 //                   micro-step: ema-every-micro-step); each update
 //                   replayed in float64 from the recorded EMA and
-//                   parameters within error_model's state_ema_ulps
+//                   parameters within error_model's state_ema_ulps (the
+//                   first: a copy of the parameters, AveragedModel, or
+//                   an update of the initial ones, an EMA started there)
 //   BatchNorm stats num_batches_tracked = the training forwards so far,
 //                   exactly; running_mean and running_var replayed on the
 //                   Tracked oracle from the recorded statistics and
@@ -25,8 +27,9 @@
 //                   never a training FAIL; a wrong log is named (K x the
 //                   mean, the last micro-batch only)
 //
-// The pattern ids named here are the ones sim/pitfalls gets for these
-// behaviours (issue 13 part 3); kStatePatterns lists them.
+// The pattern ids named here are sim/pitfalls' catalog ids for these
+// behaviours (issue 13 part 3): each finding starts with the pitfall's
+// pitfall_id.
 #pragma once
 
 #include <string_view>
@@ -45,10 +48,6 @@ inline bool is_state_check(std::string_view name) {
     if (n == name) return true;
   return false;
 }
-
-inline constexpr std::string_view kStatePatterns[] = {
-    "scaler-update-every-micro-step", "skipped-step-advances-scheduler",
-    "optimizer-state-every-micro-step", "ema-every-micro-step"};
 
 // Appends the state checks of the trace (when it has state.csv) to
 // r.checks, and one line per named pattern to `findings`

@@ -37,6 +37,15 @@ constexpr std::string_view kEventsHeaderV1 =
     "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm";
 constexpr std::string_view kValuesHeader = "run,step,kind,tensor,index,value";
 constexpr std::string_view kMetaHeader = "key,value";
+// state.csv; the run column is optional when read (read_state).
+constexpr std::string_view kStateHeader = "run,kind,step,tensor,index,value";
+constexpr std::string_view kStateKinds[] = {
+    "loss_scale",  "skipped",
+    "opt_step",    "exp_avg",
+    "exp_avg_sq",  "ema_update",
+    "ema",         "running_mean",
+    "running_var", "num_batches_tracked",
+    "logged_loss"};
 constexpr std::string_view kRequiredMeta[] = {
     "schema", "scenario",  "scenario_digest",
     "engine", "precision", "tool_version"};
@@ -44,7 +53,9 @@ constexpr std::string_view kRequiredMeta[] = {
 constexpr EventKind kEventKinds[] = {
     EventKind::zero_grad,      EventKind::forward_backward,
     EventKind::clip,           EventKind::optimizer_step,
-    EventKind::scheduler_step, EventKind::all_reduce};
+    EventKind::scheduler_step, EventKind::all_reduce,
+    EventKind::unscale,        EventKind::scaler_update,
+    EventKind::ema_update};
 
 // A text field: double-quoted when it holds the separator, a quote, or
 // edge whitespace (which the reader would trim).  Line breaks cannot be
@@ -171,14 +182,39 @@ void TraceWriter::add_value(int64_t step, ValueKind kind,
   o += '\n';
 }
 
+void TraceWriter::add_state(std::string_view kind, int64_t step,
+                            std::string_view tensor, int64_t index,
+                            double value) {
+  if (runs_.empty()) throw std::logic_error("add_state before begin_run");
+  std::string& o = state_;
+  append_field(o, runs_.back());
+  o += ',';
+  append_field(o, kind);
+  fmt::format_to(std::back_inserter(o), ",{},", step);
+  append_field(o, tensor);
+  fmt::format_to(std::back_inserter(o), ",{},", index);
+  append_real(o, value);
+  o += '\n';
+}
+
+std::string TraceWriter::state_csv() const {
+  return state_.empty() ? std::string()
+                        : std::string(kStateHeader) + "\n" + state_;
+}
+
 void write_trace(const std::string& dir, const TraceWriter& w) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);  // throws filesystem_error on failure
   const fs::path d(dir);
-  // meta last: a folder with a complete meta.csv has all three files of
+  // meta last: a folder with a complete meta.csv has all its files of
   // this or a previous write.
   write_file_atomically((d / "events.csv").string(), w.events_csv());
   write_file_atomically((d / "values.csv").string(), w.values_csv());
+  const std::string state = w.state_csv();
+  if (state.empty())
+    fs::remove(d / "state.csv");  // an earlier trace's (throws on failure)
+  else
+    write_file_atomically((d / "state.csv").string(), state);
   write_file_atomically((d / "meta.csv").string(), w.meta_csv());
 }
 
@@ -423,7 +459,8 @@ Trace read_trace(const std::string& dir) {
         f.fail(line, "event",
                fmt::format("unknown event '{}'; expected zero_grad, "
                            "forward_backward, clip, optimizer_step, "
-                           "scheduler_step or all_reduce",
+                           "scheduler_step, all_reduce, unscale, "
+                           "scaler_update or ema_update",
                            event));
       e.kind = *kind;
       e.samples = f.integer(line, "samples", samples, 0);
@@ -625,149 +662,31 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
   return steps;
 }
 
-// ---- the contract section
+// ---- the state section (the contract section: verify/trace_contract.cpp)
 
-namespace {
-
-std::vector<std::string_view> split_commas(std::string_view line) {
-  std::vector<std::string_view> out;
-  size_t at = 0;
-  while (true) {
-    const size_t c = line.find(',', at);
-    out.push_back(line.substr(at, c == std::string_view::npos ? c : c - at));
-    if (c == std::string_view::npos) return out;
-    at = c + 1;
-  }
-}
-
-}  // namespace
-
-ContractSection read_contract(const std::string& dir) {
-  const std::string path =
-      (std::filesystem::path(dir) / "contract.csv").string();
-  std::ifstream in(path);
-  if (!in)
-    throw InputError(path, 0, 0, "",
-                     "cannot open (a contract-tier trace "
-                     "has contract.csv beside meta.csv)");
-  constexpr std::string_view kHeader =
-      "kind,index,ref,epoch,version,items,samples,value,residual,scale";
-  std::string line;
-  int64_t ln = 1;
-  if (!std::getline(in, line) || line != kHeader)
-    throw InputError(path, 1, 1, "",
-                     fmt::format("expected the header '{}'", kHeader));
-  ContractSection c;
-  while (std::getline(in, line)) {
-    ++ln;
-    if (line.empty()) continue;
-    const auto f = split_commas(line);
-    if (f.size() != 10)
-      throw InputError(path, ln, 1, "",
-                       fmt::format("expected 10 fields, got {}", f.size()));
-    auto integer = [&](size_t i, bool required) -> int64_t {
-      if (f[i].empty()) {
-        if (required)
-          throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
-                           "expected an integer, got an empty field");
-        return -1;
-      }
-      int64_t v = 0;
-      const auto r = std::from_chars(f[i].data(), f[i].data() + f[i].size(), v);
-      if (r.ec != std::errc() || r.ptr != f[i].data() + f[i].size())
-        throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
-                         fmt::format("expected an integer, got '{}'", f[i]));
-      return v;
-    };
-    auto number = [&](size_t i) -> double {
-      if (f[i].empty()) return kNaN;
-      const std::string t(f[i]);
-      char* end = nullptr;
-      const double v = std::strtod(t.c_str(), &end);
-      if (end != t.c_str() + t.size())
-        throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
-                         fmt::format("expected a number, got '{}'", t));
-      return v;
-    };
-    const std::string_view kind = f[0];
-    const int64_t index = integer(1, true);
-    auto expect_index = [&](size_t next) {
-      if (index != int64_t(next))
-        throw InputError(
-            path, ln, 1, "index",
-            fmt::format("expected {} (rows of a kind in order), got {}", next,
-                        index));
-    };
-    if (kind == "micro") {
-      expect_index(c.micro.size());
-      c.micro.push_back({integer(3, true), integer(4, true), integer(5, true),
-                         integer(6, true), number(9)});
-    } else if (kind == "backward") {
-      expect_index(c.backward.size());
-      const int64_t j = integer(2, true);
-      if (j < 0 || j >= int64_t(c.micro.size()))
-        throw InputError(path, ln, 1, "ref",
-                         fmt::format("unknown micro-batch {}", j));
-      c.backward.push_back({j, integer(4, true), number(7), number(8)});
-    } else if (kind == "epoch") {
-      expect_index(c.epochs.size());
-      c.epochs.push_back({integer(5, true), integer(6, true)});
-    } else if (kind == "step") {
-      expect_index(c.steps.size());
-      ContractStep st;
-      st.terms = integer(2, true);
-      st.lr = number(7);
-      st.residual = number(8);
-      st.scale = number(9);
-      c.steps.push_back(st);
-    } else if (kind == "clip") {
-      expect_index(c.clips.size());
-      c.clips.push_back({integer(2, true), number(7), number(8), number(9)});
-    } else if (kind == "coef" || kind == "replay") {
-      if (index < 0 || index >= int64_t(c.steps.size()))
-        throw InputError(path, ln, 1, "index",
-                         fmt::format("unknown step {}", index));
-      ContractStep& st = c.steps[size_t(index)];
-      if (kind == "coef") {
-        const int64_t b = integer(2, true);
-        if (b < -1 || b >= int64_t(c.backward.size()))
-          throw InputError(path, ln, 1, "ref",
-                           fmt::format("unknown backward {}", b));
-        st.coefs.push_back({b, number(7), number(9)});
-      } else {
-        st.replay = number(7);
-      }
-    } else {
-      throw InputError(path, ln, 1, "kind",
-                       fmt::format("unknown kind '{}' (micro, backward, epoch, "
-                                   "step, coef, replay, clip)", kind));
-    }
-  }
-  return c;
-}
-
-StateSection read_state(const std::string& dir) {
+StateSection read_state(const std::string& dir, std::string_view run) {
   StateSection st;
   st.path = (std::filesystem::path(dir) / "state.csv").string();
   if (!std::filesystem::exists(st.path)) return st;
   st.present = true;
-  constexpr std::string_view kHeader = "kind,step,tensor,index,value";
-  constexpr std::string_view kKinds[] = {"loss_scale",  "skipped",
-                                         "opt_step",    "exp_avg",
-                                         "exp_avg_sq",  "ema_update",
-                                         "ema",         "running_mean",
-                                         "running_var", "num_batches_tracked",
-                                         "logged_loss"};
-  CsvFile f(st.path, kHeader);
-  Reader<5> r(f.bytes);
-  f.read_header_flags(r, io::ignore_no_column, kHeader, "kind", "step",
-                      "tensor", "index", "value");
-  std::string kind, tensor;
+  CsvFile f(st.path, kStateHeader);
+  Reader<6> r(f.bytes);
+  f.read_header_flags(r, io::ignore_missing_column, kStateHeader, "run", "kind",
+                      "step", "tensor", "index", "value");
+  for (std::string_view c : {"kind", "step", "tensor", "index", "value"})
+    if (!r.has_column(std::string(c)))
+      f.fail(1, c,
+             fmt::format("missing column '{}'; expected the header {} (run "
+                         "optional)",
+                         c, kStateHeader));
+  const bool runs = r.has_column("run");
+  std::string name, kind, tensor;
   char *step = nullptr, *index = nullptr, *value = nullptr;
   int64_t line = 0;
-  while (f.row(r, line, kind, step, tensor, index, value)) {
-    if (std::find(std::begin(kKinds), std::end(kKinds), kind) ==
-        std::end(kKinds))
+  while (f.row(r, line, name, kind, step, tensor, index, value)) {
+    if (runs && name.empty()) f.fail(line, "run", "expected a run name");
+    if (std::find(std::begin(kStateKinds), std::end(kStateKinds), kind) ==
+        std::end(kStateKinds))
       f.fail(line, "kind",
              fmt::format("unknown kind '{}'; expected one of loss_scale, "
                          "skipped, opt_step, exp_avg, exp_avg_sq, "
@@ -775,13 +694,14 @@ StateSection read_state(const std::string& dir) {
                          "num_batches_tracked, logged_loss",
                          kind));
     StateValue v;
+    v.run = runs ? name : std::string(run);
     v.kind = kind;
     v.tensor = tensor;
     v.step = f.integer(line, "step", step, 0);
     v.index = f.integer(line, "index", index, 0);
     v.value = f.real(line, "value", value);
     v.line = line;
-    st.rows.push_back(std::move(v));
+    if (v.run == run) st.rows.push_back(std::move(v));
   }
   return st;
 }

@@ -1,6 +1,7 @@
 // Traces: the one versioned trace schema (DESIGN.md section 7).
 //
-// A trace is a folder of three tidy CSV files (steps counted from 0):
+// A trace is a folder of three or four tidy CSV files (steps counted from
+// 0):
 //   meta.csv    key,value          schema, scenario, scenario_digest,
 //                                  engine, precision, tool_version, extras
 //   events.csv  run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,
@@ -17,6 +18,9 @@
 //               only for a multi-rank scenario (TraceWriter::with_ranks),
 //               so one-rank traces keep their bytes; absent, every row is
 //               rank 0 (one-rank recorders need not write it).
+//   state.csv   run,kind,step,tensor,index,value (when a run keeps state
+//               beyond gradients: loss scale, EMA, optimizer state...;
+//               see StateValue below)
 // Several runs ("reference", "correct", a pitfall id...) share the files,
 // told apart by `run`; each run's rows are contiguous.  Floats are written
 // with 17 significant digits (%.17g) so they read back exactly; NaN is an
@@ -40,6 +44,7 @@
 // Errors name the file and the byte offset: `values.bin:byte 20: ...`.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -82,20 +87,52 @@ class TraceWriter {
   void add_event(const Event& e);
   void add_value(int64_t step, ValueKind kind, std::string_view tensor,
                  int64_t index, double value, int64_t rank = 0);
+  // A state.csv row of the current run (kinds: see StateValue below).
+  void add_state(std::string_view kind, int64_t step, std::string_view tensor,
+                 int64_t index, double value);
 
   std::string meta_csv() const;
   const std::string& events_csv() const { return events_; }
   const std::string& values_csv() const { return values_; }
+  // state.csv, or "" when no run added a state row.
+  std::string state_csv() const;
 
  private:
   std::vector<std::pair<std::string, std::string>> meta_;
   std::vector<std::string> runs_;
-  std::string events_, values_;
+  std::string events_, values_, state_;
   bool ranks_ = false;
 };
 
+// The run's training state beyond gradients as state.csv rows: the loss
+// scale of rank 0's backward passes (Event::loss_scale), the windows
+// skipped for overflow, each EMA update and the EMA after it.
+template <class Real>
+void add_run_state(TraceWriter& w, const Run<Real>& run,
+                   const ParamLayout& layout) {
+  int64_t backward = 0;
+  for (const Event& e : run.events)
+    if (e.kind == EventKind::forward_backward && e.rank == 0) {
+      if (!std::isnan(e.loss_scale))
+        w.add_state("loss_scale", e.step, "", backward, e.loss_scale);
+      ++backward;
+    }
+  for (const SkippedWindow& s : run.skipped)
+    w.add_state("skipped", s.step, "", s.backward, s.loss_scale);
+  for (size_t c = 0; c < run.ema.size(); ++c) {
+    const EmaRecord<Real>& u = run.ema[c];
+    w.add_state("ema_update", int64_t(c), "", u.steps, double(u.since));
+    if (u.ema.empty()) continue;
+    for (const TensorView& t : layout.tensors)
+      for (int64_t i = 0; i < t.size(); ++i)
+        w.add_state("ema", int64_t(c), t.name, i,
+                    static_cast<double>(u.ema[size_t(t.offset + i)]));
+  }
+}
+
 // A run's events, then per optimizer step its gradient and parameters
-// (layout order, flat index within each tensor), Real -> double.
+// (layout order, flat index within each tensor), Real -> double, then its
+// state rows (add_run_state).
 template <class Real>
 void add_run(TraceWriter& w, const Run<Real>& run, const ParamLayout& layout) {
   w.begin_run(run.name);
@@ -115,10 +152,12 @@ void add_run(TraceWriter& w, const Run<Real>& run, const ParamLayout& layout) {
     for (size_t r = 0; r < s.rank_param.size(); ++r)
       add(ValueKind::param, s.rank_param[r], int64_t(r) + 1);
   }
+  add_run_state(w, run, layout);
 }
 
-// Writes meta.csv, events.csv and values.csv into `dir` (created when
-// missing), each atomically.
+// Writes meta.csv, events.csv, values.csv and state.csv (when a run has
+// state rows; an earlier trace's state.csv is removed otherwise) into
+// `dir` (created when missing), each atomically.
 void write_trace(const std::string& dir, const TraceWriter& w);
 
 struct TraceEvent {
@@ -295,9 +334,13 @@ struct ContractSection {
 ContractSection read_contract(const std::string& dir);
 
 // ---- the training state beyond gradients (state.csv, written by
-// adapters/pytorch/accumcheck_torch/recorder.py beside meta/events/values
-// when the trainer keeps any; verify/state_check.hpp judges it).  One row
-// per value:  kind,step,tensor,index,value
+// adapters/pytorch/accumcheck_torch/recorder.py and by TraceWriter
+// (add_run_state) beside meta/events/values when the trainer keeps any;
+// verify/state_check.hpp judges it).  One row per value:
+//   run,kind,step,tensor,index,value
+// run: the run the row belongs to, as in events.csv and values.csv.
+// Optional: a file without it (recorders before it was added) holds the
+// rows of one run, whichever the trace is judged on.
 //   loss_scale           step t (the window), index = backward pass
 //                        (0-based over the run), value = the scale it used
 //   skipped              step t: a window whose gradients overflowed
@@ -318,7 +361,7 @@ ContractSection read_contract(const std::string& dir);
 //                        when optimizer step t is taken
 //   logged_loss          step t: the loss the trainer logged for window t
 struct StateValue {
-  std::string kind, tensor;
+  std::string run, kind, tensor;
   int64_t step = 0, index = 0;
   double value = kNaN;
   int64_t line = 0;
@@ -329,9 +372,10 @@ struct StateSection {
   bool present = false;          // state.csv exists
 };
 
-// Reads `dir`/state.csv when present (absent: present = false, no rows).
+// Reads `dir`/state.csv when present (absent: present = false, no rows):
+// the rows of run `run` (all of them when the file has no run column).
 // InputError naming the file and line on an unknown kind, a missing or
-// malformed number.
-StateSection read_state(const std::string& dir);
+// malformed number, an empty run name.
+StateSection read_state(const std::string& dir, std::string_view run);
 
 }  // namespace accumcheck

@@ -53,7 +53,7 @@ import torch.nn.utils.clip_grad as _clip_module
 from .bundle import map_parameters
 from .trace import TRACE_SCHEMA, VERSION, Refused, Values, real, write_trace
 
-STATE_HEADER = "kind,step,tensor,index,value"
+STATE_HEADER = "run,kind,step,tensor,index,value"
 
 # The recorder that clip_grad_norm_'s swapped code calls (one at a time).
 _ACTIVE = []
@@ -400,7 +400,8 @@ class Recorder:
         self._state("logged_loss", max(window, 0), "", 0, float(value))
 
     def _state(self, kind, step, tensor, index, value):
-        self.state_rows.append("%s,%d,%s,%d,%s\n" % (kind, step, tensor, index, real(value)))
+        self.state_rows.append("%s,%s,%d,%s,%d,%s\n"
+                               % (self.run, kind, step, tensor, index, real(value)))
 
     def _state_tensor(self, kind, step, name, t):
         for i, v in enumerate(t.detach().reshape(-1).double().tolist()):

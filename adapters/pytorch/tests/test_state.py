@@ -37,6 +37,7 @@ def test_an_unscale_by_the_loss_scale_is_no_clip(mlp_bundle, tmp_path):
     m = meta(out)
     assert "unseen" not in m and "notes" not in m  # no inferred clip
     assert [float(r["value"]) for r in rows(out, "loss_scale")] == [1024.0, 1024.0]
+    assert {r["run"] for r in rows(out)} == {"trainer"}  # the run column: rec.run
 
 
 def test_an_overflowed_window_zeroed_without_a_step_is_skipped(mlp_bundle, tmp_path):
