@@ -12,7 +12,10 @@ overflow, double it after `growth_interval` clean steps.
               micro-batch of each window reaches the clip and the step),
               scaler_per_micro (scaler.update() after every backward),
               skip_advances_scheduler (scheduler.step() also on a skipped step;
-              the scaler starts above float32's range, so it skips at once)
+              the scaler starts above float32's range, so it skips at once),
+              clip_before_unscale (clip_grad_norm_ on the still-scaled
+              gradient, then unscale_: seed 002's GradScaler + clipping
+              order, which clips by the scaled norm)
 """
 import argparse
 import contextlib
@@ -69,7 +72,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--variant", default="correct",
                     choices=["correct", "bf16", "bf16_zero_grad_inside", "scaler_per_micro",
-                             "skip_advances_scheduler"])
+                             "skip_advances_scheduler", "clip_before_unscale"])
     args = ap.parse_args()
 
     bundle = load_bundle(args.bundle)
@@ -102,10 +105,13 @@ def main():
             if args.variant == "scaler_per_micro":
                 scaler.update(scaler.has_overflow(params))
             if (i + 1) % K == 0 or i + 1 == len(batches):
+                if args.variant == "clip_before_unscale":
+                    torch.nn.utils.clip_grad_norm_(params, bundle.max_norm)  # the mistake
                 scaler.unscale_(params)
                 overflow = scaler.has_overflow(params)
                 if not overflow:
-                    torch.nn.utils.clip_grad_norm_(params, bundle.max_norm)
+                    if args.variant != "clip_before_unscale":
+                        torch.nn.utils.clip_grad_norm_(params, bundle.max_norm)
                     optimizer.step()
                     scheduler.step()
                 elif args.variant == "skip_advances_scheduler":
