@@ -170,11 +170,14 @@ void mse_loss_forward(T* loss, T* diff, const T* y, const T* target, int64_t B,
 }
 
 // dy[b, j] = (y - t) * scale, scale = 2 num / (d * den)      (SETS)
-// (scale: one float division of exact integers)
+// (scale: one float division; 2 num is formed as T(2) * T(num), the same
+// value as T(2 * num) -- doubling is exact -- without overflowing int64
+// when a loss scale has made num 2^62)
 template <class T>
 void mse_loss_backward(T* dy, const T* y, const T* target, int64_t B, int64_t d,
                        LossWeight w) {
-  const T scale = trainer_loss_weight(T(2 * w.num) / (T(d) * T(w.den)), w.num);
+  const T scale =
+      trainer_loss_weight(T(2) * T(w.num) / (T(d) * T(w.den)), w.num);
   for (int64_t i = 0; i < B * d; ++i) {
     dy[i] = y[i];
     dy[i] -= target[i];
