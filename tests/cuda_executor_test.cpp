@@ -73,6 +73,10 @@ TEST(CudaExecutor, ReportsMissingGpuClearly) {
   const std::string header = cuda_trace_header();
   EXPECT_NE(header.find("CUDA toolkit"), std::string::npos) << header;
   EXPECT_NE(header.find("no CUDA device"), std::string::npos) << header;
+  // cuBLAS is loaded on demand (dlopen), GPU or not: the header names its
+  // version, which only the loaded library can tell.
+  EXPECT_NE(header.find(", cuBLAS "), std::string::npos) << header;
+  EXPECT_EQ(header.find("cuBLAS not loaded"), std::string::npos) << header;
 }
 
 class CudaGpu : public ::testing::Test {
