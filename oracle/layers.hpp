@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "oracle/dd_kernels.hpp"
 #include "oracle/real.hpp"
 #include "oracle/tracked.hpp"
 #include "sim/engine.hpp"

@@ -553,81 +553,37 @@ inline double sum_inflation(int64_t m) {
 
 // Dot2's own error (value): 2^-53 |result| is absorbed into the final DD
 // normalization; gamma_n(2^-53)^2 M plus the dropped lo*lo and rounded
-// cross terms (3 * 2^-106 per product) is added to e: (n + 4)^2 2^-104 M.
-//
+// cross terms (3 * 2^-106 per product) is added to e.
+inline double dot2_error(int64_t n, double M) {
+  const double nn = double(n) + 4;
+  return (nn * nn) * 0x1p-104 * M;
+}
+
 // e = P (1 + gamma_g) + gamma_g M (+ n eta for products) + Dot2's own
 // error, all in double and rounded up: P and M are sums of n nonnegative
 // doubles (inflated by sum_inflation), the initial value's bound and
 // magnitude are added (as upper bounds: hi (1 + 2^-52)), gamma_g =
 // g u / (1 - g u) has g u and 1 - g u exact in double (g < 2^29), and the
 // final formula's few roundings are covered by kUpDD like the +, *, /
-// bounds.  The constants depend on (g, n) only: formed once per
-// reduction shape (oracle/dd_kernels.cpp forms them once per layer).
-struct DDReductionBound {
-  bool unbounded;  // g u >= 1
-  double gam, F, dot2, eta_n;
-  DDReductionBound(int64_t g, int64_t n, bool products) {
-    constexpr double u = error_model::kUnitRoundoff32;
-    const double mu = double(g) * u;
-    unbounded = mu >= 1;
-    gam = mu / (1 - mu) * (1 + 0x1p-52);
-    F = sum_inflation(n);
-    const double nn = double(n) + 4;
-    dot2 = (nn * nn) * 0x1p-104;
-    eta_n = products ? double(n) * 0x1p-150 : 0.0;
+// bounds.
+inline double dd_reduction_bound(int64_t g, int64_t n, double P, double M,
+                                 const DD* init_v, double init_e,
+                                 bool products) {
+  constexpr double u = error_model::kUnitRoundoff32;
+  const double mu = double(g) * u;
+  if (mu >= 1) return std::numeric_limits<double>::infinity();
+  const double gam = mu / (1 - mu) * (1 + 0x1p-52);
+  const double F = sum_inflation(n);
+  double Pu = P * F, Mu = M * F;
+  const double vr = dot2_error(n, Mu);
+  if (init_v) {
+    Pu += init_e * (1 + 0x1p-52);
+    Mu += std::fabs(init_v->hi) * (1 + 0x1p-52);
   }
-  ACCUMCHECK_DD_INLINE double operator()(double P, double M, const DD* init_v,
-                                         double init_e) const {
-    if (unbounded) return std::numeric_limits<double>::infinity();
-    double Pu = P * F, Mu = M * F;
-    const double vr = dot2 * Mu;
-    if (init_v) {
-      Pu += init_e * (1 + 0x1p-52);
-      Mu += std::fabs(init_v->hi) * (1 + 0x1p-52);
-    }
-    const double e = Pu * (1 + gam) + gam * Mu + eta_n + vr;
-    return e * kUpDD;
-  }
-};
-
-// One term x y of a DD dot product: Dot2's compensated sum (s, c) of the
-// products' values, M += |x y| and, where a factor's bound is not 0,
-// P += |x| ey + |y| ex + ex ey (the formulas above).  Written without
-// branches (a select for P) so that lanes of it vectorize
-// (oracle/dd_kernels.cpp); `inexact` records a nonzero bound.
-struct Dot2Acc {
-  double s = 0, c = 0, M = 0, P = 0;
-  bool inexact = false;
-  ACCUMCHECK_DD_INLINE void add(double xh, double xl, double xe, double yh,
-                                double yl, double ye) {
-    const double ph = xh * yh;
-    const double pl = std::fma(xh, yh, -ph) + (xh * yl + xl * yh);
-    const double t = s + ph;
-    const double bb = t - s;
-    c += ((s - (t - bb)) + (ph - bb)) + pl;
-    s = t;
-    M += std::fabs(ph);
-    const bool in = xe != 0 || ye != 0;
-    inexact = inexact || in;
-    const double term = std::fabs(xh) * ye + std::fabs(yh) * xe + xe * ye;
-    P += in ? term : 0.0;  // P + 0 = P: the same as skipping the term
-  }
-  // The compensated sum as a DD.
-  ACCUMCHECK_DD_INLINE DD value() const {
-    return std::isfinite(s) ? DD::quick_two_sum(s, c) : DD(s);
-  }
-  // Whether the exact-case test must run (every input's bound 0).
-  ACCUMCHECK_DD_INLINE bool maybe_exact(const Tracked<DD>* init) const {
-    return (!init || init->e.hi == 0) && !inexact;
-  }
-  // out = init + the sum, bounded (not the exact case).  out may be init.
-  ACCUMCHECK_DD_INLINE void finish(Tracked<DD>& out, const Tracked<DD>* init,
-                                   const DDReductionBound& bound) const {
-    const DD v = value();
-    out.e = DD(bound(P, M, init ? &init->v : nullptr, init ? init->e.hi : 0.0));
-    out.v = init ? v + init->v : v;
-  }
-};
+  const double e =
+      Pu * (1 + gam) + gam * Mu + (products ? double(n) * 0x1p-150 : 0.0) + vr;
+  return e * kUpDD;
+}
 
 }  // namespace tracked_detail
 
@@ -635,16 +591,32 @@ inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
                      const Tracked<DD>* a, int64_t sa, const Tracked<DD>* b,
                      int64_t sb) {
   using namespace tracked_detail;
-  Dot2Acc acc;
+  double s = 0, c = 0, M = 0, P = 0;
+  bool exact = !init || init->e.hi == 0;
+  bool inexact_inputs = false;
   for (int64_t k = 0; k < n; ++k) {
     const Tracked<DD>& x = a[k * sa];
     const Tracked<DD>& y = b[k * sb];
-    acc.add(x.v.hi, x.v.lo, x.e.hi, y.v.hi, y.v.lo, y.e.hi);
+    const double ph = x.v.hi * y.v.hi;
+    const double pl =
+        std::fma(x.v.hi, y.v.hi, -ph) + (x.v.hi * y.v.lo + x.v.lo * y.v.hi);
+    const double t = s + ph;
+    const double bb = t - s;
+    c += ((s - (t - bb)) + (ph - bb)) + pl;
+    s = t;
+    M += std::fabs(ph);
+    if (x.e.hi != 0 || y.e.hi != 0) {
+      inexact_inputs = true;
+      P += std::fabs(x.v.hi) * y.e.hi + std::fabs(y.v.hi) * x.e.hi +
+           x.e.hi * y.e.hi;
+    }
   }
-  if (acc.maybe_exact(init)) {
+  DD v = DD::quick_two_sum(s, c);
+  if (!std::isfinite(s)) v = DD(s);
+  exact = exact && !inexact_inputs;
+  if (exact) {
     // Every partial sum exact in any order?  (See the derivation above.)
     // With exact float32 inputs every product is exact in double.
-    const DD v = acc.value();
     int low = std::numeric_limits<int>::max();
     auto note = [&](const DD& p) {
       if (p.hi == 0) return true;
@@ -652,8 +624,7 @@ inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
       low = std::min(low, low_bit(static_cast<float>(p)));
       return true;
     };
-    bool exact = true;
-    double Mx = acc.M;
+    double Mx = M;
     if (init) {
       exact = note(init->v);
       Mx += std::fabs(init->v.hi);
@@ -667,7 +638,10 @@ inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
       return;
     }
   }
-  acc.finish(out, init, DDReductionBound(n + (init ? 1 : 0), n, true));
+  const int64_t m = n + (init ? 1 : 0);
+  out.e = DD(dd_reduction_bound(m, n, P, M, init ? &init->v : nullptr,
+                                init ? init->e.hi : 0.0, true));
+  out.v = init ? v + init->v : v;
 }
 
 inline void sum_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
@@ -708,8 +682,9 @@ inline void sum_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
     }
   }
   const int64_t m = n + (init ? 1 : 0);
-  out.e = DD(DDReductionBound(m > 0 ? m - 1 : 0, n, false)(
-      P, M, init ? &init->v : nullptr, init ? init->e.hi : 0.0));
+  out.e = DD(dd_reduction_bound(m > 0 ? m - 1 : 0, n, P, M,
+                                init ? &init->v : nullptr,
+                                init ? init->e.hi : 0.0, false));
   out.v = init ? v + init->v : v;
 }
 
