@@ -43,13 +43,15 @@ const InverseFactorials& inverse_factorials() {
 DD expm1_reduced(const DD& r) {
   // |r| <= ln2/2 = 0.347: r / 512 <= 6.8e-4; the Taylor remainder after
   // r^10/10! is < (6.8e-4)^11 / 11! ~ 4e-43, far below 2^-106 |r/512|.
-  const DD x = ldexp(r, -9);
+  // Scalings by 2^-9 and 2 are exact (or correctly rounded, the same as
+  // ldexp) as multiplications: no libm call per step.
+  const DD x = DD::raw(r.hi * 0x1p-9, r.lo * 0x1p-9);
   // Horner: s = x (1 + x/2! (1 + ...)) as sum x^k / k!, k = 1..10.
   const DD* f = inverse_factorials().v;
   DD s = f[10];
   for (int k = 9; k >= 1; --k) s = f[k] + x * s;
   s = x * s;
-  for (int i = 0; i < 9; ++i) s = ldexp(s, 1) + s * s;
+  for (int i = 0; i < 9; ++i) s = DD::raw(s.hi * 2, s.lo * 2) + s * s;
   return s;
 }
 
