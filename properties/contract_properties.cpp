@@ -10,9 +10,9 @@
 // Tolerance: the oracle tolerance (error_model::oracle_tolerance): the two
 // sides agree in real arithmetic and differ only by the oracle's rounding.
 // Ranks R in {1, 2, 3} (DDP): rank 0's steps are compared (the run records
-// rank 0's gradient); a g_j of another rank enters rank 0's buffer only
-// through DDP's all-reduce, which keeps every rank's parameters rank 0's,
-// so it is taken at rank 0's parameters of its version.
+// rank 0's gradient), each g_j taken at its own rank's parameters of its
+// version (ranks diverge inside a window when a loop steps per micro-step
+// and syncs at the window's end).
 #include <rapidcheck.h>
 
 #include <map>
@@ -55,12 +55,17 @@ double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
     auto it = cache.find(t);
     if (it != cache.end()) return it->second;
     std::vector<R> v;
+    // The parameters of a rank (rank_param: ranks 1..R-1) before step v.
+    auto theta = [&](int64_t rank, int64_t v) {
+      return rank == 0 || v == 0
+                 ? theta_before(run, size_t(v), c)
+                 : run.steps[size_t(v) - 1].rank_param[size_t(rank) - 1];
+    };
     if (t.kind == Term::param) {
-      v = theta_before(run, size_t(t.index), c);
+      v = theta(t.rank, t.index);
     } else {
       const contract::MicroGrad& m = ce.micro()[size_t(t.index)];
-      v = predicted(c, theta_before(run, size_t(m.version), c), {{m.ids, 1}},
-                    m.epoch);
+      v = predicted(c, theta(m.rank, m.version), {{m.ids, 1}}, m.epoch);
     }
     return cache.emplace(t, std::move(v)).first->second;
   };

@@ -111,6 +111,7 @@ struct Coef {
 struct Term {
   enum Kind { grad, param } kind = grad;
   int64_t index = 0;
+  int64_t rank = 0;  // param: whose theta_v (DDP ranks may diverge)
   auto operator<=>(const Term&) const = default;
 };
 
@@ -161,9 +162,9 @@ class CoefficientEngine {
   }
   void add_l2(double lambda, int64_t den) {
     if (lambda == 0) return;
-    Coef& c = buf_[Term{Term::param, version_}];
+    Coef& c = buf_[Term{Term::param, version_, rank_}];
     c.add({}, exact_rational(lambda) / den);
-    if (c.zero()) buf_.erase(Term{Term::param, version_});
+    if (c.zero()) buf_.erase(Term{Term::param, version_, rank_});
   }
   double grad_norm() const { return nan(); }
   // Coefficients are finite by construction: an overflow is the trace's
