@@ -175,15 +175,26 @@ std::map<int64_t, int64_t> all_reduces(const std::vector<Event>& events) {
   return out;
 }
 
+// The keys of two maps, and a map's value at a key (0 where absent).
+template <class V>
+std::set<int64_t> keys_of(const std::map<int64_t, V>& a,
+                          const std::map<int64_t, V>& b) {
+  std::set<int64_t> keys;
+  for (const auto& [k, v] : a) keys.insert(k);
+  for (const auto& [k, v] : b) keys.insert(k);
+  return keys;
+}
+template <class V>
+V at_or_0(const std::map<int64_t, V>& m, int64_t k) {
+  const auto it = m.find(k);
+  return it == m.end() ? V(0) : it->second;
+}
+
 // "" when equal, else the first step whose all-reduce count differs.
 std::string reduces_differ(const std::map<int64_t, int64_t>& trace,
                            const std::map<int64_t, int64_t>& pred) {
-  std::set<int64_t> steps;
-  for (const auto& [t, n] : trace) steps.insert(t);
-  for (const auto& [t, n] : pred) steps.insert(t);
-  for (int64_t t : steps) {
-    const int64_t a = trace.count(t) ? trace.at(t) : 0;
-    const int64_t b = pred.count(t) ? pred.at(t) : 0;
+  for (int64_t t : keys_of(trace, pred)) {
+    const int64_t a = at_or_0(trace, t), b = at_or_0(pred, t);
     if (a != b)
       return fmt::format("step {}: {} gradient all-reduces, predicted {}", t, a,
                          b);
@@ -275,14 +286,9 @@ Distance distance(const Measured& m, const Prediction& p,
       const Weights& W_t = m.W[r][t];
       double top = 0;
       for (const auto& [j, w] : P_t) top = std::max(top, std::abs(w));
-      std::set<int64_t> keys;
-      for (const auto& [j, w] : P_t) keys.insert(j);
-      for (const auto& [j, w] : W_t) keys.insert(j);
-      for (int64_t j : keys) {
-        const double P = P_t.count(j) ? P_t.at(j) : 0.0;
-        const double W = W_t.count(j) ? W_t.at(j) : 0.0;
-        const double U =
-            std::max(m.U[r][t].count(j) ? m.U[r][t].at(j) : 0.0, u * top);
+      for (int64_t j : keys_of(P_t, W_t)) {
+        const double P = at_or_0(P_t, j), W = at_or_0(W_t, j);
+        const double U = std::max(at_or_0(m.U[r][t], j), u * top);
         double rr = U > 0 ? std::abs(W - P) / U : (W == P ? 0 : kInf);
         std::string why;
         if (P != 0 && j < int64_t(c.micro.size()) &&

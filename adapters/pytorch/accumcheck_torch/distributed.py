@@ -367,6 +367,20 @@ def merge_contract_parts(parts):
     return CONTRACT_HEADER + ",rank\n" + "".join(first + [r for r in out if r not in first])
 
 
+def run_ranks(main, args, spawn=None):
+    """main(rank, ranks, args) in this process under torchrun (its
+    environment: init_process_group("gloo")), or, with spawn = R, in R
+    processes started here (launch)."""
+    if spawn:
+        launch(main, spawn, args)
+        return
+    dist.init_process_group("gloo")
+    try:
+        main(dist.get_rank(), dist.get_world_size(), args)
+    finally:
+        dist.destroy_process_group()
+
+
 def launch(main, ranks, *args):
     """Runs main(rank, ranks, *args) in `ranks` processes joined in a gloo
     process group on this machine (torch.multiprocessing.spawn), for

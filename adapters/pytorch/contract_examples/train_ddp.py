@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import models  # noqa: E402
 from train import warmup_linear  # noqa: E402
-from accumcheck_torch.distributed import ContractDistributedRecorder, launch  # noqa: E402
+from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks  # noqa: E402
 
 LOOPS = ("correct", "local_mean", "no_sync_everywhere", "sync_every_micro_step",
          "scheduler_per_rank")
@@ -115,14 +115,7 @@ def main():
     ap.add_argument("--spawn", type=int, metavar="R",
                     help="start R ranks with torch.multiprocessing.spawn (not torchrun)")
     a = ap.parse_args()
-    if a.spawn:
-        launch(train, a.spawn, a)
-        return
-    dist.init_process_group("gloo")  # torchrun's environment
-    try:
-        train(dist.get_rank(), dist.get_world_size(), a)
-    finally:
-        dist.destroy_process_group()
+    run_ranks(train, a, a.spawn)  # torchrun's environment, or --spawn R
 
 
 if __name__ == "__main__":
