@@ -2,11 +2,12 @@
 ContractRecorder, then `accumcheck certify --contract`; passes when the
 exit code is the expected one and the output holds the expected texts.
 
-    ctest_contract.py ACCUMCHECK OUTDIR CODE [--text T]... [--meta KEY=VALUE]...
+    ctest_contract.py ACCUMCHECK OUTDIR CODE [--text T]... [--meta KEY=VALUE]... [--contract-sub OLD=NEW]...
         [--trainer FILE] [--ranks R --launcher torchrun|spawn] -- TRAIN ARGS...
 
 --meta sets a meta.csv key of the recorded trace before certify reads it
-(bad input: certify must exit 2 naming the key).  --trainer: the script
+(bad input: certify must exit 2 naming the key); --contract-sub OLD=NEW
+replaces text in its contract.csv (a trace made bad on purpose).  --trainer: the script
 beside this one to run (default train.py); --ranks R > 1 runs it with R
 ranks, under torchrun or with its own --spawn R (train_ddp.py)."""
 
@@ -35,6 +36,15 @@ def main():
     if r.returncode != 0:
         print("ctest_contract: the trainer failed (exit %d)" % r.returncode)
         return 1
+    for sub in [head[i + 1] for i, a in enumerate(head) if a == "--contract-sub"]:
+        old, new = sub.split("=", 1)
+        path = os.path.join(out, "contract.csv")
+        text = open(path).read()
+        if old not in text:
+            print("ctest_contract: contract.csv lacks %r" % old)
+            return 1
+        with open(path, "w") as f:
+            f.write(text.replace(old, new))
     if metas:
         path = os.path.join(out, "meta.csv")
         rows = [r.split(",", 1) for r in open(path).read().splitlines()]
