@@ -9,6 +9,10 @@
 // its epoch, weight 1 -- and the clip symbols evaluated from those vectors.
 // Tolerance: the oracle tolerance (error_model::oracle_tolerance): the two
 // sides agree in real arithmetic and differ only by the oracle's rounding.
+// Ranks R in {1, 2, 3} (DDP): rank 0's steps are compared (the run records
+// rank 0's gradient), each g_j taken at its own rank's parameters of its
+// version (ranks diverge inside a window when a loop steps per micro-step
+// and syncs at the window's end).
 #include <rapidcheck.h>
 
 #include <map>
@@ -38,7 +42,10 @@ double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
   Trainer<contract::CoefficientEngine> ct(ce, c.s, b, lr,
                                           TrainerOptions{false, false, -1});
   ct.run(c.plan, semantics_name(sem));
-  RC_ASSERT(ce.steps().size() == run.steps.size());
+  std::vector<contract::StepPrediction> steps;  // rank 0's
+  for (const auto& st : ce.steps())
+    if (st.rank == 0) steps.push_back(st);
+  RC_ASSERT(steps.size() == run.steps.size());
 
   // Each term's vector, computed once, independently of both runs' buffers.
   std::map<Term, std::vector<R>> cache;
@@ -48,24 +55,29 @@ double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
     auto it = cache.find(t);
     if (it != cache.end()) return it->second;
     std::vector<R> v;
+    // The parameters of a rank (rank_param: ranks 1..R-1) before step v.
+    auto theta = [&](int64_t rank, int64_t v) {
+      return rank == 0 || v == 0
+                 ? theta_before(run, size_t(v), c)
+                 : run.steps[size_t(v) - 1].rank_param[size_t(rank) - 1];
+    };
     if (t.kind == Term::param) {
-      v = theta_before(run, size_t(t.index), c);
+      v = theta(t.rank, t.index);
     } else {
       const contract::MicroGrad& m = ce.micro()[size_t(t.index)];
-      v = predicted(c, theta_before(run, size_t(m.version), c), {{m.ids, 1}},
-                    m.epoch);
+      v = predicted(c, theta(m.rank, m.version), {{m.ids, 1}}, m.epoch);
     }
     return cache.emplace(t, std::move(v)).first->second;
   };
   const std::vector<R> sym = contract::clip_values<R>(ce.clips(), vec, n);
   double worst = 0;
   for (size_t t = 0; t < run.steps.size(); ++t) {
-    contract::Buffer buf = ce.steps()[t].grad;
+    contract::Buffer buf = steps[t].grad;
     if (break_on_purpose && !buf.empty()) {
       // A wrong weight on the first term of every step.
       buf.begin()->second.scale(contract::Rational(2));
     }
-    RC_ASSERT(ce.steps()[t].lr == run.steps[t].lr);
+    RC_ASSERT(steps[t].lr == run.steps[t].lr);
     const std::vector<R> want = contract::evaluate<R>(buf, sym, vec, n);
     worst = std::max(worst, rel(run.steps[t].grad, want));
   }
@@ -82,6 +94,7 @@ void coefficients(bool break_on_purpose) {
   t.short_micro = *rc::gen::arbitrary<bool>().as("short micro-batch");
   t.schedule = true;
   t.max_width = 6;
+  t.max_ranks = 3;
   Scenario s = *scenario(t).as("scenario");
   s.model.dropout =
       s.model.widths.size() > 2 && *rc::gen::arbitrary<bool>() ? 0.25 : 0.0;

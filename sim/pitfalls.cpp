@@ -268,6 +268,10 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
         return scope.ema;
       case Pitfall::low_precision_grad_buffer:
       case Pitfall::optimizer_state_every_micro_step:
+      // A clip by chunks scales each chunk of the gradient by its own
+      // factor: no combination of whole micro-batch gradients, so no
+      // coefficient prediction (the step fit is what sees it).
+      case Pitfall::ddp_clip_local_norm:
         return !scope.contract_tier;
       default:
         return true;

@@ -205,8 +205,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
 // skipped-step-advances-scheduler) are candidates only with loss
 // scaling, ema-every-micro-step only with an EMA (elsewhere they are
 // `correct`); the contract tier (whose coefficient engine holds neither
-// rounded buffers nor parameters) leaves out low-precision-grad-buffer
-// and optimizer-state-every-micro-step.
+// rounded buffers nor parameters) leaves out low-precision-grad-buffer,
+// optimizer-state-every-micro-step and ddp-clip-local-norm (a clip by
+// chunks is no combination of micro-batch gradients).
 struct CandidateScope {
   bool token_loss = false;
   bool loss_scaling = false;

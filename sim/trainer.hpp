@@ -323,6 +323,9 @@ class Trainer {
     if (R_ == 1 || r == active_) return;
     rank_state_[size_t(active_)] = e_.state();
     e_.set_state(rank_state_[size_t(r)]);
+    // An engine whose gradient buffer is not numbers (the coefficient
+    // engine) swaps it itself.
+    if constexpr (requires { e_.hold_rank(r); }) e_.hold_rank(r);
     active_ = r;
   }
 
@@ -338,6 +341,11 @@ class Trainer {
   // device's bits do not depend on timing).
   void all_reduce(int64_t micro) {
     if (R_ == 1) return;
+    if constexpr (requires { e_.average_ranks(R_); }) {
+      e_.average_ranks(R_);  // exact coefficients: the order is moot
+      event(EventKind::all_reduce, micro, [](Event& ev) { ev.rank = -1; });
+      return;
+    }
     rank_state_[size_t(active_)] = e_.state();
     const size_t P = rank_state_[0].grads.size();
     const Real inv = Real(1) / Real(R_);

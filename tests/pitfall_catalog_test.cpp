@@ -167,7 +167,7 @@ TEST(PitfallCatalog, BehaviorsAreDistinct) {
 // in-scope pitfall alone and every pair.  Of each one-switch pair of names
 // only the loss's own is a candidate; the GradScaler pitfalls only with
 // loss scaling, the EMA one only with an EMA; the contract tier leaves out
-// the two its coefficient engine cannot see.
+// the three its coefficient engine cannot see.
 TEST(PitfallCatalog, CandidateScope) {
   auto singles = [](CandidateScope scope) {
     std::vector<std::string> ids;
@@ -198,7 +198,8 @@ TEST(PitfallCatalog, CandidateScope) {
     EXPECT_TRUE(has(scaled, id)) << id;
   }
   for (std::string_view id :
-       {"low-precision-grad-buffer", "optimizer-state-every-micro-step"}) {
+       {"low-precision-grad-buffer", "optimizer-state-every-micro-step",
+        "ddp-clip-local-norm"}) {
     EXPECT_TRUE(has(sample, id)) << id;
     EXPECT_FALSE(has(contract, id)) << id;
   }

@@ -24,7 +24,13 @@
 //                                 evaluated by whoever has the g_j;
 //   optimizer_step(opt, lr)       records the buffer (the step's gradient)
 //                                 with its lr and counts a version; the
-//                                 buffer stays, as PyTorch's .grad does.
+//                                 buffer stays, as PyTorch's .grad does;
+//   hold_rank(r), average_ranks(R) DDP (sim/trainer.hpp): each rank a
+//                                 replica with its own buffer and version
+//                                 (the trainer swaps the version with
+//                                 EngineState, the buffer here); DDP's
+//                                 all-reduce replaces every rank's buffer
+//                                 by sum_r (1/R) buffer_r, exactly.
 // Coefficients are polynomials in the clip symbols with exact
 // Boost.Multiprecision cpp_rational coefficients.  Losses and norms are
 // unknown here and returned as NaN (the engine's Real is double).
@@ -105,6 +111,7 @@ struct Coef {
 struct Term {
   enum Kind { grad, param } kind = grad;
   int64_t index = 0;
+  int64_t rank = 0;  // param: whose theta_v (DDP ranks may diverge)
   auto operator<=>(const Term&) const = default;
 };
 
@@ -113,6 +120,7 @@ using Buffer = std::map<Term, Coef>;
 // One backward pass: micro-batch shard j.
 struct MicroGrad {
   std::vector<int64_t> ids;  // the shard's ids, as the plan holds them
+  int64_t rank = 0;          // the rank whose backward it is
   int64_t epoch = 0;         // for dropout masks keyed by epoch
   int64_t version = 0;       // optimizer steps taken before it
   int64_t items = 0;         // loss-bearing items (Engine::items)
@@ -120,6 +128,7 @@ struct MicroGrad {
 
 // One clip_grad_norm_ call: symbol s_m, the buffer it saw.
 struct ClipRecord {
+  int64_t rank = 0;
   int64_t version = 0;
   double max_norm = 0;
   Buffer before;
@@ -127,6 +136,7 @@ struct ClipRecord {
 
 // One optimizer step: the gradient it consumed.
 struct StepPrediction {
+  int64_t rank = 0;
   int64_t step = 0;  // == version before the step
   double lr = std::numeric_limits<double>::quiet_NaN();
   Buffer grad;
@@ -146,15 +156,15 @@ class CoefficientEngine {
   int64_t items(const std::vector<int64_t>& ids) const { return items_(ids); }
   double forward_backward(const std::vector<int64_t>& ids, LossWeight w) {
     const int64_t j = int64_t(micro_.size());
-    micro_.push_back({ids, epoch_, version_, items_(ids)});
+    micro_.push_back({ids, rank_, epoch_, version_, items_(ids)});
     buf_[Term{Term::grad, j}].add({}, Rational(w.num, w.den));
     return nan();
   }
   void add_l2(double lambda, int64_t den) {
     if (lambda == 0) return;
-    Coef& c = buf_[Term{Term::param, version_}];
+    Coef& c = buf_[Term{Term::param, version_, rank_}];
     c.add({}, exact_rational(lambda) / den);
-    if (c.zero()) buf_.erase(Term{Term::param, version_});
+    if (c.zero()) buf_.erase(Term{Term::param, version_, rank_});
   }
   double grad_norm() const { return nan(); }
   // Coefficients are finite by construction: an overflow is the trace's
@@ -169,13 +179,37 @@ class CoefficientEngine {
   // formula when an engine offers it): the factor stays a symbol.
   double clip_grad_norm(double max_norm) {
     const int32_t s = int32_t(clips_.size());
-    clips_.push_back({version_, max_norm, buf_});
+    clips_.push_back({rank_, version_, max_norm, buf_});
     for (auto& [t, c] : buf_) c.times_symbol(s);
     return nan();
   }
   void optimizer_step(const OptimizerSpec&, double lr) {
-    steps_.push_back({version_, lr, buf_});
+    steps_.push_back({rank_, version_, lr, buf_});
     ++version_;
+  }
+  // The trainer makes this engine hold rank r (after set_state).
+  void hold_rank(int64_t r) {
+    if (r == rank_) return;
+    if (size_t(std::max(r, rank_)) >= rank_buf_.size())
+      rank_buf_.resize(size_t(std::max(r, rank_)) + 1);
+    rank_buf_[size_t(rank_)] = std::move(buf_);
+    buf_ = std::move(rank_buf_[size_t(r)]);
+    rank_ = r;
+  }
+  // DDP's all-reduce over ranks 0..R-1: every rank's buffer becomes
+  // sum_r (1/R) buffer_r (the reducer's average), exactly.
+  void average_ranks(int64_t R) {
+    if (size_t(R) > rank_buf_.size()) rank_buf_.resize(size_t(R));
+    rank_buf_[size_t(rank_)] = std::move(buf_);
+    Buffer avg;
+    const Rational inv(1, R);
+    for (int64_t r = 0; r < R; ++r)
+      for (const auto& [t, c] : rank_buf_[size_t(r)])
+        for (const auto& [m, q] : c.terms) avg[t].add(m, q * inv);
+    for (auto it = avg.begin(); it != avg.end();)
+      it = it->second.zero() ? avg.erase(it) : std::next(it);
+    for (int64_t r = 0; r < R; ++r) rank_buf_[size_t(r)] = avg;
+    buf_ = std::move(rank_buf_[size_t(rank_)]);
   }
   EngineState<double> state() const {
     EngineState<double> st;
@@ -200,7 +234,9 @@ class CoefficientEngine {
   }
 
   std::function<int64_t(const std::vector<int64_t>&)> items_;
-  Buffer buf_;
+  Buffer buf_;                    // the buffer of the rank held
+  std::vector<Buffer> rank_buf_;  // the other ranks' (hold_rank)
+  int64_t rank_ = 0;
   std::vector<MicroGrad> micro_;
   std::vector<ClipRecord> clips_;
   std::vector<StepPrediction> steps_;

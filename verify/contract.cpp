@@ -25,40 +25,52 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 using Weights = std::map<int64_t, double>;  // micro-batch -> weight
 
 struct Measured {
-  std::vector<Weights> W, U;  // per step: weight and its uncertainty
+  // [rank][step]: weight and its uncertainty.
+  std::vector<std::vector<Weights>> W, U;
 };
 
-// W_t = beta W_{t-1} + sum_b a_b w_b e_{m(b)}, uncertainties alongside.
+// Per rank, W_t = beta W_{t-1} + sum_b a_b w_b e_{m(b)} (b over every
+// rank's backward passes: DDP's all-reduce brings the others'),
+// uncertainties alongside.
 Measured compose(const ContractSection& c, const std::vector<double>& eps,
-                 const std::vector<double>& step_bound) {
-  Measured m;
-  for (size_t t = 0; t < c.steps.size(); ++t) {
-    Weights W, U;
-    const double bound = step_bound[t];
-    for (const auto& k : c.steps[t].coefs) {
-      const double da = k.norm > 0 ? bound / k.norm : 0.0;
-      if (k.backward < 0) {
-        if (t == 0) continue;
-        for (const auto& [j, w] : m.W[t - 1]) {
-          W[j] += k.a * w;
-          U[j] += da * std::abs(w) + std::abs(k.a) * m.U[t - 1].at(j);
+                 const std::vector<std::vector<double>>& step_bound) {
+  Measured out;
+  for (int64_t r = 0; r < c.ranks(); ++r) {
+    out.W.emplace_back();
+    out.U.emplace_back();
+    auto& m = out;
+    const auto& steps = c.steps[size_t(r)];
+    for (size_t t = 0; t < steps.size(); ++t) {
+      Weights W, U;
+      const double bound = step_bound[size_t(r)][t];
+      for (const auto& k : steps[t].coefs) {
+        const double da = k.norm > 0 ? bound / k.norm : 0.0;
+        if (k.backward < 0) {
+          if (t == 0) continue;
+          for (const auto& [j, w] : m.W[size_t(r)][t - 1]) {
+            W[j] += k.a * w;
+            U[j] +=
+                da * std::abs(w) + std::abs(k.a) * m.U[size_t(r)][t - 1].at(j);
+          }
+        } else {
+          const ContractBackward& b = c.backward[size_t(k.backward)];
+          W[b.micro] += k.a * b.weight;
+          U[b.micro] += da * std::abs(b.weight) +
+                        std::abs(k.a * b.weight) * eps[size_t(k.backward)];
         }
-      } else {
-        const ContractBackward& b = c.backward[size_t(k.backward)];
-        W[b.micro] += k.a * b.weight;
-        U[b.micro] += da * std::abs(b.weight) +
-                      std::abs(k.a * b.weight) * eps[size_t(k.backward)];
       }
+      m.W[size_t(r)].push_back(std::move(W));
+      m.U[size_t(r)].push_back(std::move(U));
     }
-    m.W.push_back(std::move(W));
-    m.U.push_back(std::move(U));
   }
-  return m;
+  return out;
 }
 
 // The plan the trainer drew: each epoch's micro-batches in order, plus
 // the ones its loader should have drawn and did not; windows of K.  A
-// micro-batch m's shard holds ids m*S .. m*S + rows - 1.
+// micro-batch m's shard holds ids m*S .. m*S + rows - 1.  With R ranks
+// (a DDP trace) micro-step k holds every rank's k-th micro-batch of the
+// epoch, as DDP's lockstep runs them.
 struct ContractPlan {
   Plan plan;
   int64_t stride = 1;
@@ -67,7 +79,8 @@ struct ContractPlan {
   int64_t micro_batch = 1;
 };
 
-ContractPlan contract_plan(const ContractSection& c, int64_t K) {
+ContractPlan contract_plan(const ContractSection& c, int64_t K,
+                           const std::string& path) {
   ContractPlan p;
   p.drawn = int64_t(c.micro.size());
   for (const auto& m : c.micro) {
@@ -75,43 +88,67 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K) {
     p.micro_batch = std::max(p.micro_batch, m.samples);
     p.items.push_back(m.items);
   }
-  for (const auto& e : c.epochs) {
-    p.stride = std::max(p.stride, e.batch_size + 1);
-    p.micro_batch = std::max(p.micro_batch, e.batch_size);
-  }
-  p.plan.accumulation = K;
-  const int64_t E = int64_t(c.epochs.size());
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> per(
-      size_t(std::max<int64_t>(E, 1)));
-  for (size_t j = 0; j < c.micro.size(); ++j) {
-    const int64_t e =
-        std::clamp<int64_t>(c.micro[j].epoch, 0, int64_t(per.size()) - 1);
-    per[size_t(e)].push_back({int64_t(j), c.micro[j].samples});
-  }
-  for (size_t e = 0; e < c.epochs.size(); ++e) {
-    int64_t seen = 0;
-    for (const auto& [j, rows] : per[e]) seen += rows;
-    const int64_t b = c.epochs[e].batch_size;
-    for (int64_t left = c.epochs[e].dataset - seen; b > 0 && left > 0;
-         left -= b) {
-      const int64_t rows = std::min(b, left);
-      per[e].push_back({int64_t(p.items.size()), rows});
-      // Its item count is unknown; its rows stand in (only whether it is
-      // weighted at all is judged).
-      p.items.push_back(rows);
+  const int64_t R = c.ranks();
+  size_t E = 1;
+  for (const auto& re : c.epochs) {
+    E = std::max(E, re.size());
+    for (const auto& e : re) {
+      p.stride = std::max(p.stride, e.batch_size + 1);
+      p.micro_batch = std::max(p.micro_batch, e.batch_size);
     }
   }
-  for (const auto& ms : per) {
+  p.plan.accumulation = K;
+  p.plan.ranks = R;
+  // [rank][epoch] -> (micro-batch, rows)
+  using Drawn = std::vector<std::pair<int64_t, int64_t>>;
+  std::vector<std::vector<Drawn>> per(static_cast<size_t>(R),
+                                      std::vector<Drawn>(E));
+  for (size_t j = 0; j < c.micro.size(); ++j) {
+    const int64_t e = std::clamp<int64_t>(c.micro[j].epoch, 0, int64_t(E) - 1);
+    per[size_t(c.micro[j].rank)][size_t(e)].push_back(
+        {int64_t(j), c.micro[j].samples});
+  }
+  for (size_t r = 0; r < size_t(R); ++r)
+    for (size_t e = 0; e < c.epochs[r].size(); ++e) {
+      int64_t seen = 0;
+      for (const auto& [j, rows] : per[r][e]) seen += rows;
+      const int64_t b = c.epochs[r][e].batch_size;
+      for (int64_t left = c.epochs[r][e].dataset - seen; b > 0 && left > 0;
+           left -= b) {
+        const int64_t rows = std::min(b, left);
+        per[r][e].push_back({int64_t(p.items.size()), rows});
+        // Its item count is unknown; its rows stand in (only whether it is
+        // weighted at all is judged).
+        p.items.push_back(rows);
+      }
+    }
+  for (size_t e = 0; e < E; ++e) {
+    // DDP's Join (uneven inputs) is not modelled: a rank that runs out
+    // takes no part in the later collectives and does not step with the
+    // others, which the lockstep plan cannot say.
+    for (size_t r = 1; r < size_t(R); ++r)
+      if (per[r][e].size() != per[0][e].size())
+        throw InputError(
+            path, 0, 0, "rank",
+            fmt::format("epoch {}: rank {} has {} micro-batches, rank 0 {}: "
+                        "uneven inputs across ranks (DDP's Join) are not "
+                        "modelled by the contract tier; give every rank the "
+                        "same number of micro-batches (DistributedSampler "
+                        "pads, or drop_last)",
+                        e, r, per[r][e].size(), per[0][e].size()));
+    const auto& ms = per[0][e];
     EpochPlan ep;
     ep.accumulation = K;  // the trace's one K (EpochPlan: K per epoch)
     for (size_t at = 0; at < ms.size(); at += size_t(K)) {
       Window w;
       for (size_t k = at; k < std::min(ms.size(), at + size_t(K)); ++k) {
         MicroBatch mb;
-        std::vector<int64_t> ids;
-        for (int64_t i = 0; i < ms[k].second; ++i)
-          ids.push_back(ms[k].first * p.stride + i);
-        mb.shards.push_back(std::move(ids));
+        for (size_t r = 0; r < size_t(R); ++r) {
+          std::vector<int64_t> ids;
+          for (int64_t i = 0; i < per[r][e][k].second; ++i)
+            ids.push_back(per[r][e][k].first * p.stride + i);
+          mb.shards.push_back(std::move(ids));
+        }
         w.micro.push_back(std::move(mb));
       }
       w.partial = int64_t(w.micro.size()) < K;
@@ -123,9 +160,47 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K) {
 }
 
 struct Prediction {
-  std::vector<Weights> P;
-  std::vector<std::map<int64_t, int64_t>> version;  // micro -> version
+  // [rank][step]
+  std::vector<std::vector<Weights>> P;
+  // [rank][step]: micro-batch -> the parameter version of its g_j
+  std::vector<std::vector<std::map<int64_t, int64_t>>> version;
+  std::map<int64_t, int64_t> reduces;  // step -> DDP all-reduces in it
 };
+
+// Step -> all-reduces in it, of a trace's or a predicted run's events.
+std::map<int64_t, int64_t> all_reduces(const std::vector<Event>& events) {
+  std::map<int64_t, int64_t> out;
+  for (const Event& ev : events)
+    if (ev.kind == EventKind::all_reduce) ++out[ev.step];
+  return out;
+}
+
+// The keys of two maps, and a map's value at a key (0 where absent).
+template <class V>
+std::set<int64_t> keys_of(const std::map<int64_t, V>& a,
+                          const std::map<int64_t, V>& b) {
+  std::set<int64_t> keys;
+  for (const auto& [k, v] : a) keys.insert(k);
+  for (const auto& [k, v] : b) keys.insert(k);
+  return keys;
+}
+template <class V>
+V at_or_0(const std::map<int64_t, V>& m, int64_t k) {
+  const auto it = m.find(k);
+  return it == m.end() ? V(0) : it->second;
+}
+
+// "" when equal, else the first step whose all-reduce count differs.
+std::string reduces_differ(const std::map<int64_t, int64_t>& trace,
+                           const std::map<int64_t, int64_t>& pred) {
+  for (int64_t t : keys_of(trace, pred)) {
+    const int64_t a = at_or_0(trace, t), b = at_or_0(pred, t);
+    if (a != b)
+      return fmt::format("step {}: {} gradient all-reduces, predicted {}", t, a,
+                         b);
+  }
+  return "";
+}
 
 // The clip symbols' values of a predicted run: the factor the trainer's
 // k-th clip_grad_norm_ call at the same parameter version applied (1 where
@@ -134,13 +209,14 @@ struct Prediction {
 std::vector<double> clip_symbols(const contract::CoefficientEngine& e,
                                  const ContractSection& c) {
   std::vector<double> sym;
-  std::map<int64_t, int64_t> seen;  // version -> calls so far
+  // (rank, version) -> calls so far
+  std::map<std::pair<int64_t, int64_t>, int64_t> seen;
   for (const auto& clip : e.clips()) {
-    const int64_t k = seen[clip.version]++;
+    const int64_t k = seen[{clip.rank, clip.version}]++;
     double v = 1.0;
     int64_t at = 0;
     for (const auto& tc : c.clips)
-      if (tc.version == clip.version && at++ == k) {
+      if (tc.rank == clip.rank && tc.version == clip.version && at++ == k) {
         v = tc.factor;
         break;
       }
@@ -160,10 +236,13 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
     return n;
   });
   Trainer<contract::CoefficientEngine> t(e, s, b, 1.0,
-                                         TrainerOptions{false, false, -1});
-  t.run(cp.plan, "prediction");
+                                         TrainerOptions{false, true, -1});
+  const Run<double> run = t.run(cp.plan, "prediction");
   const std::vector<double> sym = clip_symbols(e, c);
   Prediction p;
+  p.reduces = all_reduces(run.events);
+  p.P.resize(size_t(cp.plan.ranks));
+  p.version.resize(size_t(cp.plan.ranks));
   for (const auto& st : e.steps()) {
     Weights w;
     std::map<int64_t, int64_t> v;
@@ -174,8 +253,8 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
       w[m] += coef.value(sym);
       v[m] = mg.version;
     }
-    p.P.push_back(std::move(w));
-    p.version.push_back(std::move(v));
+    p.P[size_t(st.rank)].push_back(std::move(w));
+    p.version[size_t(st.rank)].push_back(std::move(v));
   }
   return p;
 }
@@ -189,42 +268,46 @@ struct Distance {
 Distance distance(const Measured& m, const Prediction& p,
                   const ContractSection& c) {
   Distance out;
-  if (p.P.size() != m.W.size()) {
-    out.d = kInf;
-    out.why = fmt::format("takes {} optimizer steps, the trace {}", p.P.size(),
-                          m.W.size());
-    return out;
-  }
+  const size_t R = m.W.size();
+  auto who = [&](size_t r) {
+    return R > 1 ? fmt::format("rank {} ", r) : std::string();
+  };
+  for (size_t r = 0; r < R; ++r)
+    if (p.P[r].size() != m.W[r].size()) {
+      out.d = kInf;
+      out.why = fmt::format("{}takes {} optimizer steps, the trace {}", who(r),
+                            p.P[r].size(), m.W[r].size());
+      return out;
+    }
   const double u = error_model::kUnitRoundoff32;
-  for (size_t t = 0; t < p.P.size(); ++t) {
-    double top = 0;
-    for (const auto& [j, w] : p.P[t]) top = std::max(top, std::abs(w));
-    std::set<int64_t> keys;
-    for (const auto& [j, w] : p.P[t]) keys.insert(j);
-    for (const auto& [j, w] : m.W[t]) keys.insert(j);
-    for (int64_t j : keys) {
-      const double P = p.P[t].count(j) ? p.P[t].at(j) : 0.0;
-      const double W = m.W[t].count(j) ? m.W[t].at(j) : 0.0;
-      const double U = std::max(m.U[t].count(j) ? m.U[t].at(j) : 0.0, u * top);
-      double r = U > 0 ? std::abs(W - P) / U : (W == P ? 0 : kInf);
-      std::string why;
-      if (P != 0 && j < int64_t(c.micro.size()) &&
-          p.version[t].at(j) != c.micro[size_t(j)].version) {
-        r = kInf;
-        why = fmt::format(
-            "takes g of micro-batch {} at parameter version {}, the trace at "
-            "{}",
-            j, p.version[t].at(j), c.micro[size_t(j)].version);
-      }
-      if (r > out.d) {
-        out = {r, int64_t(t), j, why};
-        if (why.empty())
-          out.why = fmt::format(
-              "step {} micro-batch {}: weight {:.9g}, predicted {:.9g}", t, j,
-              W, P);
+  for (size_t r = 0; r < R; ++r)
+    for (size_t t = 0; t < p.P[r].size(); ++t) {
+      const Weights& P_t = p.P[r][t];
+      const Weights& W_t = m.W[r][t];
+      double top = 0;
+      for (const auto& [j, w] : P_t) top = std::max(top, std::abs(w));
+      for (int64_t j : keys_of(P_t, W_t)) {
+        const double P = at_or_0(P_t, j), W = at_or_0(W_t, j);
+        const double U = std::max(at_or_0(m.U[r][t], j), u * top);
+        double rr = U > 0 ? std::abs(W - P) / U : (W == P ? 0 : kInf);
+        std::string why;
+        if (P != 0 && j < int64_t(c.micro.size()) &&
+            p.version[r][t].at(j) != c.micro[size_t(j)].version) {
+          rr = kInf;
+          why = fmt::format(
+              "{}takes g of micro-batch {} at parameter version {}, the trace "
+              "at {}",
+              who(r), j, p.version[r][t].at(j), c.micro[size_t(j)].version);
+        }
+        if (rr > out.d) {
+          out = {rr, int64_t(t), j, why};
+          if (why.empty())
+            out.why = fmt::format(
+                "{}step {} micro-batch {}: weight {:.9g}, predicted {:.9g}",
+                who(r), t, j, W, P);
+        }
       }
     }
-  }
   return out;
 }
 
@@ -304,17 +387,18 @@ CertifyCheck clip_check(const ContractSection& c, const Scenario& s,
         c.clips.size(), c.clips.front().max_norm, lo, hi);
     return ck;
   }
-  std::map<int64_t, int64_t> per;
-  for (const auto& cl : c.clips) ++per[cl.version];
-  for (size_t t = 0; t < c.steps.size() && ck.ok; ++t)
-    if (per[int64_t(t)] != 1) {
-      ck.ok = false;
-      ck.message = fmt::format(
-          "step {}: {} clip_grad_norm_ calls, the accepted loop clips once "
-          "before each "
-          "optimizer step",
-          t, per[int64_t(t)]);
-    }
+  std::map<std::pair<int64_t, int64_t>, int64_t> per;  // (rank, version)
+  for (const auto& cl : c.clips) ++per[{cl.rank, cl.version}];
+  for (int64_t r = 0; r < c.ranks() && ck.ok; ++r)
+    for (size_t t = 0; t < c.steps[size_t(r)].size() && ck.ok; ++t)
+      if (per[{r, int64_t(t)}] != 1) {
+        ck.ok = false;
+        ck.message = fmt::format(
+            "{}step {}: {} clip_grad_norm_ calls, the accepted loop clips "
+            "once before each optimizer step",
+            c.ranks() > 1 ? fmt::format("rank {} ", r) : std::string(), t,
+            per[{r, int64_t(t)}]);
+      }
   for (size_t m = 0; m < c.clips.size() && ck.ok; ++m) {
     const ContractClip& cl = c.clips[m];
     const double want = std::min(1.0, s.clip.max_norm / (cl.norm + 1e-6));
@@ -385,7 +469,9 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   r.engine = tr.meta_value("engine");
   r.precision = tr.meta_value("precision");
   r.accepted = "correct";
-  r.trace_steps = int64_t(c.steps.size());
+  r.trace_steps = int64_t(c.steps[0].size());
+  const std::string ranks_said =
+      c.ranks() > 1 ? fmt::format(" on each of {} ranks", c.ranks()) : "";
 
   const double u = error_model::kUnitRoundoff32;
   const double fit_cal = error_model::tolerance("contract_fit_calibration");
@@ -434,23 +520,24 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   r.checks.push_back(fit);
 
   // 2. Each step's consumed gradient as a combination of what .grad held.
-  std::vector<double> step_bound;
+  // With R ranks the b run over every rank's backward passes (DDP's
+  // all-reduce brings them), each rank's step fitted on its own.
+  std::vector<std::vector<double>> step_bound(size_t(c.ranks()));
   CertifyCheck sfit{"step fit", true, false, ""};
   double worst_step = 0;
-  for (size_t t = 0; t < c.steps.size(); ++t) {
-    const auto& st = c.steps[t];
-    const double bound = (double(st.terms) + sum_ulps) * u * st.scale;
-    step_bound.push_back(bound);
-    const double ratio =
-        bound > 0 ? st.residual / bound : (st.residual == 0 ? 0 : kInf);
-    worst_step = std::max(worst_step, ratio);
-  }
+  for (int64_t q = 0; q < c.ranks(); ++q)
+    for (const auto& st : c.steps[size_t(q)]) {
+      const double bound = (double(st.terms) + sum_ulps) * u * st.scale;
+      step_bound[size_t(q)].push_back(bound);
+      const double ratio =
+          bound > 0 ? st.residual / bound : (st.residual == 0 ? 0 : kInf);
+      worst_step = std::max(worst_step, ratio);
+    }
   sfit.ok = worst_step <= 1;
   sfit.message = fmt::format(
-      "{} optimizer steps, each consumed gradient = beta*G_prev + sum a_b c_b: "
-      "worst "
-      "residual {} of its bound",
-      c.steps.size(), fmt_ratio(worst_step));
+      "{} optimizer steps{}, each consumed gradient = beta*G_prev + sum a_b "
+      "c_b: worst residual {} of its bound",
+      c.steps[0].size(), ranks_said, fmt_ratio(worst_step));
   if (!sfit.ok)
     sfit.message +=
         ": a step's gradient is not made of the backward passes since "
@@ -460,9 +547,10 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // 3. The optimizer update, replayed in float64.
   CertifyCheck rep{"optimizer replay", true, false, ""};
   double worst_rep = 0;
-  for (const auto& st : c.steps)
-    worst_rep = std::max(
-        worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
+  for (const auto& steps : c.steps)
+    for (const auto& st : steps)
+      worst_rep = std::max(
+          worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
   rep.ok = worst_rep <= 1;
   rep.message = fmt::format(
       "PyTorch's optimizer class replayed from the recorded parameters, state "
@@ -481,7 +569,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
 
   // 4. Which g_j with which weights: against every semantics.
   const Measured meas = compose(c, eps, step_bound);
-  const ContractPlan cp = contract_plan(c, K);
+  const ContractPlan cp = contract_plan(c, K, trace_dir + "/contract.csv");
   s.batching.accumulation = K;
   s.batching.micro_batch = cp.micro_batch;
   s.batching.epochs = int64_t(cp.plan.epochs.size());
@@ -491,6 +579,17 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   std::vector<Prediction> preds;
   std::vector<Distance> dists;
   std::vector<std::vector<double>> lrs;
+  // DDP's gradient all-reduces per step (the recorder saw them: a
+  // DistributedDataParallel module), against each semantics' own.
+  const bool reduces_seen =
+      c.ranks() > 1 && tr.meta_value("all_reduces") == "seen";
+  std::map<int64_t, int64_t> trace_reduces;
+  if (reduces_seen && !tr.runs.empty()) {
+    std::vector<Event> evs;
+    for (const auto& te : tr.runs.front().events) evs.push_back(te.event);
+    trace_reduces = all_reduces(evs);
+  }
+  std::string reduce_correct;  // "" or how correct's count differs
   LrChannel lr_correct;
   Distance correct_weights;  // correct's weight distance, whatever its lr
   const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok;
@@ -505,20 +604,28 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     LrChannel lr;
     if (!tr.runs.empty())
       lr = check_lr(s, cp.plan, tr.runs.front(), behavior_of(sem));
+    const std::string reduce_why =
+        reduces_seen ? reduces_differ(trace_reduces, p.reduces) : "";
     if (preds.empty()) {
       lr_correct = lr;
       correct_weights = d;
+      reduce_correct = reduce_why;
     }
     if (!lr.ok) {
       d.d = kInf;
       d.why = lr.message;
+    }
+    if (!reduce_why.empty()) {
+      d.d = kInf;
+      d.why = reduce_why;
     }
     // Semantics with the same prediction (e.g. scheduler pitfalls: the
     // contract tier sees weights, not the lr) are one candidate.
     bool merged = false;
     for (size_t k = 0; k < preds.size(); ++k)
       if (preds[k].P == p.P && preds[k].version == p.version &&
-          lrs[k] == lr.accepted_lr) {
+          lrs[k] == lr.accepted_lr &&
+          (!reduces_seen || preds[k].reduces == p.reduces)) {
         r.ranking[k].aliases.push_back(semantics_name(sem));
         merged = true;
         break;
@@ -527,7 +634,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     CertifyCandidate cand;
     cand.name = semantics_name(sem);
     cand.pitfalls = sem;
-    cand.steps = int64_t(p.P.size());
+    cand.steps = int64_t(p.P[0].size());
     cand.distance = d.d;
     cand.tracked = true;
     cand.first_out = d.step;
@@ -547,6 +654,18 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                   fmt_ratio(correct_weights.d),
                   structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
+  if (reduces_seen) {
+    int64_t n = 0;
+    for (const auto& [t, k] : trace_reduces) n += k;
+    r.checks.push_back(
+        {"all-reduce", reduce_correct.empty(), false,
+         reduce_correct.empty()
+             ? fmt::format("{} gradient all-reduces, one per step at the "
+                           "window's last micro-step (no_sync before it)",
+                           n)
+             : reduce_correct + " (correct: one per step, at the window's "
+                                "last micro-step)"});
+  }
   if (lr_correct.checked) {
     std::string msg = lr_correct.message;
     if (msg.rfind("lr: ", 0) == 0) msg = msg.substr(4);
@@ -554,17 +673,17 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     if (!lr_correct.ok) lc.message += ": " + lr_correct.evidence;
     r.checks.push_back(lc);
   }
-  r.pass =
-      fit.ok && sfit.ok && rep.ok && clip_ok && structure_ok && lr_correct.ok;
+  r.pass = fit.ok && sfit.ok && rep.ok && clip_ok && structure_ok &&
+           lr_correct.ok && reduce_correct.empty();
   std::stable_sort(
       r.ranking.begin(), r.ranking.end(),
       [](const auto& a, const auto& b) { return a.distance < b.distance; });
   if (r.pass) {
     r.verdict = fmt::format(
-        "PASS (contract tier): {} steps; every step holds the micro-batch "
+        "PASS (contract tier): {} steps{}; every step holds the micro-batch "
         "gradients "
         "correct accumulation predicts (max {} of the uncertainty){}",
-        c.steps.size(), fmt_ratio(correct.distance),
+        c.steps[0].size(), ranks_said, fmt_ratio(correct.distance),
         lr_correct.checked ? "; lr as declared" : "");
     r.ranking.clear();
   } else {
@@ -598,7 +717,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
             fmt_ratio(correct_weights.d));
       else
         for (const auto& line :
-             contract_evidence(c, meas.W, preds.front().P, K))
+             contract_evidence(c, meas.W[0], preds.front().P[0], K))
           r.diagnosis += "evidence: " + line + "\n";
       if (!lr_correct.ok)
         r.diagnosis += "evidence: " + lr_correct.evidence + "\n";

@@ -295,7 +295,14 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //   clip     index m (call order), ref = version (optimizer steps before
 //            it), value = the factor clip_grad_norm_ applied, residual = the
 //            float64 norm of the gradient it saw, scale = its max_norm
+// A DDP trace (accumcheck_torch.ContractDistributedRecorder, its ranks'
+// parts merged) has an 11th column, rank: the rank that drew a micro-batch,
+// whose loader an epoch row describes, that called clip_grad_norm_, whose
+// optimizer step a step/coef/replay row is (step and epoch indices count
+// per rank; micro, backward and clip indices over the whole trace, so a
+// coef row's backward may be another rank's: DDP's all-reduce brings it).
 struct ContractMicro {
+  int64_t rank = 0;
   int64_t epoch = 0, version = 0, items = 0, samples = 0;
   double calibration = kNaN;
 };
@@ -314,6 +321,7 @@ struct ContractStep {
   std::vector<Coef> coefs;
 };
 struct ContractClip {
+  int64_t rank = 0;
   int64_t version = 0;
   double factor = kNaN, norm = kNaN, max_norm = kNaN;
 };
@@ -323,9 +331,11 @@ struct ContractEpoch {
 struct ContractSection {
   std::vector<ContractMicro> micro;
   std::vector<ContractBackward> backward;
-  std::vector<ContractStep> steps;
-  std::vector<ContractEpoch> epochs;
+  // [rank][t]: each rank's optimizer steps, and its loader's epochs.
+  std::vector<std::vector<ContractStep>> steps{{}};
+  std::vector<std::vector<ContractEpoch>> epochs{{}};
   std::vector<ContractClip> clips;
+  int64_t ranks() const { return int64_t(steps.size()); }
 };
 
 // Reads `dir`/contract.csv (InputError naming the file and line on

@@ -40,19 +40,26 @@ ContractSection read_contract(const std::string& dir) {
                      "has contract.csv beside meta.csv)");
   constexpr std::string_view kHeader =
       "kind,index,ref,epoch,version,items,samples,value,residual,scale";
+  constexpr std::string_view kRanked =
+      "kind,index,ref,epoch,version,items,samples,value,residual,scale,rank";
   std::string line;
   int64_t ln = 1;
-  if (!std::getline(in, line) || line != kHeader)
-    throw InputError(path, 1, 1, "",
-                     fmt::format("expected the header '{}'", kHeader));
+  if (!std::getline(in, line) || (line != kHeader && line != kRanked))
+    throw InputError(
+        path, 1, 1, "",
+        fmt::format("expected the header '{}' (or with ',rank')", kHeader));
+  const size_t fields = line == kRanked ? 11 : 10;
+  // The ranks' own counts (step and epoch indices are per rank).
+  constexpr int64_t kMaxRanks = 1 << 16;
   ContractSection c;
   while (std::getline(in, line)) {
     ++ln;
     if (line.empty()) continue;
     const auto f = split_commas(line);
-    if (f.size() != 10)
-      throw InputError(path, ln, 1, "",
-                       fmt::format("expected 10 fields, got {}", f.size()));
+    if (f.size() != fields)
+      throw InputError(
+          path, ln, 1, "",
+          fmt::format("expected {} fields, got {}", fields, f.size()));
     auto integer = [&](size_t i, bool required) -> int64_t {
       if (f[i].empty()) {
         if (required)
@@ -79,6 +86,16 @@ ContractSection read_contract(const std::string& dir) {
     };
     const std::string_view kind = f[0];
     const int64_t index = integer(1, true);
+    const int64_t rank = fields == 11 ? integer(10, true) : 0;
+    if (rank < 0 || rank >= kMaxRanks)
+      throw InputError(
+          path, ln, 1, "rank",
+          fmt::format("expected 0 <= rank < {}, got {}", kMaxRanks, rank));
+    if (rank >= c.ranks()) {
+      c.steps.resize(size_t(rank) + 1);
+      c.epochs.resize(size_t(rank) + 1);
+    }
+    auto& steps = c.steps[size_t(rank)];
     auto expect_index = [&](size_t next) {
       if (index != int64_t(next))
         throw InputError(
@@ -88,8 +105,8 @@ ContractSection read_contract(const std::string& dir) {
     };
     if (kind == "micro") {
       expect_index(c.micro.size());
-      c.micro.push_back({integer(3, true), integer(4, true), integer(5, true),
-                         integer(6, true), number(9)});
+      c.micro.push_back({rank, integer(3, true), integer(4, true),
+                         integer(5, true), integer(6, true), number(9)});
     } else if (kind == "backward") {
       expect_index(c.backward.size());
       const int64_t j = integer(2, true);
@@ -98,24 +115,25 @@ ContractSection read_contract(const std::string& dir) {
                          fmt::format("unknown micro-batch {}", j));
       c.backward.push_back({j, integer(4, true), number(7), number(8)});
     } else if (kind == "epoch") {
-      expect_index(c.epochs.size());
-      c.epochs.push_back({integer(5, true), integer(6, true)});
+      expect_index(c.epochs[size_t(rank)].size());
+      c.epochs[size_t(rank)].push_back({integer(5, true), integer(6, true)});
     } else if (kind == "step") {
-      expect_index(c.steps.size());
+      expect_index(steps.size());
       ContractStep st;
       st.terms = integer(2, true);
       st.lr = number(7);
       st.residual = number(8);
       st.scale = number(9);
-      c.steps.push_back(st);
+      steps.push_back(st);
     } else if (kind == "clip") {
       expect_index(c.clips.size());
-      c.clips.push_back({integer(2, true), number(7), number(8), number(9)});
+      c.clips.push_back(
+          {rank, integer(2, true), number(7), number(8), number(9)});
     } else if (kind == "coef" || kind == "replay") {
-      if (index < 0 || index >= int64_t(c.steps.size()))
+      if (index < 0 || index >= int64_t(steps.size()))
         throw InputError(path, ln, 1, "index",
                          fmt::format("unknown step {}", index));
-      ContractStep& st = c.steps[size_t(index)];
+      ContractStep& st = steps[size_t(index)];
       if (kind == "coef") {
         const int64_t b = integer(2, true);
         if (b < -1 || b >= int64_t(c.backward.size()))

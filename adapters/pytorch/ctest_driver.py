@@ -27,6 +27,21 @@ import sys
 import time
 
 
+def trainer_argv(train, ranks, launcher):
+    """The Python arguments that run the trainer script `train` (its
+    path and arguments) with `ranks` ranks: under torchrun, or with the
+    script's own --spawn R (torch.multiprocessing.spawn)."""
+    if ranks > 1 and launcher == "torchrun":
+        # --redirects/--tee 9:1: Debian's torch 1.13 torchrun fails on
+        # Python 3.11 with its default "0"; a map naming no local rank is
+        # the same setting.
+        return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(ranks), "--redirects", "9:1", "--tee", "9:1"] + train
+    if ranks > 1:
+        return train + ["--spawn", str(ranks)]
+    return train
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--accumcheck", required=True)
@@ -54,15 +69,8 @@ def main():
     trace = os.path.join(args.work, "trace")
     subprocess.run([args.accumcheck, "export", args.scenario, "--out", bundle, "--quiet"],
                    check=True)
-    train = [args.example, "--bundle", bundle, "--out", trace] + args.example_arg
-    if args.ranks > 1 and args.launcher == "torchrun":
-        # --redirects/--tee 9:1: Debian's torch 1.13 torchrun fails on
-        # Python 3.11 with its default "0"; a map naming no local rank is
-        # the same setting.
-        train = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                 str(args.ranks), "--redirects", "9:1", "--tee", "9:1"] + train
-    elif args.ranks > 1:
-        train += ["--spawn", str(args.ranks)]
+    train = trainer_argv([args.example, "--bundle", bundle, "--out", trace] + args.example_arg,
+                         args.ranks, args.launcher)
     t0 = time.monotonic()
     subprocess.run([sys.executable] + train, check=True)
     print("driver: trainer ran in %.1f s%s" % (

@@ -419,12 +419,19 @@ class ContractRecorder:
                 rec[3] = (w, resid)
         torch.set_rng_state(keep)
 
+    def _step_terms(self):
+        """The vectors a step's consumed gradient is fitted over, as rows
+        of one matrix, and their refs for the coef rows: the previous
+        step's gradient (-1) and the backward passes since it."""
+        first = 0 if self.has_prev else 1
+        refs = ([-1] if self.has_prev else []) + list(self.since_step)
+        return self.buf.m[first:1 + len(self.since_step)], refs
+
     def _before_step(self):
         self._recompute_pending()
         grads = [p.grad for p in self.params]
         G = self.buf.fill(self.vec[0], grads)
-        first = 0 if self.has_prev else 1
-        refs = ([-1] if self.has_prev else []) + list(self.since_step)
+        A, refs = self._step_terms()
         t = self.steps
         lr = float(self.optimizer.param_groups[0]["lr"])
         if refs:
@@ -433,7 +440,6 @@ class ContractRecorder:
             # matrix far from singular unless two terms are equal).  A is a
             # view of the rows, the products run at BLAS speed, and the one
             # n-long temporary is a preallocated vector.
-            A = self.buf.m[first:1 + len(self.since_step)]
             norms = A.norm(dim=1).clamp_min(1e-300)
             gram = (A @ A.t()) / torch.outer(norms, norms)
             sol = torch.linalg.pinv(gram, hermitian=True) @ ((A @ G) / norms) / norms
@@ -446,7 +452,7 @@ class ContractRecorder:
             coef, resid, scale, vnorms = [], float(G.norm()), 0.0, []
         self.rows.append("step,%d,%d,,,,,%s,%s,%s\n" % (t, len(refs), real(lr), real(resid), real(scale)))
         for ref, a, v in zip(refs, coef, vnorms):
-            self.rows.append("coef,%d,%d,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
+            self.rows.append("coef,%d,%s,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
         self.buf.row(0).copy_(G)
         self.has_prev = True
         self.events.append(("optimizer_step", t, -1, lr))
@@ -583,6 +589,9 @@ class ContractRecorder:
                 epoch = self.micro[micro][0]
             events.append("%s,%d,%d,%d,%s,0,0,,%s,,\n" % (self.run, epoch, step, micro, kind,
                                                          "" if lr is None else real(lr)))
+        self._write(meta, events, rows)
+
+    def _write(self, meta, events, rows):
         write_trace(self.out, meta, events, [], extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})
 
     def __enter__(self):

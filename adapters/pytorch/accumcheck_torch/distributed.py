@@ -32,6 +32,18 @@ all-reduce once as the collective (rank -1), rank 0's gradient and every
 rank's parameters.  `accumcheck certify` then judges rank 0's values,
 checks that every rank holds rank 0's parameters after each step and
 counts the all-reduces in the call pattern.
+
+The contract tier (any nn.Module, no bundle) has its own rank recorder,
+ContractDistributedRecorder: each rank measures what ContractRecorder
+measures on its own shard (its micro-batches' g_j recomputed, each
+backward's local gradient fitted as w_b g_j), and at each optimizer step
+the ranks all-gather their backward passes since the previous step, so
+each rank fits the gradient its optimizer consumes (DDP's average at the
+synchronising micro-step, the local sum under no_sync) over EVERY rank's
+backward passes; close() merges the parts on rank 0 into one contract
+trace with the rank column (merge_contract_parts; events through
+merge_parts).  `accumcheck certify --contract` then judges each rank's
+fitted weights against the coefficient engine run with R ranks.
 """
 
 import itertools
@@ -40,8 +52,23 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from .contract import CONTRACT_HEADER, ContractRecorder
 from .recorder import Recorder
 from .trace import Refused, write_trace
+
+
+def _process_group():
+    """(rank, world size) of the initialised default process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise Refused("no torch.distributed process group "
+                      "(call torch.distributed.init_process_group first)")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _will_sync(module):
+    """DDP prepares the reducer (the coming backward all-reduces) when
+    gradients are enabled and no_sync() is not active."""
+    return torch.is_grad_enabled() and module.require_backward_grad_sync
 
 
 class DistributedRecorder(Recorder):
@@ -56,10 +83,7 @@ class DistributedRecorder(Recorder):
 
     def __init__(self, bundle, model, optimizer, scheduler=None, out="trace",
                  run="trainer", names=None, quiet=None):
-        if not (dist.is_available() and dist.is_initialized()):
-            raise Refused("DistributedRecorder: no torch.distributed process group "
-                          "(call torch.distributed.init_process_group first)")
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world = _process_group()
         if self.world != bundle.ranks:
             raise Refused("the process group has %d ranks, the scenario %s has ranks = %d"
                           % (self.world, bundle.scenario, bundle.ranks))
@@ -113,9 +137,7 @@ class DistributedRecorder(Recorder):
         super()._check_unseen_change(consumed, may_be_clip)
 
     def _ddp_forward(self, module, inputs):
-        # DDP prepares the reducer (the backward will all-reduce) when
-        # gradients are enabled and no_sync() is not active.
-        if torch.is_grad_enabled() and module.require_backward_grad_sync:
+        if _will_sync(module):
             self.sync_pending = True
 
     def _covered(self):
@@ -237,6 +259,126 @@ def merge_parts(parts):
     if unseen:
         meta.append(("unseen", " | ".join(unseen)))
     return meta, out_events, out_values
+
+
+class ContractDistributedRecorder(ContractRecorder):
+    """The contract tier's recorder for one rank of a torch.distributed
+    trainer (gloo, CPU): ContractRecorder's arguments, with `model` the
+    DistributedDataParallel module (the plain module of a trainer that
+    synchronises by hand: its all-reduces are then unseen, its gradients
+    still judged).  quiet defaults to True on every rank but 0.  Every
+    rank must call optimizer.step() as often as the others (the step's fit
+    gathers every rank's backward passes: a collective), and close().
+
+    The epoch rows say this rank's shard: len(loader.sampler) samples (a
+    DistributedSampler's share, padding included) where the loader has a
+    sampler, else its dataset's size."""
+
+    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
+                 quiet=None, **kw):
+        self.rank, self.world = _process_group()
+        self.ddp = model if isinstance(model, DistributedDataParallel) else None
+        self.sync_pending = False
+        super().__init__(self.ddp.module if self.ddp is not None else model, optimizer,
+                         loss_fn, count_fn, accumulation, out=out,
+                         quiet=(self.rank != 0) if quiet is None else quiet, **kw)
+        if self.ddp is not None:
+            self._hooks.append(self.ddp.register_forward_pre_hook(self._ddp_forward))
+
+    def _ddp_forward(self, module, inputs):
+        if _will_sync(module):
+            self.sync_pending = True
+
+    def _new_epoch(self, loader):
+        super()._new_epoch(loader)
+        sampler = getattr(loader, "sampler", None)
+        try:
+            self.epochs[-1][0] = len(sampler)
+        except TypeError:
+            pass
+
+    def _end_backward(self):
+        super()._end_backward()
+        if self.sync_pending:
+            self.sync_pending = False
+            self.events.append(("all_reduce", self.steps, self.current, None))
+
+    def _step_terms(self):
+        """The previous step's gradient (this rank's) and every rank's
+        backward passes since the previous step, all-gathered: refs
+        'q:b' (rank q's backward b), renumbered by the merge."""
+        mine = (list(self.since_step), self.buf.m[1:1 + len(self.since_step)].clone())
+        every = [None] * self.world
+        dist.all_gather_object(every, mine)
+        rows, refs = [], []
+        if self.has_prev:
+            rows.append(self.buf.m[0:1])
+            refs.append(-1)
+        for q, (backs, m) in enumerate(every):
+            rows.append(m)
+            refs += ["%d:%d" % (q, b) for b in backs]
+        return torch.cat(rows) if rows else self.buf.m[0:0], refs
+
+    def _write(self, meta, events, rows):
+        if self.ddp is not None:
+            # certify counts the all-reduces per step only where they were seen.
+            meta = meta + [("all_reduces", "seen")]
+        part = (self.rank, meta, events, rows)
+        parts = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(part, parts, dst=0)
+        if self.rank == 0:
+            meta, events, _ = merge_parts([(r, m, e, []) for r, m, e, _ in parts])
+            text = merge_contract_parts([(r, c) for r, _, _, c in parts])
+            write_trace(self.out, meta, events, [], extra={"contract.csv": text}, ranks=True)
+        dist.barrier()  # every rank returns once the trace is written
+
+
+def merge_contract_parts(parts):
+    """Every rank's (rank, contract.csv rows) -> one contract.csv with the
+    rank column: micro-batch, backward and clip indices renumbered over
+    the ranks (rank 0's first), a coef row's 'q:b' made rank q's
+    backward b's index; step and epoch indices stay per rank."""
+    parts = sorted(parts, key=lambda p: p[0])
+    offsets, at = {}, [0, 0, 0]  # micro, backward, clip
+    for rank, rows in parts:
+        offsets[rank] = list(at)
+        for row in rows:
+            kind = row.split(",", 1)[0]
+            if kind in ("micro", "backward", "clip"):
+                at[("micro", "backward", "clip").index(kind)] += 1
+    out = []
+    for rank, rows in parts:
+        om, ob, oc = offsets[rank]
+        for row in rows:
+            f = row.rstrip("\n").split(",")
+            if f[0] == "micro":
+                f[1] = str(int(f[1]) + om)
+            elif f[0] == "backward":
+                f[1], f[2] = str(int(f[1]) + ob), str(int(f[2]) + om)
+            elif f[0] == "clip":
+                f[1] = str(int(f[1]) + oc)
+            elif f[0] == "coef" and ":" in f[2]:
+                q, b = f[2].split(":")
+                f[2] = str(offsets[int(q)][1] + int(b))
+            out.append(",".join(f) + ",%d\n" % rank)
+    # Every rank's micro-batches and backward passes before any step's
+    # rows: a coef row may name another rank's backward.
+    first = [r for r in out if r.startswith(("micro,", "backward,"))]
+    return CONTRACT_HEADER + ",rank\n" + "".join(first + [r for r in out if r not in first])
+
+
+def run_ranks(main, args, spawn=None):
+    """main(rank, ranks, args) in this process under torchrun (its
+    environment: init_process_group("gloo")), or, with spawn = R, in R
+    processes started here (launch)."""
+    if spawn:
+        launch(main, spawn, args)
+        return
+    dist.init_process_group("gloo")
+    try:
+        main(dist.get_rank(), dist.get_world_size(), args)
+    finally:
+        dist.destroy_process_group()
 
 
 def launch(main, ranks, *args):

@@ -2,14 +2,21 @@
 ContractRecorder, then `accumcheck certify --contract`; passes when the
 exit code is the expected one and the output holds the expected texts.
 
-    ctest_contract.py ACCUMCHECK OUTDIR CODE [--text T]... [--meta KEY=VALUE]... -- TRAIN ARGS...
+    ctest_contract.py ACCUMCHECK OUTDIR CODE [--text T]... [--meta KEY=VALUE]... [--contract-sub OLD=NEW]...
+        [--trainer FILE] [--ranks R --launcher torchrun|spawn] -- TRAIN ARGS...
 
 --meta sets a meta.csv key of the recorded trace before certify reads it
-(bad input: certify must exit 2 naming the key)."""
+(bad input: certify must exit 2 naming the key); --contract-sub OLD=NEW
+replaces text in its contract.csv (a trace made bad on purpose).  --trainer: the script
+beside this one to run (default train.py); --ranks R > 1 runs it with R
+ranks, under torchrun or with its own --spawn R (train_ddp.py)."""
 
 import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ctest_driver import trainer_argv  # noqa: E402
 
 
 def main():
@@ -19,13 +26,25 @@ def main():
     tool, out, code = head[0], head[1], int(head[2])
     texts = [head[i + 1] for i, a in enumerate(head) if a == "--text"]
     metas = [head[i + 1].split("=", 1) for i, a in enumerate(head) if a == "--meta"]
+    opt = {a: head[i + 1] for i, a in enumerate(head) if a in ("--trainer", "--ranks", "--launcher")}
     here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, os.path.join(here, "train.py"), "--out", out] + train,
-                       capture_output=True, text=True)
+    script = os.path.join(here, opt.get("--trainer", "train.py"))
+    argv = trainer_argv([script, "--out", out] + train, int(opt.get("--ranks", 1)),
+                        opt.get("--launcher", "spawn"))
+    r = subprocess.run([sys.executable] + argv, capture_output=True, text=True)
     sys.stdout.write(r.stdout + r.stderr)
     if r.returncode != 0:
         print("ctest_contract: the trainer failed (exit %d)" % r.returncode)
         return 1
+    for sub in [head[i + 1] for i, a in enumerate(head) if a == "--contract-sub"]:
+        old, new = sub.split("=", 1)
+        path = os.path.join(out, "contract.csv")
+        text = open(path).read()
+        if old not in text:
+            print("ctest_contract: contract.csv lacks %r" % old)
+            return 1
+        with open(path, "w") as f:
+            f.write(text.replace(old, new))
     if metas:
         path = os.path.join(out, "meta.csv")
         rows = [r.split(",", 1) for r in open(path).read().splitlines()]

@@ -52,7 +52,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from accumcheck_torch import load_bundle  # noqa: E402
-from accumcheck_torch.distributed import DistributedRecorder, launch  # noqa: E402
+from accumcheck_torch.distributed import DistributedRecorder, run_ranks  # noqa: E402
 
 LOOPS = ("correct", "no_sync_everywhere", "sync_every_micro_step", "local_mean",
          "scheduler_per_rank", "clip_local_norm", "clip_main_only")
@@ -193,14 +193,7 @@ def main():
     ap.add_argument("--spawn", type=int, metavar="R",
                     help="start R ranks with torch.multiprocessing.spawn (not torchrun)")
     args = ap.parse_args()
-    if args.spawn:
-        launch(train, args.spawn, args)
-        return
-    dist.init_process_group("gloo")  # torchrun's environment
-    try:
-        train(dist.get_rank(), dist.get_world_size(), args)
-    finally:
-        dist.destroy_process_group()
+    run_ranks(train, args, args.spawn)  # torchrun's environment, or --spawn R
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from accumcheck_torch import Refused, load_bundle
-from accumcheck_torch.distributed import DistributedRecorder, merge_parts
+from accumcheck_torch.distributed import (ContractDistributedRecorder, DistributedRecorder,
+                                          merge_contract_parts, merge_parts)
 from conftest import export
 
 import pytest
@@ -65,3 +66,30 @@ def test_merge_interleaves_ranks_and_writes_the_collective_once():
 def test_merge_says_when_ranks_saw_different_all_reduces():
     meta, _, _ = merge_parts([_rows(0, 2, 1), _rows(1, 2, 2)])
     assert "different numbers of all-reduces" in dict(meta)["unseen"]
+
+
+def test_contract_recorder_needs_a_process_group():
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(Refused):
+        ContractDistributedRecorder(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                    lambda m, b: m(b).sum(), lambda b: len(b), accumulation=2)
+
+
+def test_contract_merge_renumbers_over_the_ranks():
+    """Micro-batch, backward and clip indices run over the ranks (rank 0's
+    first); a coef row's 'q:b' becomes rank q's backward b; step and epoch
+    indices stay per rank; every row ends in its rank."""
+    part = ["micro,0,,0,0,5,2,,,\n", "micro,1,,0,0,4,2,,,\n",
+            "backward,0,0,,0,,,0.5,1e-7,\n", "backward,1,1,,0,,,0.5,1e-7,\n",
+            "epoch,0,,,,4,2,,,\n", "step,0,4,,,,,0.1,0,1\n",
+            "coef,0,0:0,,,,,0.5,,1\n", "coef,0,0:1,,,,,0.5,,1\n",
+            "coef,0,1:0,,,,,0.5,,1\n", "coef,0,1:1,,,,,0.5,,1\n",
+            "replay,0,,,,,,0,,\n", "clip,0,0,,,,,1,0.3,1\n"]
+    text = merge_contract_parts([(1, part), (0, part)])
+    rows = text.splitlines()
+    assert rows[0].endswith(",scale,rank")
+    r1 = [r for r in rows[1:] if r.endswith(",1")]
+    assert "micro,2,,0,0,5,2,,,,1" in r1 and "backward,3,3,,0,,,0.5,1e-7,,1" in r1
+    assert [r.split(",")[2] for r in r1 if r.startswith("coef")] == ["0", "1", "2", "3"]
+    assert "step,0,4,,,,,0.1,0,1,1" in r1 and "epoch,0,,,,4,2,,,,1" in r1
+    assert "clip,1,0,,,,,1,0.3,1,1" in r1
