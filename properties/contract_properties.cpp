@@ -36,7 +36,7 @@ double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
   contract::CoefficientEngine ce(
       [&](const std::vector<int64_t>& ids) { return items->items(ids); });
   Trainer<contract::CoefficientEngine> ct(ce, c.s, b, lr,
-                                          TrainerOptions{false, false, -1});
+                                          TrainerOptions::unrecorded());
   ct.run(c.plan, semantics_name(sem));
   RC_ASSERT(ce.steps().size() == run.steps.size());
 
