@@ -91,6 +91,10 @@ class Watched {
     return in_.items(ids);
   }
   void set_epoch(int64_t epoch) { in_.set_epoch(epoch); }
+  // The gradient buffer's format (the Trainer sets it: bf16 for
+  // low-precision-grad-buffer), passed on: without it the candidate was
+  // `correct` in certify.
+  void set_grad_buffer(GradBuffer b) { in_.set_grad_buffer(b); }
   void zero_grad() {
     if (live()) in_.zero_grad();
   }
