@@ -46,20 +46,38 @@ namespace accumcheck {
 // GradBuffer) exactly: round to nearest, ties to even, at 8 (bf16) or 11
 // (fp16) significant bits, fp16's subnormal quantum 2^-24, beyond the
 // largest finite value (bf16 (2 - 2^-7) 2^127, fp16 65504) +-inf.  For
-// plain number types (double, OracleReal); a Tracked value is returned as
-// it is (its bound models float32; the error model bounds low-precision
-// sums: error_model::lowp_sum_bound).
+// plain number types (double, OracleReal).
+//
+// A Tracked value (v, e) is rounded as an interval: the engine's value
+// before the rounding lies in [v - e, v + e] and rounding is monotone, so
+// after it the engine holds a value in [rnd(v - e), rnd(v + e)].  The
+// result is (r, max(rnd(v + e) - r, r - rnd(v - e))) with r = rnd(v):
+// rigorous, and as tight as the format allows (e = 0 wherever the whole
+// interval rounds to one value, which is nearly everywhere, as e is some
+// float32 ulps and the format's quantum 2^13 or 2^16 of them).  The
+// endpoints are taken to double outward (one double ulp beyond the
+// nearest double, which covers the conversion's rounding) and rounded by
+// the exact double branch.
 template <class T>
 T round_to_buffer(const T& x, GradBuffer b) {
   if constexpr (requires { x.e; }) {
-    return x;
+    using V = decltype(x.v);
+    if (b == GradBuffer::fp32) return x;
+    const double inf = std::numeric_limits<double>::infinity();
+    const double lo = std::nextafter(static_cast<double>(V(x.v - x.e)), -inf);
+    const double hi = std::nextafter(static_cast<double>(V(x.v + x.e)), inf);
+    const double r = round_to_buffer(static_cast<double>(x.v), b);
+    const double rl = round_to_buffer(lo, b), rh = round_to_buffer(hi, b);
+    if (!std::isfinite(rl) || !std::isfinite(rh) || !std::isfinite(r))
+      return T(V(r), V(inf));
+    return T(V(r), V(std::max(rh - r, r - rl)));
   } else {
     using std::abs, std::floor, std::frexp, std::ldexp;
     if (b == GradBuffer::fp32 || x == T(0) || x != x) return x;
     const bool bf16 = b == GradBuffer::bf16;
     const int p = bf16 ? 8 : 11, emin = bf16 ? -126 : -14;
-    const T big = bf16 ? T(std::ldexp(2.0 - std::ldexp(1.0, -7), 127))
-                       : T(65504);
+    const T big =
+        bf16 ? T(std::ldexp(2.0 - std::ldexp(1.0, -7), 127)) : T(65504);
     const T inf = T(std::numeric_limits<double>::infinity());
     if (abs(x) > T(std::numeric_limits<double>::max()))
       return x > T(0) ? inf : -inf;
@@ -146,9 +164,8 @@ class Oracle {
     for (T& g : grads_) g = T(0);
     const T r = f();
     for (size_t i = 0; i < grads_.size(); ++i)
-      grads_[i] =
-          round_to_buffer(T(sum[i] + round_to_buffer(grads_[i], buffer_)),
-                          buffer_);
+      grads_[i] = round_to_buffer(
+          T(sum[i] + round_to_buffer(grads_[i], buffer_)), buffer_);
     return r;
   }
   GradBuffer buffer_ = GradBuffer::fp32;

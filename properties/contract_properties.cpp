@@ -40,7 +40,7 @@ double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
   contract::CoefficientEngine ce(
       [&](const std::vector<int64_t>& ids) { return items->items(ids); });
   Trainer<contract::CoefficientEngine> ct(ce, c.s, b, lr,
-                                          TrainerOptions{false, false, -1});
+                                          TrainerOptions::unrecorded());
   ct.run(c.plan, semantics_name(sem));
   std::vector<contract::StepPrediction> steps;  // rank 0's
   for (const auto& st : ce.steps())

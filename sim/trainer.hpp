@@ -27,7 +27,9 @@
 // after each epoch's last window).
 // Loss scaling ([precision] loss_scale = "dynamic", PyTorch's GradScaler
 // as the docs' accumulation recipe uses it): every backward's loss weight
-// is multiplied by the scale S = 2^e (exact); the window's step block is
+// is multiplied by the scale S = 2^e (exact; certify forces the trainer's
+// own e per backward pass: TrainerOptions::forced_scale_exp); the window's
+// step block is
 //   [clip if clip-before-unscale] unscale_ (grads *= 2^-e; found_inf if
 //   any rank holds an inf/NaN or an injected overflow) [clip]
 //   optimizer.step() unless found_inf; scaler.update() (found_inf:
@@ -109,6 +111,30 @@ struct TrainerOptions {
   // stepping (a pitfall that never steps) ends too: run_experiment() sets
   // it to max_steps, the windows of the large-batch reference.
   int64_t max_windows = -1;
+  // Teacher forcing of the loss scale (certify): the exponent e of the
+  // scale 2^e of the backward passes of micro-step b (rank 0's backward
+  // passes, 0-based over the run: every rank's pass of that micro-step) is
+  // forced_scale_exp[b], the scale the trainer's own scaler used, as the
+  // trace records it.  Non-empty turns loss scaling on whatever the
+  // scenario says; the scaler still updates (its inf/NaN decisions, its
+  // events), and each backward overrides its scale.  Beyond the last
+  // entry the scaler's own scale is used.
+  std::vector<int64_t> forced_scale_exp;
+
+  // Neither values nor events recorded (the contract tier's predictions).
+  static TrainerOptions unrecorded() {
+    TrainerOptions o;
+    o.record_values = false;
+    o.record_events = false;
+    return o;
+  }
+  // Events only (the contract tier's predictions under DDP count the
+  // all-reduces each step holds).
+  static TrainerOptions values_unrecorded() {
+    TrainerOptions o;
+    o.record_values = false;
+    return o;
+  }
 };
 
 // The trainer's lr before any schedule: the scenario's lr, scaled by K or
@@ -138,7 +164,8 @@ class Trainer {
         b_(behavior),
         base_lr_(base_lr),
         opt_(options),
-        scaling_(scenario.precision.loss_scaling),
+        scaling_(scenario.precision.loss_scaling ||
+                 !options.forced_scale_exp.empty()),
         schedule_(
             behavior.schedule_horizon_in_micro_steps
                 ? stretched(
@@ -643,6 +670,7 @@ class Trainer {
         steps_at_boundary || (b_.seed_002_loop && last_of_epoch);
 
     for (int64_t k = 0; k < Kw; ++k) {
+      const int64_t b = backward_;  // rank 0's backward pass of this micro-step
       each_rank([&](int64_t r) {
         if constexpr (requires { e_.set_epoch(epoch); }) e_.set_epoch(epoch);
         if (b_.seed_002_loop ||
@@ -652,6 +680,8 @@ class Trainer {
         if (b_.accumulator_rescaled) e_.scale_grads(Real(2));
         const auto& shard = w.micro[size_t(k)].shards[size_t(r)];
         if (!shard.empty()) {
+          if (size_t(b) < opt_.forced_scale_exp.size())
+            c_.scale_exp = opt_.forced_scale_exp[size_t(b)];
           const int64_t items = e_.items(shard);
           const double loss = static_cast<double>(
               e_.forward_backward(shard, scaled(weight(w, r, items))));

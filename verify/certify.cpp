@@ -65,11 +65,12 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                                            : cfg.autocast));
   }
   const ClipNorms clip_norms = clip_norms_of(*L.run, L.steps.size());
+  const std::vector<int64_t> scale_exps = trace_scale_exps(s, L);
   const Ctx ctx{s,           data,        init,
                 plan,        layout,      L.steps,
                 cfg.fp64,    range,       cfg.bound_arith,
                 cfg.threads, max_windows, grad_scale,
-                clip_norms};
+                clip_norms,  scale_exps};
 
   CertifyReport r;
   r.scenario = s.name;

@@ -91,6 +91,10 @@ class Watched {
     return in_.items(ids);
   }
   void set_epoch(int64_t epoch) { in_.set_epoch(epoch); }
+  // The gradient buffer's format (the Trainer sets it: bf16 for
+  // low-precision-grad-buffer), passed on: without it the candidate was
+  // `correct` in certify.
+  void set_grad_buffer(GradBuffer b) { in_.set_grad_buffer(b); }
   void zero_grad() {
     if (live()) in_.zero_grad();
   }
@@ -250,6 +254,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   opt.record_events = false;
   opt.max_steps = c.s.batching.max_steps;
   opt.max_windows = c.max_windows;
+  opt.forced_scale_exp = c.scale_exps;
   Trainer<Watched<Oracle<T>>> trainer(w, c.s, b, c.s.optimizer.lr, opt);
   w.set_rank([&trainer] { return trainer.rank(); });
   Forced r;

@@ -228,6 +228,31 @@ void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
   r.checks.push_back(c);
 }
 
+std::vector<int64_t> trace_scale_exps(const Scenario& s, const LoadedTrace& L) {
+  if (s.precision.loss_scaling) return {};
+  const StateSection st = read_state(L.trace.dir, L.run->name);
+  std::vector<int64_t> exps;
+  bool scaled = false;
+  for (const StateValue& v : st.rows) {
+    if (v.kind == "skipped") return {};
+    if (v.kind != "loss_scale") continue;
+    int e = 0;
+    const double m = std::frexp(v.value, &e);  // v = m 2^e, m in [0.5, 1)
+    if (v.index != int64_t(exps.size()) || m != 0.5 || e - 1 > 62 ||
+        e - 1 < -62)
+      return {};
+    exps.push_back(e - 1);
+    scaled = scaled || e - 1 != 0;
+  }
+  if (!scaled) return {};
+  int64_t backward = 0;
+  for (const TraceEvent& te : L.run->events)
+    if (te.event.kind == EventKind::forward_backward && te.event.rank <= 0)
+      ++backward;
+  if (backward != int64_t(exps.size())) return {};
+  return exps;
+}
+
 ClipNorms clip_norms_of(const TraceRun& run, size_t steps) {
   ClipNorms n(steps);
   for (const TraceEvent& te : run.events) {

@@ -20,11 +20,13 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   // Diagnosis: every single pitfall and pair, deduplicated by behaviour.
   // The mean-of-means pitfall of the scenario's loss: sample- for sample
   // losses, token- for token losses (the same switch, named for the
-  // loss; the scenario parser refuses the other).
-  std::vector<std::vector<Pitfall>> sems =
-      candidate_semantics({.token_loss = s.model.kind == ModelKind::token,
-                           .loss_scaling = s.precision.loss_scaling,
-                           .ema = s.ema.enabled});
+  // loss; the scenario parser refuses the other).  The loss-scale
+  // pitfalls with the scenario's loss scaling or the trainer's own
+  // (ctx.scale_exps: the trace's scales, forced on every candidate).
+  std::vector<std::vector<Pitfall>> sems = candidate_semantics(
+      {.token_loss = s.model.kind == ModelKind::token,
+       .loss_scaling = s.precision.loss_scaling || !ctx.scale_exps.empty(),
+       .ema = s.ema.enabled});
   sems.push_back(s.trainer.accepted);
   // Per candidate: every step's cheap gradient and parameter ratios.
   std::vector<std::vector<double>> fingerprints;
@@ -67,6 +69,10 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
     c.steps = f.steps;
     c.proxy = distance_of(f, ctx.trace.size()).value;
     for (const StepEval& ev : f.eval) {
+      // The forced clip norms too: where the trainer's recorded norm
+      // forces the clip, two semantics may clip to the same gradient and
+      // differ only in the norm they see (clip-before-unscale: S times).
+      fingerprints.back().push_back(ev.norm.max_ratio);
       fingerprints.back().push_back(ev.grad.max_ratio);
       fingerprints.back().push_back(ev.param.max_ratio);
     }

@@ -48,6 +48,18 @@ struct LoadedTrace {
 LoadedTrace load(const Scenario& s, const std::string& dir,
                  const CertifyConfig& cfg, const ParamLayout& layout);
 
+// The trainer's own loss scale, to force on every semantics
+// (TrainerOptions::forced_scale_exp): the exponent of each backward pass's
+// scale from state.csv's loss_scale rows, when the scenario declares no
+// loss scaling of its own ([precision] loss_scale: its Trainer's scaler is
+// the model then) and the trace shows one: a scale other than 1 at some
+// backward pass, every backward pass's scale recorded, each a power of
+// two 2^e with |e| <= 62 (the exactly representable loss weights), and no
+// window skipped for overflow (the oracle, holding no float32 overflow,
+// cannot follow one: the step count judges it, as without a scale).
+// Empty otherwise: the loss-scale pitfalls are then no candidates.
+std::vector<int64_t> trace_scale_exps(const Scenario& s, const LoadedTrace& L);
+
 // DDP: every rank's parameters after each step must equal rank 0's bit
 // for bit (all-reduced gradients and one optimizer give identical
 // updates).  Adds the check "ranks agree" to the report when the trace
@@ -98,6 +110,9 @@ struct Ctx {
   // fp16_bound_scale; 1 otherwise).  Parameters keep the float32 bound.
   double grad_scale;
   const ClipNorms& clip_norms;  // clip_norms_of(the run, trace.size())
+  // The trainer's loss scale per backward pass (trace_scale_exps; empty:
+  // the scenario's own scaling, if any).
+  const std::vector<int64_t>& scale_exps;
 };
 
 // Windows after which a forced run stops (-1: none): with max_steps, a

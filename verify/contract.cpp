@@ -236,7 +236,7 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
     return n;
   });
   Trainer<contract::CoefficientEngine> t(e, s, b, 1.0,
-                                         TrainerOptions{false, true, -1});
+                                         TrainerOptions::values_unrecorded());
   const Run<double> run = t.run(cp.plan, "prediction");
   const std::vector<double> sym = clip_symbols(e, c);
   Prediction p;

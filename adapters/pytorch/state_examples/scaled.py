@@ -15,7 +15,10 @@ overflow, double it after `growth_interval` clean steps.
               the scaler starts above float32's range, so it skips at once),
               clip_before_unscale (clip_grad_norm_ on the still-scaled
               gradient, then unscale_: seed 002's GradScaler + clipping
-              order, which clips by the scaled norm)
+              order, which clips by the scaled norm),
+              rescaled_accumulator (buf = 2*buf + g: the accumulated .grad
+              doubled before every backward of a window but its first,
+              Megatron-LM #6660)
 """
 import argparse
 import contextlib
@@ -72,7 +75,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--variant", default="correct",
                     choices=["correct", "bf16", "bf16_zero_grad_inside", "scaler_per_micro",
-                             "skip_advances_scheduler", "clip_before_unscale"])
+                             "skip_advances_scheduler", "clip_before_unscale",
+                             "rescaled_accumulator"])
     args = ap.parse_args()
 
     bundle = load_bundle(args.bundle)
@@ -98,6 +102,10 @@ def main():
             n_w = sum(len(b[1]) for b in batches[start:start + K])
             if args.variant == "bf16_zero_grad_inside":
                 optimizer.zero_grad()  # the mistake
+            if args.variant == "rescaled_accumulator" and i % K != 0:
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(2)  # the mistake: buf = 2*buf + g
             with autocast:
                 out = model(x)
             loss = F.mse_loss(out.float(), y, reduction="sum") / (bundle.d_out * n_w)
