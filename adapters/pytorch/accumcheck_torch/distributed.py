@@ -183,12 +183,18 @@ class DistributedRecorder(Recorder):
     def _write(self, meta, events, values, extra):
         # The training state (state.csv: optimizer state, BatchNorm buffers)
         # is rank 0's: DDP keeps it identical on every rank.
-        part = (self.rank, meta, events, values.rows)
-        parts = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(part, parts, dst=0)
-        if self.rank == 0:
-            write_trace(self.out, *merge_parts(parts), extra=extra, ranks=True)
-        dist.barrier()  # every rank returns once the trace is written
+        _write_on_rank0((self.rank, meta, events, values.rows), lambda parts: write_trace(
+            self.out, *merge_parts(parts), extra=extra, ranks=True))
+
+
+def _write_on_rank0(part, write):
+    """Gathers every rank's part on rank 0, which calls write(parts); every
+    rank returns once the trace is written (a collective)."""
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(part, parts, dst=0)
+    if parts is not None:
+        write(parts)
+    dist.barrier()
 
 
 def _fields(row, n):
@@ -323,14 +329,11 @@ class ContractDistributedRecorder(ContractRecorder):
         if self.ddp is not None:
             # certify counts the all-reduces per step only where they were seen.
             meta = meta + [("all_reduces", "seen")]
-        part = (self.rank, meta, events, rows)
-        parts = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(part, parts, dst=0)
-        if self.rank == 0:
-            meta, events, _ = merge_parts([(r, m, e, []) for r, m, e, _ in parts])
+        def write(parts):
+            m, e, _ = merge_parts([(r, m, e, []) for r, m, e, _ in parts])
             text = merge_contract_parts([(r, c) for r, _, _, c in parts])
-            write_trace(self.out, meta, events, [], extra={"contract.csv": text}, ranks=True)
-        dist.barrier()  # every rank returns once the trace is written
+            write_trace(self.out, m, e, [], extra={"contract.csv": text}, ranks=True)
+        _write_on_rank0((self.rank, meta, events, rows), write)
 
 
 def merge_contract_parts(parts):
@@ -364,7 +367,8 @@ def merge_contract_parts(parts):
     # Every rank's micro-batches and backward passes before any step's
     # rows: a coef row may name another rank's backward.
     first = [r for r in out if r.startswith(("micro,", "backward,"))]
-    return CONTRACT_HEADER + ",rank\n" + "".join(first + [r for r in out if r not in first])
+    rest = [r for r in out if not r.startswith(("micro,", "backward,"))]
+    return CONTRACT_HEADER + ",rank\n" + "".join(first + rest)
 
 
 def run_ranks(main, args, spawn=None):
