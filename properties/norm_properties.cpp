@@ -24,8 +24,6 @@ namespace {
 
 namespace gen = rc::gen;
 
-double tol() { return oracle_tolerance(); }
-
 // A token-model scenario: small vocabulary, variable lengths.
 Scenario token_scenario(bool equal_lengths) {
   Scenario s;
@@ -123,9 +121,10 @@ void assert_equivalent(const std::string& name, const Case& c) {
   RC_ASSERT(!acc.steps.empty());
   RC_ASSERT(acc.steps.size() == ref.steps.size());
   for (size_t t = 0; t < acc.steps.size(); ++t) {
-    assert_close(name, acc.steps[t].grad, ref.steps[t].grad, tol(), "gradient");
-    assert_close(name, acc.steps[t].param, ref.steps[t].param, tol(),
-                 "parameters");
+    assert_close(name, acc.steps[t].grad, ref.steps[t].grad, oracle_tolerance(),
+                 "gradient");
+    assert_close(name, acc.steps[t].param, ref.steps[t].param,
+                 oracle_tolerance(), "parameters");
   }
 }
 
@@ -161,7 +160,7 @@ void token_mean_of_means() {
     }
     const auto theta = theta_before(bug, t, c);
     const auto want = predicted(c, theta, bugw);
-    assert_close(name, bug.steps[t].grad, want, tol(),
+    assert_close(name, bug.steps[t].grad, want, oracle_tolerance(),
                  "gradient with token weights 1/(K*T_k)");
     // Where the oracle predicts a gap beyond the tolerance, the bug's
     // gradient leaves correct's.
@@ -181,8 +180,8 @@ void token_mean_of_means_equal_lengths() {
       c.run(c.plan, {Pitfall::token_mean_of_means}, s.optimizer.lr);
   RC_ASSERT(ok.steps.size() == bug.steps.size());
   for (size_t w = 0; w < ok.windows.size(); ++w)
-    assert_close(name, bug.windows[w].param, ok.windows[w].param, tol(),
-                 "parameters with equal token counts");
+    assert_close(name, bug.windows[w].param, ok.windows[w].param,
+                 oracle_tolerance(), "parameters with equal token counts");
   record_case(name);
 }
 
@@ -212,9 +211,9 @@ void bn_divergence() {
   const auto want_big = predicted(c, theta, whole);
   const Run<R> acc = c.run(c.plan, {}, c.s.optimizer.lr);
   RC_ASSERT(!acc.steps.empty());
-  assert_close(name, acc.steps[0].grad, want_micro, tol(),
+  assert_close(name, acc.steps[0].grad, want_micro, oracle_tolerance(),
                "gradient = sum of micro-batch-statistics gradients / N");
-  RC_PRE(rel(want_micro, want_big) > 1e3 * tol());
+  RC_PRE(rel(want_micro, want_big) > 1e3 * oracle_tolerance());
   assert_differs_where_predicted(name, acc.steps[0].grad, want_micro, want_big);
   record_case(name);
 }
@@ -258,7 +257,8 @@ void bn_running_stats() {
   }
   std::vector<R> want = rm;
   want.insert(want.end(), rv.begin(), rv.end());
-  assert_close(name, got, want, tol(), "running mean and unbiased variance");
+  assert_close(name, got, want, oracle_tolerance(),
+               "running mean and unbiased variance");
   record_case(name);
 }
 

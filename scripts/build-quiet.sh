@@ -18,10 +18,24 @@ use_compiler_cache() {
   cache_args="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
 }
 
+# generator_args DIR: the CMake arguments choosing Ninja (scripts/setup.sh
+# installs ninja-build; it compiles a target's sources while the libraries
+# it links are still building, where Make waits for them), after removing
+# DIR's CMake cache when DIR was configured with another generator (a
+# build folder from before Ninja), which CMake would otherwise refuse.
+generator_args() {
+  generator_flags=""
+  command -v ninja >/dev/null || return 0
+  if [ -f "$1/CMakeCache.txt" ] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$1/CMakeCache.txt"; then
+    rm -rf "$1/CMakeCache.txt" "$1/CMakeFiles"
+  fi
+  generator_flags="-G Ninja"
+}
+
 build_quiet() {
   local status=0
   cmake --build "$1" -j"$2" 2>&1 \
-    | grep -vE '^\[ *[0-9]+%\]|^(Consolidate|Scanning|Built target)' \
+    | grep -vE '^\[ *[0-9]+%\]|^\[[0-9]+/[0-9]+\] |^(Consolidate|Scanning|Built target)' \
     || status=${PIPESTATUS[0]}
   if [ "$status" -ne 0 ]; then
     echo "build of $1 failed (exit $status)" >&2

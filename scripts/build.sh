@@ -7,7 +7,8 @@ bash scripts/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 source scripts/build-quiet.sh
 use_compiler_cache
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release $cache_args \
+generator_args build
+cmake -S . -B build $generator_flags -DCMAKE_BUILD_TYPE=Release $cache_args \
   ${ACCUMCHECK_CMAKE_ARGS:-} >build.configure.log 2>&1 \
   || { cat build.configure.log; exit 1; }
 grep -E '^-- accumcheck:' build.configure.log || true

@@ -47,7 +47,8 @@ use_compiler_cache
 t0=$SECONDS
 # -gline-tables-only: file:line in every sanitizer report at a fraction of
 # -g's compile time.
-cmake -S . -B build-asan -DCMAKE_CXX_COMPILER=clang++-14 \
+generator_args build-asan
+cmake -S . -B build-asan $generator_flags -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
   -DACCUMCHECK_CUDA=OFF -DACCUMCHECK_SANITIZE=ON -DACCUMCHECK_FUZZ=ON \

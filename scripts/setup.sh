@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
+  ninja-build  # scripts/build-quiet.sh: the build's generator
   ccache  # scripts/build-quiet.sh: a rebuild or a second clone compiles only what changed
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libgtest-dev libfccp-dev libtomlplusplus-dev

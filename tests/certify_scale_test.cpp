@@ -40,13 +40,13 @@ CertifyReport run(const Scenario& s, const std::string& dir, int threads,
   return certify(s, dir, cfg);
 }
 
-struct Case {
+struct ScaleCase {
   const char* name;
   std::string file;
   std::vector<Pitfall> pitfalls;
 };
 
-std::vector<Case> cases() {
+std::vector<ScaleCase> scale_cases() {
   return {
       {"sgd_momentum_correct", certify_test::kScenario, {}},
       {"sgd_momentum_zero_grad",
@@ -58,7 +58,7 @@ std::vector<Case> cases() {
 }
 
 TEST(CertifyScale, ThreadCountDoesNotChangeTheReport) {
-  for (const Case& c : cases()) {
+  for (const ScaleCase& c : scale_cases()) {
     const Scenario s = parse_scenario_file(c.file);
     const std::string dir =
         device_trace(std::string("t_") + c.name, c.pitfalls, c.file);
@@ -74,7 +74,7 @@ TEST(CertifyScale, ThreadCountDoesNotChangeTheReport) {
 }
 
 TEST(CertifyScale, PartsMergeIntoOneCertify) {
-  for (const Case& c : cases()) {
+  for (const ScaleCase& c : scale_cases()) {
     const Scenario s = parse_scenario_file(c.file);
     const std::string dir =
         device_trace(std::string("p_") + c.name, c.pitfalls, c.file);
@@ -150,7 +150,7 @@ TEST(CertifyScale, MergeRefusesPartsThatDoNotFit) {
 }
 
 TEST(CertifyScale, DoubleDoubleGivesMpfrsVerdicts) {
-  for (const Case& c : cases()) {
+  for (const ScaleCase& c : scale_cases()) {
     const Scenario s = parse_scenario_file(c.file);
     const std::string dir =
         device_trace(std::string("a_") + c.name, c.pitfalls, c.file);

@@ -176,12 +176,12 @@ bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return true;
 }
 
-struct Case {
+struct GradientCase {
   Activation act;
   LossKind loss;
 };
 
-class DeviceGradient : public ::testing::TestWithParam<Case> {};
+class DeviceGradient : public ::testing::TestWithParam<GradientCase> {};
 
 // The device's loss, gradient and norm against the Tracked oracle's value
 // and bound (the error model), and the plain double reference above (an
@@ -229,11 +229,11 @@ TEST_P(DeviceGradient, MatchesDoubleReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllActivationsAndLosses, DeviceGradient,
-    ::testing::Values(Case{Activation::identity, LossKind::mse},
-                      Case{Activation::tanh, LossKind::mse},
-                      Case{Activation::relu, LossKind::cross_entropy},
-                      Case{Activation::gelu, LossKind::cross_entropy},
-                      Case{Activation::tanh, LossKind::cross_entropy}));
+    ::testing::Values(GradientCase{Activation::identity, LossKind::mse},
+                      GradientCase{Activation::tanh, LossKind::mse},
+                      GradientCase{Activation::relu, LossKind::cross_entropy},
+                      GradientCase{Activation::gelu, LossKind::cross_entropy},
+                      GradientCase{Activation::tanh, LossKind::cross_entropy}));
 
 // loss.backward() twice on one micro-batch: exactly twice the gradient.
 TEST(DeviceEngine, BackwardTwiceIsExactlyTwice) {

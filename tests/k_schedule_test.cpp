@@ -15,6 +15,8 @@
 namespace accumcheck {
 namespace {
 
+using testing_util::expect_scenario_error;
+
 // Line numbers below refer to this text.
 const std::string kRamp = R"(story = "ramp"
 [model]
@@ -34,19 +36,6 @@ total = "auto"
 )";
 
 using testing_util::with;
-
-void expect_error(const std::string& text, int64_t line, const std::string& key,
-                  const std::string& needle) {
-  try {
-    parse_scenario_string(text, "s.toml");
-    ADD_FAILURE() << "no error; expected " << needle;
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.line(), line) << e.what();
-    EXPECT_EQ(e.key(), key) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << e.what() << "\n  expected to contain: " << needle;
-  }
-}
 
 TEST(KSchedule, ListPerEpoch) {
   const Scenario s = parse_scenario_string(kRamp, "s.toml");
@@ -83,28 +72,31 @@ TEST(KSchedule, RampRuleIsSeed002sFormulaFromEpochOne) {
 
 TEST(KSchedule, KZeroIsRefusedNamingSeed002) {
   // Seed 002's own epoch 0: K = min(0 * 2, 8) = 0.
-  expect_error(with(kRamp, "[2, 4, 6]", "[0, 2, 4]"), 8,
-               "batching.accumulation[0]",
-               "seed 002's cold start `accumulation_steps = min(epoch * 2, "
-               "8)` gives K = 0 in epoch 0");
-  expect_error(with(kRamp, "accumulation = [2, 4, 6]",
-                    "accumulation = { start = 0, step = 2, max = 8 }"),
-               8, "batching.accumulation.start", "min(epoch * 2, 8)");
-  expect_error(with(kRamp, "accumulation = [2, 4, 6]", "accumulation = 0"), 8,
-               "batching.accumulation", "min(epoch * 2, 8)");
+  expect_scenario_error(
+      with(kRamp, "[2, 4, 6]", "[0, 2, 4]"), 8, "batching.accumulation[0]",
+      "seed 002's cold start `accumulation_steps = min(epoch * 2, "
+      "8)` gives K = 0 in epoch 0");
+  expect_scenario_error(with(kRamp, "accumulation = [2, 4, 6]",
+                             "accumulation = { start = 0, step = 2, max = 8 }"),
+                        8, "batching.accumulation.start", "min(epoch * 2, 8)");
+  expect_scenario_error(
+      with(kRamp, "accumulation = [2, 4, 6]", "accumulation = 0"), 8,
+      "batching.accumulation", "min(epoch * 2, 8)");
   // Other bad values say what was expected, without the hint.
-  expect_error(with(kRamp, "[2, 4, 6]", "[2, -1, 4]"), 8,
-               "batching.accumulation[1]", "expected an integer >= 1, got -1");
-  expect_error(with(kRamp, "[2, 4, 6]", "[2, 4]"), 8, "batching.accumulation",
-               "one K per epoch (3 entries");
-  expect_error(with(kRamp, "accumulation = [2, 4, 6]",
-                    "accumulation = { start = 2, stp = 2, max = 8 }"),
-               8, "batching.accumulation.stp", "known keys: start, step, max");
-  expect_error(with(kRamp, "[2, 4, 6]", "\"ramp\""), 8, "batching.accumulation",
-               "an array of one K per epoch");
+  expect_scenario_error(with(kRamp, "[2, 4, 6]", "[2, -1, 4]"), 8,
+                        "batching.accumulation[1]",
+                        "expected an integer >= 1, got -1");
+  expect_scenario_error(with(kRamp, "[2, 4, 6]", "[2, 4]"), 8,
+                        "batching.accumulation", "one K per epoch (3 entries");
+  expect_scenario_error(with(kRamp, "accumulation = [2, 4, 6]",
+                             "accumulation = { start = 2, stp = 2, max = 8 }"),
+                        8, "batching.accumulation.stp",
+                        "known keys: start, step, max");
+  expect_scenario_error(with(kRamp, "[2, 4, 6]", "\"ramp\""), 8,
+                        "batching.accumulation", "an array of one K per epoch");
   // The lr-scaling lesson scales by one K.
-  expect_error(kRamp + "[trainer]\nlr_scaling = \"linear\"\n", 17,
-               "trainer.lr_scaling", "changes from epoch to epoch");
+  expect_scenario_error(kRamp + "[trainer]\nlr_scaling = \"linear\"\n", 17,
+                        "trainer.lr_scaling", "changes from epoch to epoch");
 }
 
 TEST(KSchedule, AutoHorizon) {
@@ -118,10 +110,10 @@ TEST(KSchedule, AutoHorizon) {
   EXPECT_EQ(resolved_schedule(s).warmup, 3);
   EXPECT_EQ(resolved_schedule(s, true).total, 18);
   EXPECT_EQ(resolved_schedule(s, true).warmup, 5);
-  expect_error(with(kRamp, "total = \"auto\"", "total = \"all\""), 15,
-               "schedule.total", "an integer >= 1 or \"auto\"");
-  expect_error(with(kRamp, "total = \"auto\"", "total = 10"), 14,
-               "schedule.warmup_ratio", "total = \"auto\" only");
+  expect_scenario_error(with(kRamp, "total = \"auto\"", "total = \"all\""), 15,
+                        "schedule.total", "an integer >= 1 or \"auto\"");
+  expect_scenario_error(with(kRamp, "total = \"auto\"", "total = 10"), 14,
+                        "schedule.warmup_ratio", "total = \"auto\" only");
 }
 
 TEST(KSchedule, RoundTrip) {

@@ -7,9 +7,12 @@
 #include "sim/data.hpp"
 #include "sim/errors.hpp"
 #include "sim/scenario_parse.hpp"
+#include "tests/scenario_test_util.hpp"
 
 namespace accumcheck {
 namespace {
+
+using testing_util::expect_scenario_error;
 
 const std::string kBn = R"(story = "bn"
 [model]
@@ -44,22 +47,10 @@ lr = 0.1
 pitfalls = ["token-mean-of-means"]
 )";
 
-void expect_error(const std::string& text, int64_t line, const std::string& key,
-                  const std::string& needle) {
-  try {
-    parse_scenario_string(text, "s.toml");
-    ADD_FAILURE() << "no error; expected " << key;
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.line(), line) << e.what();
-    EXPECT_EQ(e.key(), key) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << e.what();
-  }
-}
-
 TEST(NormScenario, BatchNormRefusesAMicroBatchOfOne) {
   // 9 samples in micro-batches of 4 leave one of 1.
-  expect_error(kBn, 8, "batching.micro_batch", "leaves a micro-batch of 1");
+  expect_scenario_error(kBn, 8, "batching.micro_batch",
+                        "leaves a micro-batch of 1");
   std::string ok = kBn;
   ok.replace(ok.find("samples = 9"), 11, "samples = 10");
   EXPECT_EQ(parse_scenario_string(ok, "s.toml").model.norm,
@@ -69,19 +60,19 @@ TEST(NormScenario, BatchNormRefusesAMicroBatchOfOne) {
 TEST(NormScenario, PreciseErrors) {
   std::string t = kBn;
   t.replace(t.find("\"batchnorm\""), 11, "\"batchnrom\"");
-  expect_error(t, 4, "model.norm", "did you mean \"batchnorm\"");
+  expect_scenario_error(t, 4, "model.norm", "did you mean \"batchnorm\"");
   t = kToken;
   t.replace(t.find("\"token-mean-of-means\""), 21, "\"sample-mean-of-means\"");
-  expect_error(t, 18, "trainer.pitfalls[0]", "token-mean-of-means");
+  expect_scenario_error(t, 18, "trainer.pitfalls[0]", "token-mean-of-means");
   t = kToken;
   t.replace(t.find("min_len = 2"), 11, "min_len = 10");
-  expect_error(t, 10, "data.min_len", "1..9");
+  expect_scenario_error(t, 10, "data.min_len", "1..9");
   t = kBn;
   t.replace(t.find("samples = 9"), 11, "samples = 10\nlengths = \"fixed\"");
-  expect_error(t, 7, "data.lengths", "kind = \"token\" only");
+  expect_scenario_error(t, 7, "data.lengths", "kind = \"token\" only");
   t = kBn;
   t.replace(t.find("norm = \"batchnorm\""), 18, "dropout = 1.5");
-  expect_error(t, 4, "model.dropout", "[0, 1)");
+  expect_scenario_error(t, 4, "model.dropout", "[0, 1)");
 }
 
 TEST(NormScenario, RoundTrip) {
@@ -120,14 +111,14 @@ TEST(NormScenario, GroupNormGroupsDivideEveryHiddenWidth) {
   // 4 features in 4 groups: groups of one feature.
   std::string bad = t;
   bad.replace(bad.find("norm_groups = 2"), 15, "norm_groups = 4");
-  expect_error(bad, 3, "model.widths[1]", "multiple of 8");
+  expect_scenario_error(bad, 3, "model.widths[1]", "multiple of 8");
   bad = t;
   bad.replace(bad.find("\nnorm_groups = 2"), 16, "");
-  expect_error(bad, 2, "model.norm_groups", "missing required key");
+  expect_scenario_error(bad, 2, "model.norm_groups", "missing required key");
   bad = kBn;
   bad.replace(bad.find("norm = \"batchnorm\""), 18,
               "norm = \"layernorm\"\nnorm_groups = 2");
-  expect_error(bad, 5, "model.norm_groups", "groupnorm");
+  expect_scenario_error(bad, 5, "model.norm_groups", "groupnorm");
 }
 
 TEST(NormScenario, TokenDataIsKeyedBySampleAndPadded) {

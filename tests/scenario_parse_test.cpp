@@ -50,17 +50,8 @@ using testing_util::with;
 // message contains `needle`.
 void expect_error(const std::string& text, int64_t line, int64_t column,
                   const std::string& key, const std::string& needle) {
-  try {
-    parse_scenario_string(text, "dir/s.toml");
-    ADD_FAILURE() << "no error; expected " << needle;
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.file(), "dir/s.toml");
-    EXPECT_EQ(e.line(), line) << e.what();
-    EXPECT_EQ(e.column(), column) << e.what();
-    EXPECT_EQ(e.key(), key) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << e.what() << "\n  expected to contain: " << needle;
-  }
+  testing_util::expect_scenario_error(text, line, key, needle, column,
+                                      "dir/s.toml");
 }
 
 void expect_same(const Scenario& a, const Scenario& b) {

@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+
+#include "sim/errors.hpp"
+#include "sim/scenario_parse.hpp"
 
 namespace accumcheck::testing_util {
 
@@ -14,6 +18,29 @@ inline std::string with(std::string text, const std::string& from,
   EXPECT_NE(at, std::string::npos) << from;
   if (at != std::string::npos) text.replace(at, from.size(), to);
   return text;
+}
+
+// parse_scenario_string(text, file) must refuse `text` with an InputError
+// at `line` (and `column`, when given) naming `key`, whose message contains
+// `needle`.
+inline void expect_scenario_error(const std::string& text, int64_t line,
+                                  const std::string& key,
+                                  const std::string& needle,
+                                  int64_t column = -1,
+                                  const std::string& file = "s.toml") {
+  try {
+    parse_scenario_string(text, file);
+    ADD_FAILURE() << "no error; expected " << key << ": " << needle;
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.file(), file);
+    EXPECT_EQ(e.line(), line) << e.what();
+    if (column >= 0) {
+      EXPECT_EQ(e.column(), column) << e.what();
+    }
+    EXPECT_EQ(e.key(), key) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << e.what() << "\n  expected to contain: " << needle;
+  }
 }
 
 }  // namespace accumcheck::testing_util

@@ -20,7 +20,6 @@ namespace {
 // Both from the one tolerance table (oracle/error_model.hpp), with reasons.
 const double kFp64Scale = error_model::tolerance("fp64_bound_scale");
 const double kProxyUlps = error_model::tolerance("certify_proxy_ulps");
-constexpr double kU = error_model::kUnitRoundoff32;
 
 template <class T>
 T lift(double x) {
@@ -52,6 +51,11 @@ bool clip_factor(const T& n, double max_norm, T& f) {
   }
 }
 
+}  // namespace
+
+// Not in the anonymous namespace: forced_run's lambdas capture a
+// Trainer<Watched<...>>, and a type with internal linkage there is a
+// -Wsubobject-linkage warning once this file is part of a unity build.
 // An engine that judges the optimizer steps of one range only: what feeds
 // a step outside it (forward_backward, L2, clipping, zeroing) is skipped,
 // and the optimizer steps before it run on the trace's gradients and
@@ -182,6 +186,8 @@ class Watched {
     return &calls[i];
   }
 };
+
+namespace {
 
 // The trace's values `f` against the oracle's `v`.
 error_model::Comparison judge_values(const std::string& what,

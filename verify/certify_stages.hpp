@@ -30,6 +30,9 @@
 
 namespace accumcheck::certify_detail {
 
+// The float32 unit roundoff of the error model's one table.
+inline constexpr double kU = error_model::kUnitRoundoff32;
+
 // The rigorous bound's number types (CertifyConfig::bound_arith).
 using TR = Tracked<BoundReal>;
 using TD = Tracked<DD>;

@@ -16,8 +16,6 @@ namespace accumcheck::certify_detail {
 
 namespace {
 
-constexpr double kU = error_model::kUnitRoundoff32;
-
 TD lift(double x) { return TD::exact(DD(x)); }
 
 // "<catalog id>: <what>".
