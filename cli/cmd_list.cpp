@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/scenario_dir.hpp"
 #include "sim/errors.hpp"
 #include "sim/scenario_parse.hpp"
 
@@ -12,8 +13,9 @@ namespace accumcheck::cli {
 
 int list_command(const ListOptions& o) {
   namespace fs = std::filesystem;
-  const fs::path dir =
-      o.dir.empty() ? fs::path(ACCUMCHECK_SCENARIO_DIR) : fs::path(o.dir);
+  const fs::path dir = o.dir.empty()
+                           ? fs::path(::accumcheck::cli::default_scenario_dir())
+                           : fs::path(o.dir);
   if (!fs::is_directory(dir))
     throw InputError(dir.string(), 0, 0, "--dir", "not a directory");
   std::vector<fs::path> files;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands.hpp"
+#include "cli/scenario_dir.hpp"
 #include "sim/atomic_file.hpp"
 #include "verify/report.hpp"
 #include "verify/trace.hpp"
@@ -15,8 +16,8 @@ std::string write_html_report(const std::string& trace_dir,
   const std::string file = out.empty() ? trace_dir + "/report.html" : out;
   require_output_file(file, "--out");
   const Trace t = read_trace(trace_dir);
-  const Scenario s =
-      scenario_of_trace(t, scenario_file, ACCUMCHECK_SCENARIO_DIR);
+  const Scenario s = scenario_of_trace(
+      t, scenario_file, ::accumcheck::cli::default_scenario_dir());
   write_output_file(file, report_html(report_data(t, s)), "--out");
   return file;
 }

@@ -14,6 +14,7 @@
 #include "oracle/error_model.hpp"
 #include "sim/atomic_file.hpp"
 #include "sim/errors.hpp"
+#include "tests/source_dir.hpp"
 #include "verify/certify.hpp"
 #include "verify/parts.hpp"
 
@@ -23,8 +24,8 @@ namespace {
 using certify_test::device_trace;
 using certify_test::temp_dir;
 
-const std::string kAdam =
-    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/certify-mean-over-k.toml";
+const std::string kAdam = ::accumcheck::testing_util::source_dir() +
+                          "/scenarios/certify-mean-over-k.toml";
 
 std::string junit_without_time(const CertifyReport& r) {
   return std::regex_replace(certify_junit(r), std::regex(" time=\"[^\"]*\""),

@@ -15,6 +15,7 @@
 #include "sim/experiment.hpp"
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
+#include "tests/source_dir.hpp"
 #include "verify/export.hpp"
 #include "verify/trace.hpp"
 
@@ -23,7 +24,7 @@ namespace accumcheck::certify_test {
 namespace fs = std::filesystem;
 
 inline const std::string kScenario =
-    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/certify-mlp.toml";
+    ::accumcheck::testing_util::source_dir() + "/scenarios/certify-mlp.toml";
 
 inline std::string temp_dir(const std::string& name) {
   const std::string d =

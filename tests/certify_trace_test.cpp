@@ -20,6 +20,7 @@
 #include "sim/experiment.hpp"
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
+#include "tests/source_dir.hpp"
 #include "verify/certify.hpp"
 #include "verify/export.hpp"
 #include "verify/trace.hpp"
@@ -383,7 +384,8 @@ TEST(Export, WarnsWhenPitfallsAreIndistinguishable) {
 // Models the bundle and the PyTorch adapter cannot carry are refused with
 // the [model] key named, before anything is written.
 TEST(Export, RefusesModelsItCannotCarry) {
-  const std::string src = std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/";
+  const std::string src =
+      ::accumcheck::testing_util::source_dir() + "/scenarios/";
   const std::pair<const char*, const char*> cases[] = {
       {"dropout-sample-keyed.toml", "model.dropout"}};
   for (const auto& [file, key] : cases) {

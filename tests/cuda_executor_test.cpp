@@ -16,13 +16,14 @@
 
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
 #include "gpu/cuda/cuda_executor.hpp"
+#include "tests/source_dir.hpp"
 #endif
 
 namespace accumcheck {
 namespace {
 
 std::string read_source(const std::string& rel) {
-  std::ifstream in(std::string(ACCUMCHECK_SOURCE_DIR) + "/" + rel);
+  std::ifstream in(::accumcheck::testing_util::source_dir() + "/" + rel);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();

@@ -13,6 +13,7 @@
 
 #include "sim/errors.hpp"
 #include "sim/layout.hpp"
+#include "tests/source_dir.hpp"
 
 namespace accumcheck {
 namespace {
@@ -124,7 +125,7 @@ TEST(Data, InitialParameters) {
 }
 
 std::string data_dir() {
-  return std::string(ACCUMCHECK_SOURCE_DIR) + "/tests/data";
+  return ::accumcheck::testing_util::source_dir() + "/tests/data";
 }
 
 Scenario csv_scenario(const std::string& path, std::vector<int64_t> widths,

@@ -13,6 +13,7 @@
 
 #include "properties/harness.hpp"
 #include "sim/pitfalls.hpp"
+#include "tests/source_dir.hpp"
 
 namespace accumcheck {
 namespace {
@@ -31,7 +32,7 @@ std::vector<std::string> words(std::string_view s) {
 std::set<std::string> scenario_names() {
   std::set<std::string> names;
   for (const auto& f : std::filesystem::directory_iterator(
-           std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios"))
+           ::accumcheck::testing_util::source_dir() + "/scenarios"))
     if (f.path().extension() == ".toml") names.insert(f.path().stem());
   return names;
 }

@@ -17,6 +17,7 @@
 #include "sim/plan.hpp"
 #include "sim/scenario_parse.hpp"
 #include "sim/trainer.hpp"
+#include "tests/source_dir.hpp"
 #include "verify/null_engine.hpp"
 
 namespace accumcheck {
@@ -66,7 +67,7 @@ TEST(Limits, CheckedArithmeticRefusesOverflow) {
 
 TEST(Limits, ScenarioSizeOfTheFlagship) {
   const Scenario s =
-      parse_scenario_file(std::string(ACCUMCHECK_SOURCE_DIR) +
+      parse_scenario_file(::accumcheck::testing_util::source_dir() +
                           "/scenarios/zero-grad-every-micro-step.toml");
   const ScenarioSize z = scenario_size(s);
   EXPECT_EQ(z.parameters, 4 * 16 + 16 + 16 * 2 + 2);  // 114
@@ -187,7 +188,7 @@ TEST(Limits, FilesAreCheckedBeforeTheyAreRead) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
   EXPECT_THROW(require_file_within_limit("/", "csv_bytes"), InputError);
   const std::string scenario =
-      std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/correct.toml";
+      ::accumcheck::testing_util::source_dir() + "/scenarios/correct.toml";
   EXPECT_NO_THROW(require_file_within_limit(scenario, "scenario_bytes"));
   EnvGuard g("scenario_bytes=10");
   EXPECT_THROW(require_file_within_limit(scenario, "scenario_bytes"),

@@ -6,12 +6,13 @@
 
 #include "sim/errors.hpp"
 #include "sim/scenario_parse.hpp"
+#include "tests/source_dir.hpp"
 
 namespace accumcheck {
 namespace {
 
 Scenario lesson() {
-  return parse_scenario_file(std::string(ACCUMCHECK_SOURCE_DIR) +
+  return parse_scenario_file(::accumcheck::testing_util::source_dir() +
                              "/scenarios/memory-lesson.toml");
 }
 

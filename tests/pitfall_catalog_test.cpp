@@ -26,13 +26,14 @@
 #include "sim/plan.hpp"
 #include "sim/scenario_parse.hpp"
 #include "sim/trainer.hpp"
+#include "tests/source_dir.hpp"
 #include "verify/null_engine.hpp"
 
 namespace accumcheck {
 namespace {
 
 const std::string kScenarios =
-    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/";
+    ::accumcheck::testing_util::source_dir() + "/scenarios/";
 
 // ------------------------------------------------ name -> Behavior table
 

@@ -8,6 +8,7 @@
 
 #include "sim/errors.hpp"
 #include "tests/scenario_test_util.hpp"
+#include "tests/source_dir.hpp"
 
 namespace accumcheck {
 namespace {
@@ -272,7 +273,8 @@ TEST(ScenarioParse, RoundTrip) {
 }
 
 TEST(ScenarioParse, CsvFileScenario) {
-  const std::string dir = std::string(ACCUMCHECK_SOURCE_DIR) + "/tests/data";
+  const std::string dir =
+      ::accumcheck::testing_util::source_dir() + "/tests/data";
   const Scenario s = parse_scenario_file(dir + "/tiny_mse.toml");
   EXPECT_EQ(s.name, "tiny_mse");
   EXPECT_EQ(s.data.source, DataSource::csv);

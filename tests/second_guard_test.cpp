@@ -27,6 +27,7 @@
 #include "sim/plan.hpp"
 #include "sim/scenario_parse.hpp"
 #include "sim/trainer.hpp"
+#include "tests/source_dir.hpp"
 #include "verify/null_engine.hpp"
 
 namespace accumcheck {
@@ -37,7 +38,7 @@ using TR = Tracked<R>;
 namespace em = error_model;
 
 const std::string kScenarios =
-    std::string(ACCUMCHECK_SOURCE_DIR) + "/scenarios/";
+    ::accumcheck::testing_util::source_dir() + "/scenarios/";
 
 // ------------------------------------------------------- clip's 1e-6
 
