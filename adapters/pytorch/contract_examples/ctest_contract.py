@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import warm_python  # noqa: E402
 from ctest_driver import recorded_run, trainer_argv  # noqa: E402
 
 
@@ -40,7 +41,7 @@ def main():
         shutil.copytree(recorded, out)
         print("ctest_contract: trace reused from %s" % recorded)
         return judge(tool, out, code, texts)
-    r = subprocess.run([sys.executable] + argv, capture_output=True, text=True)
+    r = warm_python.run(argv, capture_output=True, text=True)
     sys.stdout.write(r.stdout + r.stderr)
     if r.returncode != 0:
         print("ctest_contract: the trainer failed (exit %d)" % r.returncode)
