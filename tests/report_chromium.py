@@ -33,6 +33,10 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "adapters", "pytorch"))
+from ctest_driver import in_recorded_build  # noqa: E402  the PyTorch cases' rule
+
 CHARTS = {
     "loss": ("window", "mean loss"),
     "dist": ("window", "relative distance (log)"),
@@ -116,14 +120,9 @@ def digest(path):
 def checked_before(html):
     """The same page in ACCUMCHECK_RECORDED_BUILD, when Chromium checked it
     there and it is byte for byte this one (see the top), else None."""
-    this = os.environ.get("ACCUMCHECK_THIS_BUILD")
-    other = os.environ.get("ACCUMCHECK_RECORDED_BUILD")
-    if not this or not other:
+    page = in_recorded_build(html)
+    if not page:
         return None
-    rel = os.path.relpath(os.path.abspath(html), os.path.abspath(this))
-    if rel.startswith(".."):
-        return None
-    page = os.path.join(other, rel)
     try:
         with open(page + ".checked") as f:
             return page if f.read().strip() == digest(html) else None

@@ -127,6 +127,18 @@ def main():
     return 0
 
 
+def in_recorded_build(path):
+    """`path` (under ACCUMCHECK_THIS_BUILD) at the same place under
+    ACCUMCHECK_RECORDED_BUILD, or None when either is unset or `path` is
+    elsewhere (scripts/check-hardened.sh sets both; see recorded_run)."""
+    this = os.environ.get("ACCUMCHECK_THIS_BUILD")
+    other = os.environ.get("ACCUMCHECK_RECORDED_BUILD")
+    if not this or not other:
+        return None
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(this))
+    return None if rel.startswith("..") else os.path.join(other, rel)
+
+
 def recorded_run(work):
     """The folder where another build ran this same test, or None.
 
@@ -139,14 +151,9 @@ def recorded_run(work):
     way; what is under test is accumcheck's export, trace reader and
     certify.  Only a complete earlier run counts (its trace and, for a
     bundle, the bundle it read)."""
-    this = os.environ.get("ACCUMCHECK_THIS_BUILD")
-    other = os.environ.get("ACCUMCHECK_RECORDED_BUILD")
-    if not this or not other:
+    path = in_recorded_build(work)
+    if not path:
         return None
-    rel = os.path.relpath(os.path.abspath(work), os.path.abspath(this))
-    if rel.startswith(".."):
-        return None
-    path = os.path.join(other, rel)
     meta = [os.path.join(path, "trace", "meta.csv"), os.path.join(path, "meta.csv")]
     meta = [m for m in meta if os.path.isfile(m)]
     if not meta:
