@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 jobs=$(nproc 2>/dev/null || echo 2)
+source scripts/build-quiet.sh
+seed_test_order build tests/ctest-costs/gcc.txt
 ctest --test-dir build --output-on-failure -j"$jobs" "$@"
