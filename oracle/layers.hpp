@@ -51,9 +51,17 @@ void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp,
         dot_into(dinp[b * in + i], static_cast<const T*>(nullptr), out_dim,
                  &dout[b * out_dim], 1, &W[i], in);
   for (int64_t o = 0; o < out_dim; ++o) {
-    for (int64_t i = 0; i < in; ++i)
-      dot_into(dW[o * in + i], &dW[o * in + i], B, &dout[o], out_dim, &inp[i],
-               in);
+    if constexpr (std::is_same_v<T, Tracked<DD>>) {
+      // The same reductions, the bound's constants formed once.
+      const tracked_detail::ReductionConstants k(B + 1, B, true);
+      for (int64_t i = 0; i < in; ++i)
+        tracked_detail::dot_into_dd(dW[o * in + i], &dW[o * in + i], B,
+                                    &dout[o], out_dim, &inp[i], in, k);
+    } else {
+      for (int64_t i = 0; i < in; ++i)
+        dot_into(dW[o * in + i], &dW[o * in + i], B, &dout[o], out_dim, &inp[i],
+                 in);
+    }
     sum_into(dbias[o], &dbias[o], B, &dout[o], out_dim);
   }
 }
