@@ -1,7 +1,9 @@
 // DD's transcendental functions (oracle/dd.hpp says how and how accurate).
 #include "oracle/dd.hpp"
 
+#include <bit>
 #include <boost/multiprecision/mpfr.hpp>
+#include <cstdint>
 
 namespace accumcheck {
 
@@ -57,6 +59,17 @@ DD expm1_reduced(const DD& r) {
 
 }  // namespace dd_detail
 
+namespace {
+// ldexp(a, k) as a multiplication by 2^k (the same correctly rounded
+// result) where 2^k is a normal double, without a libm call.
+DD times_pow2(const DD& a, int k) {
+  if (k < -1022 || k > 1023) return ldexp(a, k);
+  const double p = std::bit_cast<double>(uint64_t(k + 1023) << 52);
+  return DD::raw(a.hi * p, a.lo * p);
+}
+DD twice(const DD& a) { return DD::raw(a.hi * 2, a.lo * 2); }
+}  // namespace
+
 DD exp(const DD& a) {
   if (a.hi > 709.7) return DD(std::numeric_limits<double>::infinity());
   if (a.hi < -745.2) return DD(0.0);
@@ -64,7 +77,7 @@ DD exp(const DD& a) {
   const double k = std::nearbyint(a.hi / dd_detail::ln2().hi);
   const DD r = a - dd_detail::ln2() * DD(k);
   const DD s = dd_detail::expm1_reduced(r);
-  return ldexp(s + DD(1), int(k));
+  return times_pow2(s + DD(1), int(k));
 }
 
 DD expm1(const DD& a) {
@@ -86,9 +99,9 @@ DD tanh(const DD& a) {
   const DD x = neg ? -a : a;
   DD t;
   if (x.hi > 40) {
-    t = DD(1) - ldexp(exp(ldexp(-x, 1)), 1);
+    t = DD(1) - twice(exp(twice(-x)));
   } else {
-    const DD m = expm1(ldexp(x, 1));
+    const DD m = expm1(twice(x));
     t = m / (m + DD(2));
   }
   return neg ? -t : t;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "oracle/real.hpp"
@@ -50,9 +51,17 @@ void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp,
         dot_into(dinp[b * in + i], static_cast<const T*>(nullptr), out_dim,
                  &dout[b * out_dim], 1, &W[i], in);
   for (int64_t o = 0; o < out_dim; ++o) {
-    for (int64_t i = 0; i < in; ++i)
-      dot_into(dW[o * in + i], &dW[o * in + i], B, &dout[o], out_dim, &inp[i],
-               in);
+    if constexpr (std::is_same_v<T, Tracked<DD>>) {
+      // The same reductions, the bound's constants formed once.
+      const tracked_detail::ReductionConstants k(B + 1, B, true);
+      for (int64_t i = 0; i < in; ++i)
+        tracked_detail::dot_into_dd(dW[o * in + i], &dW[o * in + i], B,
+                                    &dout[o], out_dim, &inp[i], in, k);
+    } else {
+      for (int64_t i = 0; i < in; ++i)
+        dot_into(dW[o * in + i], &dW[o * in + i], B, &dout[o], out_dim, &inp[i],
+                 in);
+    }
     sum_into(dbias[o], &dbias[o], B, &dout[o], out_dim);
   }
 }
@@ -381,20 +390,15 @@ struct AdamScalars {
   T step_size;                         // host: lr / (1 - beta1^t), rounded once
   T bc2_sqrt;                          // host: sqrt(1 - beta2^t), rounded once
   T eps, weight_decay;
-  T decay;  // AdamW, host: 1 - lr * wd, rounded once
+  T decay{};  // AdamW, host: 1 - lr * wd, rounded once
   bool coupled = false, decoupled = false;
 };
 
-// PyTorch 1.13 single-tensor Adam / AdamW, per element:
-//   p = p * decay                              (AdamW)
-//   g = grad + wd * p                          (Adam, if wd != 0)
-//   m = m * beta1 + g * (1 - beta1)
-//   v = v * beta2 + (g * g) * (1 - beta2)
-//   denom = sqrt(v) / bc2_sqrt + eps
-//   p = p - step_size * (m / denom)            (UPDATES p, m, v in place)
+namespace layers_detail {
+// adam_step's loop (below).
 template <class T>
-void adam_step(int64_t n, T* p, const T* grad, T* m, T* v,
-               const AdamScalars<T>& s, T& g, T& tmp) {
+ACCUMCHECK_DD_INLINE void adam_loop(int64_t n, T* p, const T* grad, T* m, T* v,
+                                    const AdamScalars<T>& s, T& g, T& tmp) {
   using std::sqrt;
   for (int64_t i = 0; i < n; ++i) {
     if (s.decoupled) p[i] *= s.decay;
@@ -420,6 +424,34 @@ void adam_step(int64_t n, T* p, const T* grad, T* m, T* v,
     g /= tmp;
     g *= s.step_size;
     p[i] -= g;
+  }
+}
+}  // namespace layers_detail
+
+// PyTorch 1.13 single-tensor Adam / AdamW, per element:
+//   p = p * decay                              (AdamW)
+//   g = grad + wd * p                          (Adam, if wd != 0)
+//   m = m * beta1 + g * (1 - beta1)
+//   v = v * beta2 + (g * g) * (1 - beta2)
+//   denom = sqrt(v) / bc2_sqrt + eps
+//   p = p - step_size * (m / denom)            (UPDATES p, m, v in place)
+// `g` and `tmp` are the caller's scratch (no allocation per element for a
+// multiprecision T); a trivially copyable T (Tracked<DD>, float) works on
+// local copies of them and of the scalars instead, which the compiler
+// keeps in registers: through references they may alias p, m and v, and
+// every operation was stored and loaded again.  The same operations in
+// the same order either way.
+template <class T>
+void adam_step(int64_t n, T* p, const T* grad, T* m, T* v,
+               const AdamScalars<T>& s, T& g, T& tmp) {
+  if constexpr (std::is_trivially_copyable_v<T>) {
+    const AdamScalars<T> sc = s;
+    T gl = g, tl = tmp;
+    layers_detail::adam_loop(n, p, grad, m, v, sc, gl, tl);
+    g = gl;
+    tmp = tl;
+  } else {
+    layers_detail::adam_loop(n, p, grad, m, v, s, g, tmp);
   }
 }
 

@@ -99,6 +99,22 @@
 //   nonnegative doubles is within (1 + 2^-53)^n of exact), and the
 //   compensated sum's own error bound is added to e, so the DD bound is
 //   rigorous by itself and >= the exact-arithmetic one.
+//   tanh's slope bound, for DD, needs no tanh of m (a second DD tanh per
+//   unit): with a = |x| > e = ex (else m = 0 and the slope bound is 1),
+//   m = a - e, and t = tanh a, already computed as the value,
+//     log sech^2 m - log sech^2 a = 2 int_m^a tanh <= 2 e tanh(a - e/2)
+//                                 <= 2 e t - e^2 (1 - t^2) =: y,
+//   (tanh is concave on [0, inf): its mean over [m, a] is at most its
+//   value at the midpoint (Hermite-Hadamard), which is at most the
+//   tangent at a), so sech^2 m <= (1 - t^2) exp(y), and exp(y) <=
+//   1 + y + y^2 (1/2 + y) for 0 <= y <= 2^-10 (beyond that, or for an
+//   unbounded e, the formula above is used as written).  1 - t^2 is
+//   formed in DD from the DD value t (relative error <= 2^-99, as for
+//   every DD transcendental) and bounded up (down, in y) by 2^-96
+//   absolute and 2^-50 relative; every double operation after it rounds
+//   up (factors 1 + 2^-50 over at most 6 roundings, then kUpDD).  The
+//   bound is within about e^3 of the one with tanh(m) (tested against
+//   MPFR's to dd_bound_rel), and >= the exact-arithmetic one.
 //   Overflow is not modelled (no float32 value may exceed 2^127).
 #pragma once
 
@@ -139,6 +155,10 @@ template <class B>
 ACCUMCHECK_DD_INLINE bool is_zero(const B& x) {
   return x == 0;
 }
+// A DD is normalized (|lo| <= ulp(hi)/2: every operation ends in a
+// normalization; from a double, an integer or MPFR lo is what is left of
+// x once hi is taken): hi == 0 only with lo == 0, one comparison.
+ACCUMCHECK_DD_INLINE bool is_zero(const DD& x) { return x.hi == 0; }
 // Whether x is a float32 number (finite).
 template <class B>
 ACCUMCHECK_DD_INLINE bool float_exact(const B& x) {
@@ -235,6 +255,41 @@ ACCUMCHECK_DD_INLINE DD sqrt_bound(const DD& xe, const DD& rv) {
     if (lin < S) S = lin;
   }
   return DD((S * (1 + u) + u * std::fabs(rv.hi)) * kUpDD);
+}
+
+// tanh's bound T + kTanhUlp u (|tanh x| + T), T = min(ex sech^2(m), 2),
+// m = max(|x| - ex, 0), for DD without a second DD tanh (of m): from the
+// value t = |tanh x| already computed (the header comment's "tanh's slope
+// bound, for DD" has the reasoning; m is the caller's |x| - ex in DD,
+// whose sign is exact).  Returns false where the caller is to use the
+// general formula.
+ACCUMCHECK_DD_INLINE bool tanh_bound(const DD& xe, const DD& m, const DD& rv,
+                                     DD& out) {
+  constexpr double ku = error_model::kTanhUlp * error_model::kUnitRoundoff32;
+  constexpr double up = 1 + 0x1p-50;
+  if (!(xe.hi < std::numeric_limits<double>::infinity())) return false;
+  const double t = std::fabs(rv.hi);
+  const double tu = t * (1 + 0x1p-51);
+  const double exu = xe.hi * (1 + 0x1p-51);
+  double S = 1;  // sech^2(0): m <= 0, or too wide an interval
+  if (m.hi > 0 && xe.hi > 0) {
+    const DD q = DD(1) - rv * rv;  // sech^2 |x| = 1 - tanh^2 |x|
+    const double qh = q.hi > 0 ? q.hi : 0.0;
+    const double qu = (qh * (1 + 0x1p-52) + 0x1p-96) * up;
+    const double ql = qh * (1 - 0x1p-50) - 0x1p-96;
+    const double exl = xe.hi * (1 - 0x1p-51);
+    const double z = ql > 0 ? exl * exl * ql * (1 - 0x1p-50) : 0.0;
+    double y = (2 * exu * tu * up - z) * up;
+    if (y < 0) y = 0;
+    if (!(y <= 0x1p-10)) return false;
+    const double G = (1 + y + y * y * (0.5 + y)) * up;
+    S = qu * G * up;
+    if (S > 1) S = 1;
+  }
+  double T = exu * S * up;
+  if (T > 2) T = 2;
+  out = DD((T + ku * (tu + T)) * kUpDD);
+  return true;
 }
 
 }  // namespace tracked_detail
@@ -399,6 +454,9 @@ struct Tracked {
     Tracked r;
     r.v = tanh(x.v);
     B m = abs(x.v) - x.e;
+    if constexpr (std::is_same_v<B, DD>) {
+      if (tanh_bound(x.e, m, r.v, r.e)) return r;
+    }
     if (m < 0) m = 0;
     const B th = tanh(m);
     B T = x.e * (1 - th * th);
@@ -553,11 +611,8 @@ inline double sum_inflation(int64_t m) {
 
 // Dot2's own error (value): 2^-53 |result| is absorbed into the final DD
 // normalization; gamma_n(2^-53)^2 M plus the dropped lo*lo and rounded
-// cross terms (3 * 2^-106 per product) is added to e.
-inline double dot2_error(int64_t n, double M) {
-  const double nn = double(n) + 4;
-  return (nn * nn) * 0x1p-104 * M;
-}
+// cross terms (3 * 2^-106 per product) is added to e: (n + 4)^2 2^-104 M
+// (ReductionConstants::dot2, below).
 
 // e = P (1 + gamma_g) + gamma_g M (+ n eta for products) + Dot2's own
 // error, all in double and rounded up: P and M are sums of n nonnegative
@@ -566,31 +621,58 @@ inline double dot2_error(int64_t n, double M) {
 // g u / (1 - g u) has g u and 1 - g u exact in double (g < 2^29), and the
 // final formula's few roundings are covered by kUpDD like the +, *, /
 // bounds.
-inline double dd_reduction_bound(int64_t g, int64_t n, double P, double M,
-                                 const DD* init_v, double init_e,
-                                 bool products) {
-  constexpr double u = error_model::kUnitRoundoff32;
-  const double mu = double(g) * u;
-  if (mu >= 1) return std::numeric_limits<double>::infinity();
-  const double gam = mu / (1 - mu) * (1 + 0x1p-52);
-  const double F = sum_inflation(n);
-  double Pu = P * F, Mu = M * F;
-  const double vr = dot2_error(n, Mu);
+// The constants of that formula for one g and n (the same doubles whether
+// formed per reduction or once for a batch of reductions of one shape).
+struct ReductionConstants {
+  bool unbounded = false;  // g u >= 1
+  double gam = 0, one_plus_gam = 1, F = 1, dot2 = 0, etas = 0;
+  ReductionConstants(int64_t g, int64_t n, bool products) {
+    constexpr double u = error_model::kUnitRoundoff32;
+    const double mu = double(g) * u;
+    if (mu >= 1) {
+      unbounded = true;
+      return;
+    }
+    gam = mu / (1 - mu) * (1 + 0x1p-52);
+    one_plus_gam = 1 + gam;
+    F = sum_inflation(n);
+    const double nn = double(n) + 4;
+    dot2 = (nn * nn) * 0x1p-104;  // dot2_error's factor
+    etas = products ? double(n) * 0x1p-150 : 0.0;
+  }
+};
+
+ACCUMCHECK_DD_INLINE double dd_reduction_bound(const ReductionConstants& k,
+                                               double P, double M,
+                                               const DD* init_v,
+                                               double init_e) {
+  if (k.unbounded) return std::numeric_limits<double>::infinity();
+  double Pu = P * k.F, Mu = M * k.F;
+  const double vr = k.dot2 * Mu;
   if (init_v) {
     Pu += init_e * (1 + 0x1p-52);
     Mu += std::fabs(init_v->hi) * (1 + 0x1p-52);
   }
-  const double e =
-      Pu * (1 + gam) + gam * Mu + (products ? double(n) * 0x1p-150 : 0.0) + vr;
+  const double e = Pu * k.one_plus_gam + k.gam * Mu + k.etas + vr;
   return e * kUpDD;
+}
+
+inline double dd_reduction_bound(int64_t g, int64_t n, double P, double M,
+                                 const DD* init_v, double init_e,
+                                 bool products) {
+  return dd_reduction_bound(ReductionConstants(g, n, products), P, M, init_v,
+                            init_e);
 }
 
 }  // namespace tracked_detail
 
-inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
-                     const Tracked<DD>* a, int64_t sa, const Tracked<DD>* b,
-                     int64_t sb) {
-  using namespace tracked_detail;
+namespace tracked_detail {
+// dot_into for DD with the bound's constants given (`k`: g = n + 1 with
+// an initial value, else n; products).
+ACCUMCHECK_DD_INLINE void dot_into_dd(Tracked<DD>& out, const Tracked<DD>* init,
+                                      int64_t n, const Tracked<DD>* a,
+                                      int64_t sa, const Tracked<DD>* b,
+                                      int64_t sb, const ReductionConstants& k) {
   double s = 0, c = 0, M = 0, P = 0;
   bool exact = !init || init->e.hi == 0;
   bool inexact_inputs = false;
@@ -638,10 +720,18 @@ inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
       return;
     }
   }
-  const int64_t m = n + (init ? 1 : 0);
-  out.e = DD(dd_reduction_bound(m, n, P, M, init ? &init->v : nullptr,
-                                init ? init->e.hi : 0.0, true));
+  out.e = DD(dd_reduction_bound(k, P, M, init ? &init->v : nullptr,
+                                init ? init->e.hi : 0.0));
   out.v = init ? v + init->v : v;
+}
+}  // namespace tracked_detail
+
+inline void dot_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
+                     const Tracked<DD>* a, int64_t sa, const Tracked<DD>* b,
+                     int64_t sb) {
+  using namespace tracked_detail;
+  dot_into_dd(out, init, n, a, sa, b, sb,
+              ReductionConstants(n + (init ? 1 : 0), n, true));
 }
 
 inline void sum_into(Tracked<DD>& out, const Tracked<DD>* init, int64_t n,
