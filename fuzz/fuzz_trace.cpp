@@ -1,5 +1,5 @@
-// libFuzzer target: the trace reader (verify/trace.hpp), read_trace and
-// gather_steps.
+// libFuzzer target: the trace reader (verify/trace.hpp), read_trace,
+// gather_steps and read_state.
 //
 // One input is the files of a trace folder joined by a line
 // "--accumcheck-fuzz--" (meta.csv, events.csv, values.csv, values.bin;
@@ -9,7 +9,9 @@
 // (fuzz/corpus/trace) holds real traces written by `accumcheck run
 // tests/data/tiny_mse.toml --out DIR` (oracle and device engines).  A bad
 // trace must be an InputError; anything else is a crash.  Every run is
-// gathered against the layout of that scenario's model (linear 2-1).
+// gathered against the layout of that scenario's model (linear 2-1), with
+// its state blocks (tiny_mse-oracle-bin-state.trace: that trace's
+// values.bin as version 2, with exp_avg, exp_avg_sq and ema blocks).
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -51,7 +53,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     const Trace t = read_trace(dir.path());
-    for (const TraceRun& run : t.runs) (void)gather_steps(t, run, layout);
+    for (const TraceRun& run : t.runs) {
+      (void)gather_steps(t, run, layout);
+      (void)read_state(t, run, layout);  // values.bin's state blocks
+    }
   } catch (const InputError&) {
   }
   return 0;

@@ -151,6 +151,9 @@ class Oracle {
   const std::vector<T>& grads() const { return grads_; }
   std::vector<T>& grads() { return grads_; }
   const std::vector<T>& buffers() const { return buffers_; }
+  // The optimizer's state (empty before the first step that keeps it).
+  const std::vector<T>& exp_avg() const { return exp_avg_; }
+  const std::vector<T>& exp_avg_sq() const { return exp_avg_sq_; }
 
  private:
   T forward_backward_exact(const std::vector<int64_t>& ids, LossWeight weight);

@@ -350,7 +350,7 @@ struct RunTracker {
     auto it = index.find(name);
     if (it == index.end()) {
       it = index.emplace(name, trace.runs.size()).first;
-      trace.runs.push_back(TraceRun{name, {}, {}, {}});
+      trace.runs.push_back(TraceRun{name, {}, {}, {}, {}});
     }
     return trace.runs[it->second];
   }
@@ -703,6 +703,13 @@ StateSection read_state(const std::string& dir, std::string_view run) {
     v.line = line;
     if (v.run == run) st.rows.push_back(std::move(v));
   }
+  return st;
+}
+
+StateSection read_state(const Trace& t, const TraceRun& run,
+                        const ParamLayout& layout) {
+  StateSection st = read_state(t.dir, run.name);
+  trace_detail::gather_state_blocks(t, run, layout, st);
   return st;
 }
 

@@ -38,14 +38,20 @@
 //                       (the scenario's tensors, layout order)
 //   then blocks to the end of the file, each
 //       u32 run name length L, L bytes of run name,
-//       i64 step, i64 rank, u32 kind (0 grad, 1 param),
+//       i64 step, i64 rank, u32 kind (0 grad, 1 param; version 2 also
+//       2 exp_avg, 3 exp_avg_sq, 4 ema: per-element training state in
+//       the parameters' layout, see state.csv below),
 //       sum(elements) values: every tensor in header order, flat.
-// A block is one (run, step, kind, rank): the rows values.csv would hold.
+// A block is one (run, step, kind, rank): the rows values.csv (or, for
+// kinds 2-4, state.csv) would hold.  grad and param blocks come in
+// non-decreasing step order within a run; state blocks may come anywhere
+// in their run's part (an EMA update's number is not an optimizer step).
 // Errors name the file and the byte offset: `values.bin:byte 20: ...`.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -176,12 +182,22 @@ struct TraceValue {
 };
 
 inline constexpr std::string_view kValuesMagic = "ACVALUES";
-inline constexpr uint32_t kValuesVersion = 1;
+// Written: version 2 (state blocks allowed).  Read: versions 2 and 1.
+inline constexpr uint32_t kValuesVersion = 2;
 
 // One block of values.bin.
 struct TraceBlock {
   int64_t step = 0;
   ValueKind kind = ValueKind::param;
+  int64_t rank = 0;
+  int64_t at = 0;      // byte offset of the block
+  int64_t values = 0;  // byte offset of its first value
+};
+
+// One state block of values.bin (kinds 2-4).
+struct TraceStateBlock {
+  std::string_view kind;  // "exp_avg", "exp_avg_sq" or "ema" (static)
+  int64_t step = 0;       // as state.csv's step column
   int64_t rank = 0;
   int64_t at = 0;      // byte offset of the block
   int64_t values = 0;  // byte offset of its first value
@@ -209,9 +225,10 @@ struct TraceBinary {
 
 struct TraceRun {
   std::string name;
-  std::vector<TraceEvent> events;  // file order
-  std::vector<TraceValue> values;  // file order (values.csv)
-  std::vector<TraceBlock> blocks;  // file order (values.bin)
+  std::vector<TraceEvent> events;             // file order
+  std::vector<TraceValue> values;             // file order (values.csv)
+  std::vector<TraceBlock> blocks;             // file order (values.bin)
+  std::vector<TraceStateBlock> state_blocks;  // file order (values.bin)
 };
 
 struct Trace {
@@ -379,7 +396,11 @@ struct StateValue {
 struct StateSection {
   std::string path;
   std::vector<StateValue> rows;  // file order
-  bool present = false;          // state.csv exists
+  bool present = false;          // state.csv exists, or values.bin has state
+  // Per-element state given as values.bin blocks (rank 0): kind ->
+  // step -> the values in the parameters' layout order.
+  std::map<std::string, std::map<int64_t, std::vector<double>>, std::less<>>
+      blocks;
 };
 
 // Reads `dir`/state.csv when present (absent: present = false, no rows):
@@ -387,5 +408,10 @@ struct StateSection {
 // InputError naming the file and line on an unknown kind, a missing or
 // malformed number, an empty run name.
 StateSection read_state(const std::string& dir, std::string_view run);
+// The same, with the run's state blocks of values.bin (when the trace has
+// one) in `blocks`: InputError naming values.bin and the byte when the
+// header's tensors are not the scenario's (layout).
+StateSection read_state(const Trace& t, const TraceRun& run,
+                        const ParamLayout& layout);
 
 }  // namespace accumcheck

@@ -97,9 +97,10 @@ void read_values_bin(Trace& t, const std::string& path) {
                        "'{}'",
                        kValuesMagic));
   const uint32_t version = c.u32("the version");
-  if (version != kValuesVersion)
+  if (version != kValuesVersion && version != 1)
     c.fail(8, "version",
-           fmt::format("values file version {}; this build reads version {}",
+           fmt::format("values file version {}; this build reads versions 1 "
+                       "and {}",
                        version, kValuesVersion));
   bin->width = c.u32("the value width");
   if (bin->width != 4 && bin->width != 8)
@@ -137,13 +138,16 @@ void read_values_bin(Trace& t, const std::string& path) {
     bin->tensors.push_back(std::move(tn));
   }
 
-  // Blocks: per run contiguous, steps not decreasing, no (step, kind,
-  // rank) twice.
+  // Blocks: per run contiguous, grad and param steps not decreasing, no
+  // (step, kind, rank) twice.
   std::map<std::string, size_t, std::less<>> index;
   for (size_t i = 0; i < t.runs.size(); ++i) index[t.runs[i].name] = i;
   std::set<std::string, std::less<>> closed;
   std::string current;
   std::map<std::tuple<int64_t, int, int64_t>, int64_t> seen;  // this step
+  // State blocks of the current run: (kind, step, rank) -> byte.
+  std::map<std::tuple<int, int64_t, int64_t>, int64_t> seen_state;
+  const uint32_t max_kind = version == 1 ? 1 : uint32_t(kStateBlockKinds) + 1;
   while (!c.done()) {
     TraceBlock b;
     b.at = c.at();
@@ -161,15 +165,23 @@ void read_values_bin(Trace& t, const std::string& path) {
     if (b.rank < 0)
       c.fail(step_at + 8, "rank",
              fmt::format("expected a rank >= 0, got {}", b.rank));
-    if (kind > 1)
-      c.fail(
-          kind_at, "kind",
-          fmt::format("unknown kind {}; expected 0 (grad) or 1 (param)", kind));
+    if (kind > max_kind)
+      c.fail(kind_at, "kind",
+             version == 1
+                 ? fmt::format("unknown kind {}; expected 0 (grad) or 1 "
+                               "(param) in a version 1 file",
+                               kind)
+                 : fmt::format("unknown kind {}; expected 0 (grad), 1 "
+                               "(param), 2 (exp_avg), 3 (exp_avg_sq) or 4 "
+                               "(ema)",
+                               kind));
     b.kind = kind == 0 ? ValueKind::grad : ValueKind::param;
+    const std::string_view kind_name =
+        kind <= 1 ? value_kind_name(b.kind) : state_block_kind(kind);
     b.values = c.at();
     c.skip(bin->per_block * int64_t(bin->width),
            fmt::format("run '{}' step {} {}'s {} values", run, b.step,
-                       value_kind_name(b.kind), bin->per_block));
+                       kind_name, bin->per_block));
     if (run != current) {
       if (closed.count(run))
         c.fail(b.at, "run",
@@ -179,13 +191,25 @@ void read_values_bin(Trace& t, const std::string& path) {
       if (!current.empty()) closed.insert(current);
       current = run;
       seen.clear();
+      seen_state.clear();
     }
     auto it = index.find(run);
     if (it == index.end()) {
       it = index.emplace(run, t.runs.size()).first;
-      t.runs.push_back(TraceRun{run, {}, {}, {}});
+      t.runs.push_back(TraceRun{run, {}, {}, {}, {}});
     }
     TraceRun& tr = t.runs[it->second];
+    if (kind > 1) {
+      const auto [dup, fresh] =
+          seen_state.emplace(std::make_tuple(int(kind), b.step, b.rank), b.at);
+      if (!fresh)
+        c.fail(b.at, "",
+               fmt::format("duplicated block: run '{}' step {} {} rank {} "
+                           "was given at byte {}",
+                           run, b.step, kind_name, b.rank, dup->second));
+      tr.state_blocks.push_back({kind_name, b.step, b.rank, b.at, b.values});
+      continue;
+    }
     if (!tr.blocks.empty()) {
       const TraceBlock& prev = tr.blocks.back();
       if (b.step < prev.step)
@@ -208,10 +232,10 @@ void read_values_bin(Trace& t, const std::string& path) {
   t.binary = std::move(bin);
 }
 
-std::vector<TraceStep> gather_blocks(const Trace& t, const TraceRun& run,
-                                     const ParamLayout& layout, int64_t rank) {
-  const TraceBinary& bin = *t.binary;
-  // The header's tensors must be the scenario's, in layout order.
+namespace {
+
+// The header's tensors must be the scenario's, in layout order.
+void check_header(const TraceBinary& bin, const ParamLayout& layout) {
   auto expected = [&] {
     std::string s;
     for (const TensorView& tv : layout.tensors)
@@ -234,32 +258,59 @@ std::vector<TraceStep> gather_blocks(const Trace& t, const TraceRun& run,
         fmt::format("{} tensors in the header; this scenario's "
                     "model has {}: {}",
                     bin.tensors.size(), layout.tensors.size(), expected()));
-  std::vector<TraceStep> steps;
+}
+
+// The values of the block whose values start at byte `values`, as doubles.
+void decode(const TraceBinary& bin, int64_t values, std::vector<double>& dst) {
   const size_t n = size_t(bin.per_block);
-  const char* base = bin.bytes.data();
+  dst.resize(n);
+  const char* src = bin.bytes.data() + values;
+  if (host_little_endian()) {
+    if (bin.width == 4) {
+      for (size_t i = 0; i < n; ++i) {
+        float f;
+        std::memcpy(&f, src + 4 * i, 4);
+        dst[i] = f;
+      }
+    } else {
+      std::memcpy(dst.data(), src, 8 * n);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = bin.value(values, int64_t(i));
+  }
+}
+
+}  // namespace
+
+std::string_view state_block_kind(uint32_t kind) {
+  static constexpr std::string_view names[] = {"exp_avg", "exp_avg_sq", "ema"};
+  return kind >= 2 && kind - 2 < std::size(names) ? names[kind - 2] : "";
+}
+
+std::vector<TraceStep> gather_blocks(const Trace& t, const TraceRun& run,
+                                     const ParamLayout& layout, int64_t rank) {
+  const TraceBinary& bin = *t.binary;
+  check_header(bin, layout);
+  std::vector<TraceStep> steps;
   for (const TraceBlock& b : run.blocks) {
     if (b.rank != rank) continue;
     if (steps.empty() || steps.back().step != b.step)
       steps.push_back(TraceStep{b.step, {}, {}});
-    std::vector<double>& dst =
-        b.kind == ValueKind::grad ? steps.back().grad : steps.back().param;
-    dst.resize(n);
-    const char* src = base + b.values;
-    if (host_little_endian()) {
-      if (bin.width == 4) {
-        for (size_t i = 0; i < n; ++i) {
-          float f;
-          std::memcpy(&f, src + 4 * i, 4);
-          dst[i] = f;
-        }
-      } else {
-        std::memcpy(dst.data(), src, 8 * n);
-      }
-    } else {
-      for (size_t i = 0; i < n; ++i) dst[i] = bin.value(b.values, int64_t(i));
-    }
+    decode(bin, b.values,
+           b.kind == ValueKind::grad ? steps.back().grad : steps.back().param);
   }
   return steps;
+}
+
+void gather_state_blocks(const Trace& t, const TraceRun& run,
+                         const ParamLayout& layout, StateSection& st) {
+  if (!t.binary || run.state_blocks.empty()) return;
+  check_header(*t.binary, layout);
+  for (const TraceStateBlock& b : run.state_blocks) {
+    if (b.rank != 0) continue;
+    decode(*t.binary, b.values, st.blocks[std::string(b.kind)][b.step]);
+  }
+  st.present = true;
 }
 
 }  // namespace trace_detail

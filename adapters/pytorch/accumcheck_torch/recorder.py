@@ -27,7 +27,9 @@ Whatever the recorder cannot attribute is written to meta.csv as `unseen`,
 and `accumcheck certify` names it and exits 2 rather than blame the loop.
 
 The training state beyond gradients goes to state.csv (verify/trace.hpp
-describes its rows; certify's state checks judge it):
+describes its rows; certify's state checks judge it); its per-element
+tensors (Adam's moments, the EMA) go to values.bin as blocks of their own
+when the trace is values.bin (rows of GBs at a million parameters):
   - the loss scale of each backward pass: `loss_scale=` a callable the
     recorder polls at the end of every backward (`lambda: scaler.scale`,
     the trainer's own dynamic scaler, as DeepSpeed and Megatron carry
@@ -430,13 +432,18 @@ class Recorder:
             self.snapshot = None
 
     def _record_state(self, step):
-        for name, p in zip(self.names, self.params):
-            st = self.optimizer.state.get(p, {})
+        states = [self.optimizer.state.get(p, {}) for p in self.params]
+        for name, st in zip(self.names, states):
             if "step" in st:
                 self._state("opt_step", step, name, 0, float(st["step"]))
-            for kind in ("exp_avg", "exp_avg_sq"):
-                if kind in st:
-                    self._state_tensor(kind, step, name, st[kind])
+        for kind in ("exp_avg", "exp_avg_sq"):
+            # values.bin blocks when every parameter has the moment (a
+            # 1M-parameter model's moments as state.csv rows would be GBs).
+            if any(kind in st for st in states) and not self.values.add_state(
+                    self.run, step, kind, [st.get(kind) for st in states]):
+                for name, st in zip(self.names, states):
+                    if kind in st:
+                        self._state_tensor(kind, step, name, st[kind])
         for m, prefix in self._bn:
             for kind in ("running_mean", "running_var", "num_batches_tracked"):
                 buf = getattr(m, kind, None)
@@ -446,9 +453,10 @@ class Recorder:
     def _after_ema(self):
         self._state("ema_update", self.ema_updates, "", self.steps, self.since_step)
         mine = dict(self.ema.module.named_parameters())
-        for name in self.names:
-            model_name = self.mapping[name][0]
-            self._state_tensor("ema", self.ema_updates, name, mine[model_name])
+        averaged = [mine[self.mapping[name][0]] for name in self.names]
+        if not self.values.add_state(self.run, self.ema_updates, "ema", averaged):
+            for name, t in zip(self.names, averaged):
+                self._state_tensor("ema", self.ema_updates, name, t)
         self.ema_updates += 1
 
     # ---- rows

@@ -18,7 +18,10 @@ EVENTS_HEADER = "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,sam
 VALUES_HEADER = "run,step,kind,tensor,index,value"
 VERSION = "0.2.0"
 VALUES_MAGIC = b"ACVALUES"
-VALUES_VERSION = 1
+VALUES_VERSION = 2
+# values.bin block kinds: a step's gradient or parameters, and (version 2)
+# the per-element training state that state.csv would otherwise hold.
+BLOCK_KINDS = {"grad": 0, "param": 1, "exp_avg": 2, "exp_avg_sq": 3, "ema": 4}
 
 
 class Refused(SystemExit):
@@ -79,7 +82,10 @@ class Values:
     tensors: [(name, elements)] in the scenario's layout order; width: 4
     (float32) or 8 (float64), the bytes per value of values.bin.  add()
     takes one block: a run's gradient (kind "grad") or parameters ("param")
-    of one step, one flat array per tensor (anything numpy.asarray takes)."""
+    of one step, one flat array per tensor (anything numpy.asarray takes);
+    values.bin also takes the state kinds exp_avg, exp_avg_sq (step: the
+    optimizer step) and ema (step: the EMA update's number), in the
+    parameters' layout (add_state tells whether it can)."""
 
     def __init__(self, tensors, width=4, binary=True):
         if width not in (4, 8):
@@ -97,8 +103,9 @@ class Values:
 
     def add(self, run, step, kind, arrays, rank=0):
         import numpy
-        if kind not in ("grad", "param"):
-            raise ValueError("kind %r: expected grad or param" % kind)
+        if kind not in BLOCK_KINDS or (kind not in ("grad", "param") and not self.binary):
+            raise ValueError("kind %r: expected grad or param%s" % (
+                kind, ", exp_avg, exp_avg_sq or ema" if self.binary else ""))
         if len(arrays) != len(self.tensors):
             raise ValueError("%d arrays for %d tensors" % (len(arrays), len(self.tensors)))
         flats = [numpy.asarray(a).reshape(-1) for a in arrays]
@@ -113,9 +120,21 @@ class Values:
             return
         r = run.encode("utf-8")
         self.chunks.append(struct.pack("<I", len(r)) + r +
-                           struct.pack("<qqI", step, rank, 0 if kind == "grad" else 1))
+                           struct.pack("<qqI", step, rank, BLOCK_KINDS[kind]))
         dtype = "<f4" if self.width == 4 else "<f8"
         self.chunks.extend(a.astype(dtype, copy=False).tobytes() for a in flats)
+
+
+    def add_state(self, run, step, kind, tensors):
+        """A block of per-element state (exp_avg, exp_avg_sq, ema) when this
+        is values.bin and `tensors` (torch tensors, None where a parameter
+        has none) match the layout; False otherwise (the caller writes
+        state.csv rows instead)."""
+        if not self.binary or any(t is None or t.numel() != k
+                                  for t, (_, k) in zip(tensors, self.tensors)):
+            return False
+        self.add(run, step, kind, [t.detach().reshape(-1).cpu().numpy() for t in tensors])
+        return True
 
 
 def write_trace(folder, meta, events, values, extra=None, ranks=False):
