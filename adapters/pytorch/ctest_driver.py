@@ -39,9 +39,16 @@ def trainer_argv(train, ranks, launcher):
         # the same setting.  --monitor_interval 0.2: the agent looks at its
         # workers every 5 s by default, so a run of 2 s took 7; how often
         # it looks changes nothing the workers do.
+        # Under CTest's warm Python (warm_python.py), each worker is
+        # `python3 warm_python.py exec SCRIPT ...` (--no_python): a fork of
+        # the server that has imported torch, instead of a fresh `python3
+        # -u SCRIPT` importing it again (1.5 s of CPU a rank).
+        warm = (["--no_python", sys.executable,
+                 os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_python.py"),
+                 "exec"] if os.environ.get("ACCUMCHECK_WARM_PYTHON") else [])
         return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                 str(ranks), "--redirects", "9:1", "--tee", "9:1",
-                "--monitor_interval", "0.2"] + train
+                "--monitor_interval", "0.2"] + warm + train
     if ranks > 1:
         return train + ["--spawn", str(ranks)]
     return train

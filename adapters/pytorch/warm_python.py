@@ -13,6 +13,13 @@ after `import torch` is what torch's own DataLoader workers do.
                                          listens; it exits after 15 idle
                                          minutes or on `stop`)
     python3 warm_python.py stop NAME
+    python3 warm_python.py exec SCRIPT ARGS...
+                                         run `python3 -u SCRIPT ARGS...`
+                                         through the server named by
+                                         ACCUMCHECK_WARM_PYTHON: torchrun's
+                                         workers (--no_python), which would
+                                         each import torch again; signals
+                                         it gets are passed to the trainer
 
 NAME is a Linux abstract socket name (no file, no path-length limit);
 CTest starts the server as a fixture (adapters/pytorch/CMakeLists.txt)
@@ -52,6 +59,26 @@ def _connect(name):
     return conn
 
 
+def _line(conn, buf):
+    """The next reply line (and what follows it) from the server."""
+    while b"\n" not in buf:
+        chunk = conn.recv(64)
+        if not chunk:
+            raise RuntimeError("warm_python: the server closed the connection")
+        buf += chunk
+    line, rest = buf.split(b"\n", 1)
+    return int(line), rest
+
+
+def _start(conn, argv, fds):
+    """Sends the request; returns the trainer's pid and the unread reply."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
+    socket.send_fds(conn, [request.encode() + b"\n"], fds)
+    return _line(conn, b"")
+
+
 def run(argv, capture_output=False, text=False, check=False):
     """subprocess.run([sys.executable] + argv, ...) through the warm server
     when ACCUMCHECK_WARM_PYTHON names one that answers."""
@@ -61,19 +88,10 @@ def run(argv, capture_output=False, text=False, check=False):
         return subprocess.run([sys.executable] + argv, capture_output=capture_output,
                               text=text, check=check)
     with conn, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        sys.stdout.flush()
-        sys.stderr.flush()
         fds = [0, out.fileno() if capture_output else 1,
                err.fileno() if capture_output else 2]
-        request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
-        socket.send_fds(conn, [request.encode() + b"\n"], fds)
-        reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = conn.recv(64)
-            if not chunk:
-                raise RuntimeError("warm_python: the server closed the connection")
-            reply += chunk
-        code = int(reply)
+        _, rest = _start(conn, argv, fds)
+        code, _ = _line(conn, rest)
         outputs = [None, None]
         if capture_output:
             for i, f in enumerate((out, err)):
@@ -84,6 +102,23 @@ def run(argv, capture_output=False, text=False, check=False):
     if check:
         result.check_returncode()
     return result
+
+
+def exec_(argv):
+    """`python3 -u argv...` through the server (a fresh interpreter when
+    none answers), as this process: the same exit code, and SIGTERM,
+    SIGINT or SIGHUP sent to this process passed on to the trainer (what
+    torchrun's agent sends its workers when one of them fails)."""
+    name = os.environ.get("ACCUMCHECK_WARM_PYTHON")
+    conn = _connect(name) if name else None
+    if conn is None:
+        os.execv(sys.executable, [sys.executable, "-u"] + argv)
+    with conn:
+        pid, rest = _start(conn, argv, [0, 1, 2])
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda s, _f: os.kill(pid, s))
+        code, _ = _line(conn, rest)
+    return code
 
 
 def _child(request, fds):
@@ -144,6 +179,7 @@ def _handle(conn):
         _child(request, fds)
     for fd in fds:
         os.close(fd)
+    conn.sendall(b"%d\n" % pid)  # for the client to pass signals on
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     conn.sendall(b"%d\n" % (code if code >= 0 else 128 - code))
@@ -205,7 +241,9 @@ def stop(name):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "exec":
+        sys.exit(exec_(sys.argv[2:]))
     if len(sys.argv) != 3 or sys.argv[1] not in ("serve", "stop"):
-        print("usage: warm_python.py serve|stop NAME", file=sys.stderr)
+        print("usage: warm_python.py serve|stop NAME | exec SCRIPT ARGS...", file=sys.stderr)
         sys.exit(2)
     sys.exit(serve(sys.argv[2]) if sys.argv[1] == "serve" else stop(sys.argv[2]))
