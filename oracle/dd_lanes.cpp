@@ -1,0 +1,270 @@
+// oracle/dd_lanes.hpp: Tracked<DD> reductions four outputs at a time, bit
+// for bit tracked_detail::dot_into_dd (oracle/tracked_dd_reductions.hpp).
+#include "oracle/dd_lanes.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+namespace accumcheck::dd_lanes {
+
+namespace lanes_detail {
+
+using tracked_detail::dot_exact_sum;
+using tracked_detail::dot_into_dd;
+using tracked_detail::kUpDD;
+using tracked_detail::ReductionConstants;
+
+// Four doubles (one per lane) and a lane mask (all ones or zero).
+using d4 = double __attribute__((vector_size(32)));
+using i4 = long long __attribute__((vector_size(32)));
+
+ACCUMCHECK_DD_INLINE d4 splat(double x) { return d4{x, x, x, x}; }
+ACCUMCHECK_DD_INLINE d4 fabs4(d4 x) {
+  constexpr long long kAbs = 0x7fffffffffffffffLL;
+  return reinterpret_cast<d4>(reinterpret_cast<i4>(x) &
+                              i4{kAbs, kAbs, kAbs, kAbs});
+}
+ACCUMCHECK_DD_INLINE d4 fma4(d4 a, d4 b, d4 c) {
+#if defined(__FMA__)
+  return _mm256_fmadd_pd(a, b, c);
+#else
+  return d4{std::fma(a[0], b[0], c[0]), std::fma(a[1], b[1], c[1]),
+            std::fma(a[2], b[2], c[2]), std::fma(a[3], b[3], c[3])};
+#endif
+}
+// Bit l set where lane l of m is set.
+ACCUMCHECK_DD_INLINE int bits(i4 m) {
+#if defined(__AVX__)
+  return _mm256_movemask_pd(reinterpret_cast<__m256d>(m));
+#else
+  return (m[0] ? 1 : 0) | (m[1] ? 2 : 0) | (m[2] ? 4 : 0) | (m[3] ? 8 : 0);
+#endif
+}
+ACCUMCHECK_DD_INLINE i4 finite4(d4 x) {
+  return fabs4(x) < splat(std::numeric_limits<double>::infinity());
+}
+ACCUMCHECK_DD_INLINE d4 select(i4 m, d4 x) {
+  return reinterpret_cast<d4>(m & reinterpret_cast<i4>(x));
+}
+
+// Four consecutive Tracked<DD> as structure of arrays (v.hi, v.lo, e.hi),
+// and back (e.lo = 0, as every bound is a double).
+static_assert(sizeof(TD) == 4 * sizeof(double));
+ACCUMCHECK_DD_INLINE void load4(const TD* p, d4& h, d4& l, d4& e) {
+#if defined(__AVX__)
+  const double* q = &p[0].v.hi;
+  const __m256d r0 = _mm256_loadu_pd(q), r1 = _mm256_loadu_pd(q + 4),
+                r2 = _mm256_loadu_pd(q + 8), r3 = _mm256_loadu_pd(q + 12);
+  const __m256d t0 = _mm256_unpacklo_pd(r0, r1);  // h0 h1 e0 e1
+  const __m256d t1 = _mm256_unpackhi_pd(r0, r1);  // l0 l1 .. ..
+  const __m256d t2 = _mm256_unpacklo_pd(r2, r3);  // h2 h3 e2 e3
+  const __m256d t3 = _mm256_unpackhi_pd(r2, r3);  // l2 l3 .. ..
+  h = _mm256_permute2f128_pd(t0, t2, 0x20);
+  e = _mm256_permute2f128_pd(t0, t2, 0x31);
+  l = _mm256_permute2f128_pd(t1, t3, 0x20);
+#else
+  h = d4{p[0].v.hi, p[1].v.hi, p[2].v.hi, p[3].v.hi};
+  l = d4{p[0].v.lo, p[1].v.lo, p[2].v.lo, p[3].v.lo};
+  e = d4{p[0].e.hi, p[1].e.hi, p[2].e.hi, p[3].e.hi};
+#endif
+}
+ACCUMCHECK_DD_INLINE void store4(TD* p, d4 h, d4 l, d4 e) {
+#if defined(__AVX__)
+  const __m256d z = _mm256_setzero_pd();
+  const __m256d t0 = _mm256_unpacklo_pd(h, l);  // h0 l0 h2 l2
+  const __m256d t1 = _mm256_unpackhi_pd(h, l);  // h1 l1 h3 l3
+  const __m256d t2 = _mm256_unpacklo_pd(e, z);  // e0 0 e2 0
+  const __m256d t3 = _mm256_unpackhi_pd(e, z);  // e1 0 e3 0
+  double* q = &p[0].v.hi;
+  _mm256_storeu_pd(q, _mm256_permute2f128_pd(t0, t2, 0x20));
+  _mm256_storeu_pd(q + 4, _mm256_permute2f128_pd(t1, t3, 0x20));
+  _mm256_storeu_pd(q + 8, _mm256_permute2f128_pd(t0, t2, 0x31));
+  _mm256_storeu_pd(q + 12, _mm256_permute2f128_pd(t1, t3, 0x31));
+#else
+  for (int k = 0; k < 4; ++k) {
+    p[k].v = DD::raw(h[k], l[k]);
+    p[k].e = DD(e[k]);
+  }
+#endif
+}
+
+// Four Dot2 reductions (dot_into_dd's loop), one term x y at a time with
+// x the same in every lane.
+struct Acc {
+  d4 s{}, c{}, M{}, P{};
+  i4 inexact{};
+};
+ACCUMCHECK_DD_INLINE void add_term(Acc& a, const TD& x, d4 yh, d4 yl, d4 ye) {
+  const d4 xh = splat(x.v.hi), xl = splat(x.v.lo), xe = splat(x.e.hi);
+  const d4 ph = xh * yh;
+  const d4 pl = fma4(xh, yh, -ph) + (xh * yl + xl * yh);
+  const d4 t = a.s + ph;
+  const d4 bb = t - a.s;
+  a.c += ((a.s - (t - bb)) + (ph - bb)) + pl;
+  a.s = t;
+  a.M += fabs4(ph);
+  const d4 zero{};
+  const i4 m = (xe != zero) | (ye != zero);
+  a.inexact |= m;
+  a.P += select(m, fabs4(xh) * ye + fabs4(yh) * xe + xe * ye);
+}
+
+// dot_into_dd's ending with an initial value (ih, il, ie): the value
+// v + init and the bound.  `bad`: lanes where the scalar code leaves its
+// common path on a non-finite value (computed again by it); `exact`:
+// lanes whose inputs were all exact (the exact-sum test decides).
+struct Fin {
+  d4 vh, vl, e;
+  int bad, exact;
+};
+ACCUMCHECK_DD_INLINE Fin finish(const Acc& a, const ReductionConstants& k,
+                                d4 ih, d4 il, d4 ie) {
+  Fin f;
+  // v = quick_two_sum(s, c)
+  const d4 vh = a.s + a.c;
+  const d4 vl = a.c - (vh - a.s);
+  // v + init (DD's operator+)
+  const d4 sh = vh + ih;
+  const d4 bb = sh - vh;
+  d4 sl = (vh - (sh - bb)) + (ih - bb);
+  const d4 th = vl + il;
+  const d4 bt = th - vl;
+  const d4 tl = (vl - (th - bt)) + (il - bt);
+  sl += th;
+  const d4 h2 = sh + sl;
+  d4 l2 = sl - (h2 - sh);
+  l2 += tl;
+  f.vh = h2 + l2;
+  f.vl = l2 - (f.vh - h2);
+  // dd_reduction_bound
+  d4 Pu = a.P * splat(k.F), Mu = a.M * splat(k.F);
+  const d4 vr = splat(k.dot2) * Mu;
+  Pu += ie * splat(1 + 0x1p-52);
+  Mu += fabs4(ih) * splat(1 + 0x1p-52);
+  const d4 e =
+      Pu * splat(k.one_plus_gam) + splat(k.gam) * Mu + splat(k.etas) + vr;
+  f.e = e * splat(kUpDD);
+  f.bad =
+      ~bits(finite4(a.s) & finite4(sh) & finite4(f.vh) & finite4(f.e)) & 0xf;
+  f.exact = bits((ie == d4{}) & ~a.inexact);
+  return f;
+}
+
+// Scratch of structure-of-arrays copies, per thread.
+std::vector<double>& scratch(size_t n) {
+  thread_local std::vector<double> s;
+  if (s.size() < n) s.resize(n);
+  return s;
+}
+
+}  // namespace lanes_detail
+
+void linear_forward(TD* out, const TD* inp, const TD* W, const TD* bias,
+                    int64_t B, int64_t in, int64_t out_dim) {
+  using namespace lanes_detail;
+  const ReductionConstants k(in + 1, in, true);
+  int64_t b0 = 0;
+  if (!k.unbounded && B >= 4) {
+    // ys[3 i + {0, 1, 2}]: inp[b0 + lane, i]'s v.hi, v.lo, e.hi.
+    std::vector<double>& buf = scratch(size_t(12 * in));
+    double* ys = buf.data();
+    for (; b0 + 4 <= B; b0 += 4) {
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t l = 0; l < 4; ++l) {
+          const TD& y = inp[(b0 + l) * in + i];
+          ys[12 * i + l] = y.v.hi;
+          ys[12 * i + 4 + l] = y.v.lo;
+          ys[12 * i + 8 + l] = y.e.hi;
+        }
+      for (int64_t o = 0; o < out_dim; ++o) {
+        const TD* w = &W[o * in];
+        Acc a;
+        for (int64_t i = 0; i < in; ++i) {
+          d4 yh, yl, ye;
+          __builtin_memcpy(&yh, &ys[12 * i], sizeof(d4));
+          __builtin_memcpy(&yl, &ys[12 * i + 4], sizeof(d4));
+          __builtin_memcpy(&ye, &ys[12 * i + 8], sizeof(d4));
+          add_term(a, w[i], yh, yl, ye);
+        }
+        const TD& c = bias[o];
+        const Fin f = finish(a, k, splat(c.v.hi), splat(c.v.lo), splat(c.e.hi));
+        for (int64_t l = 0; l < 4; ++l) {
+          TD& dst = out[(b0 + l) * out_dim + o];
+          const TD* y = &inp[(b0 + l) * in];
+          if ((f.bad >> l) & 1) {
+            dot_into_dd(dst, &c, in, w, 1, y, 1, k);
+            continue;
+          }
+          dst.v = DD::raw(f.vh[l], f.vl[l]);
+          dst.e =
+              ((f.exact >> l) & 1) && dot_exact_sum(&c, in, w, 1, y, 1, a.M[l])
+                  ? DD(0.0)
+                  : DD(f.e[l]);
+        }
+      }
+    }
+  }
+  for (; b0 < B; ++b0)
+    for (int64_t o = 0; o < out_dim; ++o)
+      dot_into_dd(out[b0 * out_dim + o], &bias[o], in, &W[o * in], 1,
+                  &inp[b0 * in], 1, k);
+}
+
+void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
+                 int64_t out_dim) {
+  using namespace lanes_detail;
+  const ReductionConstants k(B + 1, B, true);
+  const int64_t in4 = k.unbounded ? 0 : in / 4 * 4;
+  // ys[(3 b + {0, 1, 2}) in + i]: inp[b, i]'s v.hi, v.lo, e.hi.
+  std::vector<double>& buf = scratch(size_t(3 * B * in));
+  double* ys = buf.data();
+  if (in4 > 0)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < in; ++i) {
+        const TD& y = inp[b * in + i];
+        ys[(3 * b) * in + i] = y.v.hi;
+        ys[(3 * b + 1) * in + i] = y.v.lo;
+        ys[(3 * b + 2) * in + i] = y.e.hi;
+      }
+  for (int64_t o = 0; o < out_dim; ++o) {
+    TD* row = &dW[o * in];
+    for (int64_t i = 0; i < in4; i += 4) {
+      Acc a;
+      for (int64_t b = 0; b < B; ++b) {
+        d4 yh, yl, ye;
+        __builtin_memcpy(&yh, &ys[(3 * b) * in + i], sizeof(d4));
+        __builtin_memcpy(&yl, &ys[(3 * b + 1) * in + i], sizeof(d4));
+        __builtin_memcpy(&ye, &ys[(3 * b + 2) * in + i], sizeof(d4));
+        add_term(a, dout[b * out_dim + o], yh, yl, ye);
+      }
+      d4 ih, il, ie;
+      load4(&row[i], ih, il, ie);
+      const Fin f = finish(a, k, ih, il, ie);
+      if ((f.bad | f.exact) == 0) {
+        store4(&row[i], f.vh, f.vl, f.e);
+        continue;
+      }
+      for (int64_t l = 0; l < 4; ++l) {
+        TD& dst = row[i + l];
+        if ((f.bad >> l) & 1) {
+          dot_into_dd(dst, &dst, B, &dout[o], out_dim, &inp[i + l], in, k);
+          continue;
+        }
+        const bool ex =
+            ((f.exact >> l) & 1) &&
+            dot_exact_sum(&dst, B, &dout[o], out_dim, &inp[i + l], in, a.M[l]);
+        dst.v = DD::raw(f.vh[l], f.vl[l]);
+        dst.e = ex ? DD(0.0) : DD(f.e[l]);
+      }
+    }
+    for (int64_t i = in4; i < in; ++i)
+      dot_into_dd(row[i], &row[i], B, &dout[o], out_dim, &inp[i], in, k);
+  }
+}
+
+}  // namespace accumcheck::dd_lanes
