@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include "oracle/layers.hpp"
+
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -45,8 +47,23 @@ ACCUMCHECK_DD_INLINE int bits(i4 m) {
   return (m[0] ? 1 : 0) | (m[1] ? 2 : 0) | (m[2] ? 4 : 0) | (m[3] ? 8 : 0);
 #endif
 }
+ACCUMCHECK_DD_INLINE d4 sqrt4(d4 x) {
+#if defined(__AVX__)
+  return _mm256_sqrt_pd(x);
+#else
+  return d4{std::sqrt(x[0]), std::sqrt(x[1]), std::sqrt(x[2]), std::sqrt(x[3])};
+#endif
+}
 ACCUMCHECK_DD_INLINE i4 finite4(d4 x) {
   return fabs4(x) < splat(std::numeric_limits<double>::infinity());
+}
+// tracked_detail::float_exact for a DD (hi, lo): lo = 0 and hi a finite
+// float32 number (DD's conversion to float returns float(hi) when lo = 0,
+// and DD equality compares both parts).
+ACCUMCHECK_DD_INLINE i4 float_exact4(d4 h, d4 l) {
+  using f4 = float __attribute__((vector_size(16)));
+  const d4 back = __builtin_convertvector(__builtin_convertvector(h, f4), d4);
+  return (back == h) & (l == d4{}) & finite4(back);
 }
 ACCUMCHECK_DD_INLINE d4 select(i4 m, d4 x) {
   return reinterpret_cast<d4>(m & reinterpret_cast<i4>(x));
@@ -153,6 +170,135 @@ ACCUMCHECK_DD_INLINE Fin finish(const Acc& a, const ReductionConstants& k,
       ~bits(finite4(a.s) & finite4(sh) & finite4(f.vh) & finite4(f.e)) & 0xf;
   f.exact = bits((ie == d4{}) & ~a.inexact);
   return f;
+}
+
+// Tracked<DD> operations on four lanes (the value's hi, lo and the bound's
+// hi), each the scalar operation's common path (oracle/dd.hpp's DD
+// operators, oracle/tracked.hpp's Tracked ones with the DD bounds) written
+// out operation for operation; a lane where the scalar one would leave it
+// is marked in `bad`.
+struct T4 {
+  d4 h, l, e;
+};
+ACCUMCHECK_DD_INLINE T4 splat(const TD& x) {
+  return {splat(x.v.hi), splat(x.v.lo), splat(x.e.hi)};
+}
+// DD's operator+ (value): hi and lo.
+ACCUMCHECK_DD_INLINE void dd_add(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
+                                 i4& bad) {
+  const d4 sh = ah + bh;
+  const d4 bb = sh - ah;
+  d4 sl = (ah - (sh - bb)) + (bh - bb);
+  bad |= ~finite4(sh);
+  const d4 th = al + bl;
+  const d4 bt = th - al;
+  const d4 tl = (al - (th - bt)) + (bl - bt);
+  sl += th;
+  const d4 h2 = sh + sl;
+  d4 l2 = sl - (h2 - sh);
+  l2 += tl;
+  h = h2 + l2;
+  l = l2 - (h - h2);
+}
+// DD's operator*.
+ACCUMCHECK_DD_INLINE void dd_mul(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
+                                 i4& bad) {
+  const d4 ph = ah * bh;
+  d4 pl = fma4(ah, bh, -ph);
+  bad |= ~finite4(ph);
+  pl += ah * bl + al * bh;
+  h = ph + pl;
+  l = pl - (h - ph);
+}
+constexpr double kU = error_model::kUnitRoundoff32;
+
+ACCUMCHECK_DD_INLINE T4 tmul(const T4& a, const T4& b, i4& bad) {
+  T4 r;
+  dd_mul(a.h, a.l, b.h, b.l, r.h, r.l, bad);
+  const d4 zero{};
+  const i4 az = a.e == zero, bz = b.e == zero;
+  // The exact case (bound 0), else an exact zero factor: (0, 0).
+  const i4 exact = az & bz & float_exact4(r.h, r.l);
+  const i4 keep = exact | ~((az & (a.h == zero)) | (bz & (b.h == zero)));
+  const d4 P = fabs4(a.h) * b.e + fabs4(b.h) * a.e + a.e * b.e;
+  const d4 e = (P * splat(1 + kU) + splat(kU) * fabs4(r.h) + splat(0x1p-150)) *
+               splat(kUpDD);
+  r.h = select(keep, r.h);
+  r.l = select(keep, r.l);
+  r.e = select(keep & ~exact, e);
+  return r;
+}
+ACCUMCHECK_DD_INLINE T4 tadd(const T4& a, const T4& b, i4& bad) {
+  T4 r;
+  dd_add(a.h, a.l, b.h, b.l, r.h, r.l, bad);
+  const d4 zero{};
+  const i4 exact = (a.e == zero) & (b.e == zero) & float_exact4(r.h, r.l);
+  r.e = select(~exact, ((a.e + b.e) * splat(1 + kU) + splat(kU) * fabs4(r.h)) *
+                           splat(kUpDD));
+  return r;
+}
+ACCUMCHECK_DD_INLINE T4 tsub(const T4& a, const T4& b, i4& bad) {
+  return tadd(a, T4{-b.h, -b.l, b.e}, bad);
+}
+ACCUMCHECK_DD_INLINE T4 tsqrt(const T4& x, i4& bad) {
+  const d4 zero{};
+  bad |= ~(x.h > zero) | ~finite4(x.h);
+  // DD's sqrt
+  const d4 y = splat(1.0) / sqrt4(x.h);
+  const d4 ax = x.h * y;
+  const d4 sqh = ax * ax;
+  const d4 sql = fma4(ax, ax, -sqh);
+  d4 dh, dl;
+  dd_add(x.h, x.l, -sqh, -sql, dh, dl, bad);
+  const d4 b = dh * (y * splat(0.5));
+  T4 r;
+  r.h = ax + b;
+  const d4 bb = r.h - ax;
+  r.l = (ax - (r.h - bb)) + (b - bb);
+  // sqrt_bound
+  const d4 eh = x.e * splat(1 + 0x1p-52);
+  d4 S = sqrt4(eh) * splat(1 + 0x1p-52);
+  const d4 lin = eh / (r.h * splat(1 - 0x1p-52)) * splat(1 + 0x1p-52);
+  const i4 take = (r.h > zero) & (lin < S);
+  S = reinterpret_cast<d4>((take & reinterpret_cast<i4>(lin)) |
+                           (~take & reinterpret_cast<i4>(S)));
+  const i4 exact = (x.e == zero) & float_exact4(r.h, r.l);
+  r.e = select(~exact,
+               (S * splat(1 + kU) + splat(kU) * fabs4(r.h)) * splat(kUpDD));
+  return r;
+}
+// a.v - DD(q) * b.v (DD's operator/'s step).
+ACCUMCHECK_DD_INLINE void div_rest(d4 ah, d4 al, d4 q, const T4& b, d4& h,
+                                   d4& l, i4& bad) {
+  d4 ph, pl;
+  dd_mul(q, d4{}, b.h, b.l, ph, pl, bad);
+  dd_add(ah, al, -ph, -pl, h, l, bad);
+}
+ACCUMCHECK_DD_INLINE T4 tdiv(const T4& a, const T4& b, i4& bad) {
+  const d4 zero{};
+  // DD's operator/
+  const d4 q1 = a.h / b.h;
+  bad |= ~finite4(q1) | ~finite4(b.h);
+  d4 rh, rl;
+  div_rest(a.h, a.l, q1, b, rh, rl, bad);
+  const d4 q2 = rh / b.h;
+  div_rest(rh, rl, q2, b, rh, rl, bad);
+  const d4 q3 = rh / b.h;
+  const d4 sh = q1 + q2;
+  const d4 sl = q2 - (sh - q1);
+  T4 r;
+  dd_add(sh, sl, q3, zero, r.h, r.l, bad);
+  // div_bound
+  const d4 den = (fabs4(b.h) * splat(1 - 0x1p-52) - b.e * splat(1 + 0x1p-52)) *
+                 splat(1 - 0x1p-52);
+  const i4 exact = (a.e == zero) & (b.e == zero) & float_exact4(r.h, r.l);
+  // Not exact: an unbounded quotient (the divisor's interval reaches 0).
+  bad |= ~exact & ((b.e >= fabs4(b.h)) | ~(den > zero));
+  const d4 D = (a.e + fabs4(r.h) * b.e) / den;
+  r.e = select(~exact,
+               (D * splat(1 + kU) + splat(kU) * fabs4(r.h) + splat(0x1p-150)) *
+                   splat(kUpDD));
+  return r;
 }
 
 // Scratch of structure-of-arrays copies, per thread.
@@ -265,6 +411,55 @@ void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
     for (int64_t i = in4; i < in; ++i)
       dot_into_dd(row[i], &row[i], B, &dout[o], out_dim, &inp[i], in, k);
   }
+}
+
+}  // namespace accumcheck::dd_lanes
+
+namespace accumcheck::dd_lanes {
+
+void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
+               const AdamScalars<TD>& s, TD& g, TD& tmp) {
+  using namespace lanes_detail;
+  const AdamScalars<TD> sc = s;
+  TD gl = g, tl = tmp;
+  const T4 decay = splat(sc.decay), wd = splat(sc.weight_decay),
+           beta1 = splat(sc.beta1), beta2 = splat(sc.beta2),
+           omb1 = splat(sc.one_minus_beta1), omb2 = splat(sc.one_minus_beta2),
+           bc2 = splat(sc.bc2_sqrt), eps = splat(sc.eps),
+           step = splat(sc.step_size);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    i4 bad{};
+    T4 P, G, M, V;
+    load4(&p[i], P.h, P.l, P.e);
+    load4(&grad[i], G.h, G.l, G.e);
+    load4(&m[i], M.h, M.l, M.e);
+    load4(&v[i], V.h, V.l, V.e);
+    if (sc.decoupled) P = tmul(P, decay, bad);
+    if (sc.coupled) G = tadd(G, tmul(P, wd, bad), bad);
+    M = tmul(M, beta1, bad);
+    M = tadd(M, tmul(G, omb1, bad), bad);
+    V = tmul(V, beta2, bad);
+    V = tadd(V, tmul(tmul(G, G, bad), omb2, bad), bad);
+    T4 D = tsqrt(V, bad);
+    D = tdiv(D, bc2, bad);
+    D = tadd(D, eps, bad);
+    G = tdiv(M, D, bad);
+    G = tmul(G, step, bad);
+    P = tsub(P, G, bad);
+    if (bits(bad) != 0) {
+      layers_detail::adam_loop(4, &p[i], &grad[i], &m[i], &v[i], sc, gl, tl);
+      continue;
+    }
+    store4(&p[i], P.h, P.l, P.e);
+    store4(&m[i], M.h, M.l, M.e);
+    store4(&v[i], V.h, V.l, V.e);
+    gl = TD(DD::raw(G.h[3], G.l[3]), DD(G.e[3]));
+    tl = TD(DD::raw(D.h[3], D.l[3]), DD(D.e[3]));
+  }
+  layers_detail::adam_loop(n - i, &p[i], &grad[i], &m[i], &v[i], sc, gl, tl);
+  g = gl;
+  tmp = tl;
 }
 
 }  // namespace accumcheck::dd_lanes

@@ -20,6 +20,11 @@
 
 #include "oracle/tracked.hpp"
 
+namespace accumcheck {
+template <class T>
+struct AdamScalars;
+}  // namespace accumcheck
+
 namespace accumcheck::dd_lanes {
 
 using TD = Tracked<DD>;
@@ -32,5 +37,14 @@ void linear_forward(TD* out, const TD* inp, const TD* W, const TD* bias,
 // weight gradient.
 void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
                  int64_t out_dim);
+
+// One Adam / AdamW step (layers.hpp's adam_step for Tracked<DD>, the same
+// Tracked operations per element in the same order): four elements at a
+// time where every operation takes its common path in every lane (bounded
+// inputs, no exact zero but an exact zero factor, finite values, a
+// divisor bounded away from 0), otherwise those four elements by the
+// scalar loop.  `g` and `tmp` end as the scalar loop leaves them.
+void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
+               const AdamScalars<TD>& s, TD& g, TD& tmp);
 
 }  // namespace accumcheck::dd_lanes

@@ -447,7 +447,10 @@ ACCUMCHECK_DD_INLINE void adam_loop(int64_t n, T* p, const T* grad, T* m, T* v,
 template <class T>
 void adam_step(int64_t n, T* p, const T* grad, T* m, T* v,
                const AdamScalars<T>& s, T& g, T& tmp) {
-  if constexpr (std::is_trivially_copyable_v<T>) {
+  if constexpr (std::is_same_v<T, Tracked<DD>>) {
+    // Four elements at a time (bit for bit).
+    dd_lanes::adam_step(n, p, grad, m, v, s, g, tmp);
+  } else if constexpr (std::is_trivially_copyable_v<T>) {
     const AdamScalars<T> sc = s;
     T gl = g, tl = tmp;
     layers_detail::adam_loop(n, p, grad, m, v, sc, gl, tl);

@@ -119,5 +119,63 @@ TEST(DDLanes, WeightGradMatchesDotInto) {
   EXPECT_GT(exact, 0);
 }
 
+// Adam's scalars as Oracle::optimizer_step forms them.
+AdamScalars<TD> adam_scalars(int variant, int64_t step) {
+  using H = Num<TD>::Host;
+  AdamScalars<TD> s;
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.999, wd = 0.01;
+  s.beta1 = TD(b1);
+  s.beta2 = TD(b2);
+  s.one_minus_beta1 = TD(1) - s.beta1;
+  s.one_minus_beta2 = TD(1) - s.beta2;
+  const H t = H(double(step));
+  s.step_size = Num<TD>::from_host(H(H(lr) / H(H(1) - pow(H(b1), t))));
+  s.bc2_sqrt = Num<TD>::from_host(H(sqrt(H(H(1) - pow(H(b2), t)))));
+  s.eps = TD(1e-8);
+  s.weight_decay = TD(variant == 0 ? 0.0 : wd);
+  s.coupled = variant == 1;
+  s.decoupled = variant == 2;
+  s.decay = Num<TD>::from_host(H(H(1) - H(lr) * H(wd)));
+  return s;
+}
+
+TEST(DDLanes, AdamStepMatchesScalarLoop) {
+  int lanes_path = 0;
+  for (int kind = 2; kind <= 4; ++kind)
+    for (int variant = 0; variant < 3; ++variant)
+      for (int64_t n : {1, 3, 4, 7, 8, 13, 64})
+        for (int mode = 0; mode < 4; ++mode) {
+          const bool fresh = mode & 1, exact_grad = mode & 2;
+          Gen g(uint64_t(kind * 1000 + variant * 100 + n + mode * 7), kind);
+          const auto p0 = g.vec(n);
+          auto grad = g.vec(n);
+          std::vector<TD> m0 = g.vec(n), v0 = g.vec(n);
+          for (TD& x : v0) x = TD(abs(x.v), x.e);
+          if (exact_grad)  // certify's case: the recorded float gradients
+            for (TD& x : grad) x = TD(DD(double(float(x.v.hi))), DD(0.0));
+          if (fresh)  // the first step: m = v = 0 exactly
+            for (int64_t i = 0; i < n; ++i)
+              m0[size_t(i)] = v0[size_t(i)] = TD(DD(0.0), DD(0.0));
+          const AdamScalars<TD> s = adam_scalars(variant, fresh ? 1 : 5);
+          std::vector<TD> p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
+          TD g1(0.f), t1(0.f), g2(0.f), t2(0.f);
+          dd_lanes::adam_step(n, p1.data(), grad.data(), m1.data(), v1.data(),
+                              s, g1, t1);
+          layers_detail::adam_loop(n, p2.data(), grad.data(), m2.data(),
+                                   v2.data(), s, g2, t2);
+          for (size_t i = 0; i < size_t(n); ++i) {
+            ASSERT_TRUE(same_bits(p1[i], p2[i]) && same_bits(m1[i], m2[i]) &&
+                        same_bits(v1[i], v2[i]))
+                << "kind " << kind << " variant " << variant << " n " << n
+                << " mode " << mode << " element " << i << ": p " << p1[i]
+                << " vs " << p2[i] << ", m " << m1[i] << " vs " << m2[i]
+                << ", v " << v1[i] << " vs " << v2[i];
+          }
+          ASSERT_TRUE(same_bits(g1, g2) && same_bits(t1, t2));
+          lanes_path += kind == 2 && n >= 4;
+        }
+  EXPECT_GT(lanes_path, 0);
+}
+
 }  // namespace
 }  // namespace accumcheck
