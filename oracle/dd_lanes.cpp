@@ -301,6 +301,21 @@ ACCUMCHECK_DD_INLINE T4 tdiv(const T4& a, const T4& b, i4& bad) {
   return r;
 }
 
+// dot_into_dd's ending without an initial value.
+ACCUMCHECK_DD_INLINE Fin finish(const Acc& a, const ReductionConstants& k) {
+  Fin f;
+  f.vh = a.s + a.c;
+  f.vl = a.c - (f.vh - a.s);
+  const d4 Pu = a.P * splat(k.F), Mu = a.M * splat(k.F);
+  const d4 vr = splat(k.dot2) * Mu;
+  const d4 e =
+      Pu * splat(k.one_plus_gam) + splat(k.gam) * Mu + splat(k.etas) + vr;
+  f.e = e * splat(kUpDD);
+  f.bad = ~bits(finite4(a.s) & finite4(f.vh) & finite4(f.e)) & 0xf;
+  f.exact = bits(~a.inexact);
+  return f;
+}
+
 // Scratch of structure-of-arrays copies, per thread.
 std::vector<double>& scratch(size_t n) {
   thread_local std::vector<double> s;
@@ -359,6 +374,58 @@ void linear_forward(TD* out, const TD* inp, const TD* W, const TD* bias,
     for (int64_t o = 0; o < out_dim; ++o)
       dot_into_dd(out[b0 * out_dim + o], &bias[o], in, &W[o * in], 1,
                   &inp[b0 * in], 1, k);
+}
+
+void input_grad(TD* dinp, const TD* dout, const TD* W, int64_t B, int64_t in,
+                int64_t out_dim) {
+  using namespace lanes_detail;
+  const ReductionConstants k(out_dim, out_dim, true);
+  int64_t b0 = 0;
+  if (!k.unbounded && B >= 4) {
+    // ys[12 o + {0, 4, 8} + lane]: dout[b0 + lane, o]'s v.hi, v.lo, e.hi.
+    std::vector<double>& buf = scratch(size_t(12 * out_dim));
+    double* ys = buf.data();
+    for (; b0 + 4 <= B; b0 += 4) {
+      for (int64_t o = 0; o < out_dim; ++o)
+        for (int64_t l = 0; l < 4; ++l) {
+          const TD& y = dout[(b0 + l) * out_dim + o];
+          ys[12 * o + l] = y.v.hi;
+          ys[12 * o + 4 + l] = y.v.lo;
+          ys[12 * o + 8 + l] = y.e.hi;
+        }
+      for (int64_t i = 0; i < in; ++i) {
+        // The terms dout[b, o] W[o, i]: x and y swapped against dot_into's
+        // order, which the Dot2 step does not see (its products and sums
+        // are commutative; the same doubles).
+        Acc a;
+        for (int64_t o = 0; o < out_dim; ++o) {
+          d4 yh, yl, ye;
+          __builtin_memcpy(&yh, &ys[12 * o], sizeof(d4));
+          __builtin_memcpy(&yl, &ys[12 * o + 4], sizeof(d4));
+          __builtin_memcpy(&ye, &ys[12 * o + 8], sizeof(d4));
+          add_term(a, W[o * in + i], yh, yl, ye);
+        }
+        const Fin f = finish(a, k);
+        for (int64_t l = 0; l < 4; ++l) {
+          TD& dst = dinp[(b0 + l) * in + i];
+          const TD* x = &dout[(b0 + l) * out_dim];
+          if ((f.bad >> l) & 1) {
+            dot_into_dd(dst, nullptr, out_dim, x, 1, &W[i], in, k);
+            continue;
+          }
+          dst.v = DD::raw(f.vh[l], f.vl[l]);
+          dst.e = ((f.exact >> l) & 1) && dot_exact_sum(nullptr, out_dim, x, 1,
+                                                        &W[i], in, a.M[l])
+                      ? DD(0.0)
+                      : DD(f.e[l]);
+        }
+      }
+    }
+  }
+  for (; b0 < B; ++b0)
+    for (int64_t i = 0; i < in; ++i)
+      dot_into_dd(dinp[b0 * in + i], nullptr, out_dim, &dout[b0 * out_dim], 1,
+                  &W[i], in, k);
 }
 
 void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,

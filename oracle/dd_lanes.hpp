@@ -33,6 +33,11 @@ using TD = Tracked<DD>;
 void linear_forward(TD* out, const TD* inp, const TD* W, const TD* bias,
                     int64_t B, int64_t in, int64_t out_dim);
 
+// dinp[b, i] = sum_o dout[b, o] W[o, i]  (SETS): linear_backward's input
+// gradient.
+void input_grad(TD* dinp, const TD* dout, const TD* W, int64_t B, int64_t in,
+                int64_t out_dim);
+
 // dW[o, i] += sum_b dout[b, o] inp[b, i]  (ACCUMULATES): linear_backward's
 // weight gradient.
 void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,

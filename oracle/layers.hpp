@@ -51,15 +51,16 @@ void linear_forward(T* out, const T* inp, const T* W, const T* bias, int64_t B,
 template <class T>
 void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp,
                      const T* W, int64_t B, int64_t in, int64_t out_dim) {
-  if (dinp)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < in; ++i)
-        dot_into(dinp[b * in + i], static_cast<const T*>(nullptr), out_dim,
-                 &dout[b * out_dim], 1, &W[i], in);
   if constexpr (std::is_same_v<T, Tracked<DD>>) {
-    // The same reductions, four columns at a time (bit for bit).
+    // The same reductions, four at a time (bit for bit).
+    if (dinp) dd_lanes::input_grad(dinp, dout, W, B, in, out_dim);
     dd_lanes::weight_grad(dW, dout, inp, B, in, out_dim);
   } else {
+    if (dinp)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < in; ++i)
+          dot_into(dinp[b * in + i], static_cast<const T*>(nullptr), out_dim,
+                   &dout[b * out_dim], 1, &W[i], in);
     for (int64_t o = 0; o < out_dim; ++o)
       for (int64_t i = 0; i < in; ++i)
         dot_into(dW[o * in + i], &dW[o * in + i], B, &dout[o], out_dim, &inp[i],

@@ -119,6 +119,34 @@ TEST(DDLanes, WeightGradMatchesDotInto) {
   EXPECT_GT(exact, 0);
 }
 
+TEST(DDLanes, InputGradMatchesDotInto) {
+  int exact = 0, bounded = 0;
+  for (int kind = 0; kind <= 4; ++kind)
+    for (int64_t B : {1, 3, 4, 5, 8})
+      for (int64_t in : {1, 3, 5})
+        for (int64_t out_dim : {1, 4, 17}) {
+          Gen g(uint64_t(kind * 1000 + B * 100 + in * 10 + out_dim + 3), kind);
+          const auto dout = g.vec(B * out_dim), W = g.vec(out_dim * in);
+          std::vector<TD> got(size_t(B * in)), want(got.size());
+          dd_lanes::input_grad(got.data(), dout.data(), W.data(), B, in,
+                               out_dim);
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0; i < in; ++i)
+              dot_into(want[size_t(b * in + i)],
+                       static_cast<const TD*>(nullptr), out_dim,
+                       &dout[size_t(b * out_dim)], 1, &W[size_t(i)], in);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_TRUE(same_bits(got[i], want[i]))
+                << "kind " << kind << " B " << B << " in " << in << " out "
+                << out_dim << " element " << i << ": " << got[i] << " vs "
+                << want[i];
+            (want[i].e.hi == 0 ? exact : bounded) += 1;
+          }
+        }
+  EXPECT_GT(exact, 0);
+  EXPECT_GT(bounded, 0);
+}
+
 // Adam's scalars as Oracle::optimizer_step forms them.
 AdamScalars<TD> adam_scalars(int variant, int64_t step) {
   using H = Num<TD>::Host;
