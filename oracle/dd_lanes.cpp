@@ -354,6 +354,11 @@ void linear_forward(TD* out, const TD* inp, const TD* W, const TD* bias,
         }
         const TD& c = bias[o];
         const Fin f = finish(a, k, splat(c.v.hi), splat(c.v.lo), splat(c.e.hi));
+        double vh[4], vl[4], e[4], M[4];  // lane by lane
+        __builtin_memcpy(vh, &f.vh, sizeof vh);
+        __builtin_memcpy(vl, &f.vl, sizeof vl);
+        __builtin_memcpy(e, &f.e, sizeof e);
+        __builtin_memcpy(M, &a.M, sizeof M);
         for (int64_t l = 0; l < 4; ++l) {
           TD& dst = out[(b0 + l) * out_dim + o];
           const TD* y = &inp[(b0 + l) * in];
@@ -361,11 +366,11 @@ void linear_forward(TD* out, const TD* inp, const TD* W, const TD* bias,
             dot_into_dd(dst, &c, in, w, 1, y, 1, k);
             continue;
           }
-          dst.v = DD::raw(f.vh[l], f.vl[l]);
+          dst.v = DD::raw(vh[l], vl[l]);
           dst.e =
-              ((f.exact >> l) & 1) && dot_exact_sum(&c, in, w, 1, y, 1, a.M[l])
+              ((f.exact >> l) & 1) && dot_exact_sum(&c, in, w, 1, y, 1, M[l])
                   ? DD(0.0)
-                  : DD(f.e[l]);
+                  : DD(e[l]);
         }
       }
     }
@@ -406,6 +411,11 @@ void input_grad(TD* dinp, const TD* dout, const TD* W, int64_t B, int64_t in,
           add_term(a, W[o * in + i], yh, yl, ye);
         }
         const Fin f = finish(a, k);
+        double vh[4], vl[4], e[4], M[4];  // lane by lane
+        __builtin_memcpy(vh, &f.vh, sizeof vh);
+        __builtin_memcpy(vl, &f.vl, sizeof vl);
+        __builtin_memcpy(e, &f.e, sizeof e);
+        __builtin_memcpy(M, &a.M, sizeof M);
         for (int64_t l = 0; l < 4; ++l) {
           TD& dst = dinp[(b0 + l) * in + i];
           const TD* x = &dout[(b0 + l) * out_dim];
@@ -413,11 +423,11 @@ void input_grad(TD* dinp, const TD* dout, const TD* W, int64_t B, int64_t in,
             dot_into_dd(dst, nullptr, out_dim, x, 1, &W[i], in, k);
             continue;
           }
-          dst.v = DD::raw(f.vh[l], f.vl[l]);
-          dst.e = ((f.exact >> l) & 1) && dot_exact_sum(nullptr, out_dim, x, 1,
-                                                        &W[i], in, a.M[l])
+          dst.v = DD::raw(vh[l], vl[l]);
+          dst.e = ((f.exact >> l) & 1) &&
+                          dot_exact_sum(nullptr, out_dim, x, 1, &W[i], in, M[l])
                       ? DD(0.0)
-                      : DD(f.e[l]);
+                      : DD(e[l]);
         }
       }
     }
@@ -462,6 +472,13 @@ void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
         store4(&row[i], f.vh, f.vl, f.e);
         continue;
       }
+      // Lane by lane (copied out of the vectors here only, so that the
+      // common path keeps them in registers).
+      double vh[4], vl[4], e[4], M[4];
+      __builtin_memcpy(vh, &f.vh, sizeof vh);
+      __builtin_memcpy(vl, &f.vl, sizeof vl);
+      __builtin_memcpy(e, &f.e, sizeof e);
+      __builtin_memcpy(M, &a.M, sizeof M);
       for (int64_t l = 0; l < 4; ++l) {
         TD& dst = row[i + l];
         if ((f.bad >> l) & 1) {
@@ -470,9 +487,9 @@ void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
         }
         const bool ex =
             ((f.exact >> l) & 1) &&
-            dot_exact_sum(&dst, B, &dout[o], out_dim, &inp[i + l], in, a.M[l]);
-        dst.v = DD::raw(f.vh[l], f.vl[l]);
-        dst.e = ex ? DD(0.0) : DD(f.e[l]);
+            dot_exact_sum(&dst, B, &dout[o], out_dim, &inp[i + l], in, M[l]);
+        dst.v = DD::raw(vh[l], vl[l]);
+        dst.e = ex ? DD(0.0) : DD(e[l]);
       }
     }
     for (int64_t i = in4; i < in; ++i)
