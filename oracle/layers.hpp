@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "oracle/dd_lanes.hpp"
 #include "oracle/real.hpp"
 #include "oracle/tracked.hpp"
 #include "sim/engine.hpp"
@@ -32,6 +33,11 @@ namespace accumcheck {
 template <class T>
 void linear_forward(T* out, const T* inp, const T* W, const T* bias, int64_t B,
                     int64_t in, int64_t out_dim) {
+  if constexpr (std::is_same_v<T, Tracked<DD>>) {
+    // The same reductions, four rows at a time (bit for bit).
+    dd_lanes::linear_forward(out, inp, W, bias, B, in, out_dim);
+    return;
+  }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t o = 0; o < out_dim; ++o)
       dot_into(out[b * out_dim + o], &bias[o], in, &W[o * in], 1, &inp[b * in],
@@ -45,25 +51,23 @@ void linear_forward(T* out, const T* inp, const T* W, const T* bias, int64_t B,
 template <class T>
 void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp,
                      const T* W, int64_t B, int64_t in, int64_t out_dim) {
-  if (dinp)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < in; ++i)
-        dot_into(dinp[b * in + i], static_cast<const T*>(nullptr), out_dim,
-                 &dout[b * out_dim], 1, &W[i], in);
-  for (int64_t o = 0; o < out_dim; ++o) {
-    if constexpr (std::is_same_v<T, Tracked<DD>>) {
-      // The same reductions, the bound's constants formed once.
-      const tracked_detail::ReductionConstants k(B + 1, B, true);
-      for (int64_t i = 0; i < in; ++i)
-        tracked_detail::dot_into_dd(dW[o * in + i], &dW[o * in + i], B,
-                                    &dout[o], out_dim, &inp[i], in, k);
-    } else {
+  if constexpr (std::is_same_v<T, Tracked<DD>>) {
+    // The same reductions, four at a time (bit for bit).
+    if (dinp) dd_lanes::input_grad(dinp, dout, W, B, in, out_dim);
+    dd_lanes::weight_grad(dW, dout, inp, B, in, out_dim);
+  } else {
+    if (dinp)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < in; ++i)
+          dot_into(dinp[b * in + i], static_cast<const T*>(nullptr), out_dim,
+                   &dout[b * out_dim], 1, &W[i], in);
+    for (int64_t o = 0; o < out_dim; ++o)
       for (int64_t i = 0; i < in; ++i)
         dot_into(dW[o * in + i], &dW[o * in + i], B, &dout[o], out_dim, &inp[i],
                  in);
-    }
-    sum_into(dbias[o], &dbias[o], B, &dout[o], out_dim);
   }
+  for (int64_t o = 0; o < out_dim; ++o)
+    sum_into(dbias[o], &dbias[o], B, &dout[o], out_dim);
 }
 
 // Constants a float32 engine stores rounded to float.
@@ -444,7 +448,10 @@ ACCUMCHECK_DD_INLINE void adam_loop(int64_t n, T* p, const T* grad, T* m, T* v,
 template <class T>
 void adam_step(int64_t n, T* p, const T* grad, T* m, T* v,
                const AdamScalars<T>& s, T& g, T& tmp) {
-  if constexpr (std::is_trivially_copyable_v<T>) {
+  if constexpr (std::is_same_v<T, Tracked<DD>>) {
+    // Four elements at a time (bit for bit).
+    dd_lanes::adam_step(n, p, grad, m, v, s, g, tmp);
+  } else if constexpr (std::is_trivially_copyable_v<T>) {
     const AdamScalars<T> sc = s;
     T gl = g, tl = tmp;
     layers_detail::adam_loop(n, p, grad, m, v, sc, gl, tl);

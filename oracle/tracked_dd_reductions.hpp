@@ -81,6 +81,32 @@ inline double dd_reduction_bound(int64_t g, int64_t n, double P, double M,
 }  // namespace tracked_detail
 
 namespace tracked_detail {
+// dot_into's exact case for DD (every input exact, bound 0): whether every
+// partial sum is exact in any order (see the derivation above).  M is the
+// double sum of the products' high parts' magnitudes, in term order.
+// With exact float32 inputs every product is exact in double.
+inline bool dot_exact_sum(const Tracked<DD>* init, int64_t n,
+                          const Tracked<DD>* a, int64_t sa,
+                          const Tracked<DD>* b, int64_t sb, double M) {
+  bool exact = true;
+  int low = std::numeric_limits<int>::max();
+  auto note = [&](const DD& p) {
+    if (p.hi == 0) return true;
+    if (!float_exact(p)) return false;
+    low = std::min(low, low_bit(static_cast<float>(p)));
+    return true;
+  };
+  double Mx = M;
+  if (init) {
+    exact = note(init->v);
+    Mx += std::fabs(init->v.hi);
+  }
+  for (int64_t k = 0; k < n && exact; ++k)
+    exact = note(a[k * sa].v * b[k * sb].v);
+  return exact && (low == std::numeric_limits<int>::max() ||
+                   Mx < std::ldexp(1.0, low + 24));
+}
+
 // dot_into for DD with the bound's constants given (`k`: g = n + 1 with
 // an initial value, else n; products).
 ACCUMCHECK_DD_INLINE void dot_into_dd(Tracked<DD>& out, const Tracked<DD>* init,
@@ -110,29 +136,10 @@ ACCUMCHECK_DD_INLINE void dot_into_dd(Tracked<DD>& out, const Tracked<DD>* init,
   DD v = DD::quick_two_sum(s, c);
   if (!std::isfinite(s)) v = DD(s);
   exact = exact && !inexact_inputs;
-  if (exact) {
-    // Every partial sum exact in any order?  (See the derivation above.)
-    // With exact float32 inputs every product is exact in double.
-    int low = std::numeric_limits<int>::max();
-    auto note = [&](const DD& p) {
-      if (p.hi == 0) return true;
-      if (!float_exact(p)) return false;
-      low = std::min(low, low_bit(static_cast<float>(p)));
-      return true;
-    };
-    double Mx = M;
-    if (init) {
-      exact = note(init->v);
-      Mx += std::fabs(init->v.hi);
-    }
-    for (int64_t k = 0; k < n && exact; ++k)
-      exact = note(a[k * sa].v * b[k * sb].v);
-    if (exact && (low == std::numeric_limits<int>::max() ||
-                  Mx < std::ldexp(1.0, low + 24))) {
-      out.v = init ? v + init->v : v;
-      out.e = 0;
-      return;
-    }
+  if (exact && dot_exact_sum(init, n, a, sa, b, sb, M)) {
+    out.v = init ? v + init->v : v;
+    out.e = 0;
+    return;
   }
   out.e = DD(dd_reduction_bound(k, P, M, init ? &init->v : nullptr,
                                 init ? init->e.hi : 0.0));

@@ -1,0 +1,549 @@
+// oracle/dd_lanes.hpp: Tracked<DD> reductions four outputs at a time, bit
+// for bit tracked_detail::dot_into_dd (oracle/tracked_dd_reductions.hpp).
+#include "oracle/dd_lanes.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "oracle/layers.hpp"
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+namespace accumcheck::dd_lanes {
+
+namespace lanes_detail {
+
+using tracked_detail::dot_exact_sum;
+using tracked_detail::dot_into_dd;
+using tracked_detail::kUpDD;
+using tracked_detail::ReductionConstants;
+
+// Four doubles (one per lane) and a lane mask (all ones or zero).
+using d4 = double __attribute__((vector_size(32)));
+using i4 = long long __attribute__((vector_size(32)));
+
+ACCUMCHECK_DD_INLINE d4 splat(double x) { return d4{x, x, x, x}; }
+ACCUMCHECK_DD_INLINE d4 fabs4(d4 x) {
+  constexpr long long kAbs = 0x7fffffffffffffffLL;
+  return reinterpret_cast<d4>(reinterpret_cast<i4>(x) &
+                              i4{kAbs, kAbs, kAbs, kAbs});
+}
+ACCUMCHECK_DD_INLINE d4 fma4(d4 a, d4 b, d4 c) {
+#if defined(__FMA__)
+  return _mm256_fmadd_pd(a, b, c);
+#else
+  return d4{std::fma(a[0], b[0], c[0]), std::fma(a[1], b[1], c[1]),
+            std::fma(a[2], b[2], c[2]), std::fma(a[3], b[3], c[3])};
+#endif
+}
+// Bit l set where lane l of m is set.
+ACCUMCHECK_DD_INLINE int bits(i4 m) {
+#if defined(__AVX__)
+  return _mm256_movemask_pd(reinterpret_cast<__m256d>(m));
+#else
+  return (m[0] ? 1 : 0) | (m[1] ? 2 : 0) | (m[2] ? 4 : 0) | (m[3] ? 8 : 0);
+#endif
+}
+ACCUMCHECK_DD_INLINE d4 sqrt4(d4 x) {
+#if defined(__AVX__)
+  return _mm256_sqrt_pd(x);
+#else
+  return d4{std::sqrt(x[0]), std::sqrt(x[1]), std::sqrt(x[2]), std::sqrt(x[3])};
+#endif
+}
+ACCUMCHECK_DD_INLINE i4 finite4(d4 x) {
+  return fabs4(x) < splat(std::numeric_limits<double>::infinity());
+}
+// tracked_detail::float_exact for a DD (hi, lo): lo = 0 and hi a finite
+// float32 number (DD's conversion to float returns float(hi) when lo = 0,
+// and DD equality compares both parts).
+ACCUMCHECK_DD_INLINE i4 float_exact4(d4 h, d4 l) {
+  using f4 = float __attribute__((vector_size(16)));
+  const d4 back = __builtin_convertvector(__builtin_convertvector(h, f4), d4);
+  return (back == h) & (l == d4{}) & finite4(back);
+}
+ACCUMCHECK_DD_INLINE d4 select(i4 m, d4 x) {
+  return reinterpret_cast<d4>(m & reinterpret_cast<i4>(x));
+}
+
+// Four consecutive Tracked<DD> as structure of arrays (v.hi, v.lo, e.hi),
+// and back (e.lo = 0, as every bound is a double).
+static_assert(sizeof(TD) == 4 * sizeof(double));
+ACCUMCHECK_DD_INLINE void load4(const TD* p, d4& h, d4& l, d4& e) {
+#if defined(__AVX__)
+  const double* q = &p[0].v.hi;
+  const __m256d r0 = _mm256_loadu_pd(q), r1 = _mm256_loadu_pd(q + 4),
+                r2 = _mm256_loadu_pd(q + 8), r3 = _mm256_loadu_pd(q + 12);
+  const __m256d t0 = _mm256_unpacklo_pd(r0, r1);  // h0 h1 e0 e1
+  const __m256d t1 = _mm256_unpackhi_pd(r0, r1);  // l0 l1 .. ..
+  const __m256d t2 = _mm256_unpacklo_pd(r2, r3);  // h2 h3 e2 e3
+  const __m256d t3 = _mm256_unpackhi_pd(r2, r3);  // l2 l3 .. ..
+  h = _mm256_permute2f128_pd(t0, t2, 0x20);
+  e = _mm256_permute2f128_pd(t0, t2, 0x31);
+  l = _mm256_permute2f128_pd(t1, t3, 0x20);
+#else
+  h = d4{p[0].v.hi, p[1].v.hi, p[2].v.hi, p[3].v.hi};
+  l = d4{p[0].v.lo, p[1].v.lo, p[2].v.lo, p[3].v.lo};
+  e = d4{p[0].e.hi, p[1].e.hi, p[2].e.hi, p[3].e.hi};
+#endif
+}
+ACCUMCHECK_DD_INLINE void store4(TD* p, d4 h, d4 l, d4 e) {
+#if defined(__AVX__)
+  const __m256d z = _mm256_setzero_pd();
+  const __m256d t0 = _mm256_unpacklo_pd(h, l);  // h0 l0 h2 l2
+  const __m256d t1 = _mm256_unpackhi_pd(h, l);  // h1 l1 h3 l3
+  const __m256d t2 = _mm256_unpacklo_pd(e, z);  // e0 0 e2 0
+  const __m256d t3 = _mm256_unpackhi_pd(e, z);  // e1 0 e3 0
+  double* q = &p[0].v.hi;
+  _mm256_storeu_pd(q, _mm256_permute2f128_pd(t0, t2, 0x20));
+  _mm256_storeu_pd(q + 4, _mm256_permute2f128_pd(t1, t3, 0x20));
+  _mm256_storeu_pd(q + 8, _mm256_permute2f128_pd(t0, t2, 0x31));
+  _mm256_storeu_pd(q + 12, _mm256_permute2f128_pd(t1, t3, 0x31));
+#else
+  for (int k = 0; k < 4; ++k) {
+    p[k].v = DD::raw(h[k], l[k]);
+    p[k].e = DD(e[k]);
+  }
+#endif
+}
+
+// Four Dot2 reductions (dot_into_dd's loop), one term x y at a time with
+// x the same in every lane.
+struct Acc {
+  d4 s{}, c{}, M{}, P{};
+  i4 inexact{};
+};
+ACCUMCHECK_DD_INLINE void add_term(Acc& a, const TD& x, d4 yh, d4 yl, d4 ye) {
+  const d4 xh = splat(x.v.hi), xl = splat(x.v.lo), xe = splat(x.e.hi);
+  const d4 ph = xh * yh;
+  const d4 pl = fma4(xh, yh, -ph) + (xh * yl + xl * yh);
+  const d4 t = a.s + ph;
+  const d4 bb = t - a.s;
+  a.c += ((a.s - (t - bb)) + (ph - bb)) + pl;
+  a.s = t;
+  a.M += fabs4(ph);
+  const d4 zero{};
+  const i4 m = (xe != zero) | (ye != zero);
+  a.inexact |= m;
+  a.P += select(m, fabs4(xh) * ye + fabs4(yh) * xe + xe * ye);
+}
+
+// dot_into_dd's ending with an initial value (ih, il, ie): the value
+// v + init and the bound.  `bad`: lanes where the scalar code leaves its
+// common path on a non-finite value (computed again by it); `exact`:
+// lanes whose inputs were all exact (the exact-sum test decides).
+struct Fin {
+  d4 vh, vl, e;
+  int bad, exact;
+};
+ACCUMCHECK_DD_INLINE Fin finish(const Acc& a, const ReductionConstants& k,
+                                d4 ih, d4 il, d4 ie) {
+  Fin f;
+  // v = quick_two_sum(s, c)
+  const d4 vh = a.s + a.c;
+  const d4 vl = a.c - (vh - a.s);
+  // v + init (DD's operator+)
+  const d4 sh = vh + ih;
+  const d4 bb = sh - vh;
+  d4 sl = (vh - (sh - bb)) + (ih - bb);
+  const d4 th = vl + il;
+  const d4 bt = th - vl;
+  const d4 tl = (vl - (th - bt)) + (il - bt);
+  sl += th;
+  const d4 h2 = sh + sl;
+  d4 l2 = sl - (h2 - sh);
+  l2 += tl;
+  f.vh = h2 + l2;
+  f.vl = l2 - (f.vh - h2);
+  // dd_reduction_bound
+  d4 Pu = a.P * splat(k.F), Mu = a.M * splat(k.F);
+  const d4 vr = splat(k.dot2) * Mu;
+  Pu += ie * splat(1 + 0x1p-52);
+  Mu += fabs4(ih) * splat(1 + 0x1p-52);
+  const d4 e =
+      Pu * splat(k.one_plus_gam) + splat(k.gam) * Mu + splat(k.etas) + vr;
+  f.e = e * splat(kUpDD);
+  f.bad =
+      ~bits(finite4(a.s) & finite4(sh) & finite4(f.vh) & finite4(f.e)) & 0xf;
+  f.exact = bits((ie == d4{}) & ~a.inexact);
+  return f;
+}
+
+// Tracked<DD> operations on four lanes (the value's hi, lo and the bound's
+// hi), each the scalar operation's common path (oracle/dd.hpp's DD
+// operators, oracle/tracked.hpp's Tracked ones with the DD bounds) written
+// out operation for operation; a lane where the scalar one would leave it
+// is marked in `bad`.
+struct T4 {
+  d4 h, l, e;
+};
+ACCUMCHECK_DD_INLINE T4 splat(const TD& x) {
+  return {splat(x.v.hi), splat(x.v.lo), splat(x.e.hi)};
+}
+// DD's operator+ (value): hi and lo.
+ACCUMCHECK_DD_INLINE void dd_add(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
+                                 i4& bad) {
+  const d4 sh = ah + bh;
+  const d4 bb = sh - ah;
+  d4 sl = (ah - (sh - bb)) + (bh - bb);
+  bad |= ~finite4(sh);
+  const d4 th = al + bl;
+  const d4 bt = th - al;
+  const d4 tl = (al - (th - bt)) + (bl - bt);
+  sl += th;
+  const d4 h2 = sh + sl;
+  d4 l2 = sl - (h2 - sh);
+  l2 += tl;
+  h = h2 + l2;
+  l = l2 - (h - h2);
+}
+// DD's operator*.
+ACCUMCHECK_DD_INLINE void dd_mul(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
+                                 i4& bad) {
+  const d4 ph = ah * bh;
+  d4 pl = fma4(ah, bh, -ph);
+  bad |= ~finite4(ph);
+  pl += ah * bl + al * bh;
+  h = ph + pl;
+  l = pl - (h - ph);
+}
+constexpr double kU = error_model::kUnitRoundoff32;
+
+ACCUMCHECK_DD_INLINE T4 tmul(const T4& a, const T4& b, i4& bad) {
+  T4 r;
+  dd_mul(a.h, a.l, b.h, b.l, r.h, r.l, bad);
+  const d4 zero{};
+  const i4 az = a.e == zero, bz = b.e == zero;
+  // The exact case (bound 0), else an exact zero factor: (0, 0).
+  const i4 exact = az & bz & float_exact4(r.h, r.l);
+  const i4 keep = exact | ~((az & (a.h == zero)) | (bz & (b.h == zero)));
+  const d4 P = fabs4(a.h) * b.e + fabs4(b.h) * a.e + a.e * b.e;
+  const d4 e = (P * splat(1 + kU) + splat(kU) * fabs4(r.h) + splat(0x1p-150)) *
+               splat(kUpDD);
+  r.h = select(keep, r.h);
+  r.l = select(keep, r.l);
+  r.e = select(keep & ~exact, e);
+  return r;
+}
+ACCUMCHECK_DD_INLINE T4 tadd(const T4& a, const T4& b, i4& bad) {
+  T4 r;
+  dd_add(a.h, a.l, b.h, b.l, r.h, r.l, bad);
+  const d4 zero{};
+  const i4 exact = (a.e == zero) & (b.e == zero) & float_exact4(r.h, r.l);
+  r.e = select(~exact, ((a.e + b.e) * splat(1 + kU) + splat(kU) * fabs4(r.h)) *
+                           splat(kUpDD));
+  return r;
+}
+ACCUMCHECK_DD_INLINE T4 tsub(const T4& a, const T4& b, i4& bad) {
+  return tadd(a, T4{-b.h, -b.l, b.e}, bad);
+}
+ACCUMCHECK_DD_INLINE T4 tsqrt(const T4& x, i4& bad) {
+  const d4 zero{};
+  bad |= ~(x.h > zero) | ~finite4(x.h);
+  // DD's sqrt
+  const d4 y = splat(1.0) / sqrt4(x.h);
+  const d4 ax = x.h * y;
+  const d4 sqh = ax * ax;
+  const d4 sql = fma4(ax, ax, -sqh);
+  d4 dh, dl;
+  dd_add(x.h, x.l, -sqh, -sql, dh, dl, bad);
+  const d4 b = dh * (y * splat(0.5));
+  T4 r;
+  r.h = ax + b;
+  const d4 bb = r.h - ax;
+  r.l = (ax - (r.h - bb)) + (b - bb);
+  // sqrt_bound
+  const d4 eh = x.e * splat(1 + 0x1p-52);
+  d4 S = sqrt4(eh) * splat(1 + 0x1p-52);
+  const d4 lin = eh / (r.h * splat(1 - 0x1p-52)) * splat(1 + 0x1p-52);
+  const i4 take = (r.h > zero) & (lin < S);
+  S = reinterpret_cast<d4>((take & reinterpret_cast<i4>(lin)) |
+                           (~take & reinterpret_cast<i4>(S)));
+  const i4 exact = (x.e == zero) & float_exact4(r.h, r.l);
+  r.e = select(~exact,
+               (S * splat(1 + kU) + splat(kU) * fabs4(r.h)) * splat(kUpDD));
+  return r;
+}
+// a.v - DD(q) * b.v (DD's operator/'s step).
+ACCUMCHECK_DD_INLINE void div_rest(d4 ah, d4 al, d4 q, const T4& b, d4& h,
+                                   d4& l, i4& bad) {
+  d4 ph, pl;
+  dd_mul(q, d4{}, b.h, b.l, ph, pl, bad);
+  dd_add(ah, al, -ph, -pl, h, l, bad);
+}
+ACCUMCHECK_DD_INLINE T4 tdiv(const T4& a, const T4& b, i4& bad) {
+  const d4 zero{};
+  // DD's operator/
+  const d4 q1 = a.h / b.h;
+  bad |= ~finite4(q1) | ~finite4(b.h);
+  d4 rh, rl;
+  div_rest(a.h, a.l, q1, b, rh, rl, bad);
+  const d4 q2 = rh / b.h;
+  div_rest(rh, rl, q2, b, rh, rl, bad);
+  const d4 q3 = rh / b.h;
+  const d4 sh = q1 + q2;
+  const d4 sl = q2 - (sh - q1);
+  T4 r;
+  dd_add(sh, sl, q3, zero, r.h, r.l, bad);
+  // div_bound
+  const d4 den = (fabs4(b.h) * splat(1 - 0x1p-52) - b.e * splat(1 + 0x1p-52)) *
+                 splat(1 - 0x1p-52);
+  const i4 exact = (a.e == zero) & (b.e == zero) & float_exact4(r.h, r.l);
+  // Not exact: an unbounded quotient (the divisor's interval reaches 0).
+  bad |= ~exact & ((b.e >= fabs4(b.h)) | ~(den > zero));
+  const d4 D = (a.e + fabs4(r.h) * b.e) / den;
+  r.e = select(~exact,
+               (D * splat(1 + kU) + splat(kU) * fabs4(r.h) + splat(0x1p-150)) *
+                   splat(kUpDD));
+  return r;
+}
+
+// dot_into_dd's ending without an initial value.
+ACCUMCHECK_DD_INLINE Fin finish(const Acc& a, const ReductionConstants& k) {
+  Fin f;
+  f.vh = a.s + a.c;
+  f.vl = a.c - (f.vh - a.s);
+  const d4 Pu = a.P * splat(k.F), Mu = a.M * splat(k.F);
+  const d4 vr = splat(k.dot2) * Mu;
+  const d4 e =
+      Pu * splat(k.one_plus_gam) + splat(k.gam) * Mu + splat(k.etas) + vr;
+  f.e = e * splat(kUpDD);
+  f.bad = ~bits(finite4(a.s) & finite4(f.vh) & finite4(f.e)) & 0xf;
+  f.exact = bits(~a.inexact);
+  return f;
+}
+
+// Scratch of structure-of-arrays copies, per thread.
+std::vector<double>& scratch(size_t n) {
+  thread_local std::vector<double> s;
+  if (s.size() < n) s.resize(n);
+  return s;
+}
+
+}  // namespace lanes_detail
+
+void linear_forward(TD* out, const TD* inp, const TD* W, const TD* bias,
+                    int64_t B, int64_t in, int64_t out_dim) {
+  using namespace lanes_detail;
+  const ReductionConstants k(in + 1, in, true);
+  int64_t b0 = 0;
+  if (!k.unbounded && B >= 4) {
+    // ys[3 i + {0, 1, 2}]: inp[b0 + lane, i]'s v.hi, v.lo, e.hi.
+    std::vector<double>& buf = scratch(size_t(12 * in));
+    double* ys = buf.data();
+    for (; b0 + 4 <= B; b0 += 4) {
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t l = 0; l < 4; ++l) {
+          const TD& y = inp[(b0 + l) * in + i];
+          ys[12 * i + l] = y.v.hi;
+          ys[12 * i + 4 + l] = y.v.lo;
+          ys[12 * i + 8 + l] = y.e.hi;
+        }
+      for (int64_t o = 0; o < out_dim; ++o) {
+        const TD* w = &W[o * in];
+        Acc a;
+        for (int64_t i = 0; i < in; ++i) {
+          d4 yh, yl, ye;
+          __builtin_memcpy(&yh, &ys[12 * i], sizeof(d4));
+          __builtin_memcpy(&yl, &ys[12 * i + 4], sizeof(d4));
+          __builtin_memcpy(&ye, &ys[12 * i + 8], sizeof(d4));
+          add_term(a, w[i], yh, yl, ye);
+        }
+        const TD& c = bias[o];
+        const Fin f = finish(a, k, splat(c.v.hi), splat(c.v.lo), splat(c.e.hi));
+        double vh[4], vl[4], e[4], M[4];  // lane by lane
+        __builtin_memcpy(vh, &f.vh, sizeof vh);
+        __builtin_memcpy(vl, &f.vl, sizeof vl);
+        __builtin_memcpy(e, &f.e, sizeof e);
+        __builtin_memcpy(M, &a.M, sizeof M);
+        for (int64_t l = 0; l < 4; ++l) {
+          TD& dst = out[(b0 + l) * out_dim + o];
+          const TD* y = &inp[(b0 + l) * in];
+          if ((f.bad >> l) & 1) {
+            dot_into_dd(dst, &c, in, w, 1, y, 1, k);
+            continue;
+          }
+          dst.v = DD::raw(vh[l], vl[l]);
+          dst.e =
+              ((f.exact >> l) & 1) && dot_exact_sum(&c, in, w, 1, y, 1, M[l])
+                  ? DD(0.0)
+                  : DD(e[l]);
+        }
+      }
+    }
+  }
+  for (; b0 < B; ++b0)
+    for (int64_t o = 0; o < out_dim; ++o)
+      dot_into_dd(out[b0 * out_dim + o], &bias[o], in, &W[o * in], 1,
+                  &inp[b0 * in], 1, k);
+}
+
+void input_grad(TD* dinp, const TD* dout, const TD* W, int64_t B, int64_t in,
+                int64_t out_dim) {
+  using namespace lanes_detail;
+  const ReductionConstants k(out_dim, out_dim, true);
+  int64_t b0 = 0;
+  if (!k.unbounded && B >= 4) {
+    // ys[12 o + {0, 4, 8} + lane]: dout[b0 + lane, o]'s v.hi, v.lo, e.hi.
+    std::vector<double>& buf = scratch(size_t(12 * out_dim));
+    double* ys = buf.data();
+    for (; b0 + 4 <= B; b0 += 4) {
+      for (int64_t o = 0; o < out_dim; ++o)
+        for (int64_t l = 0; l < 4; ++l) {
+          const TD& y = dout[(b0 + l) * out_dim + o];
+          ys[12 * o + l] = y.v.hi;
+          ys[12 * o + 4 + l] = y.v.lo;
+          ys[12 * o + 8 + l] = y.e.hi;
+        }
+      for (int64_t i = 0; i < in; ++i) {
+        // The terms dout[b, o] W[o, i]: x and y swapped against dot_into's
+        // order, which the Dot2 step does not see (its products and sums
+        // are commutative; the same doubles).
+        Acc a;
+        for (int64_t o = 0; o < out_dim; ++o) {
+          d4 yh, yl, ye;
+          __builtin_memcpy(&yh, &ys[12 * o], sizeof(d4));
+          __builtin_memcpy(&yl, &ys[12 * o + 4], sizeof(d4));
+          __builtin_memcpy(&ye, &ys[12 * o + 8], sizeof(d4));
+          add_term(a, W[o * in + i], yh, yl, ye);
+        }
+        const Fin f = finish(a, k);
+        double vh[4], vl[4], e[4], M[4];  // lane by lane
+        __builtin_memcpy(vh, &f.vh, sizeof vh);
+        __builtin_memcpy(vl, &f.vl, sizeof vl);
+        __builtin_memcpy(e, &f.e, sizeof e);
+        __builtin_memcpy(M, &a.M, sizeof M);
+        for (int64_t l = 0; l < 4; ++l) {
+          TD& dst = dinp[(b0 + l) * in + i];
+          const TD* x = &dout[(b0 + l) * out_dim];
+          if ((f.bad >> l) & 1) {
+            dot_into_dd(dst, nullptr, out_dim, x, 1, &W[i], in, k);
+            continue;
+          }
+          dst.v = DD::raw(vh[l], vl[l]);
+          dst.e = ((f.exact >> l) & 1) &&
+                          dot_exact_sum(nullptr, out_dim, x, 1, &W[i], in, M[l])
+                      ? DD(0.0)
+                      : DD(e[l]);
+        }
+      }
+    }
+  }
+  for (; b0 < B; ++b0)
+    for (int64_t i = 0; i < in; ++i)
+      dot_into_dd(dinp[b0 * in + i], nullptr, out_dim, &dout[b0 * out_dim], 1,
+                  &W[i], in, k);
+}
+
+void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
+                 int64_t out_dim) {
+  using namespace lanes_detail;
+  const ReductionConstants k(B + 1, B, true);
+  const int64_t in4 = k.unbounded ? 0 : in / 4 * 4;
+  // ys[(3 b + {0, 1, 2}) in + i]: inp[b, i]'s v.hi, v.lo, e.hi.
+  std::vector<double>& buf = scratch(size_t(3 * B * in));
+  double* ys = buf.data();
+  if (in4 > 0)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < in; ++i) {
+        const TD& y = inp[b * in + i];
+        ys[(3 * b) * in + i] = y.v.hi;
+        ys[(3 * b + 1) * in + i] = y.v.lo;
+        ys[(3 * b + 2) * in + i] = y.e.hi;
+      }
+  for (int64_t o = 0; o < out_dim; ++o) {
+    TD* row = &dW[o * in];
+    for (int64_t i = 0; i < in4; i += 4) {
+      Acc a;
+      for (int64_t b = 0; b < B; ++b) {
+        d4 yh, yl, ye;
+        __builtin_memcpy(&yh, &ys[(3 * b) * in + i], sizeof(d4));
+        __builtin_memcpy(&yl, &ys[(3 * b + 1) * in + i], sizeof(d4));
+        __builtin_memcpy(&ye, &ys[(3 * b + 2) * in + i], sizeof(d4));
+        add_term(a, dout[b * out_dim + o], yh, yl, ye);
+      }
+      d4 ih, il, ie;
+      load4(&row[i], ih, il, ie);
+      const Fin f = finish(a, k, ih, il, ie);
+      if ((f.bad | f.exact) == 0) {
+        store4(&row[i], f.vh, f.vl, f.e);
+        continue;
+      }
+      // Lane by lane (copied out of the vectors here only, so that the
+      // common path keeps them in registers).
+      double vh[4], vl[4], e[4], M[4];
+      __builtin_memcpy(vh, &f.vh, sizeof vh);
+      __builtin_memcpy(vl, &f.vl, sizeof vl);
+      __builtin_memcpy(e, &f.e, sizeof e);
+      __builtin_memcpy(M, &a.M, sizeof M);
+      for (int64_t l = 0; l < 4; ++l) {
+        TD& dst = row[i + l];
+        if ((f.bad >> l) & 1) {
+          dot_into_dd(dst, &dst, B, &dout[o], out_dim, &inp[i + l], in, k);
+          continue;
+        }
+        const bool ex =
+            ((f.exact >> l) & 1) &&
+            dot_exact_sum(&dst, B, &dout[o], out_dim, &inp[i + l], in, M[l]);
+        dst.v = DD::raw(vh[l], vl[l]);
+        dst.e = ex ? DD(0.0) : DD(e[l]);
+      }
+    }
+    for (int64_t i = in4; i < in; ++i)
+      dot_into_dd(row[i], &row[i], B, &dout[o], out_dim, &inp[i], in, k);
+  }
+}
+
+}  // namespace accumcheck::dd_lanes
+
+namespace accumcheck::dd_lanes {
+
+void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
+               const AdamScalars<TD>& s, TD& g, TD& tmp) {
+  using namespace lanes_detail;
+  const AdamScalars<TD> sc = s;
+  TD gl = g, tl = tmp;
+  const T4 decay = splat(sc.decay), wd = splat(sc.weight_decay),
+           beta1 = splat(sc.beta1), beta2 = splat(sc.beta2),
+           omb1 = splat(sc.one_minus_beta1), omb2 = splat(sc.one_minus_beta2),
+           bc2 = splat(sc.bc2_sqrt), eps = splat(sc.eps),
+           step = splat(sc.step_size);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    i4 bad{};
+    T4 P, G, M, V;
+    load4(&p[i], P.h, P.l, P.e);
+    load4(&grad[i], G.h, G.l, G.e);
+    load4(&m[i], M.h, M.l, M.e);
+    load4(&v[i], V.h, V.l, V.e);
+    if (sc.decoupled) P = tmul(P, decay, bad);
+    if (sc.coupled) G = tadd(G, tmul(P, wd, bad), bad);
+    M = tmul(M, beta1, bad);
+    M = tadd(M, tmul(G, omb1, bad), bad);
+    V = tmul(V, beta2, bad);
+    V = tadd(V, tmul(tmul(G, G, bad), omb2, bad), bad);
+    T4 D = tsqrt(V, bad);
+    D = tdiv(D, bc2, bad);
+    D = tadd(D, eps, bad);
+    G = tdiv(M, D, bad);
+    G = tmul(G, step, bad);
+    P = tsub(P, G, bad);
+    if (bits(bad) != 0) {
+      layers_detail::adam_loop(4, &p[i], &grad[i], &m[i], &v[i], sc, gl, tl);
+      continue;
+    }
+    store4(&p[i], P.h, P.l, P.e);
+    store4(&m[i], M.h, M.l, M.e);
+    store4(&v[i], V.h, V.l, V.e);
+    gl = TD(DD::raw(G.h[3], G.l[3]), DD(G.e[3]));
+    tl = TD(DD::raw(D.h[3], D.l[3]), DD(D.e[3]));
+  }
+  layers_detail::adam_loop(n - i, &p[i], &grad[i], &m[i], &v[i], sc, gl, tl);
+  g = gl;
+  tmp = tl;
+}
+
+}  // namespace accumcheck::dd_lanes

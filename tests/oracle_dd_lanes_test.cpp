@@ -1,0 +1,209 @@
+// The Tracked<DD> kernels four elements at a time (oracle/dd_lanes.hpp)
+// against the scalar code they stand for, bit for bit: values and bounds
+// of Linear forward and the weight gradient against dot_into's, over
+// shapes with and without a remainder, inputs exact and inexact, exact
+// sums (bound 0), zeros and non-finite values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "oracle/dd_lanes.hpp"
+#include "oracle/layers.hpp"
+
+namespace accumcheck {
+namespace {
+
+using TD = Tracked<DD>;
+
+// The same doubles (a NaN's sign and payload aside: the compiler may
+// commute a commutative operation's operands at one call site and not at
+// another, and x86 passes on the first operand's NaN).
+bool same_bits(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::memcmp(&a, &b, sizeof(double)) == 0;
+}
+bool same_bits(const TD& a, const TD& b) {
+  return same_bits(a.v.hi, b.v.hi) && same_bits(a.v.lo, b.v.lo) &&
+         same_bits(a.e.hi, b.e.hi) && same_bits(a.e.lo, b.e.lo);
+}
+
+// Values of a kind: 0 exact dyadic (small integers / 8, bound 0), 1 float
+// (bound 0), 2 DD with a bound, 3 a mix of all with zeros, 4 the mix with
+// an occasional non-finite value or bound.
+struct Gen {
+  std::mt19937_64 rng;
+  int kind;
+  Gen(uint64_t seed, int k) : rng(seed), kind(k) {}
+  double U() { return std::uniform_real_distribution<double>(-1, 1)(rng); }
+  TD next() {
+    int k = kind;
+    if (k >= 3) {
+      const int r = int(rng() % 16);
+      if (r == 0) return TD(DD(0.0), DD(0.0));
+      if (k == 4 && r == 1)
+        return TD(DD(std::numeric_limits<double>::infinity()), DD(0.0));
+      if (k == 4 && r == 2)
+        return TD(DD(U()), DD(std::numeric_limits<double>::infinity()));
+      k = r % 3;
+    }
+    if (k == 0) return TD(DD(double(int(rng() % 17) - 8) / 8), DD(0.0));
+    if (k == 1) return TD(DD(double(float(U()))), DD(0.0));
+    const double h = U();
+    return TD(DD::quick_two_sum(h, h * 0x1p-60 * U()),
+              DD(std::fabs(h) * 0x1p-24 * (1 + U())));
+  }
+  std::vector<TD> vec(int64_t n) {
+    std::vector<TD> v(static_cast<size_t>(n));
+    for (TD& x : v) x = next();
+    return v;
+  }
+};
+
+TEST(DDLanes, LinearForwardMatchesDotInto) {
+  int exact = 0, bounded = 0;
+  for (int kind = 0; kind <= 4; ++kind)
+    for (int64_t B : {1, 3, 4, 5, 8})
+      for (int64_t in : {1, 3, 4, 7, 33})
+        for (int64_t out_dim : {1, 5}) {
+          Gen g(uint64_t(kind * 1000 + B * 100 + in * 10 + out_dim), kind);
+          const auto inp = g.vec(B * in), W = g.vec(out_dim * in),
+                     bias = g.vec(out_dim);
+          std::vector<TD> got(size_t(B * out_dim)), want(got.size());
+          dd_lanes::linear_forward(got.data(), inp.data(), W.data(),
+                                   bias.data(), B, in, out_dim);
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t o = 0; o < out_dim; ++o)
+              dot_into(want[size_t(b * out_dim + o)], &bias[size_t(o)], in,
+                       &W[size_t(o * in)], 1, &inp[size_t(b * in)], 1);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_TRUE(same_bits(got[i], want[i]))
+                << "kind " << kind << " B " << B << " in " << in << " out "
+                << out_dim << " element " << i << ": " << got[i] << " vs "
+                << want[i];
+            (want[i].e.hi == 0 ? exact : bounded) += 1;
+          }
+        }
+  // Both the exact case (bound 0) and the bounded one were met.
+  EXPECT_GT(exact, 0);
+  EXPECT_GT(bounded, 0);
+}
+
+TEST(DDLanes, WeightGradMatchesDotInto) {
+  int exact = 0;
+  for (int kind = 0; kind <= 4; ++kind)
+    for (int64_t B : {1, 3, 4, 5})
+      for (int64_t in : {1, 3, 4, 7, 33})
+        for (int64_t out_dim : {1, 5}) {
+          Gen g(uint64_t(kind * 1000 + B * 100 + in * 10 + out_dim + 7), kind);
+          const auto inp = g.vec(B * in), dout = g.vec(B * out_dim);
+          const auto dW0 = g.vec(out_dim * in);
+          std::vector<TD> got = dW0, want = dW0;
+          dd_lanes::weight_grad(got.data(), dout.data(), inp.data(), B, in,
+                                out_dim);
+          for (int64_t o = 0; o < out_dim; ++o)
+            for (int64_t i = 0; i < in; ++i)
+              dot_into(want[size_t(o * in + i)], &want[size_t(o * in + i)], B,
+                       &dout[size_t(o)], out_dim, &inp[size_t(i)], in);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_TRUE(same_bits(got[i], want[i]))
+                << "kind " << kind << " B " << B << " in " << in << " out "
+                << out_dim << " element " << i << ": " << got[i] << " vs "
+                << want[i];
+            exact += want[i].e.hi == 0;
+          }
+        }
+  EXPECT_GT(exact, 0);
+}
+
+TEST(DDLanes, InputGradMatchesDotInto) {
+  int exact = 0, bounded = 0;
+  for (int kind = 0; kind <= 4; ++kind)
+    for (int64_t B : {1, 3, 4, 5, 8})
+      for (int64_t in : {1, 3, 5})
+        for (int64_t out_dim : {1, 4, 17}) {
+          Gen g(uint64_t(kind * 1000 + B * 100 + in * 10 + out_dim + 3), kind);
+          const auto dout = g.vec(B * out_dim), W = g.vec(out_dim * in);
+          std::vector<TD> got(size_t(B * in)), want(got.size());
+          dd_lanes::input_grad(got.data(), dout.data(), W.data(), B, in,
+                               out_dim);
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0; i < in; ++i)
+              dot_into(want[size_t(b * in + i)],
+                       static_cast<const TD*>(nullptr), out_dim,
+                       &dout[size_t(b * out_dim)], 1, &W[size_t(i)], in);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_TRUE(same_bits(got[i], want[i]))
+                << "kind " << kind << " B " << B << " in " << in << " out "
+                << out_dim << " element " << i << ": " << got[i] << " vs "
+                << want[i];
+            (want[i].e.hi == 0 ? exact : bounded) += 1;
+          }
+        }
+  EXPECT_GT(exact, 0);
+  EXPECT_GT(bounded, 0);
+}
+
+// Adam's scalars as Oracle::optimizer_step forms them.
+AdamScalars<TD> adam_scalars(int variant, int64_t step) {
+  using H = Num<TD>::Host;
+  AdamScalars<TD> s;
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.999, wd = 0.01;
+  s.beta1 = TD(b1);
+  s.beta2 = TD(b2);
+  s.one_minus_beta1 = TD(1) - s.beta1;
+  s.one_minus_beta2 = TD(1) - s.beta2;
+  const H t = H(double(step));
+  s.step_size = Num<TD>::from_host(H(H(lr) / H(H(1) - pow(H(b1), t))));
+  s.bc2_sqrt = Num<TD>::from_host(H(sqrt(H(H(1) - pow(H(b2), t)))));
+  s.eps = TD(1e-8);
+  s.weight_decay = TD(variant == 0 ? 0.0 : wd);
+  s.coupled = variant == 1;
+  s.decoupled = variant == 2;
+  s.decay = Num<TD>::from_host(H(H(1) - H(lr) * H(wd)));
+  return s;
+}
+
+TEST(DDLanes, AdamStepMatchesScalarLoop) {
+  int lanes_path = 0;
+  for (int kind = 2; kind <= 4; ++kind)
+    for (int variant = 0; variant < 3; ++variant)
+      for (int64_t n : {1, 3, 4, 7, 8, 13, 64})
+        for (int mode = 0; mode < 4; ++mode) {
+          const bool fresh = mode & 1, exact_grad = mode & 2;
+          Gen g(uint64_t(kind * 1000 + variant * 100 + n + mode * 7), kind);
+          const auto p0 = g.vec(n);
+          auto grad = g.vec(n);
+          std::vector<TD> m0 = g.vec(n), v0 = g.vec(n);
+          for (TD& x : v0) x = TD(abs(x.v), x.e);
+          if (exact_grad)  // certify's case: the recorded float gradients
+            for (TD& x : grad) x = TD(DD(double(float(x.v.hi))), DD(0.0));
+          if (fresh)  // the first step: m = v = 0 exactly
+            for (int64_t i = 0; i < n; ++i)
+              m0[size_t(i)] = v0[size_t(i)] = TD(DD(0.0), DD(0.0));
+          const AdamScalars<TD> s = adam_scalars(variant, fresh ? 1 : 5);
+          std::vector<TD> p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
+          TD g1(0.f), t1(0.f), g2(0.f), t2(0.f);
+          dd_lanes::adam_step(n, p1.data(), grad.data(), m1.data(), v1.data(),
+                              s, g1, t1);
+          layers_detail::adam_loop(n, p2.data(), grad.data(), m2.data(),
+                                   v2.data(), s, g2, t2);
+          for (size_t i = 0; i < size_t(n); ++i) {
+            ASSERT_TRUE(same_bits(p1[i], p2[i]) && same_bits(m1[i], m2[i]) &&
+                        same_bits(v1[i], v2[i]))
+                << "kind " << kind << " variant " << variant << " n " << n
+                << " mode " << mode << " element " << i << ": p " << p1[i]
+                << " vs " << p2[i] << ", m " << m1[i] << " vs " << m2[i]
+                << ", v " << v1[i] << " vs " << v2[i];
+          }
+          ASSERT_TRUE(same_bits(g1, g2) && same_bits(t1, t2));
+          lanes_path += kind == 2 && n >= 4;
+        }
+  EXPECT_GT(lanes_path, 0);
+}
+
+}  // namespace
+}  // namespace accumcheck
