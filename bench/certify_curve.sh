@@ -8,8 +8,11 @@
 # trace), then certify it with the double-double bound on 1 thread and on
 # every core, and (small sizes) with the MPFR bound.  Prints one row per
 # size: parameters, steps, seconds and microseconds per parameter-step.
-# The trace's CSV reading is part of certify's time (it is what a user
-# waits for); `read` is that part alone, measured by certify --steps 0:0.
+# The trace's reading is part of certify's time (it is what a user waits
+# for); `read` is certify --steps 0:0: reading and validating the trace
+# and the state checks (Adam's moments replayed at every step: they judge
+# the whole trace whatever --steps says), so `judge` is the steps'
+# judging alone.
 #
 #   bash bench/certify_curve.sh            # sizes 1k 10k 100k 1M
 #   SIZES="1k 10k" bash bench/certify_curve.sh

@@ -14,6 +14,13 @@ namespace accumcheck {
 // leaving no temporary file behind.
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
+// Asks the kernel to back [p, p + bytes) with transparent huge pages
+// (madvise MADV_HUGEPAGE on the 2 MiB-aligned part; nothing below 4 MiB
+// or where the kernel says no).  Call before the memory is first touched:
+// a 1M-parameter trace's gigabytes are then faulted in 2 MiB at a time
+// instead of 4 KiB (certify's reading of it 35 s -> 23 s).
+void advise_huge_pages(void* p, size_t bytes);
+
 // The bytes of a file; throws InputError (file, no line) when it cannot be
 // read, is not a regular file (a device such as /dev/zero, a pipe), or is
 // larger than the limit `limit_key` of sim/limits.hpp (checked before a

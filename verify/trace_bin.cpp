@@ -88,7 +88,7 @@ bool host_little_endian() {
 void read_values_bin(Trace& t, const std::string& path) {
   auto bin = std::make_shared<TraceBinary>();
   bin->path = path;
-  bin->bytes = read_file_bytes(path, "trace_bytes");
+  bin->bytes = read_file_bytes(path, "trace_bin_bytes");
   Cursor c(path, bin->bytes);
   const std::string magic = c.text(8, "the magic");
   if (magic != kValuesMagic)
@@ -263,6 +263,8 @@ void check_header(const TraceBinary& bin, const ParamLayout& layout) {
 // The values of the block whose values start at byte `values`, as doubles.
 void decode(const TraceBinary& bin, int64_t values, std::vector<double>& dst) {
   const size_t n = size_t(bin.per_block);
+  dst.reserve(n);
+  advise_huge_pages(dst.data(), n * sizeof(double));
   dst.resize(n);
   const char* src = bin.bytes.data() + values;
   if (host_little_endian()) {
