@@ -65,8 +65,8 @@ constexpr Limit kLimits[] = {
     {"oracle_madds_dd", 1'000'000'000'000, "multiply-adds",
      "the same estimate for certify with the double-double bound (the "
      "default --bound-arith dd): 1M parameters x 100 steps of 16 samples "
-     "(1.9e10) took 73 s of CPU on the reference machine, about 2.6e8 per "
-     "CPU second, so 1e12 is about an hour of CPU"},
+     "(1.9e10) took 47.5 s of CPU on the reference machine, about 4e8 per "
+     "CPU second, so 1e12 is about 40 minutes of CPU"},
 };
 
 constexpr std::string_view kEnv = "ACCUMCHECK_LIMITS";
