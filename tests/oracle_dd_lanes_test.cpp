@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "oracle/dd_lanes.hpp"
@@ -63,6 +64,28 @@ struct Gen {
   }
 };
 
+// Whether every element of `got` has `want`'s bits (a failure says which,
+// with the case `where`); counts the elements whose want is exact (bound 0)
+// and bounded.
+::testing::AssertionResult all_same_bits(const std::vector<TD>& got,
+                                         const std::vector<TD>& want,
+                                         const std::string& where, int& exact,
+                                         int& bounded) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!same_bits(got[i], want[i]))
+      return ::testing::AssertionFailure() << where << " element " << i << ": "
+                                           << got[i] << " vs " << want[i];
+    (want[i].e.hi == 0 ? exact : bounded) += 1;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// "kind K B b in i out o", the case of a message.
+std::string shape(int kind, int64_t B, int64_t in, int64_t out_dim) {
+  return "kind " + std::to_string(kind) + " B " + std::to_string(B) + " in " +
+         std::to_string(in) + " out " + std::to_string(out_dim);
+}
+
 TEST(DDLanes, LinearForwardMatchesDotInto) {
   int exact = 0, bounded = 0;
   for (int kind = 0; kind <= 4; ++kind)
@@ -79,13 +102,8 @@ TEST(DDLanes, LinearForwardMatchesDotInto) {
             for (int64_t o = 0; o < out_dim; ++o)
               dot_into(want[size_t(b * out_dim + o)], &bias[size_t(o)], in,
                        &W[size_t(o * in)], 1, &inp[size_t(b * in)], 1);
-          for (size_t i = 0; i < got.size(); ++i) {
-            ASSERT_TRUE(same_bits(got[i], want[i]))
-                << "kind " << kind << " B " << B << " in " << in << " out "
-                << out_dim << " element " << i << ": " << got[i] << " vs "
-                << want[i];
-            (want[i].e.hi == 0 ? exact : bounded) += 1;
-          }
+          ASSERT_TRUE(all_same_bits(got, want, shape(kind, B, in, out_dim),
+                                    exact, bounded));
         }
   // Both the exact case (bound 0) and the bounded one were met.
   EXPECT_GT(exact, 0);
@@ -93,7 +111,7 @@ TEST(DDLanes, LinearForwardMatchesDotInto) {
 }
 
 TEST(DDLanes, WeightGradMatchesDotInto) {
-  int exact = 0;
+  int exact = 0, bounded = 0;
   for (int kind = 0; kind <= 4; ++kind)
     for (int64_t B : {1, 3, 4, 5})
       for (int64_t in : {1, 3, 4, 7, 33})
@@ -108,13 +126,8 @@ TEST(DDLanes, WeightGradMatchesDotInto) {
             for (int64_t i = 0; i < in; ++i)
               dot_into(want[size_t(o * in + i)], &want[size_t(o * in + i)], B,
                        &dout[size_t(o)], out_dim, &inp[size_t(i)], in);
-          for (size_t i = 0; i < got.size(); ++i) {
-            ASSERT_TRUE(same_bits(got[i], want[i]))
-                << "kind " << kind << " B " << B << " in " << in << " out "
-                << out_dim << " element " << i << ": " << got[i] << " vs "
-                << want[i];
-            exact += want[i].e.hi == 0;
-          }
+          ASSERT_TRUE(all_same_bits(got, want, shape(kind, B, in, out_dim),
+                                    exact, bounded));
         }
   EXPECT_GT(exact, 0);
 }
@@ -135,13 +148,8 @@ TEST(DDLanes, InputGradMatchesDotInto) {
               dot_into(want[size_t(b * in + i)],
                        static_cast<const TD*>(nullptr), out_dim,
                        &dout[size_t(b * out_dim)], 1, &W[size_t(i)], in);
-          for (size_t i = 0; i < got.size(); ++i) {
-            ASSERT_TRUE(same_bits(got[i], want[i]))
-                << "kind " << kind << " B " << B << " in " << in << " out "
-                << out_dim << " element " << i << ": " << got[i] << " vs "
-                << want[i];
-            (want[i].e.hi == 0 ? exact : bounded) += 1;
-          }
+          ASSERT_TRUE(all_same_bits(got, want, shape(kind, B, in, out_dim),
+                                    exact, bounded));
         }
   EXPECT_GT(exact, 0);
   EXPECT_GT(bounded, 0);

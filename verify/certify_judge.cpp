@@ -215,11 +215,7 @@ error_model::Comparison judge_values(const std::string& what,
                                      const ParamLayout* layout, bool fp64,
                                      double scale) {
   if (!fp64) {
-    // Exact (validated float32).  One buffer a thread, kept: a fresh one a
-    // step is a fresh mmap of MBs at 1M parameters, faulted in every time.
-    thread_local std::vector<float> f32;
-    f32.assign(f.begin(), f.end());
-    return error_model::compare(what, f32, v, layout,
+    return error_model::compare(what, as_float(f), v, layout,
                                 error_model::tolerance("bound_slack"), scale);
   }
   return error_model::compare(

@@ -38,6 +38,16 @@ using TR = Tracked<BoundReal>;
 using TD = Tracked<DD>;
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// `v` as float32 (the trace's values, validated exact), in one buffer per
+// thread that is kept: at 1M parameters a fresh vector per comparison is
+// a fresh mmap of MBs faulted in every time.  Valid until the thread's
+// next call.
+inline const std::vector<float>& as_float(const std::vector<double>& v) {
+  thread_local std::vector<float> f;
+  f.assign(v.begin(), v.end());
+  return f;
+}
+
 // ------------------------------------------------------------- load
 
 struct LoadedTrace {

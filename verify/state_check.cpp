@@ -94,14 +94,6 @@ bool complete(const std::vector<double>& v) {
                       [](double x) { return std::isnan(x); });
 }
 
-// A buffer per thread, kept (at 1M parameters a fresh one per call is an
-// mmap of MBs faulted in every time).
-const std::vector<float>& as_float(const std::vector<double>& v) {
-  thread_local std::vector<float> f;
-  f.assign(v.begin(), v.end());
-  return f;
-}
-
 // The trace's parameters before step t (after step t - 1, or the
 // initial ones).
 std::vector<double> params_before(const Ctx& c, int64_t t) {

@@ -6,7 +6,6 @@ state.csv rows.  Both certify alike, a moment changed in either is caught
 by the optimizer-state check, and malformed state blocks are refused with
 the byte offset."""
 import os
-import shutil
 import struct
 
 from torch.optim.swa_utils import AveragedModel
@@ -14,7 +13,7 @@ from torch.optim.swa_utils import AveragedModel
 import accumcheck_torch as act
 from test_certify import correct_loop
 from test_state import rows
-from test_values_bin import certify, refused
+from test_values_bin import certify, corrupt, refused
 
 KINDS = {0: "grad", 1: "param", 2: "exp_avg", 3: "exp_avg_sq", 4: "ema"}
 
@@ -60,17 +59,6 @@ def blocks(path):
     return version, out
 
 
-def edited(src, tmp_path, name, edit):
-    out = str(tmp_path / name)
-    shutil.copytree(src, out)
-    path = os.path.join(out, "values.bin")
-    with open(path, "rb") as f:
-        data = bytearray(f.read())
-    with open(path, "wb") as f:
-        f.write(bytes(edit(data)))
-    return out
-
-
 def test_state_tensors_go_to_values_bin_and_certify_as_csv_rows_do(tmp_path):
     from conftest import export
     bundle = export(tmp_path, "certify-batchnorm")
@@ -110,7 +98,7 @@ def test_a_moment_changed_in_values_bin_fails_the_optimizer_state(tmp_path):
         (v,) = struct.unpack_from("<f", d, values)
         struct.pack_into("<f", d, values, 2 * v if v else 1e-3)
         return d
-    r = certify(bundle, edited(binary, tmp_path, "moment", double_it))
+    r = certify(bundle, corrupt(binary, tmp_path, double_it, "moment"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL optimizer state" in r.stdout and "moments: step 1 exp_avg" in r.stdout, r.stdout
 
@@ -140,11 +128,11 @@ def test_malformed_state_blocks_are_refused_with_the_byte_offset(tmp_path):
     def version_1(d):
         struct.pack_into("<I", d, 8, 1)
         return d
-    refused(bundle, edited(binary, tmp_path, "k5", make_kind(first, 5)),
+    refused(bundle, corrupt(binary, tmp_path, make_kind(first, 5), "k5"),
             "values.bin:byte %d: kind: unknown kind 5" % kind_at(first))
-    refused(bundle, edited(binary, tmp_path, "dup", make_step(second, first[1])),
+    refused(bundle, corrupt(binary, tmp_path, make_step(second, first[1]), "dup"),
             "values.bin:byte %d: duplicated block: run 'trainer' step %d exp_avg"
             % (second[2], first[1]))
-    refused(bundle, edited(binary, tmp_path, "v1", version_1),
+    refused(bundle, corrupt(binary, tmp_path, version_1, "v1"),
             "values.bin:byte %d: kind: unknown kind 2; expected 0 (grad) or 1 (param) "
             "in a version 1 file" % kind_at(first))
