@@ -18,7 +18,9 @@
 # and judges it) take the trace that scripts/test.sh's run recorded in
 # build/ when there is one: adapters/pytorch/ctest_driver.py checks that
 # the sanitized export is byte for byte the bundle that trainer read (else
-# it runs the trainer).  The Python side is the same program either way;
+# it runs the trainer), and runs --compare's four other certifications
+# only when its certify's output differs from the one that run compared
+# (README says why).  The Python side is the same program either way;
 # what the sanitizers watch is accumcheck.  Sanitized processes spend most
 # of their time waiting (shadow memory, LeakSanitizer's stop-the-world),
 # not computing, so CTest runs 3 tests per core.
