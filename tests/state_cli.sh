@@ -77,6 +77,27 @@ case $case_name in
       "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" \
       --run scaler-update-every-micro-step
     ;;
+  malloc_tuning)
+    # certify runs itself again once with glibc's malloc tunables
+    # (cli/main.cpp, tune_malloc_for_certify): the same output and JUnit
+    # as with glibc's defaults, every argument passed on (a path with a
+    # space in it).
+    trace "$src/scenarios/mixed-precision-correct.toml"
+    mv "$tmp/tr" "$tmp/a trace"
+    "$bin" certify "$src/scenarios/mixed-precision-correct.toml" \
+      --trace "$tmp/a trace" --run correct --precision bf16 \
+      --junit "$tmp/tuned.xml" >"$tmp/tuned.txt" 2>&1 || fail "tuned certify failed"
+    ACCUMCHECK_MALLOC_DEFAULTS=1 "$bin" certify \
+      "$src/scenarios/mixed-precision-correct.toml" --trace "$tmp/a trace" \
+      --run correct --precision bf16 --junit "$tmp/plain.xml" \
+      >"$tmp/plain.txt" 2>&1 || fail "certify with glibc's defaults failed"
+    grep -q '^PASS' "$tmp/tuned.txt" || fail "no PASS: $(cat "$tmp/tuned.txt")"
+    diff <(grep -v '^certify: .* s$' "$tmp/tuned.txt") \
+      <(grep -v '^certify: .* s$' "$tmp/plain.txt") || fail "outputs differ"
+    diff <(sed 's/ time="[^"]*"//g' "$tmp/tuned.xml") \
+      <(sed 's/ time="[^"]*"//g' "$tmp/plain.xml") || fail "JUnit files differ"
+    echo "the same output and JUnit, tuned and with glibc's defaults"
+    ;;
   *)
     fail "unknown case"
     ;;
