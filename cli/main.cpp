@@ -1,7 +1,7 @@
 // accumcheck: the command line.  See README.md, "Commands".
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
