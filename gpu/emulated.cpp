@@ -3,7 +3,6 @@
 #include <cblas.h>
 
 #include <limits>
-#include <mutex>
 #include <stdexcept>
 
 #include "gpu/device_impl.hpp"
@@ -23,12 +22,27 @@ CBLAS_TRANSPOSE to_blas(Trans t) {
   return t == Trans::yes ? CblasTrans : CblasNoTrans;
 }
 
+// OpenBLAS's pthreads build starts a server thread per core when it is
+// loaded, and each spins (sched_yield) for about 2^28 cycles waiting for
+// work before it sleeps: about 0.1 s of CPU per extra core in every
+// process, whether it calls BLAS or not (half of certify's CPU time on a
+// small trace).  accumcheck runs its own threads and calls BLAS on one, so
+// the library is set to one thread and its servers are stopped when this
+// file's code is loaded (after the library's own constructor).
+// blas_thread_shutdown_ is OpenBLAS's exported stop (it restarts the
+// servers itself if a threaded call ever comes); weak, as builds without
+// threads do not have it.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
+const bool blas_threads_released = [] {
+  openblas_set_num_threads(1);
+  if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
+  return true;
+}();
+
 }  // namespace
 
-EmulatedExecutor::EmulatedExecutor() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
+EmulatedExecutor::EmulatedExecutor() { (void)blas_threads_released; }
 
 void EmulatedExecutor::gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
                             float alpha, const float* a, int64_t lda,
