@@ -545,11 +545,37 @@ void Oracle<T>::scale_grads(const T& f) {
     for (T& g : grads_) g = round_to_buffer(g, buffer_);
 }
 
+// The scalars of Adam / AdamW's step number `step` (1 for the first), as
+// a float32 engine holds them: optimizer_step's, and certify's replay of
+// recorded moments.
 template <class T>
-void Oracle<T>::optimizer_step(const OptimizerSpec& opt, double lr) {
+AdamScalars<T> adam_scalars(const OptimizerSpec& opt, double lr, int64_t step) {
   using H = typename Num<T>::Host;
   using std::pow;
   using std::sqrt;
+  AdamScalars<T> s;
+  s.beta1 = T(opt.beta1);
+  s.beta2 = T(opt.beta2);
+  s.one_minus_beta1 = T(1) - s.beta1;
+  s.one_minus_beta2 = T(1) - s.beta2;
+  const H t = H(double(step));
+  const H bc1 = H(H(1) - pow(H(opt.beta1), t));
+  const H bc2 = H(H(1) - pow(H(opt.beta2), t));
+  s.step_size = Num<T>::from_host(H(H(lr) / bc1));
+  s.bc2_sqrt = Num<T>::from_host(H(sqrt(bc2)));
+  s.eps = T(opt.eps);
+  s.weight_decay = T(opt.weight_decay);
+  if (opt.kind == OptimizerKind::adamw) {
+    s.decoupled = opt.weight_decay != 0.0;
+    s.decay = Num<T>::from_host(H(H(1) - H(lr) * H(opt.weight_decay)));
+  } else {
+    s.coupled = opt.weight_decay != 0.0;
+  }
+  return s;
+}
+
+template <class T>
+void Oracle<T>::optimizer_step(const OptimizerSpec& opt, double lr) {
   ++steps_;
   const int64_t n = int64_t(params_.size());
   if (opt.kind == OptimizerKind::sgd) {
@@ -567,24 +593,7 @@ void Oracle<T>::optimizer_step(const OptimizerSpec& opt, double lr) {
     sgd_step(n, params_.data(), grads_.data(), exp_avg_.data(), s, s0_, s1_);
     return;
   }
-  AdamScalars<T> s;
-  s.beta1 = T(opt.beta1);
-  s.beta2 = T(opt.beta2);
-  s.one_minus_beta1 = T(1) - s.beta1;
-  s.one_minus_beta2 = T(1) - s.beta2;
-  const H t = H(double(steps_));
-  const H bc1 = H(H(1) - pow(H(opt.beta1), t));
-  const H bc2 = H(H(1) - pow(H(opt.beta2), t));
-  s.step_size = Num<T>::from_host(H(H(lr) / bc1));
-  s.bc2_sqrt = Num<T>::from_host(H(sqrt(bc2)));
-  s.eps = T(opt.eps);
-  s.weight_decay = T(opt.weight_decay);
-  if (opt.kind == OptimizerKind::adamw) {
-    s.decoupled = opt.weight_decay != 0.0;
-    s.decay = Num<T>::from_host(H(H(1) - H(lr) * H(opt.weight_decay)));
-  } else {
-    s.coupled = opt.weight_decay != 0.0;
-  }
+  const AdamScalars<T> s = adam_scalars<T>(opt, lr, steps_);
   if (exp_avg_.empty()) exp_avg_.assign(size_t(n), T(0));
   if (exp_avg_sq_.empty()) exp_avg_sq_.assign(size_t(n), T(0));
   adam_step(n, params_.data(), grads_.data(), exp_avg_.data(),

@@ -14,6 +14,7 @@
 
 #include "oracle/dd_lanes.hpp"
 #include "oracle/layers.hpp"
+#include "oracle/oracle.hpp"
 
 namespace accumcheck {
 namespace {
@@ -155,24 +156,16 @@ TEST(DDLanes, InputGradMatchesDotInto) {
   EXPECT_GT(bounded, 0);
 }
 
-// Adam's scalars as Oracle::optimizer_step forms them.
+// Adam's scalars as Oracle::optimizer_step forms them; variant 0: Adam,
+// 1: Adam with (coupled) weight decay, 2: AdamW.
 AdamScalars<TD> adam_scalars(int variant, int64_t step) {
-  using H = Num<TD>::Host;
-  AdamScalars<TD> s;
-  const double lr = 1e-3, b1 = 0.9, b2 = 0.999, wd = 0.01;
-  s.beta1 = TD(b1);
-  s.beta2 = TD(b2);
-  s.one_minus_beta1 = TD(1) - s.beta1;
-  s.one_minus_beta2 = TD(1) - s.beta2;
-  const H t = H(double(step));
-  s.step_size = Num<TD>::from_host(H(H(lr) / H(H(1) - pow(H(b1), t))));
-  s.bc2_sqrt = Num<TD>::from_host(H(sqrt(H(H(1) - pow(H(b2), t)))));
-  s.eps = TD(1e-8);
-  s.weight_decay = TD(variant == 0 ? 0.0 : wd);
-  s.coupled = variant == 1;
-  s.decoupled = variant == 2;
-  s.decay = Num<TD>::from_host(H(H(1) - H(lr) * H(wd)));
-  return s;
+  OptimizerSpec o;
+  o.kind = variant == 2 ? OptimizerKind::adamw : OptimizerKind::adam;
+  o.beta1 = 0.9;
+  o.beta2 = 0.999;
+  o.eps = 1e-8;
+  o.weight_decay = variant == 0 ? 0.0 : 0.01;
+  return accumcheck::adam_scalars<TD>(o, 1e-3, step);
 }
 
 TEST(DDLanes, AdamStepMatchesScalarLoop) {
@@ -180,8 +173,10 @@ TEST(DDLanes, AdamStepMatchesScalarLoop) {
   for (int kind = 2; kind <= 4; ++kind)
     for (int variant = 0; variant < 3; ++variant)
       for (int64_t n : {1, 3, 4, 7, 8, 13, 64})
-        for (int mode = 0; mode < 4; ++mode) {
-          const bool fresh = mode & 1, exact_grad = mode & 2;
+        for (int mode = 0; mode < 8; ++mode) {
+          // moments_only: certify's replay of recorded moments
+          const bool fresh = mode & 1, exact_grad = mode & 2,
+                     moments_only = mode & 4;
           Gen g(uint64_t(kind * 1000 + variant * 100 + n + mode * 7), kind);
           const auto p0 = g.vec(n);
           auto grad = g.vec(n);
@@ -192,7 +187,8 @@ TEST(DDLanes, AdamStepMatchesScalarLoop) {
           if (fresh)  // the first step: m = v = 0 exactly
             for (int64_t i = 0; i < n; ++i)
               m0[size_t(i)] = v0[size_t(i)] = TD(DD(0.0), DD(0.0));
-          const AdamScalars<TD> s = adam_scalars(variant, fresh ? 1 : 5);
+          AdamScalars<TD> s = adam_scalars(variant, fresh ? 1 : 5);
+          s.moments_only = moments_only;
           std::vector<TD> p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
           TD g1(0.f), t1(0.f), g2(0.f), t2(0.f);
           dd_lanes::adam_step(n, p1.data(), grad.data(), m1.data(), v1.data(),
@@ -208,6 +204,11 @@ TEST(DDLanes, AdamStepMatchesScalarLoop) {
                 << ", v " << v1[i] << " vs " << v2[i];
           }
           ASSERT_TRUE(same_bits(g1, g2) && same_bits(t1, t2));
+          if (moments_only) {  // p left as it was
+            for (size_t i = 0; i < size_t(n); ++i) {
+              ASSERT_TRUE(same_bits(p1[i], p0[i]));
+            }
+          }
           lanes_path += kind == 2 && n >= 4;
         }
   EXPECT_GT(lanes_path, 0);
