@@ -3,7 +3,9 @@
 #include "oracle/dd_lanes.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "oracle/layers.hpp"
@@ -559,3 +561,110 @@ void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
 }
 
 }  // namespace accumcheck::dd_lanes
+
+namespace accumcheck::error_model {
+
+namespace {
+
+using namespace dd_lanes::lanes_detail;
+using dd_lanes::TD;
+
+// DD's two_sum and quick_two_sum on four lanes.
+ACCUMCHECK_DD_INLINE void two_sum4(d4 a, d4 b, d4& s, d4& e) {
+  s = a + b;
+  const d4 bb = s - a;
+  e = (a - (s - bb)) + (b - bb);
+}
+ACCUMCHECK_DD_INLINE void quick_two_sum4(d4 a, d4 b, d4& s, d4& e) {
+  s = a + b;
+  e = b - (s - a);
+}
+// DD a * DD b (operator*), `bad` where the product is not finite.
+ACCUMCHECK_DD_INLINE void mul4(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
+                               i4& bad) {
+  const d4 ph = ah * bh;
+  d4 pl = fma4(ah, bh, -ph);
+  bad |= ~finite4(ph);
+  pl += ah * bl + al * bh;
+  quick_two_sum4(ph, pl, h, l);
+}
+
+template <class F>
+ACCUMCHECK_DD_INLINE d4 widen4(const F* f) {
+  if constexpr (std::is_same_v<F, float>) {
+    using f4 = float __attribute__((vector_size(16)));
+    f4 x;
+    std::memcpy(&x, f, sizeof x);
+    return __builtin_convertvector(x, d4);
+  } else {
+    d4 x;
+    std::memcpy(&x, f, sizeof x);
+    return x;
+  }
+}
+
+// compare()'s scalar DD code per element (error_model.hpp), four lanes.
+template <class F>
+ACCUMCHECK_DD_INLINE void lanes(const F* f, const TD* v, double scale,
+                                double slack, CompareLanes& out) {
+  const d4 zero{};
+  d4 vh, vl, eh;
+  load4(v, vh, vl, eh);
+  const d4 el{v[0].e.lo, v[1].e.lo, v[2].e.lo, v[3].e.lo};  // load4: e.hi
+  i4 bad{};
+  // err = abs(DD(f) - v): DD(f) + (-v), operator+.
+  const d4 fh = widen4(f);
+  d4 sh, sl, th, tl;
+  two_sum4(fh, -vh, sh, sl);
+  bad |= ~finite4(sh);
+  two_sum4(zero, -vl, th, tl);
+  sl += th;
+  quick_two_sum4(sh, sl, sh, sl);
+  sl += tl;
+  quick_two_sum4(sh, sl, sh, sl);
+  const i4 neg = sh < zero;
+  const d4 erh = neg ? -sh : sh, erl = neg ? -sl : sl;
+  // bound = e * scale; slack * bound.
+  d4 bh, bl, kh, kl;
+  mul4(eh, el, splat(scale), zero, bh, bl, bad);
+  mul4(splat(slack), zero, bh, bl, kh, kl, bad);
+  // err <= slack * bound: a < b || a == b (false for a NaN).
+  const i4 ok =
+      (erh < kh) | ((erh == kh) & (erl < kl)) | ((erh == kh) & (erl == kl));
+  // ratio_below_maxima's bound on err / bound.
+  const d4 tiny = splat(0x1p-1000);
+  const i4 ez = erh == zero;
+  const i4 ub_ok = ez | ((erh >= tiny) & (bh >= tiny) &
+                         (bh < splat(std::numeric_limits<double>::infinity())));
+  const d4 q = (erh / bh) * splat(1 + 0x1p-48);
+  const d4 ub = ez ? zero : q;
+  // count_error: err / (u max(|v|, 2^-126)), v and err as doubles.
+  const d4 av = fabs4(vh + vl);
+  const d4 lowest = splat(0x1p-126);
+  const d4 sc = av < lowest ? lowest : av;
+  const d4 eu = (erh + erl) / (splat(kUnitRoundoff32) * sc);
+  for (int k = 0; k < 4; ++k) {
+    out.err_hi[k] = erh[k];
+    out.err_lo[k] = erl[k];
+    out.bound_hi[k] = bh[k];
+    out.bound_lo[k] = bl[k];
+    out.ub[k] = ub[k];
+    out.err_u[k] = eu[k];
+  }
+  out.violated = bits(~ok);
+  out.ub_ok = bits(ub_ok);
+  out.scalar = bits(bad);
+}
+
+}  // namespace
+
+void compare_lanes(const float* f, const TD* v, double scale, double slack,
+                   CompareLanes& out) {
+  lanes(f, v, scale, slack, out);
+}
+void compare_lanes(const double* f, const TD* v, double scale, double slack,
+                   CompareLanes& out) {
+  lanes(f, v, scale, slack, out);
+}
+
+}  // namespace accumcheck::error_model

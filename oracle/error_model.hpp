@@ -282,12 +282,37 @@ inline void count_error(Comparison& c, double v, double err) {
   c.rms_err_u += err_u * err_u;
 }
 
+// compare()'s terms of four consecutive elements of a Tracked<DD> oracle
+// at once (oracle/dd_lanes.cpp: the same double operations per element
+// in the same order as compare's scalar DD code, one element per lane):
+// err = |f - v|, bound = e * scale and the violation test in DD;
+// ratio_below_maxima's upper bound on err / bound (ub; its `ub_ok` bit
+// clear where that function would give up); count_error's err_u.  Bit k
+// of `scalar`: element k leaves the common path (a non-finite value), to
+// be computed by the scalar code.
+struct CompareLanes {
+  double err_hi[4], err_lo[4], bound_hi[4], bound_lo[4], ub[4], err_u[4];
+  int violated = 0, ub_ok = 0, scalar = 0;
+};
+}  // namespace accumcheck::error_model
+namespace accumcheck {
+template <class B>
+struct Tracked;
+}  // namespace accumcheck
+namespace accumcheck::error_model {
+void compare_lanes(const float* f, const Tracked<DD>* v, double scale,
+                   double slack, CompareLanes& out);
+void compare_lanes(const double* f, const Tracked<DD>* v, double scale,
+                   double slack, CompareLanes& out);
+
 // Compares results `f` (float32, or float64 with bound_scale =
 // fp64_bound_scale) against oracle values with bounds (any type with
 // members v and e, i.e. Tracked<B>); the bound of element i is
 // bound_scale * e_i.  err and the violation test are computed in B, so
 // bound 0 demands exact equality.
-template <class F, class TrackedT>
+// kLanes = false: the scalar code alone (the lanes' test compares the
+// two).
+template <class F, class TrackedT, bool kLanes = true>
 Comparison compare(std::string_view what, const std::vector<F>& f,
                    const std::vector<TrackedT>& oracle,
                    const ParamLayout* layout = nullptr,
@@ -306,7 +331,19 @@ Comparison compare(std::string_view what, const std::vector<F>& f,
   }
   const B scale(bound_scale);
   const B slack_b(slack);
-  for (size_t i = 0; i < n; ++i) {
+  // One element, its err, bound and violation computed.
+  auto element = [&](size_t i, const B& err, const B& bound, bool violated) {
+    // The ratio is formed in B: a bound below double's range must not
+    // read as 0 (and the ratio as infinite) once converted.
+    const double ratio =
+        bound > B(0)
+            ? static_cast<double>(err / bound)
+            : (err > B(0) ? std::numeric_limits<double>::infinity() : 0.0);
+    accumulate(c, layout, int64_t(i), double(f[i]),
+               static_cast<double>(oracle[i].v), static_cast<double>(err),
+               static_cast<double>(bound), ratio, violated);
+  };
+  auto scalar = [&](size_t i) {
     const B err = abs(B(f[i]) - oracle[i].v);
     const B bound = oracle[i].e * scale;
     // Written so that a NaN value or bound is a violation, never a pass.
@@ -319,19 +356,49 @@ Comparison compare(std::string_view what, const std::vector<F>& f,
       if (!violated && ratio_below_maxima(c, layout, int64_t(i), err, bound)) {
         count_error(c, static_cast<double>(oracle[i].v),
                     static_cast<double>(err));
-        continue;
+        return;
       }
     }
-    // The ratio is formed in B: a bound below double's range must not
-    // read as 0 (and the ratio as infinite) once converted.
-    const double ratio =
-        bound > B(0)
-            ? static_cast<double>(err / bound)
-            : (err > B(0) ? std::numeric_limits<double>::infinity() : 0.0);
-    accumulate(c, layout, int64_t(i), double(f[i]),
-               static_cast<double>(oracle[i].v), static_cast<double>(err),
-               static_cast<double>(bound), ratio, violated);
+    element(i, err, bound, violated);
+  };
+  size_t i = 0;
+  if constexpr (kLanes && std::is_same_v<TrackedT, Tracked<DD>> &&
+                (std::is_same_v<F, float> || std::is_same_v<F, double>)) {
+    // Four elements' terms at a time (compare_lanes), then each element
+    // in order as the scalar code takes it: the statistics are sums and
+    // maxima in element order, so the same Comparison bit for bit.
+    for (; i + 4 <= n; i += 4) {
+      CompareLanes L;
+      compare_lanes(&f[i], &oracle[i], bound_scale, slack, L);
+      for (int k = 0; k < 4; ++k) {
+        const size_t j = i + size_t(k);
+        if ((L.scalar >> k) & 1) {
+          scalar(j);
+          continue;
+        }
+        const bool violated = (L.violated >> k) & 1;
+        // ratio_below_maxima with the lanes' bound on the ratio.
+        bool below = !violated && c.worst.index >= 0 && ((L.ub_ok >> k) & 1) &&
+                     L.ub[k] <= c.worst.ratio;
+        if (below && layout && !layout->tensors.empty()) {
+          const TensorView* tensor =
+              c.tensor_ratio.empty() ? nullptr : c.last_tensor;
+          below = tensor && int64_t(j) >= tensor->offset &&
+                  int64_t(j) < tensor->offset + tensor->size() &&
+                  L.ub[k] <= c.tensor_ratio.back().second;
+        }
+        if (below) {  // count_error with the lanes' err_u
+          ++c.n;
+          c.max_err_u = std::max(c.max_err_u, L.err_u[k]);
+          c.rms_err_u += L.err_u[k] * L.err_u[k];
+          continue;
+        }
+        element(j, DD::raw(L.err_hi[k], L.err_lo[k]),
+                DD::raw(L.bound_hi[k], L.bound_lo[k]), violated);
+      }
+    }
   }
+  for (; i < n; ++i) scalar(i);
   if (c.n > 0) c.rms_err_u = std::sqrt(c.rms_err_u / double(c.n));
   return c;
 }

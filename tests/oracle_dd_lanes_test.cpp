@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "oracle/dd_lanes.hpp"
+#include "oracle/error_model.hpp"
 #include "oracle/layers.hpp"
 #include "oracle/oracle.hpp"
+#include "sim/layout.hpp"
 
 namespace accumcheck {
 namespace {
@@ -212,6 +214,90 @@ TEST(DDLanes, AdamStepMatchesScalarLoop) {
           lanes_path += kind == 2 && n >= 4;
         }
   EXPECT_GT(lanes_path, 0);
+}
+
+// error_model::compare with its lanes (compare_lanes) against the scalar
+// code alone: the same Comparison, every double bit for bit, on values
+// with zero, infinite and NaN parts, bounds of zero, subnormal and
+// infinite size, results on either side of the bound, with and without a
+// layout, float and double results.
+::testing::AssertionResult same_comparison(const error_model::Comparison& a,
+                                           const error_model::Comparison& b) {
+  auto fail = [](const char* what) {
+    return ::testing::AssertionFailure() << what << " differs";
+  };
+  if (a.n != b.n || a.violations != b.violations) return fail("n/violations");
+  if (a.worst.index != b.worst.index || a.worst.tensor != b.worst.tensor)
+    return fail("worst element");
+  for (auto [x, y] : {std::pair{a.worst.f, b.worst.f},
+                      {a.worst.v, b.worst.v},
+                      {a.worst.err, b.worst.err},
+                      {a.worst.bound, b.worst.bound},
+                      {a.worst.ratio, b.worst.ratio},
+                      {a.max_err_u, b.max_err_u},
+                      {a.rms_err_u, b.rms_err_u},
+                      {a.max_ratio, b.max_ratio}})
+    if (!same_bits(x, y))
+      return fail("a statistic") << ": " << x << " vs " << y;
+  if (a.tensor_ratio.size() != b.tensor_ratio.size()) return fail("tensors");
+  for (size_t i = 0; i < a.tensor_ratio.size(); ++i)
+    if (a.tensor_ratio[i].first != b.tensor_ratio[i].first ||
+        !same_bits(a.tensor_ratio[i].second, b.tensor_ratio[i].second))
+      return fail("a tensor's ratio");
+  return ::testing::AssertionSuccess();
+}
+
+TEST(DDLanes, CompareMatchesScalarCode) {
+  ModelSpec spec;
+  spec.widths = {5, 7, 3};  // tensors of 35, 7, 21 and 3 elements
+  const ParamLayout layout = layout_of(spec);
+  const int64_t n = layout.total;
+  int violated = 0, within = 0, scalar_lanes = 0;
+  for (int kind = 2; kind <= 4; ++kind)
+    for (int seed = 0; seed < 40; ++seed) {
+      Gen g(uint64_t(kind * 7919 + seed), kind);
+      std::vector<TD> v = g.vec(n);
+      std::vector<float> f(static_cast<size_t>(n));
+      for (size_t i = 0; i < size_t(n); ++i) {
+        const double x = v[i].v.hi;
+        const bool calm = seed % 2 == 1;  // every result within its bound
+        if (calm && std::isfinite(x))
+          v[i].e = DD(std::max(v[i].e.hi, std::fabs(x) * 0x1p-20));
+        const double e = v[i].e.hi;
+        // Results at 0 .. 2 x the bound away (calm: 0 .. 1/2 x), some
+        // exact, some far off.
+        const int r = calm ? int(g.rng() % 2) * 4 : int(g.rng() % 8);
+        double y = x + (r == 0 ? 0.0 : e * g.U() * (calm ? 0.5 : 2));
+        if (r == 1) y = x * (1 + 1e-3);
+        if (r == 2 && kind == 4) y = std::numeric_limits<double>::quiet_NaN();
+        if (r == 3 && seed % 5 == 0) v[i].e = DD(0x1p-1070);  // subnormal
+        f[i] = float(y);
+      }
+      if (seed % 7 == 2) v[5].e = DD::raw(1e-9, 1e-30);  // a bound's low part
+      const std::vector<double> fd(f.begin(), f.end());
+      for (const ParamLayout* L : {&layout, (const ParamLayout*)nullptr})
+        for (double scale : {1.0, 3.0}) {
+          const auto lanes =
+              error_model::compare<float, TD, true>("x", f, v, L, 1.0, scale);
+          const auto ref =
+              error_model::compare<float, TD, false>("x", f, v, L, 1.0, scale);
+          ASSERT_TRUE(same_comparison(lanes, ref))
+              << "kind " << kind << " seed " << seed << " scale " << scale;
+          ASSERT_TRUE(same_comparison(
+              error_model::compare<double, TD, true>("x", fd, v, L, 2.0, scale),
+              error_model::compare<double, TD, false>("x", fd, v, L, 2.0,
+                                                      scale)));
+          (lanes.violations > 0 ? violated : within) += 1;
+        }
+      for (int64_t i = 0; i + 4 <= n; i += 4) {
+        error_model::CompareLanes cl;
+        error_model::compare_lanes(&f[size_t(i)], &v[size_t(i)], 1.0, 1.0, cl);
+        scalar_lanes += cl.scalar != 0;
+      }
+    }
+  EXPECT_GT(violated, 0);
+  EXPECT_GT(within, 0);
+  EXPECT_GT(scalar_lanes, 0);
 }
 
 }  // namespace
