@@ -36,11 +36,12 @@ struct InverseFactorials {
     }
   }
 };
-const InverseFactorials& inverse_factorials() {
-  static const InverseFactorials k;
-  return k;
-}
 }  // namespace
+
+const DD* inverse_factorials() {
+  static const InverseFactorials k;
+  return k.v;
+}
 
 DD expm1_reduced(const DD& r) {
   // |r| <= ln2/2 = 0.347: r / 512 <= 6.8e-4; the Taylor remainder after
@@ -49,7 +50,7 @@ DD expm1_reduced(const DD& r) {
   // ldexp) as multiplications: no libm call per step.
   const DD x = DD::raw(r.hi * 0x1p-9, r.lo * 0x1p-9);
   // Horner: s = x (1 + x/2! (1 + ...)) as sum x^k / k!, k = 1..10.
-  const DD* f = inverse_factorials().v;
+  const DD* f = inverse_factorials();
   DD s = f[10];
   for (int k = 9; k >= 1; --k) s = f[k] + x * s;
   s = x * s;

@@ -174,9 +174,11 @@ inline bool isfinite(const DD& a) { return std::isfinite(a.hi); }
 
 namespace dd_detail {
 
-// exp(r) - 1 for |r| <= ln2/2: r / 2^9, Taylor to r^12 / 12!, then
+// exp(r) - 1 for |r| <= ln2/2: r / 2^9, Taylor to r^10 / 10!, then
 // (1 + s)^2 - 1 = 2s + s^2 nine times (no cancellation).
 DD expm1_reduced(const DD& r);
+// 1/k! for k = 0..10, rounded to DD (expm1_reduced's coefficients).
+const DD* inverse_factorials();
 const DD& ln2();
 const DD& two_over_sqrt_pi();
 

@@ -562,6 +562,125 @@ void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
 
 }  // namespace accumcheck::dd_lanes
 
+namespace accumcheck::dd_lanes {
+
+namespace {
+
+using namespace lanes_detail;
+
+// DD values on four lanes, DD's operations (oracle/dd.hpp) lane by lane;
+// `bad` marks a lane where the scalar operation leaves its common path
+// (a non-finite sum, product or quotient).
+struct D4 {
+  d4 h, l;
+};
+ACCUMCHECK_DD_INLINE D4 qts4(d4 a, d4 b) {
+  const d4 s = a + b;
+  return {s, b - (s - a)};
+}
+ACCUMCHECK_DD_INLINE D4 add4(D4 a, D4 b, i4& bad) {
+  d4 sh = a.h + b.h;
+  d4 bb = sh - a.h;
+  d4 sl = (a.h - (sh - bb)) + (b.h - bb);
+  bad |= ~finite4(sh);
+  const d4 th = a.l + b.l;
+  bb = th - a.l;
+  const d4 tl = (a.l - (th - bb)) + (b.l - bb);
+  sl += th;
+  D4 s = qts4(sh, sl);
+  s.l += tl;
+  return qts4(s.h, s.l);
+}
+ACCUMCHECK_DD_INLINE D4 neg4(D4 a) { return {-a.h, -a.l}; }
+ACCUMCHECK_DD_INLINE D4 mul4(D4 a, D4 b, i4& bad) {
+  const d4 ph = a.h * b.h;
+  d4 pl = fma4(a.h, b.h, -ph);
+  bad |= ~finite4(ph);
+  pl += a.h * b.l + a.l * b.h;
+  return qts4(ph, pl);
+}
+ACCUMCHECK_DD_INLINE D4 div4(D4 a, D4 b, i4& bad) {
+  const d4 zero{};
+  const d4 q1 = a.h / b.h;
+  bad |= ~finite4(q1) | ~finite4(b.h);
+  D4 r = add4(a, neg4(mul4({q1, zero}, b, bad)), bad);
+  const d4 q2 = r.h / b.h;
+  r = add4(r, neg4(mul4({q2, zero}, b, bad)), bad);
+  const d4 q3 = r.h / b.h;
+  return add4(qts4(q1, q2), {q3, zero}, bad);
+}
+ACCUMCHECK_DD_INLINE D4 scale4(D4 a, d4 p) { return {a.h * p, a.l * p}; }
+ACCUMCHECK_DD_INLINE D4 splat4(const DD& x) {
+  return {splat(x.hi), splat(x.lo)};
+}
+ACCUMCHECK_DD_INLINE D4 select4(i4 m, D4 a, D4 b) {
+  return {m ? a.h : b.h, m ? a.l : b.l};
+}
+
+// dd_detail::expm1_reduced per lane.
+ACCUMCHECK_DD_INLINE D4 expm1_reduced4(D4 r, i4& bad) {
+  const DD* f = dd_detail::inverse_factorials();
+  const D4 x = scale4(r, splat(0x1p-9));
+  D4 s = splat4(f[10]);
+  for (int k = 9; k >= 1; --k) s = add4(splat4(f[k]), mul4(x, s, bad), bad);
+  s = mul4(x, s, bad);
+  for (int i = 0; i < 9; ++i)
+    s = add4(scale4(s, splat(2)), mul4(s, s, bad), bad);
+  return s;
+}
+
+// dd.cpp's tanh per lane: x = |a|, m = expm1(2x) (expm1_reduced for
+// |2x| <= 0.34, else exp(2x) - 1 by exp's reduction), m / (m + 2), the
+// sign of a.  Bit l of the result: lane l to be computed by the scalar
+// tanh.
+ACCUMCHECK_DD_INLINE int tanh4(D4 a, D4& out) {
+  const d4 zero{};
+  i4 bad = a.h != a.h;  // NaN
+  const i4 neg = a.h < zero;
+  const D4 x = select4(neg, neg4(a), a);
+  bad |= x.h > splat(40);
+  const D4 y = scale4(x, splat(2));
+  const i4 small = ~(fabs4(y.h) > splat(0.34));
+  // exp(y)'s reduction: k = nearbyint(y / ln2), r = y - ln2 k.
+  const DD& ln2 = dd_detail::ln2();
+  const d4 q = y.h / splat(ln2.hi);
+  d4 k, p;
+  for (int j = 0; j < 4; ++j) {
+    k[j] = std::nearbyint(q[j]);
+    // times_pow2's 2^k (k <= 116 where no lane is bad)
+    const int kk =
+        std::isfinite(k[j]) && std::fabs(k[j]) < 1000 ? int(k[j]) : 0;
+    p[j] = std::ldexp(1.0, kk);
+  }
+  const D4 r_exp = add4(y, neg4(mul4(splat4(ln2), {k, zero}, bad)), bad);
+  const D4 s = expm1_reduced4(select4(small, y, r_exp), bad);
+  const D4 e = scale4(add4(s, {splat(1), zero}, bad), p);
+  const D4 m = select4(small, s, add4(e, neg4({splat(1), zero}), bad));
+  const D4 t = div4(m, add4(m, {splat(2), zero}, bad), bad);
+  out = select4(neg, neg4(t), t);
+  return bits(bad);
+}
+
+}  // namespace
+
+void tanh_forward(TD* out, const TD* inp, int64_t n) {
+  using std::tanh;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const TD x[4] = {inp[i], inp[i + 1], inp[i + 2], inp[i + 3]};
+    D4 a, t;
+    d4 e;
+    load4(x, a.h, a.l, e);
+    const int scalar = tanh4(a, t);
+    for (int k = 0; k < 4; ++k)
+      out[i + k] = TD::tanh_of(
+          x[k], (scalar >> k) & 1 ? tanh(x[k].v) : DD::raw(t.h[k], t.l[k]));
+  }
+  for (; i < n; ++i) out[i] = tanh(inp[i]);
+}
+
+}  // namespace accumcheck::dd_lanes
+
 namespace accumcheck::error_model {
 
 namespace {

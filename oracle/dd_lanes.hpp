@@ -53,4 +53,11 @@ void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
 void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
                const AdamScalars<TD>& s, TD& g, TD& tmp);
 
+// out[i] = tanh(inp[i])  (SETS; out may be inp): activation_forward's
+// tanh.  The DD values four at a time (dd.cpp's tanh, its DD operations
+// per lane in its order, both of expm1's branches formed and the lane's
+// own kept), a lane off the common path (NaN, |x| > 40, a non-finite
+// step) by the scalar tanh; each bound by Tracked::tanh_of.
+void tanh_forward(TD* out, const TD* inp, int64_t n);
+
 }  // namespace accumcheck::dd_lanes

@@ -94,6 +94,12 @@ void activation_forward(T* out, const T* inp, int64_t n, Activation act,
                         const ActivationConstants<T>& k, T& s) {
   using std::erf;
   using std::tanh;
+  if constexpr (std::is_same_v<T, Tracked<DD>>) {
+    if (act == Activation::tanh) {  // the values four at a time
+      dd_lanes::tanh_forward(out, inp, n);
+      return;
+    }
+  }
   for (int64_t i = 0; i < n; ++i) {
     switch (act) {
       case Activation::identity:

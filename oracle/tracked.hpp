@@ -448,11 +448,17 @@ struct Tracked {
     return r;
   }
   friend Tracked tanh(const Tracked& x) {
+    using std::tanh;
+    return tanh_of(x, tanh(x.v));
+  }
+  // tanh(x) given the value tanh(x.v) (dd_lanes::tanh_forward computes
+  // the values four at a time): its bound.
+  static Tracked tanh_of(const Tracked& x, const B& value) {
     using namespace tracked_detail;
     using std::abs;
     using std::tanh;
     Tracked r;
-    r.v = tanh(x.v);
+    r.v = value;
     B m = abs(x.v) - x.e;
     if constexpr (std::is_same_v<B, DD>) {
       if (tanh_bound(x.e, m, r.v, r.e)) return r;

@@ -300,5 +300,44 @@ TEST(DDLanes, CompareMatchesScalarCode) {
   EXPECT_GT(scalar_lanes, 0);
 }
 
+// tanh_forward (the DD values four at a time) against the scalar Tracked
+// tanh, bit for bit: both of expm1's branches and the boundary between
+// them, exp's reduction over its range, |x| > 40, NaN, infinities, signed
+// zeros, subnormals, bounds from 0 to infinite; in place too.
+TEST(DDLanes, TanhForwardMatchesScalar) {
+  std::mt19937_64 rng(17);
+  auto U = [&] { return std::uniform_real_distribution<double>(-1, 1)(rng); };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<TD> x;
+  for (int i = 0; i < 4000; ++i) {
+    const int r = int(rng() % 10);
+    double h = r < 3   ? U() * 0.3  // expm1_reduced directly
+               : r < 6 ? U() * 12   // exp's reduction
+               : r < 7
+                   ? std::copysign(0.17, U()) * (1 + U() * 1e-6)  // the seam
+               : r < 8 ? U() * 90                                 // past 40 too
+                       : U() * 1e-3;
+    if (i % 97 == 0) h = std::numeric_limits<double>::quiet_NaN();
+    if (i % 89 == 0) h = (i % 2 ? inf : -inf);
+    if (i % 83 == 0) h = (i % 2 ? 0.0 : -0.0);
+    if (i % 79 == 0) h = 0x1p-1060;
+    const double e = rng() % 5 == 0 ? 0.0
+                     : i % 71 == 0  ? inf
+                                    : std::fabs(h) * 0x1p-20 * (1 + U());
+    x.push_back(TD(DD::quick_two_sum(h, h * 0x1p-60 * U()), DD(e)));
+  }
+  for (int64_t n : {int64_t(1), int64_t(3), int64_t(4), int64_t(x.size())}) {
+    std::vector<TD> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    dd_lanes::tanh_forward(got.data(), x.data(), n);
+    for (size_t i = 0; i < size_t(n); ++i) want[i] = tanh(x[i]);
+    int exact = 0, bounded = 0;
+    ASSERT_TRUE(
+        all_same_bits(got, want, "n " + std::to_string(n), exact, bounded));
+    std::vector<TD> in_place(x.begin(), x.begin() + n);
+    dd_lanes::tanh_forward(in_place.data(), in_place.data(), n);
+    ASSERT_TRUE(all_same_bits(in_place, want, "in place", exact, bounded));
+  }
+}
+
 }  // namespace
 }  // namespace accumcheck
