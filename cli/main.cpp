@@ -1,8 +1,10 @@
 // accumcheck: the command line.  See README.md, "Commands".
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -48,6 +50,19 @@ void tune_malloc_for_certify(int argc, char** argv) {
              "glibc.malloc.mmap_threshold=33554432",
              1) != 0)
     return;
+  // By the executable's own path where it is still this process's file,
+  // so that the process keeps its name (run as /proc/self/exe, ps and top
+  // call it "exe").
+  char self[PATH_MAX];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  struct stat a {
+  }, b{};
+  if (len > 0) {
+    self[len] = '\0';
+    if (stat(self, &a) == 0 && stat("/proc/self/exe", &b) == 0 &&
+        a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+      execv(self, argv);
+  }
   execv("/proc/self/exe", argv);
   unsetenv("GLIBC_TUNABLES");  // no /proc: go on with the defaults
 #else
