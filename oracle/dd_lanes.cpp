@@ -270,26 +270,31 @@ ACCUMCHECK_DD_INLINE T4 tsqrt(const T4& x, i4& bad) {
   return r;
 }
 // a.v - DD(q) * b.v (DD's operator/'s step).
-ACCUMCHECK_DD_INLINE void div_rest(d4 ah, d4 al, d4 q, const T4& b, d4& h,
+ACCUMCHECK_DD_INLINE void div_rest(d4 ah, d4 al, d4 q, d4 bh, d4 bl, d4& h,
                                    d4& l, i4& bad) {
   d4 ph, pl;
-  dd_mul(q, d4{}, b.h, b.l, ph, pl, bad);
+  dd_mul(q, d4{}, bh, bl, ph, pl, bad);
   dd_add(ah, al, -ph, -pl, h, l, bad);
+}
+// DD's operator/.
+ACCUMCHECK_DD_INLINE void dd_div(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
+                                 i4& bad) {
+  const d4 zero{};
+  const d4 q1 = ah / bh;
+  bad |= ~finite4(q1) | ~finite4(bh);
+  d4 rh, rl;
+  div_rest(ah, al, q1, bh, bl, rh, rl, bad);
+  const d4 q2 = rh / bh;
+  div_rest(rh, rl, q2, bh, bl, rh, rl, bad);
+  const d4 q3 = rh / bh;
+  const d4 sh = q1 + q2;
+  const d4 sl = q2 - (sh - q1);
+  dd_add(sh, sl, q3, zero, h, l, bad);
 }
 ACCUMCHECK_DD_INLINE T4 tdiv(const T4& a, const T4& b, i4& bad) {
   const d4 zero{};
-  // DD's operator/
-  const d4 q1 = a.h / b.h;
-  bad |= ~finite4(q1) | ~finite4(b.h);
-  d4 rh, rl;
-  div_rest(a.h, a.l, q1, b, rh, rl, bad);
-  const d4 q2 = rh / b.h;
-  div_rest(rh, rl, q2, b, rh, rl, bad);
-  const d4 q3 = rh / b.h;
-  const d4 sh = q1 + q2;
-  const d4 sl = q2 - (sh - q1);
   T4 r;
-  dd_add(sh, sl, q3, zero, r.h, r.l, bad);
+  dd_div(a.h, a.l, b.h, b.l, r.h, r.l, bad);
   // div_bound
   const d4 den = (fabs4(b.h) * splat(1 - 0x1p-52) - b.e * splat(1 + 0x1p-52)) *
                  splat(1 - 0x1p-52);
@@ -568,46 +573,28 @@ namespace {
 
 using namespace lanes_detail;
 
-// DD values on four lanes, DD's operations (oracle/dd.hpp) lane by lane;
-// `bad` marks a lane where the scalar operation leaves its common path
-// (a non-finite sum, product or quotient).
+// DD values on four lanes, DD's operations (oracle/dd.hpp) lane by lane
+// (lanes_detail's dd_add, dd_mul, dd_div); `bad` marks a lane where the
+// scalar operation leaves its common path (a non-finite sum, product or
+// quotient).
 struct D4 {
   d4 h, l;
 };
-ACCUMCHECK_DD_INLINE D4 qts4(d4 a, d4 b) {
-  const d4 s = a + b;
-  return {s, b - (s - a)};
-}
 ACCUMCHECK_DD_INLINE D4 add4(D4 a, D4 b, i4& bad) {
-  d4 sh = a.h + b.h;
-  d4 bb = sh - a.h;
-  d4 sl = (a.h - (sh - bb)) + (b.h - bb);
-  bad |= ~finite4(sh);
-  const d4 th = a.l + b.l;
-  bb = th - a.l;
-  const d4 tl = (a.l - (th - bb)) + (b.l - bb);
-  sl += th;
-  D4 s = qts4(sh, sl);
-  s.l += tl;
-  return qts4(s.h, s.l);
+  D4 r;
+  dd_add(a.h, a.l, b.h, b.l, r.h, r.l, bad);
+  return r;
 }
 ACCUMCHECK_DD_INLINE D4 neg4(D4 a) { return {-a.h, -a.l}; }
 ACCUMCHECK_DD_INLINE D4 mul4(D4 a, D4 b, i4& bad) {
-  const d4 ph = a.h * b.h;
-  d4 pl = fma4(a.h, b.h, -ph);
-  bad |= ~finite4(ph);
-  pl += a.h * b.l + a.l * b.h;
-  return qts4(ph, pl);
+  D4 r;
+  dd_mul(a.h, a.l, b.h, b.l, r.h, r.l, bad);
+  return r;
 }
 ACCUMCHECK_DD_INLINE D4 div4(D4 a, D4 b, i4& bad) {
-  const d4 zero{};
-  const d4 q1 = a.h / b.h;
-  bad |= ~finite4(q1) | ~finite4(b.h);
-  D4 r = add4(a, neg4(mul4({q1, zero}, b, bad)), bad);
-  const d4 q2 = r.h / b.h;
-  r = add4(r, neg4(mul4({q2, zero}, b, bad)), bad);
-  const d4 q3 = r.h / b.h;
-  return add4(qts4(q1, q2), {q3, zero}, bad);
+  D4 r;
+  dd_div(a.h, a.l, b.h, b.l, r.h, r.l, bad);
+  return r;
 }
 ACCUMCHECK_DD_INLINE D4 scale4(D4 a, d4 p) { return {a.h * p, a.l * p}; }
 ACCUMCHECK_DD_INLINE D4 splat4(const DD& x) {
@@ -688,26 +675,6 @@ namespace {
 using namespace dd_lanes::lanes_detail;
 using dd_lanes::TD;
 
-// DD's two_sum and quick_two_sum on four lanes.
-ACCUMCHECK_DD_INLINE void two_sum4(d4 a, d4 b, d4& s, d4& e) {
-  s = a + b;
-  const d4 bb = s - a;
-  e = (a - (s - bb)) + (b - bb);
-}
-ACCUMCHECK_DD_INLINE void quick_two_sum4(d4 a, d4 b, d4& s, d4& e) {
-  s = a + b;
-  e = b - (s - a);
-}
-// DD a * DD b (operator*), `bad` where the product is not finite.
-ACCUMCHECK_DD_INLINE void mul4(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
-                               i4& bad) {
-  const d4 ph = ah * bh;
-  d4 pl = fma4(ah, bh, -ph);
-  bad |= ~finite4(ph);
-  pl += ah * bl + al * bh;
-  quick_two_sum4(ph, pl, h, l);
-}
-
 template <class F>
 ACCUMCHECK_DD_INLINE d4 widen4(const F* f) {
   if constexpr (std::is_same_v<F, float>) {
@@ -732,21 +699,14 @@ ACCUMCHECK_DD_INLINE void lanes(const F* f, const TD* v, double scale,
   const d4 el{v[0].e.lo, v[1].e.lo, v[2].e.lo, v[3].e.lo};  // load4: e.hi
   i4 bad{};
   // err = abs(DD(f) - v): DD(f) + (-v), operator+.
-  const d4 fh = widen4(f);
-  d4 sh, sl, th, tl;
-  two_sum4(fh, -vh, sh, sl);
-  bad |= ~finite4(sh);
-  two_sum4(zero, -vl, th, tl);
-  sl += th;
-  quick_two_sum4(sh, sl, sh, sl);
-  sl += tl;
-  quick_two_sum4(sh, sl, sh, sl);
+  d4 sh, sl;
+  dd_add(widen4(f), zero, -vh, -vl, sh, sl, bad);
   const i4 neg = sh < zero;
   const d4 erh = neg ? -sh : sh, erl = neg ? -sl : sl;
   // bound = e * scale; slack * bound.
   d4 bh, bl, kh, kl;
-  mul4(eh, el, splat(scale), zero, bh, bl, bad);
-  mul4(splat(slack), zero, bh, bl, kh, kl, bad);
+  dd_mul(eh, el, splat(scale), zero, bh, bl, bad);
+  dd_mul(splat(slack), zero, bh, bl, kh, kl, bad);
   // err <= slack * bound: a < b || a == b (false for a NaN).
   const i4 ok =
       (erh < kh) | ((erh == kh) & (erl < kl)) | ((erh == kh) & (erl == kl));
