@@ -1,5 +1,6 @@
 // The emulated executor: the kernel bodies of gpu/kernels.hpp run in plain
-// loops on the CPU, matrix products in single-threaded OpenBLAS.  Always
+// loops on the CPU, matrix products in single-threaded OpenBLAS (loaded
+// when the first executor is made).  Always
 // built; it is the float32 engine every CI run exercises.
 //
 //   EmulatedExecutor ex;
@@ -32,7 +33,8 @@ class EmulatedExecutor {
     std::vector<T> v_;
   };
 
-  // Pins OpenBLAS to one thread (once per process).
+  // Loads OpenBLAS (once per process: dlopen, one thread; gpu/emulated.cpp
+  // says why); throws std::runtime_error where it cannot be loaded.
   EmulatedExecutor();
 
   template <class T>
