@@ -66,11 +66,18 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   }
   const ClipNorms clip_norms = clip_norms_of(*L.run, L.steps.size());
   const std::vector<int64_t> scale_exps = trace_scale_exps(s, L);
-  const Ctx ctx{s,           data,        init,
-                plan,        layout,      L.steps,
-                cfg.fp64,    range,       cfg.bound_arith,
-                cfg.threads, max_windows, grad_scale,
-                clip_norms,  scale_exps};
+  // The training state beyond gradients (state.csv, values.bin's state
+  // blocks), when recorded: Adam's moments are judged with the steps.
+  StateSection state = read_state(L.trace, *L.run, layout);
+  const RecordedMoments moments = take_moments(state, layout);
+  Ctx ctx{s,           data,        init,
+          plan,        layout,      L.steps,
+          cfg.fp64,    range,       cfg.bound_arith,
+          cfg.threads, max_windows, grad_scale,
+          clip_norms,  scale_exps,  &moments};
+  // The ranking's runs judge gradients and parameters only.
+  Ctx rank_ctx = ctx;
+  rank_ctx.moments = nullptr;
 
   CertifyReport r;
   r.scenario = s.name;
@@ -113,9 +120,9 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
         "float32 bound; parameters judged with the float32 bound",
         cfg.autocast, g, grad_scale, cfg.autocast, g * grad_scale));
   }
-  // The training state beyond gradients (state.csv), when recorded.
+  // The rest of the training state: whole, in every part.
   std::vector<std::string> state_findings;
-  check_state(ctx, L, grad_scale, r, state_findings);  // whole, in every part
+  check_state(ctx, L, state, grad_scale, r, state_findings);
 
   // 4. The call pattern (when the trace has events).  A difference that
   // changes no value (the accepted semantics within the bound at every
@@ -163,7 +170,8 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   // state wrong: no candidate to rank, the state findings are the diagnosis.
   bool state_only = !r.pass && acc_d.first_out < 0 && acc.steps == n;
   for (const CertifyCheck& c : r.checks)
-    if (!c.ok && !c.separate && !is_state_check(c.name)) state_only = false;
+    if (!c.ok && !c.separate && !is_state_check(c.name) && !is_moment_check(c))
+      state_only = false;
   if (state_only) {
     r.diagnosis = "the gradients and parameters are " + r.accepted +
                   "'s; the training state is not";
@@ -171,8 +179,8 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
       r.diagnosis.append("\nstate finding: ").append(f);
   } else if (!r.pass) {
     std::vector<Behavior> behaviors;
-    rank_cheap(ctx, accepted_b, r, behaviors);
-    Refiner refiner(ctx, cfg, r, behaviors, accepted_b);
+    rank_cheap(rank_ctx, accepted_b, r, behaviors);
+    Refiner refiner(rank_ctx, cfg, r, behaviors, accepted_b);
     refiner.launch();
     mark_pattern_matches(s, plan, pc, behaviors, r);
     refiner.finish(acc);

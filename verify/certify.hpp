@@ -163,13 +163,25 @@ struct CertifyReport {
   bool unexplained = false;
   std::vector<std::string> evidence;
   double seconds = 0;
-  StepRange steps;         // the steps judged (end resolved)
-  double max_ratio = 0;    // accepted: max error/bound over judged steps
+  StepRange steps;       // the steps judged (end resolved)
+  double max_ratio = 0;  // accepted: max error/bound over judged steps
+  // Adam's moments judged with the steps (judge_moments): at how many
+  // judged steps, and their max error/bound (certify_moments_note).
+  int64_t moment_steps = 0;
+  double moment_worst = 0;
+  // Judged steps where the accepted semantics clipped with no recorded
+  // pre-clip norm to force the decision (certify_unforced_note).
+  std::vector<int64_t> unforced_steps;
   int64_t first_out = -1;  // accepted: first judged step outside the bound
 };
 
 // The PASS verdict line (certify and certify_merge share it).
 std::string certify_pass_verdict(const CertifyReport& r, double max_ratio);
+// The note on r.moment_steps and r.moment_worst ("" when none judged): one
+// certify's, and certify-merge's over the parts.
+std::string certify_moments_note(const CertifyReport& r);
+// The note on r.unforced_steps ("" when none), likewise.
+std::string certify_unforced_note(const CertifyReport& r);
 
 // Reads and validates the trace (InputError on anything malformed,
 // including a digest that is not the scenario's), then judges it.

@@ -12,6 +12,7 @@
 #include "sim/trainer.hpp"
 #include "verify/certify_stages.hpp"
 #include "verify/parallel.hpp"
+#include "verify/state_check.hpp"
 
 namespace accumcheck::certify_detail {
 
@@ -20,14 +21,6 @@ namespace {
 // Both from the one tolerance table (oracle/error_model.hpp), with reasons.
 const double kFp64Scale = error_model::tolerance("fp64_bound_scale");
 const double kProxyUlps = error_model::tolerance("certify_proxy_ulps");
-
-template <class T>
-T lift(double x) {
-  if constexpr (std::is_same_v<T, double>)
-    return x;
-  else
-    return T::exact(decltype(T::v)(x));  // exact: x is a trace value
-}
 
 // The clip factor PyTorch's clip_grad_norm_ applies for the pre-clip norm
 // `n`: clamp(max_norm / (n + 1e-6), max = 1), computed in float32 as
@@ -319,6 +312,8 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
       ev.param = judge_values(fmt::format("step {} parameters", step),
                               c.trace[size_t(step)].param, params, &c.layout,
                               c.fp64, 1.0);
+      if constexpr (!std::is_same_v<T, double>)
+        if (c.moments) judge_moments<T>(c, step, ev);
     }
     const std::vector<double>& want = c.trace[size_t(step)].param;
     for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
@@ -407,16 +402,20 @@ void judge_accepted(const Forced& acc, CertifyReport& r) {
     const StepEval& ev = acc.eval[t];
     if (!ev.seen) continue;
     if (ev.unforced > 0) unforced.push_back(int64_t(t));
-    for (const auto* cmp : {&ev.norm, &ev.grad, &ev.param}) {
-      if (cmp == &ev.norm && ev.norm.n == 0) continue;  // no clip forced
+    for (const auto* cmp :
+         {&ev.norm, &ev.grad, &ev.param, &ev.exp_avg, &ev.exp_avg_sq}) {
+      // No clip forced; moments not recorded at this step.
+      if (cmp != &ev.grad && cmp != &ev.param && cmp->n == 0) continue;
       CertifyCheck c;
       c.name = cmp->what;
       c.ok = cmp->ok();
       c.message = cmp->summary();
       c.step = int64_t(t);
-      c.kind = cmp == &ev.norm   ? "clip norm"
-               : cmp == &ev.grad ? "gradient"
-                                 : "parameters";
+      c.kind = cmp == &ev.norm      ? "clip norm"
+               : cmp == &ev.grad    ? "gradient"
+               : cmp == &ev.param   ? "parameters"
+               : cmp == &ev.exp_avg ? "exp_avg"
+                                    : "exp_avg_sq";
       c.tensor_ratio =
           cmp == &ev.norm
               ? std::vector<std::pair<std::string, double>>{{"total",
@@ -425,17 +424,15 @@ void judge_accepted(const Forced& acc, CertifyReport& r) {
       r.checks.push_back(c);
     }
   }
-  if (!unforced.empty()) {
-    std::string steps;
-    for (size_t i = 0; i < unforced.size() && i < 5; ++i)
-      steps.append(fmt::format("{}{}", i ? ", " : "", unforced[i]));
-    if (unforced.size() > 5) steps.append(", ...");
-    r.notes.push_back(fmt::format(
-        "clip: at {} step(s) ({}) {} clips where the trace records no "
-        "pre-clip norm to force the decision: the oracle's own norm decided "
-        "it",
-        unforced.size(), steps, r.accepted));
-  }
+  for (const StepEval& ev : acc.eval)
+    if (ev.seen && ev.exp_avg.n > 0) {
+      ++r.moment_steps;
+      r.moment_worst = std::max(
+          {r.moment_worst, ev.exp_avg.max_ratio, ev.exp_avg_sq.max_ratio});
+    }
+  if (r.moment_steps > 0) r.notes.push_back(certify_moments_note(r));
+  r.unforced_steps = unforced;
+  if (!unforced.empty()) r.notes.push_back(certify_unforced_note(r));
 }
 
 }  // namespace accumcheck::certify_detail

@@ -10,6 +10,28 @@
 #include "verify/state_check.hpp"
 
 namespace accumcheck {
+std::string certify_moments_note(const CertifyReport& r) {
+  if (r.moment_steps == 0) return "";
+  return fmt::format(
+      "Adam's moments (exp_avg, exp_avg_sq) replayed from the recorded ones "
+      "and judged at {} step(s): max error {} of the bound",
+      r.moment_steps, certify_detail::ratio_text(r.moment_worst));
+}
+
+std::string certify_unforced_note(const CertifyReport& r) {
+  const std::vector<int64_t>& u = r.unforced_steps;
+  if (u.empty()) return "";
+  std::string steps;
+  for (size_t i = 0; i < u.size() && i < 5; ++i)
+    steps.append(fmt::format("{}{}", i ? ", " : "", u[i]));
+  if (u.size() > 5) steps.append(", ...");
+  return fmt::format(
+      "clip: at {} step(s) ({}) {} clips where the trace records no "
+      "pre-clip norm to force the decision: the oracle's own norm decided "
+      "it",
+      u.size(), steps, r.accepted);
+}
+
 namespace certify_detail {
 
 std::string ratio_text(double r) {
@@ -45,8 +67,9 @@ void verdict_of(const Forced& acc, const Distance& acc_d, CertifyReport& r) {
   double worst = 0;
   for (const StepEval& ev : acc.eval)
     if (ev.seen)
-      worst = std::max(
-          {worst, ev.norm.max_ratio, ev.grad.max_ratio, ev.param.max_ratio});
+      worst = std::max({worst, ev.norm.max_ratio, ev.grad.max_ratio,
+                        ev.param.max_ratio, ev.exp_avg.max_ratio,
+                        ev.exp_avg_sq.max_ratio});
   r.max_ratio = worst;
   if (r.pass) {
     r.verdict = certify_pass_verdict(r, worst);

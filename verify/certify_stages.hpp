@@ -38,6 +38,15 @@ using TR = Tracked<BoundReal>;
 using TD = Tracked<DD>;
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// A trace value as T (double: itself; a Tracked type: exact, bound 0).
+template <class T>
+T lift(double x) {
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return T::exact(decltype(T::v)(x));  // exact: x is a trace value
+}
+
 // `v` as float32 (the trace's values, validated exact), in one buffer per
 // thread that is kept: at 1M parameters a fresh vector per comparison is
 // a fresh mmap of MBs faulted in every time.  Valid until the thread's
@@ -93,6 +102,10 @@ struct StepEval {
   // oracle's own norm decided (a trace without them, or a semantics that
   // clips where the trainer did not).
   int64_t unforced = 0;
+  // Adam's recorded moments after the step against their replay from the
+  // recorded ones before it (verify/state_check.hpp, judge_moments); n = 0:
+  // not judged (no moments recorded, or a run that does not judge them).
+  error_model::Comparison exp_avg, exp_avg_sq;
 };
 
 struct Forced {
@@ -126,6 +139,9 @@ struct Ctx {
   // The trainer's loss scale per backward pass (trace_scale_exps; empty:
   // the scenario's own scaling, if any).
   const std::vector<int64_t>& scale_exps;
+  // Adam's recorded moments, judged at every judged step of a rigorous
+  // run (the accepted semantics'); nullptr: not judged (the ranking).
+  const struct RecordedMoments* moments = nullptr;
 };
 
 // Windows after which a forced run stops (-1: none): with max_steps, a

@@ -16,7 +16,7 @@ namespace accumcheck {
 
 namespace {
 
-constexpr std::string_view kSchema = "accumcheck-certify-part/2";
+constexpr std::string_view kSchema = "accumcheck-certify-part/3";
 
 std::string esc(std::string_view s) {
   std::string o;
@@ -152,6 +152,9 @@ Part read_part(const std::string& file) {
       c.message = f[3];
       c.separate = c.name == "logged loss";  // verify/state_check's own check
       p.r.checks.push_back(c);
+    } else if (f[0] == "note") {
+      if (f.size() != 2) bad(file, n, "note: expected one field");
+      p.r.notes.push_back(f[1]);
     } else if (f[0] == "candidate") {
       if (f.size() != 12) bad(file, n, "candidate: expected 11 fields");
       CertifyCandidate c;
@@ -195,6 +198,19 @@ Part read_part(const std::string& file) {
   p.info.range.end = to_int(p, "range_end");
   p.info.worst = to_num(p, "worst", str(p, "worst"), p.line_of["worst"]);
   p.info.first_out = to_int(p, "first_out");
+  r.moment_steps = to_int(p, "moment_steps");
+  r.moment_worst = to_num(p, "moment_worst", str(p, "moment_worst"),
+                          p.line_of["moment_worst"]);
+  for (const std::string& t : split(str(p, "unforced_steps"), '|')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(t.c_str(), &end, 10);
+    if (t.empty() || *end || v < 0)
+      bad(p.file, p.line_of.at("unforced_steps"),
+          fmt::format("unforced_steps: expected steps separated by '|', got "
+                      "'{}'",
+                      str(p, "unforced_steps")));
+    r.unforced_steps.push_back(v);
+  }
   return p;
 }
 
@@ -248,6 +264,13 @@ std::string certify_part_text(const CertifyReport& r,
   kv("range_end", std::to_string(r.steps.end));
   kv("pass", r.pass ? "1" : "0");
   kv("worst", num(r.max_ratio));
+  kv("moment_steps", std::to_string(r.moment_steps));
+  kv("moment_worst", num(r.moment_worst));
+  {
+    std::vector<std::string> u;
+    for (int64_t t : r.unforced_steps) u.push_back(std::to_string(t));
+    kv("unforced_steps", join(u));
+  }
   kv("first_out", std::to_string(r.first_out));
   kv("pattern_checked", r.pattern_checked ? "1" : "0");
   kv("pattern_ok", r.pattern_ok ? "1" : "0");
@@ -258,6 +281,7 @@ std::string certify_part_text(const CertifyReport& r,
   for (const CertifyCheck& c : r.checks)
     o.append(fmt::format("check\t{}\t{}\t{}\n", esc(c.name), c.ok ? 1 : 0,
                          esc(c.message)));
+  for (const std::string& n : r.notes) o.append("note\t" + esc(n) + "\n");
   for (const CertifyCandidate& c : r.ranking) {
     std::vector<std::string> ids;
     for (Pitfall x : c.pitfalls) ids.emplace_back(pitfall_id(x));
@@ -320,6 +344,28 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
     m.seconds += p.r.seconds;
     worst = std::max(worst, p.info.worst);
   }
+  // The notes of one certify over every step: the first part's, those on
+  // judged steps (Adam's moments, clips no recorded norm forced) over
+  // every part's steps, first as judge_accepted puts them.
+  for (const std::string& own :
+       {certify_moments_note(first.r), certify_unforced_note(first.r)})
+    if (const auto at = std::find(m.notes.begin(), m.notes.end(), own);
+        !own.empty() && at != m.notes.end())
+      m.notes.erase(at);
+  m.moment_steps = 0;
+  m.moment_worst = 0;
+  m.unforced_steps.clear();
+  for (const Part& p : parts) {
+    m.moment_steps += p.r.moment_steps;
+    m.moment_worst = std::max(m.moment_worst, p.r.moment_worst);
+    m.unforced_steps.insert(m.unforced_steps.end(), p.r.unforced_steps.begin(),
+                            p.r.unforced_steps.end());
+  }
+  std::vector<std::string> judged;
+  for (const std::string& n :
+       {certify_moments_note(m), certify_unforced_note(m)})
+    if (!n.empty()) judged.push_back(n);
+  m.notes.insert(m.notes.begin(), judged.begin(), judged.end());
   // Checks in one certify's order: the whole-trace ones of the first part
   // around every part's step checks.
   for (const CertifyCheck& c : first.r.checks)

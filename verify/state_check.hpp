@@ -8,9 +8,13 @@
 //                   for overflow must not step the scheduler
 //                   (skipped-step-advances-scheduler)
 //   optimizer state state['step'] after step t is t + 1, exactly (once per
-//                   micro-batch: optimizer-state-every-micro-step); Adam's
-//                   moments replayed from the recorded moments and
-//                   gradients on the Tracked oracle, within its bound
+//                   micro-batch: optimizer-state-every-micro-step)
+//   moments         Adam's moments after each judged step replayed from
+//                   the recorded ones before it and the step's gradient
+//                   on the Tracked oracle, within its bound: step checks
+//                   ("step t exp_avg", "step t exp_avg_sq", judge_moments
+//                   in forced_run), so --steps and parts judge their own
+//                   steps only
 //   EMA             one update per optimizer step, after it (every
 //                   micro-step: ema-every-micro-step); each update
 //                   replayed in float64 from the recorded EMA and
@@ -32,6 +36,8 @@
 // pitfall_id.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string_view>
 #include <vector>
 
@@ -49,13 +55,37 @@ inline bool is_state_check(std::string_view name) {
   return false;
 }
 
-// Appends the state checks of the trace (when it has state.csv) to
-// r.checks, and one line per named pattern to `findings`
-// ("state finding: <id>: <what>").  forward_scale: the gradient bound's
-// scale of the trainer's precision (1 for float32, bf16_bound_scale under
-// bfloat16 autocast), applied to forwards (BatchNorm statistics, logged
-// loss).
-void check_state(const Ctx& c, const LoadedTrace& L, double forward_scale,
-                 CertifyReport& r, std::vector<std::string>& findings);
+// Adam's recorded moments by step (values.bin blocks and state.csv rows,
+// taken out of the state section), for judge_moments.
+struct RecordedMoments {
+  std::map<int64_t, std::vector<double>> exp_avg, exp_avg_sq;
+};
+RecordedMoments take_moments(StateSection& st, const ParamLayout& layout);
+
+// Step t's moments (c.moments) against their replay on T (TD, TR): the
+// moment update of Adam alone (AdamScalars::moments_only) from the
+// recorded moments of step t - 1 (zero at the first step), the trace's
+// gradient of step t and, for Adam's coupled weight decay, its parameters
+// before it.  Sets ev.exp_avg and ev.exp_avg_sq; leaves them empty where
+// the step has no complete recorded moments.
+template <class T>
+void judge_moments(const Ctx& c, int64_t t, StepEval& ev);
+extern template void judge_moments<TD>(const Ctx&, int64_t, StepEval&);
+extern template void judge_moments<TR>(const Ctx&, int64_t, StepEval&);
+
+// Whether a step check is one of judge_moments' (its kind).
+inline bool is_moment_check(const CertifyCheck& c) {
+  return c.kind == "exp_avg" || c.kind == "exp_avg_sq";
+}
+
+// Appends the state checks of the trace (its state section `st`, read
+// with read_state; moments taken) to r.checks, and one line per named
+// pattern to `findings` ("state finding: <id>: <what>").  forward_scale:
+// the gradient bound's scale of the trainer's precision (1 for float32,
+// bf16_bound_scale under bfloat16 autocast), applied to forwards
+// (BatchNorm statistics, logged loss).
+void check_state(const Ctx& c, const LoadedTrace& L, StateSection& st,
+                 double forward_scale, CertifyReport& r,
+                 std::vector<std::string>& findings);
 
 }  // namespace accumcheck::certify_detail

@@ -301,6 +301,13 @@ def compare(args, cert, certify):
                              os.path.join(args.work, "junit-merged.xml")],
                             capture_output=True, text=True)
     same_verdict = merged.stdout.splitlines()[1:2] == cert.stdout.splitlines()[1:2]
+
+    # The notes too (Adam's moments and unforced clips over every part's
+    # steps), but --precision's, which a merge takes from the first part.
+    def notes(out):
+        return [n for n in out.splitlines()
+                if n.startswith("note: ") and not n.startswith("note: --precision")]
+    same_verdict = same_verdict and notes(merged.stdout) == notes(cert.stdout)
     if (merged.returncode != cert.returncode or not same_verdict or
             junit_cases(os.path.join(args.work, "junit-merged.xml"), False) !=
             junit_cases(os.path.join(args.work, "junit.xml"), False)):
@@ -309,7 +316,7 @@ def compare(args, cert, certify):
         sys.stdout.write(merged.stdout + merged.stderr)
         ok = False
     else:
-        print("driver: steps 0:%d + %d: merged: the same verdict and JUnit" % (m, m))
+        print("driver: steps 0:%d + %d: merged: the same verdict, notes and JUnit" % (m, m))
     return ok
 
 

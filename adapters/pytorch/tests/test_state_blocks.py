@@ -85,7 +85,7 @@ def test_state_tensors_go_to_values_bin_and_certify_as_csv_rows_do(tmp_path):
     assert lines(a.stdout) == lines(c.stdout.replace(text, binary))
 
 
-def test_a_moment_changed_in_values_bin_fails_the_optimizer_state(tmp_path):
+def test_a_moment_changed_in_values_bin_fails_its_step(tmp_path):
     from conftest import export
     bundle = export(tmp_path, "certify-batchnorm")
     binary = str(tmp_path / "bin")
@@ -100,7 +100,10 @@ def test_a_moment_changed_in_values_bin_fails_the_optimizer_state(tmp_path):
         return d
     r = certify(bundle, corrupt(binary, tmp_path, double_it, "moment"))
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "FAIL optimizer state" in r.stdout and "moments: step 1 exp_avg" in r.stdout, r.stdout
+    # Judged with step 1 (its check "step 1 exp_avg"), the gradients and
+    # parameters still correct's: the training state is the diagnosis.
+    assert "FAIL: step 1 exp_avg: 1 of " in r.stdout, r.stdout
+    assert "the gradients and parameters are correct's; the training state is not" in r.stdout, r.stdout
 
 
 def test_malformed_state_blocks_are_refused_with_the_byte_offset(tmp_path):
