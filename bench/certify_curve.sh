@@ -10,9 +10,8 @@
 # size: parameters, steps, seconds and microseconds per parameter-step.
 # The trace's reading is part of certify's time (it is what a user waits
 # for); `read` is certify --steps 0:0: reading and validating the trace
-# and the state checks (Adam's moments replayed at every step: they judge
-# the whole trace whatever --steps says), so `judge` is the steps'
-# judging alone.
+# and the whole-trace state checks, so `judge` is the steps' judging
+# alone (Adam's moments included: they are judged with each step).
 #
 #   bash bench/certify_curve.sh            # sizes 1k 10k 100k 1M
 #   SIZES="1k 10k" bash bench/certify_curve.sh
