@@ -1,7 +1,6 @@
 #include "gpu/emulated.hpp"
 
 #include <cblas.h>
-#include <dlfcn.h>
 
 #include <limits>
 #include <mutex>
@@ -9,6 +8,7 @@
 #include <string>
 
 #include "gpu/device_impl.hpp"
+#include "gpu/shared_library.hpp"
 
 namespace accumcheck {
 
@@ -58,19 +58,11 @@ const BlasApi& blas() {
   static std::once_flag once;
   std::call_once(once, [] {
     const std::string soname = "libopenblas.so.0";
-    void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-      lib = dlopen(
-          (std::string(ACCUMCHECK_OPENBLAS_LIBRARY_DIR "/") + soname).c_str(),
-          RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      const char* e = dlerror();
-      api.error = "cannot load " + soname + ": " + (e ? e : "dlopen failed");
-      return;
-    }
-#define ACCUMCHECK_BLAS_RESOLVE(f)                          \
-  api.f = reinterpret_cast<decltype(&::f)>(dlsym(lib, #f)); \
-  if (!api.f && api.error.empty()) api.error = soname + " has no " #f;
+    void* lib = gpu_detail::open_library(
+        soname, ACCUMCHECK_OPENBLAS_LIBRARY_DIR, api.error);
+    if (!lib) return;
+#define ACCUMCHECK_BLAS_RESOLVE(f) \
+  gpu_detail::resolve(lib, #f, api.f, soname, api.error);
     ACCUMCHECK_OPENBLAS_FUNCTIONS(ACCUMCHECK_BLAS_RESOLVE)
 #undef ACCUMCHECK_BLAS_RESOLVE
     if (!api.error.empty()) return;

@@ -3,7 +3,6 @@
 // (gpu/kernels.hpp, via gpu/device_impl.hpp) as the emulated executor.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <atomic>
 #include <mutex>
@@ -13,6 +12,7 @@
 
 #include "gpu/cuda/cuda_executor.hpp"
 #include "gpu/device_impl.hpp"
+#include "gpu/shared_library.hpp"
 #include "gpu/kernels.hpp"
 
 namespace accumcheck {
@@ -65,20 +65,11 @@ const CublasApi& cublas() {
   std::call_once(once, [] {
     const std::string soname =
         "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-      lib = dlopen(
-          (std::string(ACCUMCHECK_CUDA_LIBRARY_DIR "/") + soname).c_str(),
-          RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      const char* e = dlerror();
-      api.error = "cannot load " + soname + ": " + (e ? e : "dlopen failed");
-      return;
-    }
-#define ACCUMCHECK_CUBLAS_RESOLVE(f)                                       \
-  api.f = reinterpret_cast<decltype(&::f)>(dlsym(lib, ACCUMCHECK_STR(f))); \
-  if (!api.f && api.error.empty())                                         \
-    api.error = soname + " has no " ACCUMCHECK_STR(f);
+    void* lib = gpu_detail::open_library(soname, ACCUMCHECK_CUDA_LIBRARY_DIR,
+                                         api.error);
+    if (!lib) return;
+#define ACCUMCHECK_CUBLAS_RESOLVE(f) \
+  gpu_detail::resolve(lib, ACCUMCHECK_STR(f), api.f, soname, api.error);
     ACCUMCHECK_CUBLAS_FUNCTIONS(ACCUMCHECK_CUBLAS_RESOLVE)
 #undef ACCUMCHECK_CUBLAS_RESOLVE
   });
