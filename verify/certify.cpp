@@ -111,14 +111,11 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   else
     r.notes.push_back(lr.message);
   if (grad_scale != 1) {  // the autocast bound's use, said
-    double g = 0;
+    r.autocast = cfg.autocast;
+    r.grad_scale = grad_scale;
     for (const StepEval& ev : acc.eval)
-      if (ev.seen) g = std::max(g, ev.grad.max_ratio);
-    r.notes.push_back(fmt::format(
-        "--precision {}: gradients within {:.3g} of their bound (the float32 "
-        "bound x {:g}, error_model's {}_bound_scale), i.e. {:.3g} x the "
-        "float32 bound; parameters judged with the float32 bound",
-        cfg.autocast, g, grad_scale, cfg.autocast, g * grad_scale));
+      if (ev.seen) r.grad_worst = std::max(r.grad_worst, ev.grad.max_ratio);
+    r.notes.push_back(certify_precision_note(r));
   }
   // The rest of the training state: whole, in every part.
   std::vector<std::string> state_findings;

@@ -172,6 +172,12 @@ struct CertifyReport {
   // Judged steps where the accepted semantics clipped with no recorded
   // pre-clip norm to force the decision (certify_unforced_note).
   std::vector<int64_t> unforced_steps;
+  // --precision bf16/fp16 (CertifyConfig::autocast; "" otherwise): the
+  // gradient bound's scale and the gradients' max error/bound under it
+  // (certify_precision_note).
+  std::string autocast;
+  double grad_scale = 1;
+  double grad_worst = 0;
   int64_t first_out = -1;  // accepted: first judged step outside the bound
 };
 
@@ -182,6 +188,9 @@ std::string certify_pass_verdict(const CertifyReport& r, double max_ratio);
 std::string certify_moments_note(const CertifyReport& r);
 // The note on r.unforced_steps ("" when none), likewise.
 std::string certify_unforced_note(const CertifyReport& r);
+// The note on the autocast bound's use ("" without --precision bf16/fp16),
+// likewise.
+std::string certify_precision_note(const CertifyReport& r);
 
 // Reads and validates the trace (InputError on anything malformed,
 // including a digest that is not the scenario's), then judges it.

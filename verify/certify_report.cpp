@@ -32,6 +32,16 @@ std::string certify_unforced_note(const CertifyReport& r) {
       u.size(), steps, r.accepted);
 }
 
+std::string certify_precision_note(const CertifyReport& r) {
+  if (r.autocast.empty()) return "";
+  return fmt::format(
+      "--precision {}: gradients within {:.3g} of their bound (the float32 "
+      "bound x {:g}, error_model's {}_bound_scale), i.e. {:.3g} x the "
+      "float32 bound; parameters judged with the float32 bound",
+      r.autocast, r.grad_worst, r.grad_scale, r.autocast,
+      r.grad_worst * r.grad_scale);
+}
+
 namespace certify_detail {
 
 std::string ratio_text(double r) {

@@ -211,6 +211,11 @@ Part read_part(const std::string& file) {
                       str(p, "unforced_steps")));
     r.unforced_steps.push_back(v);
   }
+  r.autocast = str(p, "autocast");
+  r.grad_scale =
+      to_num(p, "grad_scale", str(p, "grad_scale"), p.line_of["grad_scale"]);
+  r.grad_worst =
+      to_num(p, "grad_worst", str(p, "grad_worst"), p.line_of["grad_worst"]);
   return p;
 }
 
@@ -271,6 +276,9 @@ std::string certify_part_text(const CertifyReport& r,
     for (int64_t t : r.unforced_steps) u.push_back(std::to_string(t));
     kv("unforced_steps", join(u));
   }
+  kv("autocast", r.autocast);
+  kv("grad_scale", num(r.grad_scale));
+  kv("grad_worst", num(r.grad_worst));
   kv("first_out", std::to_string(r.first_out));
   kv("pattern_checked", r.pattern_checked ? "1" : "0");
   kv("pattern_ok", r.pattern_ok ? "1" : "0");
@@ -345,8 +353,9 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
     worst = std::max(worst, p.info.worst);
   }
   // The notes of one certify over every step: the first part's, those on
-  // judged steps (Adam's moments, clips no recorded norm forced) over
-  // every part's steps, first as judge_accepted puts them.
+  // judged steps (Adam's moments, clips no recorded norm forced, the
+  // autocast bound's use) over every part's steps, where one certify puts
+  // them.
   for (const std::string& own :
        {certify_moments_note(first.r), certify_unforced_note(first.r)})
     if (const auto at = std::find(m.notes.begin(), m.notes.end(), own);
@@ -366,6 +375,14 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
        {certify_moments_note(m), certify_unforced_note(m)})
     if (!n.empty()) judged.push_back(n);
   m.notes.insert(m.notes.begin(), judged.begin(), judged.end());
+  // The autocast bound's note in its place, over every part's gradients.
+  const std::string first_precision = certify_precision_note(first.r);
+  for (const Part& p : parts)
+    m.grad_worst = std::max(m.grad_worst, p.r.grad_worst);
+  if (const auto at =
+          std::find(m.notes.begin(), m.notes.end(), first_precision);
+      !first_precision.empty() && at != m.notes.end())
+    *at = certify_precision_note(m);
   // Checks in one certify's order: the whole-trace ones of the first part
   // around every part's step checks.
   for (const CertifyCheck& c : first.r.checks)

@@ -302,11 +302,10 @@ def compare(args, cert, certify):
                             capture_output=True, text=True)
     same_verdict = merged.stdout.splitlines()[1:2] == cert.stdout.splitlines()[1:2]
 
-    # The notes too (Adam's moments and unforced clips over every part's
-    # steps), but --precision's, which a merge takes from the first part.
+    # The notes too (Adam's moments, unforced clips and the autocast
+    # bound's use over every part's steps).
     def notes(out):
-        return [n for n in out.splitlines()
-                if n.startswith("note: ") and not n.startswith("note: --precision")]
+        return [n for n in out.splitlines() if n.startswith("note: ")]
     same_verdict = same_verdict and notes(merged.stdout) == notes(cert.stdout)
     if (merged.returncode != cert.returncode or not same_verdict or
             junit_cases(os.path.join(args.work, "junit-merged.xml"), False) !=
