@@ -352,15 +352,11 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
     m.seconds += p.r.seconds;
     worst = std::max(worst, p.info.worst);
   }
-  // The notes of one certify over every step: the first part's, those on
-  // judged steps (Adam's moments, clips no recorded norm forced, the
-  // autocast bound's use) over every part's steps, where one certify puts
-  // them.
-  for (const std::string& own :
-       {certify_moments_note(first.r), certify_unforced_note(first.r)})
-    if (const auto at = std::find(m.notes.begin(), m.notes.end(), own);
-        !own.empty() && at != m.notes.end())
-      m.notes.erase(at);
+  // The notes of one certify over every step: the first part's, with
+  // those on judged steps (Adam's moments, clips no recorded norm forced,
+  // the autocast bound's use) over every part's steps, each where the
+  // first part has it, else first (where judge_accepted puts the first
+  // two; the third is there whenever the trace is bf16/fp16).
   m.moment_steps = 0;
   m.moment_worst = 0;
   m.unforced_steps.clear();
@@ -369,20 +365,20 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
     m.moment_worst = std::max(m.moment_worst, p.r.moment_worst);
     m.unforced_steps.insert(m.unforced_steps.end(), p.r.unforced_steps.begin(),
                             p.r.unforced_steps.end());
-  }
-  std::vector<std::string> judged;
-  for (const std::string& n :
-       {certify_moments_note(m), certify_unforced_note(m)})
-    if (!n.empty()) judged.push_back(n);
-  m.notes.insert(m.notes.begin(), judged.begin(), judged.end());
-  // The autocast bound's note in its place, over every part's gradients.
-  const std::string first_precision = certify_precision_note(first.r);
-  for (const Part& p : parts)
     m.grad_worst = std::max(m.grad_worst, p.r.grad_worst);
-  if (const auto at =
-          std::find(m.notes.begin(), m.notes.end(), first_precision);
-      !first_precision.empty() && at != m.notes.end())
-    *at = certify_precision_note(m);
+  }
+  size_t front = 0;
+  for (auto note :
+       {certify_moments_note, certify_unforced_note, certify_precision_note}) {
+    const std::string own = note(first.r), merged = note(m);
+    const auto at = own.empty()
+                        ? m.notes.end()
+                        : std::find(m.notes.begin(), m.notes.end(), own);
+    if (at != m.notes.end())
+      *at = merged;
+    else if (!merged.empty())
+      m.notes.insert(m.notes.begin() + long(front++), merged);
+  }
   // Checks in one certify's order: the whole-trace ones of the first part
   // around every part's step checks.
   for (const CertifyCheck& c : first.r.checks)
