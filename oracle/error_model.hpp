@@ -367,9 +367,35 @@ Comparison compare(std::string_view what, const std::vector<F>& f,
     // Four elements' terms at a time (compare_lanes), then each element
     // in order as the scalar code takes it: the statistics are sums and
     // maxima in element order, so the same Comparison bit for bit.
+    const bool tensors = layout && !layout->tensors.empty();
     for (; i + 4 <= n; i += 4) {
       CompareLanes L;
       compare_lanes(&f[i], &oracle[i], bound_scale, slack, L);
+      // The common block: no lane for the scalar code, none violated,
+      // every ratio's upper bound at most the maxima it would enter (the
+      // worst element's and, with a layout, the current tensor's, which
+      // holds the whole block).  Each element is then counted as the loop
+      // below counts it, and none changes the maxima in between.
+      if (L.scalar == 0 && L.violated == 0 && L.ub_ok == 0xf &&
+          c.worst.index >= 0) {
+        double cap = c.worst.ratio;
+        const TensorView* tensor =
+            c.tensor_ratio.empty() ? nullptr : c.last_tensor;
+        if (tensors)
+          cap = tensor && int64_t(i) >= tensor->offset &&
+                        int64_t(i) + 4 <= tensor->offset + tensor->size()
+                    ? std::min(cap, c.tensor_ratio.back().second)
+                    : -1.0;
+        if (std::max(std::max(L.ub[0], L.ub[1]), std::max(L.ub[2], L.ub[3])) <=
+            cap) {
+          c.n += 4;
+          for (int k = 0; k < 4; ++k) {
+            c.max_err_u = std::max(c.max_err_u, L.err_u[k]);
+            c.rms_err_u += L.err_u[k] * L.err_u[k];
+          }
+          continue;
+        }
+      }
       for (int k = 0; k < 4; ++k) {
         const size_t j = i + size_t(k);
         if ((L.scalar >> k) & 1) {
@@ -380,7 +406,7 @@ Comparison compare(std::string_view what, const std::vector<F>& f,
         // ratio_below_maxima with the lanes' bound on the ratio.
         bool below = !violated && c.worst.index >= 0 && ((L.ub_ok >> k) & 1) &&
                      L.ub[k] <= c.worst.ratio;
-        if (below && layout && !layout->tensors.empty()) {
+        if (below && tensors) {
           const TensorView* tensor =
               c.tensor_ratio.empty() ? nullptr : c.last_tensor;
           below = tensor && int64_t(j) >= tensor->offset &&
