@@ -526,24 +526,13 @@ void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
     load4(&grad[i], G.h, G.l, G.e);
     load4(&m[i], M.h, M.l, M.e);
     load4(&v[i], V.h, V.l, V.e);
-    if (sc.decoupled && !sc.moments_only) P = tmul(P, decay, bad);
+    if (sc.decoupled) P = tmul(P, decay, bad);
     if (sc.coupled) G = tadd(G, tmul(P, wd, bad), bad);
     M = tmul(M, beta1, bad);
     M = tadd(M, tmul(G, omb1, bad), bad);
     V = tmul(V, beta2, bad);
     const T4 W = tmul(tmul(G, G, bad), omb2, bad);
     V = tadd(V, W, bad);
-    if (sc.moments_only) {
-      if (bits(bad) != 0) {
-        layers_detail::adam_loop(4, &p[i], &grad[i], &m[i], &v[i], sc, gl, tl);
-        continue;
-      }
-      store4(&m[i], M.h, M.l, M.e);
-      store4(&v[i], V.h, V.l, V.e);
-      gl = TD(DD::raw(G.h[3], G.l[3]), DD(G.e[3]));
-      tl = TD(DD::raw(W.h[3], W.l[3]), DD(W.e[3]));
-      continue;
-    }
     T4 D = tsqrt(V, bad);
     D = tdiv(D, bc2, bad);
     D = tadd(D, eps, bad);

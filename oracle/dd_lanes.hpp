@@ -49,7 +49,6 @@ void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
 // inputs, no exact zero but an exact zero factor, finite values, a
 // divisor bounded away from 0), otherwise those four elements by the
 // scalar loop.  `g` and `tmp` end as the scalar loop leaves them.
-// s.moments_only: m and v alone, p read (coupled weight decay), not written.
 void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
                const AdamScalars<TD>& s, TD& g, TD& tmp);
 

@@ -402,9 +402,6 @@ struct AdamScalars {
   T eps, weight_decay;
   T decay{};  // AdamW, host: 1 - lr * wd, rounded once
   bool coupled = false, decoupled = false;
-  // m and v only (certify's replay of recorded moments): p is read, for
-  // Adam's coupled weight decay, and left as it is.
-  bool moments_only = false;
 };
 
 namespace layers_detail {
@@ -414,7 +411,7 @@ ACCUMCHECK_DD_INLINE void adam_loop(int64_t n, T* p, const T* grad, T* m, T* v,
                                     const AdamScalars<T>& s, T& g, T& tmp) {
   using std::sqrt;
   for (int64_t i = 0; i < n; ++i) {
-    if (s.decoupled && !s.moments_only) p[i] *= s.decay;
+    if (s.decoupled) p[i] *= s.decay;
     g = grad[i];
     if (s.coupled) {
       tmp = p[i];
@@ -430,7 +427,6 @@ ACCUMCHECK_DD_INLINE void adam_loop(int64_t n, T* p, const T* grad, T* m, T* v,
     tmp *= g;
     tmp *= s.one_minus_beta2;
     v[i] += tmp;
-    if (s.moments_only) continue;
     tmp = sqrt(v[i]);
     tmp /= s.bc2_sqrt;
     tmp += s.eps;

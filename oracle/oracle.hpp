@@ -154,6 +154,14 @@ class Oracle {
   // The optimizer's state (empty before the first step that keeps it).
   const std::vector<T>& exp_avg() const { return exp_avg_; }
   const std::vector<T>& exp_avg_sq() const { return exp_avg_sq_; }
+  // Adam's moments, sized to the parameters (zero where none were kept
+  // yet), to be overwritten: certify's teacher forcing of the optimizer's
+  // state (the trainer's recorded moments before a step).
+  std::vector<T>& adam_moment(bool second) {
+    std::vector<T>& m = second ? exp_avg_sq_ : exp_avg_;
+    if (m.empty()) m.assign(params_.size(), T(0));
+    return m;
+  }
 
  private:
   T forward_backward_exact(const std::vector<int64_t>& ids, LossWeight weight);

@@ -175,10 +175,8 @@ TEST(DDLanes, AdamStepMatchesScalarLoop) {
   for (int kind = 2; kind <= 4; ++kind)
     for (int variant = 0; variant < 3; ++variant)
       for (int64_t n : {1, 3, 4, 7, 8, 13, 64})
-        for (int mode = 0; mode < 8; ++mode) {
-          // moments_only: certify's replay of recorded moments
-          const bool fresh = mode & 1, exact_grad = mode & 2,
-                     moments_only = mode & 4;
+        for (int mode = 0; mode < 4; ++mode) {
+          const bool fresh = mode & 1, exact_grad = mode & 2;
           Gen g(uint64_t(kind * 1000 + variant * 100 + n + mode * 7), kind);
           const auto p0 = g.vec(n);
           auto grad = g.vec(n);
@@ -190,7 +188,6 @@ TEST(DDLanes, AdamStepMatchesScalarLoop) {
             for (int64_t i = 0; i < n; ++i)
               m0[size_t(i)] = v0[size_t(i)] = TD(DD(0.0), DD(0.0));
           AdamScalars<TD> s = adam_scalars(variant, fresh ? 1 : 5);
-          s.moments_only = moments_only;
           std::vector<TD> p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
           TD g1(0.f), t1(0.f), g2(0.f), t2(0.f);
           dd_lanes::adam_step(n, p1.data(), grad.data(), m1.data(), v1.data(),
@@ -206,11 +203,6 @@ TEST(DDLanes, AdamStepMatchesScalarLoop) {
                 << ", v " << v1[i] << " vs " << v2[i];
           }
           ASSERT_TRUE(same_bits(g1, g2) && same_bits(t1, t2));
-          if (moments_only) {  // p left as it was
-            for (size_t i = 0; i < size_t(n); ++i) {
-              ASSERT_TRUE(same_bits(p1[i], p0[i]));
-            }
-          }
           lanes_path += kind == 2 && n >= 4;
         }
   EXPECT_GT(lanes_path, 0);

@@ -261,16 +261,30 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   // With R > 1 ranks the hooks run once per rank: rank 0 is judged (the
   // trace's values are rank 0's: the all-reduced gradient and its
   // parameters); every rank is then forced to the trace's.
+  // Adam's moments (c.moments): trusted[t] when step t's recorded ones
+  // were found within the bound of the oracle's (judged, or before a
+  // part's range checked all the same, so that a part's state is a whole
+  // run's); every rank's step t + 1 then starts from them
+  // (force_moments).
+  std::vector<char> trusted(c.moments ? n : 0, 0);
+  auto force_state = [&](int64_t step, Watched<Oracle<T>>& e) {
+    if constexpr (!std::is_same_v<T, double>)
+      if (c.moments && step > 0 && trusted[size_t(step - 1)])
+        force_moments<T>(c, step, e.inner().adam_moment(false),
+                         e.inner().adam_moment(true));
+  };
   auto before = [&](int64_t step, Watched<Oracle<T>>& e) {
     r.steps = std::max(r.steps, step + 1);
     if (size_t(step) >= n || !range.contains(step)) {
       if (size_t(step) < n && step < range.begin && stateful) {
+        force_state(step, e);
         std::vector<T>& g = e.inner().grads();
         const std::vector<double>& want = c.trace[size_t(step)].grad;
         for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
       }
       return;
     }
+    force_state(step, e);
     if (trainer.rank() != 0) {  // rank 0 was judged: force the trace's
       std::vector<T>& g = e.inner().grads();
       const std::vector<double>& want = c.trace[size_t(step)].grad;
@@ -302,6 +316,13 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
     if (!range.contains(step)) {
       // Before the range: the next step's parameters are the trace's.
       if (step < range.begin) {
+        if constexpr (!std::is_same_v<T, double>)
+          if (c.moments && stateful && trainer.rank() == 0) {
+            StepEval unreported;
+            trusted[size_t(step)] =
+                judge_moments<T>(c, step, e.inner().exp_avg(),
+                                 e.inner().exp_avg_sq(), unreported);
+          }
         const std::vector<double>& want = c.trace[size_t(step)].param;
         for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
       }
@@ -313,7 +334,9 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
                               c.trace[size_t(step)].param, params, &c.layout,
                               c.fp64, 1.0);
       if constexpr (!std::is_same_v<T, double>)
-        if (c.moments) judge_moments<T>(c, step, ev);
+        if (c.moments)
+          trusted[size_t(step)] = judge_moments<T>(c, step, e.inner().exp_avg(),
+                                                   e.inner().exp_avg_sq(), ev);
     }
     const std::vector<double>& want = c.trace[size_t(step)].param;
     for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);

@@ -406,19 +406,23 @@ CertifyReport certify_merge(const std::vector<std::string>& files) {
     return m;
   }
   // The verdict of one certify: a step count mismatch first (every part
-  // has it), then the first step outside the bound, then the call pattern.
+  // has it), then the first step outside the bound, then the first part
+  // that fails otherwise (a step's moments outside the bound with the
+  // gradients and parameters within it; the call pattern, every part's).
   const Part* why = &first;
   const bool count_ok = first.r.trace_steps == first.r.expected_steps;
-  if (count_ok)
-    for (const Part& p : parts)
-      if (p.info.first_out >= 0) {
-        why = &p;
-        break;
-      }
+  if (count_ok) {
+    const Part *out = nullptr, *failed = nullptr;
+    for (const Part& p : parts) {
+      if (!out && p.info.first_out >= 0) out = &p;
+      if (!failed && !p.r.pass) failed = &p;
+    }
+    why = out ? out : failed ? failed : &first;
+  }
   m.verdict = why->r.verdict;
   m.ranking = why->r.ranking;
   m.diagnosis = why->r.diagnosis;
-  if (parts.size() > 1 && !m.diagnosis.empty())
+  if (parts.size() > 1 && !m.diagnosis.empty() && !m.ranking.empty())
     m.diagnosis = fmt::format("(ranked over steps {}:{}, the part of {})\n{}",
                               why->info.range.begin, why->info.range.end,
                               why->file, m.diagnosis);

@@ -480,49 +480,55 @@ RecordedMoments take_moments(StateSection& st, const ParamLayout& layout) {
   return m;
 }
 
+namespace {
+// Step t's recorded moments, where Adam keeps them and both are complete.
+bool recorded_moments(const Ctx& c, int64_t t, const std::vector<double>*& m,
+                      const std::vector<double>*& v) {
+  if (!c.moments || c.s.optimizer.kind == OptimizerKind::sgd || t < 0 ||
+      size_t(t) >= c.trace.size())
+    return false;
+  const auto mt = c.moments->exp_avg.find(t);
+  const auto vt = c.moments->exp_avg_sq.find(t);
+  if (mt == c.moments->exp_avg.end() || vt == c.moments->exp_avg_sq.end() ||
+      !complete(mt->second) || !complete(vt->second))
+    return false;
+  m = &mt->second;
+  v = &vt->second;
+  return true;
+}
+}  // namespace
+
 template <class T>
-void judge_moments(const Ctx& c, int64_t t, StepEval& ev) {
-  const RecordedMoments& rec = *c.moments;
-  const auto mt = rec.exp_avg.find(t);
-  const auto vt = rec.exp_avg_sq.find(t);
-  if (c.s.optimizer.kind == OptimizerKind::sgd || mt == rec.exp_avg.end() ||
-      vt == rec.exp_avg_sq.end() || size_t(t) >= c.trace.size() ||
-      !complete(mt->second))
-    return;
-  const size_t n = c.init.size();
-  // Per thread, kept: parameter-sized vectors at every step.
-  thread_local std::vector<T> p, g, m, v;
-  p.resize(n);
-  g.resize(n);
-  m.resize(n);
-  v.resize(n);
-  const std::vector<double>& grad = c.trace[size_t(t)].grad;
-  const auto prev_m = rec.exp_avg.find(t - 1),
-             prev_v = rec.exp_avg_sq.find(t - 1);
-  const bool m_rec = t > 0 && prev_m != rec.exp_avg.end(),
-             v_rec = t > 0 && prev_v != rec.exp_avg_sq.end();
-  for (size_t i = 0; i < n; ++i) {
-    g[i] = lift<T>(grad[i]);
-    m[i] = lift<T>(m_rec ? prev_m->second[i] : 0);
-    v[i] = lift<T>(v_rec ? prev_v->second[i] : 0);
+void force_moments(const Ctx& c, int64_t t, std::vector<T>& m,
+                   std::vector<T>& v) {
+  const std::vector<double>*rm = nullptr, *rv = nullptr;
+  if (!recorded_moments(c, t - 1, rm, rv)) return;
+  for (size_t i = 0; i < m.size() && i < rm->size(); ++i) {
+    m[i] = lift<T>((*rm)[i]);
+    v[i] = lift<T>((*rv)[i]);
   }
-  if (c.s.optimizer.kind == OptimizerKind::adam &&
-      c.s.optimizer.weight_decay != 0.0)  // the parameters the step saw
-    for (size_t i = 0; i < n; ++i)
-      p[i] =
-          lift<T>(t == 0 ? double(c.init[i]) : c.trace[size_t(t - 1)].param[i]);
-  AdamScalars<T> sc = adam_scalars<T>(c.s.optimizer, c.s.optimizer.lr, t + 1);
-  sc.moments_only = true;
-  T g0(0.f), t0(0.f);
-  adam_step(int64_t(n), p.data(), g.data(), m.data(), v.data(), sc, g0, t0);
-  ev.exp_avg = error_model::compare(fmt::format("step {} exp_avg", t),
-                                    as_float(mt->second), m, &c.layout);
-  ev.exp_avg_sq = error_model::compare(fmt::format("step {} exp_avg_sq", t),
-                                       as_float(vt->second), v, &c.layout);
 }
 
-template void judge_moments<TD>(const Ctx&, int64_t, StepEval&);
-template void judge_moments<TR>(const Ctx&, int64_t, StepEval&);
+template <class T>
+bool judge_moments(const Ctx& c, int64_t t, const std::vector<T>& m,
+                   const std::vector<T>& v, StepEval& ev) {
+  const std::vector<double>*rm = nullptr, *rv = nullptr;
+  if (!recorded_moments(c, t, rm, rv) || m.empty()) return false;
+  ev.exp_avg = error_model::compare(fmt::format("step {} exp_avg", t),
+                                    as_float(*rm), m, &c.layout);
+  ev.exp_avg_sq = error_model::compare(fmt::format("step {} exp_avg_sq", t),
+                                       as_float(*rv), v, &c.layout);
+  return ev.exp_avg.ok() && ev.exp_avg_sq.ok();
+}
+
+#define ACCUMCHECK_MOMENTS(T)                                                \
+  template void force_moments<T>(const Ctx&, int64_t, std::vector<T>&,       \
+                                 std::vector<T>&);                           \
+  template bool judge_moments<T>(const Ctx&, int64_t, const std::vector<T>&, \
+                                 const std::vector<T>&, StepEval&);
+ACCUMCHECK_MOMENTS(TD)
+ACCUMCHECK_MOMENTS(TR)
+#undef ACCUMCHECK_MOMENTS
 
 void check_state(const Ctx& c, const LoadedTrace& L, StateSection& st,
                  double forward_scale, CertifyReport& r,

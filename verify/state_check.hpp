@@ -62,16 +62,37 @@ struct RecordedMoments {
 };
 RecordedMoments take_moments(StateSection& st, const ParamLayout& layout);
 
-// Step t's moments (c.moments) against their replay on T (TD, TR): the
-// moment update of Adam alone (AdamScalars::moments_only) from the
-// recorded moments of step t - 1 (zero at the first step), the trace's
-// gradient of step t and, for Adam's coupled weight decay, its parameters
-// before it.  Sets ev.exp_avg and ev.exp_avg_sq; leaves them empty where
-// the step has no complete recorded moments.
+// Teacher forcing of Adam's state, as of the gradients and parameters:
+// before step t's optimizer step, the oracle's moments `m`, `v` are set
+// to the trainer's recorded moments of step t - 1 (c.moments), so that
+// the step's parameters and moments are predicted from the state the
+// trainer stepped from, not from the oracle's own earlier steps.  The
+// caller forces only from recorded moments that judge_moments found
+// within the bound: moments recorded wrong (a trace edited, a recorder
+// that saw another optimizer) then fail at their own step and are not
+// carried into the next step's parameters.  Left as they are where step
+// t - 1 has no complete recorded moments, and for SGD.
 template <class T>
-void judge_moments(const Ctx& c, int64_t t, StepEval& ev);
-extern template void judge_moments<TD>(const Ctx&, int64_t, StepEval&);
-extern template void judge_moments<TR>(const Ctx&, int64_t, StepEval&);
+void force_moments(const Ctx& c, int64_t t, std::vector<T>& m,
+                   std::vector<T>& v);
+// After step t: its recorded moments against the oracle's `m`, `v` (the
+// update from the recorded ones of step t - 1 where they were forced, the
+// trace's gradient of step t and, for Adam's coupled weight decay, its
+// parameters before it).  Sets ev.exp_avg and ev.exp_avg_sq, and returns
+// whether both are within the bound; leaves them empty and returns false
+// where the step has no complete recorded moments.
+template <class T>
+bool judge_moments(const Ctx& c, int64_t t, const std::vector<T>& m,
+                   const std::vector<T>& v, StepEval& ev);
+#define ACCUMCHECK_MOMENTS(T)                                                 \
+  extern template void force_moments<T>(const Ctx&, int64_t, std::vector<T>&, \
+                                        std::vector<T>&);                     \
+  extern template bool judge_moments<T>(const Ctx&, int64_t,                  \
+                                        const std::vector<T>&,                \
+                                        const std::vector<T>&, StepEval&);
+ACCUMCHECK_MOMENTS(TD)
+ACCUMCHECK_MOMENTS(TR)
+#undef ACCUMCHECK_MOMENTS
 
 // Whether a step check is one of judge_moments' (its kind).
 inline bool is_moment_check(const CertifyCheck& c) {

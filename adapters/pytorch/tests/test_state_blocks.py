@@ -6,7 +6,9 @@ state.csv rows.  Both certify alike, a moment changed in either is caught
 by the optimizer-state check, and malformed state blocks are refused with
 the byte offset."""
 import os
+import re
 import struct
+import subprocess
 
 from torch.optim.swa_utils import AveragedModel
 
@@ -98,12 +100,36 @@ def test_a_moment_changed_in_values_bin_fails_its_step(tmp_path):
         (v,) = struct.unpack_from("<f", d, values)
         struct.pack_into("<f", d, values, 2 * v if v else 1e-3)
         return d
-    r = certify(bundle, corrupt(binary, tmp_path, double_it, "moment"))
+    trace = corrupt(binary, tmp_path, double_it, "moment")
+    junit = str(tmp_path / "moment.xml")
+    r = certify(bundle, trace, "--junit", junit)
     assert r.returncode == 1, r.stdout + r.stderr
     # Judged with step 1 (its check "step 1 exp_avg"), the gradients and
     # parameters still correct's: the training state is the diagnosis.
     assert "FAIL: step 1 exp_avg: 1 of " in r.stdout, r.stdout
     assert "the gradients and parameters are correct's; the training state is not" in r.stdout, r.stdout
+    # The moment outside the bound is not carried into step 2 (the oracle
+    # steps from its own moments there): step 2's parameters and moments
+    # pass, and step 1's exp_avg is the one check that fails.
+    with open(junit) as f:
+        failing = re.findall(r'name="([^"]*)">\s*<failure', f.read())
+    assert failing == ["step 1 exp_avg"], failing
+    # Judged in two parts and merged: one certify's verdict and diagnosis,
+    # with step 1 in the first part (the second checks it again, unreported,
+    # before its range) or in the second.
+    for m in (1, 2):
+        parts = [str(tmp_path / ("part%d-%d.txt" % (m, k))) for k in (0, 1)]
+        for rng, part in (("0:%d" % m, parts[0]), ("%d:" % m, parts[1])):
+            p = certify(bundle, trace, "--steps", rng, "--part", part)
+            assert p.returncode in (0, 1), p.stdout + p.stderr
+        merged = subprocess.run([os.environ["ACCUMCHECK_BIN"], "certify-merge", *parts],
+                                capture_output=True, text=True)
+        assert merged.returncode == 1, merged.stdout + merged.stderr
+
+        def verdict(out):
+            return [line for line in out.splitlines()
+                    if line.startswith(("FAIL", "PASS", "diagnosis", "the gradients"))]
+        assert verdict(merged.stdout) == verdict(r.stdout), merged.stdout
 
 
 def test_malformed_state_blocks_are_refused_with_the_byte_offset(tmp_path):
