@@ -637,6 +637,46 @@ ACCUMCHECK_DD_INLINE int tanh4(D4 a, D4& out) {
   return bits(bad);
 }
 
+// tracked_detail::tanh_bound per lane, the input a +- (e, el) and the
+// value t: the bound's high part (its low part is 0).  Bit l of the
+// result: lane l to take Tracked::tanh_of's general path (tanh_bound
+// returns false there).
+ACCUMCHECK_DD_INLINE int tanh_bound4(D4 a, d4 e, d4 el, D4 t, d4& out) {
+  constexpr double ku = error_model::kTanhUlp * error_model::kUnitRoundoff32;
+  constexpr double up = 1 + 0x1p-50;
+  const d4 zero{};
+  i4 general = ~(e < splat(std::numeric_limits<double>::infinity()));
+  // m = abs(a) - e (DD), its sign exact.
+  const i4 neg = a.h < zero;
+  const D4 x = select4(neg, neg4(a), a);
+  D4 m;
+  i4 bad{};
+  dd_add(x.h, x.l, -e, -el, m.h, m.l, bad);
+  const d4 tu = fabs4(t.h) * splat(1 + 0x1p-51);
+  const d4 exu = e * splat(1 + 0x1p-51);
+  // sech^2 |x| = 1 - tanh^2 |x|, bounded over the interval.
+  D4 sq, q;
+  dd_mul(t.h, t.l, t.h, t.l, sq.h, sq.l, bad);
+  dd_add(splat(1), zero, -sq.h, -sq.l, q.h, q.l, bad);
+  const d4 qh = q.h > zero ? q.h : zero;
+  const d4 qu = (qh * splat(1 + 0x1p-52) + splat(0x1p-96)) * splat(up);
+  const d4 ql = qh * splat(1 - 0x1p-50) - splat(0x1p-96);
+  const d4 exl = e * splat(1 - 0x1p-51);
+  const d4 z = ql > zero ? exl * exl * ql * splat(1 - 0x1p-50) : zero;
+  d4 y = (splat(2) * exu * tu * splat(up) - z) * splat(up);
+  y = y < zero ? zero : y;
+  const i4 interval = (m.h > zero) & (e > zero);
+  general |= interval & ~(y <= splat(0x1p-10));
+  const d4 G = (splat(1) + y + y * y * (splat(0.5) + y)) * splat(up);
+  d4 S = qu * G * splat(up);
+  S = S > splat(1) ? splat(1) : S;
+  S = interval ? S : splat(1);
+  d4 T = exu * S * splat(up);
+  T = T > splat(2) ? splat(2) : T;
+  out = (T + splat(ku) * (tu + T)) * splat(kUpDD);
+  return bits(general | bad);
+}
+
 }  // namespace
 
 void tanh_forward(TD* out, const TD* inp, int64_t n) {
@@ -645,12 +685,19 @@ void tanh_forward(TD* out, const TD* inp, int64_t n) {
   for (; i + 4 <= n; i += 4) {
     const TD x[4] = {inp[i], inp[i + 1], inp[i + 2], inp[i + 3]};
     D4 a, t;
-    d4 e;
+    d4 e, bound;
     load4(x, a.h, a.l, e);
+    const d4 el{x[0].e.lo, x[1].e.lo, x[2].e.lo, x[3].e.lo};
     const int scalar = tanh4(a, t);
-    for (int k = 0; k < 4; ++k)
-      out[i + k] = TD::tanh_of(
-          x[k], (scalar >> k) & 1 ? tanh(x[k].v) : DD::raw(t.h[k], t.l[k]));
+    const int general = tanh_bound4(a, e, el, t, bound);
+    for (int k = 0; k < 4; ++k) {
+      if ((scalar >> k) & 1)
+        out[i + k] = TD::tanh_of(x[k], tanh(x[k].v));
+      else if ((general >> k) & 1)
+        out[i + k] = TD::tanh_of(x[k], DD::raw(t.h[k], t.l[k]));
+      else
+        out[i + k] = TD(DD::raw(t.h[k], t.l[k]), DD(bound[k]));
+    }
   }
   for (; i < n; ++i) out[i] = tanh(inp[i]);
 }

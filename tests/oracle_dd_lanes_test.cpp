@@ -308,15 +308,22 @@ TEST(DDLanes, TanhForwardMatchesScalar) {
                : r < 7
                    ? std::copysign(0.17, U()) * (1 + U() * 1e-6)  // the seam
                : r < 8 ? U() * 90                                 // past 40 too
-                       : U() * 1e-3;
+               : r < 9 ? U() * 1e-3
+                       : U() * 1e-9;  // tanh's slope bound clamped at 1
     if (i % 97 == 0) h = std::numeric_limits<double>::quiet_NaN();
     if (i % 89 == 0) h = (i % 2 ? inf : -inf);
     if (i % 83 == 0) h = (i % 2 ? 0.0 : -0.0);
     if (i % 79 == 0) h = 0x1p-1060;
+    // Bounds from 2^-21 of |x| to about |x| (the slope's interval, its
+    // clamps and tanh_bound's y > 2^-10 cut-off), some absolute ones, and
+    // some with a low part.
     const double e = rng() % 5 == 0 ? 0.0
                      : i % 71 == 0  ? inf
-                                    : std::fabs(h) * 0x1p-20 * (1 + U());
-    x.push_back(TD(DD::quick_two_sum(h, h * 0x1p-60 * U()), DD(e)));
+                     : i % 13 == 0  ? 0.05 * (1 + U())
+                                    : std::fabs(h) * (1 + U()) *
+                                         std::ldexp(1.0, -7 * int(rng() % 4));
+    x.push_back(TD(DD::quick_two_sum(h, h * 0x1p-60 * U()),
+                   i % 31 == 0 ? DD::raw(e, e * 0x1p-60) : DD(e)));
   }
   for (int64_t n : {int64_t(1), int64_t(3), int64_t(4), int64_t(x.size())}) {
     std::vector<TD> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
