@@ -257,6 +257,26 @@ ACCUMCHECK_DD_INLINE DD sqrt_bound(const DD& xe, const DD& rv) {
   return DD((S * (1 + u) + u * std::fabs(rv.hi)) * kUpDD);
 }
 
+// exp's bound X + kExpUlp u (exp x + X), X = exp x expm1(ex), for DD
+// without a DD expm1 (the value's exp is the only DD transcendental):
+// for 0 <= ex <= 2^-10, expm1(ex) = ex (1 + ex/2 + ex^2/6 + ...) <=
+// ex (1 + ex (1/2 + ex)) (the tail ex^2/6 (1 + ex/4 + ...) <= ex^2), four
+// roundings of nonnegative terms (covered by 1 + 2^-50); exp x <= its
+// high part (1 + 2^-52); the last formula's roundings are kUpDD's.
+// Returns false (the caller uses the formula as written) for a wider or
+// unbounded ex.
+ACCUMCHECK_DD_INLINE bool exp_bound(const DD& xe, const DD& rv, DD& out) {
+  constexpr double ku = error_model::kExpUlp * error_model::kUnitRoundoff32;
+  constexpr double up = 1 + 0x1p-50;
+  const double e = xe.hi * (1 + 0x1p-52);
+  if (!(e <= 0x1p-10) || !(rv.hi >= 0)) return false;
+  const double E = e * (1 + e * (0.5 + e)) * up;
+  const double t = rv.hi * (1 + 0x1p-52);
+  const double X = t * E * up;
+  out = DD((X + ku * (t + X)) * kUpDD);
+  return true;
+}
+
 // tanh's bound T + kTanhUlp u (|tanh x| + T), T = min(ex sech^2(m), 2),
 // m = max(|x| - ex, 0), for DD without a second DD tanh (of m): from the
 // value t = |tanh x| already computed (the header comment's "tanh's slope
@@ -427,6 +447,9 @@ struct Tracked {
     using std::exp;
     Tracked r;
     r.v = exp(x.v);
+    if constexpr (std::is_same_v<B, DD>) {
+      if (exp_bound(x.e, r.v, r.e)) return r;
+    }
     const B X = r.v * expm1_of(x.e);
     r.e = X + B(error_model::kExpUlp) * unit<B>() * (r.v + X);
     return r;
