@@ -593,48 +593,70 @@ ACCUMCHECK_DD_INLINE D4 select4(i4 m, D4 a, D4 b) {
   return {m ? a.h : b.h, m ? a.l : b.l};
 }
 
-// dd_detail::expm1_reduced per lane.
-ACCUMCHECK_DD_INLINE D4 expm1_reduced4(D4 r, i4& bad) {
+// dd_detail::expm1_reduced per lane, on N groups of four lanes: each
+// operation for every group before the next one, so that the groups'
+// dependent chains (about 40 DD operations) overlap in the core.
+template <int N>
+ACCUMCHECK_DD_INLINE void expm1_reduced4(D4 (&s)[N], const D4 (&r)[N],
+                                         i4 (&bad)[N]) {
   const DD* f = dd_detail::inverse_factorials();
-  const D4 x = scale4(r, splat(0x1p-9));
-  D4 s = splat4(f[10]);
-  for (int k = 9; k >= 1; --k) s = add4(splat4(f[k]), mul4(x, s, bad), bad);
-  s = mul4(x, s, bad);
+  D4 x[N];
+  for (int g = 0; g < N; ++g) {
+    x[g] = scale4(r[g], splat(0x1p-9));
+    s[g] = splat4(f[10]);
+  }
+  for (int k = 9; k >= 1; --k)
+    for (int g = 0; g < N; ++g)
+      s[g] = add4(splat4(f[k]), mul4(x[g], s[g], bad[g]), bad[g]);
+  for (int g = 0; g < N; ++g) s[g] = mul4(x[g], s[g], bad[g]);
   for (int i = 0; i < 9; ++i)
-    s = add4(scale4(s, splat(2)), mul4(s, s, bad), bad);
-  return s;
+    for (int g = 0; g < N; ++g)
+      s[g] = add4(scale4(s[g], splat(2)), mul4(s[g], s[g], bad[g]), bad[g]);
 }
 
 // dd.cpp's tanh per lane: x = |a|, m = expm1(2x) (expm1_reduced for
 // |2x| <= 0.34, else exp(2x) - 1 by exp's reduction), m / (m + 2), the
-// sign of a.  Bit l of the result: lane l to be computed by the scalar
-// tanh.
-ACCUMCHECK_DD_INLINE int tanh4(D4 a, D4& out) {
+// sign of a; on N groups of four lanes, as expm1_reduced4.  Bit l of
+// scalar[g]: lane l of group g to be computed by the scalar tanh.
+template <int N>
+ACCUMCHECK_DD_INLINE void tanh4(const D4 (&a)[N], D4 (&out)[N],
+                                int (&scalar)[N]) {
   const d4 zero{};
-  i4 bad = a.h != a.h;  // NaN
-  const i4 neg = a.h < zero;
-  const D4 x = select4(neg, neg4(a), a);
-  bad |= x.h > splat(40);
-  const D4 y = scale4(x, splat(2));
-  const i4 small = ~(fabs4(y.h) > splat(0.34));
-  // exp(y)'s reduction: k = nearbyint(y / ln2), r = y - ln2 k.
   const DD& ln2 = dd_detail::ln2();
-  const d4 q = y.h / splat(ln2.hi);
-  d4 k, p;
-  for (int j = 0; j < 4; ++j) {
-    k[j] = std::nearbyint(q[j]);
-    // times_pow2's 2^k (k <= 116 where no lane is bad)
-    const int kk =
-        std::isfinite(k[j]) && std::fabs(k[j]) < 1000 ? int(k[j]) : 0;
-    p[j] = std::ldexp(1.0, kk);
+  i4 bad[N], neg[N], small[N];
+  D4 arg[N], y[N];
+  d4 p[N];
+  for (int g = 0; g < N; ++g) {
+    bad[g] = a[g].h != a[g].h;  // NaN
+    neg[g] = a[g].h < zero;
+    const D4 x = select4(neg[g], neg4(a[g]), a[g]);
+    bad[g] |= x.h > splat(40);
+    y[g] = scale4(x, splat(2));
+    small[g] = ~(fabs4(y[g].h) > splat(0.34));
+    // exp(y)'s reduction: k = nearbyint(y / ln2), r = y - ln2 k.
+    const d4 q = y[g].h / splat(ln2.hi);
+    d4 k;
+    for (int j = 0; j < 4; ++j) {
+      k[j] = std::nearbyint(q[j]);
+      // times_pow2's 2^k (k <= 116 where no lane is bad)
+      const int kk =
+          std::isfinite(k[j]) && std::fabs(k[j]) < 1000 ? int(k[j]) : 0;
+      p[g][j] = std::ldexp(1.0, kk);
+    }
+    const D4 r_exp =
+        add4(y[g], neg4(mul4(splat4(ln2), {k, zero}, bad[g])), bad[g]);
+    arg[g] = select4(small[g], y[g], r_exp);
   }
-  const D4 r_exp = add4(y, neg4(mul4(splat4(ln2), {k, zero}, bad)), bad);
-  const D4 s = expm1_reduced4(select4(small, y, r_exp), bad);
-  const D4 e = scale4(add4(s, {splat(1), zero}, bad), p);
-  const D4 m = select4(small, s, add4(e, neg4({splat(1), zero}), bad));
-  const D4 t = div4(m, add4(m, {splat(2), zero}, bad), bad);
-  out = select4(neg, neg4(t), t);
-  return bits(bad);
+  D4 s[N];
+  expm1_reduced4(s, arg, bad);
+  for (int g = 0; g < N; ++g) {
+    const D4 e = scale4(add4(s[g], {splat(1), zero}, bad[g]), p[g]);
+    const D4 m =
+        select4(small[g], s[g], add4(e, neg4({splat(1), zero}), bad[g]));
+    const D4 t = div4(m, add4(m, {splat(2), zero}, bad[g]), bad[g]);
+    out[g] = select4(neg[g], neg4(t), t);
+    scalar[g] = bits(bad[g]);
+  }
 }
 
 // tracked_detail::tanh_bound per lane, the input a +- (e, el) and the
@@ -677,28 +699,41 @@ ACCUMCHECK_DD_INLINE int tanh_bound4(D4 a, d4 e, d4 el, D4 t, d4& out) {
   return bits(general | bad);
 }
 
+// N groups of four elements of tanh_forward, from inp[i].
+template <int N>
+ACCUMCHECK_DD_INLINE void tanh_groups(TD* out, const TD* inp, int64_t i) {
+  using std::tanh;
+  TD x[N][4];
+  D4 a[N], t[N];
+  d4 e[N], el[N], bound[N];
+  int scalar[N], general[N];
+  for (int g = 0; g < N; ++g) {
+    for (int k = 0; k < 4; ++k) x[g][k] = inp[i + 4 * g + k];
+    load4(x[g], a[g].h, a[g].l, e[g]);
+    el[g] = d4{x[g][0].e.lo, x[g][1].e.lo, x[g][2].e.lo, x[g][3].e.lo};
+  }
+  tanh4(a, t, scalar);
+  for (int g = 0; g < N; ++g)
+    general[g] = tanh_bound4(a[g], e[g], el[g], t[g], bound[g]);
+  for (int g = 0; g < N; ++g)
+    for (int k = 0; k < 4; ++k) {
+      TD& o = out[i + 4 * g + k];
+      if ((scalar[g] >> k) & 1)
+        o = TD::tanh_of(x[g][k], tanh(x[g][k].v));
+      else if ((general[g] >> k) & 1)
+        o = TD::tanh_of(x[g][k], DD::raw(t[g].h[k], t[g].l[k]));
+      else
+        o = TD(DD::raw(t[g].h[k], t[g].l[k]), DD(bound[g][k]));
+    }
+}
+
 }  // namespace
 
 void tanh_forward(TD* out, const TD* inp, int64_t n) {
   using std::tanh;
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const TD x[4] = {inp[i], inp[i + 1], inp[i + 2], inp[i + 3]};
-    D4 a, t;
-    d4 e, bound;
-    load4(x, a.h, a.l, e);
-    const d4 el{x[0].e.lo, x[1].e.lo, x[2].e.lo, x[3].e.lo};
-    const int scalar = tanh4(a, t);
-    const int general = tanh_bound4(a, e, el, t, bound);
-    for (int k = 0; k < 4; ++k) {
-      if ((scalar >> k) & 1)
-        out[i + k] = TD::tanh_of(x[k], tanh(x[k].v));
-      else if ((general >> k) & 1)
-        out[i + k] = TD::tanh_of(x[k], DD::raw(t.h[k], t.l[k]));
-      else
-        out[i + k] = TD(DD::raw(t.h[k], t.l[k]), DD(bound[k]));
-    }
-  }
+  for (; i + 8 <= n; i += 8) tanh_groups<2>(out, inp, i);
+  for (; i + 4 <= n; i += 4) tanh_groups<1>(out, inp, i);
   for (; i < n; ++i) out[i] = tanh(inp[i]);
 }
 
