@@ -508,47 +508,78 @@ void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
 
 namespace accumcheck::dd_lanes {
 
+namespace {
+
+// Adam's scalars as lanes.
+struct AdamLanes {
+  lanes_detail::T4 decay, wd, beta1, beta2, omb1, omb2, bc2, eps, step;
+};
+
+// adam_step on N groups of four elements from i: each Tracked operation
+// for every group before the next one (their dependent chains, the sqrt
+// and two DD divisions, overlap in the core); a group with a lane off the
+// common path is redone by the scalar loop.  g and tmp as the scalar loop
+// leaves them after the last group.
+template <int N>
+ACCUMCHECK_DD_INLINE void adam_groups(int64_t i, TD* p, const TD* grad, TD* m,
+                                      TD* v, const AdamScalars<TD>& sc,
+                                      const AdamLanes& k, TD& gl, TD& tl) {
+  using namespace lanes_detail;
+  i4 bad[N] = {};
+  T4 P[N], G[N], M[N], V[N], D[N];
+  for (int q = 0; q < N; ++q) {
+    const int64_t j = i + 4 * q;
+    load4(&p[j], P[q].h, P[q].l, P[q].e);
+    load4(&grad[j], G[q].h, G[q].l, G[q].e);
+    load4(&m[j], M[q].h, M[q].l, M[q].e);
+    load4(&v[j], V[q].h, V[q].l, V[q].e);
+  }
+  if (sc.decoupled)
+    for (int q = 0; q < N; ++q) P[q] = tmul(P[q], k.decay, bad[q]);
+  if (sc.coupled)
+    for (int q = 0; q < N; ++q)
+      G[q] = tadd(G[q], tmul(P[q], k.wd, bad[q]), bad[q]);
+  for (int q = 0; q < N; ++q) M[q] = tmul(M[q], k.beta1, bad[q]);
+  for (int q = 0; q < N; ++q)
+    M[q] = tadd(M[q], tmul(G[q], k.omb1, bad[q]), bad[q]);
+  for (int q = 0; q < N; ++q) V[q] = tmul(V[q], k.beta2, bad[q]);
+  for (int q = 0; q < N; ++q)
+    V[q] = tadd(V[q], tmul(tmul(G[q], G[q], bad[q]), k.omb2, bad[q]), bad[q]);
+  for (int q = 0; q < N; ++q) D[q] = tsqrt(V[q], bad[q]);
+  for (int q = 0; q < N; ++q) D[q] = tdiv(D[q], k.bc2, bad[q]);
+  for (int q = 0; q < N; ++q) D[q] = tadd(D[q], k.eps, bad[q]);
+  for (int q = 0; q < N; ++q) G[q] = tdiv(M[q], D[q], bad[q]);
+  for (int q = 0; q < N; ++q) G[q] = tmul(G[q], k.step, bad[q]);
+  for (int q = 0; q < N; ++q) P[q] = tsub(P[q], G[q], bad[q]);
+  for (int q = 0; q < N; ++q) {
+    const int64_t j = i + 4 * q;
+    if (bits(bad[q]) != 0) {
+      layers_detail::adam_loop(4, &p[j], &grad[j], &m[j], &v[j], sc, gl, tl);
+      continue;
+    }
+    store4(&p[j], P[q].h, P[q].l, P[q].e);
+    store4(&m[j], M[q].h, M[q].l, M[q].e);
+    store4(&v[j], V[q].h, V[q].l, V[q].e);
+    gl = TD(DD::raw(G[q].h[3], G[q].l[3]), DD(G[q].e[3]));
+    tl = TD(DD::raw(D[q].h[3], D[q].l[3]), DD(D[q].e[3]));
+  }
+}
+
+}  // namespace
+
 void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
                const AdamScalars<TD>& s, TD& g, TD& tmp) {
   using namespace lanes_detail;
   const AdamScalars<TD> sc = s;
   TD gl = g, tl = tmp;
-  const T4 decay = splat(sc.decay), wd = splat(sc.weight_decay),
-           beta1 = splat(sc.beta1), beta2 = splat(sc.beta2),
-           omb1 = splat(sc.one_minus_beta1), omb2 = splat(sc.one_minus_beta2),
-           bc2 = splat(sc.bc2_sqrt), eps = splat(sc.eps),
-           step = splat(sc.step_size);
+  const AdamLanes k{splat(sc.decay),           splat(sc.weight_decay),
+                    splat(sc.beta1),           splat(sc.beta2),
+                    splat(sc.one_minus_beta1), splat(sc.one_minus_beta2),
+                    splat(sc.bc2_sqrt),        splat(sc.eps),
+                    splat(sc.step_size)};
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    i4 bad{};
-    T4 P, G, M, V;
-    load4(&p[i], P.h, P.l, P.e);
-    load4(&grad[i], G.h, G.l, G.e);
-    load4(&m[i], M.h, M.l, M.e);
-    load4(&v[i], V.h, V.l, V.e);
-    if (sc.decoupled) P = tmul(P, decay, bad);
-    if (sc.coupled) G = tadd(G, tmul(P, wd, bad), bad);
-    M = tmul(M, beta1, bad);
-    M = tadd(M, tmul(G, omb1, bad), bad);
-    V = tmul(V, beta2, bad);
-    const T4 W = tmul(tmul(G, G, bad), omb2, bad);
-    V = tadd(V, W, bad);
-    T4 D = tsqrt(V, bad);
-    D = tdiv(D, bc2, bad);
-    D = tadd(D, eps, bad);
-    G = tdiv(M, D, bad);
-    G = tmul(G, step, bad);
-    P = tsub(P, G, bad);
-    if (bits(bad) != 0) {
-      layers_detail::adam_loop(4, &p[i], &grad[i], &m[i], &v[i], sc, gl, tl);
-      continue;
-    }
-    store4(&p[i], P.h, P.l, P.e);
-    store4(&m[i], M.h, M.l, M.e);
-    store4(&v[i], V.h, V.l, V.e);
-    gl = TD(DD::raw(G.h[3], G.l[3]), DD(G.e[3]));
-    tl = TD(DD::raw(D.h[3], D.l[3]), DD(D.e[3]));
-  }
+  for (; i + 8 <= n; i += 8) adam_groups<2>(i, p, grad, m, v, sc, k, gl, tl);
+  for (; i + 4 <= n; i += 4) adam_groups<1>(i, p, grad, m, v, sc, k, gl, tl);
   layers_detail::adam_loop(n - i, &p[i], &grad[i], &m[i], &v[i], sc, gl, tl);
   g = gl;
   tmp = tl;
