@@ -730,6 +730,59 @@ ACCUMCHECK_DD_INLINE int tanh_bound4(D4 a, d4 e, d4 el, D4 t, d4& out) {
   return bits(general | bad);
 }
 
+// dd.cpp's exp per lane, on N groups of four lanes as expm1_reduced4:
+// k = nearbyint(a / ln2), exp = (expm1(a - ln2 k) + 1) 2^k.  Bit l of
+// scalar[g]: lane l of group g to be computed by the scalar exp (NaN,
+// a > 709.7 or a < -745.2, 2^k not a normal double).
+template <int N>
+ACCUMCHECK_DD_INLINE void exp4(const D4 (&a)[N], D4 (&out)[N],
+                               int (&scalar)[N]) {
+  const d4 zero{};
+  const DD& ln2 = dd_detail::ln2();
+  i4 bad[N];
+  D4 r[N];
+  d4 p[N];
+  for (int g = 0; g < N; ++g) {
+    bad[g] = ~(a[g].h <= splat(709.7)) | (a[g].h < splat(-745.2));
+    const d4 q = a[g].h / splat(ln2.hi);
+    d4 k;
+    for (int j = 0; j < 4; ++j) {
+      k[j] = std::nearbyint(q[j]);
+      const bool normal = k[j] >= -1022 && k[j] <= 1023;  // false for NaN
+      p[g][j] = std::ldexp(1.0, normal ? int(k[j]) : 0);
+      if (!normal) bad[g][j] = -1;
+    }
+    r[g] = add4(a[g], neg4(mul4(splat4(ln2), {k, zero}, bad[g])), bad[g]);
+  }
+  D4 s[N];
+  expm1_reduced4(s, r, bad);
+  for (int g = 0; g < N; ++g) {
+    out[g] = scale4(add4(s[g], {splat(1), zero}, bad[g]), p[g]);
+    scalar[g] = bits(bad[g]);
+  }
+}
+
+// N groups of four elements of exp_forward, from inp[i].
+template <int N>
+ACCUMCHECK_DD_INLINE void exp_groups(TD* out, const TD* inp, int64_t i) {
+  using std::exp;
+  TD x[N][4];
+  D4 a[N], t[N];
+  d4 e;
+  int scalar[N];
+  for (int g = 0; g < N; ++g) {
+    for (int k = 0; k < 4; ++k) x[g][k] = inp[i + 4 * g + k];
+    load4(x[g], a[g].h, a[g].l, e);
+  }
+  exp4(a, t, scalar);
+  for (int g = 0; g < N; ++g)
+    for (int k = 0; k < 4; ++k)
+      out[i + 4 * g + k] =
+          (scalar[g] >> k) & 1
+              ? exp(x[g][k])
+              : TD::exp_of(x[g][k], DD::raw(t[g].h[k], t[g].l[k]));
+}
+
 // N groups of four elements of tanh_forward, from inp[i].
 template <int N>
 ACCUMCHECK_DD_INLINE void tanh_groups(TD* out, const TD* inp, int64_t i) {
@@ -766,6 +819,14 @@ void tanh_forward(TD* out, const TD* inp, int64_t n) {
   for (; i + 8 <= n; i += 8) tanh_groups<2>(out, inp, i);
   for (; i + 4 <= n; i += 4) tanh_groups<1>(out, inp, i);
   for (; i < n; ++i) out[i] = tanh(inp[i]);
+}
+
+void exp_forward(TD* out, const TD* inp, int64_t n) {
+  using std::exp;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) exp_groups<2>(out, inp, i);
+  for (; i + 4 <= n; i += 4) exp_groups<1>(out, inp, i);
+  for (; i < n; ++i) out[i] = exp(inp[i]);
 }
 
 }  // namespace accumcheck::dd_lanes

@@ -59,4 +59,11 @@ void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
 // step) by the scalar tanh; each bound by Tracked::tanh_of.
 void tanh_forward(TD* out, const TD* inp, int64_t n);
 
+// out[i] = exp(inp[i])  (SETS; out may be inp): the softmax's
+// exponentials.  The DD values eight or four at a time (dd.cpp's exp, its
+// DD operations per lane in its order), a lane off the common path (NaN,
+// beyond exp's range, a power of two outside the normal doubles) by the
+// scalar exp; each bound by Tracked's exp from that value.
+void exp_forward(TD* out, const TD* inp, int64_t n);
+
 }  // namespace accumcheck::dd_lanes

@@ -443,10 +443,15 @@ struct Tracked {
     return r;
   }
   friend Tracked exp(const Tracked& x) {
-    using namespace tracked_detail;
     using std::exp;
+    return exp_of(x, exp(x.v));
+  }
+  // exp(x) given the value exp(x.v) (dd_lanes::exp_forward computes the
+  // values four at a time): its bound.
+  static Tracked exp_of(const Tracked& x, const B& value) {
+    using namespace tracked_detail;
     Tracked r;
-    r.v = exp(x.v);
+    r.v = value;
     if constexpr (std::is_same_v<B, DD>) {
       if (exp_bound(x.e, r.v, r.e)) return r;
     }

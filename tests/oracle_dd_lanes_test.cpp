@@ -296,6 +296,25 @@ TEST(DDLanes, CompareMatchesScalarCode) {
 // tanh, bit for bit: both of expm1's branches and the boundary between
 // them, exp's reduction over its range, |x| > 40, NaN, infinities, signed
 // zeros, subnormals, bounds from 0 to infinite; in place too.
+// An elementwise lanes kernel `lanes` against the scalar `one`, bit for
+// bit, on the first n of x for n = 1, 3, 4, 12 (a group of eight and one
+// of four) and all, and in place.
+template <class Lanes, class One>
+void elementwise_matches(const std::vector<TD>& x, Lanes lanes, One one) {
+  for (int64_t n :
+       {int64_t(1), int64_t(3), int64_t(4), int64_t(12), int64_t(x.size())}) {
+    std::vector<TD> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    lanes(got.data(), x.data(), n);
+    for (size_t i = 0; i < size_t(n); ++i) want[i] = one(x[i]);
+    int exact = 0, bounded = 0;
+    ASSERT_TRUE(
+        all_same_bits(got, want, "n " + std::to_string(n), exact, bounded));
+    std::vector<TD> in_place(x.begin(), x.begin() + n);
+    lanes(in_place.data(), in_place.data(), n);
+    ASSERT_TRUE(all_same_bits(in_place, want, "in place", exact, bounded));
+  }
+}
+
 TEST(DDLanes, TanhForwardMatchesScalar) {
   std::mt19937_64 rng(17);
   auto U = [&] { return std::uniform_real_distribution<double>(-1, 1)(rng); };
@@ -325,17 +344,40 @@ TEST(DDLanes, TanhForwardMatchesScalar) {
     x.push_back(TD(DD::quick_two_sum(h, h * 0x1p-60 * U()),
                    i % 31 == 0 ? DD::raw(e, e * 0x1p-60) : DD(e)));
   }
-  for (int64_t n : {int64_t(1), int64_t(3), int64_t(4), int64_t(x.size())}) {
-    std::vector<TD> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
-    dd_lanes::tanh_forward(got.data(), x.data(), n);
-    for (size_t i = 0; i < size_t(n); ++i) want[i] = tanh(x[i]);
-    int exact = 0, bounded = 0;
-    ASSERT_TRUE(
-        all_same_bits(got, want, "n " + std::to_string(n), exact, bounded));
-    std::vector<TD> in_place(x.begin(), x.begin() + n);
-    dd_lanes::tanh_forward(in_place.data(), in_place.data(), n);
-    ASSERT_TRUE(all_same_bits(in_place, want, "in place", exact, bounded));
+  elementwise_matches(x, dd_lanes::tanh_forward,
+                      [](const TD& v) { return tanh(v); });
+}
+
+// dd_lanes::exp_forward against Tracked's exp, element by element: the
+// softmax's range (x <= 0) and beyond, exp's limits (709.7, -745.2) and
+// the powers of two below the normal doubles, NaN, infinities, zeros;
+// bounds from 0 to infinite, across exp_bound's 2^-10 cut-off; in place
+// too; groups of eight, of four and the rest.
+TEST(DDLanes, ExpForwardMatchesScalar) {
+  std::mt19937_64 rng(23);
+  auto U = [&] { return std::uniform_real_distribution<double>(-1, 1)(rng); };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<TD> x;
+  for (int i = 0; i < 4000; ++i) {
+    const int r = int(rng() % 8);
+    double h = r < 2   ? U() * 0.3
+               : r < 4 ? -std::fabs(U()) * 30        // a softmax's inputs
+               : r < 5 ? U() * 750                   // past both limits
+               : r < 6 ? -709 - std::fabs(U()) * 37  // 2^k subnormal
+               : r < 7 ? U() * 1e-9
+                       : std::copysign(709.7, U()) + U() * 1e-3;
+    if (i % 97 == 0) h = std::numeric_limits<double>::quiet_NaN();
+    if (i % 89 == 0) h = (i % 2 ? inf : -inf);
+    if (i % 83 == 0) h = (i % 2 ? 0.0 : -0.0);
+    const double e = rng() % 5 == 0 ? 0.0
+                     : i % 71 == 0  ? inf
+                     : i % 13 == 0  ? 0x1p-10 * (1 + U())
+                                    : std::fabs(h) * (1 + U()) * 0x1p-22;
+    x.push_back(TD(DD::quick_two_sum(h, h * 0x1p-60 * U()),
+                   i % 31 == 0 ? DD::raw(e, e * 0x1p-60) : DD(e)));
   }
+  elementwise_matches(x, dd_lanes::exp_forward,
+                      [](const TD& v) { return exp(v); });
 }
 
 }  // namespace
