@@ -43,12 +43,7 @@ CBLAS_TRANSPOSE to_blas(Trans t) {
   X(openblas_set_num_threads)            \
   X(openblas_get_num_threads) X(openblas_get_config) X(openblas_get_corename)
 
-struct BlasApi {
-#define ACCUMCHECK_BLAS_POINTER(f) decltype(&::f) f = nullptr;
-  ACCUMCHECK_OPENBLAS_FUNCTIONS(ACCUMCHECK_BLAS_POINTER)
-#undef ACCUMCHECK_BLAS_POINTER
-  std::string error;  // why it could not be loaded; empty when loaded
-};
+ACCUMCHECK_LIBRARY_API(BlasApi, ACCUMCHECK_OPENBLAS_FUNCTIONS);
 
 // libopenblas.so.0 looked up the way the linker would (ld.so.cache: the
 // system's chosen OpenBLAS), then in the folder pkg-config named at
@@ -58,14 +53,11 @@ const BlasApi& blas() {
   static std::once_flag once;
   std::call_once(once, [] {
     const std::string soname = "libopenblas.so.0";
-    void* lib = gpu_detail::open_library(
-        soname, ACCUMCHECK_OPENBLAS_LIBRARY_DIR, api.error);
+    void* lib = gpu_detail::load_library(
+        api, soname, ACCUMCHECK_OPENBLAS_LIBRARY_DIR, [&](void* lib) {
+          ACCUMCHECK_OPENBLAS_FUNCTIONS(ACCUMCHECK_LIBRARY_RESOLVE)
+        });
     if (!lib) return;
-#define ACCUMCHECK_BLAS_RESOLVE(f) \
-  gpu_detail::resolve(lib, #f, api.f, soname, api.error);
-    ACCUMCHECK_OPENBLAS_FUNCTIONS(ACCUMCHECK_BLAS_RESOLVE)
-#undef ACCUMCHECK_BLAS_RESOLVE
-    if (!api.error.empty()) return;
     api.openblas_set_num_threads(1);
     using Shutdown = int (*)();
     if (auto stop =

@@ -34,4 +34,34 @@ void resolve(void* lib, const char* name, F& f, const std::string& soname,
   if (!f && error.empty()) error = soname + " has no " + name;
 }
 
+// `soname` opened (open_library) and every function of `api` resolved by
+// `resolve_all(lib)` (ACCUMCHECK_LIBRARY_RESOLVE for each): the handle,
+// or nullptr with api.error saying why.
+template <class Api, class ResolveAll>
+void* load_library(Api& api, const std::string& soname, const std::string& dir,
+                   ResolveAll resolve_all) {
+  void* lib = open_library(soname, dir, api.error);
+  if (lib) resolve_all(lib);
+  return api.error.empty() ? lib : nullptr;
+}
+
 }  // namespace accumcheck::gpu_detail
+
+// A loaded library's API: `struct Api` with one pointer per function an
+// X-macro list names (FUNCTIONS(X) calls X(f) for each), each of the exact
+// type of the function it names (its header declares them all), and
+// `error`, why it could not be loaded (empty when loaded).
+#define ACCUMCHECK_LIBRARY_POINTER(f) decltype(&::f) f = nullptr;
+#define ACCUMCHECK_LIBRARY_API(Api, FUNCTIONS) \
+  struct Api {                                 \
+    FUNCTIONS(ACCUMCHECK_LIBRARY_POINTER)      \
+    std::string error;                         \
+  }
+// In load_library's resolve_all(lib), with `api` and `soname` in scope:
+// function f of the list resolved by its symbol's name, f expanded first
+// (cuBLAS's cublasCreate is the macro for cublasCreate_v2).
+#define ACCUMCHECK_LIBRARY_NAME2(x) #x
+#define ACCUMCHECK_LIBRARY_NAME(x) ACCUMCHECK_LIBRARY_NAME2(x)
+#define ACCUMCHECK_LIBRARY_RESOLVE(f)                                       \
+  ::accumcheck::gpu_detail::resolve(lib, ACCUMCHECK_LIBRARY_NAME(f), api.f, \
+                                    soname, api.error);

@@ -39,9 +39,6 @@ void check(cudaError_t e, const char* what) {
 // cudart (0.7 MB, about 0 ms) stays linked: nvcc's kernel registration
 // needs it at start.  The header still declares every function, so each
 // pointer has the exact type of the function it names.
-#define ACCUMCHECK_STR2(x) #x
-#define ACCUMCHECK_STR(x) \
-  ACCUMCHECK_STR2(x)  // cublasCreate -> "cublasCreate_v2"
 #define ACCUMCHECK_CUBLAS_FUNCTIONS(X)                            \
   X(cublasCreate)                                                 \
   X(cublasDestroy)                                                \
@@ -49,12 +46,7 @@ void check(cudaError_t e, const char* what) {
       X(cublasSetWorkspace) X(cublasSgemm) X(cublasGetProperty)   \
           X(cublasGetStatusName) X(cublasGetStatusString)
 
-struct CublasApi {
-#define ACCUMCHECK_CUBLAS_POINTER(f) decltype(&::f) f = nullptr;
-  ACCUMCHECK_CUBLAS_FUNCTIONS(ACCUMCHECK_CUBLAS_POINTER)
-#undef ACCUMCHECK_CUBLAS_POINTER
-  std::string error;  // why it could not be loaded; empty when loaded
-};
+ACCUMCHECK_LIBRARY_API(CublasApi, ACCUMCHECK_CUBLAS_FUNCTIONS);
 
 // The soname of the toolkit compiled against (libcublas.so.13), looked up
 // the way the linker would (RUNPATH, LD_LIBRARY_PATH, ld.so.cache), then in
@@ -65,13 +57,11 @@ const CublasApi& cublas() {
   std::call_once(once, [] {
     const std::string soname =
         "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    void* lib = gpu_detail::open_library(soname, ACCUMCHECK_CUDA_LIBRARY_DIR,
-                                         api.error);
-    if (!lib) return;
-#define ACCUMCHECK_CUBLAS_RESOLVE(f) \
-  gpu_detail::resolve(lib, ACCUMCHECK_STR(f), api.f, soname, api.error);
-    ACCUMCHECK_CUBLAS_FUNCTIONS(ACCUMCHECK_CUBLAS_RESOLVE)
-#undef ACCUMCHECK_CUBLAS_RESOLVE
+    gpu_detail::load_library(api, soname, ACCUMCHECK_CUDA_LIBRARY_DIR,
+                             [&](void* lib) {
+                               ACCUMCHECK_CUBLAS_FUNCTIONS(
+                                   ACCUMCHECK_LIBRARY_RESOLVE)
+                             });
   });
   return api;
 }
