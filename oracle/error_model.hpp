@@ -283,8 +283,9 @@ inline void count_error(Comparison& c, double v, double err) {
 }
 
 // compare()'s terms of four consecutive elements of a Tracked<DD> oracle
-// at once (oracle/dd_lanes.cpp: the same double operations per element
-// in the same order as compare's scalar DD code, one element per lane):
+// at once (oracle/dd_lanes_compare.cpp: the same double operations per
+// element in the same order as compare's scalar DD code, one element per
+// lane):
 // err = |f - v|, bound = e * scale and the violation test in DD;
 // ratio_below_maxima's upper bound on err / bound (ub; its `ub_ok` bit
 // clear where that function would give up); count_error's err_u.  Bit k
