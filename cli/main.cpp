@@ -1,13 +1,17 @@
 // accumcheck: the command line.  See README.md, "Commands".
+#include <malloc.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -30,21 +34,56 @@ namespace {
 // keeps Oracle states of the same size per thread; glibc's defaults give
 // those fresh 4 KiB pages (each first touch a page fault, about 13 us on
 // the reference VM) and return freed memory to the system.  With
-// transparent huge pages for malloc's memory (glibc.malloc.hugetlb=1, on
-// systems whose THP mode is madvise), no trimming of the heap and
-// allocations up to 32 MiB from the heap, certify of a 92,816-parameter,
-// 20-step trace took 0.63 instead of 0.99 s of CPU on one thread
-// (README "Certify at scale").  These are glibc tunables, read at process
-// start only, so `accumcheck certify` runs itself again once with them
-// set, unless GLIBC_TUNABLES is already set (the user's own choice is
-// kept; ACCUMCHECK_MALLOC_DEFAULTS=1 keeps glibc's defaults).  Not under
-// AddressSanitizer, whose allocator is not glibc's.
-void tune_malloc_for_certify(int argc, char** argv) {
-#ifndef ACCUMCHECK_ASAN
-  if (argc < 2 || std::string_view(argv[1]) != "certify" ||
-      std::getenv("GLIBC_TUNABLES") ||
-      std::getenv("ACCUMCHECK_MALLOC_DEFAULTS"))
-    return;
+// transparent huge pages for malloc's memory (on systems whose THP mode is
+// madvise), no trimming of the heap and allocations up to 32 MiB from the
+// heap, certify of a 92,816-parameter, 20-step trace took 0.63 instead of
+// 0.99 s of CPU on one thread (README "Certify at scale").  Kept as glibc
+// does it, unless GLIBC_TUNABLES is already set (the user's own choice) or
+// ACCUMCHECK_MALLOC_DEFAULTS=1; not under AddressSanitizer, whose
+// allocator is not glibc's.  Two ways, by the trace's size:
+//  - a values file up to kInProcessValuesBytes: in this process, with
+//    mallopt and a heap grown once by a reserve advised MADV_HUGEPAGE (only
+//    virtual until touched).  A second process start would cost about 7 of
+//    a 1k-parameter trace's 60 ms; what a thread's own arena allocates
+//    keeps 4 KiB pages, which at these sizes is little.
+//  - a larger one: glibc's tunables (glibc.malloc.hugetlb=1, which also
+//    advises the threads' arenas), read at process start only, so certify
+//    runs itself again once with them set.  ACCUMCHECK_MALLOC_RUN_AGAIN=1
+//    takes this way whatever the size (StateCli.malloc_tuning tests both).
+constexpr std::uintmax_t kInProcessValuesBytes = 64u << 20;
+
+std::uintmax_t values_file_bytes(const std::string& trace) {
+  std::uintmax_t most = 0;
+  for (const char* name : {"values.bin", "values.csv"}) {
+    std::error_code ec;
+    const auto n =
+        std::filesystem::file_size(std::filesystem::path(trace) / name, ec);
+    if (!ec && n > most) most = n;
+  }
+  return most;
+}
+
+// The heap grown once by `reserve` bytes (mallopt's top pad on the next
+// growth) and that range advised for huge pages, as glibc.malloc.hugetlb=1
+// advises each growth; later growth (beyond the reserve) keeps 4 KiB pages.
+void huge_page_heap(std::size_t reserve) {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+  mallopt(M_TOP_PAD, static_cast<int>(reserve));
+  const auto before = reinterpret_cast<std::uintptr_t>(sbrk(0));
+  // Larger than the top chunk of a fresh heap, so that the heap grows
+  // (volatile: a malloc freed unused may be left out by the compiler).
+  void* volatile grow = std::malloc(1 << 20);
+  std::free(grow);
+  const auto after = reinterpret_cast<std::uintptr_t>(sbrk(0));
+  mallopt(M_TOP_PAD, 64 << 20);
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const std::uintptr_t from = (before + page - 1) & ~(page - 1);
+  if (after > from)  // the advice is a hint: a refusal changes nothing else
+    (void)madvise(reinterpret_cast<void*>(from), after - from, MADV_HUGEPAGE);
+}
+
+void run_again_with_tunables(char** argv) {
   if (setenv("GLIBC_TUNABLES",
              "glibc.malloc.hugetlb=1:glibc.malloc.trim_threshold=4294967295:"
              "glibc.malloc.mmap_threshold=33554432",
@@ -65,8 +104,23 @@ void tune_malloc_for_certify(int argc, char** argv) {
   }
   execv("/proc/self/exe", argv);
   unsetenv("GLIBC_TUNABLES");  // no /proc: go on with the defaults
+}
+
+void tune_malloc_for_certify(const std::string& trace, char** argv) {
+#ifndef ACCUMCHECK_ASAN
+  if (std::getenv("GLIBC_TUNABLES") ||
+      std::getenv("ACCUMCHECK_MALLOC_DEFAULTS"))
+    return;
+  const std::uintmax_t values = values_file_bytes(trace);
+  if (values > kInProcessValuesBytes ||
+      std::getenv("ACCUMCHECK_MALLOC_RUN_AGAIN")) {
+    run_again_with_tunables(argv);
+    return;
+  }
+  // Peak heap was 3.5x to 5x the values file (1k to 100k parameters).
+  huge_page_heap(static_cast<std::size_t>(8 * values + (64u << 20)));
 #else
-  (void)argc;
+  (void)trace;
   (void)argv;
 #endif
 }
@@ -75,7 +129,6 @@ void tune_malloc_for_certify(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace accumcheck::cli;
-  tune_malloc_for_certify(argc, argv);
   CLI::App app{
       "accumcheck: a deterministic simulator and verification suite for "
       "gradient accumulation.\nExit codes: 0 success / verdict holds, 1 "
@@ -319,7 +372,10 @@ int main(int argc, char** argv) {
     }
     if (*check_cmd) return check_command(check);
     if (*export_cmd) return export_command(exp);
-    if (*certify_cmd) return certify_command(cert);
+    if (*certify_cmd) {
+      tune_malloc_for_certify(cert.trace, argv);
+      return certify_command(cert);
+    }
     if (*merge_cmd) return certify_merge_command(merge);
     if (*report_cmd) return report_command(rep);
     if (*explain_cmd) return explain_command(expl);
