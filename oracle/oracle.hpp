@@ -162,6 +162,9 @@ class Oracle {
     if (m.empty()) m.assign(params_.size(), T(0));
     return m;
   }
+  // An optimizer step counted, not taken: certify's steps before a range
+  // whose state is then forced (bias corrections count every step).
+  void count_optimizer_step() { ++steps_; }
 
  private:
   T forward_backward_exact(const std::vector<int64_t>& ids, LossWeight weight);

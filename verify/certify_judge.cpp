@@ -55,7 +55,9 @@ bool clip_factor(const T& n, double max_norm, T& f) {
 // parameters only when the optimizer keeps state (momentum, Adam), so
 // that the state at the range's first step is bit for bit a whole run's
 // (teacher forcing: a step depends on the trace, never on the oracle's
-// earlier steps).
+// earlier steps).  Where that state is forced at the range's first step
+// anyway (Adam's recorded moments, forced_run's assume_moments), they are
+// counted only (`skip_before`).
 //
 // It clips itself (the Trainer's clip() hands it clip_grad_norm): the
 // trainer's own pre-clip norm (ClipNorms: the trace's clip rows, call i
@@ -73,11 +75,14 @@ class Watched {
     double recorded;
   };
   // `ranks`: every rank calls optimizer_step once per optimizer step.
+  // `skip_before`: the optimizer's steps before the range are counted,
+  // not taken (its state there is forced: forced_run's assume_moments).
   Watched(Inner& in, StepRange range, bool stateful, int64_t ranks,
-          const ClipNorms& recorded)
+          const ClipNorms& recorded, bool skip_before)
       : in_(in),
         range_(range),
         stateful_(stateful),
+        skip_before_(skip_before),
         ranks_(std::max<int64_t>(ranks, 1)),
         recorded_(recorded) {}
   // The rank the Trainer runs (its rank()), set once the Trainer exists.
@@ -140,7 +145,10 @@ class Watched {
   void optimizer_step(const OptimizerSpec& o, double lr) {
     const bool before = steps() < range_.begin;
     const bool after = !before && !live();
-    if (!after && (live() || stateful_)) in_.optimizer_step(o, lr);
+    if (before && skip_before_)
+      in_.count_optimizer_step();
+    else if (!after && (live() || stateful_))
+      in_.optimizer_step(o, lr);
     ++calls_;
   }
   EngineState<Real> state() const { return in_.state(); }
@@ -159,6 +167,7 @@ class Watched {
   Inner& in_;
   StepRange range_;
   bool stateful_;
+  bool skip_before_;
   int64_t ranks_;
   const ClipNorms& recorded_;
   std::function<int64_t()> rank_;
@@ -240,13 +249,22 @@ error_model::Comparison judge_norms(const std::string& what,
 // Steps outside `range`: before it, the trace's gradients and parameters
 // are still put in place (the optimizer's state is rebuilt from them, as
 // in a whole run), nothing is judged; after it, only steps are counted.
+// With assume_moments taken (`skip`), the steps before the range are
+// counted only, and the range's first step starts from the trace's
+// parameters and recorded moments of the step before it.
 template <class T>
-Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
+Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
+                  bool assume_moments) {
   Oracle<T> oracle(c.s.model, c.data, c.init);
   const OptimizerSpec& o = c.s.optimizer;
   const bool stateful = o.kind != OptimizerKind::sgd || o.momentum != 0.0;
+  bool skip = false;
+  if constexpr (!std::is_same_v<T, double>)
+    skip = assume_moments && c.moments && stateful && range.begin > 0 &&
+           size_t(range.begin) <= c.trace.size() &&
+           moments_recorded(c, range.begin - 1);
   Watched<Oracle<T>> w(oracle, range, stateful, c.s.batching.ranks,
-                       c.clip_norms);
+                       c.clip_norms, skip);
   TrainerOptions opt;
   opt.record_values = false;
   opt.record_events = false;
@@ -257,6 +275,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   w.set_rank([&trainer] { return trainer.rank(); });
   Forced r;
   r.eval.resize(c.trace.size());
+  r.assumed_moments = skip;
   const size_t n = c.trace.size();
   // With R > 1 ranks the hooks run once per rank: rank 0 is judged (the
   // trace's values are rank 0's: the all-reduced gradient and its
@@ -276,7 +295,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   auto before = [&](int64_t step, Watched<Oracle<T>>& e) {
     r.steps = std::max(r.steps, step + 1);
     if (size_t(step) >= n || !range.contains(step)) {
-      if (size_t(step) < n && step < range.begin && stateful) {
+      if (size_t(step) < n && step < range.begin && stateful && !skip) {
         force_state(step, e);
         std::vector<T>& g = e.inner().grads();
         const std::vector<double>& want = c.trace[size_t(step)].grad;
@@ -314,6 +333,17 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
     if (size_t(step) >= n) return;
     std::vector<T>& params = e.inner().params();
     if (!range.contains(step)) {
+      if (skip && step < range.begin) {
+        // The state the range starts from: the trace's parameters, and
+        // the recorded moments taken (trusted) as judged within the bound.
+        if (step + 1 == range.begin) {
+          trusted[size_t(step)] = 1;
+          const std::vector<double>& want = c.trace[size_t(step)].param;
+          for (size_t i = 0; i < params.size(); ++i)
+            params[i] = lift<T>(want[i]);
+        }
+        return;
+      }
       // Before the range: the next step's parameters are the trace's.
       if (step < range.begin) {
         if constexpr (!std::is_same_v<T, double>)
@@ -343,12 +373,16 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range) {
   };
   trainer.set_step_hooks(before, after);
   trainer.run(c.plan, "certify");
+  r.moments_trusted_last = range.end > 0 &&
+                           size_t(range.end - 1) < trusted.size() &&
+                           trusted[size_t(range.end - 1)];
   return r;
 }
 
-template Forced forced_run<double>(const Ctx&, const Behavior&, StepRange);
-template Forced forced_run<TR>(const Ctx&, const Behavior&, StepRange);
-template Forced forced_run<TD>(const Ctx&, const Behavior&, StepRange);
+template Forced forced_run<double>(const Ctx&, const Behavior&, StepRange,
+                                   bool);
+template Forced forced_run<TR>(const Ctx&, const Behavior&, StepRange, bool);
+template Forced forced_run<TD>(const Ctx&, const Behavior&, StepRange, bool);
 
 Forced judge_steps(const Ctx& c, const Behavior& b, bool rigorous) {
   // Contiguous ranges, one per thread (at least one step each): the
@@ -363,18 +397,27 @@ Forced judge_steps(const Ctx& c, const Behavior& b, bool rigorous) {
     ranges.push_back(
         {begin + steps * k / parts, begin + steps * (k + 1) / parts});
   std::vector<Forced> out(ranges.size());
-  parallel_for(ranges.size(), c.threads, [&](size_t k) {
-    if (!rigorous)
-      out[k] = forced_run<double>(c, b, ranges[k]);
-    else if (c.arith == BoundArith::dd)
-      out[k] = forced_run<TD>(c, b, ranges[k]);
-    else
-      out[k] = forced_run<TR>(c, b, ranges[k]);
-  });
+  auto run = [&](size_t k, bool assume_moments) {
+    if (!rigorous) return forced_run<double>(c, b, ranges[k]);
+    if (c.arith == BoundArith::dd)
+      return forced_run<TD>(c, b, ranges[k], assume_moments);
+    return forced_run<TR>(c, b, ranges[k], assume_moments);
+  };
+  // A range after the first takes Adam's recorded moments before it as
+  // trusted (forced_run's assume_moments) instead of rebuilding them
+  // from step 0: right where the previous range found them within the
+  // bound, as a whole run would; elsewhere judged again without it.
+  parallel_for(ranges.size(), c.threads,
+               [&](size_t k) { out[k] = run(k, k > 0); });
+  for (size_t k = 1; k < out.size(); ++k)
+    if (out[k].assumed_moments && !out[k - 1].moments_trusted_last)
+      out[k] = run(k, false);
   Forced r = std::move(out[0]);
   for (size_t k = 1; k < out.size(); ++k)
     for (int64_t t = ranges[k].begin; t < ranges[k].end; ++t)
       r.eval[size_t(t)] = std::move(out[k].eval[size_t(t)]);
+  r.moments_trusted_last = out.back().moments_trusted_last;
+  r.assumed_moments = false;
   return r;
 }
 

@@ -111,6 +111,13 @@ struct StepEval {
 struct Forced {
   int64_t steps = 0;
   std::vector<StepEval> eval;
+  // Whether Adam's moments of the range's last step were found within the
+  // bound (judge_moments), so that a whole run forces the next step's
+  // moments from them.
+  bool moments_trusted_last = false;
+  // Whether the range took Adam's moments before it as the recorded ones
+  // without rebuilding them (forced_run's assume_moments).
+  bool assumed_moments = false;
 };
 
 // The trainer's recorded pre-clip total norms (events.csv: each clip
@@ -154,12 +161,21 @@ int64_t window_cap(const Scenario& s, size_t trace_steps);
 // cheap proxy; TR, TD: the rigorous Tracked bound), teacher-forced by the
 // trace at every optimizer step, judging the steps of `range` only (the
 // rest skipped, verify/certify_judge.cpp says how); one thread.
+// assume_moments (a range after the first of judge_steps' split): where
+// Adam's moments are judged and the step before the range has complete
+// recorded ones, they are taken as a whole run would take them if they
+// were within the bound there (force_moments), and the optimizer's state
+// before the range is not rebuilt from step 0; the caller checks that
+// assumption against the previous range (Forced::moments_trusted_last).
 template <class T>
-Forced forced_run(const Ctx& c, const Behavior& b, StepRange range);
+Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
+                  bool assume_moments = false);
 extern template Forced forced_run<double>(const Ctx&, const Behavior&,
-                                          StepRange);
-extern template Forced forced_run<TR>(const Ctx&, const Behavior&, StepRange);
-extern template Forced forced_run<TD>(const Ctx&, const Behavior&, StepRange);
+                                          StepRange, bool);
+extern template Forced forced_run<TR>(const Ctx&, const Behavior&, StepRange,
+                                      bool);
+extern template Forced forced_run<TD>(const Ctx&, const Behavior&, StepRange,
+                                      bool);
 
 // forced_run over c.range, split into contiguous step ranges judged on
 // c.threads threads and put back together: the same result for every

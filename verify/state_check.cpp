@@ -498,6 +498,11 @@ bool recorded_moments(const Ctx& c, int64_t t, const std::vector<double>*& m,
 }
 }  // namespace
 
+bool moments_recorded(const Ctx& c, int64_t t) {
+  const std::vector<double>*m = nullptr, *v = nullptr;
+  return recorded_moments(c, t, m, v);
+}
+
 template <class T>
 void force_moments(const Ctx& c, int64_t t, std::vector<T>& m,
                    std::vector<T>& v) {

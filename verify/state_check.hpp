@@ -75,6 +75,9 @@ RecordedMoments take_moments(StateSection& st, const ParamLayout& layout);
 template <class T>
 void force_moments(const Ctx& c, int64_t t, std::vector<T>& m,
                    std::vector<T>& v);
+// Whether step t has complete recorded moments (force_moments at t + 1
+// then sets every element).
+bool moments_recorded(const Ctx& c, int64_t t);
 // After step t: its recorded moments against the oracle's `m`, `v` (the
 // update from the recorded ones of step t - 1 where they were forced, the
 // trace's gradient of step t and, for Adam's coupled weight decay, its

@@ -114,6 +114,20 @@ def test_a_moment_changed_in_values_bin_fails_its_step(tmp_path):
     with open(junit) as f:
         failing = re.findall(r'name="([^"]*)">\s*<failure', f.read())
     assert failing == ["step 1 exp_avg"], failing
+    # Judged on threads, each a range of steps: a range after the first
+    # starts from the recorded moments before it as if found within the
+    # bound, and is judged again where the range before found them not (6
+    # threads: a range starts at step 2, after step 1's).  The same output
+    # and JUnit for every count.
+    def untimed(path):
+        with open(path) as f:
+            return re.sub(r' time="[^"]*"', "", f.read())
+    for threads in (1, 2, 3, 6, 12):
+        tj = str(tmp_path / ("threads%d.xml" % threads))
+        t = certify(bundle, trace, "--threads", str(threads), "--junit", tj)
+        assert t.returncode == 1, t.stdout + t.stderr
+        assert t.stdout == r.stdout, (threads, t.stdout)
+        assert untimed(tj) == untimed(junit), threads
     # Judged in two parts and merged: one certify's verdict and diagnosis,
     # with step 1 in the first part (the second checks it again, unreported,
     # before its range) or in the second.
