@@ -50,6 +50,7 @@ namespace {
 //    advises the threads' arenas), read at process start only, so certify
 //    runs itself again once with them set.  ACCUMCHECK_MALLOC_RUN_AGAIN=1
 //    takes this way whatever the size (StateCli.malloc_tuning tests both).
+#ifndef ACCUMCHECK_ASAN
 constexpr std::uintmax_t kInProcessValuesBytes = 64u << 20;
 
 std::uintmax_t values_file_bytes(const std::string& trace) {
@@ -105,6 +106,8 @@ void run_again_with_tunables(char** argv) {
   execv("/proc/self/exe", argv);
   unsetenv("GLIBC_TUNABLES");  // no /proc: go on with the defaults
 }
+
+#endif  // ACCUMCHECK_ASAN
 
 void tune_malloc_for_certify(const std::string& trace, char** argv) {
 #ifndef ACCUMCHECK_ASAN
