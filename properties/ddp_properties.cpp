@@ -24,8 +24,6 @@ namespace accumcheck::properties {
 
 namespace {
 
-double tol() { return oracle_tolerance(); }
-
 // The optimizer step's window, found from the step record.
 const FlatWindow& flat_window(const Plan& p, int64_t global) {
   static thread_local std::vector<FlatWindow> flat;
@@ -90,10 +88,10 @@ void gradient_outside_trainer() {
     const auto want =
         predicted(c, theta_before(run, t, c), shards_of(w, -1, count_ids(w)),
                   epoch_of(c.plan, run.steps[t].window));
-    assert_close(name, run.steps[t].grad, want, tol(),
+    assert_close(name, run.steps[t].grad, want, oracle_tolerance(),
                  "gradient vs the sum over every rank's shards / N_w");
     for (const auto& p : run.steps[t].rank_param)
-      assert_close(name, p, run.steps[t].param, tol(),
+      assert_close(name, p, run.steps[t].param, oracle_tolerance(),
                    "ranks hold identical parameters");
   }
   record_case(name);
@@ -140,12 +138,14 @@ void repartition_oracle() {
   RC_ASSERT(!ra.steps.empty());
   RC_ASSERT(ra.steps.size() == rb.steps.size());
   for (size_t i = 0; i < ra.steps.size(); ++i) {
-    assert_close(name, ra.steps[i].grad, rb.steps[i].grad, tol(), "gradient");
-    assert_close(name, ra.steps[i].param, rb.steps[i].param, tol(),
+    assert_close(name, ra.steps[i].grad, rb.steps[i].grad, oracle_tolerance(),
+                 "gradient");
+    assert_close(name, ra.steps[i].param, rb.steps[i].param, oracle_tolerance(),
                  "parameters");
   }
   if (!fa.exp_avg_sq.empty())
-    assert_close(name, fa.exp_avg_sq, fb.exp_avg_sq, tol(), "exp_avg_sq");
+    assert_close(name, fa.exp_avg_sq, fb.exp_avg_sq, oracle_tolerance(),
+                 "exp_avg_sq");
   record_case(name);
 }
 
@@ -179,8 +179,8 @@ void repartition_device() {
     values.emplace_back();
     for (const T& x : r.steps[0].param) values.back().push_back(x.v);
   }
-  assert_close(name + ".oracle-values", values[0], values[1], tol(),
-               "the two splits' exact updates");
+  assert_close(name + ".oracle-values", values[0], values[1],
+               oracle_tolerance(), "the two splits' exact updates");
   record_case(name);
 }
 
@@ -206,7 +206,8 @@ void rank_mean() {
       for (auto& p : shards_of(w, r, Rk * count_ids(w, r))) ps.push_back(p);
     const auto theta = theta_before(bug, i, c);
     const auto want = predicted(c, theta, ps);
-    assert_close(name, bug.steps[i].grad, want, tol(), "predicted gradient");
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
+                 "predicted gradient");
     const auto correct = predicted(c, theta, shards_of(w, -1, count_ids(w)));
     assert_differs_where_predicted(name, bug.steps[i].grad, want, correct);
   }
@@ -229,7 +230,7 @@ void no_sync_everywhere() {
     const auto want = scaled(
         predicted(c, theta_before(bug, i, c), shards_of(w, 0, count_ids(w))),
         R(Rk));
-    assert_close(name, bug.steps[i].grad, want, tol(),
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
                  "rank 0's local gradient");
   }
   RC_ASSERT(bug.steps[0].rank_param.size() == size_t(Rk - 1));
@@ -237,9 +238,10 @@ void no_sync_everywhere() {
   const std::vector<R> theta0(c.init.begin(), c.init.end());
   const auto g0 = predicted(c, theta0, shards_of(w0, 0, count_ids(w0)));
   const auto g1 = predicted(c, theta0, shards_of(w0, 1, count_ids(w0)));
-  if (rel(g1, g0) > tol() && bug.steps[0].lr > 0) {
-    record_gap(name, rel(g1, g0) / tol());
-    RC_ASSERT(rel(bug.steps[0].rank_param[0], bug.steps[0].param) > tol());
+  if (rel(g1, g0) > oracle_tolerance() && bug.steps[0].lr > 0) {
+    record_gap(name, rel(g1, g0) / oracle_tolerance());
+    RC_ASSERT(rel(bug.steps[0].rank_param[0], bug.steps[0].param) >
+              oracle_tolerance());
   }
   record_case(name);
 }
@@ -257,8 +259,8 @@ void sync_every_micro_step() {
       c.run(c.plan, {Pitfall::ddp_sync_every_micro_step}, s.optimizer.lr);
   RC_ASSERT(ok.steps.size() == bug.steps.size());
   for (size_t i = 0; i < ok.steps.size(); ++i)
-    assert_close(name, bug.steps[i].param, ok.steps[i].param, tol(),
-                 "parameters");
+    assert_close(name, bug.steps[i].param, ok.steps[i].param,
+                 oracle_tolerance(), "parameters");
   auto all_reduces = [](const Run<R>& r) {
     int64_t n = 0;
     for (const Event& e : r.events) n += e.kind == EventKind::all_reduce;
@@ -303,7 +305,7 @@ void clip_local_norm() {
       if (coef < R(1))
         for (size_t j = lo; j < std::min(P, lo + chunk); ++j) want[j] *= coef;
     }
-    assert_close(name, bug.steps[i].grad, want, tol(),
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
                  "shard-clipped gradient");
     assert_differs_where_predicted(name, bug.steps[i].grad, want, global);
   }
@@ -351,8 +353,8 @@ void inertness_ddp() {
   const Run<R> bug = c.run(c.plan, {p}, s.optimizer.lr);
   RC_ASSERT(ok.steps.size() == bug.steps.size());
   for (size_t w = 0; w < ok.windows.size(); ++w)
-    assert_close(name, bug.windows[w].param, ok.windows[w].param, tol(),
-                 "parameters without the trigger");
+    assert_close(name, bug.windows[w].param, ok.windows[w].param,
+                 oracle_tolerance(), "parameters without the trigger");
   record_case(name);
 }
 

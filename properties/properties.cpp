@@ -30,8 +30,6 @@ std::vector<R> sub(const std::vector<R>& a, const std::vector<R>& b) {
   return d;
 }
 
-double tol() { return oracle_tolerance(); }
-
 // ---------------------------------------------------------------------------
 // (a) Equivalence: correct accumulation == the large batch.
 
@@ -49,15 +47,17 @@ void equivalence_oracle() {
   RC_ASSERT(acc.steps.size() == ref.steps.size());
   RC_ASSERT(acc_state.optimizer_steps == ref_state.optimizer_steps);
   for (size_t t = 0; t < acc.steps.size(); ++t) {
-    assert_close(name, acc.steps[t].grad, ref.steps[t].grad, tol(), "gradient");
-    assert_close(name, acc.steps[t].param, ref.steps[t].param, tol(),
-                 "parameters");
+    assert_close(name, acc.steps[t].grad, ref.steps[t].grad, oracle_tolerance(),
+                 "gradient");
+    assert_close(name, acc.steps[t].param, ref.steps[t].param,
+                 oracle_tolerance(), "parameters");
   }
   if (!ref_state.exp_avg.empty())
-    assert_close(name, acc_state.exp_avg, ref_state.exp_avg, tol(), "exp_avg");
+    assert_close(name, acc_state.exp_avg, ref_state.exp_avg, oracle_tolerance(),
+                 "exp_avg");
   if (!ref_state.exp_avg_sq.empty())
-    assert_close(name, acc_state.exp_avg_sq, ref_state.exp_avg_sq, tol(),
-                 "exp_avg_sq");
+    assert_close(name, acc_state.exp_avg_sq, ref_state.exp_avg_sq,
+                 oracle_tolerance(), "exp_avg_sq");
   record_case(name);
 }
 
@@ -97,8 +97,8 @@ void no_loss_normalization_is_k_times() {
   const Run<R> fast = c.run(c.plan, {}, s.optimizer.lr * K);
   RC_ASSERT(bug.windows.size() == fast.windows.size());
   for (size_t w = 0; w < bug.windows.size(); ++w)
-    assert_close(name, bug.windows[w].param, fast.windows[w].param, tol(),
-                 "parameters vs correct at K*lr");
+    assert_close(name, bug.windows[w].param, fast.windows[w].param,
+                 oracle_tolerance(), "parameters vs correct at K*lr");
   record_case(name);
 }
 
@@ -120,8 +120,8 @@ void no_loss_normalization_adam_eps() {
   const Case c2(s2);
   const Run<R> eps = c2.run(c2.plan, {}, s.optimizer.lr);
   for (size_t w = 0; w < bug.windows.size(); ++w)
-    assert_close(name, bug.windows[w].param, eps.windows[w].param, tol(),
-                 "parameters vs correct with eps/K");
+    assert_close(name, bug.windows[w].param, eps.windows[w].param,
+                 oracle_tolerance(), "parameters vs correct with eps/K");
   record_case(name);
 }
 
@@ -206,7 +206,8 @@ void zero_grad_never() {
                              all_parts(*fw.w, [N](int64_t) { return N; }));
     // Compared as G_t vs G_{t-1} + g_t (a difference would cancel).
     const auto want = t == 0 ? g : add(bug.steps[t - 1].grad, g);
-    assert_close(name, bug.steps[t].grad, want, tol(), "accumulated gradient");
+    assert_close(name, bug.steps[t].grad, want, oracle_tolerance(),
+                 "accumulated gradient");
   }
   record_case(name);
 }
@@ -236,7 +237,8 @@ void step_every_micro_step() {
           predicted(c, theta_before(bug, t, c),
                     parts(*fw.w, k, k + 1, [N](int64_t) { return N; }));
       const auto want = k == 0 ? g : add(bug.steps[t - 1].grad, g);
-      assert_close(name, bug.steps[t].grad, want, tol(), "partial sum");
+      assert_close(name, bug.steps[t].grad, want, oracle_tolerance(),
+                   "partial sum");
     }
   }
   record_case(name);
@@ -337,7 +339,8 @@ void partial_leak() {
       ps.insert(ps.begin(), left.begin(), left.end());
     }
     const auto want = predicted(c, theta_before(bug, i, c), ps);
-    assert_close(name, bug.steps[i].grad, want, tol(), "leaked gradient");
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
+                 "leaked gradient");
   }
   record_case(name);
 }
@@ -420,7 +423,7 @@ void clip_per_micro_step() {
         if (k + 1 < fw.w->micro.size()) early_clip = true;
       }
     }
-    assert_close(name, bug.steps[i].grad, G, tol(),
+    assert_close(name, bug.steps[i].grad, G, oracle_tolerance(),
                  "sequentially clipped gradient");
     // The correct gradient: clip once after accumulation.
     auto once =
@@ -434,7 +437,8 @@ void clip_per_micro_step() {
         for (R& x : once) x *= coef;
     }
     if (!early_clip) {
-      assert_close(name, bug.steps[i].grad, once, tol(), "equal to clip-once");
+      assert_close(name, bug.steps[i].grad, once, oracle_tolerance(),
+                   "equal to clip-once");
     } else {
       assert_differs_where_predicted(name, bug.steps[i].grad, G, once);
     }
@@ -471,7 +475,7 @@ void l2_unnormalized() {
       const R times = buggy ? R(int64_t(fw.w->micro.size())) : R(1);
       for (size_t j = 0; j < want.size(); ++j)
         want[j] += times * R(lambda) * theta[j];
-      assert_close(name, run.steps[i].grad, want, tol(),
+      assert_close(name, run.steps[i].grad, want, oracle_tolerance(),
                    buggy ? "gradient with K_w*lambda*theta"
                          : "gradient with lambda*theta");
     }
@@ -504,7 +508,7 @@ void adamw_decay_once_per_step() {
                  want(diff.size());
   for (size_t j = 0; j < want.size(); ++j)
     want[j] = -R(lr) * R(s.optimizer.weight_decay) * end.params[j];
-  assert_close(name, diff, want, tol(), "decoupled decay");
+  assert_close(name, diff, want, oracle_tolerance(), "decoupled decay");
   record_case(name);
 }
 
@@ -563,8 +567,8 @@ void inertness() {
   RC_ASSERT(ok.windows.size() == bug.windows.size());
   RC_ASSERT(ok.steps.size() == bug.steps.size());
   for (size_t w = 0; w < ok.windows.size(); ++w)
-    assert_close(name, bug.windows[w].param, ok.windows[w].param, tol(),
-                 "parameters without the trigger");
+    assert_close(name, bug.windows[w].param, ok.windows[w].param,
+                 oracle_tolerance(), "parameters without the trigger");
   record_case(name);
 }
 
