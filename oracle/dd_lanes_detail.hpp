@@ -117,6 +117,24 @@ ACCUMCHECK_DD_INLINE void store4(TD* p, d4 h, d4 l, d4 e) {
 #endif
 }
 
+// DD's operator+ (value): hi and lo.
+ACCUMCHECK_DD_INLINE void dd_add(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
+                                 i4& bad) {
+  const d4 sh = ah + bh;
+  const d4 bb = sh - ah;
+  d4 sl = (ah - (sh - bb)) + (bh - bb);
+  bad |= ~finite4(sh);
+  const d4 th = al + bl;
+  const d4 bt = th - al;
+  const d4 tl = (al - (th - bt)) + (bl - bt);
+  sl += th;
+  const d4 h2 = sh + sl;
+  d4 l2 = sl - (h2 - sh);
+  l2 += tl;
+  h = h2 + l2;
+  l = l2 - (h - h2);
+}
+
 // Four Dot2 reductions (dot_into_dd's loop), one term x y at a time with
 // x the same in every lane.
 struct Acc {
@@ -152,19 +170,9 @@ ACCUMCHECK_DD_INLINE Fin finish(const Acc& a, const ReductionConstants& k,
   // v = quick_two_sum(s, c)
   const d4 vh = a.s + a.c;
   const d4 vl = a.c - (vh - a.s);
-  // v + init (DD's operator+)
-  const d4 sh = vh + ih;
-  const d4 bb = sh - vh;
-  d4 sl = (vh - (sh - bb)) + (ih - bb);
-  const d4 th = vl + il;
-  const d4 bt = th - vl;
-  const d4 tl = (vl - (th - bt)) + (il - bt);
-  sl += th;
-  const d4 h2 = sh + sl;
-  d4 l2 = sl - (h2 - sh);
-  l2 += tl;
-  f.vh = h2 + l2;
-  f.vl = l2 - (f.vh - h2);
+  // v + init (DD's operator+; `sum_bad`: its leading sum not finite)
+  i4 sum_bad{};
+  dd_add(vh, vl, ih, il, f.vh, f.vl, sum_bad);
   // dd_reduction_bound
   d4 Pu = a.P * splat(k.F), Mu = a.M * splat(k.F);
   const d4 vr = splat(k.dot2) * Mu;
@@ -173,8 +181,8 @@ ACCUMCHECK_DD_INLINE Fin finish(const Acc& a, const ReductionConstants& k,
   const d4 e =
       Pu * splat(k.one_plus_gam) + splat(k.gam) * Mu + splat(k.etas) + vr;
   f.e = e * splat(kUpDD);
-  f.bad =
-      ~bits(finite4(a.s) & finite4(sh) & finite4(f.vh) & finite4(f.e)) & 0xf;
+  f.bad = (bits(sum_bad) | ~bits(finite4(a.s) & finite4(f.vh) & finite4(f.e))) &
+          0xf;
   f.exact = bits((ie == d4{}) & ~a.inexact);
   return f;
 }
@@ -189,23 +197,6 @@ struct T4 {
 };
 ACCUMCHECK_DD_INLINE T4 splat(const TD& x) {
   return {splat(x.v.hi), splat(x.v.lo), splat(x.e.hi)};
-}
-// DD's operator+ (value): hi and lo.
-ACCUMCHECK_DD_INLINE void dd_add(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,
-                                 i4& bad) {
-  const d4 sh = ah + bh;
-  const d4 bb = sh - ah;
-  d4 sl = (ah - (sh - bb)) + (bh - bb);
-  bad |= ~finite4(sh);
-  const d4 th = al + bl;
-  const d4 bt = th - al;
-  const d4 tl = (al - (th - bt)) + (bl - bt);
-  sl += th;
-  const d4 h2 = sh + sl;
-  d4 l2 = sl - (h2 - sh);
-  l2 += tl;
-  h = h2 + l2;
-  l = l2 - (h - h2);
 }
 // DD's operator*.
 ACCUMCHECK_DD_INLINE void dd_mul(d4 ah, d4 al, d4 bh, d4 bl, d4& h, d4& l,

@@ -260,8 +260,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
   const bool stateful = o.kind != OptimizerKind::sgd || o.momentum != 0.0;
   bool skip = false;
   if constexpr (!std::is_same_v<T, double>)
-    skip = assume_moments && c.moments && stateful && range.begin > 0 &&
-           size_t(range.begin) <= c.trace.size() &&
+    skip = assume_moments && range.begin > 0 &&
            moments_recorded(c, range.begin - 1);
   Watched<Oracle<T>> w(oracle, range, stateful, c.s.batching.ranks,
                        c.clip_norms, skip);
@@ -286,6 +285,12 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
   // run's); every rank's step t + 1 then starts from them
   // (force_moments).
   std::vector<char> trusted(c.moments ? n : 0, 0);
+  // The oracle's gradients or parameters set to step t's in the trace.
+  auto force = [&](std::vector<T>& dst, int64_t step, bool grad) {
+    const TraceStep& want = c.trace[size_t(step)];
+    const std::vector<double>& src = grad ? want.grad : want.param;
+    for (size_t i = 0; i < dst.size(); ++i) dst[i] = lift<T>(src[i]);
+  };
   auto force_state = [&](int64_t step, Watched<Oracle<T>>& e) {
     if constexpr (!std::is_same_v<T, double>)
       if (c.moments && step > 0 && trusted[size_t(step - 1)])
@@ -297,17 +302,13 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
     if (size_t(step) >= n || !range.contains(step)) {
       if (size_t(step) < n && step < range.begin && stateful && !skip) {
         force_state(step, e);
-        std::vector<T>& g = e.inner().grads();
-        const std::vector<double>& want = c.trace[size_t(step)].grad;
-        for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
+        force(e.inner().grads(), step, true);
       }
       return;
     }
     force_state(step, e);
     if (trainer.rank() != 0) {  // rank 0 was judged: force the trace's
-      std::vector<T>& g = e.inner().grads();
-      const std::vector<double>& want = c.trace[size_t(step)].grad;
-      for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
+      force(e.inner().grads(), step, true);
       return;
     }
     StepEval& ev = r.eval[size_t(step)];
@@ -325,9 +326,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
     ev.grad = judge_values(fmt::format("step {} gradient", step),
                            c.trace[size_t(step)].grad, e.inner().grads(),
                            &c.layout, c.fp64, c.grad_scale);
-    std::vector<T>& g = e.inner().grads();
-    const std::vector<double>& want = c.trace[size_t(step)].grad;
-    for (size_t i = 0; i < g.size(); ++i) g[i] = lift<T>(want[i]);
+    force(e.inner().grads(), step, true);
   };
   auto after = [&](int64_t step, Watched<Oracle<T>>& e) {
     if (size_t(step) >= n) return;
@@ -338,9 +337,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
         // the recorded moments taken (trusted) as judged within the bound.
         if (step + 1 == range.begin) {
           trusted[size_t(step)] = 1;
-          const std::vector<double>& want = c.trace[size_t(step)].param;
-          for (size_t i = 0; i < params.size(); ++i)
-            params[i] = lift<T>(want[i]);
+          force(params, step, false);
         }
         return;
       }
@@ -353,8 +350,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
                 judge_moments<T>(c, step, e.inner().exp_avg(),
                                  e.inner().exp_avg_sq(), unreported);
           }
-        const std::vector<double>& want = c.trace[size_t(step)].param;
-        for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
+        force(params, step, false);
       }
       return;
     }
@@ -368,8 +364,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
           trusted[size_t(step)] = judge_moments<T>(c, step, e.inner().exp_avg(),
                                                    e.inner().exp_avg_sq(), ev);
     }
-    const std::vector<double>& want = c.trace[size_t(step)].param;
-    for (size_t i = 0; i < params.size(); ++i) params[i] = lift<T>(want[i]);
+    force(params, step, false);
   };
   trainer.set_step_hooks(before, after);
   trainer.run(c.plan, "certify");
@@ -417,7 +412,6 @@ Forced judge_steps(const Ctx& c, const Behavior& b, bool rigorous) {
     for (int64_t t = ranges[k].begin; t < ranges[k].end; ++t)
       r.eval[size_t(t)] = std::move(out[k].eval[size_t(t)]);
   r.moments_trusted_last = out.back().moments_trusted_last;
-  r.assumed_moments = false;
   return r;
 }
 
