@@ -104,6 +104,54 @@ std::string read_file_bytes(const std::string& path,
   return bytes;
 }
 
+FileBytes::FileBytes(const std::string& path, std::string_view limit_key) {
+  require_file_within_limit(path, limit_key);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+      void* p = ::mmap(nullptr, size_t(st.st_size), PROT_READ,
+                       MAP_PRIVATE | MAP_POPULATE, fd, 0);
+      if (p != MAP_FAILED) {
+        map_ = static_cast<const char*>(p);
+        size_ = size_t(st.st_size);
+      }
+    }
+    ::close(fd);
+    if (map_) return;
+  }
+  // Empty, not mappable, or not opened: read_file_bytes reads it or says
+  // why not.
+  read_ = read_file_bytes(path, limit_key);
+}
+
+void FileBytes::release() {
+  if (map_) ::munmap(const_cast<char*>(map_), size_);
+  map_ = nullptr;
+  size_ = 0;
+  read_.clear();
+}
+
+FileBytes::~FileBytes() { release(); }
+
+FileBytes::FileBytes(FileBytes&& o) noexcept
+    : map_(o.map_), size_(o.size_), read_(std::move(o.read_)) {
+  o.map_ = nullptr;
+  o.size_ = 0;
+}
+
+FileBytes& FileBytes::operator=(FileBytes&& o) noexcept {
+  if (this != &o) {
+    release();
+    map_ = o.map_;
+    size_ = o.size_;
+    read_ = std::move(o.read_);
+    o.map_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
 void require_output_folder(const std::string& dir, const std::string& option) {
   namespace fs = std::filesystem;
   if (dir.empty())

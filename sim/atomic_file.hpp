@@ -4,6 +4,7 @@
 // torn one.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -27,6 +28,36 @@ void advise_huge_pages(void* p, size_t bytes);
 // byte is read).
 std::string read_file_bytes(const std::string& path,
                             std::string_view limit_key);
+
+// The bytes of a file, read-only, with read_file_bytes' checks and errors:
+// mapped (mmap MAP_POPULATE: the page cache's own pages, neither copied nor
+// backed by fresh memory, which this VM faults in at about 1 GB/s), or
+// read into memory where the kernel cannot map it.  For large inputs read
+// once and kept (values.bin).  The file must not be truncated while it is
+// held: a mapping's reader would then fault (SIGBUS); a trace is written
+// once (atomically) and read after.
+class FileBytes {
+ public:
+  FileBytes() = default;
+  FileBytes(const std::string& path, std::string_view limit_key);
+  ~FileBytes();
+  FileBytes(FileBytes&& o) noexcept;
+  FileBytes& operator=(FileBytes&& o) noexcept;
+  FileBytes(const FileBytes&) = delete;
+  FileBytes& operator=(const FileBytes&) = delete;
+
+  std::string_view view() const {
+    return map_ ? std::string_view(map_, size_) : std::string_view(read_);
+  }
+  const char* data() const { return view().data(); }
+  size_t size() const { return view().size(); }
+
+ private:
+  void release();
+  const char* map_ = nullptr;  // the mapping, or nullptr (read_)
+  size_t size_ = 0;
+  std::string read_;
+};
 
 // Checks, before any work, that `dir` can be a folder we write into: it
 // is a folder or does not exist yet, no part of its path is a file, and

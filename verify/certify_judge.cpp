@@ -210,9 +210,17 @@ error_model::Comparison judge_values(const std::string& what,
   return c;
 }
 
+error_model::Comparison judge_values(const std::string& what,
+                                     const TraceValues& f,
+                                     const std::vector<double>& v,
+                                     const ParamLayout* layout, bool fp64,
+                                     double scale) {
+  return judge_values(what, as_double(f), v, layout, fp64, scale);
+}
+
 template <class B>
 error_model::Comparison judge_values(const std::string& what,
-                                     const std::vector<double>& f,
+                                     const TraceValues& f,
                                      const std::vector<Tracked<B>>& v,
                                      const ParamLayout* layout, bool fp64,
                                      double scale) {
@@ -220,8 +228,9 @@ error_model::Comparison judge_values(const std::string& what,
     return error_model::compare(what, as_float(f), v, layout,
                                 error_model::tolerance("bound_slack"), scale);
   }
-  return error_model::compare(
-      what, f, v, layout, error_model::tolerance("bound_slack"), kFp64Scale);
+  return error_model::compare(what, as_double(f), v, layout,
+                              error_model::tolerance("bound_slack"),
+                              kFp64Scale);
 }
 
 // The trainer's recorded pre-clip norms `f` against the oracle's `v`:
@@ -288,7 +297,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
   // The oracle's gradients or parameters set to step t's in the trace.
   auto force = [&](std::vector<T>& dst, int64_t step, bool grad) {
     const TraceStep& want = c.trace[size_t(step)];
-    const std::vector<double>& src = grad ? want.grad : want.param;
+    const TraceValues& src = grad ? want.grad : want.param;
     for (size_t i = 0; i < dst.size(); ++i) dst[i] = lift<T>(src[i]);
   };
   auto force_state = [&](int64_t step, Watched<Oracle<T>>& e) {

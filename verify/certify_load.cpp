@@ -209,7 +209,7 @@ void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
         gather_steps(L.trace, *L.run, layout, ranks[q]);
     for (const TraceStep& st : other) {
       if (st.param.empty() || st.step >= int64_t(L.steps.size())) continue;
-      const std::vector<double>& p0 = L.steps[size_t(st.step)].param;
+      const TraceValues& p0 = L.steps[size_t(st.step)].param;
       for (size_t i = 0; i < p0.size(); ++i) {
         if (st.param[i] == p0[i]) continue;
         c.ok = false;

@@ -56,6 +56,18 @@ inline const std::vector<float>& as_float(const std::vector<double>& v) {
   f.assign(v.begin(), v.end());
   return f;
 }
+inline const std::vector<float>& as_float(const TraceValues& v) {
+  thread_local std::vector<float> f;
+  f.resize(v.size());
+  for (size_t i = 0; i < f.size(); ++i) f[i] = float(v[i]);
+  return f;
+}
+// `v` as doubles: its own, or decoded into one buffer per thread that is
+// kept (as as_float's).  Valid until the thread's next call.
+inline const std::vector<double>& as_double(const TraceValues& v) {
+  thread_local std::vector<double> d;
+  return v.doubles(d);
+}
 
 // ------------------------------------------------------------- load
 

@@ -134,7 +134,7 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
   if (step == 0)
     theta.assign(in.init.begin(), in.init.end());
   else
-    theta = in.trace[size_t(step) - 1].param;
+    theta = in.trace[size_t(step) - 1].param.vector();
   o.set_epoch(steps[size_t(step)].epoch);
   std::vector<std::vector<double>> g;
   for (const MicroBatch& m : w.micro) {
@@ -149,7 +149,7 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
     fit.micro_items.push_back(items);
     fit.items += items;
   }
-  std::vector<double> G = in.trace[size_t(step)].grad;
+  std::vector<double> G = in.trace[size_t(step)].grad.vector();
   // Undo the step's clip (the last clip event before the step, with its
   // pre-clip norm), so the weights are those of the summed losses.
   if (in.s.clip.enabled) {

@@ -105,8 +105,9 @@ ReportData report_data(const Trace& t, const Scenario& s) {
     for (TraceStep& st : gather_steps(t, run, layout)) {
       if (st.step >= int64_t(rr.step_grad_norm.size()))
         rr.step_grad_norm.resize(size_t(st.step + 1), kNaN);
-      if (!st.grad.empty()) rr.step_grad_norm[size_t(st.step)] = norm2(st.grad);
-      if (!st.param.empty()) params[r][st.step] = std::move(st.param);
+      if (!st.grad.empty())
+        rr.step_grad_norm[size_t(st.step)] = norm2(st.grad.vector());
+      if (!st.param.empty()) params[r][st.step] = st.param.vector();
     }
     for (size_t w = 0; w < ends.size(); ++w)
       if (cuts.back().steps_by_end[w] >= 0)

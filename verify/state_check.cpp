@@ -56,7 +56,7 @@ Walk walk(const TraceRun& run) {
 }
 
 // Rows of one kind by step, then tensor, in the layout's flat order.
-using ByStep = std::map<int64_t, std::vector<double>>;
+using ByStep = std::map<int64_t, TraceValues>;
 
 // Takes (moves) the kind's values.bin blocks out of st.blocks, then sets
 // the kind's state.csv rows over them.
@@ -70,6 +70,7 @@ ByStep gather(StateSection& st, std::string_view kind,
   std::map<std::string, const TensorView*, std::less<>> tensors;
   for (const TensorView& v : layout.tensors) tensors[v.name] = &v;
   for (const TensorView& v : layout.buffers) tensors[v.name] = &v;
+  std::map<int64_t, std::vector<double>> rows;  // steps state.csv sets
   for (const StateValue& v : st.rows) {
     if (v.kind != kind) continue;
     const auto it = tensors.find(v.tensor);
@@ -79,24 +80,33 @@ ByStep gather(StateSection& st, std::string_view kind,
                                    "scenario's model",
                                    kind, v.tensor, v.index));
     const bool buffer = kind == "running_mean" || kind == "running_var";
-    std::vector<double>& dst = out[v.step];
-    if (dst.empty())
-      dst.assign(size_t(buffer ? layout.buffer_total : layout.total), kNaN);
+    std::vector<double>& dst = rows[v.step];
+    if (dst.empty()) {
+      const auto block = out.find(v.step);
+      dst =
+          block != out.end()
+              ? block->second.vector()
+              : std::vector<double>(
+                    size_t(buffer ? layout.buffer_total : layout.total), kNaN);
+    }
     dst[size_t(it->second->offset + v.index)] = v.value;
   }
+  for (auto& [step, values] : rows) out[step] = TraceValues(std::move(values));
   return out;
 }
 
-bool complete(const std::vector<double>& v) {
-  return std::none_of(v.begin(), v.end(),
-                      [](double x) { return std::isnan(x); });
+template <class Values>  // TraceValues or std::vector<double>
+bool complete(const Values& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (std::isnan(v[i])) return false;
+  return true;
 }
 
 // The trace's parameters before step t (after step t - 1, or the
 // initial ones).
 std::vector<double> params_before(const Ctx& c, int64_t t) {
   if (t == 0) return {c.init.begin(), c.init.end()};
-  return c.trace[size_t(t - 1)].param;
+  return c.trace[size_t(t - 1)].param.vector();
 }
 
 void add(CertifyReport& r, std::string name, bool ok, std::string message,
@@ -260,12 +270,13 @@ void ema(const Ctx& c, const LoadedTrace& L, StateSection& st, CertifyReport& r,
   // ModelEmaV2), averages them in.
   const std::vector<double> init(c.init.begin(), c.init.end());
   const std::vector<double>* prev = nullptr;
+  std::vector<double> last;  // the previous update's values
   size_t replayed = 0;
   for (const auto& [k, u] : updates) {
     const auto it = e.find(k);
     if (it == e.end() || !complete(it->second)) continue;
     ++replayed;
-    const std::vector<double>& now = it->second;
+    std::vector<double> now = it->second.vector();
     const std::vector<double> p = params_before(c, u.steps);
     if (!prev && now != p) prev = &init;
     for (size_t i = 0; i < now.size(); ++i) {
@@ -286,7 +297,8 @@ void ema(const Ctx& c, const LoadedTrace& L, StateSection& st, CertifyReport& r,
             int64_t(i) - c.layout.tensor_of(int64_t(i)).offset, now[i], want,
             err, bound);
     }
-    prev = &now;
+    last = std::move(now);
+    prev = &last;
   }
   std::string msg = bad.empty() ? fmt::format(
                                       "{} updates, one after each "
@@ -482,8 +494,8 @@ RecordedMoments take_moments(StateSection& st, const ParamLayout& layout) {
 
 namespace {
 // Step t's recorded moments, where Adam keeps them and both are complete.
-bool recorded_moments(const Ctx& c, int64_t t, const std::vector<double>*& m,
-                      const std::vector<double>*& v) {
+bool recorded_moments(const Ctx& c, int64_t t, const TraceValues*& m,
+                      const TraceValues*& v) {
   if (!c.moments || c.s.optimizer.kind == OptimizerKind::sgd || t < 0 ||
       size_t(t) >= c.trace.size())
     return false;
@@ -499,14 +511,14 @@ bool recorded_moments(const Ctx& c, int64_t t, const std::vector<double>*& m,
 }  // namespace
 
 bool moments_recorded(const Ctx& c, int64_t t) {
-  const std::vector<double>*m = nullptr, *v = nullptr;
+  const TraceValues *m = nullptr, *v = nullptr;
   return recorded_moments(c, t, m, v);
 }
 
 template <class T>
 void force_moments(const Ctx& c, int64_t t, std::vector<T>& m,
                    std::vector<T>& v) {
-  const std::vector<double>*rm = nullptr, *rv = nullptr;
+  const TraceValues *rm = nullptr, *rv = nullptr;
   if (!recorded_moments(c, t - 1, rm, rv)) return;
   for (size_t i = 0; i < m.size() && i < rm->size(); ++i) {
     m[i] = lift<T>((*rm)[i]);
@@ -517,7 +529,7 @@ void force_moments(const Ctx& c, int64_t t, std::vector<T>& m,
 template <class T>
 bool judge_moments(const Ctx& c, int64_t t, const std::vector<T>& m,
                    const std::vector<T>& v, StepEval& ev) {
-  const std::vector<double>*rm = nullptr, *rv = nullptr;
+  const TraceValues *rm = nullptr, *rv = nullptr;
   if (!recorded_moments(c, t, rm, rv) || m.empty()) return false;
   ev.exp_avg = error_model::compare(fmt::format("step {} exp_avg", t),
                                     as_float(*rm), m, &c.layout);

@@ -58,7 +58,7 @@ inline bool is_state_check(std::string_view name) {
 // Adam's recorded moments by step (values.bin blocks and state.csv rows,
 // taken out of the state section), for judge_moments.
 struct RecordedMoments {
-  std::map<int64_t, std::vector<double>> exp_avg, exp_avg_sq;
+  std::map<int64_t, TraceValues> exp_avg, exp_avg_sq;
 };
 RecordedMoments take_moments(StateSection& st, const ParamLayout& layout);
 

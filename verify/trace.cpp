@@ -610,7 +610,11 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
   std::map<std::string, const TensorView*, std::less<>> tensors;
   for (const TensorView& v : layout.tensors) tensors[v.name] = &v;
 
-  std::vector<TraceStep> steps;
+  struct Step {
+    int64_t step = 0;
+    std::vector<double> grad, param;
+  };
+  std::vector<Step> steps;
   std::vector<int64_t> count_grad, count_param;  // per step
   std::vector<int64_t> last_line;
   for (const TraceValue& v : run.values) {
@@ -635,12 +639,12 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
                       "({} elements)",
                       v.index, tv.name, tv.rows, tv.cols, tv.size()));
     if (steps.empty() || steps.back().step != v.step) {
-      steps.push_back(TraceStep{v.step, {}, {}});
+      steps.push_back(Step{v.step, {}, {}});
       count_grad.push_back(0);
       count_param.push_back(0);
       last_line.push_back(v.line);
     }
-    TraceStep& s = steps.back();
+    Step& s = steps.back();
     std::vector<double>& dst = v.kind == ValueKind::grad ? s.grad : s.param;
     if (dst.empty())
       dst.assign(size_t(layout.total),
@@ -659,7 +663,11 @@ std::vector<TraceStep> gather_steps(const Trace& t, const TraceRun& run,
                         "given; expected all or none",
                         run.name, steps[i].step, count, layout.total, kind));
   }
-  return steps;
+  std::vector<TraceStep> out;
+  out.reserve(steps.size());
+  for (Step& st : steps)
+    out.push_back({st.step, std::move(st.grad), std::move(st.param)});
+  return out;
 }
 
 // ---- the state section (the contract section: verify/trace_contract.cpp)

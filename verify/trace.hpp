@@ -49,15 +49,19 @@
 // Errors name the file and the byte offset: `values.bin:byte 20: ...`.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "sim/atomic_file.hpp"
 #include "sim/layout.hpp"
 #include "sim/run.hpp"
 
@@ -206,7 +210,7 @@ struct TraceStateBlock {
 // values.bin held in memory, its header read.
 struct TraceBinary {
   std::string path;
-  std::string bytes;
+  FileBytes bytes;     // mapped (sim/atomic_file.hpp)
   uint32_t width = 4;  // bytes per value
   struct Tensor {
     std::string name;
@@ -272,11 +276,80 @@ ValueWhere locate_value(const Trace& t, const TraceRun& run, int64_t step,
 // tensor shapes against a scenario are the caller's (see check_values).
 Trace read_trace(const std::string& dir);
 
+// One block of a trace's values in the layout's flat order (a step's
+// gradient or parameters, a state tensor's): the doubles of values.csv,
+// or a view of values.bin's float32 or float64 values, decoded where they
+// are read.  values.bin is mapped, not read: its values are never copied
+// or decoded whole (at 1M parameters x 100 steps that was 3.2 GB of
+// doubles, and at 1k most of certify's reading: fresh memory costs about
+// 1 ms per MB on this VM).  A view lives as long as the Trace (its
+// `binary`) it points into.
+class TraceValues {
+ public:
+  TraceValues() = default;
+  TraceValues(std::vector<double> v) : own_(std::move(v)), n_(own_.size()) {}
+  // `n` values of `width` bytes (4 or 8, little-endian) at `at`.
+  static TraceValues in_file(const char* at, uint32_t width, size_t n) {
+    TraceValues t;
+    t.at_ = at;
+    t.width_ = width;
+    t.n_ = n;
+    return t;
+  }
+
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  double operator[](size_t i) const {
+    if (!at_) return own_[i];
+    return width_ == 4 ? load<float>(at_ + 4 * i) : load<double>(at_ + 8 * i);
+  }
+  // Every value as a double: the held ones, or decoded into `scratch`
+  // (a caller's buffer, reused from step to step).
+  const std::vector<double>& doubles(std::vector<double>& scratch) const {
+    if (!at_) return own_;
+    scratch.resize(n_);
+    if (width_ == 4)
+      for (size_t i = 0; i < n_; ++i) scratch[i] = load<float>(at_ + 4 * i);
+    else
+      for (size_t i = 0; i < n_; ++i) scratch[i] = load<double>(at_ + 8 * i);
+    return scratch;
+  }
+  // A copy as doubles.
+  std::vector<double> vector() const {
+    if (!at_) return own_;
+    std::vector<double> v;
+    doubles(v);
+    return v;
+  }
+
+ private:
+  // A little-endian IEEE 754 value at `p` (any alignment).
+  template <class F>
+  static double load(const char* p) {
+    using U = std::conditional_t<sizeof(F) == 4, uint32_t, uint64_t>;
+    U u;
+    std::memcpy(&u, p, sizeof u);
+    if constexpr (std::endian::native == std::endian::big) {
+      U r = 0;
+      for (size_t k = 0; k < sizeof u; ++k, u >>= 8) r = (r << 8) | (u & 0xff);
+      u = r;
+    }
+    F f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+
+  std::vector<double> own_;
+  const char* at_ = nullptr;  // the view, or nullptr (own_)
+  uint32_t width_ = 0;
+  size_t n_ = 0;
+};
+
 // Per optimizer step of a run, the flat gradient and parameters in
 // `layout`'s order (empty when the run wrote none of that kind).
 struct TraceStep {
   int64_t step = 0;
-  std::vector<double> grad, param;
+  TraceValues grad, param;
 };
 
 // Checks a run's values against `layout` (every tensor name known, every
@@ -399,8 +472,7 @@ struct StateSection {
   bool present = false;          // state.csv exists, or values.bin has state
   // Per-element state given as values.bin blocks (rank 0): kind ->
   // step -> the values in the parameters' layout order.
-  std::map<std::string, std::map<int64_t, std::vector<double>>, std::less<>>
-      blocks;
+  std::map<std::string, std::map<int64_t, TraceValues>, std::less<>> blocks;
 };
 
 // Reads `dir`/state.csv when present (absent: present = false, no rows):

@@ -33,7 +33,7 @@ static_assert(std::numeric_limits<float>::is_iec559 &&
 // Little-endian fields read at a cursor, with the file's bounds checked.
 class Cursor {
  public:
-  Cursor(const std::string& path, const std::string& b) : path_(path), b_(b) {}
+  Cursor(const std::string& path, std::string_view b) : path_(path), b_(b) {}
   int64_t at() const { return at_; }
   bool done() const { return at_ == int64_t(b_.size()); }
   int64_t left() const { return int64_t(b_.size()) - at_; }
@@ -61,7 +61,7 @@ class Cursor {
   int64_t i64(std::string_view what) { return int64_t(uint(8, what)); }
   std::string text(uint32_t n, std::string_view what) {
     need(n, what);
-    std::string s = b_.substr(size_t(at_), n);
+    std::string s(b_.substr(size_t(at_), n));
     at_ += n;
     return s;
   }
@@ -72,24 +72,17 @@ class Cursor {
 
  private:
   const std::string& path_;
-  const std::string& b_;
+  std::string_view b_;
   int64_t at_ = 0;
 };
-
-bool host_little_endian() {
-  const uint32_t one = 1;
-  unsigned char c = 0;
-  std::memcpy(&c, &one, 1);
-  return c == 1;
-}
 
 }  // namespace
 
 void read_values_bin(Trace& t, const std::string& path) {
   auto bin = std::make_shared<TraceBinary>();
   bin->path = path;
-  bin->bytes = read_file_bytes(path, "trace_bin_bytes");
-  Cursor c(path, bin->bytes);
+  bin->bytes = FileBytes(path, "trace_bin_bytes");
+  Cursor c(path, bin->bytes.view());
   const std::string magic = c.text(8, "the magic");
   if (magic != kValuesMagic)
     c.fail(0, "magic",
@@ -260,26 +253,10 @@ void check_header(const TraceBinary& bin, const ParamLayout& layout) {
                     bin.tensors.size(), layout.tensors.size(), expected()));
 }
 
-// The values of the block whose values start at byte `values`, as doubles.
-void decode(const TraceBinary& bin, int64_t values, std::vector<double>& dst) {
-  const size_t n = size_t(bin.per_block);
-  dst.reserve(n);
-  advise_huge_pages(dst.data(), n * sizeof(double));
-  dst.resize(n);
-  const char* src = bin.bytes.data() + values;
-  if (host_little_endian()) {
-    if (bin.width == 4) {
-      for (size_t i = 0; i < n; ++i) {
-        float f;
-        std::memcpy(&f, src + 4 * i, 4);
-        dst[i] = f;
-      }
-    } else {
-      std::memcpy(dst.data(), src, 8 * n);
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = bin.value(values, int64_t(i));
-  }
+// The values of the block whose values start at byte `values`.
+TraceValues block_values(const TraceBinary& bin, int64_t values) {
+  return TraceValues::in_file(bin.bytes.data() + values, bin.width,
+                              size_t(bin.per_block));
 }
 
 }  // namespace
@@ -298,8 +275,8 @@ std::vector<TraceStep> gather_blocks(const Trace& t, const TraceRun& run,
     if (b.rank != rank) continue;
     if (steps.empty() || steps.back().step != b.step)
       steps.push_back(TraceStep{b.step, {}, {}});
-    decode(bin, b.values,
-           b.kind == ValueKind::grad ? steps.back().grad : steps.back().param);
+    (b.kind == ValueKind::grad ? steps.back().grad : steps.back().param) =
+        block_values(bin, b.values);
   }
   return steps;
 }
@@ -310,7 +287,7 @@ void gather_state_blocks(const Trace& t, const TraceRun& run,
   check_header(*t.binary, layout);
   for (const TraceStateBlock& b : run.state_blocks) {
     if (b.rank != 0) continue;
-    decode(*t.binary, b.values, st.blocks[std::string(b.kind)][b.step]);
+    st.blocks[std::string(b.kind)][b.step] = block_values(*t.binary, b.values);
   }
   st.present = true;
 }
@@ -318,19 +295,7 @@ void gather_state_blocks(const Trace& t, const TraceRun& run,
 }  // namespace trace_detail
 
 double TraceBinary::value(int64_t values, int64_t i) const {
-  const size_t at = size_t(values + i * int64_t(width));
-  uint64_t u = 0;
-  for (int k = int(width) - 1; k >= 0; --k)
-    u = (u << 8) | uint64_t(static_cast<unsigned char>(bytes[at + size_t(k)]));
-  if (width == 4) {
-    const auto w = uint32_t(u);
-    float f;
-    std::memcpy(&f, &w, 4);
-    return f;
-  }
-  double d;
-  std::memcpy(&d, &u, 8);
-  return d;
+  return trace_detail::block_values(*this, values)[size_t(i)];
 }
 
 }  // namespace accumcheck
