@@ -37,7 +37,7 @@ shape() {
     1k) echo "16, 48, 4|200" ;;      # 1012 parameters
     10k) echo "32, 256, 8|100" ;;    # 10504
     100k) echo "128, 640, 16|20" ;;  # 92816
-    1M) echo "512, 1536, 128|100" ;; # 984704 (values.bin: 788 MB)
+    1M) echo "512, 1536, 128|100" ;; # 984704 (values.bin: 1.6 GB)
     *) echo "unknown size $1" >&2; exit 2 ;;
   esac
 }

@@ -34,10 +34,10 @@ constexpr Limit kLimits[] = {
      "each trace CSV (meta, events, values) is read whole; a values row "
      "becomes a ~80-byte record, so 1 GiB of text stays within a few GiB"},
     {"trace_bin_bytes", int64_t{4} << 30, "bytes",
-     "values.bin is read whole and its blocks decoded into 8-byte doubles "
-     "(a float32 file takes about 3x its size in memory, 12 GiB at the "
-     "limit); a 1M-parameter model's 100 steps with Adam's moments are "
-     "1.6 GB"},
+     "values.bin is mapped and each value decoded where it is read "
+     "(resident: about the file's size plus the oracle's state); a "
+     "1M-parameter model's 100 steps with Adam's moments are 1.6 GB (1.8 GB "
+     "resident)"},
     {"samples", 10'000'000, "samples",
      "the plan permutes every sample id each epoch (8 bytes each) and the "
      "dataset is held in memory"},
