@@ -2,10 +2,13 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +25,91 @@ namespace {
 
 [[noreturn]] void fail(int err, const std::string& what) {
   throw std::system_error(err, std::generic_category(), what);
+}
+
+// The files FileBytes has mapped, for the SIGBUS a reader of one gets when
+// the file is cut short under it (`cp` over it, `truncate`): the handler
+// finds the faulting address's file and ends the process as an input
+// error (exit 2, the file named), not a crash.  A slot is claimed by
+// `taken`, filled, then published by `begin`; the handler reads only
+// published slots.  Files beyond the table's slots are mapped unnamed
+// (their SIGBUS is the previous handler's, or the default).
+struct MappedFile {
+  std::atomic<bool> taken{false};
+  std::atomic<const char*> begin{nullptr};
+  std::atomic<size_t> size{0};
+  char path[1024] = {};
+};
+constexpr int kMappedFiles = 16;
+MappedFile g_mapped[kMappedFiles];
+struct sigaction g_previous_sigbus {};
+
+void write_stderr(const char* s) {
+  size_t n = std::strlen(s);
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= size_t(w);
+  }
+}
+
+void on_sigbus(int sig, siginfo_t* info, void*) {
+  if (info->si_code <= 0) {  // sent (kill, raise), not a fault: pass it on
+    ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+    ::raise(sig);  // pending until this handler returns
+    return;
+  }
+  const char* at = static_cast<const char*>(info->si_addr);
+  for (const MappedFile& f : g_mapped) {
+    const char* b = f.begin.load(std::memory_order_acquire);
+    if (b && at >= b && at < b + f.size.load(std::memory_order_relaxed)) {
+      write_stderr("accumcheck: ");
+      write_stderr(f.path);
+      write_stderr(
+          ": the file was cut short while accumcheck was reading it "
+          "(written over or truncated in place); expected it unchanged "
+          "until accumcheck has finished\n");
+      ::_exit(2);
+    }
+  }
+  // Not one of ours: the previous handler (or the default) takes the
+  // fault when the instruction runs again.
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+}
+
+void install_sigbus_handler() {
+  static const bool installed = [] {
+    struct sigaction a {};
+    a.sa_sigaction = on_sigbus;
+    a.sa_flags = SA_SIGINFO;
+    sigemptyset(&a.sa_mask);
+    return ::sigaction(SIGBUS, &a, &g_previous_sigbus) == 0;
+  }();
+  (void)installed;
+}
+
+void name_mapping(const char* begin, size_t size, const std::string& path) {
+  install_sigbus_handler();
+  for (MappedFile& f : g_mapped) {
+    bool expected = false;
+    if (!f.taken.compare_exchange_strong(expected, true)) continue;
+    const size_t n = std::min(path.size(), sizeof f.path - 1);
+    std::memcpy(f.path, path.data(), n);
+    f.path[n] = '\0';
+    f.size.store(size, std::memory_order_relaxed);
+    f.begin.store(begin, std::memory_order_release);
+    return;
+  }
+}
+
+void unname_mapping(const char* begin) {
+  for (MappedFile& f : g_mapped)
+    if (f.begin.load(std::memory_order_acquire) == begin) {
+      f.begin.store(nullptr, std::memory_order_release);
+      f.taken.store(false, std::memory_order_release);
+      return;
+    }
 }
 
 }  // namespace
@@ -115,6 +203,7 @@ FileBytes::FileBytes(const std::string& path, std::string_view limit_key) {
       if (p != MAP_FAILED) {
         map_ = static_cast<const char*>(p);
         size_ = size_t(st.st_size);
+        name_mapping(map_, size_, path);
       }
     }
     ::close(fd);
@@ -126,7 +215,10 @@ FileBytes::FileBytes(const std::string& path, std::string_view limit_key) {
 }
 
 void FileBytes::release() {
-  if (map_) ::munmap(const_cast<char*>(map_), size_);
+  if (map_) {
+    unname_mapping(map_);
+    ::munmap(const_cast<char*>(map_), size_);
+  }
   map_ = nullptr;
   size_ = 0;
   read_.clear();

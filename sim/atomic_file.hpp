@@ -33,9 +33,12 @@ std::string read_file_bytes(const std::string& path,
 // mapped (mmap MAP_POPULATE: the page cache's own pages, neither copied nor
 // backed by fresh memory, which this VM faults in at about 1 GB/s), or
 // read into memory where the kernel cannot map it.  For large inputs read
-// once and kept (values.bin).  The file must not be truncated while it is
-// held: a mapping's reader would then fault (SIGBUS); a trace is written
-// once (atomically) and read after.
+// once and kept (values.bin).  A trace is written once (atomically: a
+// new file renamed over the old one leaves a held mapping intact) and read
+// after; a file cut short in place while it is held (`cp` over it,
+// `truncate`) makes its reader fault (SIGBUS), which a handler installed
+// with the first mapping turns into the input error's message naming the
+// file and exit code 2, as it cannot be thrown from there.
 class FileBytes {
  public:
   FileBytes() = default;

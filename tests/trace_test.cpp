@@ -3,10 +3,13 @@
 #include "verify/trace.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -530,6 +533,56 @@ TEST(TraceGather, ShapeChecks) {
   } catch (const InputError& e) {
     EXPECT_EQ(e.key(), "index");
   }
+}
+
+// A mapped file (values.bin) cut short under its reader: the SIGBUS is
+// the input error's message and exit code 2, naming the file; a SIGBUS
+// that is not a fault in a mapped file is left to the previous handler or
+// the default (not exit 2).
+std::string mapped_file(const std::string& name) {
+  const std::string dir = temp_dir(name);
+  fs::create_directories(dir);
+  const std::string path = dir + "/values.bin";
+  write_file_atomically(path, std::string(size_t{1} << 16, 'x'));
+  return path;
+}
+
+TEST(FileBytesMapped, CutShortWhileHeldIsAnInputErrorNotACrash) {
+  const std::string path = mapped_file("cut-short");
+  EXPECT_EXIT(
+      {
+        const FileBytes bytes(path, "trace_bin_bytes");
+        std::filesystem::resize_file(path, 0);
+        volatile char last = bytes.data()[bytes.size() - 1];
+        (void)last;
+        std::_Exit(0);  // not reached where the file was mapped
+      },
+      ::testing::ExitedWithCode(2),
+      "values.bin: the file was cut short while accumcheck was reading it");
+  // Replaced as the recorder writes (a new file renamed over it): the
+  // bytes held stay.
+  const std::string replaced = mapped_file("replaced");
+  const FileBytes held(replaced, "trace_bin_bytes");
+  write_file_atomically(replaced, "y");
+  EXPECT_EQ(held.size(), size_t{1} << 16);
+  EXPECT_EQ(held.data()[held.size() - 1], 'x');
+}
+
+TEST(FileBytesMapped, OtherSigbusIsNotAnInputError) {
+  const std::string path = mapped_file("other-sigbus");
+  EXPECT_EXIT(
+      {
+        const FileBytes bytes(path, "trace_bin_bytes");
+        std::raise(SIGBUS);
+        std::_Exit(0);
+      },
+      // Killed by it (or, under AddressSanitizer, its report's exit 1).
+      [](int status) {
+        return WIFSIGNALED(status) ||
+               (WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
+                WEXITSTATUS(status) != 2);
+      },
+      "");
 }
 
 }  // namespace
