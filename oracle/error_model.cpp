@@ -1,7 +1,9 @@
 #include "oracle/error_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -98,6 +100,66 @@ void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
     c.tensor_ratio.back().second =
         std::max(c.tensor_ratio.back().second, ratio);
   }
+}
+
+Comparison compare_proxy(std::string what, const std::vector<double>& f,
+                         const std::vector<double>& v,
+                         const ParamLayout* layout, double ulps) {
+  Comparison c;
+  c.what = std::move(what);
+  double maxabs = 0;
+  for (double x : v) maxabs = std::max(maxabs, std::fabs(x));
+  const double floor_term = std::ldexp(maxabs, -10);
+  const double k = ulps * kUnitRoundoff32;
+  const double inf = std::numeric_limits<double>::infinity();
+  const size_t n = std::min(f.size(), v.size());
+  const bool tensors = layout && !layout->tensors.empty();
+  size_t i = 0;
+  while (i < n) {
+    {  // the first element of a run through accumulate()
+      const double err = std::fabs(f[i] - v[i]);
+      const double bound = k * (std::fabs(v[i]) + floor_term) + 1e-300;
+      accumulate(c, layout, int64_t(i), f[i], v[i], err, bound, err / bound,
+                 err > bound);
+      ++i;
+    }
+    // The run: the rest of the tensor accumulate() has cached (every
+    // element without a layout), up to an element that raises the worst.
+    size_t end = n;
+    if (tensors) {
+      const TensorView* t = c.last_tensor;
+      if (!t || int64_t(i) < t->offset || int64_t(i) >= t->offset + t->size())
+        continue;
+      end = std::min(n, size_t(t->offset + t->size()));
+    }
+    int64_t count = c.n, violations = c.violations;
+    double max_err_u = c.max_err_u, rms = c.rms_err_u, max_ratio = c.max_ratio;
+    double tensor_max = tensors ? c.tensor_ratio.back().second : 0;
+    const double worst = c.worst.ratio;
+    for (; i < end; ++i) {
+      const double err = std::fabs(f[i] - v[i]);
+      const double bound = k * (std::fabs(v[i]) + floor_term) + 1e-300;
+      double ratio = err / bound;
+      const bool violated = err > bound;
+      if (violated && ratio <= 1) ratio = std::nextafter(1.0, inf);
+      if (ratio > worst) break;  // a new worst: accumulate() takes it
+      const double scale = std::max(std::fabs(v[i]), 0x1p-126);
+      const double err_u = err / (kUnitRoundoff32 * scale);
+      ++count;
+      violations += violated;
+      max_err_u = std::max(max_err_u, err_u);
+      rms += err_u * err_u;
+      max_ratio = std::max(max_ratio, ratio);
+      tensor_max = std::max(tensor_max, ratio);
+    }
+    c.n = count;
+    c.violations = violations;
+    c.max_err_u = max_err_u;
+    c.rms_err_u = rms;
+    c.max_ratio = max_ratio;
+    if (tensors) c.tensor_ratio.back().second = tensor_max;
+  }
+  return c;
 }
 
 namespace {

@@ -244,6 +244,19 @@ void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
                 double f, double v, double err, double bound, double ratio,
                 bool violated);
 
+// certify's cheap proxy comparison (its ranking's double oracle, no
+// Tracked bound): element i of `f` against `v` within the bound
+// ulps u (|v_i| + 2^-10 max|v|) + 1e-300, ulps = the table's
+// certify_proxy_ulps.  The Comparison accumulate() builds element by
+// element, bit for bit (ErrorModel.ProxyComparisonIsAccumulateElementwise),
+// but an element that raises no maximum, in the tensor accumulate() last
+// met, is counted in registers instead of through accumulate()'s stores:
+// the ranking compares every candidate's gradients and parameters at
+// every step.
+Comparison compare_proxy(std::string what, const std::vector<double>& f,
+                         const std::vector<double>& v,
+                         const ParamLayout* layout, double ulps);
+
 // compare()'s shortcut for a DD oracle.  Whether err / bound, formed in
 // DD and rounded to double as compare() forms it, is <= every maximum
 // accumulate() would enter it into (the worst element's ratio, and the

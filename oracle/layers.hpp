@@ -37,11 +37,39 @@ void linear_forward(T* out, const T* inp, const T* W, const T* bias, int64_t B,
     // The same reductions, four rows at a time (bit for bit).
     dd_lanes::linear_forward(out, inp, W, bias, B, in, out_dim);
     return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    // The same sums (from 0, term by term in i's order, then the bias),
+    // four outputs at a time: four independent chains of additions
+    // instead of one (certify's cheap ranking runs every candidate on a
+    // double oracle).  Bit for bit (OracleDouble.LinearKernelsAreTheSums).
+    for (int64_t b = 0; b < B; ++b) {
+      const double* x = &inp[b * in];
+      double* y = &out[b * out_dim];
+      int64_t o = 0;
+      for (; o + 4 <= out_dim; o += 4) {
+        const double *w0 = &W[o * in], *w1 = w0 + in, *w2 = w1 + in,
+                     *w3 = w2 + in;
+        double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        for (int64_t i = 0; i < in; ++i) {
+          a0 += w0[i] * x[i];
+          a1 += w1[i] * x[i];
+          a2 += w2[i] * x[i];
+          a3 += w3[i] * x[i];
+        }
+        y[o] = a0 + bias[o];
+        y[o + 1] = a1 + bias[o + 1];
+        y[o + 2] = a2 + bias[o + 2];
+        y[o + 3] = a3 + bias[o + 3];
+      }
+      for (; o < out_dim; ++o)
+        dot_into(y[o], &bias[o], in, &W[o * in], 1, x, 1);
+    }
+  } else {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t o = 0; o < out_dim; ++o)
+        dot_into(out[b * out_dim + o], &bias[o], in, &W[o * in], 1,
+                 &inp[b * in], 1);
   }
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t o = 0; o < out_dim; ++o)
-      dot_into(out[b * out_dim + o], &bias[o], in, &W[o * in], 1, &inp[b * in],
-               1);
 }
 
 // dinp[b, i]  = sum_o dout[b, o] W[o, i]                (SETS; skipped if null)
@@ -55,6 +83,35 @@ void linear_backward(T* dinp, T* dW, T* dbias, const T* dout, const T* inp,
     // The same reductions, four at a time (bit for bit).
     if (dinp) dd_lanes::input_grad(dinp, dout, W, B, in, out_dim);
     dd_lanes::weight_grad(dW, dout, inp, B, in, out_dim);
+  } else if constexpr (std::is_same_v<T, double>) {
+    // The same sums element by element (from 0, term by term in the
+    // order of o, resp. b, then dW's old value), a row of outputs at
+    // once: contiguous and independent, so the compiler vectorizes
+    // across outputs, never within a sum (OracleDouble.
+    // LinearKernelsAreTheSums).
+    if (dinp)
+      for (int64_t b = 0; b < B; ++b) {
+        double* acc = &dinp[b * in];
+        std::fill(acc, acc + in, 0.0);
+        for (int64_t o = 0; o < out_dim; ++o) {
+          const double d = dout[b * out_dim + o];
+          const double* w = &W[o * in];
+          for (int64_t i = 0; i < in; ++i) acc[i] += d * w[i];
+        }
+      }
+    thread_local std::vector<double> acc;
+    acc.resize(size_t(in));
+    for (int64_t o = 0; o < out_dim; ++o) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double* a = acc.data();
+      for (int64_t b = 0; b < B; ++b) {
+        const double d = dout[b * out_dim + o];
+        const double* x = &inp[b * in];
+        for (int64_t i = 0; i < in; ++i) a[i] += d * x[i];
+      }
+      double* g = &dW[o * in];
+      for (int64_t i = 0; i < in; ++i) g[i] = a[i] + g[i];
+    }
   } else {
     if (dinp)
       for (int64_t b = 0; b < B; ++b)

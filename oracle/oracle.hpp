@@ -22,11 +22,13 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "oracle/layers.hpp"
@@ -41,6 +43,36 @@
 namespace accumcheck {
 
 // ---------------------------------------------------------------- engine
+
+namespace oracle_detail {
+
+// round_to_buffer by its definition (frexp, floor, the tie's parity), for
+// every plain number type: the reference that round_to_buffer's double
+// path is tested against (tests/precision_test.cpp).
+template <class T>
+T round_to_buffer_exact(const T& x, GradBuffer b) {
+  using std::abs, std::floor, std::frexp, std::ldexp;
+  if (b == GradBuffer::fp32 || x == T(0) || x != x) return x;
+  const bool bf16 = b == GradBuffer::bf16;
+  const int p = bf16 ? 8 : 11, emin = bf16 ? -126 : -14;
+  const T big = bf16 ? T(std::ldexp(2.0 - std::ldexp(1.0, -7), 127)) : T(65504);
+  const T inf = T(std::numeric_limits<double>::infinity());
+  if (abs(x) > T(std::numeric_limits<double>::max()))
+    return x > T(0) ? inf : -inf;
+  int e = 0;
+  (void)frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  const int qe = std::max(e - 1, emin) - (p - 1);
+  const T y = ldexp(x, -qe);
+  T f = floor(y);
+  const T d = y - f;
+  const bool odd = f - T(2) * floor(f / T(2)) != T(0);
+  if (d > T(0.5) || (d == T(0.5) && odd)) f += T(1);
+  const T r = ldexp(f, qe);
+  if (abs(r) > big) return r > T(0) ? inf : -inf;
+  return r;
+}
+
+}  // namespace oracle_detail
 
 // x rounded to the gradient buffer's format (sim/scenario.hpp
 // GradBuffer) exactly: round to nearest, ties to even, at 8 (bf16) or 11
@@ -71,27 +103,32 @@ T round_to_buffer(const T& x, GradBuffer b) {
     if (!std::isfinite(rl) || !std::isfinite(rh) || !std::isfinite(r))
       return T(V(r), V(inf));
     return T(V(r), V(std::max(rh - r, r - rl)));
-  } else {
-    using std::abs, std::floor, std::frexp, std::ldexp;
-    if (b == GradBuffer::fp32 || x == T(0) || x != x) return x;
+  } else if constexpr (std::is_same_v<T, double>) {
+    // A normal double below 2^960 (else the definition's way): x + c - c
+    // with c = 1.5 2^(qe + 52) is x rounded to a multiple of 2^qe, ties
+    // to even, in the default rounding mode: |x| < 2^(qe + p), so x + c
+    // lies in c's binade, whose ulp is 2^qe and in which c's last bit is
+    // 0; the subtraction is exact.  The same bits as round_to_buffer_exact
+    // (PrecisionRounding.DoublePathEqualsTheDefinition) without its frexp,
+    // two ldexp and two floor: the cheap ranking's candidates with a
+    // low-precision buffer round every gradient element this way.
+    const uint64_t bits = std::bit_cast<uint64_t>(x);
+    const int field = int((bits >> 52) & 0x7ff);
+    if (b == GradBuffer::fp32 || field == 0 || field >= 1023 + 960)
+      return oracle_detail::round_to_buffer_exact(x, b);
     const bool bf16 = b == GradBuffer::bf16;
     const int p = bf16 ? 8 : 11, emin = bf16 ? -126 : -14;
-    const T big =
-        bf16 ? T(std::ldexp(2.0 - std::ldexp(1.0, -7), 127)) : T(65504);
-    const T inf = T(std::numeric_limits<double>::infinity());
-    if (abs(x) > T(std::numeric_limits<double>::max()))
-      return x > T(0) ? inf : -inf;
-    int e = 0;
-    (void)frexp(x, &e);  // |x| in [2^(e-1), 2^e)
-    const int qe = std::max(e - 1, emin) - (p - 1);
-    const T y = ldexp(x, -qe);
-    T f = floor(y);
-    const T d = y - f;
-    const bool odd = f - T(2) * floor(f / T(2)) != T(0);
-    if (d > T(0.5) || (d == T(0.5) && odd)) f += T(1);
-    const T r = ldexp(f, qe);
-    if (abs(r) > big) return r > T(0) ? inf : -inf;
+    const int qe = std::max(field - 1023, emin) - (p - 1);
+    const double c = std::bit_cast<double>(uint64_t(qe + 52 + 1023) << 52 |
+                                           uint64_t{1} << 51);
+    const double r = (x + c) - c;
+    const double big = bf16 ? 0x1.fep127 : 65504.0;
+    if (std::fabs(r) > big)
+      return r > 0 ? std::numeric_limits<double>::infinity()
+                   : -std::numeric_limits<double>::infinity();
     return r;
+  } else {
+    return oracle_detail::round_to_buffer_exact(x, b);
   }
 }
 

@@ -292,6 +292,59 @@ TEST(DDLanes, CompareMatchesScalarCode) {
   EXPECT_GT(scalar_lanes, 0);
 }
 
+// certify's cheap proxy comparison (error_model::compare_proxy, the
+// elements that raise no maximum counted in registers) against
+// accumulate() element by element, as certify judged before it: every
+// statistic bit for bit, with and without a layout, on values from exact
+// to far off, rising ratios (a new worst mid-tensor), zeros, infinities
+// and NaN on either side.
+TEST(ErrorModel, ProxyComparisonIsAccumulateElementwise) {
+  ModelSpec spec;
+  spec.widths = {5, 7, 3};  // tensors of 35, 7, 21 and 3 elements
+  const ParamLayout layout = layout_of(spec);
+  const size_t n = size_t(layout.total);
+  const double ulps = 64, k = ulps * error_model::kUnitRoundoff32;
+  const double inf = std::numeric_limits<double>::infinity();
+  int new_worst_inside = 0, violated = 0;
+  for (int seed = 0; seed < 200; ++seed) {
+    Gen g(uint64_t(seed * 104729 + 7), 1 + seed % 4);
+    std::vector<double> v(n), f(n);
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = (g.U() - 0.5) * std::ldexp(1.0, int(g.rng() % 40) - 20);
+      const int r = int(g.rng() % 10);
+      const double step = r < 4 ? 0.0 : r < 7 ? 1e-9 : r < 9 ? 1e-5 : 1e-2;
+      // Rising: later elements further off, so the worst moves inside a
+      // tensor; else at random.
+      const double rise = seed % 3 == 0 ? double(i + 1) / double(n) : g.U();
+      f[i] = v[i] * (1 + step * rise);
+      if (seed % 11 == 3 && i == n / 2) v[i] = 0;
+      if (seed % 13 == 4 && i == 9) f[i] = std::nan("");
+      if (seed % 17 == 5 && i == 40) v[i] = inf;
+      if (seed % 19 == 6 && i == 12) f[i] = -inf;
+    }
+    for (const ParamLayout* L : {&layout, (const ParamLayout*)nullptr}) {
+      error_model::Comparison ref;
+      ref.what = "x";
+      double maxabs = 0;
+      for (double x : v) maxabs = std::max(maxabs, std::fabs(x));
+      for (size_t i = 0; i < n; ++i) {
+        const double err = std::fabs(f[i] - v[i]);
+        const double bound =
+            k * (std::fabs(v[i]) + std::ldexp(maxabs, -10)) + 1e-300;
+        error_model::accumulate(ref, L, int64_t(i), f[i], v[i], err, bound,
+                                err / bound, err > bound);
+      }
+      const auto got = error_model::compare_proxy("x", f, v, L, ulps);
+      ASSERT_TRUE(same_comparison(got, ref)) << "seed " << seed;
+      violated += ref.violations > 0;
+      new_worst_inside += ref.worst.index > 0 && ref.worst.index != 35 &&
+                          ref.worst.index != 42 && ref.worst.index != 63;
+    }
+  }
+  EXPECT_GT(violated, 0);
+  EXPECT_GT(new_worst_inside, 0);
+}
+
 // tanh_forward (the DD values four at a time) against the scalar Tracked
 // tanh, bit for bit: both of expm1's branches and the boundary between
 // them, exp's reduction over its range, |x| > 40, NaN, infinities, signed

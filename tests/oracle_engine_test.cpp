@@ -2,7 +2,12 @@
 // the optimizers against PyTorch's formulas, state round trips.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "oracle/error_model.hpp"
 #include "oracle/oracle.hpp"
@@ -329,4 +334,75 @@ TEST(OracleDigits, SetDigitsChangesPrecision) {
 }
 
 }  // namespace
+// The double oracle's Linear kernels (oracle/layers.hpp: four outputs'
+// sums at a time, the gradients a row at a time) against their
+// definition, dot_into per output (oracle/real.hpp), bit for bit: odd
+// sizes (remainders of four), one and several rows, signed zeros, dW
+// accumulating into nonzero old values, and no input gradient.
+TEST(OracleDouble, LinearKernelsAreTheSums) {
+  std::mt19937_64 rng(17);
+  auto value = [&rng] {
+    const int r = int(rng() % 16);
+    if (r == 0) return 0.0;
+    if (r == 1) return -0.0;
+    const double u = double(rng() >> 11) * 0x1p-53 - 0.5;
+    return std::ldexp(u, int(rng() % 30) - 15);
+  };
+  auto fill = [&value](size_t n) {
+    std::vector<double> v(n);
+    for (double& x : v) x = value();
+    return v;
+  };
+  auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (std::bit_cast<uint64_t>(a[i]) != std::bit_cast<uint64_t>(b[i]))
+        return false;
+    return true;
+  };
+  int cases = 0;
+  for (int64_t B : {1, 3, 4})
+    for (int64_t in : {1, 5, 16, 33})
+      for (int64_t out : {1, 3, 4, 7, 12}) {
+        const auto inp = fill(size_t(B * in)), W = fill(size_t(out * in)),
+                   bias = fill(size_t(out)), dout = fill(size_t(B * out)),
+                   dW0 = fill(size_t(out * in)), db0 = fill(size_t(out));
+        std::vector<double> y(size_t(B * out)), want_y(y.size());
+        linear_forward(y.data(), inp.data(), W.data(), bias.data(), B, in, out);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t o = 0; o < out; ++o)
+            dot_into(want_y[size_t(b * out + o)], &bias[size_t(o)], in,
+                     &W[size_t(o * in)], 1, &inp[size_t(b * in)], 1);
+        EXPECT_TRUE(same(y, want_y))
+            << "forward B " << B << " in " << in << " out " << out;
+        for (bool with_dinp : {true, false}) {
+          std::vector<double> dinp(size_t(B * in), 7.0), dW = dW0, db = db0;
+          linear_backward(with_dinp ? dinp.data() : nullptr, dW.data(),
+                          db.data(), dout.data(), inp.data(), W.data(), B, in,
+                          out);
+          std::vector<double> want_dinp(dinp.size(), 7.0), want_dW = dW0,
+                                                           want_db = db0;
+          if (with_dinp)
+            for (int64_t b = 0; b < B; ++b)
+              for (int64_t i = 0; i < in; ++i)
+                dot_into(want_dinp[size_t(b * in + i)],
+                         static_cast<const double*>(nullptr), out,
+                         &dout[size_t(b * out)], 1, &W[size_t(i)], in);
+          for (int64_t o = 0; o < out; ++o)
+            for (int64_t i = 0; i < in; ++i)
+              dot_into(want_dW[size_t(o * in + i)],
+                       &want_dW[size_t(o * in + i)], B, &dout[size_t(o)], out,
+                       &inp[size_t(i)], in);
+          for (int64_t o = 0; o < out; ++o)
+            sum_into(want_db[size_t(o)], &want_db[size_t(o)], B,
+                     &dout[size_t(o)], out);
+          EXPECT_TRUE(same(dinp, want_dinp)) << "input grad B " << B;
+          EXPECT_TRUE(same(dW, want_dW)) << "weight grad B " << B;
+          EXPECT_TRUE(same(db, want_db)) << "bias grad B " << B;
+          ++cases;
+        }
+      }
+  EXPECT_EQ(cases, 120);
+}
+
 }  // namespace accumcheck

@@ -13,7 +13,10 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <ios>
+#include <limits>
 #include <vector>
 
 #include "gpu/emulated.hpp"
@@ -57,9 +60,10 @@ TEST(PrecisionRounding, KernelEqualsExactRoundingOnASweep) {
   for (GradBuffer b : {GradBuffer::bf16, GradBuffer::fp16}) {
     int64_t diff = 0, n = 0;
     for (uint32_t bits = 0; bits < 0x7f800000u; bits += 997)
-      for (float x : {std::bit_cast<float>(bits), -std::bit_cast<float>(bits)}) {
+      for (float x :
+           {std::bit_cast<float>(bits), -std::bit_cast<float>(bits)}) {
         const float k = kern::round_to(fmt_of(b), x);
-        const double want = round_to_buffer(double(x), b);
+        const double want = oracle_detail::round_to_buffer_exact(double(x), b);
         ++n;
         if (!(double(k) == want)) {
           if (diff < 5)
@@ -69,6 +73,55 @@ TEST(PrecisionRounding, KernelEqualsExactRoundingOnASweep) {
       }
     EXPECT_EQ(diff, 0) << n << " values";
   }
+}
+
+// round_to_buffer's double path (magic-number rounding) against the
+// definition, bit for bit (the sign of zero too), on doubles float32 does
+// not have: random significands at every exponent from below fp16's and
+// bf16's subnormals to beyond their overflow and near double's own limits,
+// exact ties and the values beside them, both signs.
+TEST(PrecisionRounding, DoublePathEqualsTheDefinition) {
+  uint64_t state = 0x9e3779b97f4a7c15u;
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+  };
+  std::vector<double> xs;
+  for (int e = -1074; e <= 1023; ++e)
+    for (int k = 0; k < 24; ++k) {
+      const double m = 1 + double(next() >> 12) * 0x1p-52;  // [1, 2)
+      xs.push_back(std::ldexp(m, e));
+    }
+  for (int e = -160; e <= 140; ++e)  // ties at every quantum, and beside
+    for (int p : {8, 11})
+      for (int k = 0; k < 8; ++k) {
+        const double tie = std::ldexp(double(next() % 512) + 0.5, e - p);
+        xs.insert(xs.end(),
+                  {tie, std::nextafter(tie, 0.0), std::nextafter(tie, 1e300)});
+      }
+  xs.insert(xs.end(), {0.0, 65504.0, 65519.999, 65520.0, 0x1.fep127, 0x1.ffp127,
+                       std::numeric_limits<double>::max(),
+                       std::numeric_limits<double>::denorm_min(),
+                       std::numeric_limits<double>::infinity(),
+                       std::numeric_limits<double>::quiet_NaN()});
+  int64_t diff = 0, n = 0;
+  for (GradBuffer b : {GradBuffer::bf16, GradBuffer::fp16, GradBuffer::fp32})
+    for (double a : xs)
+      for (double x : {a, -a}) {
+        const double got = round_to_buffer(x, b);
+        const double want = oracle_detail::round_to_buffer_exact(x, b);
+        ++n;
+        if (std::bit_cast<uint64_t>(got) != std::bit_cast<uint64_t>(want) &&
+            !(std::isnan(got) && std::isnan(want))) {
+          if (diff < 5)
+            ADD_FAILURE() << std::hexfloat << "x=" << x << " got " << got
+                          << " want " << want;
+          ++diff;
+        }
+      }
+  EXPECT_EQ(diff, 0) << n << " values";
 }
 
 // ------------------------------------------- error against bound, K = 1..256
@@ -116,7 +169,8 @@ Row measure(const Fixture& st, GradBuffer b, int64_t K) {
   const std::vector<float> g = dev.state().grads;
   Row r;
   for (size_t i = 0; i < P; ++i) {
-    const double err = std::fabs(static_cast<double>(OracleReal(g[i]) - sum[i]));
+    const double err =
+        std::fabs(static_cast<double>(OracleReal(g[i]) - sum[i]));
     const double bound = error_model::lowp_sum_bound(
         b, K, static_cast<double>(abs_sum[i]), static_cast<double>(e_sum[i]));
     EXPECT_LE(err, bound) << "K=" << K << " element " << i;
@@ -131,8 +185,9 @@ Row measure(const Fixture& st, GradBuffer b, int64_t K) {
 
 TEST(PrecisionBuffer, ErrorAgainstBoundAsKGrows) {
   const Fixture st;
-  std::printf("   K | bf16 err/bound  bf16 err/(u sum|t|) | fp16 err/bound  "
-              "fp16 err/(u sum|t|)\n");
+  std::printf(
+      "   K | bf16 err/bound  bf16 err/(u sum|t|) | fp16 err/bound  "
+      "fp16 err/(u sum|t|)\n");
   double worst = 0;
   for (int64_t K = 1; K <= 256; K *= 2) {
     const Row bf = measure(st, GradBuffer::bf16, K);

@@ -191,23 +191,12 @@ class Watched {
 
 namespace {
 
-// The trace's values `f` against the oracle's `v`.
+// The trace's values `f` against the oracle's `v`: the cheap proxy.
 error_model::Comparison judge_values(const std::string& what,
                                      const std::vector<double>& f,
                                      const std::vector<double>& v,
                                      const ParamLayout* layout, bool, double) {
-  error_model::Comparison c;
-  c.what = what;
-  double maxabs = 0;
-  for (double x : v) maxabs = std::max(maxabs, std::fabs(x));
-  for (size_t i = 0; i < f.size() && i < v.size(); ++i) {
-    const double err = std::fabs(f[i] - v[i]);
-    const double bound =
-        kProxyUlps * kU * (std::fabs(v[i]) + std::ldexp(maxabs, -10)) + 1e-300;
-    error_model::accumulate(c, layout, int64_t(i), f[i], v[i], err, bound,
-                            err / bound, err > bound);
-  }
-  return c;
+  return error_model::compare_proxy(what, f, v, layout, kProxyUlps);
 }
 
 error_model::Comparison judge_values(const std::string& what,
