@@ -3,6 +3,7 @@
 // oracle/tracked_dd_reductions.hpp) and Adam's step.
 #include "oracle/dd_lanes.hpp"
 
+#include <cstring>
 #include <vector>
 
 #include "oracle/dd_lanes_detail.hpp"
@@ -256,6 +257,37 @@ void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
   layers_detail::adam_loop(n - i, &p[i], &grad[i], &m[i], &v[i], sc, gl, tl);
   g = gl;
   tmp = tl;
+}
+
+void adam_step(int64_t n, double* p, const double* grad, double* m, double* v,
+               const AdamScalars<double>& s) {
+  using namespace lanes_detail;
+  const auto load4 = [](const double* q) {
+    d4 x;
+    std::memcpy(&x, q, sizeof x);
+    return x;
+  };
+  const auto store4 = [](double* q, d4 x) { std::memcpy(q, &x, sizeof x); };
+  const d4 decay = splat(s.decay), wd = splat(s.weight_decay),
+           beta1 = splat(s.beta1), beta2 = splat(s.beta2),
+           omb1 = splat(s.one_minus_beta1), omb2 = splat(s.one_minus_beta2),
+           bc2 = splat(s.bc2_sqrt), eps = splat(s.eps),
+           step = splat(s.step_size);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    d4 pi = load4(&p[i]);
+    if (s.decoupled) pi = pi * decay;
+    d4 g = load4(&grad[i]);
+    if (s.coupled) g = g + pi * wd;
+    const d4 mi = load4(&m[i]) * beta1 + g * omb1;
+    const d4 vi = load4(&v[i]) * beta2 + (g * g) * omb2;
+    const d4 denom = sqrt4(vi) / bc2 + eps;
+    store4(&m[i], mi);
+    store4(&v[i], vi);
+    store4(&p[i], pi - (mi / denom) * step);
+  }
+  double g = 0, tmp = 0;
+  layers_detail::adam_loop(n - i, &p[i], &grad[i], &m[i], &v[i], s, g, tmp);
 }
 
 }  // namespace accumcheck::dd_lanes

@@ -52,6 +52,14 @@ void weight_grad(TD* dW, const TD* dout, const TD* inp, int64_t B, int64_t in,
 void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
                const AdamScalars<TD>& s, TD& g, TD& tmp);
 
+// The same step on doubles (the double oracle of certify's cheap ranking):
+// layers_detail::adam_loop's double operations in its order, four
+// elements at a time in vector lanes (sqrt and the divisions are
+// correctly rounded there as in scalar code: the same bits), the rest by
+// adam_loop.
+void adam_step(int64_t n, double* p, const double* grad, double* m, double* v,
+               const AdamScalars<double>& s);
+
 // out[i] = tanh(inp[i])  (SETS; out may be inp): activation_forward's
 // tanh.  The DD values four at a time (dd.cpp's tanh, its DD operations
 // per lane in its order, both of expm1's branches formed and the lane's

@@ -509,6 +509,7 @@ ACCUMCHECK_DD_INLINE void adam_loop(int64_t n, T* p, const T* grad, T* m, T* v,
     p[i] -= g;
   }
 }
+
 }  // namespace layers_detail
 
 // PyTorch 1.13 single-tensor Adam / AdamW, per element:
@@ -530,6 +531,9 @@ void adam_step(int64_t n, T* p, const T* grad, T* m, T* v,
   if constexpr (std::is_same_v<T, Tracked<DD>>) {
     // Four elements at a time (bit for bit).
     dd_lanes::adam_step(n, p, grad, m, v, s, g, tmp);
+  } else if constexpr (std::is_same_v<T, double>) {
+    // Four elements at a time (bit for bit; g and tmp are not used).
+    dd_lanes::adam_step(n, p, grad, m, v, s);
   } else if constexpr (std::is_trivially_copyable_v<T>) {
     const AdamScalars<T> sc = s;
     T gl = g, tl = tmp;
