@@ -1,14 +1,20 @@
 // `accumcheck certify`: an outside trainer's trace judged against a
 // scenario (verify/certify.hpp); `accumcheck certify-merge`: the parts of
 // a certification run on several machines, merged (verify/parts.hpp).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <mutex>
+#include <string_view>
 
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
 #include "sim/errors.hpp"
-#include "verify/contract.hpp"
 #include "sim/scenario_parse.hpp"
 #include "verify/certify.hpp"
+#include "verify/contract.hpp"
 #include "verify/parts.hpp"
 #include "verify/report.hpp"
 #include "verify/trace.hpp"
@@ -28,6 +34,36 @@ int report(const CertifyReport& r, bool quiet, int top,
   if (!quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
   return r.pass ? 0 : 1;
 }
+
+// certify's progress on a terminal (stderr): one line, rewritten at most
+// five times a second by whichever judging thread gets there, and erased
+// before the report is printed (or when an error ends certify).
+class ProgressLine {
+ public:
+  void update(std::string_view stage, int64_t done, int64_t total) {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock) return;  // another thread is printing: skip this step
+    const auto now = std::chrono::steady_clock::now();
+    if (shown_ && now - last_ < std::chrono::milliseconds(200)) return;
+    last_ = now;
+    shown_ = true;
+    std::fprintf(stderr, "\rcertify: %.*s: step %lld of %lld   ",
+                 int(stage.size()), stage.data(),
+                 (long long)std::min(done, total), (long long)total);
+    std::fflush(stderr);
+  }
+  void erase() {
+    std::lock_guard lock(mutex_);
+    if (shown_) std::fprintf(stderr, "\r%60s\r", "");
+    shown_ = false;
+  }
+  ~ProgressLine() { erase(); }
+
+ private:
+  std::mutex mutex_;
+  std::chrono::steady_clock::time_point last_{};
+  bool shown_ = false;
+};
 
 }  // namespace
 
@@ -61,7 +97,12 @@ int certify_command(const CertifyOptions& o) {
   cfg.bound_arith = o.bound_arith == "mpfr" ? BoundArith::mpfr : BoundArith::dd;
   cfg.threads = o.threads;
   if (!o.steps.empty()) cfg.steps = parse_step_range(o.steps, "--steps");
+  ProgressLine line;
+  if (!o.quiet && isatty(STDERR_FILENO))
+    cfg.progress = [&line](std::string_view stage, int64_t done,
+                           int64_t total) { line.update(stage, done, total); };
   const CertifyReport r = certify(s, o.trace, cfg);
+  line.erase();
   if (!o.part.empty())
     write_output_file(o.part, certify_part_text(r, s.digest, o.bound_arith),
                       "--part");

@@ -287,6 +287,22 @@ epochs = 2"
     grep -q "scenario_digest,$digest" "$tmp/tr/meta.csv" || fail "digest differs"
     expect 0 '^PASS' -- "$bin" certify "$tmp/bundle/scenario.toml" --trace "$tmp/tr" --run correct
     ;;
+  certify_progress)  # certify's progress line: on a terminal only, erased
+    make_trace
+    cert="'$bin' certify '$tmp/s.toml' --trace '$tmp/tr' --run correct"
+    script -qec "$cert" /dev/null >"$tmp/tty.out" 2>&1 ||
+      fail "certify on a terminal (script -qec) did not pass"
+    grep -Eq 'certify: judging: step [0-9]+ of [0-9]+' "$tmp/tty.out" ||
+      fail "no progress line on a terminal: $(cat -v "$tmp/tty.out" | head -c 300)"
+    tr '\r' '\n' <"$tmp/tty.out" | grep -Eq '^certify [^ ]+: run .correct.' ||
+      fail "the report does not start at the line's beginning: $(cat -v "$tmp/tty.out" | head -c 600)"
+    script -qec "$cert --quiet" /dev/null >"$tmp/quiet.out" 2>&1
+    grep -Eq 'step [0-9]+ of' "$tmp/quiet.out" && fail "a progress line under --quiet"
+    "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" --run correct \
+      >"$tmp/pipe.out" 2>&1 || fail "certify did not pass"
+    grep -Eq 'step [0-9]+ of' "$tmp/pipe.out" && fail "a progress line without a terminal"
+    grep -q '^PASS' "$tmp/pipe.out" || fail "no PASS"
+    ;;
   *) fail "unknown case" ;;
 esac
 echo "ok [$case_name]"

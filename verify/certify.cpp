@@ -75,6 +75,10 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
           cfg.fp64,    range,       cfg.bound_arith,
           cfg.threads, max_windows, grad_scale,
           clip_norms,  scale_exps,  &moments};
+  StepProgress progress;
+  progress.cfg = &cfg;
+  progress.start("judging", range.end - range.begin);
+  ctx.progress = &progress;
   // The ranking's runs judge gradients and parameters only.
   Ctx rank_ctx = ctx;
   rank_ctx.moments = nullptr;

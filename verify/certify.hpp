@@ -63,7 +63,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -109,6 +111,14 @@ struct CertifyConfig {
   // judged on `threads` threads.  Not tied to `threads`, so the report
   // does not depend on it.
   int refine = std::max(3, int(std::thread::hardware_concurrency()) - 1);
+  // Told while steps are judged: the stage ("judging" the accepted
+  // semantics, "ranking" every candidate on a FAIL, "refining" the
+  // closest), the steps judged in it so far (every run's judged steps
+  // count) and its total.  Called from the judging threads at every
+  // step: thread-safe and cheap (the command line prints at most five
+  // lines a second, on a terminal).  Empty: nothing is told.
+  std::function<void(std::string_view stage, int64_t done, int64_t total)>
+      progress;
 };
 
 // One check (a JUnit testcase).

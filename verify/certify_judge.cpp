@@ -353,6 +353,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
       return;
     }
     if (trainer.rank() == 0) {
+      if (c.progress) c.progress->step();
       StepEval& ev = r.eval[size_t(step)];
       ev.param = judge_values(fmt::format("step {} parameters", step),
                               c.trace[size_t(step)].param, params, &c.layout,

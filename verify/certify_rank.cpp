@@ -51,6 +51,9 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   // Cheap pass: double oracle, proxy bound; the candidates on every
   // thread (results by index: the same for any thread count).
   std::vector<Forced> cheap(behaviors.size());
+  if (ctx.progress)
+    ctx.progress->start("ranking", int64_t(behaviors.size()) *
+                                       (ctx.range.end - ctx.range.begin));
   parallel_for(behaviors.size(), ctx.threads, [&](size_t i) {
     try {
       cheap[i] = forced_run<double>(ctx, behaviors[i], ctx.range);
@@ -169,6 +172,9 @@ void Refiner::finish(const Forced& acc) {
       c.first_out_what = d.first_out_what;
     }
   // One candidate after the other, each on every thread.
+  if (ctx_.progress)
+    ctx_.progress->start("refining", int64_t(jobs_.size()) *
+                                         (ctx_.range.end - ctx_.range.begin));
   for (size_t i : jobs_) {
     const Distance d = distance_of(judge_steps(ctx_, behaviors_[i], true), n);
     CertifyCandidate& c = r.ranking[i];

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -138,6 +139,22 @@ struct Forced {
 using ClipNorms = std::vector<std::vector<std::vector<double>>>;
 ClipNorms clip_norms_of(const TraceRun& run, size_t steps);
 
+// CertifyConfig::progress's count of one stage's judged steps.
+struct StepProgress {
+  const CertifyConfig* cfg = nullptr;
+  const char* stage = "";
+  int64_t total = 0;
+  std::atomic<int64_t> done{0};
+  void start(const char* name, int64_t steps) {
+    stage = name;
+    total = steps;
+    done = 0;
+  }
+  void step() {
+    if (cfg && cfg->progress) cfg->progress(stage, ++done, total);
+  }
+};
+
 // Context shared by every forced run.
 struct Ctx {
   const Scenario& s;
@@ -161,6 +178,8 @@ struct Ctx {
   // Adam's recorded moments, judged at every judged step of a rigorous
   // run (the accepted semantics'); nullptr: not judged (the ranking).
   const struct RecordedMoments* moments = nullptr;
+  // Counts each judged step (rank 0's) for CertifyConfig::progress.
+  StepProgress* progress = nullptr;
 };
 
 // Windows after which a forced run stops (-1: none): with max_steps, a
