@@ -3,7 +3,6 @@
 // oracle/tracked_dd_reductions.hpp) and Adam's step.
 #include "oracle/dd_lanes.hpp"
 
-#include <cstring>
 #include <vector>
 
 #include "oracle/dd_lanes_detail.hpp"
@@ -262,12 +261,6 @@ void adam_step(int64_t n, TD* p, const TD* grad, TD* m, TD* v,
 void adam_step(int64_t n, double* p, const double* grad, double* m, double* v,
                const AdamScalars<double>& s) {
   using namespace lanes_detail;
-  const auto load4 = [](const double* q) {
-    d4 x;
-    std::memcpy(&x, q, sizeof x);
-    return x;
-  };
-  const auto store4 = [](double* q, d4 x) { std::memcpy(q, &x, sizeof x); };
   const d4 decay = splat(s.decay), wd = splat(s.weight_decay),
            beta1 = splat(s.beta1), beta2 = splat(s.beta2),
            omb1 = splat(s.one_minus_beta1), omb2 = splat(s.one_minus_beta2),

@@ -76,6 +76,16 @@ ACCUMCHECK_DD_INLINE d4 select(i4 m, d4 x) {
   return reinterpret_cast<d4>(m & reinterpret_cast<i4>(x));
 }
 
+// Four consecutive doubles (any alignment), and back.
+ACCUMCHECK_DD_INLINE d4 load4(const double* p) {
+  d4 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+ACCUMCHECK_DD_INLINE void store4(double* p, d4 x) {
+  std::memcpy(p, &x, sizeof x);
+}
+
 // Four consecutive Tracked<DD> as structure of arrays (v.hi, v.lo, e.hi),
 // and back (e.lo = 0, as every bound is a double).
 static_assert(sizeof(TD) == 4 * sizeof(double));

@@ -47,14 +47,25 @@ double lowp_sum_bound(GradBuffer b, int64_t K, double sum_abs_terms,
          double(2 * K - 1) * eta * (1 + gamma);
 }
 
+namespace {
+// accumulate()'s ratio: err > 0 in high precision but below double's
+// range is still a violation, so never reported as at most 1.
+double reported_ratio(double ratio, bool violated) {
+  return violated && ratio <= 1
+             ? std::nextafter(1.0, std::numeric_limits<double>::infinity())
+             : ratio;
+}
+// |f - v| in float32 units of max(|v|, 2^-126).
+double err_in_u(double err, double v) {
+  return err / (kUnitRoundoff32 * std::max(std::fabs(v), 0x1p-126));
+}
+}  // namespace
+
 void accumulate(Comparison& c, const ParamLayout* layout, int64_t index,
                 double f, double v, double err, double bound, double ratio,
                 bool violated) {
-  const double inf = std::numeric_limits<double>::infinity();
-  // err > 0 in high precision but below double's range: still a violation.
-  if (violated && ratio <= 1) ratio = std::nextafter(1.0, inf);
-  const double scale = std::max(std::fabs(v), 0x1p-126);  // 2^-126
-  const double err_u = err / (kUnitRoundoff32 * scale);
+  ratio = reported_ratio(ratio, violated);
+  const double err_u = err_in_u(err, v);
   ++c.n;
   if (violated) ++c.violations;
   c.max_err_u = std::max(c.max_err_u, err_u);
@@ -111,14 +122,15 @@ Comparison compare_proxy(std::string what, const std::vector<double>& f,
   for (double x : v) maxabs = std::max(maxabs, std::fabs(x));
   const double floor_term = std::ldexp(maxabs, -10);
   const double k = ulps * kUnitRoundoff32;
-  const double inf = std::numeric_limits<double>::infinity();
+  auto bound_of = [&](size_t i) {
+    return k * (std::fabs(v[i]) + floor_term) + 1e-300;
+  };
   const size_t n = std::min(f.size(), v.size());
   const bool tensors = layout && !layout->tensors.empty();
   size_t i = 0;
   while (i < n) {
     {  // the first element of a run through accumulate()
-      const double err = std::fabs(f[i] - v[i]);
-      const double bound = k * (std::fabs(v[i]) + floor_term) + 1e-300;
+      const double err = std::fabs(f[i] - v[i]), bound = bound_of(i);
       accumulate(c, layout, int64_t(i), f[i], v[i], err, bound, err / bound,
                  err > bound);
       ++i;
@@ -137,14 +149,11 @@ Comparison compare_proxy(std::string what, const std::vector<double>& f,
     double tensor_max = tensors ? c.tensor_ratio.back().second : 0;
     const double worst = c.worst.ratio;
     for (; i < end; ++i) {
-      const double err = std::fabs(f[i] - v[i]);
-      const double bound = k * (std::fabs(v[i]) + floor_term) + 1e-300;
-      double ratio = err / bound;
+      const double err = std::fabs(f[i] - v[i]), bound = bound_of(i);
       const bool violated = err > bound;
-      if (violated && ratio <= 1) ratio = std::nextafter(1.0, inf);
+      const double ratio = reported_ratio(err / bound, violated);
       if (ratio > worst) break;  // a new worst: accumulate() takes it
-      const double scale = std::max(std::fabs(v[i]), 0x1p-126);
-      const double err_u = err / (kUnitRoundoff32 * scale);
+      const double err_u = err_in_u(err, v[i]);
       ++count;
       violations += violated;
       max_err_u = std::max(max_err_u, err_u);

@@ -46,6 +46,18 @@ namespace accumcheck {
 
 namespace oracle_detail {
 
+// A low-precision gradient buffer's format: significant bits, the
+// smallest normal exponent, the largest finite value (bf16: (2 - 2^-7)
+// 2^127).
+struct BufferFormat {
+  int p, emin;
+  double big;
+};
+inline BufferFormat buffer_format(GradBuffer b) {
+  return b == GradBuffer::bf16 ? BufferFormat{8, -126, 0x1.fep127}
+                               : BufferFormat{11, -14, 65504.0};
+}
+
 // round_to_buffer by its definition (frexp, floor, the tie's parity), for
 // every plain number type: the reference that round_to_buffer's double
 // path is tested against (tests/precision_test.cpp).
@@ -53,9 +65,8 @@ template <class T>
 T round_to_buffer_exact(const T& x, GradBuffer b) {
   using std::abs, std::floor, std::frexp, std::ldexp;
   if (b == GradBuffer::fp32 || x == T(0) || x != x) return x;
-  const bool bf16 = b == GradBuffer::bf16;
-  const int p = bf16 ? 8 : 11, emin = bf16 ? -126 : -14;
-  const T big = bf16 ? T(std::ldexp(2.0 - std::ldexp(1.0, -7), 127)) : T(65504);
+  const auto [p, emin, big_d] = buffer_format(b);
+  const T big = T(big_d);
   const T inf = T(std::numeric_limits<double>::infinity());
   if (abs(x) > T(std::numeric_limits<double>::max()))
     return x > T(0) ? inf : -inf;
@@ -116,13 +127,11 @@ T round_to_buffer(const T& x, GradBuffer b) {
     const int field = int((bits >> 52) & 0x7ff);
     if (b == GradBuffer::fp32 || field == 0 || field >= 1023 + 960)
       return oracle_detail::round_to_buffer_exact(x, b);
-    const bool bf16 = b == GradBuffer::bf16;
-    const int p = bf16 ? 8 : 11, emin = bf16 ? -126 : -14;
+    const auto [p, emin, big] = oracle_detail::buffer_format(b);
     const int qe = std::max(field - 1023, emin) - (p - 1);
     const double c = std::bit_cast<double>(uint64_t(qe + 52 + 1023) << 52 |
                                            uint64_t{1} << 51);
     const double r = (x + c) - c;
-    const double big = bf16 ? 0x1.fep127 : 65504.0;
     if (std::fabs(r) > big)
       return r > 0 ? std::numeric_limits<double>::infinity()
                    : -std::numeric_limits<double>::infinity();

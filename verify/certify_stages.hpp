@@ -52,12 +52,8 @@ T lift(double x) {
 // thread that is kept: at 1M parameters a fresh vector per comparison is
 // a fresh mmap of MBs faulted in every time.  Valid until the thread's
 // next call.
-inline const std::vector<float>& as_float(const std::vector<double>& v) {
-  thread_local std::vector<float> f;
-  f.assign(v.begin(), v.end());
-  return f;
-}
-inline const std::vector<float>& as_float(const TraceValues& v) {
+template <class Values>  // std::vector<double> or TraceValues
+const std::vector<float>& as_float(const Values& v) {
   thread_local std::vector<float> f;
   f.resize(v.size());
   for (size_t i = 0; i < f.size(); ++i) f[i] = float(v[i]);
