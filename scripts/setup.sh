@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian packages accumcheck builds and tests with.
-# Idempotent: when every package is already present it changes nothing and
-# does not touch the network.
+# Installs the Debian packages accumcheck builds and tests with, and the
+# Python side's virtual environment (.venv/: torch 2.13.0 and pytest, pinned
+# in requirements.txt; scripts/venv.sh).  Idempotent: when everything is
+# already present it changes nothing and does not touch the network.
 set -euo pipefail
 
 packages=(
@@ -16,8 +17,6 @@ packages=(
   # runtimes (Debian 12 ships libFuzzer in libclang-rt-14-dev).
   clang-14 libclang-rt-14-dev
 )
-# The PyTorch adapter and the side-by-side benchmark use Debian's torch.
-if [ "${ACCUMCHECK_NO_TORCH:-0}" != 1 ]; then packages+=(python3-torch python3-pytest); fi
 # `accumcheck report`'s HTML is tested in headless Chromium (about 350 MB
 # installed; apt-get update + install took 60 s here).
 if [ "${ACCUMCHECK_NO_CHROMIUM:-0}" != 1 ]; then packages+=(chromium); fi
@@ -32,6 +31,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
   bash "$(dirname "$0")/vendor_js.sh"
+  bash "$(dirname "$0")/venv.sh"
   exit 0
 fi
 echo "setup: installing ${missing[*]}"
@@ -41,3 +41,4 @@ sudo_cmd=()
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "setup: done"
 bash "$(dirname "$0")/vendor_js.sh"
+bash "$(dirname "$0")/venv.sh"
