@@ -4,7 +4,7 @@
 #
 # For each size: export a scenario (tanh MLP, cross-entropy, Adam, linear
 # schedule, b = 4, K = 4: 16 samples per optimizer step), train it with
-# adapters/pytorch/examples/train_correct.py (the recorder writes the
+# examples/oracle/train_correct.py (the recorder writes the
 # trace), then certify it with the double-double bound on 1 thread and on
 # every core, and (small sizes) with the MPFR bound.  Prints one row per
 # size: parameters, steps, seconds and microseconds per parameter-step.
@@ -98,7 +98,7 @@ total = $steps
 TOML
   $bin export "$dir/s.toml" --out "$dir/bundle" >/dev/null 2>&1
   params=$(tail -n +2 "$dir/bundle/params.csv" 2>/dev/null | wc -l || echo 0)
-  read -r _ t_rec <<<"$(both "$py adapters/pytorch/examples/train_correct.py --bundle $dir/bundle --out $dir/trace")"
+  read -r _ t_rec <<<"$(both "$py examples/oracle/train_correct.py --bundle $dir/bundle --out $dir/trace")"
   t_torch=$($py bench/pytorch_train.py "$dir/bundle" | awk '{print $2}')
   cert="$bin certify $dir/bundle/scenario.toml --trace $dir/trace --quiet"
   read -r w1 c1 <<<"$(both "$cert --threads 1")"

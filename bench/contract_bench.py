@@ -1,6 +1,6 @@
 """The contract tier's cost beside the trainer's own run (issue 11: <= 3x).
 
-For each model and K: the same loop of adapters/pytorch/contract_examples
+For each model and K: the same loop of examples/contract
 (train.py), run plain and recorded by the ContractRecorder, alternately,
 REPEATS times each in one process (after one warm-up run of each), then
 `accumcheck certify --contract` on the last trace.  Reports the minimum and
@@ -23,7 +23,7 @@ import tempfile
 import time
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "adapters", "pytorch", "contract_examples"))
+sys.path.insert(0, os.path.join(here, "..", "examples", "contract"))
 import train  # noqa: E402
 
 DEFAULT = "gpt:transformers:1,gpt:transformers:4,gpt:transformers:8,gpt:transformers:64," \

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The trainer's own PyTorch run of an exported bundle, without the
-recorder: the correct loop of adapters/pytorch/examples/train_correct.py,
+recorder: the correct loop of examples/oracle/train_correct.py,
 single-threaded.  For bench/certify_curve.sh.
 
     pytorch_train.py BUNDLE
@@ -15,8 +15,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                "adapters", "pytorch"))
 from accumcheck_torch import load_bundle  # noqa: E402
 
 

@@ -16,7 +16,7 @@
 # Every test runs under the sanitizers in both modes.  The PyTorch-driven
 # tests (a Python trainer writes a trace, the sanitized accumcheck exports
 # and judges it) take the trace that scripts/test.sh's run recorded in
-# build/ when there is one: adapters/pytorch/ctest_driver.py checks that
+# build/ when there is one: tests/pytorch/ctest_driver.py checks that
 # the sanitized export is byte for byte the bundle that trainer read (else
 # it runs the trainer), and runs --compare's four other certifications
 # only when its certify's output differs from the one that run compared
@@ -61,7 +61,7 @@ build_quiet build-asan "$jobs"
 echo "check-hardened: build took $((SECONDS - t0)) s"
 source scripts/sanitizer-env.sh
 t0=$SECONDS
-if [ -d build/pytorch-certify ] || [ -d build/adapters/pytorch/contract ]; then
+if [ -d build/pytorch-certify ] || [ -d build/tests/pytorch/contract ]; then
   export ACCUMCHECK_THIS_BUILD=$PWD/build-asan ACCUMCHECK_RECORDED_BUILD=$PWD/build
 fi
 seed_test_order build-asan tests/ctest-costs/sanitized.txt

@@ -31,6 +31,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
   bash "$(dirname "$0")/vendor_js.sh"
+  bash "$(dirname "$0")/cublas_headers.sh"
   bash "$(dirname "$0")/venv.sh"
   exit 0
 fi
@@ -41,4 +42,5 @@ sudo_cmd=()
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "setup: done"
 bash "$(dirname "$0")/vendor_js.sh"
+bash "$(dirname "$0")/cublas_headers.sh"
 bash "$(dirname "$0")/venv.sh"

@@ -38,8 +38,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "adapters", "pytorch"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pytorch"))
 from ctest_driver import in_recorded_build  # noqa: E402  the PyTorch cases' rule
 
 CHARTS = {
@@ -196,7 +195,7 @@ def check_page(browser, html, runs, certify):
                 f"console: {console}"]
     st = json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<")
                     .replace("&gt;", ">").replace("&amp;", "&"))
-    errors += [f"{html}: console: {l}" for l in console]
+    errors += [f"{html}: console: {line}" for line in console]
     errors += [f"{html}: script error: {e}" for e in st["errors"]]
     charts = {c["id"]: c for c in st["charts"]}
     for cid, (xlabel, ylabel) in CHARTS.items():

@@ -1,0 +1,313 @@
+"""Training loops as users write them, on the GPT-style decoder or the CNN
+(models.py), each optionally recorded for the contract tier.
+
+    train.py --model gpt --loop transformers --K 4 --out trace/
+    accumcheck certify --contract trace/
+
+Each loop below is a complete loop in one idiom; the mistakes are the ones
+reported in the field.  --no-record runs the same loop without the
+recorder (for timing: bench/contract_bench.py).  --schedule and --clip add
+an lr scheduler and clip_grad_norm_ around the step (declared to the recorder
+unless --undeclared-clip)."""
+
+import argparse
+import itertools
+import time
+
+import torch
+from torch.utils.data import DataLoader
+
+
+import models
+from accumcheck_torch import ContractRecorder
+
+
+def windows(loader, K):
+    """Transformers' _inner_training_loop: each window's batches are drawn
+    first, so num_items_in_batch is known before the first backward; the
+    epoch's last window may be short."""
+    it = iter(loader)
+    while True:
+        batch = list(itertools.islice(it, K))
+        if not batch:
+            return
+        yield batch
+
+
+# ---- correct loops
+
+def transformers(m, opt, load, K, epochs, mean, items, summed):
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            num_items_in_batch = sum(items(b) for b in window)
+            for b in window:
+                loss = summed(m, b) / num_items_in_batch
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+class LitModule:
+    """Lightning's manual optimization (automatic_optimization = False):
+    training_step does its own backward and steps every K batches or at the
+    epoch's end; the window's item count comes from on_train_epoch_start's
+    look at the epoch's batches."""
+
+    def __init__(self, model, opt, K, items, summed):
+        self.model, self.opt, self.K, self.items, self.summed = model, opt, K, items, summed
+
+    def on_train_epoch_start(self, batches):
+        self.counts = [self.items(b) for b in batches]
+
+    def training_step(self, batch, i, last):
+        w0 = i - i % self.K
+        n = sum(self.counts[w0:w0 + self.K])
+        loss = self.summed(self.model, batch) / n
+        loss.backward()  # self.manual_backward(loss)
+        if (i + 1) % self.K == 0 or last:
+            self.opt.step()
+            self.opt.zero_grad()
+
+
+def lightning(m, opt, load, K, epochs, mean, items, summed):
+    lit = LitModule(m, opt, K, items, summed)
+    for _ in range(epochs):
+        batches = list(load())
+        lit.on_train_epoch_start(batches)
+        for i, b in enumerate(batches):
+            lit.training_step(b, i, i + 1 == len(batches))
+
+
+# ---- the mistakes
+
+def mean_over_k(m, opt, load, K, epochs, mean, items, summed):
+    """Transformers before 4.46: each micro-batch's token mean / K."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            for b in window:
+                (mean(m, b) / K).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def no_div_k(m, opt, load, K, epochs, mean, items, summed):
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            for b in window:
+                mean(m, b).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def zero_grad_inside(m, opt, load, K, epochs, mean, items, summed):
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(items(b) for b in window)
+            for b in window:
+                opt.zero_grad()
+                (summed(m, b) / n).backward()
+            opt.step()
+
+
+def step_outside_if(m, opt, load, K, epochs, mean, items, summed):
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(items(b) for b in window)
+            for k, b in enumerate(window):
+                (summed(m, b) / n).backward()
+                opt.step()
+                if k + 1 == len(window):
+                    opt.zero_grad()
+
+
+def rescaled_accumulator(m, opt, load, K, epochs, mean, items, summed):
+    """Megatron-LM #6660: the accumulator doubled before every micro-batch
+    is added (buf = 2*buf + g)."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(items(b) for b in window)
+            for b in window:
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(2)
+                (summed(m, b) / n).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def off_by_one(m, opt, load, K, epochs, mean, items, summed):
+    """`if i % K == 0` on a 0-based counter (seeds 002 and 004)."""
+    for _ in range(epochs):
+        for i, b in enumerate(load()):
+            (mean(m, b) / K).backward()
+            if i % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+
+def leak(m, opt, load, K, epochs, mean, items, summed):
+    """`if (i + 1) % K == 0` and nothing at the epoch's end: the leftovers
+    join the next epoch's first window."""
+    for _ in range(epochs):
+        for i, b in enumerate(load()):
+            (mean(m, b) / K).backward()
+            if (i + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+
+def skip_short(m, opt, load, K, epochs, mean, items, summed):
+    """DataLoader(drop_last=True): the short last micro-batch never drawn."""
+    for _ in range(epochs):
+        for window in windows(load(drop_last=True), K):
+            n = sum(items(b) for b in window)
+            for b in window:
+                (summed(m, b) / n).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def double_count(m, opt, load, K, epochs, mean, items, summed):
+    """The first micro-batch of every window backwarded twice (a retry)."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(items(b) for b in window)
+            for k, b in enumerate(window):
+                loss = summed(m, b) / n
+                loss.backward(retain_graph=k == 0)
+                if k == 0:
+                    loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def clip_per_micro_step(m, opt, load, K, epochs, mean, items, summed):
+    """clip_grad_norm_ after every backward instead of once before the
+    step: each partial sum clipped by its own norm."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(items(b) for b in window)
+            for b in window:
+                (summed(m, b) / n).backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), opt.max_norm)
+            opt.step()
+            opt.zero_grad()
+
+
+LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
+                                  zero_grad_inside, step_outside_if, rescaled_accumulator,
+                                  off_by_one, leak, skip_short, double_count,
+                                  clip_per_micro_step)}
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["gpt", "cnn"], default="gpt")
+    ap.add_argument("--loop", choices=sorted(LOOPS), default="transformers")
+    ap.add_argument("--K", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=None)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--schedule", choices=["constant", "linear", "linear-early", "linear-x-k"],
+                    default="constant",
+                    help="linear: get_linear_schedule_with_warmup (warmup 2, total 12), "
+                    "declared; linear-early: the same with scheduler.step() before "
+                    "optimizer.step(); linear-x-k: the same with lr x K (the linear "
+                    "scaling rule), the schedule declared at the base lr")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
+    ap.add_argument("--undeclared-clip", action="store_true",
+                    help="clip, but do not declare it to the recorder")
+    ap.add_argument("--out", default=None, help="trace folder (contract tier)")
+    ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    return ap.parse_args(argv)
+
+
+def warmup_linear(warmup, total):
+    """Transformers' get_linear_schedule_with_warmup's lambda."""
+    def f(n):
+        if n < warmup:
+            return n / max(1, warmup)
+        return max(0.0, (total - n) / max(1, total - warmup))
+    return f
+
+
+class Stepping:
+    """The optimizer as the loops see it: zero_grad, step -- with the
+    scheduler and the clip of the chosen variant around step."""
+
+    def __init__(self, opt, model, scheduler=None, early=False, clip=None, max_norm=None):
+        self.opt, self.model, self.scheduler, self.early, self.clip = opt, model, scheduler, early, clip
+        self.max_norm = max_norm  # for a loop that clips by itself
+
+    def zero_grad(self):
+        self.opt.zero_grad()
+
+    def step(self):
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        if self.scheduler is not None and self.early:
+            self.scheduler.step()
+        self.opt.step()
+        if self.scheduler is not None and not self.early:
+            self.scheduler.step()
+
+
+def run(a):
+    """One run of the chosen loop; returns (wall, cpu) seconds of the loop
+    (and the recorder's close)."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    if a.model == "gpt":
+        model, data = models.TinyGPT(), models.gpt_data(n=a.samples or 42)
+        summed, items, mean = models.gpt_summed_loss, models.gpt_items, models.gpt_mean_loss
+        kind = "tokens"
+    else:
+        model, data = models.TinyCNN(), models.cnn_data(n=a.samples or 32)
+        summed, items = models.cnn_summed_loss, models.cnn_items
+        mean = lambda mm, b: summed(mm, b) / items(b)  # noqa: E731
+        kind = "samples"
+    model.train()
+    lr = 1e-3 if a.optimizer == "adamw" else 0.05
+    lr_used = lr * a.K if a.schedule == "linear-x-k" else lr
+    if a.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr_used, weight_decay=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr_used, momentum=0.9)
+    scheduler, schedule = None, None
+    if a.schedule != "constant":
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(2, 12))
+        schedule = {"kind": "linear", "warmup": 2, "total": 12}
+    rec = None
+    if not a.no_record:
+        rec = ContractRecorder(model, opt, summed, items, accumulation=a.K,
+                               out=a.out or "trace", items=kind, lr=lr, schedule=schedule,
+                               clip=None if a.undeclared_clip else a.clip)
+    stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",
+                        None if a.loop == "clip_per_micro_step" else a.clip, a.clip)
+    shuffler = torch.Generator().manual_seed(1)
+
+    def load(drop_last=False):
+        loader = DataLoader(data, batch_size=a.micro_batch, shuffle=True,
+                            generator=shuffler, drop_last=drop_last)
+        return rec.watch(loader) if rec else loader
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    LOOPS[a.loop](model, stepping, load, a.K, a.epochs, mean, items, summed)
+    if rec:
+        rec.close()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def main():
+    a = parse()
+    dt, dc = run(a)
+    if not a.quiet:
+        print("%s %s K=%d: %.3f s wall, %.3f s cpu%s" % (a.model, a.loop, a.K, dt, dc,
+                                                       "" if not a.no_record else " (not recorded)"))
+
+
+if __name__ == "__main__":
+    main()

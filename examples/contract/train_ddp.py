@@ -1,0 +1,118 @@
+"""DDP trainers of the contract tier's models (gloo, CPU), the way they are
+usually written: DistributedSampler + DataLoader, DistributedDataParallel
+around the GPT-style decoder (or the MLP-free CNN) of models.py, and
+`with model.no_sync()` on every micro-step of the window but the last.
+Each rank records its part with ContractDistributedRecorder; rank 0
+writes the merged contract trace.
+
+    python3 train_ddp.py --out T --loop correct --spawn 2
+    torchrun --standalone --nproc_per_node 2 --redirects 9:1 --tee 9:1 \\
+        train_ddp.py --out T --loop correct
+    accumcheck certify --contract --trace T
+
+(`--redirects 9:1 --tee 9:1`: Debian's torch 1.13 torchrun fails on
+Python 3.11 with its default "0"; a map naming no local rank is the same
+setting.)
+
+Loops (--loop):
+  correct                 the window's item count N_w all-reduced over the
+                          ranks before the first backward, loss = summed
+                          loss * R / N_w (DDP averages over R), no_sync on
+                          every micro-step but the window's last
+  local_mean              each rank divides by its own window's item count
+                          (never all-reduced), then DDP averages the ranks'
+                          means: ddp-token-mean-across-ranks (token losses)
+  no_sync_everywhere      `with model.no_sync()` on every micro-step: the
+                          ranks step on their own gradients
+  sync_every_micro_step   no no_sync at all: an all-reduce per micro-step
+                          (the same gradient, K times the communication)
+  scheduler_per_rank      scheduler.step() R times per optimizer step
+                          (declared schedule: linear warmup 2, total 12)
+"""
+import argparse
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+
+import models
+from train import warmup_linear
+from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks
+
+LOOPS = ("correct", "local_mean", "no_sync_everywhere", "sync_every_micro_step",
+         "scheduler_per_rank")
+
+
+def train(rank, ranks, a):
+    torch.manual_seed(0)  # the same initial model on every rank (DDP broadcasts rank 0's)
+    torch.set_num_threads(1)
+    if a.model == "gpt":
+        net, data = models.TinyGPT(), models.gpt_data(n=a.samples)
+        summed, items, kind = models.gpt_summed_loss, models.gpt_items, "tokens"
+    else:
+        net, data = models.TinyCNN(), models.cnn_data(n=a.samples)
+        summed, items, kind = models.cnn_summed_loss, models.cnn_items, "samples"
+    torch.manual_seed(1 + rank)  # each rank's own dropout draws
+    # gloo broadcasts no bool tensors: the causal masks (constants, the
+    # same on every rank) stay out of DDP's start-up broadcast.
+    DDP._set_params_and_buffers_to_ignore_for_model(
+        net, [n for n, b in net.named_buffers() if b.dtype == torch.bool])
+    model = DDP(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    scheduler, schedule = None, None
+    if a.loop == "scheduler_per_rank" or a.schedule:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(2, 12))
+        schedule = {"kind": "linear", "warmup": 2, "total": 12}
+    rec = ContractDistributedRecorder(model, opt, summed, items, accumulation=a.K,
+                                      out=a.out, items=kind, lr=1e-3, schedule=schedule)
+    R, K = dist.get_world_size(), a.K
+    sampler = DistributedSampler(data, shuffle=True, seed=1234)
+    for epoch in range(a.epochs):
+        sampler.set_epoch(epoch)
+        batches = list(rec.watch(DataLoader(data, batch_size=a.micro_batch, sampler=sampler)))
+        for start in range(0, len(batches), K):
+            window = batches[start:start + K]
+            n = torch.tensor(float(sum(items(b) for b in window)), dtype=torch.float64)
+            if a.loop != "local_mean":
+                dist.all_reduce(n)  # N_w over every rank, before the first backward
+            for i, b in enumerate(window):
+                last = i + 1 == len(window)
+                if a.loop == "no_sync_everywhere" or not (last or a.loop == "sync_every_micro_step"):
+                    sync = model.no_sync()
+                else:
+                    sync = contextlib.nullcontext()
+                with sync:
+                    scale = 1.0 if a.loop == "local_mean" else float(R)
+                    loss = summed(model, b) * scale / n.item()
+                    loss.backward()
+            opt.step()
+            for _ in range(R if a.loop == "scheduler_per_rank" else (1 if scheduler else 0)):
+                scheduler.step()
+            opt.zero_grad()
+    rec.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--loop", choices=LOOPS, default="correct")
+    ap.add_argument("--model", choices=("gpt", "cnn"), default="gpt")
+    ap.add_argument("--K", type=int, default=3)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=44)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--schedule", action="store_true",
+                    help="a LambdaLR warmup-linear schedule (warmup 2, total 12), declared")
+    ap.add_argument("--quiet", action="store_true", help="(prints nothing anyway)")
+    ap.add_argument("--spawn", type=int, metavar="R",
+                    help="start R ranks with torch.multiprocessing.spawn (not torchrun)")
+    a = ap.parse_args()
+    run_ranks(train, a, a.spawn)  # torchrun's environment, or --spawn R
+
+
+if __name__ == "__main__":
+    main()

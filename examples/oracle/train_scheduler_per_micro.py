@@ -1,0 +1,36 @@
+"""MISTAKE: scheduler.step() after every micro-batch (accumcheck example).
+
+The schedule advances K times per optimizer step.
+Expected diagnosis: scheduler-per-micro-step.
+
+    python3 train_scheduler_per_micro.py --bundle BUNDLE --out TRACE
+"""
+
+import torch
+
+from accumcheck_torch import example_session
+
+
+def main():
+    bundle, model, optimizer, scheduler, recorder = example_session(__doc__)
+
+    K = bundle.accumulation
+    for epoch in range(bundle.epochs):
+        batches = bundle.micro_batches(epoch)
+        for i, (x, y) in enumerate(batches):
+            window = batches[(i // K) * K:(i // K) * K + K]
+            window_items = sum(bundle.items(wy) for _, wy in window)
+            loss = bundle.window_loss(model(x), y, window_items)
+            loss.backward()
+            if (i + 1) % K == 0 or i + 1 == len(batches):
+                if bundle.clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), bundle.max_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            scheduler.step()  # the mistake: every micro-batch
+
+    recorder.close()
+
+
+if __name__ == "__main__":
+    main()

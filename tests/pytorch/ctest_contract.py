@@ -1,0 +1,83 @@
+"""One contract-tier CTest case: a loop of train.py recorded by the
+ContractRecorder, then `accumcheck certify --contract`; passes when the
+exit code is the expected one and the output holds the expected texts.
+
+    ctest_contract.py ACCUMCHECK OUTDIR CODE [--text T]... [--meta KEY=VALUE]... [--contract-sub OLD=NEW]...
+        [--trainer FILE] [--ranks R --launcher torchrun|spawn] -- TRAIN ARGS...
+
+--meta sets a meta.csv key of the recorded trace before certify reads it
+(bad input: certify must exit 2 naming the key); --contract-sub OLD=NEW
+replaces text in its contract.csv (a trace made bad on purpose).  --trainer: the script
+beside this one to run (default train.py); --ranks R > 1 runs it with R
+ranks, under torchrun or with its own --spawn R (train_ddp.py)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import warm_python  # noqa: E402
+from ctest_driver import recorded_run, trainer_argv
+
+
+def main():
+    argv = sys.argv[1:]
+    cut = argv.index("--")
+    head, train = argv[:cut], argv[cut + 1:]
+    tool, out, code = head[0], head[1], int(head[2])
+    texts = [head[i + 1] for i, a in enumerate(head) if a == "--text"]
+    metas = [head[i + 1].split("=", 1) for i, a in enumerate(head) if a == "--meta"]
+    opt = {a: head[i + 1] for i, a in enumerate(head) if a in ("--trainer", "--ranks", "--launcher")}
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "contract")
+    script = os.path.join(os.path.normpath(examples), opt.get("--trainer", "train.py"))
+    argv = trainer_argv([script, "--out", out] + train, int(opt.get("--ranks", 1)),
+                        opt.get("--launcher", "spawn"))
+    recorded = recorded_run(out)
+    if recorded:
+        # The recorded trace (ctest_driver.recorded_run) already carries
+        # this test's edits below.
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(recorded, out)
+        print("ctest_contract: trace reused from %s" % recorded)
+        return judge(tool, out, code, texts)
+    r = warm_python.run(argv, capture_output=True, text=True)
+    sys.stdout.write(r.stdout + r.stderr)
+    if r.returncode != 0:
+        print("ctest_contract: the trainer failed (exit %d)" % r.returncode)
+        return 1
+    for sub in [head[i + 1] for i, a in enumerate(head) if a == "--contract-sub"]:
+        old, new = sub.split("=", 1)
+        path = os.path.join(out, "contract.csv")
+        text = open(path).read()
+        if old not in text:
+            print("ctest_contract: contract.csv lacks %r" % old)
+            return 1
+        with open(path, "w") as f:
+            f.write(text.replace(old, new))
+    if metas:
+        path = os.path.join(out, "meta.csv")
+        rows = [r.split(",", 1) for r in open(path).read().splitlines()]
+        keep = [r for r in rows if r[0] not in {k for k, _ in metas}]
+        with open(path, "w") as f:
+            f.write("".join(",".join(r) + "\n" for r in keep + metas))
+    return judge(tool, out, code, texts)
+
+
+def judge(tool, out, code, texts):
+    """certify --contract on the trace in out: 0 when it exits with code
+    and its output holds every text."""
+    c = subprocess.run([tool, "certify", "--contract", "--trace", out], capture_output=True, text=True)
+    sys.stdout.write(c.stdout + c.stderr)
+    bad = []
+    if c.returncode != code:
+        bad.append("certify exited %d, expected %d" % (c.returncode, code))
+    for t in texts:
+        if t not in c.stdout + c.stderr:
+            bad.append("the output lacks %r" % t)
+    for b in bad:
+        print("ctest_contract: " + b)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

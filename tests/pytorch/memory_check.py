@@ -1,0 +1,140 @@
+#!/usr/bin/python3
+"""accumcheck memory against PyTorch's own CPU allocations (CTest Memory.*).
+
+  memory_check.py --accumcheck BIN --memtrack libaccumcheck_memtrack.so \\
+      --scenario S.toml --b 8 --k 4 --work DIR
+
+Exports the scenario (so PyTorch builds exactly accumcheck's model and
+optimizer, through accumcheck_torch.load_bundle), asks `accumcheck memory
+--kv` for its prediction, and measures the same quantities in a child
+Python under LD_PRELOAD=memtrack (tests/pytorch/memtrack.cpp: the bytes
+c10's CPU allocator holds, block by block):
+
+  params       live bytes after building the model and the optimizer
+  grads        after the first window's zero_grad (set_to_none=False)
+  states       what the first optimizer.step() allocated
+  data         one micro-batch's x and y
+  activations  live bytes after a forward minus before it (steady state)
+  peak         the maximum live bytes over the second (steady) window
+
+Tolerance: 0 bytes for every quantity.  The allocator hands out exactly
+the requested bytes of each storage, and each prediction is a sum of
+storage sizes (numel x element size), so any difference is a tensor the
+model misses or invents, not noise.  (Single-threaded, so no per-thread
+scratch.)  Prints the row and "driver: ok" when every quantity matches.
+"""
+import argparse
+import ctypes
+import os
+import subprocess
+import sys
+
+KEYS = ["params", "grads", "states", "data", "activations", "peak"]
+
+
+def measure(bundle_dir, b, K):
+    import torch
+    from accumcheck_torch import load_bundle
+
+    torch.set_num_threads(1)
+    lib = ctypes.CDLL(None)
+    lib.memtrack_live.restype = ctypes.c_uint64
+    lib.memtrack_peak.restype = ctypes.c_uint64
+    bundle = load_bundle(bundle_dir)
+    gen = torch.Generator().manual_seed(0)
+
+    def batch():
+        x = torch.randn(b, bundle.widths[0], generator=gen)
+        if bundle.loss_kind == "mse":
+            y = torch.randn(b, bundle.widths[-1], generator=gen)
+        else:
+            y = torch.randint(0, bundle.widths[-1], (b,), generator=gen)
+        return x, y
+
+    # Warm-up, untracked: some kernels (GELU here) allocate a one-time
+    # cache on their first call that lives for the process; it is not
+    # training memory and is not counted.
+    warm = bundle.model()
+    x, y = batch()
+    (bundle.loss_mean(warm(x), y) / K).backward()
+    bundle.optimizer(warm).step()
+    del warm, x, y
+
+    lib.memtrack_enable(1)
+    model = bundle.model()
+    optimizer = bundle.optimizer(model)
+    m = {"params": lib.memtrack_live()}
+    for window in range(2):
+        if window == 1:
+            lib.memtrack_reset_peak()
+        for k in range(K):
+            before = lib.memtrack_live()
+            x, y = batch()
+            with_data = lib.memtrack_live()
+            out = model(x)
+            loss = bundle.loss_mean(out, y) / K
+            del out
+            if window == 1 and k == 0:
+                m["data"] = with_data - before
+                m["activations"] = lib.memtrack_live() - with_data
+            loss.backward()
+            del loss, x, y
+        before_step = lib.memtrack_live()
+        optimizer.step()
+        if window == 0:
+            m["states"] = lib.memtrack_live() - before_step
+        optimizer.zero_grad()  # PyTorch 1.13: set_to_none=False
+        if window == 0:
+            m["grads"] = lib.memtrack_live() - m["params"] - m["states"]
+    m["peak"] = lib.memtrack_peak()
+    lib.memtrack_enable(0)
+    return m
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--accumcheck")
+    ap.add_argument("--memtrack")
+    ap.add_argument("--scenario")
+    ap.add_argument("--b", type=int, required=True)
+    ap.add_argument("--k", type=int, required=True)
+    ap.add_argument("--work")
+    ap.add_argument("--measure", help="(child) bundle folder to measure")
+    a = ap.parse_args()
+    if a.measure:
+        m = measure(a.measure, a.b, a.k)
+        print(" ".join(f"{k}={m[k]}" for k in KEYS))
+        return 0
+    os.makedirs(a.work, exist_ok=True)
+    bundle = os.path.join(a.work, "bundle")
+    subprocess.run([a.accumcheck, "export", a.scenario, "--out", bundle, "--quiet"],
+                   check=True, stdout=subprocess.DEVNULL)
+    kv = subprocess.run([a.accumcheck, "memory", a.scenario, "--b", str(a.b),
+                         "--k", str(a.k), "--kv"], check=True, text=True,
+                        capture_output=True).stdout
+    pred = {line.split()[0]: int(line.split()[1]) for line in kv.splitlines()}
+    env = dict(os.environ, LD_PRELOAD=a.memtrack, OMP_NUM_THREADS="1")
+    child = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", bundle,
+                            "--b", str(a.b), "--k", str(a.k)], env=env, text=True,
+                           capture_output=True)
+    if child.returncode != 0:
+        print(child.stdout + child.stderr)
+        return 1
+    meas = dict(kv.split("=") for kv in child.stdout.split())
+    bad = 0
+    name = os.path.splitext(os.path.basename(a.scenario))[0]
+    print(f"{'quantity':<12} {'predicted':>12} {'measured':>12}  ({name}, b={a.b}, K={a.k})")
+    for k in KEYS:
+        p, m = pred[k], int(meas[k])
+        ok = p == m
+        bad += not ok
+        print(f"{k:<12} {p:>12} {m:>12}  {'ok' if ok else 'DIFFERS by ' + str(m - p)}")
+    if bad:
+        print(f"driver: {bad} quantities differ (tolerance 0 bytes)")
+        return 1
+    print("driver: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

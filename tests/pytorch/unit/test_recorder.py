@@ -1,0 +1,203 @@
+"""The recorder sees every call style; the bundle maps a user's module."""
+import csv
+import os
+
+import pytest
+import torch
+from torch.nn.utils import clip_grad_norm_  # imported before any Recorder exists
+
+import accumcheck_torch as act
+
+
+def events(folder):
+    with open(os.path.join(folder, "events.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def meta(folder):
+    with open(os.path.join(folder, "meta.csv"), newline="") as f:
+        return {r["key"]: r["value"] for r in csv.DictReader(f)}
+
+
+def session(bundle_dir, tmp_path, model=None, names=None):
+    b = act.load_bundle(bundle_dir)
+    net = b.model() if model is None else model
+    if model is not None:
+        b.load_initial(net, names)
+    opt = b.optimizer(net)
+    sched = b.scheduler(opt)
+    rec = act.Recorder(b, net, opt, sched, out=str(tmp_path / "trace"), names=names, quiet=True)
+    return b, net, opt, sched, rec
+
+
+def kinds(folder):
+    return [e["event"] for e in events(folder)]
+
+
+def test_backward_call_styles_are_all_seen(mlp_bundle, tmp_path):
+    b, net, opt, sched, rec = session(mlp_bundle, tmp_path)
+    (x, y), (x2, y2), (x3, y3) = b.micro_batches(0)[:3]
+    b.loss_mean(net(x), y).backward()
+    torch.autograd.backward(b.loss_mean(net(x2), y2))
+    torch.autograd.backward([b.loss_mean(net(x3), y3)], [torch.tensor(1.0)])
+    opt.step()
+    rec.close()
+    ev = events(str(tmp_path / "trace"))
+    fb = [e for e in ev if e["event"] == "forward_backward"]
+    assert len(fb) == 3
+    assert [e["micro"] for e in fb] == ["0", "1", "2"]
+    assert fb[0]["sample_ids"] == " ".join(str(i) for i in b.windows(0)[0][0])
+    step = [e for e in ev if e["event"] == "optimizer_step"]
+    assert len(step) == 1 and step[0]["micro"] == "-1"
+
+
+def test_clip_imported_by_name_before_the_recorder_is_seen(mlp_bundle, tmp_path):
+    b, net, opt, sched, rec = session(mlp_bundle, tmp_path)
+    x, y = b.micro_batches(0)[0]
+    b.loss_mean(net(x), y).backward()
+    norm = clip_grad_norm_(net.parameters(), 1e-3)
+    opt.step()
+    rec.close()
+    clips = [e for e in events(str(tmp_path / "trace")) if e["event"] == "clip"]
+    assert len(clips) == 1
+    assert float(clips[0]["grad_norm"]) == pytest.approx(float(norm), rel=1e-7)
+    assert "notes" not in meta(str(tmp_path / "trace"))
+    # clip_grad_norm_ is itself again once the recorder is closed.
+    assert clip_grad_norm_.__code__.co_name == "clip_grad_norm_"
+
+
+def test_a_clip_the_recorder_did_not_see_is_inferred_and_said(mlp_bundle, tmp_path):
+    b, net, opt, sched, rec = session(mlp_bundle, tmp_path)
+    x, y = b.micro_batches(0)[0]
+    b.loss_mean(net(x), y).backward()
+    with torch.no_grad():  # a hand-written clip
+        for p in net.parameters():
+            p.grad.mul_(0.25)
+    opt.step()
+    rec.close()
+    folder = str(tmp_path / "trace")
+    assert "clip" in kinds(folder)
+    assert "clip inferred from the values" in meta(folder)["notes"]
+
+
+def test_a_gradient_change_that_is_no_scaling_is_unseen(mlp_bundle, tmp_path):
+    b, net, opt, sched, rec = session(mlp_bundle, tmp_path)
+    x, y = b.micro_batches(0)[0]
+    b.loss_mean(net(x), y).backward()
+    with torch.no_grad():
+        next(net.parameters()).grad.add_(1.0)
+    opt.step()
+    rec.close()
+    assert "unseen" in meta(str(tmp_path / "trace"))
+
+
+def test_eval_forward_and_zero_grad_by_hand(mlp_bundle, tmp_path):
+    b, net, opt, sched, rec = session(mlp_bundle, tmp_path)
+    (x, y), (x2, y2) = b.micro_batches(0)[:2]
+    b.loss_mean(net(x), y).backward()
+    opt.step()
+    for p in net.parameters():
+        p.grad = None  # zeroing by hand
+    with torch.no_grad():
+        net(x2)  # evaluation
+    b.loss_mean(net(x2), y2).backward()
+    rec.close()
+    folder = str(tmp_path / "trace")
+    assert kinds(folder) == ["forward_backward", "optimizer_step", "zero_grad", "forward_backward"]
+    notes = meta(folder)["notes"]
+    assert "zeroed without a zero_grad() call" in notes and "under no_grad" in notes
+
+
+class Net(torch.nn.Module):
+    def __init__(self, d_in, hidden, d_out):
+        super().__init__()
+        self.encoder = torch.nn.Linear(d_in, hidden)
+        self.head = torch.nn.Linear(hidden, d_out)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.encoder(x)))
+
+
+def test_own_module_is_mapped_by_order_and_shape(mlp_bundle, tmp_path):
+    b = act.load_bundle(mlp_bundle)
+    net = Net(b.d_in, b.widths[1], b.d_out)
+    mapping = b.load_initial(net)
+    assert [m for m, _ in mapping.values()] == ["encoder.weight", "encoder.bias",
+                                                "head.weight", "head.bias"]
+    ref = b.model()
+    x, _ = b.micro_batches(0)[0]
+    assert torch.equal(net(x), ref(x))
+
+
+def test_a_module_that_does_not_fit_is_refused_with_a_table(mlp_bundle, tmp_path, capsys):
+    b = act.load_bundle(mlp_bundle)
+    wrong = Net(b.d_in, b.widths[1] + 1, b.d_out)
+    with pytest.raises(act.Refused) as e:
+        b.load_initial(wrong)
+    assert e.value.code == 2
+    text = str(e.value)
+    assert "scenario tensor" in text and "model parameter" in text
+    assert "0.weight [8, 4]" in text and "encoder.weight [9, 4]" in text
+
+
+def test_explicit_name_map(mlp_bundle, tmp_path):
+    class Swapped(Net):  # head registered first: order alone cannot map it
+        def __init__(self, d_in, hidden, d_out):
+            torch.nn.Module.__init__(self)
+            self.head = torch.nn.Linear(hidden, d_out)
+            self.encoder = torch.nn.Linear(d_in, hidden)
+    b = act.load_bundle(mlp_bundle)
+    net = Swapped(b.d_in, b.widths[1], b.d_out)
+    with pytest.raises(act.Refused):
+        b.load_initial(net)
+    names = {"encoder.weight": "0.weight", "encoder.bias": "0.bias",
+             "head.weight": "2.weight", "head.bias": "2.bias"}
+    b.load_initial(net, names)
+    x, _ = b.micro_batches(0)[0]
+    assert torch.equal(net(x), b.model()(x))
+
+
+def test_dataset_items_carry_their_sample_id(mlp_bundle):
+    b = act.load_bundle(mlp_bundle)
+    ds = b.dataset()
+    assert len(ds) == b.samples
+    x, y, i = ds[7]
+    assert i == 7 and torch.equal(x, b.x[7]) and torch.equal(y, b.y[7])
+
+
+def test_own_dataloader_ids_and_epochs(mlp_bundle, tmp_path):
+    b, net, opt, sched, rec = session(mlp_bundle, tmp_path)
+    loader = torch.utils.data.DataLoader(b.dataset(), batch_size=b.micro_batch, shuffle=True,
+                                         generator=torch.Generator().manual_seed(3))
+    drawn = []
+    for epoch in range(2):
+        for x, y, ids in loader:
+            drawn.append(ids.tolist())
+            b.loss_mean(net(x), y).backward()
+    rec.close()
+    fb = [e for e in events(str(tmp_path / "trace")) if e["event"] == "forward_backward"]
+    assert [[int(i) for i in e["sample_ids"].split()] for e in fb] == drawn
+    per_epoch = len(drawn) // 2
+    assert [int(e["epoch"]) for e in fb] == [0] * per_epoch + [1] * per_epoch
+
+
+def test_ranks_above_one_are_exported_per_rank(tmp_path, scenario_text):
+    # Issue 12: DDP bundles; each rank loads its own view (test_distributed.py).
+    text = scenario_text("certify-mlp").replace("epochs = 3", "epochs = 3\nranks = 2")
+    binary = os.environ.get("ACCUMCHECK_BIN")
+    if not binary:
+        pytest.skip("ACCUMCHECK_BIN is not set")
+    src = tmp_path / "ranks.toml"
+    src.write_text(text)
+    import subprocess
+    r = subprocess.run([binary, "export", str(src), "--out", str(tmp_path / "b")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    b0, b1 = (act.load_bundle(str(tmp_path / "b"), rank=k) for k in (0, 1))
+    assert b0.ranks == 2 and b0.order != b1.order
+
+
+def test_the_adapter_refuses_a_rank_outside_the_bundle(mlp_bundle):
+    with pytest.raises(act.Refused) as e:
+        act.load_bundle(mlp_bundle, rank=1)
+    assert e.value.code == 2 and "ranks = 1" in str(e.value)
