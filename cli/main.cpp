@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "cli/commands.hpp"
+#include "cli/scenario_dir.hpp"
 #include "sim/errors.hpp"
 #include "sim/limits.hpp"
 
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
       "accumcheck: a deterministic simulator and verification suite for "
       "gradient accumulation.\nExit codes: 0 success / verdict holds, 1 "
       "verdict does not hold, 2 bad input, 3 internal error."};
+  app.set_version_flag("--version", "accumcheck " ACCUMCHECK_VERSION);
   app.require_subcommand(1);
 
   RunOptions run;
@@ -369,6 +371,11 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
+    // A scenario may be named as `accumcheck list` shows it (certify-mlp)
+    // instead of by its file: the installed or source tree's scenarios/.
+    for (std::string* s : {&run.scenario, &exp.scenario, &cert.scenario,
+                           &mem.scenario, &rep.scenario})
+      *s = resolve_scenario(*s);
     if (*run_cmd) return run_command(run);
     if (*list_cmd) return list_command(list);
     if (*limits_cmd) {

@@ -47,12 +47,10 @@ coefficient engine's predictions) is `accumcheck certify --contract`.
 """
 
 import copy
-import types
 
 import torch
-import torch.nn.utils.clip_grad as _clip_module
 
-from .recorder import _clip_entry
+from .recorder import swap_clip
 from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
 
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
@@ -289,48 +287,36 @@ class ContractRecorder:
 
     def _patch(self):
         rec, opt = self, self.optimizer
-        orig_step, orig_zero = opt.step, opt.zero_grad
-
-        def step(*a, **k):
-            rec._before_step()
-            out = orig_step(*a, **k)
-            rec._after_step()
-            return out
+        orig_zero = opt.zero_grad
 
         def zero_grad(*a, **k):
             rec.events.append(("zero_grad", rec.steps, -1, None))
             return orig_zero(*a, **k)
-        if getattr(orig_step, "_with_counter", False):
-            step._with_counter = True
-        opt.step, opt.zero_grad = step, zero_grad
+        opt.zero_grad = zero_grad
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
+        # optimizer.step through its own step hooks (see Recorder._patch).
+        self._hooks += [opt.register_step_pre_hook(lambda *_: rec._before_step()),
+                        opt.register_step_post_hook(lambda *_: rec._after_step())]
         self._hooks.append(self.model.register_forward_pre_hook(self._forward_hook))
         self._hooks.append(self.model.register_forward_hook(self._forward_done))
         # clip_grad_norm_, also when imported by name before the recorder
         # existed: its code swapped for a call to the recorder (as the
         # oracle tier's Recorder does; one recorder at a time).
-        f = _clip_module.clip_grad_norm_
-        if "_accumcheck_clip" in _clip_module.__dict__:
-            raise Refused("another recorder is active (one recorder at a time)")
-        saved = types.FunctionType(f.__code__, f.__globals__, f.__name__,
-                                   f.__defaults__, f.__closure__)
-        saved.__kwdefaults__ = f.__kwdefaults__
-
-        def clip(parameters, max_norm, *a, **k):
-            if torch.is_tensor(parameters):
-                parameters = [parameters]
-            parameters = list(parameters)
-            with torch.no_grad():
-                norm = float(sum(float(p.grad.detach().double().pow(2).sum())
-                                 for p in parameters if p.grad is not None)) ** 0.5
-            total = saved(parameters, max_norm, *a, **k)
-            factor = min(1.0, float(max_norm) / (float(total) + 1e-6))
-            rec.clips.append([rec.steps, factor, norm, float(max_norm)])
-            rec.events.append(("clip", rec.steps, -1, None))
-            return total
-        self._clip = (f, f.__code__)
-        _clip_module.__dict__["_accumcheck_clip"] = clip
-        f.__code__ = _clip_entry.__code__
+        def make_clip(saved):
+            def clip(parameters, max_norm, *a, **k):
+                if torch.is_tensor(parameters):
+                    parameters = [parameters]
+                parameters = list(parameters)
+                with torch.no_grad():
+                    norm = float(sum(float(p.grad.detach().double().pow(2).sum())
+                                     for p in parameters if p.grad is not None)) ** 0.5
+                total = saved(parameters, max_norm, *a, **k)
+                factor = min(1.0, float(max_norm) / (float(total) + 1e-6))
+                rec.clips.append([rec.steps, factor, norm, float(max_norm)])
+                rec.events.append(("clip", rec.steps, -1, None))
+                return total
+            return clip
+        self._restore_clip = swap_clip(make_clip)
 
     def _grad_hook(self, i):
         a, b = self.buf.slices[i]
@@ -552,11 +538,8 @@ class ContractRecorder:
         self._recompute_pending()
         for h in self._hooks:
             h.remove()
-        f, code = self._clip
-        f.__code__ = code
-        _clip_module.__dict__.pop("_accumcheck_clip", None)
-        for attr in ("step", "zero_grad"):
-            self.optimizer.__dict__.pop(attr, None)
+        self._restore_clip()
+        self.optimizer.__dict__.pop("zero_grad", None)
         rows = []
         for j, m in enumerate(self.micro):
             rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[7])))

@@ -62,10 +62,52 @@ _ACTIVE = []
 
 
 def _clip_entry(*args, **kwargs):
-    """clip_grad_norm_'s code while a recorder is active (see _patch_clip).
-    It runs with torch.nn.utils.clip_grad's globals, where the recorder
-    puts `_accumcheck_clip`."""
+    """clip_grad_norm_'s code while a recorder is active (see swap_clip).
+    It runs with clip_grad_norm_'s own globals, where the recorder puts
+    `_accumcheck_clip`."""
     return _accumcheck_clip(*args, **kwargs)  # noqa: F821
+
+
+def _closure_entry():
+    func = None
+
+    def _clip_entry(*args, **kwargs):
+        """The same for PyTorch 2's clip_grad_norm_, a closure (its
+        no_grad wrapper holds the function in one cell): a code object
+        replacing a closure's must have as many free variables."""
+        func  # noqa: B018  (the wrapper's cell, never used)
+        return _accumcheck_clip(*args, **kwargs)  # noqa: F821
+    return _clip_entry
+
+
+_ENTRIES = {0: _clip_entry.__code__, 1: _closure_entry().__code__}
+
+
+def swap_clip(make_clip):
+    """Routes every call of torch.nn.utils.clip_grad_norm_ -- through any
+    name bound to it, including a `from torch.nn.utils import
+    clip_grad_norm_` done before the recorder existed -- to
+    make_clip(original), where `original` is a callable copy of PyTorch's
+    function.  The function object stays the same (only its code is
+    swapped), so every reference sees the swap.  Returns the callable
+    that restores PyTorch's code.  One recorder at a time."""
+    f = _clip_module.clip_grad_norm_
+    if "_accumcheck_clip" in f.__globals__:
+        raise Refused("another recorder is active (one recorder at a time)")
+    code = f.__code__
+    entry = _ENTRIES.get(len(code.co_freevars))
+    if entry is None:
+        raise Refused("this PyTorch's clip_grad_norm_ is a closure over %d variables (%s); the recorder "
+                      "knows 0 or 1" % (len(code.co_freevars), ", ".join(code.co_freevars)))
+    original = types.FunctionType(code, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    original.__kwdefaults__ = f.__kwdefaults__
+    f.__globals__["_accumcheck_clip"] = make_clip(original)
+    f.__code__ = entry
+
+    def restore():
+        f.__code__ = code
+        f.__globals__.pop("_accumcheck_clip", None)
+    return restore
 
 
 class Recorder:
@@ -213,8 +255,6 @@ class Recorder:
                 if after:
                     after()
                 return result
-            if getattr(orig, "_with_counter", False):
-                f._with_counter = True  # LR schedulers' "step was called" check
             setattr(obj, attr, f)
 
         def zero():
@@ -224,7 +264,12 @@ class Recorder:
         wrap(model, "zero_grad", before=zero)
         if self.ema is not None:
             wrap(self.ema, "update_parameters", after=rec._after_ema)
-        wrap(opt, "step", before=rec._before_step, after=rec._after_step)
+        # optimizer.step through the optimizer's own step hooks, not a
+        # replaced method: an LR scheduler built before the recorder checks
+        # that step is still the method it wrapped, and GradScaler.step and
+        # fused/foreach optimizers run the same hooks.
+        self._step_hooks = [opt.register_step_pre_hook(lambda *_: rec._before_step()),
+                            opt.register_step_post_hook(lambda *_: rec._after_step())]
         if sched is not None:
             wrap(sched, "step", after=lambda: rec._event(
                 "scheduler_step", lr=opt.param_groups[0]["lr"]))
@@ -234,33 +279,28 @@ class Recorder:
         self._patch_clip()
 
     def _patch_clip(self):
-        """Swaps clip_grad_norm_'s code for a call to the recorder, keeping a
-        copy of the original function to do the clipping."""
-        f = _clip_module.clip_grad_norm_
-        saved = types.FunctionType(f.__code__, f.__globals__, f.__name__,
-                                   f.__defaults__, f.__closure__)
-        saved.__kwdefaults__ = f.__kwdefaults__
+        """clip_grad_norm_ through the recorder (swap_clip)."""
         rec = self
 
-        def clip(*a, **k):
-            # The gradient it clips must be the one backward left.
-            if rec.snapshot is not None:
-                rec._check_unseen_change(rec._grads(), may_be_clip=False)
-            norm = saved(*a, **k)
-            rec._event("clip", grad_norm=float(norm))
-            rec.snapshot = [g.clone() for g in rec._grads()]
-            return norm
-        self._clip = (f, f.__code__)
-        _clip_module.__dict__["_accumcheck_clip"] = clip
-        f.__code__ = _clip_entry.__code__
+        def make_clip(saved):
+            def clip(*a, **k):
+                # The gradient it clips must be the one backward left.
+                if rec.snapshot is not None:
+                    rec._check_unseen_change(rec._grads(), may_be_clip=False)
+                norm = saved(*a, **k)
+                rec._event("clip", grad_norm=float(norm))
+                rec.snapshot = [g.clone() for g in rec._grads()]
+                return norm
+            return clip
+        self._restore_clip = swap_clip(make_clip)
 
     def _unpatch(self):
-        f, code = self._clip
-        f.__code__ = code
-        _clip_module.__dict__.pop("_accumcheck_clip", None)
+        self._restore_clip()
         for h in self._hooks:
             h.remove()
-        for obj, attr in ((self.optimizer, "zero_grad"), (self.optimizer, "step"),
+        for h in self._step_hooks:
+            h.remove()
+        for obj, attr in ((self.optimizer, "zero_grad"),
                           (self.model, "zero_grad"), (self.scheduler, "step"),
                           (self.ema, "update_parameters")):
             if obj is not None and attr in obj.__dict__:
@@ -275,8 +315,8 @@ class Recorder:
         if not torch.is_grad_enabled():
             self.eval_forwards += 1
             return
-        if torch.is_autocast_cpu_enabled():
-            self.autocast = str(torch.get_autocast_cpu_dtype()).replace("torch.", "")
+        if torch.is_autocast_enabled("cpu"):
+            self.autocast = str(torch.get_autocast_dtype("cpu")).replace("torch.", "")
         rows = int(x.shape[0]) if x.dim() > 0 else 1
         self.pending_rows += rows
         ids = self._ids_of(x) if x.dim() > 1 or self.bundle.kind != "token" else None
