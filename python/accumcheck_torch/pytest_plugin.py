@@ -127,6 +127,8 @@ class Accumcheck:
         if bundle is not None:
             scenario = os.path.join(bundle, "scenario.toml") if os.path.isdir(bundle) else bundle
             argv.append(scenario)
+        else:
+            argv.append("--contract")
         argv += ["--trace", trace]
         junit = self._junit_path()
         if junit:
@@ -140,6 +142,7 @@ class Accumcheck:
         """Certifies the recorded trace and asserts PASS: on FAIL the
         AssertionError carries certify's report (verdict, pitfall,
         evidence); on bad input the test fails with certify's message."""
+        __tracebackhide__ = True
         result = self.run_certify(bundle, trace, args)
         if result.returncode == 1:
             raise AssertionError("accumcheck certify: FAIL%s\n%s"

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The package as a user gets it: `pip wheel` builds accumcheck's wheel from
+# this source tree (the project's own CMake through scikit-build-core), a
+# fresh virtual environment outside the tree installs it offline beside
+# torch, and a trainer written there (user_trainer.py, with its pytest
+# test) is certified through the pytest plugin: the correct loop PASSes,
+# the mistaken one FAILs with certify's diagnosis in the assertion.  Also:
+# `accumcheck --version`, the installed scenarios, an example trainer run as
+# `python examples/oracle/train_correct.py` and certified.
+#   wheel_install.sh SOURCE_DIR CXX_COMPILER PYTHON
+# PYTHON: an interpreter to make the venv from (the project's .venv's base).
+set -euo pipefail
+src=$1 cxx=$2 python=$3
+work=$(mktemp -d /tmp/accumcheck-wheel.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+unset PYTHONPATH
+quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
+# The wheel, in build-wheel/ beside build/ with the same compiler: ccache
+# (scripts/build-quiet.sh's settings) then reuses build/'s objects.
+t0=$SECONDS
+if command -v ccache >/dev/null && [ "${ACCUMCHECK_NO_CCACHE:-0}" != 1 ]; then
+  export CCACHE_BASEDIR=$src CCACHE_NOHASHDIR=1 CCACHE_DEPEND=1
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+fi
+command -v ninja >/dev/null && export CMAKE_GENERATOR=Ninja
+"$python" -m pip wheel "$src" --no-deps -q -w "$work/dist" -Cbuild-dir="$src/build-wheel" \
+  -Ccmake.define.CMAKE_CXX_COMPILER="$cxx" 2>&1 | quiet
+wheel=$(ls "$work"/dist/accumcheck-*.whl)
+echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB) built in $((SECONDS - t0)) s"
+
+# A fresh environment: torch as the user has it, then the wheel, offline.
+t0=$SECONDS
+"$python" -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 pytest==8.3.5 \
+  numpy==2.4.6 2>&1 | quiet
+echo "venv: torch and pytest installed in $((SECONDS - t0)) s"
+t0=$SECONDS
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check --no-index "$wheel"
+echo "wheel: installed offline in $((SECONDS - t0)) s"
+export PATH=$work/venv/bin:$PATH
+accumcheck --version
+accumcheck list >"$work/list.txt"
+grep -q '^certify-mlp ' "$work/list.txt" || { echo "FAIL: accumcheck list does not show the installed scenarios"; exit 1; }
+
+# The user's own trainer and its CI test, in a folder of their own.
+mkdir "$work/user"
+cp "$src/tests/package/user_trainer.py" "$src/tests/package/test_user_trainer.py" "$work/user/"
+(cd "$work/user" && python -m pytest -q -p no:cacheprovider --junitxml="$work/user/report.xml")
+n=$(ls "$work/user/accumcheck"/*.xml | wc -l)
+[ "$n" = 2 ] || { echo "FAIL: expected certify's 2 JUnit files beside pytest's, found $n"; exit 1; }
+echo "pytest plugin: certify's JUnit beside pytest's ($n files)"
+
+# An example trainer, run as the README shows it, certified.
+(cd "$work" && accumcheck export certify-mlp --out bundle --quiet 2>/dev/null &&
+  python "$src/examples/oracle/train_correct.py" --bundle bundle --out trace >/dev/null &&
+  accumcheck certify certify-mlp --trace trace --quiet)
+echo "driver: ok"
