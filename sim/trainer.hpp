@@ -120,6 +120,14 @@ struct TrainerOptions {
   // events), and each backward overrides its scale.  Beyond the last
   // entry the scaler's own scale is used.
   std::vector<int64_t> forced_scale_exp;
+  // Teacher forcing of the scaler's skips (certify): the window whose
+  // step_block() runs after backward pass count b (rank 0's, 0-based over
+  // the run: Run::skipped's `backward`) is skipped when b is in
+  // forced_skip (sorted), as the trace records that the trainer's scaler
+  // found an inf/NaN there (an overflow the oracle, which holds no float16
+  // or float32 range, cannot reproduce); a window the engine itself finds
+  // overflowing is skipped too.
+  std::vector<int64_t> forced_skip;
 
   // Neither values nor events recorded (the contract tier's predictions).
   static TrainerOptions unrecorded() {
@@ -502,7 +510,10 @@ class Trainer {
   bool step_block(int64_t micro, bool clip_here) {
     const bool pre_clip = clip_here && scaling_ && b_.clip_before_unscale;
     if (pre_clip) each_rank([&](int64_t) { clip(micro); });
-    const bool found = scaling_ && unscale_all(micro);
+    const bool found =
+        scaling_ && (unscale_all(micro) ||
+                     std::binary_search(opt_.forced_skip.begin(),
+                                        opt_.forced_skip.end(), backward_));
     if (clip_here && !pre_clip) each_rank([&](int64_t) { clip(micro); });
     if (found) {
       ++c_.skipped_steps;

@@ -65,16 +65,17 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
                                            : cfg.autocast));
   }
   const ClipNorms clip_norms = clip_norms_of(*L.run, L.steps.size());
-  const std::vector<int64_t> scale_exps = trace_scale_exps(s, L);
+  const TraceScaling scaling = trace_scaling(s, L);
   // The training state beyond gradients (state.csv, values.bin's state
   // blocks), when recorded: Adam's moments are judged with the steps.
   StateSection state = read_state(L.trace, *L.run, layout);
   const RecordedMoments moments = take_moments(state, layout);
-  Ctx ctx{s,           data,        init,
-          plan,        layout,      L.steps,
-          cfg.fp64,    range,       cfg.bound_arith,
-          cfg.threads, max_windows, grad_scale,
-          clip_norms,  scale_exps,  &moments};
+  Ctx ctx{s,           data,         init,
+          plan,        layout,       L.steps,
+          cfg.fp64,    range,        cfg.bound_arith,
+          cfg.threads, max_windows,  grad_scale,
+          clip_norms,  scaling.exps, scaling.skipped,
+          &moments};
   StepProgress progress;
   progress.cfg = &cfg;
   progress.start("judging", range.end - range.begin);

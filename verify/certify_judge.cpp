@@ -268,6 +268,7 @@ Forced forced_run(const Ctx& c, const Behavior& b, StepRange range,
   opt.max_steps = c.s.batching.max_steps;
   opt.max_windows = c.max_windows;
   opt.forced_scale_exp = c.scale_exps;
+  opt.forced_skip = c.forced_skip;
   Trainer<Watched<Oracle<T>>> trainer(w, c.s, b, c.s.optimizer.lr, opt);
   w.set_rank([&trainer] { return trainer.rank(); });
   Forced r;

@@ -228,13 +228,16 @@ void check_ranks(const LoadedTrace& L, const ParamLayout& layout,
   r.checks.push_back(c);
 }
 
-std::vector<int64_t> trace_scale_exps(const Scenario& s, const LoadedTrace& L) {
+TraceScaling trace_scaling(const Scenario& s, const LoadedTrace& L) {
   if (s.precision.loss_scaling) return {};
   const StateSection st = read_state(L.trace.dir, L.run->name);
-  std::vector<int64_t> exps;
+  std::vector<int64_t> exps, skipped;
   bool scaled = false;
   for (const StateValue& v : st.rows) {
-    if (v.kind == "skipped") return {};
+    if (v.kind == "skipped") {
+      skipped.push_back(v.index);
+      continue;
+    }
     if (v.kind != "loss_scale") continue;
     int e = 0;
     const double m = std::frexp(v.value, &e);  // v = m 2^e, m in [0.5, 1)
@@ -250,7 +253,8 @@ std::vector<int64_t> trace_scale_exps(const Scenario& s, const LoadedTrace& L) {
     if (te.event.kind == EventKind::forward_backward && te.event.rank <= 0)
       ++backward;
   if (backward != int64_t(exps.size())) return {};
-  return exps;
+  std::sort(skipped.begin(), skipped.end());
+  return {std::move(exps), std::move(skipped)};
 }
 
 ClipNorms clip_norms_of(const TraceRun& run, size_t steps) {

@@ -85,11 +85,19 @@ LoadedTrace load(const Scenario& s, const std::string& dir,
 // loss scaling of its own ([precision] loss_scale: its Trainer's scaler is
 // the model then) and the trace shows one: a scale other than 1 at some
 // backward pass, every backward pass's scale recorded, each a power of
-// two 2^e with |e| <= 62 (the exactly representable loss weights), and no
-// window skipped for overflow (the oracle, holding no float32 overflow,
-// cannot follow one: the step count judges it, as without a scale).
-// Empty otherwise: the loss-scale pitfalls are then no candidates.
-std::vector<int64_t> trace_scale_exps(const Scenario& s, const LoadedTrace& L);
+// two 2^e with |e| <= 62 (the exactly representable loss weights).
+// Empty otherwise: the loss-scale pitfalls are then no candidates.  With
+// the scales, the windows the trainer's scaler skipped for an inf/NaN
+// (state.csv's skipped rows: the backward count after which each was
+// skipped, TrainerOptions::forced_skip): the oracle, holding no float16 or
+// float32 overflow, cannot find them itself; the recorder saw the
+// gradient's inf/NaN and no optimizer step, and the state check judges
+// what followed each (no scheduler step, the scaler's back-off).
+struct TraceScaling {
+  std::vector<int64_t> exps;
+  std::vector<int64_t> skipped;  // sorted
+};
+TraceScaling trace_scaling(const Scenario& s, const LoadedTrace& L);
 
 // DDP: every rank's parameters after each step must equal rank 0's bit
 // for bit (all-reduced gradients and one optimizer give identical
@@ -168,9 +176,10 @@ struct Ctx {
   // fp16_bound_scale; 1 otherwise).  Parameters keep the float32 bound.
   double grad_scale;
   const ClipNorms& clip_norms;  // clip_norms_of(the run, trace.size())
-  // The trainer's loss scale per backward pass (trace_scale_exps; empty:
-  // the scenario's own scaling, if any).
+  // The trainer's loss scale per backward pass and its skipped windows
+  // (trace_scaling; empty: the scenario's own scaling, if any).
   const std::vector<int64_t>& scale_exps;
+  const std::vector<int64_t>& forced_skip;
   // Adam's recorded moments, judged at every judged step of a rigorous
   // run (the accepted semantics'); nullptr: not judged (the ranking).
   const struct RecordedMoments* moments = nullptr;

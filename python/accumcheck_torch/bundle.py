@@ -146,14 +146,16 @@ class Bundle:
         self.load_initial(net)
         return net
 
-    def optimizer(self, model):
+    def optimizer(self, model, **options):
+        """The scenario's optimizer over model's parameters; `options` go to
+        its constructor as they are (PyTorch 2's foreach=True, fused=True)."""
         params = model.parameters()
         if self.optimizer_kind == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum,
-                                   weight_decay=self.weight_decay)
+                                   weight_decay=self.weight_decay, **options)
         cls = torch.optim.Adam if self.optimizer_kind == "adam" else torch.optim.AdamW
         return cls(params, lr=self.lr, betas=self.betas, eps=self.eps,
-                   weight_decay=self.weight_decay)
+                   weight_decay=self.weight_decay, **options)
 
     def lr_multiplier(self, n):
         """S(n) after n scheduler.step() calls, in double (LambdaLR multiplies

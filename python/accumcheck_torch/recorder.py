@@ -68,6 +68,14 @@ def _clip_entry(*args, **kwargs):
     return _accumcheck_clip(*args, **kwargs)  # noqa: F821
 
 
+def _same(a, b):
+    """a and b hold the same values, NaN where the other holds NaN (an
+    overflowed gradient the scaler will skip stays NaN when unscaled)."""
+    if torch.equal(a, b):
+        return True
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 def _closure_entry():
     func = None
 
@@ -391,13 +399,13 @@ class Recorder:
         """The gradient about to be consumed (or clipped) against the one
         the last backward (or clip) left."""
         acc = self.snapshot
-        if all(torch.equal(a, c) for a, c in zip(acc, consumed)):
+        if all(_same(a, c) for a, c in zip(acc, consumed)):
             return
         # The unscale (by the last backward's scale, or by the scaler's
         # current one when it changed since): not a clip.
         scales = {self.scale, self._scale_fn() if self._scale_fn is not None else None}
         for S in scales - {None, 1.0}:
-            if all(torch.equal(c, a / S) or torch.equal(c, a * (1.0 / S))
+            if all(_same(c, a / S) or _same(c, a * (1.0 / S))
                    for a, c in zip(acc, consumed)):
                 self.snapshot = [c.clone() for c in consumed]
                 return

@@ -16,7 +16,7 @@ import tempfile
 TRACE_SCHEMA = "accumcheck-trace/2"
 EVENTS_HEADER = "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,sample_ids"
 VALUES_HEADER = "run,step,kind,tensor,index,value"
-from ._version import __version__ as VERSION  # noqa: E402
+from ._version import __version__ as VERSION  # noqa: E402,F401  (re-exported)
 VALUES_MAGIC = b"ACVALUES"
 VALUES_VERSION = 2
 # values.bin block kinds: a step's gradient or parameters, and (version 2)
