@@ -68,6 +68,28 @@ def _clip_entry(*args, **kwargs):
     return _accumcheck_clip(*args, **kwargs)  # noqa: F821
 
 
+def _clip_entry_code(freevars):
+    """_clip_entry's code for a function with these free variables: a
+    function's code can only be swapped for code with as many free
+    variables as its closure has cells, and PyTorch 2's clip_grad_norm_ is
+    a decorator's wrapper closing over `func`.  The variables are named
+    and never read."""
+    if not freevars:
+        return _clip_entry.__code__
+    names = ", ".join(freevars)
+    src = (f"def _outer():\n"
+           f"    {names} = {', '.join(['None'] * len(freevars))}\n"
+           f"    def _clip_entry(*args, **kwargs):\n"
+           f"        {names}\n"
+           f"        return _accumcheck_clip(*args, **kwargs)\n"
+           f"    return _clip_entry\n")
+    scope = {}
+    exec(src, {}, scope)
+    code = scope["_outer"]().__code__
+    assert code.co_freevars == tuple(freevars), (code.co_freevars, freevars)
+    return code
+
+
 class Recorder:
     """Records a training loop's calls and values in the accumcheck trace schema.
 
@@ -252,7 +274,7 @@ class Recorder:
             return norm
         self._clip = (f, f.__code__)
         _clip_module.__dict__["_accumcheck_clip"] = clip
-        f.__code__ = _clip_entry.__code__
+        f.__code__ = _clip_entry_code(f.__code__.co_freevars)
 
     def _unpatch(self):
         f, code = self._clip
