@@ -52,7 +52,7 @@ import types
 import torch
 import torch.nn.utils.clip_grad as _clip_module
 
-from .recorder import _clip_entry
+from .recorder import _clip_entry_code
 from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
 
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
@@ -330,7 +330,7 @@ class ContractRecorder:
             return total
         self._clip = (f, f.__code__)
         _clip_module.__dict__["_accumcheck_clip"] = clip
-        f.__code__ = _clip_entry.__code__
+        f.__code__ = _clip_entry_code(f.__code__.co_freevars)
 
     def _grad_hook(self, i):
         a, b = self.buf.slices[i]
