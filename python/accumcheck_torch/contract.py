@@ -1,5 +1,5 @@
 """The contract tier's recorder: certify the gradient accumulation of any
-nn.Module, without an export bundle (README "Two tiers of certification").
+nn.Module, without an export bundle (docs/tiers.md).
 
     recorder = ContractRecorder(model, optimizer, loss_fn=summed_loss, count_fn=items,
                                 accumulation=K, out="trace/", items="tokens")
