@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README "Sanitizers, fuzzing and clang": build with clang 14 into
+# docs/development.md "Sanitizers, fuzzing and clang": build with clang 14 into
 # build-asan/ with AddressSanitizer + LeakSanitizer + UndefinedBehavior-
 # Sanitizer and libFuzzer coverage, warnings as errors (so this build is
 # also the proof that clang 14 builds the project warning-free), run the
@@ -9,7 +9,7 @@
 #                                         RapidCheck cases per property,
 #                                         each fuzz target 60 s
 #   bash scripts/check-hardened.sh --ci   CI (.ci/run), within CI's 15
-#                                         minutes: README says what it
+#                                         minutes: docs/development.md says what it
 #                                         leaves out
 #   FUZZ_SECONDS=0 bash scripts/check-hardened.sh   no fuzzing
 #
@@ -20,7 +20,7 @@
 # the sanitized export is byte for byte the bundle that trainer read (else
 # it runs the trainer), and runs --compare's four other certifications
 # only when its certify's output differs from the one that run compared
-# (README says why).  The Python side is the same program either way;
+# (docs/development.md says why).  The Python side is the same program either way;
 # what the sanitizers watch is accumcheck.  Sanitized processes spend most
 # of their time waiting (shadow memory, LeakSanitizer's stop-the-world),
 # not computing, so CTest runs 3 tests per core.

@@ -11,7 +11,7 @@
     accumcheck certify bundle/scenario.toml --trace trace/
 
 What the recorder hooks: see recorder.py (autograd gradient hooks, not
-Tensor.backward).  The attributes of a bundle: python/README.md.
+Tensor.backward).  The attributes of a bundle: docs/python.md.
 """
 
 from .bundle import Bundle, SampleDataset, load_bundle, map_parameters

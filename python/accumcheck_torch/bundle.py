@@ -10,7 +10,7 @@ from .trace import Refused, read_csv
 
 
 class Bundle:
-    """An accumcheck export bundle, loaded (attributes: README.md)."""
+    """An accumcheck export bundle, loaded (attributes: docs/python.md)."""
 
     """An accumcheck export bundle, loaded."""
 
