@@ -182,9 +182,11 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   } else if (!r.pass) {
     std::vector<Behavior> behaviors;
     rank_cheap(rank_ctx, accepted_b, r, behaviors);
+    // The pattern first: the candidates whose call pattern is the trace's
+    // are judged rigorously whatever their cheap distance (launch()).
+    mark_pattern_matches(s, plan, pc, behaviors, r);
     Refiner refiner(rank_ctx, cfg, r, behaviors, accepted_b);
     refiner.launch();
-    mark_pattern_matches(s, plan, pc, behaviors, r);
     refiner.finish(acc);
     if (r.ranking.front().distance > 1) {
       r.unexplained = true;

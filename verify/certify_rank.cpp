@@ -132,8 +132,20 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
 
 // The closest few candidates are judged with the Tracked bound too:
 // plausible matches only (within 10x of the best cheap distance, or of
-// the bound), at most cfg.refine of them (and every candidate tied with
-// the best).
+// the bound), at most cfg.refine of them, and besides them every
+// candidate tied with the best, and every plausible one whose call
+// pattern is the trace's where correct's is not (mark_pattern_matches,
+// before launch).  The pattern ones because
+// diagnose() tells candidates tied on the values apart by their call
+// pattern, which it can do only for candidates judged rigorously; the
+// cheap proxy cannot be trusted to pick them: under --precision bf16 or
+// fp16 its error is the autocast's rounding, the same size as a wrong
+// semantics' (the proxy's relative bound, 64 u32 (|v| + 2^-10 max|v|),
+// is one a gradient off by any factor leaves by at most 1 / (64 u32),
+// while bf16's rounding of a cancelling sum leaves it by as much), so
+// which of the candidates equal within the bf16 bound ranks first is
+// noise (zero-grad-every-micro-step and scaler-update-every-micro-step's
+// variants differ by the earlier micro-batches' 1/S).
 void Refiner::launch() {
   CertifyReport& r = r_;
   launched_ = true;
@@ -152,8 +164,12 @@ void Refiner::launch() {
     // Candidates tied with the best cheap distance are always judged
     // rigorously, so a tie is reported as a tie.
     const bool tied = c.proxy == best_proxy;
-    if (!tied && (int(jobs_.size()) >= cfg_.refine || !(c.proxy <= plausible)))
-      continue;
+    // A plausible candidate with the trace's call pattern, past the
+    // cfg.refine closest: judged all the same (see above).
+    const bool pattern =
+        r.pattern_checked && !r.pattern_ok && c.pattern_matches;
+    if (!(c.proxy <= plausible) && !tied) continue;
+    if (int(jobs_.size()) >= cfg_.refine && !tied && !pattern) continue;
     jobs_.push_back(order[k]);
   }
 }
