@@ -11,11 +11,18 @@ Python under LD_PRELOAD=memtrack (tests/pytorch/memtrack.cpp: the bytes
 c10's CPU allocator holds, block by block):
 
   params       live bytes after building the model and the optimizer
-  grads        after the first window's zero_grad (set_to_none=False)
+  grads        after the first window's zero_grad(set_to_none=False): the
+               buffer accumulation keeps
+
   states       what the first optimizer.step() allocated
   data         one micro-batch's x and y
   activations  live bytes after a forward minus before it (steady state)
   peak         the maximum live bytes over the second (steady) window
+
+The same run with PyTorch 2's default zero_grad() (set_to_none=True, the
+gradients freed between windows) must measure the same peak and no
+gradient at rest: accumulation's buffer lives through the window, where
+the peak is, either way.
 
 Tolerance: 0 bytes for every quantity.  The allocator hands out exactly
 the requested bytes of each storage, and each prediction is a sum of
@@ -32,7 +39,7 @@ import sys
 KEYS = ["params", "grads", "states", "data", "activations", "peak"]
 
 
-def measure(bundle_dir, b, K):
+def measure(bundle_dir, b, K, set_to_none):
     import torch
     from accumcheck_torch import load_bundle
 
@@ -83,7 +90,7 @@ def measure(bundle_dir, b, K):
         optimizer.step()
         if window == 0:
             m["states"] = lib.memtrack_live() - before_step
-        optimizer.zero_grad()  # PyTorch 1.13: set_to_none=False
+        optimizer.zero_grad(set_to_none=set_to_none)
         if window == 0:
             m["grads"] = lib.memtrack_live() - m["params"] - m["states"]
     m["peak"] = lib.memtrack_peak()
@@ -100,9 +107,10 @@ def main():
     ap.add_argument("--k", type=int, required=True)
     ap.add_argument("--work")
     ap.add_argument("--measure", help="(child) bundle folder to measure")
+    ap.add_argument("--set-to-none", action="store_true", help="(child) zero_grad(set_to_none=True)")
     a = ap.parse_args()
     if a.measure:
-        m = measure(a.measure, a.b, a.k)
+        m = measure(a.measure, a.b, a.k, a.set_to_none)
         print(" ".join(f"{k}={m[k]}" for k in KEYS))
         return 0
     os.makedirs(a.work, exist_ok=True)
@@ -114,13 +122,17 @@ def main():
                         capture_output=True).stdout
     pred = {line.split()[0]: int(line.split()[1]) for line in kv.splitlines()}
     env = dict(os.environ, LD_PRELOAD=a.memtrack, OMP_NUM_THREADS="1")
-    child = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", bundle,
-                            "--b", str(a.b), "--k", str(a.k)], env=env, text=True,
+    def child(*extra):
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", bundle,
+                            "--b", str(a.b), "--k", str(a.k), *extra], env=env, text=True,
                            capture_output=True)
-    if child.returncode != 0:
-        print(child.stdout + child.stderr)
+        if r.returncode != 0:
+            print(r.stdout + r.stderr)
+            return None
+        return dict(kv.split("=") for kv in r.stdout.split())
+    meas, none = child(), child("--set-to-none")
+    if meas is None or none is None:
         return 1
-    meas = dict(kv.split("=") for kv in child.stdout.split())
     bad = 0
     name = os.path.splitext(os.path.basename(a.scenario))[0]
     print(f"{'quantity':<12} {'predicted':>12} {'measured':>12}  ({name}, b={a.b}, K={a.k})")
@@ -129,6 +141,12 @@ def main():
         ok = p == m
         bad += not ok
         print(f"{k:<12} {p:>12} {m:>12}  {'ok' if ok else 'DIFFERS by ' + str(m - p)}")
+    for k, want in (("peak", pred["peak"]), ("grads", 0)):
+        m = int(none[k])
+        ok = m == want
+        bad += not ok
+        print(f"{k + ' (none)':<12} {want:>12} {m:>12}  {'ok' if ok else 'DIFFERS by ' + str(m - want)}"
+              f"  zero_grad(set_to_none=True)")
     if bad:
         print(f"driver: {bad} quantities differ (tolerance 0 bytes)")
         return 1
