@@ -15,6 +15,7 @@
 #include "verify/export.hpp"
 #include "verify/lr_channel.hpp"
 #include "verify/state_check.hpp"
+#include "verify/unseen.hpp"
 
 namespace accumcheck {
 
@@ -155,19 +156,7 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   // 5. Verdict; on FAIL, every candidate ranked (3: cheaply, then the
   // closest few rigorously) and the diagnosis.  A PASS needs no ranking.
   verdict_of(acc, acc_d, r);
-  const std::string unseen = L.trace.meta_value("unseen");
-  if (!r.pass && !unseen.empty()) {
-    int64_t line = 0;
-    for (size_t i = 0; i < L.trace.meta.size(); ++i)
-      if (L.trace.meta[i].first == "unseen") line = int64_t(i) + 2;
-    throw InputError(
-        L.trace.meta_path(), line, 0, "unseen",
-        fmt::format("the trace would FAIL ({}), but its recorder reports what "
-                    "it could not see: {}; certify does not judge a loop on "
-                    "what it was not shown (record it, or remove the cause, "
-                    "and certify again)",
-                    r.verdict, unseen));
-  }
+  refuse_unseen(L.trace, r.pass, r.verdict);
   // Gradients and parameters within the bound, the step counts equal, the
   // state wrong: no candidate to rank, the state findings are the diagnosis.
   bool state_only = !r.pass && acc_d.first_out < 0 && acc.steps == n;

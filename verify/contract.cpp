@@ -16,6 +16,7 @@
 #include "verify/coefficient_engine.hpp"
 #include "verify/lr_channel.hpp"
 #include "verify/trace.hpp"
+#include "verify/unseen.hpp"
 
 namespace accumcheck {
 
@@ -481,8 +482,30 @@ CertifyReport certify_contract(const std::string& trace_dir) {
 
   // 1. Each backward's weight fit, against its calibrated bound.
   double cal_max = 0;
-  for (const auto& m : c.micro)
-    if (!std::isnan(m.calibration)) cal_max = std::max(cal_max, m.calibration);
+  size_t cal_at = 0;
+  for (size_t j = 0; j < c.micro.size(); ++j)
+    if (!std::isnan(c.micro[j].calibration) &&
+        c.micro[j].calibration > cal_max) {
+      cal_max = c.micro[j].calibration;
+      cal_at = j;
+    }
+  // A float64 recompute of g_j that strays from the float32 one by more
+  // than the precision at which weights are read (evidence_weight_rel) is
+  // not the same function (randomness the recorder could not replay, such
+  // as a compiled graph's own RNG): the weights would be too uncertain to
+  // tell correct from a mistake, so the trace is not judged.
+  const double weight_rel = error_model::tolerance("evidence_weight_rel");
+  if (cal_max > weight_rel)
+    throw InputError(
+        trace_dir + "/contract.csv", 0, 0, "calibration",
+        fmt::format(
+            "micro-batch {}'s gradient recomputed in float64 differs from "
+            "the float32 one by {:.3g} of its norm (at most {:g} reads a "
+            "weight): the recompute is not the forward your loop ran "
+            "(randomness the recorder could not replay, e.g. a "
+            "torch.compile'd model compiled before the recorder was made); "
+            "record again with the recorder made first",
+            cal_at, cal_max, weight_rel));
   std::vector<double> eps;
   CertifyCheck fit{"weight fit", true, false, ""};
   double worst_fit = 0;
@@ -693,6 +716,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
         r.verdict += ck.name + ": " + ck.message;
         break;
       }
+    refuse_unseen(tr, r.pass, r.verdict);
     const CertifyCandidate& best = r.ranking.front();
     const double next = r.ranking.size() > 1 ? r.ranking[1].distance : kInf;
     std::string names = best.name;

@@ -219,6 +219,8 @@ def parse(argv=None):
                     help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
     ap.add_argument("--undeclared-clip", action="store_true",
                     help="clip, but do not declare it to the recorder")
+    ap.add_argument("--compile", action="store_true",
+                    help="train the torch.compile'd model (the recorder watches the module it wraps)")
     ap.add_argument("--out", default=None, help="trace folder (contract tier)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
@@ -294,8 +296,9 @@ def run(a):
                             generator=shuffler, drop_last=drop_last)
         return rec.watch(loader) if rec else loader
 
+    trained = torch.compile(model) if a.compile else model
     t0, c0 = time.perf_counter(), time.process_time()
-    LOOPS[a.loop](model, stepping, load, a.K, a.epochs, mean, items, summed)
+    LOOPS[a.loop](trained, stepping, load, a.K, a.epochs, mean, items, summed)
     if rec:
         rec.close()
     return time.perf_counter() - t0, time.process_time() - c0

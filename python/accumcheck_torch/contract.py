@@ -49,8 +49,10 @@ coefficient engine's predictions) is `accumcheck certify --contract`.
 import copy
 
 import torch
+import torch._functorch.config as _functorch_config
+import torch._inductor.config as _inductor_config
 
-from .recorder import swap_clip
+from .recorder import eager, swap_clip
 from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
 
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
@@ -71,6 +73,18 @@ def _to(batch, dtype):
     if isinstance(batch, dict):
         return {k: _to(v, dtype) for k, v in batch.items()}
     return batch
+
+
+def _compiled(output):
+    """The output of a torch.compile'd graph (its autograd node is
+    AOTAutograd's CompiledFunction)."""
+    t = output
+    while not torch.is_tensor(t):
+        try:
+            t = next(iter(t.values())) if isinstance(t, dict) else t[0]
+        except (TypeError, IndexError, StopIteration, KeyError):
+            return False
+    return t.grad_fn is not None and "Compiled" in type(t.grad_fn).__name__
 
 
 def _first(batch):
@@ -218,6 +232,7 @@ class ContractRecorder:
         self.replay = None     # (optimizer, params) of the replay, built once
         self.closed = False
         self.quiet = quiet
+        self.unseen = []       # what the recorder could not see (meta.csv)
         self._patch()
 
     # ---- the loader
@@ -276,7 +291,15 @@ class ContractRecorder:
         try:
             loss = self.loss_fn(_Output(self.model, inputs[0], output), self.micro[j][5])
             grads = torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True)
-        except Exception:  # noqa: BLE001 -- the copy's recompute stands in
+        except Exception as e:  # noqa: BLE001 -- the copy's recompute stands in
+            if _compiled(output):
+                # A recompute on the eager copy is no stand-in for compiled
+                # code (its rounding, and its dropout masks: inductor draws
+                # its own random numbers).
+                self.unseen.append(
+                    "micro-batch %d: its forward ran under torch.compile and its gradient could not "
+                    "be taken from that forward (%s); an eager recompute cannot stand in for it"
+                    % (j, str(e).split(". ")[0]))
             return
         finally:
             self.taking = False
@@ -294,11 +317,23 @@ class ContractRecorder:
             return orig_zero(*a, **k)
         opt.zero_grad = zero_grad
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
+        # A torch.compile'd model, compiled while this recorder lives: its
+        # backward keeps its buffers (AOTAutograd donates them by default,
+        # and then refuses the retain_graph that takes g_j from your
+        # forward), and inductor draws dropout's random numbers as eager
+        # PyTorch does (fallback_random), so the float64 recompute replays
+        # the same masks from the captured RNG state.
+        self._compile_config = (_functorch_config.donated_buffer, _inductor_config.fallback_random)
+        _functorch_config.donated_buffer = False
+        _inductor_config.fallback_random = True
         # optimizer.step through its own step hooks (see Recorder._patch).
         self._hooks += [opt.register_step_pre_hook(lambda *_: rec._before_step()),
                         opt.register_step_post_hook(lambda *_: rec._after_step())]
-        self._hooks.append(self.model.register_forward_pre_hook(self._forward_hook))
-        self._hooks.append(self.model.register_forward_hook(self._forward_done))
+        # Under torch.compile the module hooks run eagerly (a graph break
+        # around each), never traced into the graph: what they record (the
+        # input, the RNG state, the output) is the forward's own.
+        self._hooks.append(self.model.register_forward_pre_hook(eager(self._forward_hook)))
+        self._hooks.append(self.model.register_forward_hook(eager(self._forward_done)))
         # clip_grad_norm_, also when imported by name before the recorder
         # existed: its code swapped for a call to the recorder (as the
         # oracle tier's Recorder does; one recorder at a time).
@@ -539,6 +574,7 @@ class ContractRecorder:
         for h in self._hooks:
             h.remove()
         self._restore_clip()
+        _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
         self.optimizer.__dict__.pop("zero_grad", None)
         rows = []
         for j, m in enumerate(self.micro):
@@ -565,6 +601,10 @@ class ContractRecorder:
                  if k in self.schedule]
         if self.clip_max is not None:
             meta.append(("clip", real(self.clip_max)))
+        if self.unseen:
+            shown = self.unseen[:3] + (["... (%d in all)" % len(self.unseen)]
+                                       if len(self.unseen) > 3 else [])
+            meta.append(("unseen", " | ".join(shown)))
         # Each event's epoch: that of the last micro-batch backwarded.
         events, epoch = [], 0
         for kind, step, micro, lr in self.events:

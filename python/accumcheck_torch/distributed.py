@@ -53,7 +53,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .contract import CONTRACT_HEADER, ContractRecorder
-from .recorder import Recorder
+from .recorder import Recorder, eager
 from .trace import Refused, write_trace
 
 
@@ -117,7 +117,7 @@ class DistributedRecorder(Recorder):
             self.unseen.append("rank %d: the model is not a DistributedDataParallel module: "
                                "its gradient all-reduces are not seen" % self.rank)
         else:
-            self._hooks.append(self.ddp.register_forward_pre_hook(self._ddp_forward))
+            self._hooks.append(self.ddp.register_forward_pre_hook(eager(self._ddp_forward)))
 
     def _unpatch(self):
         dist.all_gather = self._all_gather
@@ -289,7 +289,7 @@ class ContractDistributedRecorder(ContractRecorder):
                          loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
         if self.ddp is not None:
-            self._hooks.append(self.ddp.register_forward_pre_hook(self._ddp_forward))
+            self._hooks.append(self.ddp.register_forward_pre_hook(eager(self._ddp_forward)))
 
     def _ddp_forward(self, module, inputs):
         if _will_sync(module):

@@ -68,6 +68,12 @@ def _clip_entry(*args, **kwargs):
     return _accumcheck_clip(*args, **kwargs)  # noqa: F821
 
 
+def eager(hook):
+    """A module hook that torch.compile runs as Python, not traced into its
+    graph (torch.compiler.disable: a graph break around it)."""
+    return torch.compiler.disable(hook, recursive=True)
+
+
 def _same(a, b):
     """a and b hold the same values, NaN where the other holds NaN (an
     overflowed gradient the scaler will skip stays NaN when unscaled)."""
@@ -283,7 +289,7 @@ class Recorder:
                 "scheduler_step", lr=opt.param_groups[0]["lr"]))
 
         self._hooks = [p.register_hook(self._grad_hook) for p in self.params]
-        self._hooks.append(model.register_forward_pre_hook(self._forward_hook))
+        self._hooks.append(model.register_forward_pre_hook(eager(self._forward_hook)))
         self._patch_clip()
 
     def _patch_clip(self):
