@@ -1,6 +1,7 @@
 // `accumcheck certify`: an outside trainer's trace judged against a
-// scenario (verify/certify.hpp); `accumcheck certify-merge`: the parts of
-// a certification run on several machines, merged (verify/parts.hpp).
+// scenario (verify/certify/certify.hpp); `accumcheck certify-merge`: the parts
+// of a certification run on several machines, merged
+// (verify/certify/parts.hpp).
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,11 +14,11 @@
 #include "sim/atomic_file.hpp"
 #include "sim/errors.hpp"
 #include "sim/scenario_parse.hpp"
-#include "verify/certify.hpp"
-#include "verify/contract.hpp"
-#include "verify/parts.hpp"
-#include "verify/report.hpp"
-#include "verify/trace.hpp"
+#include "verify/certify/certify.hpp"
+#include "verify/certify/parts.hpp"
+#include "verify/contract/contract.hpp"
+#include "verify/teach/report.hpp"
+#include "verify/trace/trace.hpp"
 
 namespace accumcheck::cli {
 

@@ -57,7 +57,7 @@ struct CertifyOptions {
   std::string steps;               // "A:B": judge optimizer steps A..B-1 only
   std::string part;                // write the judged range's part file here
   std::string html;  // write the HTML report (certify results + curves)
-  bool contract = false;  // the contract tier (verify/contract.hpp)
+  bool contract = false;  // the contract tier (verify/contract/contract.hpp)
 };
 int certify_command(const CertifyOptions& o);
 

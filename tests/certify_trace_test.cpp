@@ -21,9 +21,9 @@
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
 #include "tests/source_dir.hpp"
-#include "verify/certify.hpp"
-#include "verify/export.hpp"
-#include "verify/trace.hpp"
+#include "verify/certify/certify.hpp"
+#include "verify/export/export.hpp"
+#include "verify/trace/trace.hpp"
 
 namespace accumcheck {
 namespace {
