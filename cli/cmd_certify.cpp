@@ -74,6 +74,9 @@ int certify_command(const CertifyOptions& o) {
                      o.contract
                          ? "--contract judges a trace alone: no scenario file"
                          : "a scenario file is required (or --contract)");
+  if (o.contract && o.values_only)
+    throw InputError("", 0, 0, "--values-only",
+                     "applies to a scenario's trace, not to --contract");
   // A --junit path we could not write is refused before any judging.
   if (!o.junit.empty()) require_output_file(o.junit, "--junit");
   if (o.contract) {
@@ -93,6 +96,7 @@ int certify_command(const CertifyOptions& o) {
   CertifyConfig cfg;
   cfg.run = o.run;
   cfg.fp64 = o.precision == "fp64";
+  cfg.values_only = o.values_only;
   if (o.precision == "bf16" || o.precision == "fp16")
     cfg.autocast = o.precision;
   cfg.bound_arith = o.bound_arith == "mpfr" ? BoundArith::mpfr : BoundArith::dd;

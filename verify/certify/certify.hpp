@@ -57,8 +57,10 @@
 // file:line): steps 0, 1, 2, ... in values.csv; in events.csv every row's
 // step is the number of optimizer_step rows before it and there is one
 // optimizer_step row per step of values.csv.  A run with no events rows is
-// judged on its values alone: the verdict line, the text and the JUnit
-// report (a skipped testcase) say that the call pattern was NOT checked.
+// refused (a recorder always writes them: such a trace is broken or
+// altered) unless CertifyConfig::values_only asks for its values alone;
+// then the verdict line, the text and the JUnit report (a skipped
+// testcase) say that the call pattern was NOT checked.
 #pragma once
 
 #include <algorithm>
@@ -91,6 +93,10 @@ enum class BoundArith { dd, mpfr };
 struct CertifyConfig {
   std::string run;    // run to judge; "" = the only or the last run
   bool fp64 = false;  // the trainer computes in float64
+  // A run without events.csv rows is judged on its values alone, the call
+  // pattern NOT checked (`certify --values-only`); false: refused
+  // (InputError naming events.csv and the run).
+  bool values_only = false;
   // The trainer's forward and backward run in a lower precision (bf16,
   // fp16 autocast): the gradient bound (and the clip decisions, the
   // BatchNorm statistics, the logged loss) scaled by error_model's

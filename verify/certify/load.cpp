@@ -74,6 +74,29 @@ void check_events(const Trace& t, const TraceRun& run, int64_t value_steps) {
                     run.name, steps, value_steps));
 }
 
+// A run without events.csv rows, refused at the file's last line (the
+// header's, or the last row of the other runs named).
+[[noreturn]] void refuse_no_events(const Trace& t, const TraceRun& run) {
+  int64_t last = 1;  // the header
+  std::string others;
+  for (const TraceRun& r : t.runs) {
+    if (r.events.empty()) continue;
+    last = std::max(last, r.events.back().line);
+    others += fmt::format("{}'{}'", others.empty() ? "" : ", ", r.name);
+  }
+  throw InputError(
+      t.events_path(), last, 0, "run",
+      fmt::format("no rows for run '{}' ({}); expected its events "
+                  "(forward_backward, optimizer_step, ...: a recorder always "
+                  "writes them, so a trace without them is broken or "
+                  "altered), or --values-only to judge its values alone "
+                  "without the call pattern",
+                  run.name,
+                  others.empty()
+                      ? "the file holds no rows"
+                      : "the file holds rows of run " + others + " only"));
+}
+
 // The checks of the values.csv loop in load(), for values.bin: every
 // value a finite number, float32 unless --precision fp64.
 void check_numbers(const Trace& t, const TraceRun& run,
@@ -188,9 +211,13 @@ LoadedTrace load(const Scenario& s, const std::string& dir,
                       "step needs its gradient and parameters",
                       run.name, st.step, st.grad.empty() ? "grad" : "param"));
   }
-  // Events, when the run has any (a run without events is judged on its
-  // values alone, and the verdict says the call pattern was not checked).
-  if (!run.events.empty()) check_events(t, run, int64_t(L.steps.size()));
+  // Events: a recorder always writes them, so a run without any is a
+  // broken or altered trace, judged on its values alone only when asked
+  // (the verdict then says the call pattern was not checked).
+  if (!run.events.empty())
+    check_events(t, run, int64_t(L.steps.size()));
+  else if (!cfg.values_only)
+    refuse_no_events(t, run);
   return L;
 }
 

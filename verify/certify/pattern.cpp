@@ -135,8 +135,10 @@ PatternCheck check_pattern(const Scenario& s, const Plan& plan,
   pc.max_windows = max_windows;
   r.pattern_checked = !run.events.empty();
   if (!r.pattern_checked) {
-    // The check cannot run: said in the verdict, the text and the JUnit
-    // report (a skipped testcase), never hidden behind a PASS.
+    // The check cannot run (a run without events, judged on its values
+    // alone: CertifyConfig::values_only): said in the verdict, the text
+    // and the JUnit report (a skipped testcase), never hidden behind a
+    // PASS.
     r.pattern_message = fmt::format(
         "call pattern NOT checked: events.csv has no rows for run '{}'",
         run.name);
