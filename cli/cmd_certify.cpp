@@ -1,6 +1,7 @@
 // `accumcheck certify`: an outside trainer's trace judged against a
-// scenario (verify/certify.hpp); `accumcheck certify-merge`: the parts of
-// a certification run on several machines, merged (verify/parts.hpp).
+// scenario (verify/certify/certify.hpp); `accumcheck certify-merge`: the parts
+// of a certification run on several machines, merged
+// (verify/certify/parts.hpp).
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,11 +14,11 @@
 #include "sim/atomic_file.hpp"
 #include "sim/errors.hpp"
 #include "sim/scenario_parse.hpp"
-#include "verify/certify.hpp"
-#include "verify/contract.hpp"
-#include "verify/parts.hpp"
-#include "verify/report.hpp"
-#include "verify/trace.hpp"
+#include "verify/certify/certify.hpp"
+#include "verify/certify/parts.hpp"
+#include "verify/contract/contract.hpp"
+#include "verify/teach/report.hpp"
+#include "verify/trace/trace.hpp"
 
 namespace accumcheck::cli {
 
@@ -73,6 +74,9 @@ int certify_command(const CertifyOptions& o) {
                      o.contract
                          ? "--contract judges a trace alone: no scenario file"
                          : "a scenario file is required (or --contract)");
+  if (o.contract && o.values_only)
+    throw InputError("", 0, 0, "--values-only",
+                     "applies to a scenario's trace, not to --contract");
   // A --junit path we could not write is refused before any judging.
   if (!o.junit.empty()) require_output_file(o.junit, "--junit");
   if (o.contract) {
@@ -92,6 +96,7 @@ int certify_command(const CertifyOptions& o) {
   CertifyConfig cfg;
   cfg.run = o.run;
   cfg.fp64 = o.precision == "fp64";
+  cfg.values_only = o.values_only;
   if (o.precision == "bf16" || o.precision == "fp16")
     cfg.autocast = o.precision;
   cfg.bound_arith = o.bound_arith == "mpfr" ? BoundArith::mpfr : BoundArith::dd;

@@ -1,11 +1,11 @@
 // `accumcheck explain`: a pitfall or lesson, for people learning it
-// (verify/explain.hpp).
+// (verify/teach/explain.hpp).
 #include <cstdio>
 #include <string>
 
 #include "cli/commands.hpp"
 #include "sim/errors.hpp"
-#include "verify/explain.hpp"
+#include "verify/teach/explain.hpp"
 
 namespace accumcheck::cli {
 

@@ -4,7 +4,7 @@
 #include "cli/commands.hpp"
 #include "sim/atomic_file.hpp"
 #include "sim/scenario_parse.hpp"
-#include "verify/export.hpp"
+#include "verify/export/export.hpp"
 
 namespace accumcheck::cli {
 

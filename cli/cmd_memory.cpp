@@ -1,11 +1,11 @@
 // `accumcheck memory`: the training-memory breakdown of a scenario's model
-// by micro-batch size and K (verify/memory.hpp).
+// by micro-batch size and K (verify/teach/memory.hpp).
 #include <cstdio>
 
 #include "cli/commands.hpp"
 #include "sim/errors.hpp"
 #include "sim/scenario_parse.hpp"
-#include "verify/memory.hpp"
+#include "verify/teach/memory.hpp"
 
 namespace accumcheck::cli {
 

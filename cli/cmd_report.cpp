@@ -1,12 +1,12 @@
 // `accumcheck report`: a trace as one self-contained HTML page
-// (verify/report.hpp).
+// (verify/teach/report.hpp).
 #include <cstdio>
 
 #include "cli/commands.hpp"
 #include "cli/scenario_dir.hpp"
 #include "sim/atomic_file.hpp"
-#include "verify/report.hpp"
-#include "verify/trace.hpp"
+#include "verify/teach/report.hpp"
+#include "verify/trace/trace.hpp"
 
 namespace accumcheck::cli {
 

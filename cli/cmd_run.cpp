@@ -20,7 +20,7 @@
 #include "sim/layout.hpp"
 #include "sim/limits.hpp"
 #include "sim/scenario_parse.hpp"
-#include "verify/trace.hpp"
+#include "verify/trace/trace.hpp"
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
 #include "gpu/cuda/cuda_executor.hpp"
 #endif

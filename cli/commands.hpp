@@ -56,8 +56,9 @@ struct CertifyOptions {
   int threads = 0;                 // 0: every core
   std::string steps;               // "A:B": judge optimizer steps A..B-1 only
   std::string part;                // write the judged range's part file here
-  std::string html;  // write the HTML report (certify results + curves)
-  bool contract = false;  // the contract tier (verify/contract.hpp)
+  std::string html;          // write the HTML report (certify results + curves)
+  bool contract = false;     // the contract tier (verify/contract/contract.hpp)
+  bool values_only = false;  // judge a run without events on its values alone
 };
 int certify_command(const CertifyOptions& o);
 

@@ -276,6 +276,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   certify_cmd->add_flag("--quiet", cert.quiet, "print the verdict only");
+  certify_cmd->add_flag(
+      "--values-only", cert.values_only,
+      "judge a run that has no events.csv rows on its values alone (the "
+      "call pattern is then NOT checked, as the verdict says); without it "
+      "such a trace is refused (exit 2): a recorder always writes events, "
+      "so a trace without them is broken or altered");
   certify_cmd
       ->add_option("--bound-arith", cert.bound_arith,
                    "the numbers the Tracked float32 bound is computed in: dd "

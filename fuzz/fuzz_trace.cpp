@@ -1,11 +1,11 @@
-// libFuzzer target: the trace reader (verify/trace.hpp), read_trace,
+// libFuzzer target: the trace reader (verify/trace/trace.hpp), read_trace,
 // gather_steps and read_state.
 //
 // One input is the files of a trace folder joined by a line
 // "--accumcheck-fuzz--" (meta.csv, events.csv, values.csv, values.bin;
 // missing parts are empty files), so mutations reach every file.  A
 // non-empty fourth part is written as values.bin in place of values.csv
-// (the binary values file, verify/trace_bin.cpp).  The seed corpus
+// (the binary values file, verify/trace/values_bin.cpp).  The seed corpus
 // (fuzz/corpus/trace) holds real traces written by `accumcheck run
 // tests/data/tiny_mse.toml --out DIR` (oracle and device engines).  A bad
 // trace must be an InputError; anything else is a crash.  Every run is
@@ -22,7 +22,7 @@
 #include "fuzz/fuzz_files.hpp"
 #include "sim/errors.hpp"
 #include "sim/layout.hpp"
-#include "verify/trace.hpp"
+#include "verify/trace/trace.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace accumcheck;

@@ -1,5 +1,5 @@
 // The contract tier's foundation (DESIGN.md section 10): the coefficient
-// engine (verify/coefficient_engine.hpp), run through the one Trainer
+// engine (verify/contract/coefficient_engine.hpp), run through the one Trainer
 // loop, predicts every optimizer step's gradient as exact rational weights
 // over micro-batch gradients g_j.  Checked here against the oracle engine
 // run through the same loop with the same Behavior: each step's gradient
@@ -23,7 +23,7 @@
 #include "properties/contract.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
-#include "verify/coefficient_engine.hpp"
+#include "verify/contract/coefficient_engine.hpp"
 
 namespace accumcheck::properties {
 

@@ -16,7 +16,7 @@
 #include "properties/device_properties.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
-#include "verify/trace.hpp"
+#include "verify/trace/trace.hpp"
 
 namespace accumcheck::properties {
 

@@ -8,13 +8,12 @@
 // at each window, so dropout masks are keyed by (seed, epoch, sample id,
 // layer, unit).  And `Real clip_grad_norm(double max_norm)`: an engine
 // that offers it clips itself (the contract tier's coefficient engine,
-// verify/coefficient_engine.hpp, keeps the clip factor as a symbol); the
-// others get the trainer's clip_grad_norm_ formula.  And
-// `void hold_rank(int64_t r)` with `void average_ranks(int64_t R)`: an
-// engine whose gradient buffer EngineState cannot carry (the coefficient
-// engine's exact coefficients) keeps every DDP rank's buffer itself; the
-// trainer calls hold_rank when it swaps ranks and average_ranks for DDP's
-// all-reduce.
+// verify/contract/coefficient_engine.hpp, keeps the clip factor as a symbol);
+// the others get the trainer's clip_grad_norm_ formula.  And `void
+// hold_rank(int64_t r)` with `void average_ranks(int64_t R)`: an engine whose
+// gradient buffer EngineState cannot carry (the coefficient engine's exact
+// coefficients) keeps every DDP rank's buffer itself; the trainer calls
+// hold_rank when it swaps ranks and average_ranks for DDP's all-reduce.
 //
 // Model (sim/scenario.hpp ModelSpec): an MLP of Linear layers with the
 // activation between them (none after the last), then the loss:

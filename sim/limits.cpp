@@ -260,54 +260,67 @@ ScenarioSize scenario_size(const Scenario& s) {
 void require_scenario_within_limits(const Scenario& s,
                                     std::string_view madds_key) {
   const ScenarioSize z = scenario_size(s);
-  const std::string& f = s.path;
-  require_within("layers", int64_t(s.model.widths.size()) - 1,
-                 fmt::format("{} Linear layers", s.model.widths.size() - 1), f,
-                 0, 0, "model.widths");
-  require_within("samples", s.data.samples,
-                 fmt::format("data.samples = {}", s.data.samples), f, 0, 0,
-                 "data.samples");
-  require_within(
+  // Each limit reported at the key it is about, where the file wrote it.
+  auto within = [&](std::string_view limit_key, std::optional<int64_t> value,
+                    const std::string& what, const std::string& key) {
+    const auto at = s.written_at.find(key);
+    const auto [line, column] = at == s.written_at.end()
+                                    ? std::pair<int64_t, int64_t>{0, 0}
+                                    : at->second;
+    require_within(limit_key, value, what, s.path, line, column, key);
+  };
+  within("layers", int64_t(s.model.widths.size()) - 1,
+         fmt::format("{} Linear layers", s.model.widths.size() - 1),
+         "model.widths");
+  within("samples", s.data.samples,
+         fmt::format("data.samples = {}", s.data.samples), "data.samples");
+  within(
       "parameters", z.parameters,
       fmt::format("the model's parameter count {}",
                   z.parameters ? std::to_string(*z.parameters) : "(overflow)"),
-      f, 0, 0,
       s.model.kind == ModelKind::token ? "model.vocab" : "model.widths");
-  require_within(
+  within(
       "data_values", z.data_values,
       fmt::format("the dataset's {} values ({} samples)",
                   z.data_values ? std::to_string(*z.data_values) : "(overflow)",
                   s.data.samples),
-      f, 0, 0, "data.samples");
-  require_within(
+      "data.samples");
+  within(
       "windows", z.windows,
       fmt::format(
           "batching.epochs = {} x {} windows per epoch = {} optimizer windows",
           s.batching.epochs,
           z.windows_per_epoch ? std::to_string(*z.windows_per_epoch) : "?",
           z.windows ? std::to_string(*z.windows) : "(overflow)"),
-      f, 0, 0, "batching.epochs");
-  require_within(
-      madds_key, z.oracle_madds,
-      fmt::format(
-          "the oracle's estimated {} multiply-adds ({} parameters x "
-          "{} samples seen x 12)",
-          z.oracle_madds ? std::to_string(*z.oracle_madds) : "(overflow)",
-          z.parameters ? std::to_string(*z.parameters) : "?",
-          z.samples_seen ? std::to_string(*z.samples_seen) : "?"),
-      f, 0, 0, "batching.epochs");
+      "batching.epochs");
+  within(madds_key, z.oracle_madds,
+         fmt::format(
+             "the oracle's estimated {} multiply-adds ({} parameters x "
+             "{} samples seen x 12)",
+             z.oracle_madds ? std::to_string(*z.oracle_madds) : "(overflow)",
+             z.parameters ? std::to_string(*z.parameters) : "?",
+             z.samples_seen ? std::to_string(*z.samples_seen) : "?"),
+         "batching.epochs");
+}
+
+std::string why_not_a_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return errno == ENOENT
+               ? "does not exist"
+               : std::string("cannot be read: ") + std::strerror(errno);
+  if (S_ISDIR(st.st_mode)) return "is a folder";
+  if (!S_ISREG(st.st_mode))
+    return "is not a regular file (a device, pipe or socket)";
+  return "";
 }
 
 void require_file_within_limit(const std::string& path,
                                std::string_view limit_key) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;  // the reader says why
-  if (S_ISDIR(st.st_mode))
-    throw InputError(path, 0, 0, "", "is a folder, expected a file");
-  if (!S_ISREG(st.st_mode))
-    throw InputError(path, 0, 0, "",
-                     "is not a regular file (a device, pipe or socket); "
-                     "expected a file");
+  if (const std::string why = why_not_a_file(path); !why.empty())
+    throw InputError(path, 0, 0, "", why + "; expected a file");
   require_within(limit_key, int64_t(st.st_size),
                  fmt::format("its size {} bytes", int64_t(st.st_size)), path, 0,
                  0, "");

@@ -75,6 +75,11 @@ ScenarioSize scenario_size(const Scenario& s);
 void require_scenario_within_limits(
     const Scenario& s, std::string_view madds_key = "oracle_madds");
 
+// Opens nothing: why `path` cannot be read as a file ("does not exist",
+// "is a folder", "is not a regular file (a device, pipe or socket)"), or
+// "" when it is a regular file.
+std::string why_not_a_file(const std::string& path);
+
 // Opens nothing: refuses a path that is not a regular file or is larger
 // than the limit `limit_key` (InputError naming the path), before the file
 // is read.  A missing file is left to the reader's "cannot open" message.

@@ -8,8 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/pitfalls.hpp"
@@ -157,10 +160,10 @@ enum class GradBuffer { fp32, bf16, fp16 };
 // stays an exact rational: sim/engine.hpp LossWeight).
 struct PrecisionSpec {
   GradBuffer grad_buffer = GradBuffer::fp32;
-  bool loss_scaling = false;      // loss_scale = "dynamic"
-  int64_t scale_exp = 16;         // init_scale = 65536 (GradScaler's default)
-  int64_t growth_exp = 1;         // growth_factor = 2
-  int64_t backoff_exp = -1;       // backoff_factor = 0.5
+  bool loss_scaling = false;       // loss_scale = "dynamic"
+  int64_t scale_exp = 16;          // init_scale = 65536 (GradScaler's default)
+  int64_t growth_exp = 1;          // growth_factor = 2
+  int64_t backoff_exp = -1;        // backoff_factor = 0.5
   int64_t growth_interval = 2000;  // clean steps before the scale grows
   // Overflow injected deterministically: (window, micro-step) pairs, both
   // from 0 (windows counted over the whole run): that micro-step's
@@ -209,6 +212,11 @@ struct Scenario {
   PrecisionSpec precision;
   EmaSpec ema;
   ExpectSpec expect;
+  // Where the keys checked after parsing were written in `path`: line and
+  // column by key ("batching.epochs"), for the scenario-wide limits that
+  // wait for a command's overrides (sim/limits.hpp
+  // require_scenario_within_limits).  A key not written is absent.
+  std::map<std::string, std::pair<int64_t, int64_t>, std::less<>> written_at;
 };
 
 // One-line self-description, enough to rerun the case:

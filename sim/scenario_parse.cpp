@@ -206,6 +206,12 @@ void parse_data(const Parser& p, const Section& sec, Scenario& s) {
     d.source = DataSource::csv;
     d.csv_path = resolve_csv(p.file(), *csv);
     d.samples = 0;
+    // The file itself is reported at the key (what it holds, at its own
+    // lines by the reader).
+    if (const std::string why = why_not_a_file(d.csv_path); !why.empty())
+      p.fail(sec.node("csv"), "data.csv",
+             fmt::format("expected a CSV file, got '{}': {} {}", *csv,
+                         d.csv_path, why));
     // Reads and checks the whole file (header against the model, every
     // value); the row count is the sample count.
     const Dataset ds = make_dataset(s);
@@ -412,6 +418,17 @@ Scenario parse_scenario_string(std::string_view text,
   const Section ema(p, root, "ema", {"decay"});
   const Section expect(p, root, "expect",
                        {"verdict", "min_distance", "at_step"});
+
+  // Where the keys whose limits wait for a command's overrides were
+  // written (require_scenario_within_limits reports there).
+  for (const auto& [sec, k] :
+       {std::pair<const Section*, std::string_view>{&model, "widths"},
+        {&model, "vocab"},
+        {&data, "samples"},
+        {&batching, "epochs"}})
+    if (const toml::node* n = sec->node(k))
+      s.written_at[sec->key(k)] = {int64_t(n->source().begin.line),
+                                   int64_t(n->source().begin.column)};
 
   parse_model(p, model, s.model);
   parse_data(p, data, s);

@@ -15,8 +15,8 @@
 #include "sim/atomic_file.hpp"
 #include "sim/errors.hpp"
 #include "tests/source_dir.hpp"
-#include "verify/certify.hpp"
-#include "verify/parts.hpp"
+#include "verify/certify/certify.hpp"
+#include "verify/certify/parts.hpp"
 
 namespace accumcheck {
 namespace {

@@ -16,8 +16,8 @@
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
 #include "tests/source_dir.hpp"
-#include "verify/export.hpp"
-#include "verify/trace.hpp"
+#include "verify/export/export.hpp"
+#include "verify/trace/trace.hpp"
 
 namespace accumcheck::certify_test {
 

@@ -22,9 +22,9 @@
 #include "sim/layout.hpp"
 #include "sim/scenario_parse.hpp"
 #include "tests/source_dir.hpp"
-#include "verify/certify.hpp"
-#include "verify/export.hpp"
-#include "verify/trace.hpp"
+#include "verify/certify/certify.hpp"
+#include "verify/export/export.hpp"
+#include "verify/trace/trace.hpp"
 
 namespace accumcheck {
 namespace {
@@ -308,6 +308,21 @@ TEST_F(CertifyBadInput, MissingEventsColumn) {
     v[0] = "run,epoch,step,micro,event,samples,tokens,loss,lr";
   });
   expect_error("events.csv:1", "missing column 'grad_norm'");
+}
+
+// A recorder always writes events: a run without any is refused, naming
+// events.csv and the run, unless values-only judging is asked for (then
+// it passes on its values, the call pattern NOT checked and said so).
+TEST_F(CertifyBadInput, RunWithoutEvents) {
+  edit("events.csv", [](auto& v) { v.resize(1); });  // the header only
+  expect_error("events.csv:1: run: no rows for run", "the file holds no rows");
+  CertifyConfig values_only;
+  values_only.values_only = true;
+  const CertifyReport r = certify(scenario(), dir_, values_only);
+  EXPECT_TRUE(r.pass) << certify_text(r);
+  EXPECT_FALSE(r.pattern_checked);
+  EXPECT_NE(r.verdict.find("call pattern NOT checked"), std::string::npos)
+      << r.verdict;
 }
 
 // ------------------------------------------------- recorded clip norms

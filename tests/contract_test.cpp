@@ -1,15 +1,17 @@
-// The contract tier's coefficient engine (verify/coefficient_engine.hpp):
-// exact weights for hand-checkable windows, the property over the oracle
-// for every catalog pitfall and pair, and that property broken on purpose.
+// The contract tier's coefficient engine
+// (verify/contract/coefficient_engine.hpp): exact weights for hand-checkable
+// windows, the property over the oracle for every catalog pitfall and pair, and
+// that property broken on purpose.
+#include "properties/contract.hpp"
+
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
-#include "properties/contract.hpp"
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
 #include "sim/plan.hpp"
 #include "sim/trainer.hpp"
-#include "verify/coefficient_engine.hpp"
+#include "verify/contract/coefficient_engine.hpp"
 
 namespace accumcheck {
 namespace {

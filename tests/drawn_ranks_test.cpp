@@ -1,5 +1,5 @@
 // The order-and-coverage check of certify on multi-rank (DDP) traces
-// (verify/drawn.cpp, drawn_plan_ranks): every rank's micro-batch shards
+// (verify/certify/drawn.cpp, drawn_plan_ranks): every rank's micro-batch shards
 // from its forward_backward events, their union checked against the
 // sampler's (padding repeats included), the trainer's own order judged on
 // what it drew.
@@ -11,7 +11,7 @@
 
 #include "sim/plan.hpp"
 #include "sim/scenario_parse.hpp"
-#include "verify/drawn.hpp"
+#include "verify/certify/drawn.hpp"
 
 namespace accumcheck {
 namespace {

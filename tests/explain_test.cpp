@@ -1,8 +1,8 @@
 // `accumcheck explain` covers every pitfall and every scenario, and its
 // entries name only scenarios and properties that exist.  A pitfall added
 // to sim/pitfalls.hpp, or a scenario added to scenarios/, fails here until
-// verify/explain.cpp has its entry.
-#include "verify/explain.hpp"
+// verify/teach/explain.cpp has its entry.
+#include "verify/teach/explain.hpp"
 
 #include <gtest/gtest.h>
 
@@ -41,7 +41,7 @@ TEST(Explain, EveryPitfallHasAnEntry) {
   for (Pitfall p : kAllPitfalls) {
     const ExplainEntry* e = find_explain(pitfall_id(p));
     ASSERT_NE(e, nullptr) << "no explain entry for pitfall " << pitfall_id(p)
-                          << ": add one to verify/explain.cpp";
+                          << ": add one to verify/teach/explain.cpp";
     EXPECT_EQ(e->id, pitfall_id(p));
   }
 }

@@ -88,7 +88,7 @@ epochs = 10"
 seed = 1" "micro_batch = 4
 accumulation = 2
 epochs = 1000000000000"
-    expect 2 'batching.epochs: batching.epochs = 1000000000000 x 8 windows per epoch = 8000000000000 optimizer windows exceeds the limit windows = 1000000' 10 -- \
+    expect 2 "^accumcheck: $tmp/a.toml:14:10: batching.epochs: batching.epochs = 1000000000000 x 8 windows per epoch = 8000000000000 optimizer windows exceeds the limit windows = 1000000" 10 -- \
       "$bin" run "$tmp/a.toml" --no-trace
     expect 0 'verdict \(oracle, 50 digits\): holds' 20 -- \
       "$bin" run "$tmp/a.toml" --steps 1 --out "$tmp/out"
@@ -120,7 +120,7 @@ epochs = 1000000000000"
     scenario "$tmp/a.toml" "[4, 8, 2]" "samples = 64" "micro_batch = 4
 accumulation = 2
 epochs = 9223372036854775807"
-    expect 2 'batching.epochs: batching.epochs = 9223372036854775807 x 8 windows per epoch = \(overflow\) optimizer windows: too large, its optimizer windows do not fit in 63 bits' 10 -- \
+    expect 2 "^accumcheck: $tmp/a.toml:13:10: batching.epochs: batching.epochs = 9223372036854775807 x 8 windows per epoch = \\(overflow\\) optimizer windows: too large, its optimizer windows do not fit in 63 bits" 10 -- \
       "$bin" run "$tmp/a.toml" --no-trace
     expect 0 'holds' 20 -- "$bin" run "$tmp/a.toml" --steps 2 --no-trace
     ;;
@@ -187,8 +187,19 @@ at_step = 100'
   csv_dev_zero)  # used to read 1.2 GB for 45 s
     scenario "$tmp/a.toml" "[2, 4, 1]" 'csv = "/dev/zero"' "micro_batch = 2
 accumulation = 2"
-    expect 2 '/dev/zero: is not a regular file' 5 -- \
+    expect 2 "a.toml:8:7: data.csv: expected a CSV file, got '/dev/zero': /dev/zero is not a regular file" 5 -- \
       "$bin" run "$tmp/a.toml" --no-trace
+    ;;
+  csv_missing)  # used to name the CSV path only, not the scenario's line and key
+    scenario "$tmp/a.toml" "[2, 4, 1]" 'csv = "nope.csv"' "micro_batch = 2
+accumulation = 2"
+    expect 2 "^accumcheck: $tmp/a.toml:8:7: data.csv: expected a CSV file, got 'nope.csv': $tmp/nope.csv does not exist" -- \
+      "$bin" run "$tmp/a.toml" --out "$tmp/out"
+    mkdir "$tmp/d.csv"
+    sed -i 's/nope\.csv/d.csv/' "$tmp/a.toml"
+    expect 2 "^accumcheck: $tmp/a.toml:8:7: data.csv: expected a CSV file, got 'd.csv': $tmp/d.csv is a folder" -- \
+      "$bin" export "$tmp/a.toml" --out "$tmp/out"
+    [ ! -e "$tmp/out" ] || fail "a refused scenario left output behind"
     ;;
   csv_size_limit)  # a CSV over csv_bytes is refused before it is read
     { echo "x0,x1,y0"; for i in $(seq 200); do echo "0.5,0.25,1"; done; } >"$tmp/d.csv"
@@ -250,19 +261,29 @@ accumulation = 2"
     expect 2 "events.csv:[0-9]+: step: run 'correct': 2 optimizer_step rows, but values.csv holds 6 steps" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/short"
     ;;
-  events_missing)  # used to print PASS with no call-pattern line at all
+  events_missing)  # used to PASS ("call pattern NOT checked") without a flag
     make_trace
     only_run correct "$tmp/tr/values.csv"
     cp "$tmp/tr/events.csv" "$tmp/ev"
     head -1 "$tmp/ev" >"$tmp/tr/events.csv"  # header only
-    expect 0 "^PASS: .*; call pattern NOT checked: events.csv has no rows for run 'correct'" -- \
+    # A recorder always writes events: refused, nothing written ...
+    expect 2 "events.csv:1: run: no rows for run 'correct' \(the file holds no rows\); expected its events .* or --values-only" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" --junit "$tmp/r.xml"
+    [ ! -e "$tmp/r.xml" ] || fail "a refused trace left a JUnit report"
+    # ... unless values-only judging is asked for, and then said.
+    expect 0 "^PASS: .*; call pattern NOT checked: events.csv has no rows for run 'correct'" -- \
+      "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" --junit "$tmp/r.xml" --values-only
     grep -q '<skipped message="call pattern NOT checked' "$tmp/r.xml" ||
       fail "the JUnit report does not say the check was skipped"
     only_run reference "$tmp/ev"  # rows of another run only
     cp "$tmp/ev" "$tmp/tr/events.csv"
-    expect 0 "call pattern NOT checked: events.csv has no rows for run 'correct'" -- \
+    last=$(wc -l <"$tmp/tr/events.csv")
+    expect 2 "events.csv:$last: run: no rows for run 'correct' \(the file holds rows of run 'reference' only\)" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" --run correct --quiet
+    expect 0 "call pattern NOT checked: events.csv has no rows for run 'correct'" -- \
+      "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" --run correct --quiet --values-only
+    expect 2 "--values-only: applies to a scenario's trace, not to --contract" -- \
+      "$bin" certify --contract --trace "$tmp/tr" --values-only
     # A run with optimizer steps in events.csv but no values is refused.
     make_trace
     only_run correct "$tmp/tr/events.csv"

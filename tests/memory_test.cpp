@@ -1,6 +1,6 @@
 // `accumcheck memory`: the lesson's invariants on the replay (the bytes
 // themselves are checked against PyTorch in CTest Memory.PyTorch.*).
-#include "verify/memory.hpp"
+#include "verify/teach/memory.hpp"
 
 #include <gtest/gtest.h>
 

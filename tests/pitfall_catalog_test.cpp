@@ -27,7 +27,7 @@
 #include "sim/scenario_parse.hpp"
 #include "sim/trainer.hpp"
 #include "tests/source_dir.hpp"
-#include "verify/null_engine.hpp"
+#include "verify/export/null_engine.hpp"
 
 namespace accumcheck {
 namespace {

@@ -1,7 +1,7 @@
-// certify's state checks (verify/state_check.hpp) on the device engine's
-// correct trace with a state.csv written beside it: a loss scale constant
-// within each window passes, one that changes inside a window fails naming
-// scaler-update-every-micro-step, a wrong logged loss is a check of its
+// certify's state checks (verify/certify/state_check.hpp) on the device
+// engine's correct trace with a state.csv written beside it: a loss scale
+// constant within each window passes, one that changes inside a window fails
+// naming scaler-update-every-micro-step, a wrong logged loss is a check of its
 // own that leaves the training verdict alone, the run column selects the
 // judged run's rows (a file without it, as recorders wrote before it, is
 // one run's), and a malformed state.csv is an InputError naming the file
@@ -14,8 +14,8 @@
 #include "certify_test_util.hpp"
 #include "sim/errors.hpp"
 #include "sim/pitfalls.hpp"
-#include "verify/certify.hpp"
-#include "verify/trace.hpp"
+#include "verify/certify/certify.hpp"
+#include "verify/trace/trace.hpp"
 
 namespace accumcheck {
 namespace {

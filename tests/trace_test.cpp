@@ -1,6 +1,6 @@
 // Traces: write -> read is exact, bytes are deterministic, and every kind
 // of malformed file is an InputError naming the file and line.
-#include "verify/trace.hpp"
+#include "verify/trace/trace.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -9,7 +9,7 @@
 
 #include "sim/plan.hpp"
 #include "sim/trainer.hpp"
-#include "verify/null_engine.hpp"
+#include "verify/export/null_engine.hpp"
 
 namespace accumcheck {
 namespace {

@@ -26,7 +26,7 @@ is written:
 Whatever the recorder cannot attribute is written to meta.csv as `unseen`,
 and `accumcheck certify` names it and exits 2 rather than blame the loop.
 
-The training state beyond gradients goes to state.csv (verify/trace.hpp
+The training state beyond gradients goes to state.csv (verify/trace/trace.hpp
 describes its rows; certify's state checks judge it); its per-element
 tensors (Adam's moments, the EMA) go to values.bin as blocks of their own
 when the trace is values.bin (rows of GBs at a million parameters):

@@ -1,8 +1,8 @@
-"""The accumcheck trace schema, as verify/trace.cpp writes and reads it.
+"""The accumcheck trace schema, as verify/trace/ writes and reads it.
 
-verify/trace.* is the one reader and writer of record; this module only
+verify/trace/ is the one reader and writer of record; this module only
 writes what it reads: meta.csv, events.csv and the values (values.bin,
-or values.csv), each atomically.  values.bin (verify/trace.hpp gives the
+or values.csv), each atomically.  values.bin (verify/trace/trace.hpp gives the
 format) is written only here: class Values.
 """
 

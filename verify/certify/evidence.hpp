@@ -1,0 +1,66 @@
+// Model-free evidence for a trace no modelled pitfall explains (certify's
+// diagnosis, after "no modelled pitfall explains this trace").
+//
+//   - the first step out of the bound, the tensor, and the first
+//     micro-batch of its window whose weight is not the accepted one;
+//   - the effective weight of each micro-batch of that window, fitted from
+//     the trace: the trace's gradient G of the step (less the accepted
+//     L2-in-loss term) as the least-squares combination sum_k w_k g_k of
+//     the window's per-micro-batch gradients g_k (sum of item losses,
+//     computed by a double oracle at the trace's parameters before the
+//     step; the step's clip, from its clip event's pre-clip norm, undone),
+//     printed as fractions of 1/N_w: "micro-batch 0 weighs 2/N_w:
+//     counted twice", "weighs 0: skipped", "weights 1/(K*b_k)"; a fit whose
+//     residual is not small says so (the gradient is no combination of
+//     this window's micro-batches);
+//   - the lr channel's evidence (verify/certify/lr_channel.hpp);
+//   - the step-count difference.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/data.hpp"
+#include "sim/layout.hpp"
+#include "sim/pitfalls.hpp"
+#include "sim/plan.hpp"
+#include "sim/scenario.hpp"
+#include "verify/certify/lr_channel.hpp"
+#include "verify/trace/trace.hpp"
+
+namespace accumcheck {
+
+struct EvidenceInput {
+  const Scenario& s;
+  const Dataset& data;
+  const std::vector<float>& init;
+  const Plan& plan;  // the plan judged on
+  const ParamLayout& layout;
+  const std::vector<TraceStep>& trace;
+  const TraceRun& run;
+  const Behavior& accepted;
+  std::string accepted_name;
+  int64_t first_out = -1;  // the accepted semantics' first step out
+  std::string first_out_what;
+  int64_t trace_steps = 0, expected_steps = 0;
+  const LrChannel& lr;
+};
+
+// Effective weights of one step's micro-batches, fitted from the trace.
+struct WindowFit {
+  bool fitted = false;
+  int64_t step = -1;
+  int64_t items = 0;                 // N_w
+  std::vector<int64_t> micro_items;  // b_k
+  std::vector<double> weight;        // w_k (per unit of summed item loss)
+  double residual = 0;               // |G - sum w_k g_k| / |G|
+  double clip_coef = 1;  // the step's clip factor, undone before the fit
+};
+
+WindowFit fit_window(const EvidenceInput& in, int64_t step);
+
+// The evidence lines, each without a trailing newline.
+std::vector<std::string> unexplained_evidence(const EvidenceInput& in);
+
+}  // namespace accumcheck

@@ -1,0 +1,120 @@
+// certify's lr channel (verify/certify/lr_channel.hpp).
+#include "verify/certify/lr_channel.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "oracle/error_model.hpp"
+#include "sim/lr_schedule.hpp"
+#include "sim/trainer.hpp"
+#include "verify/export/null_engine.hpp"
+
+namespace accumcheck {
+
+namespace {
+
+bool same(double a, double b, double rel) {
+  return std::fabs(a - b) <= rel * std::max(std::fabs(a), std::fabs(b));
+}
+
+}  // namespace
+
+LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
+                   const Behavior& accepted) {
+  LrChannel c;
+  std::vector<int64_t> epoch_of;
+  for (const TraceEvent& te : run.events)
+    if (te.event.kind == EventKind::optimizer_step && te.event.rank == 0) {
+      // With R ranks every rank records its step; rank 0's stand for all.
+      c.trace_lr.push_back(te.event.lr);
+      epoch_of.push_back(te.event.epoch);
+    }
+  if (c.trace_lr.empty() ||
+      std::any_of(c.trace_lr.begin(), c.trace_lr.end(),
+                  [](double x) { return std::isnan(x); })) {
+    c.message = "lr not checked: the trace's optimizer_step events carry no lr";
+    return c;
+  }
+  c.checked = true;
+  NullEngine null;
+  TrainerOptions opt;
+  opt.record_values = false;
+  opt.max_steps = s.batching.max_steps;
+  Trainer<NullEngine> t(null, s, accepted, s.optimizer.lr, opt);
+  for (const StepRecord<double>& st : t.run(plan, "lr").steps)
+    c.accepted_lr.push_back(st.lr);
+  const double rel = error_model::tolerance("lr_channel_rel");
+  const size_t n = std::min(c.trace_lr.size(), c.accepted_lr.size());
+  for (size_t i = 0; i < n && c.first_off < 0; ++i)
+    if (!same(c.trace_lr[i], c.accepted_lr[i], rel)) c.first_off = int64_t(i);
+  c.ok = c.first_off < 0;
+  if (c.ok) {
+    c.message = fmt::format(
+        "lr: every optimizer step's lr is the accepted schedule's ({} "
+        "steps{})",
+        n,
+        c.trace_lr.size() != c.accepted_lr.size()
+            ? fmt::format("; the trace has {}, the schedule {}",
+                          c.trace_lr.size(), c.accepted_lr.size())
+            : std::string());
+    return c;
+  }
+  const size_t t0 = size_t(c.first_off);
+  c.message = fmt::format(
+      "lr: step {} used lr {:.9g}, the accepted schedule gives {:.9g}", t0,
+      c.trace_lr[t0], c.accepted_lr[t0]);
+
+  // What the sequence is instead.
+  const double K = double(s.batching.accumulation);
+  auto all = [&](auto&& pred) {
+    for (size_t i = 0; i < n; ++i)
+      if (!pred(i)) return false;
+    return true;
+  };
+  // A constant ratio (steps where the schedule is 0 must be 0 too).
+  double ratio = 0;
+  for (size_t i = 0; i < n && ratio == 0; ++i)
+    if (c.accepted_lr[i] != 0) ratio = c.trace_lr[i] / c.accepted_lr[i];
+  const bool constant_ratio =
+      ratio != 0 && all([&](size_t i) {
+        return same(c.trace_lr[i], ratio * c.accepted_lr[i], rel);
+      });
+  const double base = s.optimizer.lr;
+  auto S = [&](int64_t k) { return base * lr_multiplier(s.schedule, k); };
+  if (constant_ratio && same(ratio, K, rel)) {
+    c.evidence = fmt::format(
+        "lr at every step is K x the schedule (K = {}: the linear scaling "
+        "rule)",
+        s.batching.accumulation);
+  } else if (constant_ratio && same(ratio, std::sqrt(K), rel)) {
+    c.evidence = fmt::format(
+        "lr at every step is sqrt(K) x the schedule (K = {}: the square-root "
+        "scaling rule)",
+        s.batching.accumulation);
+  } else if (constant_ratio) {
+    c.evidence =
+        fmt::format("lr at every step is {:.6g} x the schedule", ratio);
+  } else if (all([&](size_t i) {
+               return same(c.trace_lr[i], S(int64_t(i) + 1), rel);
+             })) {
+    c.evidence =
+        "the lr sequence is the schedule one step ahead: step t uses "
+        "S(t+1) (scheduler.step() before optimizer.step())";
+  } else if (all([&](size_t i) {
+               return same(c.trace_lr[i], S(epoch_of[i]), rel);
+             })) {
+    c.evidence =
+        "lr constant within each epoch, S(epoch) (the scheduler stepped once "
+        "per epoch)";
+  } else {
+    c.evidence =
+        fmt::format("lr ratio at step {}: {:.6g} x the schedule", t0,
+                    c.accepted_lr[t0] != 0 ? c.trace_lr[t0] / c.accepted_lr[t0]
+                                           : std::nan(""));
+  }
+  return c;
+}
+
+}  // namespace accumcheck

@@ -1,0 +1,792 @@
+// The contract tier's judging (verify/contract/contract.hpp).
+#include "verify/contract/contract.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "oracle/error_model.hpp"
+#include "sim/errors.hpp"
+#include "sim/trainer.hpp"
+#include "verify/certify/lr_channel.hpp"
+#include "verify/contract/coefficient_engine.hpp"
+#include "verify/trace/trace.hpp"
+#include "verify/trace/unseen.hpp"
+
+namespace accumcheck {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+using Weights = std::map<int64_t, double>;  // micro-batch -> weight
+
+struct Measured {
+  // [rank][step]: weight and its uncertainty.
+  std::vector<std::vector<Weights>> W, U;
+};
+
+// Per rank, W_t = beta W_{t-1} + sum_b a_b w_b e_{m(b)} (b over every
+// rank's backward passes: DDP's all-reduce brings the others'),
+// uncertainties alongside.
+Measured compose(const ContractSection& c, const std::vector<double>& eps,
+                 const std::vector<std::vector<double>>& step_bound) {
+  Measured out;
+  for (int64_t r = 0; r < c.ranks(); ++r) {
+    out.W.emplace_back();
+    out.U.emplace_back();
+    auto& m = out;
+    const auto& steps = c.steps[size_t(r)];
+    for (size_t t = 0; t < steps.size(); ++t) {
+      Weights W, U;
+      const double bound = step_bound[size_t(r)][t];
+      for (const auto& k : steps[t].coefs) {
+        const double da = k.norm > 0 ? bound / k.norm : 0.0;
+        if (k.backward < 0) {
+          if (t == 0) continue;
+          for (const auto& [j, w] : m.W[size_t(r)][t - 1]) {
+            W[j] += k.a * w;
+            U[j] +=
+                da * std::abs(w) + std::abs(k.a) * m.U[size_t(r)][t - 1].at(j);
+          }
+        } else {
+          const ContractBackward& b = c.backward[size_t(k.backward)];
+          W[b.micro] += k.a * b.weight;
+          U[b.micro] += da * std::abs(b.weight) +
+                        std::abs(k.a * b.weight) * eps[size_t(k.backward)];
+        }
+      }
+      m.W[size_t(r)].push_back(std::move(W));
+      m.U[size_t(r)].push_back(std::move(U));
+    }
+  }
+  return out;
+}
+
+// The plan the trainer drew: each epoch's micro-batches in order, plus
+// the ones its loader should have drawn and did not; windows of K.  A
+// micro-batch m's shard holds ids m*S .. m*S + rows - 1.  With R ranks
+// (a DDP trace) micro-step k holds every rank's k-th micro-batch of the
+// epoch, as DDP's lockstep runs them.
+struct ContractPlan {
+  Plan plan;
+  int64_t stride = 1;
+  std::vector<int64_t> items;  // per micro-batch (drawn, then missing)
+  int64_t drawn = 0;
+  int64_t micro_batch = 1;
+};
+
+ContractPlan contract_plan(const ContractSection& c, int64_t K,
+                           const std::string& path) {
+  ContractPlan p;
+  p.drawn = int64_t(c.micro.size());
+  for (const auto& m : c.micro) {
+    p.stride = std::max(p.stride, m.samples + 1);
+    p.micro_batch = std::max(p.micro_batch, m.samples);
+    p.items.push_back(m.items);
+  }
+  const int64_t R = c.ranks();
+  size_t E = 1;
+  for (const auto& re : c.epochs) {
+    E = std::max(E, re.size());
+    for (const auto& e : re) {
+      p.stride = std::max(p.stride, e.batch_size + 1);
+      p.micro_batch = std::max(p.micro_batch, e.batch_size);
+    }
+  }
+  p.plan.accumulation = K;
+  p.plan.ranks = R;
+  // [rank][epoch] -> (micro-batch, rows)
+  using Drawn = std::vector<std::pair<int64_t, int64_t>>;
+  std::vector<std::vector<Drawn>> per(static_cast<size_t>(R),
+                                      std::vector<Drawn>(E));
+  for (size_t j = 0; j < c.micro.size(); ++j) {
+    const int64_t e = std::clamp<int64_t>(c.micro[j].epoch, 0, int64_t(E) - 1);
+    per[size_t(c.micro[j].rank)][size_t(e)].push_back(
+        {int64_t(j), c.micro[j].samples});
+  }
+  for (size_t r = 0; r < size_t(R); ++r)
+    for (size_t e = 0; e < c.epochs[r].size(); ++e) {
+      int64_t seen = 0;
+      for (const auto& [j, rows] : per[r][e]) seen += rows;
+      const int64_t b = c.epochs[r][e].batch_size;
+      for (int64_t left = c.epochs[r][e].dataset - seen; b > 0 && left > 0;
+           left -= b) {
+        const int64_t rows = std::min(b, left);
+        per[r][e].push_back({int64_t(p.items.size()), rows});
+        // Its item count is unknown; its rows stand in (only whether it is
+        // weighted at all is judged).
+        p.items.push_back(rows);
+      }
+    }
+  for (size_t e = 0; e < E; ++e) {
+    // DDP's Join (uneven inputs) is not modelled: a rank that runs out
+    // takes no part in the later collectives and does not step with the
+    // others, which the lockstep plan cannot say.
+    for (size_t r = 1; r < size_t(R); ++r)
+      if (per[r][e].size() != per[0][e].size())
+        throw InputError(
+            path, 0, 0, "rank",
+            fmt::format("epoch {}: rank {} has {} micro-batches, rank 0 {}: "
+                        "uneven inputs across ranks (DDP's Join) are not "
+                        "modelled by the contract tier; give every rank the "
+                        "same number of micro-batches (DistributedSampler "
+                        "pads, or drop_last)",
+                        e, r, per[r][e].size(), per[0][e].size()));
+    const auto& ms = per[0][e];
+    EpochPlan ep;
+    ep.accumulation = K;  // the trace's one K (EpochPlan: K per epoch)
+    for (size_t at = 0; at < ms.size(); at += size_t(K)) {
+      Window w;
+      for (size_t k = at; k < std::min(ms.size(), at + size_t(K)); ++k) {
+        MicroBatch mb;
+        for (size_t r = 0; r < size_t(R); ++r) {
+          std::vector<int64_t> ids;
+          for (int64_t i = 0; i < per[r][e][k].second; ++i)
+            ids.push_back(per[r][e][k].first * p.stride + i);
+          mb.shards.push_back(std::move(ids));
+        }
+        w.micro.push_back(std::move(mb));
+      }
+      w.partial = int64_t(w.micro.size()) < K;
+      ep.windows.push_back(std::move(w));
+    }
+    p.plan.epochs.push_back(std::move(ep));
+  }
+  return p;
+}
+
+struct Prediction {
+  // [rank][step]
+  std::vector<std::vector<Weights>> P;
+  // [rank][step]: micro-batch -> the parameter version of its g_j
+  std::vector<std::vector<std::map<int64_t, int64_t>>> version;
+  std::map<int64_t, int64_t> reduces;  // step -> DDP all-reduces in it
+};
+
+// Step -> all-reduces in it, of a trace's or a predicted run's events.
+std::map<int64_t, int64_t> all_reduces(const std::vector<Event>& events) {
+  std::map<int64_t, int64_t> out;
+  for (const Event& ev : events)
+    if (ev.kind == EventKind::all_reduce) ++out[ev.step];
+  return out;
+}
+
+// The keys of two maps, and a map's value at a key (0 where absent).
+template <class V>
+std::set<int64_t> keys_of(const std::map<int64_t, V>& a,
+                          const std::map<int64_t, V>& b) {
+  std::set<int64_t> keys;
+  for (const auto& [k, v] : a) keys.insert(k);
+  for (const auto& [k, v] : b) keys.insert(k);
+  return keys;
+}
+template <class V>
+V at_or_0(const std::map<int64_t, V>& m, int64_t k) {
+  const auto it = m.find(k);
+  return it == m.end() ? V(0) : it->second;
+}
+
+// "" when equal, else the first step whose all-reduce count differs.
+std::string reduces_differ(const std::map<int64_t, int64_t>& trace,
+                           const std::map<int64_t, int64_t>& pred) {
+  for (int64_t t : keys_of(trace, pred)) {
+    const int64_t a = at_or_0(trace, t), b = at_or_0(pred, t);
+    if (a != b)
+      return fmt::format("step {}: {} gradient all-reduces, predicted {}", t, a,
+                         b);
+  }
+  return "";
+}
+
+// The clip symbols' values of a predicted run: the factor the trainer's
+// k-th clip_grad_norm_ call at the same parameter version applied (1 where
+// the trainer made no such call: then the accepted loop's clip is judged
+// by the clip check, not here).
+std::vector<double> clip_symbols(const contract::CoefficientEngine& e,
+                                 const ContractSection& c) {
+  std::vector<double> sym;
+  // (rank, version) -> calls so far
+  std::map<std::pair<int64_t, int64_t>, int64_t> seen;
+  for (const auto& clip : e.clips()) {
+    const int64_t k = seen[{clip.rank, clip.version}]++;
+    double v = 1.0;
+    int64_t at = 0;
+    for (const auto& tc : c.clips)
+      if (tc.rank == clip.rank && tc.version == clip.version && at++ == k) {
+        v = tc.factor;
+        break;
+      }
+    sym.push_back(v);
+  }
+  return sym;
+}
+
+Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
+                   const ContractSection& c) {
+  contract::CoefficientEngine e([&](const std::vector<int64_t>& ids) {
+    int64_t n = 0;
+    std::set<int64_t> seen;
+    for (int64_t id : ids)
+      if (seen.insert(id / cp.stride).second)
+        n += cp.items[size_t(id / cp.stride)];
+    return n;
+  });
+  Trainer<contract::CoefficientEngine> t(e, s, b, 1.0,
+                                         TrainerOptions::values_unrecorded());
+  const Run<double> run = t.run(cp.plan, "prediction");
+  const std::vector<double> sym = clip_symbols(e, c);
+  Prediction p;
+  p.reduces = all_reduces(run.events);
+  p.P.resize(size_t(cp.plan.ranks));
+  p.version.resize(size_t(cp.plan.ranks));
+  for (const auto& st : e.steps()) {
+    Weights w;
+    std::map<int64_t, int64_t> v;
+    for (const auto& [term, coef] : st.grad) {
+      if (term.kind != contract::Term::grad) continue;
+      const auto& mg = e.micro()[size_t(term.index)];
+      const int64_t m = mg.ids.front() / cp.stride;
+      w[m] += coef.value(sym);
+      v[m] = mg.version;
+    }
+    p.P[size_t(st.rank)].push_back(std::move(w));
+    p.version[size_t(st.rank)].push_back(std::move(v));
+  }
+  return p;
+}
+
+struct Distance {
+  double d = 0;
+  int64_t step = -1, micro = -1;
+  std::string why;
+};
+
+Distance distance(const Measured& m, const Prediction& p,
+                  const ContractSection& c) {
+  Distance out;
+  const size_t R = m.W.size();
+  auto who = [&](size_t r) {
+    return R > 1 ? fmt::format("rank {} ", r) : std::string();
+  };
+  for (size_t r = 0; r < R; ++r)
+    if (p.P[r].size() != m.W[r].size()) {
+      out.d = kInf;
+      out.why = fmt::format("{}takes {} optimizer steps, the trace {}", who(r),
+                            p.P[r].size(), m.W[r].size());
+      return out;
+    }
+  const double u = error_model::kUnitRoundoff32;
+  for (size_t r = 0; r < R; ++r)
+    for (size_t t = 0; t < p.P[r].size(); ++t) {
+      const Weights& P_t = p.P[r][t];
+      const Weights& W_t = m.W[r][t];
+      double top = 0;
+      for (const auto& [j, w] : P_t) top = std::max(top, std::abs(w));
+      for (int64_t j : keys_of(P_t, W_t)) {
+        const double P = at_or_0(P_t, j), W = at_or_0(W_t, j);
+        const double U = std::max(at_or_0(m.U[r][t], j), u * top);
+        double rr = U > 0 ? std::abs(W - P) / U : (W == P ? 0 : kInf);
+        std::string why;
+        if (P != 0 && j < int64_t(c.micro.size()) &&
+            p.version[r][t].at(j) != c.micro[size_t(j)].version) {
+          rr = kInf;
+          why = fmt::format(
+              "{}takes g of micro-batch {} at parameter version {}, the trace "
+              "at {}",
+              who(r), j, p.version[r][t].at(j), c.micro[size_t(j)].version);
+        }
+        if (rr > out.d) {
+          out = {rr, int64_t(t), j, why};
+          if (why.empty())
+            out.why = fmt::format(
+                "{}step {} micro-batch {}: weight {:.9g}, predicted {:.9g}",
+                who(r), t, j, W, P);
+        }
+      }
+    }
+  return out;
+}
+
+// The accepted lr schedule and clip the recorder declared (meta.csv: lr,
+// schedule_kind, schedule_warmup, schedule_total, schedule_step_size,
+// schedule_gamma, clip), as a scenario's [optimizer] lr, [schedule] and
+// [clip] would give them.
+void declared(const Trace& tr, Scenario& s) {
+  auto number = [&](const char* key, double fallback) {
+    const std::string v = tr.meta_value(key);
+    if (v.empty()) return fallback;
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (end != v.c_str() + v.size() || !std::isfinite(x) || x < 0)
+      throw InputError(tr.meta_path(), 0, 0, key,
+                       fmt::format("expected a number >= 0, got '{}'", v));
+    return x;
+  };
+  auto integer = [&](const char* key, int64_t fallback) {
+    const double x = number(key, double(fallback));
+    if (x != std::floor(x) || x > 9e15)
+      throw InputError(tr.meta_path(), 0, 0, key, "expected an integer >= 0");
+    return int64_t(x);
+  };
+  s.optimizer.lr = number("lr", 1.0);
+  const std::string kind = tr.meta_value("schedule_kind");
+  ScheduleSpec& sc = s.schedule;
+  if (kind.empty() || kind == "constant") {
+    sc.kind = ScheduleKind::constant;
+  } else if (kind == "step") {
+    sc.kind = ScheduleKind::step;
+  } else if (kind == "linear") {
+    sc.kind = ScheduleKind::linear;
+  } else if (kind == "cosine") {
+    sc.kind = ScheduleKind::cosine;
+  } else {
+    throw InputError(
+        tr.meta_path(), 0, 0, "schedule_kind",
+        fmt::format("expected constant, step, linear or cosine, got '{}'",
+                    kind));
+  }
+  sc.warmup = integer("schedule_warmup", 0);
+  sc.total = integer("schedule_total", 0);
+  sc.step_size = std::max<int64_t>(1, integer("schedule_step_size", 1));
+  sc.gamma = number("schedule_gamma", sc.gamma);
+  if ((sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) &&
+      sc.total <= sc.warmup)
+    throw InputError(
+        tr.meta_path(), 0, 0, "schedule_total",
+        fmt::format("expected an integer > schedule_warmup = {}", sc.warmup));
+  s.clip.enabled = !tr.meta_value("clip").empty();
+  s.clip.max_norm = number("clip", 1.0);
+}
+
+// The clip_grad_norm_ calls against the declared clip: one per optimizer
+// step, before it, with the declared max_norm, and each factor what
+// clip_grad_norm_'s formula gives on the float64 norm of the gradient it
+// saw, within gamma_{n+2} (float32 norm of n values, Higham 3.1, and the
+// division).
+CertifyCheck clip_check(const ContractSection& c, const Scenario& s,
+                        int64_t n) {
+  CertifyCheck ck{"clip", true, false, ""};
+  const double nu = double(n + 2) * error_model::kUnitRoundoff32;
+  const double rel = nu / (1 - nu);
+  double lo = 1, hi = 0;
+  for (const auto& cl : c.clips) {
+    lo = std::min(lo, cl.factor);
+    hi = std::max(hi, cl.factor);
+  }
+  if (!s.clip.enabled) {
+    ck.ok = false;
+    ck.message = fmt::format(
+        "the trainer called clip_grad_norm_ {} times (max_norm {:.6g}, factors "
+        "{:.6g} to "
+        "{:.6g}); the accepted loop does not clip (declare "
+        "ContractRecorder(clip=...))",
+        c.clips.size(), c.clips.front().max_norm, lo, hi);
+    return ck;
+  }
+  std::map<std::pair<int64_t, int64_t>, int64_t> per;  // (rank, version)
+  for (const auto& cl : c.clips) ++per[{cl.rank, cl.version}];
+  for (int64_t r = 0; r < c.ranks() && ck.ok; ++r)
+    for (size_t t = 0; t < c.steps[size_t(r)].size() && ck.ok; ++t)
+      if (per[{r, int64_t(t)}] != 1) {
+        ck.ok = false;
+        ck.message = fmt::format(
+            "{}step {}: {} clip_grad_norm_ calls, the accepted loop clips "
+            "once before each optimizer step",
+            c.ranks() > 1 ? fmt::format("rank {} ", r) : std::string(), t,
+            per[{r, int64_t(t)}]);
+      }
+  for (size_t m = 0; m < c.clips.size() && ck.ok; ++m) {
+    const ContractClip& cl = c.clips[m];
+    const double want = std::min(1.0, s.clip.max_norm / (cl.norm + 1e-6));
+    if (cl.max_norm != s.clip.max_norm ||
+        !(std::abs(cl.factor - want) <= rel * want)) {
+      ck.ok = false;
+      ck.message = fmt::format(
+          "clip {} (step {}): factor {:.9g} with max_norm {:.6g}; the declared "
+          "max_norm "
+          "{:.6g} on the gradient's norm {:.9g} gives {:.9g}",
+          m, cl.version, cl.factor, cl.max_norm, s.clip.max_norm, cl.norm,
+          want);
+    }
+  }
+  if (ck.ok)
+    ck.message = fmt::format(
+        "{} clip_grad_norm_ calls, one before each step, max_norm {:.6g}: "
+        "factors {:.6g} "
+        "to {:.6g}, each clip_grad_norm_'s formula on the gradient it saw "
+        "(within {:.2g})",
+        c.clips.size(), s.clip.max_norm, lo, hi, rel);
+  return ck;
+}
+
+std::string fmt_ratio(double x) {
+  return std::isinf(x) ? std::string("inf") : fmt::format("{:.3g}", x);
+}
+
+}  // namespace
+
+// Model-free evidence (verify/contract/evidence.cpp).
+std::vector<std::string> contract_evidence(const ContractSection& c,
+                                           const std::vector<Weights>& W,
+                                           const std::vector<Weights>& correct,
+                                           int64_t K);
+
+CertifyReport certify_contract(const std::string& trace_dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Trace tr = read_trace(trace_dir);
+  if (tr.meta_value("tier") != "contract")
+    throw InputError(
+        tr.meta_path(), 0, 0, "tier",
+        "not a contract-tier trace (meta.csv has no 'tier,contract'); "
+        "judge oracle-tier traces with `certify SCENARIO --trace DIR`");
+  const ContractSection c = read_contract(trace_dir);
+  int64_t K = 0;
+  try {
+    K = std::stoll(tr.meta_value("accumulation"));
+  } catch (...) {
+    K = 0;
+  }
+  if (K < 1)
+    throw InputError(tr.meta_path(), 0, 0, "accumulation",
+                     "expected an integer >= 1");
+  const bool tokens = tr.meta_value("items") == "tokens";
+  Scenario s;
+  s.name = "contract";
+  declared(tr, s);
+  int64_t n = 0;
+  try {
+    n = std::stoll(tr.meta_value("parameters"));
+  } catch (...) {
+    n = 0;
+  }
+  CertifyReport r;
+  r.scenario = "contract";
+  r.run = tr.runs.empty() ? "trainer" : tr.runs.front().name;
+  r.engine = tr.meta_value("engine");
+  r.precision = tr.meta_value("precision");
+  r.accepted = "correct";
+  r.trace_steps = int64_t(c.steps[0].size());
+  const std::string ranks_said =
+      c.ranks() > 1 ? fmt::format(" on each of {} ranks", c.ranks()) : "";
+
+  const double u = error_model::kUnitRoundoff32;
+  const double fit_cal = error_model::tolerance("contract_fit_calibration");
+  const double fit_ulps = error_model::tolerance("contract_fit_ulps");
+  const double sum_ulps = error_model::tolerance("contract_sum_ulps");
+  const double replay_ulps = error_model::tolerance("contract_replay_ulps");
+
+  // 1. Each backward's weight fit, against its calibrated bound.
+  double cal_max = 0;
+  size_t cal_at = 0;
+  for (size_t j = 0; j < c.micro.size(); ++j)
+    if (!std::isnan(c.micro[j].calibration) &&
+        c.micro[j].calibration > cal_max) {
+      cal_max = c.micro[j].calibration;
+      cal_at = j;
+    }
+  // A float64 recompute of g_j that strays from the float32 one by more
+  // than the precision at which weights are read (evidence_weight_rel) is
+  // not the same function (randomness the recorder could not replay, such
+  // as a compiled graph's own RNG): the weights would be too uncertain to
+  // tell correct from a mistake, so the trace is not judged.
+  const double weight_rel = error_model::tolerance("evidence_weight_rel");
+  if (cal_max > weight_rel)
+    throw InputError(
+        trace_dir + "/contract.csv", 0, 0, "calibration",
+        fmt::format(
+            "micro-batch {}'s gradient recomputed in float64 differs from "
+            "the float32 one by {:.3g} of its norm (at most {:g} reads a "
+            "weight): the recompute is not the forward your loop ran "
+            "(randomness the recorder could not replay, e.g. a "
+            "torch.compile'd model compiled before the recorder was made); "
+            "record again with the recorder made first",
+            cal_at, cal_max, weight_rel));
+  std::vector<double> eps;
+  CertifyCheck fit{"weight fit", true, false, ""};
+  double worst_fit = 0;
+  int64_t worst_b = -1;
+  for (size_t b = 0; b < c.backward.size(); ++b) {
+    const ContractBackward& bw = c.backward[b];
+    const double cal = c.micro[size_t(bw.micro)].calibration;
+    const double bound =
+        fit_cal * (std::isnan(cal) ? cal_max : cal) + fit_ulps * u;
+    eps.push_back(bound);
+    const double ratio = std::isnan(bw.residual) ? kInf : bw.residual / bound;
+    if (ratio > worst_fit || worst_b < 0) {
+      worst_fit = ratio;
+      worst_b = int64_t(b);
+    }
+  }
+  if (worst_b >= 0) {
+    const auto& bw = c.backward[size_t(worst_b)];
+    fit.ok = worst_fit <= 1;
+    fit.message = fmt::format(
+        "{} backward passes, each w*g_j: worst residual {:.3g} = {} of its "
+        "bound "
+        "(backward {}, micro-batch {})",
+        c.backward.size(), bw.residual, fmt_ratio(worst_fit), worst_b,
+        bw.micro);
+    if (!fit.ok)
+      fit.message +=
+          ": that gradient is not a multiple of the micro-batch's g_j "
+          "(another loss than the declared summed loss, other "
+          "randomness, or the gradient changed inside the backward)";
+  } else {
+    fit.ok = false;
+    fit.message = "no backward pass recorded";
+  }
+  r.checks.push_back(fit);
+
+  // 2. Each step's consumed gradient as a combination of what .grad held.
+  // With R ranks the b run over every rank's backward passes (DDP's
+  // all-reduce brings them), each rank's step fitted on its own.
+  std::vector<std::vector<double>> step_bound(size_t(c.ranks()));
+  CertifyCheck sfit{"step fit", true, false, ""};
+  double worst_step = 0;
+  for (int64_t q = 0; q < c.ranks(); ++q)
+    for (const auto& st : c.steps[size_t(q)]) {
+      const double bound = (double(st.terms) + sum_ulps) * u * st.scale;
+      step_bound[size_t(q)].push_back(bound);
+      const double ratio =
+          bound > 0 ? st.residual / bound : (st.residual == 0 ? 0 : kInf);
+      worst_step = std::max(worst_step, ratio);
+    }
+  sfit.ok = worst_step <= 1;
+  sfit.message = fmt::format(
+      "{} optimizer steps{}, each consumed gradient = beta*G_prev + sum a_b "
+      "c_b: worst residual {} of its bound",
+      c.steps[0].size(), ranks_said, fmt_ratio(worst_step));
+  if (!sfit.ok)
+    sfit.message +=
+        ": a step's gradient is not made of the backward passes since "
+        "the previous step (changed by something the recorder did not see)";
+  r.checks.push_back(sfit);
+
+  // 3. The optimizer update, replayed in float64.
+  CertifyCheck rep{"optimizer replay", true, false, ""};
+  double worst_rep = 0;
+  for (const auto& steps : c.steps)
+    for (const auto& st : steps)
+      worst_rep = std::max(
+          worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
+  rep.ok = worst_rep <= 1;
+  rep.message = fmt::format(
+      "PyTorch's optimizer class replayed from the recorded parameters, state "
+      "and "
+      "gradient: worst {} of the bound ({} u32 of |p| + |update|)",
+      fmt_ratio(worst_rep), replay_ulps);
+  r.checks.push_back(rep);
+
+  // 3b. The clip factors, when the loop clips or the recorder declared one.
+  bool clip_ok = true;
+  if (s.clip.enabled || !c.clips.empty()) {
+    const CertifyCheck ck = clip_check(c, s, n);
+    clip_ok = ck.ok;
+    r.checks.push_back(ck);
+  }
+
+  // 4. Which g_j with which weights: against every semantics.
+  const Measured meas = compose(c, eps, step_bound);
+  const ContractPlan cp = contract_plan(c, K, trace_dir + "/contract.csv");
+  s.batching.accumulation = K;
+  s.batching.micro_batch = cp.micro_batch;
+  s.batching.epochs = int64_t(cp.plan.epochs.size());
+  s.model.kind = tokens ? ModelKind::token : ModelKind::mlp;
+  const std::vector<std::vector<Pitfall>> sems =
+      candidate_semantics({.token_loss = tokens, .contract_tier = true});
+  std::vector<Prediction> preds;
+  std::vector<Distance> dists;
+  std::vector<std::vector<double>> lrs;
+  // DDP's gradient all-reduces per step (the recorder saw them: a
+  // DistributedDataParallel module), against each semantics' own.
+  const bool reduces_seen =
+      c.ranks() > 1 && tr.meta_value("all_reduces") == "seen";
+  std::map<int64_t, int64_t> trace_reduces;
+  if (reduces_seen && !tr.runs.empty()) {
+    std::vector<Event> evs;
+    for (const auto& te : tr.runs.front().events) evs.push_back(te.event);
+    trace_reduces = all_reduces(evs);
+  }
+  std::string reduce_correct;  // "" or how correct's count differs
+  LrChannel lr_correct;
+  Distance correct_weights;  // correct's weight distance, whatever its lr
+  const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok;
+  for (const auto& sem : sems) {
+    // When the trace passes (every fit within its bound and correct
+    // within 1, lr included), the ranking is not printed: the other
+    // candidates are not predicted at all.
+    if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1) break;
+    const Prediction p = predict(cp, s, behavior_of(sem), c);
+    Distance d = distance(meas, p, c);
+    // The lr channel: each step's lr against this semantics' schedule.
+    LrChannel lr;
+    if (!tr.runs.empty())
+      lr = check_lr(s, cp.plan, tr.runs.front(), behavior_of(sem));
+    const std::string reduce_why =
+        reduces_seen ? reduces_differ(trace_reduces, p.reduces) : "";
+    if (preds.empty()) {
+      lr_correct = lr;
+      correct_weights = d;
+      reduce_correct = reduce_why;
+    }
+    if (!lr.ok) {
+      d.d = kInf;
+      d.why = lr.message;
+    }
+    if (!reduce_why.empty()) {
+      d.d = kInf;
+      d.why = reduce_why;
+    }
+    // Semantics with the same prediction (e.g. scheduler pitfalls: the
+    // contract tier sees weights, not the lr) are one candidate.
+    bool merged = false;
+    for (size_t k = 0; k < preds.size(); ++k)
+      if (preds[k].P == p.P && preds[k].version == p.version &&
+          lrs[k] == lr.accepted_lr &&
+          (!reduces_seen || preds[k].reduces == p.reduces)) {
+        r.ranking[k].aliases.push_back(semantics_name(sem));
+        merged = true;
+        break;
+      }
+    if (merged) continue;
+    CertifyCandidate cand;
+    cand.name = semantics_name(sem);
+    cand.pitfalls = sem;
+    cand.steps = int64_t(p.P[0].size());
+    cand.distance = d.d;
+    cand.tracked = true;
+    cand.first_out = d.step;
+    cand.first_out_what = d.why;
+    r.ranking.push_back(cand);
+    preds.push_back(p);
+    dists.push_back(d);
+    lrs.push_back(lr.accepted_lr);
+  }
+  const CertifyCandidate correct = r.ranking.front();
+  r.expected_steps = correct.steps;
+  const bool structure_ok = correct_weights.d <= 1;
+  CertifyCheck st{
+      "weights", structure_ok, false,
+      fmt::format("which g_j with which weight each step holds, against "
+                  "correct: max {} of the uncertainty{}",
+                  fmt_ratio(correct_weights.d),
+                  structure_ok ? "" : " (" + correct_weights.why + ")")};
+  r.checks.push_back(st);
+  if (reduces_seen) {
+    int64_t n = 0;
+    for (const auto& [t, k] : trace_reduces) n += k;
+    r.checks.push_back(
+        {"all-reduce", reduce_correct.empty(), false,
+         reduce_correct.empty()
+             ? fmt::format("{} gradient all-reduces, one per step at the "
+                           "window's last micro-step (no_sync before it)",
+                           n)
+             : reduce_correct + " (correct: one per step, at the window's "
+                                "last micro-step)"});
+  }
+  if (lr_correct.checked) {
+    std::string msg = lr_correct.message;
+    if (msg.rfind("lr: ", 0) == 0) msg = msg.substr(4);
+    CertifyCheck lc{"lr", lr_correct.ok, false, msg};
+    if (!lr_correct.ok) lc.message += ": " + lr_correct.evidence;
+    r.checks.push_back(lc);
+  }
+  r.pass = fit.ok && sfit.ok && rep.ok && clip_ok && structure_ok &&
+           lr_correct.ok && reduce_correct.empty();
+  std::stable_sort(
+      r.ranking.begin(), r.ranking.end(),
+      [](const auto& a, const auto& b) { return a.distance < b.distance; });
+  if (r.pass) {
+    r.verdict = fmt::format(
+        "PASS (contract tier): {} steps{}; every step holds the micro-batch "
+        "gradients "
+        "correct accumulation predicts (max {} of the uncertainty){}",
+        c.steps[0].size(), ranks_said, fmt_ratio(correct.distance),
+        lr_correct.checked ? "; lr as declared" : "");
+    r.ranking.clear();
+  } else {
+    r.verdict = "FAIL (contract tier): ";
+    for (const auto& ck : r.checks)
+      if (!ck.ok) {
+        r.verdict += ck.name + ": " + ck.message;
+        break;
+      }
+    refuse_unseen(tr, r.pass, r.verdict);
+    const CertifyCandidate& best = r.ranking.front();
+    const double next = r.ranking.size() > 1 ? r.ranking[1].distance : kInf;
+    std::string names = best.name;
+    if (!best.aliases.empty())
+      names += " (same weights: " + best.aliases.front() +
+               (best.aliases.size() > 1 ? ", ..." : "") + ")";
+    if (best.distance <= 1) {
+      r.diagnosis = fmt::format(
+          "diagnosis: matches {} (max {} of the uncertainty)\nmargin: next is "
+          "{} at {} "
+          "({}x the best)",
+          names, fmt_ratio(best.distance),
+          r.ranking.size() > 1 ? r.ranking[1].name : "-", fmt_ratio(next),
+          fmt_ratio(best.distance > 0 ? next / best.distance : kInf));
+    } else {
+      r.diagnosis = "diagnosis: no modelled pitfall explains this trace\n";
+      if (structure_ok)
+        r.diagnosis += fmt::format(
+            "evidence: the weights are correct's (max {} of the uncertainty); "
+            "the lr "
+            "is not\n",
+            fmt_ratio(correct_weights.d));
+      else
+        for (const auto& line :
+             contract_evidence(c, meas.W[0], preds.front().P[0], K))
+          r.diagnosis += "evidence: " + line + "\n";
+      if (!lr_correct.ok)
+        r.diagnosis += "evidence: " + lr_correct.evidence + "\n";
+      if (!s.clip.enabled && !c.clips.empty()) {
+        // The trainer clips and the recorder was not told: correct with
+        // that clip, for the evidence.
+        Scenario clipped = s;
+        clipped.clip.enabled = true;
+        clipped.clip.max_norm = c.clips.front().max_norm;
+        const Distance d =
+            distance(meas, predict(cp, clipped, behavior_of({}), c), c);
+        r.diagnosis += fmt::format(
+            "evidence: with clip_grad_norm_(max_norm = {:.6g}) accepted, the "
+            "weights are "
+            "{}correct's (max {} of the uncertainty)\n",
+            clipped.clip.max_norm, d.d <= 1 ? "" : "still not ",
+            fmt_ratio(d.d));
+      }
+      r.diagnosis += fmt::format(
+          "closest (not matching): {} at {} of the uncertainty ({})", names,
+          fmt_ratio(best.distance), best.first_out_what);
+    }
+  }
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  return r;
+}
+
+std::string contract_text(const CertifyReport& r, int top) {
+  std::string o;
+  for (const auto& c : r.checks)
+    o += fmt::format("{} {}: {}\n", c.ok ? "ok  " : "FAIL", c.name, c.message);
+  o += r.verdict + "\n";
+  if (!r.diagnosis.empty()) o += r.diagnosis + "\n";
+  if (!r.pass && !r.ranking.empty()) {
+    o += "ranking (distance = max over steps and micro-batches of |weight - "
+         "predicted| / uncertainty):\n";
+    for (size_t i = 0; i < r.ranking.size() && int(i) < top; ++i) {
+      const auto& c = r.ranking[i];
+      o += fmt::format("  {:>2}. {:<52} {:>10}  {}\n", i + 1, c.name,
+                       fmt_ratio(c.distance), c.first_out_what);
+    }
+  }
+  return o;
+}
+
+}  // namespace accumcheck

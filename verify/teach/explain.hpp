@@ -1,0 +1,36 @@
+// `accumcheck explain`: the teaching entry of every pitfall and lesson.
+//
+// One entry per pitfall id of sim/pitfalls.hpp (kAllPitfalls) and per
+// lesson: the story, the wrong and the right loop as a short PyTorch diff,
+// the formula the oracle predicts, the scenarios to run, the field reports
+// it comes from (FIELD.md issue numbers, seed documents) and the
+// properties (properties/) that guard it.  The entries are data (a table in
+// verify/teach/explain.cpp); tests/explain_test.cpp checks that every pitfall
+// and every scenario in scenarios/ is covered.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace accumcheck {
+
+struct ExplainEntry {
+  std::string_view id;     // pitfall id or lesson name
+  std::string_view title;  // one line
+  std::string_view story;  // a paragraph
+  std::string_view diff;   // unified-diff lines: "-wrong" / "+right" / " same"
+  std::string_view formula;     // what the oracle predicts
+  std::string_view scenarios;   // space-separated scenario names (scenarios/)
+  std::string_view field;       // field reports and seeds
+  std::string_view properties;  // space-separated property names
+};
+
+std::span<const ExplainEntry> explain_entries();
+// The entry with this id, or the entry whose scenarios list `id`; nullptr
+// when none.
+const ExplainEntry* find_explain(std::string_view id);
+// The entry as text, for the terminal.
+std::string explain_text(const ExplainEntry& e);
+
+}  // namespace accumcheck

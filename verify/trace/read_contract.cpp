@@ -1,0 +1,156 @@
+// Trace reading, the contract tier's contract.csv (verify/trace/trace.hpp
+// ContractSection); the rest of the trace is read by verify/trace/read.cpp.
+#include <fmt/format.h>
+
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "sim/errors.hpp"
+#include "verify/trace/trace.hpp"
+
+namespace accumcheck {
+
+namespace {
+
+std::vector<std::string_view> split_commas(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t at = 0;
+  while (true) {
+    const size_t c = line.find(',', at);
+    out.push_back(line.substr(at, c == std::string_view::npos ? c : c - at));
+    if (c == std::string_view::npos) return out;
+    at = c + 1;
+  }
+}
+
+}  // namespace
+
+ContractSection read_contract(const std::string& dir) {
+  const std::string path =
+      (std::filesystem::path(dir) / "contract.csv").string();
+  std::ifstream in(path);
+  if (!in)
+    throw InputError(path, 0, 0, "",
+                     "cannot open (a contract-tier trace "
+                     "has contract.csv beside meta.csv)");
+  constexpr std::string_view kHeader =
+      "kind,index,ref,epoch,version,items,samples,value,residual,scale";
+  constexpr std::string_view kRanked =
+      "kind,index,ref,epoch,version,items,samples,value,residual,scale,rank";
+  std::string line;
+  int64_t ln = 1;
+  if (!std::getline(in, line) || (line != kHeader && line != kRanked))
+    throw InputError(
+        path, 1, 1, "",
+        fmt::format("expected the header '{}' (or with ',rank')", kHeader));
+  const size_t fields = line == kRanked ? 11 : 10;
+  // The ranks' own counts (step and epoch indices are per rank).
+  constexpr int64_t kMaxRanks = 1 << 16;
+  ContractSection c;
+  while (std::getline(in, line)) {
+    ++ln;
+    if (line.empty()) continue;
+    const auto f = split_commas(line);
+    if (f.size() != fields)
+      throw InputError(
+          path, ln, 1, "",
+          fmt::format("expected {} fields, got {}", fields, f.size()));
+    auto integer = [&](size_t i, bool required) -> int64_t {
+      if (f[i].empty()) {
+        if (required)
+          throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
+                           "expected an integer, got an empty field");
+        return -1;
+      }
+      int64_t v = 0;
+      const auto r = std::from_chars(f[i].data(), f[i].data() + f[i].size(), v);
+      if (r.ec != std::errc() || r.ptr != f[i].data() + f[i].size())
+        throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
+                         fmt::format("expected an integer, got '{}'", f[i]));
+      return v;
+    };
+    auto number = [&](size_t i) -> double {
+      if (f[i].empty()) return kNaN;
+      const std::string t(f[i]);
+      char* end = nullptr;
+      const double v = std::strtod(t.c_str(), &end);
+      if (end != t.c_str() + t.size())
+        throw InputError(path, ln, 1, std::string(split_commas(kHeader)[i]),
+                         fmt::format("expected a number, got '{}'", t));
+      return v;
+    };
+    const std::string_view kind = f[0];
+    const int64_t index = integer(1, true);
+    const int64_t rank = fields == 11 ? integer(10, true) : 0;
+    if (rank < 0 || rank >= kMaxRanks)
+      throw InputError(
+          path, ln, 1, "rank",
+          fmt::format("expected 0 <= rank < {}, got {}", kMaxRanks, rank));
+    if (rank >= c.ranks()) {
+      c.steps.resize(size_t(rank) + 1);
+      c.epochs.resize(size_t(rank) + 1);
+    }
+    auto& steps = c.steps[size_t(rank)];
+    auto expect_index = [&](size_t next) {
+      if (index != int64_t(next))
+        throw InputError(
+            path, ln, 1, "index",
+            fmt::format("expected {} (rows of a kind in order), got {}", next,
+                        index));
+    };
+    if (kind == "micro") {
+      expect_index(c.micro.size());
+      c.micro.push_back({rank, integer(3, true), integer(4, true),
+                         integer(5, true), integer(6, true), number(9)});
+    } else if (kind == "backward") {
+      expect_index(c.backward.size());
+      const int64_t j = integer(2, true);
+      if (j < 0 || j >= int64_t(c.micro.size()))
+        throw InputError(path, ln, 1, "ref",
+                         fmt::format("unknown micro-batch {}", j));
+      c.backward.push_back({j, integer(4, true), number(7), number(8)});
+    } else if (kind == "epoch") {
+      expect_index(c.epochs[size_t(rank)].size());
+      c.epochs[size_t(rank)].push_back({integer(5, true), integer(6, true)});
+    } else if (kind == "step") {
+      expect_index(steps.size());
+      ContractStep st;
+      st.terms = integer(2, true);
+      st.lr = number(7);
+      st.residual = number(8);
+      st.scale = number(9);
+      steps.push_back(st);
+    } else if (kind == "clip") {
+      expect_index(c.clips.size());
+      c.clips.push_back(
+          {rank, integer(2, true), number(7), number(8), number(9)});
+    } else if (kind == "coef" || kind == "replay") {
+      if (index < 0 || index >= int64_t(steps.size()))
+        throw InputError(path, ln, 1, "index",
+                         fmt::format("unknown step {}", index));
+      ContractStep& st = steps[size_t(index)];
+      if (kind == "coef") {
+        const int64_t b = integer(2, true);
+        if (b < -1 || b >= int64_t(c.backward.size()))
+          throw InputError(path, ln, 1, "ref",
+                           fmt::format("unknown backward {}", b));
+        st.coefs.push_back({b, number(7), number(9)});
+      } else {
+        st.replay = number(7);
+      }
+    } else {
+      throw InputError(path, ln, 1, "kind",
+                       fmt::format("unknown kind '{}' (micro, backward, epoch, "
+                                   "step, coef, replay, clip)",
+                                   kind));
+    }
+  }
+  return c;
+}
+
+}  // namespace accumcheck
