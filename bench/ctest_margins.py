@@ -67,18 +67,24 @@ def summarize(result, out):
         err = search(r"^PASS.*?\(max (?:error )?(\S+) of (?:bound|the uncertainty)\)", out)
     pitfall = ""
     if search(r"^diagnosis: (no modelled pitfall)", out):
-        closest = search(r"closest (\S+) \(max error", out)
+        # oracle: "closest X (max error Y of bound"; contract: "closest (not matching): X ... at Y of"
+        closest = search(r"closest (?:\(not matching\): )?(\S+)", out)
         pitfall = "none" + (f" (closest {closest})" if closest else "")
-        err = search(r"closest \S+ \(max error (\S+) of bound", out)
+        err = search(r"closest \S+ \(max error (\S+) of bound", out) or \
+            search(r"^closest \(not matching\): .*? at (\S+) of the uncertainty", out)
     elif search(r"^diagnosis: matches, (tied)", out):
-        pitfall = search(r"^diagnosis: matches, tied[^:]*: (\S+)", out) + " (tied)"
-        err = search(r"^diagnosis: matches, tied[^:]*: \S+ \(max error (\S+) of", out)
+        m = re.search(r"^diagnosis: matches, tied[^:]*: ([^\s|]+)[^|]*?\(max error (\S+) of", out, re.M)
+        pitfall, err = m.group(1) + " (tied)", m.group(2)
     elif search(r"^diagnosis: matches (\S+)", out):
         pitfall = search(r"^diagnosis: matches (\S+)", out)
         err = search(r"^diagnosis: matches .*?\(max (?:error )?(\S+) of (?:bound|the uncertainty)\)", out)
+    elif search(r"^state finding: ([^:\s]+)", out):
+        # the gradients are correct's, a training state is not: the reading named, replayed
+        pitfall = search(r"^state finding: ([^:\s]+)", out) + " (state)"
+        err = search(r"^FAIL: .*max error (\S+) of the bound", out)
     ratio = search(r"^margin: next is .*\((\S+)x the best\)", out)
     if verdict.startswith("FAIL") and not ratio and search(r"^margin: next is (\S+)", out):
-        ratio = "?"  # a runner-up named, no ratio (best at 0, or infinite)
+        ratio = "inf" if number(err or "") == 0 else "?"  # the best at 0: no ratio printed
     if verdict.startswith("FAIL") and not pitfall:
         pitfall = "?"
     return result, verdict or "-", pitfall, err or ("?" if verdict.startswith(("PASS", "FAIL")) else ""), ratio or ""

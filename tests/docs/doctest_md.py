@@ -211,6 +211,9 @@ def run_file(path: str, args) -> tuple[int, int, int]:
         path_dirs = [os.path.dirname(os.path.abspath(args.accumcheck))]
         if "venv" in block.options:
             path_dirs.insert(0, venv_bin)
+            # The package importable as `pip install .` makes it (the
+            # shown commands are what an installed user types).
+            env["PYTHONPATH"] = os.path.join(args.repo, "python")
         env["PATH"] = os.pathsep.join(path_dirs + [env.get("PATH", "")])
         timeout = float(block.options.get("timeout", 60))
         ok = True
