@@ -29,10 +29,11 @@ command -v ninja >/dev/null && export CMAKE_GENERATOR=Ninja
 wheel=$(ls "$work"/dist/accumcheck-*.whl)
 echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB) built in $((SECONDS - t0)) s"
 
-# A fresh environment: torch as the user has it, then the wheel, offline.
+# A fresh environment: torch as the user has it (--no-compile: as
+# scripts/venv.sh), then the wheel, offline.
 t0=$SECONDS
 "$python" -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 pytest==8.3.5 \
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile torch==2.13.0 pytest==8.3.5 \
   numpy==2.4.6 2>&1 | quiet
 echo "venv: torch and pytest installed in $((SECONDS - t0)) s"
 t0=$SECONDS
