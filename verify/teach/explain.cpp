@@ -356,7 +356,7 @@ constexpr ExplainEntry kEntries[] = {
      "batch's gradient, for any optimizer and schedule (no BatchNorm, "
      "sample-keyed dropout)",
      "correct certify-mlp certify-mlp-200 certify-mean-over-k "
-     "certify-mean-over-k-ce",
+     "certify-mean-over-k-ce certify-adamw",
      "llm.c (zero on micro-step 0, dloss = 1/(B*T*K), += everywhere); "
      "Accelerate test_sync, transformers GA tests (loss only, |dloss| < 0.01)",
      "equivalence.oracle equivalence.device trajectory.device-smooth "
