@@ -82,10 +82,11 @@ TEST(CudaExecutor, ReportsMissingGpuClearly) {
   const size_t at = header.find(", cuBLAS ");
   ASSERT_NE(at, std::string::npos) << header;
   const std::string rest = header.substr(at + 9);
-  if (rest.rfind("not loaded (cannot load libcublas.so.", 0) != 0)
+  if (rest.rfind("not loaded (cannot load libcublas.so.", 0) != 0) {
     EXPECT_TRUE(!rest.empty() &&
                 std::isdigit(static_cast<unsigned char>(rest[0])))
         << header;
+  }
 }
 
 class CudaGpu : public ::testing::Test {
