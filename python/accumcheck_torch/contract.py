@@ -53,7 +53,7 @@ import torch._functorch.config as _functorch_config
 import torch._inductor.config as _inductor_config
 
 from .recorder import eager, swap_clip
-from .trace import TRACE_SCHEMA, VERSION, Refused, real, write_trace
+from .trace import TRACE_SCHEMA, VERSION, Refused, real, unseen_meta, write_trace
 
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
 U32 = 2.0 ** -24
@@ -601,10 +601,7 @@ class ContractRecorder:
                  if k in self.schedule]
         if self.clip_max is not None:
             meta.append(("clip", real(self.clip_max)))
-        if self.unseen:
-            shown = self.unseen[:3] + (["... (%d in all)" % len(self.unseen)]
-                                       if len(self.unseen) > 3 else [])
-            meta.append(("unseen", " | ".join(shown)))
+        meta += unseen_meta(self.unseen)
         # Each event's epoch: that of the last micro-batch backwarded.
         events, epoch = [], 0
         for kind, step, micro, lr in self.events:

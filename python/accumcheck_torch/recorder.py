@@ -53,7 +53,7 @@ import torch
 import torch.nn.utils.clip_grad as _clip_module
 
 from .bundle import map_parameters
-from .trace import TRACE_SCHEMA, VERSION, Refused, Values, real, write_trace
+from .trace import TRACE_SCHEMA, VERSION, Refused, Values, real, unseen_meta, write_trace
 
 STATE_HEADER = "run,kind,step,tensor,index,value"
 
@@ -567,10 +567,7 @@ class Recorder:
             meta.append(("autocast", self.autocast))
         if self.ema is not None:
             meta.append(("ema_decay", real(self.ema_decay)))
-        if self.unseen:
-            shown = self.unseen[:3] + (["... (%d in all)" % len(self.unseen)]
-                                       if len(self.unseen) > 3 else [])
-            meta.append(("unseen", " | ".join(shown)))
+        meta += unseen_meta(self.unseen)
         import os
         extra = {}
         if self.state_rows:

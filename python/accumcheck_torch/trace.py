@@ -39,6 +39,15 @@ class Refused(SystemExit):
         return self.message
 
 
+def unseen_meta(unseen):
+    """meta.csv's `unseen` row for what a recorder could not see (certify
+    refuses to FAIL such a trace: exit 2), the first three and a count."""
+    if not unseen:
+        return []
+    shown = unseen[:3] + (["... (%d in all)" % len(unseen)] if len(unseen) > 3 else [])
+    return [("unseen", " | ".join(shown))]
+
+
 def real(x):
     """17 significant digits (exact for float32 and float64); NaN is ''."""
     x = float(x)
