@@ -221,6 +221,9 @@ def parse(argv=None):
                     help="clip, but do not declare it to the recorder")
     ap.add_argument("--compile", action="store_true",
                     help="train the torch.compile'd model (the recorder watches the module it wraps)")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile's backend (inductor, or aot_eager: the same graph capture and "
+                         "compiled backward without inductor's code generation)")
     ap.add_argument("--out", default=None, help="trace folder (contract tier)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
@@ -296,7 +299,7 @@ def run(a):
                             generator=shuffler, drop_last=drop_last)
         return rec.watch(loader) if rec else loader
 
-    trained = torch.compile(model) if a.compile else model
+    trained = torch.compile(model, backend=a.compile_backend) if a.compile else model
     t0, c0 = time.perf_counter(), time.process_time()
     LOOPS[a.loop](trained, stepping, load, a.K, a.epochs, mean, items, summed)
     if rec:

@@ -68,9 +68,10 @@ def measure(bundle_dir, b, K, set_to_none):
     del warm, x, y
 
     lib.memtrack_enable(1)
+    base = lib.memtrack_live()  # blocks of an earlier measurement still live (none expected)
     model = bundle.model()
     optimizer = bundle.optimizer(model)
-    m = {"params": lib.memtrack_live()}
+    m = {"params": lib.memtrack_live() - base}
     for window in range(2):
         if window == 1:
             lib.memtrack_reset_peak()
@@ -92,8 +93,8 @@ def measure(bundle_dir, b, K, set_to_none):
             m["states"] = lib.memtrack_live() - before_step
         optimizer.zero_grad(set_to_none=set_to_none)
         if window == 0:
-            m["grads"] = lib.memtrack_live() - m["params"] - m["states"]
-    m["peak"] = lib.memtrack_peak()
+            m["grads"] = lib.memtrack_live() - base - m["params"] - m["states"]
+    m["peak"] = lib.memtrack_peak() - base
     lib.memtrack_enable(0)
     return m
 
@@ -107,11 +108,12 @@ def main():
     ap.add_argument("--k", type=int, required=True)
     ap.add_argument("--work")
     ap.add_argument("--measure", help="(child) bundle folder to measure")
-    ap.add_argument("--set-to-none", action="store_true", help="(child) zero_grad(set_to_none=True)")
     a = ap.parse_args()
     if a.measure:
-        m = measure(a.measure, a.b, a.k, a.set_to_none)
-        print(" ".join(f"{k}={m[k]}" for k in KEYS))
+        # One child measures both: set_to_none=False, then True.
+        for set_to_none in (False, True):
+            m = measure(a.measure, a.b, a.k, set_to_none)
+            print(" ".join(f"{k}={m[k]}" for k in KEYS))
         return 0
     os.makedirs(a.work, exist_ok=True)
     bundle = os.path.join(a.work, "bundle")
@@ -122,17 +124,13 @@ def main():
                         capture_output=True).stdout
     pred = {line.split()[0]: int(line.split()[1]) for line in kv.splitlines()}
     env = dict(os.environ, LD_PRELOAD=a.memtrack, OMP_NUM_THREADS="1")
-    def child(*extra):
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", bundle,
-                            "--b", str(a.b), "--k", str(a.k), *extra], env=env, text=True,
-                           capture_output=True)
-        if r.returncode != 0:
-            print(r.stdout + r.stderr)
-            return None
-        return dict(kv.split("=") for kv in r.stdout.split())
-    meas, none = child(), child("--set-to-none")
-    if meas is None or none is None:
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", bundle,
+                        "--b", str(a.b), "--k", str(a.k)], env=env, text=True, capture_output=True)
+    lines = r.stdout.splitlines()
+    if r.returncode != 0 or len(lines) != 2:
+        print(r.stdout + r.stderr)
         return 1
+    meas, none = (dict(kv.split("=") for kv in line.split()) for line in lines)
     bad = 0
     name = os.path.splitext(os.path.basename(a.scenario))[0]
     print(f"{'quantity':<12} {'predicted':>12} {'measured':>12}  ({name}, b={a.b}, K={a.k})")
