@@ -29,8 +29,9 @@ command -v ninja >/dev/null && export CMAKE_GENERATOR=Ninja
 wheel=$(ls "$work"/dist/accumcheck-*.whl)
 echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB) built in $((SECONDS - t0)) s"
 
-# A fresh environment: torch as the user has it (--no-compile: as
-# scripts/venv.sh), then the wheel, offline.
+# A fresh environment: torch as the user has it (--no-compile: the few
+# interpreters this test starts cost less than compiling all of torch),
+# then the wheel, offline.
 t0=$SECONDS
 "$python" -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile torch==2.13.0 pytest==8.3.5 \

@@ -203,3 +203,28 @@ def test_the_adapter_refuses_a_rank_outside_the_bundle(mlp_bundle):
     with pytest.raises(act.Refused) as e:
         act.load_bundle(mlp_bundle, rank=1)
     assert e.value.code == 2 and "ranks = 1" in str(e.value)
+
+
+
+def test_contract_compile_settings(tmp_path):
+    """While a ContractRecorder lives, a torch.compile'd model's backward
+    keeps its buffers (g_j is taken from the compiled forward with
+    retain_graph) and inductor draws random numbers as eager PyTorch does
+    (the float64 recompute replays dropout); close() restores both.
+    Without them an inductor-compiled GPT with dropout gave a false PASS for
+    a loop without /K (examples/contract/train.py --compile)."""
+    import torch._functorch.config as fconf
+    import torch._inductor.config as iconf
+    before = (fconf.donated_buffer, iconf.fallback_random)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = act.ContractRecorder(model, opt, loss_fn=lambda m, b: m(b).sum(), count_fn=len,
+                               accumulation=1, out=str(tmp_path / "trace"), quiet=True)
+    assert (fconf.donated_buffer, iconf.fallback_random) == (False, True)
+    for batch in rec.watch([torch.randn(4, 3)]):
+        model(batch).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    rec.close()
+    assert (fconf.donated_buffer, iconf.fallback_random) == before
