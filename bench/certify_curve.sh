@@ -21,7 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 bin=./build/cli/accumcheck
-py=/usr/bin/python3
+py=.venv/bin/python
+export PYTHONPATH=$PWD/python
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 threads=$(getconf _NPROCESSORS_ONLN)

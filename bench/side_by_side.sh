@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: the device engine's training step (tanh MLP,
 # cross-entropy, Adam; emulated executor, OpenBLAS, one thread) beside the
-# same step in PyTorch (Debian's python3-torch, one thread), with PyTorch on
-# OpenBLAS and on Debian's reference BLAS; then the step at several sizes
+# same step in PyTorch 2.13 (the project's .venv, one thread; its wheel brings
+# its own BLAS); then the step at several sizes
 # (issue 14) as a fraction of this core's float32 peak, and what bounds
 # each; then the property battery's cases per second.
 # Run after scripts/build.sh.
@@ -20,20 +20,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 seconds=${BENCH_SECONDS:-3}
-py=/usr/bin/python3
+py=.venv/bin/python
+export PYTHONPATH=$PWD/python
 bench=./build/bench/device_bench
 
 json() { $bench --benchmark_filter="$1" --benchmark_min_time="$2" --benchmark_format=json 2>/dev/null; }
 ours=$(json 'BM_EmulatedAdamStep/1$' "$seconds" |
        $py -c 'import json,sys; b=json.load(sys.stdin)["benchmarks"][0]; print("%.1f" % b["steps/s"])')
 torch_openblas=$($py bench/pytorch_step.py "$seconds" | awk '{print $2}')
-refblas=/usr/lib/x86_64-linux-gnu/blas
-torch_ref=$(LD_LIBRARY_PATH=$refblas $py bench/pytorch_step.py "$seconds" | awk '{print $2}')
 ratio() { $py -c "print(f'{$1 / $2:.2f}')"; }
 printf '%-44s %12s\n' "training step, MLP 256-512-10, b=32, Adam" "steps/s"
 printf '%-44s %12s\n' "accumcheck device engine (emulated, OpenBLAS)" "$ours"
-printf '%-44s %12s   ratio %s\n' "PyTorch 1.13, OpenBLAS" "$torch_openblas" "$(ratio "$ours" "$torch_openblas")"
-printf '%-44s %12s   ratio %s\n' "PyTorch 1.13, reference BLAS" "$torch_ref" "$(ratio "$ours" "$torch_ref")"
+printf '%-44s %12s   ratio %s\n' "PyTorch $($py -c 'import torch; print(torch.__version__)')" "$torch_openblas" "$(ratio "$ours" "$torch_openblas")"
 
 # ------------------------------------------------ sizes and the peak
 model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
