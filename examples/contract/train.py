@@ -219,6 +219,9 @@ def parse(argv=None):
                     help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
     ap.add_argument("--undeclared-clip", action="store_true",
                     help="clip, but do not declare it to the recorder")
+    ap.add_argument("--kwargs", action="store_true",
+                    help="batches are dicts and the model is called with keywords only, "
+                         "model(idx=batch['idx']), as Transformers models are called with model(**batch)")
     ap.add_argument("--compile", action="store_true",
                     help="train the torch.compile'd model (the recorder watches the module it wraps)")
     ap.add_argument("--compile-backend", default="inductor",
@@ -274,6 +277,13 @@ def run(a):
         summed, items = models.cnn_summed_loss, models.cnn_items
         mean = lambda mm, b: summed(mm, b) / items(b)  # noqa: E731
         kind = "samples"
+    if a.kwargs:
+        # Dict batches, keyword-only calls of the model.
+        data = [{"idx": x, "labels": y} for x, y in data]
+        summed, items, mean = (
+            (lambda f: lambda m, b: f(lambda x: m(idx=x), (b["idx"], b["labels"])))(summed),
+            (lambda f: lambda b: f((b["idx"], b["labels"])))(items),
+            (lambda f: lambda m, b: f(lambda x: m(idx=x), (b["idx"], b["labels"])))(mean))
     model.train()
     lr = 1e-3 if a.optimizer == "adamw" else 0.05
     lr_used = lr * a.K if a.schedule == "linear-x-k" else lr

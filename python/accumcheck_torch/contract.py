@@ -137,7 +137,7 @@ class _Output:
 
     def __call__(self, *a, **k):
         self.calls += 1
-        if self.calls > 1 or not a or a[0] is not self._inp:
+        if self.calls > 1 or not any(t is self._inp for t in _tensors(a, k)):
             raise _NotTheForward()
         return self._out
 
@@ -147,6 +147,12 @@ class _Output:
 
 class _NotTheForward(Exception):
     pass
+
+
+def _tensors(args, kwargs):
+    """The tensors a forward was called with, positional or keyword (a
+    Transformers model is called as model(**batch))."""
+    return [t for t in list(args) + list(kwargs.values()) if torch.is_tensor(t)]
 
 
 class _Watched:
@@ -258,38 +264,40 @@ class ContractRecorder:
         self.forwarded.append(False)
         self.current = len(self.micro) - 1
 
-    def _forward_hook(self, module, inputs):
+    def _forward_hook(self, module, args, kwargs):
         """The forward of a drawn batch (matched by its first tensor's
-        storage; a loop that prefetches its window draws every batch before
-        the first forward): the RNG state its dropout will draw from, and
-        the parameter version it sees."""
-        if not torch.is_grad_enabled() or not inputs or not torch.is_tensor(inputs[0]):
+        storage, passed positionally or by keyword; a loop that prefetches
+        its window draws every batch before the first forward): the RNG
+        state its dropout will draw from, and the parameter version it
+        sees."""
+        if not torch.is_grad_enabled():
             return
-        ptr = inputs[0].data_ptr()
-        for j in range(len(self.micro) - 1, -1, -1):
-            if self.first[j] == ptr and not self.forwarded[j]:
-                self.forwarded[j] = True
-                self.micro[j][4] = torch.get_rng_state()
-                self.micro[j][1] = self.steps
-                self.current = j
-                self.pending = (j, inputs[0])
-                return
+        for t in _tensors(args, kwargs):
+            ptr = t.data_ptr()
+            for j in range(len(self.micro) - 1, -1, -1):
+                if self.first[j] == ptr and not self.forwarded[j]:
+                    self.forwarded[j] = True
+                    self.micro[j][4] = torch.get_rng_state()
+                    self.micro[j][1] = self.steps
+                    self.current = j
+                    self.pending = (j, t)
+                    return
 
-    def _forward_done(self, module, inputs, output):
+    def _forward_done(self, module, args, kwargs, output):
         """g_j from the forward your loop just ran, when summed_loss calls
         the model once on the same input: its backward only (retain_graph,
         so your backward still runs), at the same parameters, with the same
         dropout masks and BatchNorm statistics by construction.  Otherwise
         (or on any error) the micro-batch is recomputed on the copy."""
         pending, self.pending = self.pending, None
-        if pending is None or not inputs or inputs[0] is not pending[1]:
+        if pending is None or not any(t is pending[1] for t in _tensors(args, kwargs)):
             return
         j = pending[0]
         if j in self.gfwd or not torch.is_grad_enabled():
             return
         self.taking = True
         try:
-            loss = self.loss_fn(_Output(self.model, inputs[0], output), self.micro[j][5])
+            loss = self.loss_fn(_Output(self.model, pending[1], output), self.micro[j][5])
             grads = torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True)
         except Exception as e:  # noqa: BLE001 -- the copy's recompute stands in
             if _compiled(output):
@@ -332,8 +340,10 @@ class ContractRecorder:
         # Under torch.compile the module hooks run eagerly (a graph break
         # around each), never traced into the graph: what they record (the
         # input, the RNG state, the output) is the forward's own.
-        self._hooks.append(self.model.register_forward_pre_hook(eager(self._forward_hook)))
-        self._hooks.append(self.model.register_forward_hook(eager(self._forward_done)))
+        self._hooks.append(self.model.register_forward_pre_hook(eager(self._forward_hook),
+                                                                with_kwargs=True))
+        self._hooks.append(self.model.register_forward_hook(eager(self._forward_done),
+                                                            with_kwargs=True))
         # clip_grad_norm_, also when imported by name before the recorder
         # existed: its code swapped for a call to the recorder (as the
         # oracle tier's Recorder does; one recorder at a time).
