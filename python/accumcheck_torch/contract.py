@@ -78,12 +78,10 @@ def _to(batch, dtype):
 def _compiled(output):
     """The output of a torch.compile'd graph (its autograd node is
     AOTAutograd's CompiledFunction)."""
-    t = output
-    while not torch.is_tensor(t):
-        try:
-            t = next(iter(t.values())) if isinstance(t, dict) else t[0]
-        except (TypeError, IndexError, StopIteration, KeyError):
-            return False
+    try:
+        t = _first(output)
+    except (TypeError, IndexError, StopIteration, KeyError):
+        return False
     return t.grad_fn is not None and "Compiled" in type(t.grad_fn).__name__
 
 
