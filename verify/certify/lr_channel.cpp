@@ -109,10 +109,13 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
         "lr constant within each epoch, S(epoch) (the scheduler stepped once "
         "per epoch)";
   } else {
-    c.evidence =
-        fmt::format("lr ratio at step {}: {:.6g} x the schedule", t0,
-                    c.accepted_lr[t0] != 0 ? c.trace_lr[t0] / c.accepted_lr[t0]
-                                           : std::nan(""));
+    c.evidence = c.accepted_lr[t0] != 0
+                     ? fmt::format("lr ratio at step {}: {:.6g} x the schedule",
+                                   t0, c.trace_lr[t0] / c.accepted_lr[t0])
+                     : fmt::format(
+                           "no fixed ratio to the schedule (it gives 0 at "
+                           "step {})",
+                           t0);
   }
   return c;
 }
