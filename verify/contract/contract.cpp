@@ -2,6 +2,7 @@
 #include "verify/contract/contract.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -160,19 +161,45 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K,
   return p;
 }
 
+// Step -> the micro-steps of its gradient all-reduces, in order.
+using Reduces = std::map<int64_t, std::vector<int64_t>>;
+
 struct Prediction {
   // [rank][step]
   std::vector<std::vector<Weights>> P;
   // [rank][step]: micro-batch -> the parameter version of its g_j
   std::vector<std::vector<std::map<int64_t, int64_t>>> version;
-  std::map<int64_t, int64_t> reduces;  // step -> DDP all-reduces in it
+  Reduces reduces;  // step -> the micro-steps of its gradient all-reduces
 };
 
-// Step -> all-reduces in it, of a trace's or a predicted run's events.
-std::map<int64_t, int64_t> all_reduces(const std::vector<Event>& events) {
-  std::map<int64_t, int64_t> out;
+// Step -> the micro-step (within the window) after whose backward each
+// of its gradient all-reduces ran, of a predicted run's events.
+Reduces all_reduces(const std::vector<Event>& events) {
+  Reduces out;
   for (const Event& ev : events)
-    if (ev.kind == EventKind::all_reduce) ++out[ev.step];
+    if (ev.kind == EventKind::all_reduce) out[ev.step].push_back(ev.micro);
+  return out;
+}
+
+// The same of a contract trace, whose events name the micro-batch
+// (rank 0's index: the merged contract.csv numbers rank 0's first)
+// backwarded last: its micro-step is its place among rank 0's
+// micro-batches backwarded since the previous step (-1: none).
+Reduces all_reduces(const std::vector<Event>& events,
+                    const ContractSection& c) {
+  std::map<int64_t, std::vector<int64_t>> drawn;  // step -> rank 0's
+  for (const auto& b : c.backward) {
+    if (c.micro[size_t(b.micro)].rank != 0) continue;
+    auto& v = drawn[b.version];
+    if (v.empty() || v.back() != b.micro) v.push_back(b.micro);
+  }
+  Reduces out;
+  for (const Event& ev : events) {
+    if (ev.kind != EventKind::all_reduce) continue;
+    const auto& v = drawn[ev.step];
+    const auto it = std::find(v.rbegin(), v.rend(), ev.micro);
+    out[ev.step].push_back(it == v.rend() ? -1 : int64_t(v.rend() - it) - 1);
+  }
   return out;
 }
 
@@ -191,14 +218,24 @@ V at_or_0(const std::map<int64_t, V>& m, int64_t k) {
   return it == m.end() ? V(0) : it->second;
 }
 
-// "" when equal, else the first step whose all-reduce count differs.
-std::string reduces_differ(const std::map<int64_t, int64_t>& trace,
-                           const std::map<int64_t, int64_t>& pred) {
+// "" when equal, else the first step whose all-reduces differ: in
+// number, or in the micro-steps they ran at.
+std::string reduces_differ(const Reduces& trace, const Reduces& pred) {
+  const auto at = [](const Reduces& m, int64_t t) {
+    const auto it = m.find(t);
+    return it == m.end() ? std::vector<int64_t>{} : it->second;
+  };
   for (int64_t t : keys_of(trace, pred)) {
-    const int64_t a = at_or_0(trace, t), b = at_or_0(pred, t);
+    const std::vector<int64_t> a = at(trace, t), b = at(pred, t);
+    if (a.size() != b.size())
+      return fmt::format("step {}: {} gradient all-reduces, predicted {}", t,
+                         a.size(), b.size());
     if (a != b)
-      return fmt::format("step {}: {} gradient all-reduces, predicted {}", t, a,
-                         b);
+      return fmt::format(
+          "step {}: the gradient all-reduce{} after the backward of "
+          "micro-step {}, predicted after micro-step {}",
+          t, a.size() > 1 ? "s ran" : " ran", fmt::join(a, ", "),
+          fmt::join(b, ", "));
   }
   return "";
 }
@@ -606,11 +643,11 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // DistributedDataParallel module), against each semantics' own.
   const bool reduces_seen =
       c.ranks() > 1 && tr.meta_value("all_reduces") == "seen";
-  std::map<int64_t, int64_t> trace_reduces;
+  Reduces trace_reduces;
   if (reduces_seen && !tr.runs.empty()) {
     std::vector<Event> evs;
     for (const auto& te : tr.runs.front().events) evs.push_back(te.event);
-    trace_reduces = all_reduces(evs);
+    trace_reduces = all_reduces(evs, c);
   }
   std::string reduce_correct;  // "" or how correct's count differs
   LrChannel lr_correct;
@@ -679,7 +716,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   r.checks.push_back(st);
   if (reduces_seen) {
     int64_t n = 0;
-    for (const auto& [t, k] : trace_reduces) n += k;
+    for (const auto& [t, k] : trace_reduces) n += int64_t(k.size());
     r.checks.push_back(
         {"all-reduce", reduce_correct.empty(), false,
          reduce_correct.empty()
@@ -745,6 +782,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           r.diagnosis += "evidence: " + line + "\n";
       if (!lr_correct.ok)
         r.diagnosis += "evidence: " + lr_correct.evidence + "\n";
+      if (!reduce_correct.empty())
+        r.diagnosis += "evidence: all-reduce: " + reduce_correct + "\n";
       if (!s.clip.enabled && !c.clips.empty()) {
         // The trainer clips and the recorder was not told: correct with
         // that clip, for the evidence.
