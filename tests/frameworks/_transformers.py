@@ -12,7 +12,7 @@ import torch
 from _tiny import VariableTokens, collate
 
 
-def train(args, model, K=4, batch=2, n=22, epochs=2, optim="sgd", lr=0.1, schedule="constant",
+def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
           warmup=0, clip=0.0, **recorder):
     """Trainer(model, TrainingArguments(gradient_accumulation_steps=K, ...))
     on n variable-length sequences, micro-batches of `batch`.  optim 'sgd':

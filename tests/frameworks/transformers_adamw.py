@@ -1,6 +1,6 @@
 """Transformers Trainer, everyday usage: the tiny LlamaForCausalLM, 22
-variable-length sequences padded with -100, micro-batches of 2 (windows 4,
-4, 3 per epoch), gradient_accumulation_steps=4, 2 epochs, the Trainer's
+variable-length sequences padded with -100, micro-batches of 2 (3 windows
+of 4 per epoch), gradient_accumulation_steps=4, 2 epochs, the Trainer's
 own AdamW (optim='adamw_torch', lr 3e-3), lr_scheduler_type='linear' with
 warmup_steps=2, max_grad_norm=1.0.
 

@@ -1,8 +1,8 @@
 """Transformers Trainer on a model of our own: an nn.Module (embedding,
 GRU, head) whose forward(input_ids, attention_mask=None, labels=None) takes
 no **kwargs and returns {'loss': token mean, 'logits'}, as many user
-models do.  22 variable-length sequences padded with -100, micro-batches of
-2 (windows 4, 4, 3), gradient_accumulation_steps=4, 2 epochs, SGD without
+models do.  24 variable-length sequences padded with -100, micro-batches of
+2 (3 windows of 4), gradient_accumulation_steps=4, 2 epochs, SGD without
 momentum, constant lr, no clipping; the summed loss is the standard
 causal-LM one (head='causal_lm').
 

@@ -1,13 +1,14 @@
 """Transformers Trainer, correct usage: a tiny LlamaForCausalLM (from a
-config), 22 variable-length sequences padded with -100, micro-batches of 2
-(11 per epoch: windows 4, 4, 3), gradient_accumulation_steps=4, 2 epochs,
+config), 24 variable-length sequences padded with -100, micro-batches of 2
+(12 per epoch: 3 windows of 4), gradient_accumulation_steps=4, 2 epochs,
 torch SGD without momentum, constant lr, no clipping (max_grad_norm=0).
 
 A correct Trainer steps 6 times, each on the window's summed token loss /
 the window's label-token count (exact large-batch equivalence): PASS.
 Transformers <= 4.45 divides each micro-batch's token mean by K:
-token-mean-of-means (and the 3-micro-batch window still by 4:
-partial-cycle-scale-by-k)."""
+token-mean-of-means.  (The epoch's batch count is a multiple of K here, so
+the token weighting shows alone; transformers_partial.py has a partial
+last window.)"""
 
 import sys
 import os
