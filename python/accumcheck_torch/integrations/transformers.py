@@ -141,18 +141,16 @@ class AccumcheckCallback(TrainerCallback):
         self.rec = cls(model, opt, loss_fn, count_fn, out=self.out, items=items,
                        run="transformers", **self.semantics.recorder_kwargs(), **self.extra)
         watch_in_place(train_dataloader, self.rec)
-        if distributed:
-            # This rank's share as configured (DistributedSampler-style:
-            # ceil(N / world)), not the loader's own length.
-            self._shard = self.semantics.rank_samples
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.rec is None:
             return
-        shard = getattr(self, "_shard", None)
-        if shard is not None:
-            for e in self.rec.epochs:
-                e[0] = shard
+        # Each epoch as configured: this rank's share of the training set
+        # (ceil(N / world)) in micro-batches of per_device_train_batch_size,
+        # not what the Trainer's loader says of itself (Accelerate's
+        # loaders have no batch_size; a loop that stops early draws less).
+        for e in self.rec.epochs:
+            e[0], e[1] = self.semantics.rank_samples, self.semantics.micro_batch
         self.rec.close()
         if self.do_certify and (not dist.is_initialized() or dist.get_rank() == 0):
             self.returncode, self.report = certify(self.out, self.command)
