@@ -10,9 +10,9 @@ A correct Trainer gives exact large-batch equivalence: PASS.  A Trainer
 that cannot hand such a model num_items_in_batch and divides its token
 mean by K weighs a token 1/(K*T_k): token-mean-of-means.
 
---variant nohead: the same model with no head= (nor loss_fn=): the
-callback cannot derive its summed loss and exits 2 before training,
-saying what to pass."""
+Variants: head (head='causal_lm', as above); nohead: the same model with
+no head= (nor loss_fn=): the callback cannot derive its summed loss and
+exits 2 before training, saying what to pass."""
 
 import os
 import sys
@@ -20,6 +20,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _tiny import TinyCausal, case_args  # noqa: E402
 from _transformers import train  # noqa: E402
+
+VARIANTS = ["head", "nohead"]
 
 if __name__ == "__main__":
     args = case_args(__doc__)
