@@ -178,8 +178,8 @@ def parse(code, report):
         return "error (exit %d)" % code, "", "", report.strip().splitlines()[-1:] or ""
     m = re.search(r"diagnosis: matches(?:, tied \(all within the bound\):)? ([^ \n]+)", report)
     cell = m.group(1) if m else "no modelled pitfall"
-    w = re.search(r"^FAIL weights: .*?max ([0-9.e+-]+) of the uncertainty \((step \d+) "
-                  r"(micro-batch \d+): (weight [^,]+), (predicted [^)]+)\)", report, re.M)
+    w = re.search(r"^FAIL weights: .*?max ([0-9.e+-]+) of the uncertainty \((?:rank \d+ )?"
+                  r"(step \d+) (micro-batch \d+): (weight [^,]+), (predicted [^)]+)\)", report, re.M)
     margin, where, detail = "", "", ""
     if w:
         margin, where, detail = w.group(1), "%s, %s" % (w.group(2), w.group(3)), \
@@ -187,6 +187,12 @@ def parse(code, report):
     else:
         f = re.search(r"^FAIL ([^:]+): (.*)$", report, re.M)
         detail = "%s: %s" % (f.group(1), f.group(2)) if f else ""
+        g = re.search(r"^FAIL weights: .*?max ([0-9.e+-]+|inf) of the uncertainty \((.*)\)$",
+                      report, re.M)
+        if g:  # the weights cannot be matched step by step (a step count differs)
+            margin, where = g.group(1), g.group(2)
+            ev = re.findall(r"^evidence: (.*)$", report, re.M)
+            detail = "; ".join(ev[:3]) if ev else detail
     if m:
         dm = re.search(r"diagnosis: matches .*\(max ([0-9.e+-]+) of the uncertainty\)", report)
         if dm:
@@ -271,6 +277,8 @@ def main():
     r.add_argument("--spec", action="append", help="framework==version (repeatable)")
     r.add_argument("--table", help="write the Markdown table here")
     r.add_argument("--json", help="write the results here")
+    t = sub.add_parser("table", help="one Markdown table from the --json files of several runs")
+    t.add_argument("json", nargs="+")
     c = sub.add_parser("check", help="one cell against versions.txt's expectation (exit 0 iff it agrees)")
     c.add_argument("spec")
     c.add_argument("case")
@@ -284,6 +292,26 @@ def main():
         print(py)
         if spent:
             print("venv: made in %.1f s" % spent, file=sys.stderr)
+        return 0
+    if a.cmd == "table":
+        results, installs = [], []
+        for path in a.json:
+            with open(path) as f:
+                got = json.load(f)
+            for r in got["results"]:
+                # Re-read certify's report where it is still there (the
+                # parse may have been improved since the run).
+                txt = os.path.join(WORK, "%s-%s" % (r["framework"], r["version"]), r["case"],
+                                   "certify.txt")
+                if "certify_rc" in r and os.path.exists(txt):
+                    with open(txt) as f:
+                        r["cell"], r["margin"], r["where"], r["detail"] = parse(r["certify_rc"],
+                                                                                f.read())
+                results.append(r)
+            installs += [tuple(x) for x in got["cannot_run"]]
+        order = {r["spec"]: i for i, r in enumerate(read_versions())}
+        results.sort(key=lambda r: (order.get("%s==%s" % (r["framework"], r["version"]), 0), r["case"]))
+        print(table(results, installs), end="")
         return 0
     if a.cmd == "list":
         for row in read_versions():
