@@ -184,6 +184,9 @@ def parse(code, report):
     if w:
         margin, where, detail = w.group(1), "%s, %s" % (w.group(2), w.group(3)), \
             "%s, %s" % (w.group(4), w.group(5))
+        first = re.search(r"^evidence: (step \d+ is the first to leave correct)", report, re.M)
+        if first:
+            detail += "; " + first.group(1)
     else:
         f = re.search(r"^FAIL ([^:]+): (.*)$", report, re.M)
         detail = "%s: %s" % (f.group(1), f.group(2)) if f else ""
@@ -251,7 +254,7 @@ def agrees(res):
 
 
 def table(results, installs):
-    lines = ["| framework | version | case | cell | margin | first step, micro-batch | "
+    lines = ["| framework | version | case | cell | margin | worst step, micro-batch | "
              "evidence | public reports say | CPU s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -307,6 +310,14 @@ def main():
                     with open(txt) as f:
                         r["cell"], r["margin"], r["where"], r["detail"] = parse(r["certify_rc"],
                                                                                 f.read())
+                # A run from before its case declared variants: its
+                # default is the first; the expectation is today's row's.
+                variants = variants_of(os.path.join(CASES, "%s_%s.py" % (r["framework"],
+                                                                        r["case"].split(".")[0])))
+                if variants and "." not in r["case"]:
+                    r["case"] = "%s.%s" % (r["case"], variants[0])
+                r["expect"] = row_of("%s==%s" % (r["framework"], r["version"]))["expect"].get(
+                    r["case"], "PASS")
                 results.append(r)
             installs += [tuple(x) for x in got["cannot_run"]]
         order = {r["spec"]: i for i, r in enumerate(read_versions())}
