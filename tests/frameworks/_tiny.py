@@ -61,6 +61,17 @@ def token_data(n=40, T=10, vocab=17, seed=0):
     return out
 
 
+def warmup_linear(warmup, total):
+    """The lambda of a linear schedule with warmup, as accumcheck's
+    declared {"kind": "linear"} schedule and Transformers'
+    get_linear_schedule_with_warmup compute it (0 at step 0)."""
+    def f(n):
+        if n < warmup:
+            return n / max(1, warmup)
+        return max(0.0, (total - n) / max(1, total - warmup))
+    return f
+
+
 def token_mean_loss(logits, labels):
     """The everyday causal-LM loss: the token mean of the shifted
     cross-entropy (what a model's forward returns as .loss)."""

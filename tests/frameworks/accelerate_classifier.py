@@ -33,10 +33,6 @@ K, EPOCHS, BATCH, CLIP = 4, 2, 4, 0.5
 WARMUP, TOTAL = 2, 6
 
 
-def warmup_linear(n):
-    return (n + 1) / WARMUP if n < WARMUP else max(0.0, (TOTAL - n) / (TOTAL - WARMUP))
-
-
 def main(argv=None):
     a = _tiny.args(VARIANTS, argv)
     from accelerate import Accelerator
@@ -53,7 +49,7 @@ def main(argv=None):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = (torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear)
+    scheduler = (torch.optim.lr_scheduler.LambdaLR(optimizer, _tiny.warmup_linear(WARMUP, TOTAL))
                  if a.variant == "sched" else None)
     if scheduler is not None:
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)

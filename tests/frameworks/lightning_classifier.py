@@ -29,10 +29,6 @@ K, EPOCHS, BATCH = 4, 2, 4
 WARMUP, TOTAL = 2, 6  # optimizer steps: 3 per epoch
 
 
-def warmup_linear(n):
-    return (n + 1) / WARMUP if n < WARMUP else max(0.0, (TOTAL - n) / (TOTAL - WARMUP))
-
-
 def main(argv=None):
     a = _tiny.args(VARIANTS, argv)
     try:
@@ -58,7 +54,7 @@ def main(argv=None):
                 return torch.optim.AdamW(self.parameters(), lr=1e-2)
             opt = torch.optim.SGD(self.parameters(), lr=0.1)
             if a.variant.startswith("sched"):
-                sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear)
+                sched = torch.optim.lr_scheduler.LambdaLR(opt, _tiny.warmup_linear(WARMUP, TOTAL))
                 return {"optimizer": opt, "lr_scheduler": {
                     "scheduler": sched, "interval": "step" if a.variant == "sched_step" else "epoch"}}
             return opt
