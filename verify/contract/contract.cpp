@@ -86,8 +86,8 @@ std::vector<Pitfall> accepted_semantics(const Trace& tr) {
     if (!p)
       throw InputError(tr.meta_path(), 0, 0, "accept",
                        "unknown pitfall id '" + id +
-                           "' (expected ids from `accumcheck pitfalls`, "
-                           "joined by '+')");
+                           "' (expected pitfall ids as docs/pitfalls.md names "
+                           "them, joined by '+')");
     if (std::find(out.begin(), out.end(), *p) == out.end()) out.push_back(*p);
   }
   // The catalog's order, as candidate_semantics names its pairs.
