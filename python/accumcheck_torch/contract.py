@@ -347,6 +347,10 @@ class ContractRecorder:
                 loss = closure()
             orig_step(*a, **k)
             return loss
+        # An lr scheduler's own wrapper of step (its "step() before
+        # optimizer.step()" check) stays underneath, and is put back by close().
+        step._wrapped_by_lr_sched = getattr(orig_step, "_wrapped_by_lr_sched", False)
+        self._own_step = opt.__dict__.get("step")
         opt.step = step
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
         # A torch.compile'd model, compiled while this recorder lives: its
@@ -611,6 +615,8 @@ class ContractRecorder:
         _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
         self.optimizer.__dict__.pop("zero_grad", None)
         self.optimizer.__dict__.pop("step", None)
+        if self._own_step is not None:
+            self.optimizer.step = self._own_step
         rows = []
         for j, m in enumerate(self.micro):
             rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[7])))

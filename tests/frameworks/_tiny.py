@@ -79,6 +79,29 @@ def token_mean_loss(logits, labels):
                                        ignore_index=-100)
 
 
+def _rank(rank, ranks, port, main, argv):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if main(argv) != 0:
+        raise SystemExit(1)
+
+
+def spawn(main, argv, ranks):
+    """Runs main(argv) in `ranks` processes (torch.multiprocessing, the
+    torch.distributed environment of a free local port set in each, as
+    `accelerate launch` or torchrun would), or in this one when ranks is
+    1 or this already is a rank."""
+    if ranks <= 1 or "WORLD_SIZE" in os.environ:
+        return main(argv)
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(ranks, port, main, argv), nprocs=ranks, join=True)
+    return 0
+
+
 def args(variants, argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)

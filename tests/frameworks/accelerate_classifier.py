@@ -19,7 +19,11 @@ Variants:
   partial  40 samples (the last window of each epoch 2 micro-batches): partial-cycle-scale-by-k
   accept   as partial, record(accept=["partial-cycle-scale-by-k"]): PASS, "accepted: ..."
   clip     48 samples, AdamW, accelerator.clip_grad_norm_(..., 0.5) declared: PASS
-  sched    48 samples, SGD, a prepared LambdaLR linear warmup, declared: PASS"""
+  sched    48 samples, SGD, a prepared LambdaLR linear warmup, declared: PASS
+           (--ranks 2: 64 samples, 2 gloo ranks, 2 full windows per rank and
+           epoch; Accelerate's scheduler wrapper steps the scheduler once per
+           process at each optimizer step unless split_batches (#2926), so the
+           schedule runs R times too fast: ddp-scheduler-per-rank)"""
 
 import sys
 
@@ -42,7 +46,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
     model = _tiny.MLP()
-    n = 40 if a.variant in ("partial", "accept") else 48
+    n = 40 if a.variant in ("partial", "accept") else 64 if a.ranks > 1 else 48
     loader = torch.utils.data.DataLoader(_tiny.classifier_data(n=n), batch_size=BATCH, shuffle=True,
                                          generator=torch.Generator().manual_seed(1))
     if a.variant == "clip":
@@ -79,4 +83,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_tiny.spawn(main, sys.argv[1:], _tiny.args(VARIANTS).ranks))

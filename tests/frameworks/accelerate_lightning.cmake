@@ -23,10 +23,11 @@ foreach(_fw accelerate-1.15.0 lightning-2.6.6)
       "(set ACCUMCHECK_${_up}_PYTHON)")
   endif()
 endforeach()
-# framework|case|variant|certify's exit code|texts (~ separated)
+# framework|case|variant|certify's exit code|texts (~ separated)[|ranks]
 set(_fw_cases
   "accelerate|classifier|partial|1|diagnosis: matches partial-cycle-scale-by-k"
   "accelerate|classifier|clip|0|ok   clip:~PASS (contract tier)"
+  "accelerate|classifier|sched|1|lr ratio at step 1: 2 x the schedule~diagnosis: matches ddp-scheduler-per-rank|2"
   "accelerate|lm|mean|1|diagnosis: matches token-mean-of-means"
   "accelerate|lm|sum|0|PASS (contract tier)"
   "lightning|classifier|sgd|1|diagnosis: matches partial-cycle-scale-by-k"
@@ -39,6 +40,15 @@ foreach(case ${_fw_cases})
   list(GET parts 2 variant)
   list(GET parts 3 code)
   list(GET parts 4 texts)
+  list(LENGTH parts nparts)
+  set(ranks 1)
+  if(nparts GREATER 5)
+    list(GET parts 5 ranks)
+  endif()
+  set(test Frameworks.${fw}.${name}.${variant})
+  if(ranks GREATER 1)
+    set(test ${test}.ranks${ranks})
+  endif()
   string(TOUPPER ${fw} _up)
   if(NOT ACCUMCHECK_${_up}_PYTHON)
     continue()
@@ -48,9 +58,10 @@ foreach(case ${_fw_cases})
   foreach(t ${texts})
     list(APPEND textargs --text "${t}")
   endforeach()
-  add_test(NAME Frameworks.${fw}.${name}.${variant}
+  add_test(NAME ${test}
     COMMAND ${ACCUMCHECK_TORCH_PYTHON} ${_fw_dir}/ctest_framework.py
-      $<TARGET_FILE:accumcheck> ${CMAKE_BINARY_DIR}/frameworks/${fw}.${name}.${variant}
-      ${code} ${textargs} -- ${ACCUMCHECK_${_up}_PYTHON} ${fw}_${name}.py --variant ${variant})
-  set_tests_properties(Frameworks.${fw}.${name}.${variant} PROPERTIES TIMEOUT 300)
+      $<TARGET_FILE:accumcheck> ${CMAKE_BINARY_DIR}/frameworks/${test}
+      ${code} ${textargs} -- ${ACCUMCHECK_${_up}_PYTHON} ${fw}_${name}.py --variant ${variant}
+      --ranks ${ranks})
+  set_tests_properties(${test} PROPERTIES TIMEOUT 300 PROCESSORS ${ranks})
 endforeach()

@@ -13,7 +13,13 @@ Variants:
   sum   the loop Accelerate's docs give for token losses: the window's
         batches drawn first, N_w counted, loss = summed * K / N_w (K undoes
         backward's division), optimizer.step() after the window, no
-        accumulate(): PASS
+        accumulate(): PASS.  --ranks 2 (2 gloo ranks, unequal token counts):
+        N_w gathered over the ranks (accelerator.gather) and the loss x R
+        (DDP averages), accelerator.no_sync on all but the window's last
+        micro-batch, as the docs give it: PASS; mean at 2 ranks: each
+        rank draws 6 micro-batches an epoch (windows of 4 and 2), each
+        micro-batch's token mean / K, DDP's average:
+        partial-cycle-scale-by-k+token-mean-of-means
   prefetch_accumulate  the same window drawn first, each micro-batch inside
         `with accelerator.accumulate(model)` with step/zero_grad in it: the
         loader flags its end when the last batch is DRAWN, so accumulate()
@@ -63,15 +69,22 @@ def main(argv=None):
             if not window:
                 break
             n_items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in window)
-            for batch in window:
+            if accelerator.num_processes > 1:
+                n_items = int(accelerator.gather(torch.tensor([n_items])).sum())
+            scale = K * accelerator.num_processes / n_items
+            for i, batch in enumerate(window):
                 def micro():
                     logits = model(batch["input_ids"])
                     summed = F.cross_entropy(logits[:, :-1].flatten(0, 1),
                                              batch["labels"][:, 1:].flatten(),
                                              ignore_index=-100, reduction="sum")
-                    accelerator.backward(summed * K / n_items)
+                    accelerator.backward(summed * scale)
                 if a.variant == "sum":
-                    micro()
+                    if i + 1 < len(window):
+                        with accelerator.no_sync(model):
+                            micro()
+                    else:
+                        micro()
                     continue
                 with accelerator.accumulate(model):
                     micro()
@@ -86,4 +99,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_tiny.spawn(main, sys.argv[1:], _tiny.args(VARIANTS).ranks))

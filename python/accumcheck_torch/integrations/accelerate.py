@@ -44,6 +44,18 @@ def _set_class(obj, cls):
     object.__dict__["__class__"].__set__(obj, cls)
 
 
+class _Shard:
+    """This rank's share of a prepared loader, as the distributed recorder
+    reads an epoch (len(sampler) samples, batch_size): Accelerate hands
+    each rank len(loader) batches of batch_size (even_batches, its default,
+    fills the last ones from the start)."""
+
+    def __init__(self, loader):
+        bs = getattr(loader, "batch_size", None) or getattr(loader.batch_sampler, "batch_size", 1)
+        self.batch_size = bs
+        self.sampler = self.dataset = range(len(loader) * bs)
+
+
 class Recording:
     """What record() returns: close() writes the trace."""
 
@@ -78,7 +90,8 @@ class Recording:
                 if rec.recorder is None:
                     rec._start(batch)
                 if first:
-                    rec.recorder._new_epoch(self_)
+                    rec.recorder._new_epoch(_Shard(self_) if rec.accelerator.num_processes > 1
+                                            else self_)
                     first = False
                 rec.recorder._drawn(batch)
                 yield batch
