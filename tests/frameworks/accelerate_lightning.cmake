@@ -23,7 +23,7 @@ foreach(_fw accelerate-1.15.0 lightning-2.6.6)
       "(set ACCUMCHECK_${_up}_PYTHON)")
   endif()
 endforeach()
-# framework|case|variant|certify's exit code|texts (~ separated)[|ranks]
+# framework|case|variant|certify's exit code ("refused": the case exits 2)|texts (~ separated)[|ranks]
 set(_fw_cases
   "accelerate|classifier|partial|1|diagnosis: matches partial-cycle-scale-by-k"
   "accelerate|classifier|clip|0|ok   clip:~PASS (contract tier)"
@@ -32,7 +32,9 @@ set(_fw_cases
   "accelerate|lm|sum|0|PASS (contract tier)"
   "lightning|classifier|sgd|1|diagnosis: matches partial-cycle-scale-by-k"
   "lightning|classifier|accept|0|PASS (contract tier)~accepted: partial-cycle-scale-by-k"
-  "lightning|classifier|sched_epoch|1|diagnosis: matches partial-cycle-scale-by-k+scheduler-per-epoch")
+  "lightning|classifier|sched_epoch|1|diagnosis: matches partial-cycle-scale-by-k+scheduler-per-epoch"
+  "lightning|lm|mean|1|diagnosis: matches partial-cycle-scale-by-k+token-mean-of-means"
+  "lightning|lm|underivable|refused|cannot derive the loss of a list batch~pass loss_fn=")
 foreach(case ${_fw_cases})
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts 0 fw)
