@@ -287,6 +287,21 @@ class ContractRecorder:
                     self.current = j
                     self.pending = (j, t)
                     return
+        # No storage matched: the inputs are copies of a drawn batch (a
+        # data-parallel wrapper or a device move copies them, as
+        # Transformers' Trainer does under DDP): the oldest unforwarded
+        # micro-batch whose first tensor has the same values.
+        for j, done in enumerate(self.forwarded):
+            if done or self.micro[j][5] is None:
+                continue
+            mine = _first(self.micro[j][5])
+            for t in _tensors(args, kwargs):
+                if t.shape == mine.shape and t.dtype == mine.dtype and torch.equal(t, mine):
+                    self.forwarded[j] = True
+                    self.micro[j][4] = torch.get_rng_state()
+                    self.micro[j][1] = self.steps
+                    self.current = j
+                    return
 
     def _forward_done(self, module, args, kwargs, output):
         """g_j from the forward your loop just ran, when summed_loss calls

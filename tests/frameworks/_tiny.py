@@ -1,64 +1,137 @@
-"""Tiny models and data built in code for the framework cases (no hub
-download): a classifier MLP and a causal token model, each a plain
-nn.Module whose forward takes no **kwargs, and variable-length token data
-padded with -100 so token counts differ between micro-batches."""
+"""What the framework conformance cases share (tests/frameworks/<fw>_<case>.py):
+variable-length token data padded with -100, its collator, a tiny Llama
+built from a config (no hub), a causal-LM nn.Module whose forward takes no
+**kwargs, the case's command line and a free port for gloo ranks."""
 
 import argparse
 import os
-import sys
+import socket
 
 import torch
-import torch.nn as nn
+from torch.utils.data import Dataset
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+VOCAB = 32
+PAD = 0
 
 
-class MLP(nn.Module):
+class VariableTokens(Dataset):
+    """n sequences of 3..12 tokens (seeded): micro-batches differ in token
+    count, so a token mean per micro-batch / K weighs tokens wrongly."""
+
+    def __init__(self, n, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.rows = []
+        for _ in range(n):
+            length = int(torch.randint(3, 13, (1,), generator=g))
+            self.rows.append(torch.randint(1, VOCAB, (length,), generator=g))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i]}
+
+
+def collate(rows):
+    """Right-padded input_ids (PAD), attention_mask, labels = input_ids
+    with -100 at the padding (the model shifts)."""
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r["input_ids"])] = r["input_ids"]
+        mask[i, :len(r["input_ids"])] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def tiny_llama(seed=0):
+    """LlamaForCausalLM from a config: 2 layers, hidden 16, vocab 32 (a few
+    thousand parameters)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                      pad_token_id=PAD, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+class TinyCausal(torch.nn.Module):
+    """A causal LM of our own whose forward takes no **kwargs: embedding,
+    one GRU, a head; returns {'loss': token mean of the shifted
+    cross-entropy, 'logits'} as a Transformers model would."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(VOCAB, 16)
+        self.rnn = torch.nn.GRU(16, 16, batch_first=True)
+        self.head = torch.nn.Linear(16, VOCAB)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.head(self.rnn(self.emb(input_ids))[0])
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=-100)
+        return out
+
+
+def case_args(doc):
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--out", required=True, help="trace folder to write")
+    ap.add_argument("--variant", default="default")
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--no-record", action="store_true", help="the run without the recorder (bench)")
+    return ap.parse_args()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(main, ranks, *args):
+    """main(rank, ranks, *args) in `ranks` processes whose environment says
+    torch.distributed's env:// rendezvous (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), as torchrun would set it: the framework
+    initialises the gloo group itself."""
+    import torch.multiprocessing as mp
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(free_port())
+    os.environ["WORLD_SIZE"] = str(ranks)
+    mp.spawn(_ranked, args=(main, ranks, args), nprocs=ranks, join=True)
+
+
+def _ranked(rank, main, ranks, args):
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+    main(rank, ranks, *args)
+
+
+# ---- the Accelerate and Lightning cases (one script, several variants)
+
+class MLP(torch.nn.Module):
+    """A classifier of our own: Linear, tanh, Linear (forward(x), no
+    **kwargs)."""
+
     def __init__(self, d_in=8, hidden=16, classes=3):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.Tanh(), nn.Linear(hidden, classes))
+        self.net = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.Tanh(),
+                                       torch.nn.Linear(hidden, classes))
 
     def forward(self, x):
         return self.net(x)
 
 
-class TinyLM(nn.Module):
-    """Token embedding, a causal mixing layer (cumulative mean of the
-    embeddings: position t sees tokens <= t), a tanh MLP and a head."""
-
-    def __init__(self, vocab=17, d=12):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.mix = nn.Linear(d, d)
-        self.head = nn.Linear(d, vocab)
-
-    def forward(self, input_ids):
-        e = self.emb(input_ids)
-        steps = torch.arange(1, e.shape[1] + 1, dtype=e.dtype).view(1, -1, 1)
-        h = torch.tanh(self.mix(e.cumsum(1) / steps))
-        return self.head(h)
-
-
-def classifier_data(n=40, d_in=8, classes=3, seed=0):
+def classifier_data(n, d_in=8, classes=3, seed=0):
+    """n (x, y) samples (seeded)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d_in, generator=g)
     y = torch.randint(0, classes, (n,), generator=g)
     return [(x[i], y[i]) for i in range(n)]
-
-
-def token_data(n=40, T=10, vocab=17, seed=0):
-    """Sequences of length 3..T, right-padded with 0 (input) and -100
-    (labels)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        L = int(torch.randint(3, T + 1, (1,), generator=g))
-        ids = torch.zeros(T, dtype=torch.long)
-        ids[:L] = torch.randint(1, vocab, (L,), generator=g)
-        labels = torch.full((T,), -100, dtype=torch.long)
-        labels[:L] = ids[:L]
-        out.append({"input_ids": ids, "labels": labels})
-    return out
 
 
 def warmup_linear(warmup, total):
@@ -72,40 +145,34 @@ def warmup_linear(warmup, total):
     return f
 
 
-def token_mean_loss(logits, labels):
-    """The everyday causal-LM loss: the token mean of the shifted
-    cross-entropy (what a model's forward returns as .loss)."""
-    return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
-                                       ignore_index=-100)
+def variant_args(variants, argv=None):
+    """The case's command line, --variant one of `variants` ("default":
+    the first)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--variant", choices=variants + ["default"], default=variants[0])
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--no-record", action="store_true", help="the same run without recording")
+    a = ap.parse_args(argv)
+    if a.variant == "default":
+        a.variant = variants[0]
+    return a
 
 
-def _rank(rank, ranks, port, main, argv):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_argv(rank, main, ranks, argv):
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
     if main(argv) != 0:
         raise SystemExit(1)
 
 
 def spawn(main, argv, ranks):
-    """Runs main(argv) in `ranks` processes (torch.multiprocessing, the
-    torch.distributed environment of a free local port set in each, as
-    `accelerate launch` or torchrun would), or in this one when ranks is
-    1 or this already is a rank."""
-    if ranks <= 1 or "WORLD_SIZE" in os.environ:
+    """main(argv) in `ranks` processes with torch.distributed's env://
+    rendezvous set (as `accelerate launch` or torchrun would), or in this
+    one when ranks is 1 or this already is a rank."""
+    if ranks <= 1 or "RANK" in os.environ:
         return main(argv)
-    import socket
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(ranks, port, main, argv), nprocs=ranks, join=True)
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(ranks))
+    mp.spawn(_rank_argv, args=(main, ranks, argv), nprocs=ranks, join=True)
     return 0
-
-
-def args(variants, argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--variant", choices=variants, default=variants[0])
-    ap.add_argument("--ranks", type=int, default=1)
-    ap.add_argument("--no-record", action="store_true", help="the same run without recording")
-    return ap.parse_args(argv)

@@ -20,11 +20,12 @@ Variants:
   accept   as partial, record(accept=["partial-cycle-scale-by-k"]): PASS, "accepted: ..."
   clip     48 samples, AdamW, accelerator.clip_grad_norm_(..., 0.5) declared: PASS
   sched    48 samples, SGD, a prepared LambdaLR linear warmup, declared: PASS
-           (--ranks 2: 64 samples, 2 gloo ranks, 2 full windows per rank and
+  sched_2ranks  (or --ranks 2) 64 samples, 2 gloo ranks, 2 full windows per rank and
            epoch; Accelerate's scheduler wrapper steps the scheduler once per
            process at each optimizer step unless split_batches (#2926), so the
            schedule runs R times too fast: ddp-scheduler-per-rank)"""
 
+import os
 import sys
 
 import torch
@@ -32,13 +33,13 @@ import torch.nn.functional as F
 
 import _tiny
 
-VARIANTS = ["full", "partial", "accept", "clip", "sched"]
+VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks"]
 K, EPOCHS, BATCH, CLIP = 4, 2, 4, 0.5
-WARMUP, TOTAL = 2, 6
+WARMUP = 2
 
 
 def main(argv=None):
-    a = _tiny.args(VARIANTS, argv)
+    a = _tiny.variant_args(VARIANTS, argv)
     from accelerate import Accelerator
     from accumcheck_torch.integrations.accelerate import record
 
@@ -46,15 +47,19 @@ def main(argv=None):
     torch.set_num_threads(1)
     accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
     model = _tiny.MLP()
-    n = 40 if a.variant in ("partial", "accept") else 64 if a.ranks > 1 else 48
+    ranks = int(os.environ.get("WORLD_SIZE", 1))
+    n = 40 if a.variant in ("partial", "accept") else 64 if ranks > 1 else 48
+    # The schedule's horizon: the optimizer steps of the run.
+    micro = -(-(-(-n // ranks)) // BATCH)  # micro-batches per rank and epoch
+    total = EPOCHS * -(-micro // K)
     loader = torch.utils.data.DataLoader(_tiny.classifier_data(n=n), batch_size=BATCH, shuffle=True,
                                          generator=torch.Generator().manual_seed(1))
     if a.variant == "clip":
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = (torch.optim.lr_scheduler.LambdaLR(optimizer, _tiny.warmup_linear(WARMUP, TOTAL))
-                 if a.variant == "sched" else None)
+    scheduler = (torch.optim.lr_scheduler.LambdaLR(optimizer, _tiny.warmup_linear(WARMUP, total))
+                 if a.variant.startswith("sched") else None)
     if scheduler is not None:
         model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     else:
@@ -63,8 +68,8 @@ def main(argv=None):
     if not a.no_record:
         rec = record(accelerator, model, optimizer, loader, scheduler, out=a.out,
                      clip=CLIP if a.variant == "clip" else None,
-                     schedule={"kind": "linear", "warmup": WARMUP, "total": TOTAL}
-                     if scheduler is not None else None,
+                     schedule="linear" if scheduler is not None else None, warmup=WARMUP,
+                     epochs=EPOCHS,
                      accept=["partial-cycle-scale-by-k"] if a.variant == "accept" else ())
     model.train()
     for _ in range(EPOCHS):
@@ -83,4 +88,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(_tiny.spawn(main, sys.argv[1:], _tiny.args(VARIANTS).ranks))
+    a = _tiny.variant_args(VARIANTS)
+    sys.exit(_tiny.spawn(main, sys.argv[1:], 2 if a.variant.endswith("2ranks") else a.ranks))

@@ -1,6 +1,6 @@
-"""Accelerate, a causal token model (TinyLM: a plain nn.Module whose
-forward takes input_ids and no **kwargs) on variable-length sequences
-padded with -100, so token counts differ between micro-batches;
+"""Accelerate, a causal token model (_tiny.TinyCausal: a plain nn.Module
+whose forward takes no **kwargs) on variable-length sequences padded with
+-100, so token counts differ between micro-batches;
 Accelerator(gradient_accumulation_steps=4), micro-batches of 4, 48
 sequences (3 full windows per epoch), 2 epochs, SGD without momentum.
 
@@ -40,15 +40,16 @@ K, EPOCHS, BATCH = 4, 2, 4
 
 
 def main(argv=None):
-    a = _tiny.args(VARIANTS, argv)
+    a = _tiny.variant_args(VARIANTS, argv)
     from accelerate import Accelerator
     from accumcheck_torch.integrations.accelerate import record
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
-    model = _tiny.TinyLM()
-    loader = torch.utils.data.DataLoader(_tiny.token_data(n=48), batch_size=BATCH, shuffle=True,
+    model = _tiny.TinyCausal()
+    loader = torch.utils.data.DataLoader(_tiny.VariableTokens(48), batch_size=BATCH, shuffle=True,
+                                         collate_fn=_tiny.collate,
                                          generator=torch.Generator().manual_seed(1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -58,8 +59,7 @@ def main(argv=None):
         if a.variant == "mean":
             for batch in loader:
                 with accelerator.accumulate(model):
-                    accelerator.backward(_tiny.token_mean_loss(model(batch["input_ids"]),
-                                                               batch["labels"]))
+                    accelerator.backward(model(**batch)["loss"])
                     optimizer.step()
                     optimizer.zero_grad()
             continue
@@ -74,7 +74,7 @@ def main(argv=None):
             scale = K * accelerator.num_processes / n_items
             for i, batch in enumerate(window):
                 def micro():
-                    logits = model(batch["input_ids"])
+                    logits = model(batch["input_ids"], batch["attention_mask"])["logits"]
                     summed = F.cross_entropy(logits[:, :-1].flatten(0, 1),
                                              batch["labels"][:, 1:].flatten(),
                                              ignore_index=-100, reduction="sum")
@@ -99,4 +99,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(_tiny.spawn(main, sys.argv[1:], _tiny.args(VARIANTS).ranks))
+    sys.exit(_tiny.spawn(main, sys.argv[1:], _tiny.variant_args(VARIANTS).ranks))

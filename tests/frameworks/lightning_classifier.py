@@ -30,7 +30,7 @@ WARMUP, TOTAL = 2, 6  # optimizer steps: 3 per epoch
 
 
 def main(argv=None):
-    a = _tiny.args(VARIANTS, argv)
+    a = _tiny.variant_args(VARIANTS, argv)
     try:
         import lightning.pytorch as pl
     except ImportError:
@@ -62,14 +62,14 @@ def main(argv=None):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     module = Classifier()
-    loader = torch.utils.data.DataLoader(_tiny.classifier_data(), batch_size=BATCH, shuffle=True,
+    loader = torch.utils.data.DataLoader(_tiny.classifier_data(40), batch_size=BATCH, shuffle=True,
                                          generator=torch.Generator().manual_seed(1))
     callbacks = []
     if not a.no_record:
         accept = [] if a.variant in ("sgd",) else ["partial-cycle-scale-by-k"]
-        schedule = ({"kind": "linear", "warmup": WARMUP, "total": TOTAL}
-                    if a.variant.startswith("sched") else None)
-        callbacks.append(AccumcheckCallback(out=a.out, accept=accept, schedule=schedule))
+        schedule = "linear" if a.variant.startswith("sched") else None
+        callbacks.append(AccumcheckCallback(out=a.out, accept=accept, schedule=schedule,
+                                            warmup=WARMUP))
     trainer = pl.Trainer(max_epochs=EPOCHS, accumulate_grad_batches=K, accelerator="cpu",
                          devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,

@@ -1,5 +1,5 @@
-"""Lightning, a causal token model (TinyLM, a plain nn.Module whose
-forward takes input_ids and no **kwargs) in a LightningModule whose
+"""Lightning, a causal token model (_tiny.TinyCausal, a plain nn.Module
+whose forward takes no **kwargs) in a LightningModule whose
 training_step returns the token mean of the shifted cross-entropy, on
 variable-length sequences padded with -100 (token counts differ between
 micro-batches); Trainer(accumulate_grad_batches=4), micro-batches of 4,
@@ -28,7 +28,7 @@ K, EPOCHS, BATCH = 4, 2, 4
 
 
 def main(argv=None):
-    a = _tiny.args(VARIANTS, argv)
+    a = _tiny.variant_args(VARIANTS, argv)
     try:
         import lightning.pytorch as pl
     except ImportError:
@@ -38,27 +38,28 @@ def main(argv=None):
     class LM(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.lm = _tiny.TinyLM()
+            self.lm = _tiny.TinyCausal()
 
-        def forward(self, input_ids):
-            return self.lm(input_ids)
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            return self.lm(input_ids, attention_mask, labels)
 
         def training_step(self, batch, batch_idx):
             if a.variant == "underivable":
-                ids, labels, _ = batch
-            else:
-                ids, labels = batch["input_ids"], batch["labels"]
-            return _tiny.token_mean_loss(self(ids), labels)
+                batch = {"input_ids": batch[0], "labels": batch[1]}
+            return self(**batch)["loss"]
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.5)
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    data = _tiny.token_data(n=40)
+    collate = _tiny.collate
     if a.variant == "underivable":
-        data = [(d["input_ids"], d["labels"], torch.ones(())) for d in data]
-    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True,
+        def collate(rows):
+            b = _tiny.collate(rows)
+            return b["input_ids"], b["labels"], torch.ones(len(rows))
+    loader = torch.utils.data.DataLoader(_tiny.VariableTokens(40), batch_size=BATCH, shuffle=True,
+                                         collate_fn=collate,
                                          generator=torch.Generator().manual_seed(1))
     callbacks = [] if a.no_record else [AccumcheckCallback(out=a.out)]
     trainer = pl.Trainer(max_epochs=EPOCHS, accumulate_grad_batches=K, accelerator="cpu",

@@ -411,6 +411,21 @@ CertifyCheck clip_check(const ContractSection& c, const Scenario& s,
     lo = std::min(lo, cl.factor);
     hi = std::max(hi, cl.factor);
   }
+  // clip_grad_norm_(max_norm = inf) only measures the norm (Transformers'
+  // Trainer calls it so when max_grad_norm is 0): its factor is exactly
+  // 1, the gradient unchanged, so a loop that accepts no clip holds.
+  const bool only_measures =
+      !c.clips.empty() &&
+      std::all_of(c.clips.begin(), c.clips.end(), [](const ContractClip& cl) {
+        return std::isinf(cl.max_norm) && cl.max_norm > 0 && cl.factor == 1.0;
+      });
+  if (!s.clip.enabled && only_measures) {
+    ck.message = fmt::format(
+        "{} clip_grad_norm_ calls with max_norm inf: factor 1 each, the "
+        "gradient unchanged (no clip, as accepted)",
+        c.clips.size());
+    return ck;
+  }
   if (!s.clip.enabled) {
     ck.ok = false;
     ck.message = fmt::format(

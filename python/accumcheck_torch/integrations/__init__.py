@@ -1,3 +1,5 @@
-"""Framework integrations (Transformers, Accelerate, Lightning) for the
-contract tier.  Each submodule imports its framework when it is imported;
-importing accumcheck_torch or this package imports no framework."""
+"""Integrations with the trainers that write the accumulation loop for you
+(docs/frameworks.md): Transformers' Trainer (`.transformers`), Accelerate
+(`.accelerate`), Lightning (`.lightning`).  Each module imports its
+framework when it is imported itself; `import accumcheck_torch` imports
+none of them."""

@@ -3,7 +3,7 @@ Accelerate loop (accumcheck certify --contract judges it).
 
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     rec = record(accelerator, model, optimizer, loader, scheduler, out="trace/",
-                 schedule={"kind": "linear", "warmup": 10, "total": 100})
+                 epochs=3, schedule="linear", warmup=10)
     for batch in loader:                       # your loop, unchanged
         with accelerator.accumulate(model):
             loss = model(**batch).loss
@@ -18,8 +18,11 @@ Accelerate's AcceleratedOptimizer; nothing in the loop changes.
 
 What it is judged against comes from what you configured: K =
 `Accelerator(gradient_accumulation_steps=K)`, the lr = the optimizer's
-initial lr (or `lr=`), the schedule = the one you declare (`schedule=`;
-a scheduler passed without it is refused), the clip = `clip=` (the
+initial lr (or `lr=`), the schedule = the kind and warmup you declare
+(`schedule="linear" | "cosine" | "constant"`, `warmup=` optimizer steps;
+its horizon computed by accumcheck from `epochs=` or `max_steps=`, the
+loader and K: _common.Semantics; a scheduler passed without it is
+refused), the clip = `clip=` (the
 max_norm you pass to accelerator.clip_grad_norm_), never a value
 Accelerate derives.  `accelerator.backward` divides every micro-batch's
 loss by K, the short window at the end of the loader included (its
@@ -27,10 +30,10 @@ gradient_state syncs there): certify names what that does to your
 weights (partial-cycle-scale-by-k, token-mean-of-means for a token mean
 over unequal counts); `accept=[...]` accepts a pitfall id as your loop.
 
-The loss: standard heads are derived (_common.py: a batch dict with
-"labels" or an (x, y) pair; logits (B, T, V) with (B, T) labels: shifted
-token cross-entropy with ignore_index -100; (B, C) with (B,): per-sample
-cross-entropy); pass loss_fn(model, batch) -> summed item loss and
+The loss: standard heads are derived (_common.standard_head_of: a batch
+dict with "labels" or an (x, y) pair; (B, T) labels: shifted token
+cross-entropy with ignore_index -100; (B,) labels: per-sample
+cross-entropy; head= says it outright); pass loss_fn(model, batch) -> summed item loss and
 count_fn(batch) -> items for anything else."""
 
 import accelerate  # noqa: F401 -- the framework this module integrates
@@ -60,22 +63,33 @@ class Recording:
     """What record() returns: close() writes the trace."""
 
     def __init__(self, accelerator, model, optimizer, loader, scheduler, out, loss_fn, count_fn,
-                 items, lr, schedule, clip, accept, quiet, calibrate_every):
+                 items, head, lr, schedule, warmup, epochs, max_steps, clip, accept, quiet,
+                 calibrate_every):
         if (loss_fn is None) != (count_fn is None):
             raise Refused("pass both loss_fn=(model, batch) -> summed item loss and "
                           "count_fn=(batch) -> items, or neither (standard heads)")
         if scheduler is not None and schedule is None:
             raise Refused("a scheduler is passed: declare the schedule it is meant to follow, "
-                          "record(..., schedule={'kind': 'linear' | 'cosine' | 'step' | "
-                          "'constant', 'warmup': ..., 'total': ...}) in optimizer steps")
-        self.sem = _common.semantics(accelerator.gradient_accumulation_steps, lr, schedule, clip,
-                                     accept)
+                          "record(..., schedule='linear' | 'cosine' | 'constant', "
+                          "warmup=optimizer steps, epochs=your epochs)")
+        schedule = schedule or "constant"
+        if schedule == "constant" and epochs is None and max_steps is None:
+            epochs = 1  # the horizon of a constant schedule is never read
+        try:
+            dataset = len(loader.dataset)
+        except TypeError:
+            raise Refused("the prepared loader's dataset has no len(): record() takes "
+                          "map-style datasets") from None
+        bs = getattr(loader, "batch_size", None) or getattr(loader.batch_sampler, "batch_size", None)
+        self.sem = _common.Semantics(
+            accumulation=accelerator.gradient_accumulation_steps, micro_batch=bs or 1,
+            dataset=dataset, epochs=epochs, max_steps=max_steps,
+            world=accelerator.num_processes, lr=lr, schedule=schedule, warmup=warmup, clip=clip)
+        self.accept, self.head = _common.accepted(accept), head
         self.accelerator, self.model, self.loader = accelerator, model, loader
         self.optimizer = getattr(optimizer, "optimizer", optimizer)  # AcceleratedOptimizer
         self.out, self.items, self.quiet, self.calibrate_every = out, items, quiet, calibrate_every
-        self.loss_fn = loss_fn or _common.standard_loss
-        self.count_fn = count_fn or _common.standard_count
-        self.derived = loss_fn is None
+        self.loss_fn, self.count_fn = loss_fn, count_fn
         self.recorder = None
         self._watch(loader)
 
@@ -102,18 +116,18 @@ class Recording:
         self._base = base
 
     def _start(self, batch):
-        sem = self.sem
-        items = self.items or (_common.items_kind(batch) if self.derived else "samples")
-        kw = dict(out=self.out, items=items, quiet=self.quiet, lr=sem["lr"],
-                  calibrate_every=self.calibrate_every, schedule=sem["schedule"],
-                  clip=sem["clip"], accept=sem["accept"])
+        if self.loss_fn is not None:
+            loss_fn, count_fn, items = self.loss_fn, self.count_fn, self.items or "samples"
+        else:
+            loss_fn, count_fn, items = _common.standard_head_of(self.model, batch, self.head)
+        kw = dict(out=self.out, items=items, quiet=self.quiet, accept=self.accept,
+                  calibrate_every=self.calibrate_every, **self.sem.recorder_kwargs())
         if self.accelerator.num_processes > 1:
             from ..distributed import ContractDistributedRecorder
-            self.recorder = ContractDistributedRecorder(self.model, self.optimizer, self.loss_fn,
-                                                        self.count_fn, sem["accumulation"], **kw)
+            self.recorder = ContractDistributedRecorder(self.model, self.optimizer, loss_fn,
+                                                        count_fn, **kw)
         else:
-            self.recorder = ContractRecorder(self.model, self.optimizer, self.loss_fn,
-                                             self.count_fn, sem["accumulation"], **kw)
+            self.recorder = ContractRecorder(self.model, self.optimizer, loss_fn, count_fn, **kw)
 
     def close(self):
         """Writes the trace (every rank must call it under DDP), and gives
@@ -125,7 +139,7 @@ class Recording:
         if not self.recorder.steps:
             raise Refused("the loop never stepped the optimizer (%d micro-batches, "
                           "gradient_accumulation_steps=%d): nothing to certify"
-                          % (len(self.recorder.micro), self.sem["accumulation"]))
+                          % (len(self.recorder.micro), self.sem.K))
 
     def __enter__(self):
         return self
@@ -136,9 +150,10 @@ class Recording:
 
 
 def record(accelerator, model, optimizer, loader, scheduler=None, out="trace", loss_fn=None,
-           count_fn=None, items=None, lr=None, schedule=None, clip=None, accept=(), quiet=True,
-           calibrate_every=None):
+           count_fn=None, items=None, head=None, lr=None, schedule=None, warmup=0, epochs=None,
+           max_steps=None, clip=None, accept=(), quiet=True, calibrate_every=None):
     """Records the loop over the prepared (model, optimizer, loader,
     scheduler); returns a Recording whose close() writes the trace."""
     return Recording(accelerator, model, optimizer, loader, scheduler, out, loss_fn, count_fn,
-                     items, lr, schedule, clip, accept, quiet, calibrate_every)
+                     items, head, lr, schedule, warmup, epochs, max_steps, clip, accept, quiet,
+                     calibrate_every)

@@ -9,20 +9,21 @@ a real `Trainer.fit` (accumcheck certify --contract judges it).
 
 What it is judged against comes from what you configured: K =
 `accumulate_grad_batches`, the clip = `gradient_clip_val` (norm clipping),
-the lr = the optimizer's lr at the start (or `lr=`), the schedule = the one
-you declare (`schedule=`, as ContractRecorder takes it; a scheduler in
-configure_optimizers without `schedule=` is refused before training
-starts), never from a value Lightning derives.  Lightning divides every
+the lr = the optimizer's lr at the start (or `lr=`), the schedule = the
+kind and warmup you declare (`schedule="linear" | "cosine" | "constant"`,
+`warmup=` optimizer steps; its horizon computed by accumcheck from
+max_epochs or max_steps, the loader's length and K: _common.Semantics; a
+scheduler in configure_optimizers without `schedule=` is refused before
+training starts), never from a value Lightning derives.  Lightning divides every
 micro-batch's loss by K, the epoch's short last window included (#19987):
 certify names that `partial-cycle-scale-by-k` (with a mean loss over
 unequal item counts, `token-mean-of-means` or its pair); `accept=[...]`
 accepts a pitfall id as your loop, and certify then says "accepted: ...".
 
-The loss: for standard heads (a batch dict with "labels" or an (x, y) pair,
-logits (B, T, V) with (B, T) labels: shifted token cross-entropy with
-ignore_index -100; logits (B, C) with (B,) labels: per-sample
-cross-entropy; _common.py) the summed item loss and its item count are
-derived; pass loss_fn(model, batch) -> summed item loss and
+The loss: for standard heads (a batch dict with "labels" or an (x, y) pair;
+(B, T) labels: shifted token cross-entropy with ignore_index -100; (B,)
+labels: per-sample cross-entropy; _common.standard_head_of; head= says it
+outright) the summed item loss and its item count are derived; pass loss_fn(model, batch) -> summed item loss and
 count_fn(batch) -> items for anything else.  The module the recorder
 watches is your LightningModule (its forward); a training_step that calls
 an inner module directly gets its g_j from a recompute on a copy."""
@@ -44,17 +45,18 @@ def _raw(optimizer):
 
 class AccumcheckCallback(pl.Callback):
     """AccumcheckCallback(out="trace", loss_fn=None, count_fn=None,
-    items=None, lr=None, schedule=None, accept=(), quiet=True,
-    calibrate_every=None)."""
+    items=None, head=None, lr=None, schedule=None, warmup=0, accept=(),
+    quiet=True, calibrate_every=None)."""
 
-    def __init__(self, out="trace", loss_fn=None, count_fn=None, items=None, lr=None,
-                 schedule=None, accept=(), quiet=True, calibrate_every=None):
+    def __init__(self, out="trace", loss_fn=None, count_fn=None, items=None, head=None, lr=None,
+                 schedule=None, warmup=0, accept=(), quiet=True, calibrate_every=None):
         super().__init__()
         if (loss_fn is None) != (count_fn is None):
             raise Refused("pass both loss_fn=(model, batch) -> summed item loss and "
                           "count_fn=(batch) -> items, or neither (standard heads)")
         self.out, self.loss_fn, self.count_fn, self.items = out, loss_fn, count_fn, items
-        self.lr, self.schedule, self.accept = lr, schedule, accept
+        self.head, self.lr, self.schedule, self.warmup = head, lr, schedule, warmup
+        self.accept = _common.accepted(accept)
         self.quiet, self.calibrate_every = quiet, calibrate_every
         self.recorder = None
 
@@ -72,30 +74,39 @@ class AccumcheckCallback(pl.Callback):
                           % len(trainer.optimizers))
         if trainer.lr_scheduler_configs and self.schedule is None:
             raise Refused("configure_optimizers returns an lr scheduler: declare the schedule it "
-                          "is meant to follow, AccumcheckCallback(schedule={'kind': 'linear' | "
-                          "'cosine' | 'step' | 'constant', 'warmup': ..., 'total': ...}) in "
-                          "optimizer steps")
+                          "is meant to follow, AccumcheckCallback(schedule='linear' | 'cosine' | "
+                          "'constant', warmup=optimizer steps)")
         clip = trainer.gradient_clip_val or None
         if clip is not None and trainer.gradient_clip_algorithm not in (None, "norm"):
             raise Refused("gradient_clip_algorithm=%r: the contract tier judges norm clipping "
                           "only" % trainer.gradient_clip_algorithm)
-        sem = _common.semantics(trainer.accumulate_grad_batches, self.lr, self.schedule, clip,
-                                self.accept)
-        self.sem = sem
+        loader = trainer.train_dataloader
+        try:
+            dataset = len(loader.dataset)
+        except TypeError:
+            raise Refused("the training set has no len(): the callback records map-style "
+                          "datasets") from None
+        max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        self.sem = _common.Semantics(
+            accumulation=trainer.accumulate_grad_batches, micro_batch=loader.batch_size,
+            dataset=dataset, epochs=trainer.max_epochs if max_steps is None else None,
+            max_steps=max_steps, world=trainer.world_size,
+            drop_last=bool(getattr(loader, "drop_last", False)), lr=self.lr,
+            schedule=self.schedule or "constant", warmup=self.warmup, clip=clip)
         self.trainer_model = pl_module
         self.optimizer = _raw(trainer.optimizers[0])
 
     def _start(self, pl_module, batch):
         """The recorder, built at the first batch (whose labels say which
         items the standard head counts)."""
-        sem = self.sem
-        loss_fn = self.loss_fn or _common.standard_loss
-        count_fn = self.count_fn or _common.standard_count
-        items = self.items or (_common.items_kind(batch) if self.loss_fn is None else "samples")
+        if self.loss_fn is not None:
+            loss_fn, count_fn, items = self.loss_fn, self.count_fn, self.items or "samples"
+        else:
+            loss_fn, count_fn, items = _common.standard_head_of(pl_module, batch, self.head)
         self.recorder = ContractRecorder(
-            pl_module, self.optimizer, loss_fn, count_fn, sem["accumulation"], out=self.out,
-            items=items, quiet=self.quiet, calibrate_every=self.calibrate_every, lr=sem["lr"],
-            schedule=sem["schedule"], clip=sem["clip"], accept=sem["accept"])
+            pl_module, self.optimizer, loss_fn, count_fn, out=self.out, items=items,
+            quiet=self.quiet, calibrate_every=self.calibrate_every, accept=self.accept,
+            **self.sem.recorder_kwargs())
 
     # ---- the run
 
@@ -119,7 +130,7 @@ class AccumcheckCallback(pl.Callback):
         if not self.recorder.steps:
             raise Refused("the run never stepped the optimizer (%d micro-batches, "
                           "accumulate_grad_batches=%d): nothing to certify"
-                          % (len(self.recorder.micro), self.sem["accumulation"]))
+                          % (len(self.recorder.micro), self.sem.K))
 
     def on_exception(self, trainer, pl_module, exception):
         if self.recorder is not None and not self.recorder.closed:
