@@ -268,6 +268,7 @@ def main():
     r.add_argument("--ci", action="store_true", help="only the rows marked ci")
     r.add_argument("--only", action="append", help="framework (repeatable)")
     r.add_argument("--case", action="append", help="case (repeatable)")
+    r.add_argument("--spec", action="append", help="framework==version (repeatable)")
     r.add_argument("--table", help="write the Markdown table here")
     r.add_argument("--json", help="write the results here")
     c = sub.add_parser("check", help="one cell against versions.txt's expectation (exit 0 iff it agrees)")
@@ -309,7 +310,8 @@ def main():
     t0 = time.time()
     results, installs = [], []
     for row in read_versions():
-        if (a.ci and not row["ci"]) or (a.only and row["framework"] not in a.only):
+        if (a.ci and not row["ci"]) or (a.only and row["framework"] not in a.only) \
+                or (a.spec and row["spec"] not in a.spec):
             continue
         py, spent, err = venv(row)
         if err:

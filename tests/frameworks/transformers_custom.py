@@ -8,7 +8,11 @@ causal-LM one (head='causal_lm').
 
 A correct Trainer gives exact large-batch equivalence: PASS.  A Trainer
 that cannot hand such a model num_items_in_batch and divides its token
-mean by K weighs a token 1/(K*T_k): token-mean-of-means."""
+mean by K weighs a token 1/(K*T_k): token-mean-of-means.
+
+Variants: head (head='causal_lm', as above); nohead: the same model with
+no head= (nor loss_fn=): the callback cannot derive its summed loss and
+exits 2 before training, saying what to pass."""
 
 import os
 import sys
@@ -17,5 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _tiny import TinyCausal, case_args  # noqa: E402
 from _transformers import train  # noqa: E402
 
+VARIANTS = ["head", "nohead"]
+
 if __name__ == "__main__":
-    train(case_args(__doc__), TinyCausal(), optim="sgd", lr=0.1, head="causal_lm")
+    args = case_args(__doc__)
+    head = {} if args.variant == "nohead" else {"head": "causal_lm"}
+    train(args, TinyCausal(), optim="sgd", lr=0.1, **head)

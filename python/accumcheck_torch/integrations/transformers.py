@@ -152,5 +152,9 @@ class AccumcheckCallback(TrainerCallback):
         for e in self.rec.epochs:
             e[0], e[1] = self.semantics.rank_samples, self.semantics.micro_batch
         self.rec.close()
+        if self.rec.steps == 0:
+            raise Refused("the Trainer never stepped the optimizer (%d micro-batches drawn, "
+                          "gradient_accumulation_steps=%d): there is nothing to certify; train "
+                          "for at least one window" % (len(self.rec.micro), self.semantics.K))
         if self.do_certify and (not dist.is_initialized() or dist.get_rank() == 0):
             self.returncode, self.report = certify(self.out, self.command)
