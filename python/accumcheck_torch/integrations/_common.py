@@ -101,22 +101,29 @@ HEADS = {
 }
 
 
+def _head_by_name(model):
+    """The head a model's class name says (...ForCausalLM, ...LMHeadModel,
+    ...ForSequenceClassification), or None."""
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal_lm"
+    if name.endswith("ForSequenceClassification"):
+        return "sequence_classification"
+    return None
+
+
 def standard_head(model, head=None):
     """(loss_fn, count_fn, items) for a standard head: `head` when given
     ('causal_lm' | 'sequence_classification'), else from the model's class
     name (...ForCausalLM, ...LMHeadModel, ...ForSequenceClassification).
     Anything else: Refused (exit 2) saying what to pass."""
     if head is None:
-        name = type(model).__name__
-        if name.endswith(("ForCausalLM", "LMHeadModel")):
-            head = "causal_lm"
-        elif name.endswith("ForSequenceClassification"):
-            head = "sequence_classification"
-        else:
+        head = _head_by_name(model)
+        if head is None:
             raise Refused("cannot derive the summed item loss of a %s: pass head='causal_lm' or "
                           "'sequence_classification' (labels in batch['labels'], logits in the "
                           "output), or loss_fn=(model, batch) -> summed loss and "
-                          "count_fn=(batch) -> item count" % name)
+                          "count_fn=(batch) -> item count" % type(model).__name__)
     if head not in HEADS:
         raise Refused("head: expected one of %s, got %r" % (", ".join(sorted(HEADS)), head))
     return HEADS[head]
@@ -128,11 +135,8 @@ def standard_head_of(model, batch, head=None):
     say: (B, T) token labels: causal_lm; (B,) sample labels:
     sequence_classification.  Called on the first batch, before its
     forward."""
-    try:
+    if head is not None or _head_by_name(model) is not None:
         return standard_head(model, head)
-    except Refused:
-        if head is not None:
-            raise
     labels = _labels(batch)
     if labels.dim() == 2:
         return HEADS["causal_lm"]
