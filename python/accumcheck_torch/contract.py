@@ -178,11 +178,14 @@ class ContractRecorder:
     [schedule] table: {"kind": "constant" | "step" | "linear" | "cosine",
     "warmup", "total", "step_size", "gamma"} (default constant).
     clip: the accepted clip_grad_norm_ max_norm once per step before
-    optimizer.step() (default None: no clipping accepted)."""
+    optimizer.step() (default None: no clipping accepted).
+    accept: pitfall ids (sim/pitfalls.cpp) the user accepts as their loop
+    (a framework's documented semantics, e.g. "partial-cycle-scale-by-k"):
+    certify then judges against that loop and says so."""
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
                  items="samples", run="trainer", quiet=False, calibrate_every=None,
-                 lr=None, schedule=None, clip=None):
+                 lr=None, schedule=None, clip=None, accept=()):
         if items not in ("samples", "tokens"):
             raise Refused("items must be 'samples' or 'tokens', got %r" % (items,))
         if int(accumulation) < 1:
@@ -203,6 +206,7 @@ class ContractRecorder:
                           "'cosine', 'warmup', 'total', 'step_size', 'gamma'}, got %r" % (schedule,))
         self.schedule = schedule
         self.clip_max = None if clip is None else float(clip)
+        self.accept = [accept] if isinstance(accept, str) else list(accept or ())
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.n = sum(p.numel() for p in self.params)
         self.dtype = self.params[0].dtype
@@ -249,7 +253,10 @@ class ContractRecorder:
     def _new_epoch(self, loader):
         ds = getattr(loader, "dataset", None)
         self.epochs.append([len(ds) if ds is not None else -1,
-                            getattr(loader, "batch_size", None) or -1])
+                            getattr(loader, "batch_size", None)
+                            # Accelerate's loaders keep it on their batch sampler
+                            or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+                            or -1])
 
     def _drawn(self, batch):
         self._recompute_pending()
@@ -337,6 +344,29 @@ class ContractRecorder:
             rec.events.append(("zero_grad", rec.steps, -1, None))
             return orig_zero(*a, **k)
         opt.zero_grad = zero_grad
+        # optimizer.step(closure) (Lightning's automatic optimization runs
+        # the window's last forward and backward, and the clip, inside it):
+        # the closure is evaluated first, so the step's hooks below see the
+        # gradient the update consumes.  A first-order optimizer calls its
+        # closure once, before its update, so this is the same step; LBFGS
+        # re-evaluates it and is refused.
+        orig_step = opt.step
+
+        def step(closure=None, *a, **k):
+            if closure is None:
+                return orig_step(*a, **k)
+            if isinstance(opt, torch.optim.LBFGS):
+                raise Refused("LBFGS re-evaluates its closure within one step: the contract "
+                              "tier records first-order optimizers")
+            with torch.enable_grad():
+                loss = closure()
+            orig_step(*a, **k)
+            return loss
+        # An lr scheduler's own wrapper of step (its "step() before
+        # optimizer.step()" check) stays underneath, and is put back by close().
+        step._wrapped_by_lr_sched = getattr(orig_step, "_wrapped_by_lr_sched", False)
+        self._own_step = opt.__dict__.get("step")
+        opt.step = step
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
         # A torch.compile'd model, compiled while this recorder lives: its
         # backward keeps its buffers (AOTAutograd donates them by default,
@@ -599,6 +629,9 @@ class ContractRecorder:
         self._restore_clip()
         _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
         self.optimizer.__dict__.pop("zero_grad", None)
+        self.optimizer.__dict__.pop("step", None)
+        if self._own_step is not None:
+            self.optimizer.step = self._own_step
         rows = []
         for j, m in enumerate(self.micro):
             rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[7])))
@@ -624,6 +657,8 @@ class ContractRecorder:
                  if k in self.schedule]
         if self.clip_max is not None:
             meta.append(("clip", real(self.clip_max)))
+        if self.accept:
+            meta.append(("accept", "+".join(self.accept)))
         meta += unseen_meta(self.unseen)
         # Each event's epoch: that of the last micro-batch backwarded.
         events, epoch = [], 0
