@@ -237,6 +237,9 @@ class ContractRecorder:
         self.closed = False
         self.quiet = quiet
         self.unseen = []       # what the recorder could not see (meta.csv)
+        self.notes = []        # what it saw that certify reports (meta.csv)
+        self.after_fwd = None  # (micro-batch, CPU RNG state) at its forward's end
+        self.rng_in_backward = []  # micro-batches whose backward drew random numbers
         self._patch()
 
     # ---- the loader
@@ -291,6 +294,12 @@ class ContractRecorder:
         if pending is None or not any(t is pending[1] for t in _tensors(args, kwargs)):
             return
         j = pending[0]
+        try:
+            self._take_from_forward(j, pending, output)
+        finally:
+            self.after_fwd = (j, torch.get_rng_state())
+
+    def _take_from_forward(self, j, pending, output):
         if j in self.gfwd or not torch.is_grad_enabled():
             return
         self.taking = True
@@ -387,6 +396,14 @@ class ContractRecorder:
         self.in_backward = False
         if not self.micro:
             raise Refused("a backward pass before any batch was drawn from recorder.watch(loader)")
+        if self.after_fwd is not None and self.after_fwd[0] == self.current:
+            # The CPU RNG moved between the forward's end and its backward's
+            # end: the backward drew random numbers (a recomputation that
+            # does not replay the forward's, e.g. torch.utils.checkpoint
+            # with preserve_rng_state=False around dropout).
+            if not torch.equal(torch.get_rng_state(), self.after_fwd[1]):
+                self.rng_in_backward.append(self.current)
+            self.after_fwd = None
         self.since_step.append(len(self.backwards))
         self.backwards.append([self.current, self.steps, self.pass_row, None])
         self.events.append(("forward_backward", self.steps, self.current, None))
@@ -394,8 +411,21 @@ class ContractRecorder:
     # ---- recompute and fit
 
     def _grad_of(self, model, params, batch, dtype, dst):
+        """The copy's gradient by backward() into its own .grad (not
+        autograd.grad: reentrant activation checkpointing refuses .grad(),
+        and a copy's .grad is nobody else's)."""
+        for p in params:
+            p.grad = None
         loss = self.loss_fn(model, _to(batch, dtype))
-        return self.buf.fill(dst, torch.autograd.grad(loss, params, allow_unused=True))
+        # One draw between the forward and its backward: a backward that
+        # draws random numbers of its own (a recomputation that does not
+        # replay the forward's RNG) cannot coincide with yours by accident.
+        torch.rand(1)
+        loss.backward()
+        self.buf.fill(dst, [p.grad for p in params])
+        for p in params:
+            p.grad = None
+        return dst
 
     def _recompute_pending(self):
         """g_j (in the model's precision; float64 on the calibration sample)
@@ -405,7 +435,10 @@ class ContractRecorder:
         unrecomputed = sorted({b[0] for b in self.backwards if self.micro[b[0]][6] is None})
         if not unrecomputed:
             return
-        calibrate = [j for j in unrecomputed if j % self.calibrate_every == 0]
+        # A micro-batch whose backward drew random numbers has no one
+        # gradient to calibrate against (the note says why).
+        calibrate = [j for j in unrecomputed
+                     if j % self.calibrate_every == 0 and j not in self.rng_in_backward]
         with torch.no_grad():
             if any(j not in self.gfwd for j in unrecomputed):
                 for dst, src in zip(self.pref, self.params):
@@ -609,6 +642,15 @@ class ContractRecorder:
                  if k in self.schedule]
         if self.clip_max is not None:
             meta.append(("clip", real(self.clip_max)))
+        if self.rng_in_backward:
+            self.notes.append(
+                "the backward of %d of %d micro-batches (the first: %d) drew random numbers from "
+                "the CPU RNG after its forward: a recomputation that does not replay the "
+                "forward's randomness (torch.utils.checkpoint with preserve_rng_state=False "
+                "around dropout?), so that gradient is not of the forward's dropout masks"
+                % (len(self.rng_in_backward), len(self.micro), self.rng_in_backward[0]))
+        if self.notes:
+            meta.append(("notes", " | ".join(self.notes)))
         meta += unseen_meta(self.unseen)
         # Each event's epoch: that of the last micro-batch backwarded.
         events, epoch = [], 0
