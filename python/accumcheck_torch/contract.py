@@ -208,8 +208,8 @@ class ContractRecorder:
         self.dtype = self.params[0].dtype
         # The copies the recomputes run on: the model's precision (g_j) and
         # float64 (calibration).
-        self.mref = copy.deepcopy(model).train()
-        self.m64 = copy.deepcopy(model).double().train()
+        self.mref = self._replica(model).train()
+        self.m64 = self._replica(model).double().train()
         self.pref = [p for p in self.mref.parameters() if p.requires_grad]
         self.p64 = [p for p in self.m64.parameters() if p.requires_grad]
         self.first, self.forwarded, self.current = [], [], -1
@@ -241,6 +241,24 @@ class ContractRecorder:
         self.after_fwd = None  # (micro-batch, CPU RNG state) at its forward's end
         self.rng_in_backward = []  # micro-batches whose backward drew random numbers
         self._patch()
+
+    # ---- what a sharding recorder overrides (distributed.ContractFSDPRecorder)
+
+    def _replica(self, model):
+        """A copy of the model the recomputes run on."""
+        return copy.deepcopy(model)
+
+    def _source(self):
+        """The parameters the recomputes load: the model's own."""
+        return self.params
+
+    def _full(self, t):
+        """A gradient or parameter as the whole tensor (a shard gathered)."""
+        return t
+
+    def _local(self, t):
+        """A gradient, parameter or state tensor as the optimizer steps it."""
+        return t
 
     # ---- the loader
 
@@ -360,7 +378,7 @@ class ContractRecorder:
                     parameters = [parameters]
                 parameters = list(parameters)
                 with torch.no_grad():
-                    norm = float(sum(float(p.grad.detach().double().pow(2).sum())
+                    norm = float(sum(float(rec._full(p.grad.detach()).double().pow(2).sum())
                                      for p in parameters if p.grad is not None)) ** 0.5
                 total = saved(parameters, max_norm, *a, **k)
                 factor = min(1.0, float(max_norm) / (float(total) + 1e-6))
@@ -441,10 +459,10 @@ class ContractRecorder:
                      if j % self.calibrate_every == 0 and j not in self.rng_in_backward]
         with torch.no_grad():
             if any(j not in self.gfwd for j in unrecomputed):
-                for dst, src in zip(self.pref, self.params):
+                for dst, src in zip(self.pref, self._source()):
                     dst.copy_(src)
             if calibrate:
-                for dst, src in zip(self.p64, self.params):
+                for dst, src in zip(self.p64, self._source()):
                     dst.copy_(src)
         keep = torch.get_rng_state()
         g64, tmp = self.vec[2], self.vec[3]
@@ -492,7 +510,7 @@ class ContractRecorder:
     def _before_step(self):
         self._recompute_pending()
         grads = [p.grad for p in self.params]
-        G = self.buf.fill(self.vec[0], grads)
+        G = self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
         A, refs = self._step_terms()
         t = self.steps
         lr = float(self.optimizer.param_groups[0]["lr"])
@@ -527,7 +545,8 @@ class ContractRecorder:
         views of one flat buffer (the parameters' dtype; float64 if they
         mix dtypes), so the comparison is a few whole-vector operations and
         nothing is allocated per step."""
-        ours = [p for g in self.optimizer.param_groups for p in g["params"]]
+        keys = [p for g in self.optimizer.param_groups for p in g["params"]]
+        ours = [self._local(p) for p in keys]
         if self.replay is None:
             dts = {p.dtype for p in ours}
             dt = dts.pop() if len(dts) == 1 else torch.float64
@@ -550,8 +569,8 @@ class ContractRecorder:
             for k, v in mine.items():
                 if k != "params":
                     g[k] = v
-        for p, q in zip(params, ours):
-            st = self.optimizer.state.get(q)
+        for p, key in zip(params, keys):
+            st = self.optimizer.state.get(key)
             if not st:
                 opt.state.pop(p, None)
                 continue
@@ -560,6 +579,7 @@ class ContractRecorder:
                 mine = opt.state[p] = {}
             for k, v in st.items():
                 if torch.is_tensor(v):
+                    v = self._local(v)
                     if k in mine and torch.is_tensor(mine[k]) and mine[k].shape == v.shape \
                             and mine[k].dtype == v.dtype:
                         mine[k].copy_(v)
@@ -569,9 +589,10 @@ class ContractRecorder:
                     mine[k] = copy.deepcopy(v)
         got = {id(q): g for q, g in zip(self.params, grads)}
         with torch.no_grad():
-            for p, q, b in zip(params, ours, gbuf):
+            for p, key, q, b in zip(params, keys, ours, gbuf):
                 p.copy_(q)
-                g = got.get(id(q))
+                g = got.get(id(key))
+                g = None if g is None else self._local(g)
                 if g is None:
                     p.grad = None
                 else:
@@ -586,7 +607,7 @@ class ContractRecorder:
         parameters' precision: |p - p_replay| is exact there (Sterbenz) and
         the bound needs no more than a few digits."""
         opt, params, flat, before, now, tmp, gbuf = self.replay
-        ours = [p for g in self.optimizer.param_groups for p in g["params"]]
+        ours = [self._local(p) for g in self.optimizer.param_groups for p in g["params"]]
         at = 0
         with torch.no_grad():
             for q in ours:
