@@ -27,7 +27,6 @@ parameters.  The loops (--loop):
 import argparse
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader, TensorDataset
