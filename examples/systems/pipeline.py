@@ -72,7 +72,8 @@ def train(rank, ranks, a):
             return ((out - y) ** 2).sum()
         return ((out - y) ** 2).sum() / window["items"]
 
-    schedule = SCHEDULES[a.schedule](stage, n_microbatches=a.n, loss_fn=loss_fn,
+    n = a.n_last if a.n_last and rank == ranks - 1 else a.n
+    schedule = SCHEDULES[a.schedule](stage, n_microbatches=n, loss_fn=loss_fn,
                                      scale_grads=a.loop in ("scale_grads", "per_step_mean"))
     rec = None
     if not a.no_record:
@@ -102,6 +103,8 @@ def main():
     ap.add_argument("--loop", choices=LOOPS, default="correct")
     ap.add_argument("--n", type=int, default=2, help="micro-batches per schedule step")
     ap.add_argument("--b", type=int, default=2, help="samples per micro-batch")
+    ap.add_argument("--n-last", type=int, help="the last stage's n_microbatches (bad input: stages "
+                    "that disagree)")
     ap.add_argument("--K", type=int, default=2, help="schedule steps per optimizer step")
     ap.add_argument("--samples", type=int, default=24)
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")

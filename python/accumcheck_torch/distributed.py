@@ -478,6 +478,14 @@ class ContractPipelineRecorder(ContractRecorder):
         self.n_micro = int(getattr(schedule, "_n_microbatches", 0) or 0)
         if self.n_micro < 1:
             raise Refused("schedule: no n_microbatches (a torch.distributed.pipelining schedule)")
+        # Every stage must split a batch alike (a collective: every rank
+        # makes its recorder).
+        counts = [None] * self.world
+        dist.all_gather_object(counts, (self.n_micro, int(accumulation)))
+        if len(set(counts)) > 1:
+            raise Refused("the stages disagree on the micro-batches: %s (n_microbatches, "
+                          "accumulation); every stage's schedule and recorder must take the same"
+                          % ", ".join("rank %d: %s" % (r, c) for r, c in enumerate(counts)))
         if int(accumulation) % self.n_micro:
             raise Refused("accumulation = %d micro-batches per optimizer step is not a multiple "
                           "of the schedule's n_microbatches = %d (stage %d)"
