@@ -47,15 +47,17 @@ fitted weights against the coefficient engine run with R ranks.
 """
 
 import atexit
+import copy
 import gc
 import itertools
 import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from .contract import CONTRACT_HEADER, ContractRecorder
+from .contract import CONTRACT_HEADER, ContractRecorder, _tensors
 from .recorder import Recorder, eager
 from .trace import Refused, write_trace
 
@@ -505,17 +507,283 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
             refs += ["%d:%d" % (q, b) for b in backs]
         return torch.cat(rows) if rows else self.buf.m[0:0], refs
 
+    def _reduces_seen(self):
+        return self.ddp is not None
+
     def _write(self, meta, events, rows):
-        if self.ddp is not None or self.hand_reduces:
+        if self._reduces_seen() or self.hand_reduces:
             # certify judges the all-reduces per step only where they were
-            # seen: DDP's, or the trainer's own torch.distributed.all_reduce
-            # of the gradients.
+            # seen: DDP's (or FSDP's reduce-scatters), or the trainer's own
+            # torch.distributed.all_reduce of the gradients.
             meta = meta + [("all_reduces", "seen")]
         def write(parts):
             m, e, _ = merge_parts([(r, m, e, []) for r, m, e, _ in parts])
             text = merge_contract_parts([(r, c) for r, _, _, c in parts])
             write_trace(self.out, m, e, [], extra={"contract.csv": text}, ranks=True)
         self._gather_write((self.rank, meta, events, rows), write)
+
+
+class ContractFSDPRecorder(ContractDistributedRecorder):
+    """The contract tier's recorder for one rank of an FSDP2 trainer
+    (torch.distributed.fsdp.fully_shard, gloo on CPU): ContractRecorder's
+    arguments, with `model` the fully_shard'ed root module and `replica` a
+    plain (unsharded) module of the same architecture, with the same
+    parameter names (built again by your own constructor: its values do
+    not matter, the recorder loads the gathered parameters into it).
+
+    What FSDP2 hides and how it is seen:
+      - each backward's gradient: FSDP2 computes it on the unsharded
+        parameters (each FSDPParam's unsharded nn.Parameter, made at the
+        first all-gather) and writes only the reduce-scattered shard into
+        the sharded parameter's .grad; the recorder hooks the unsharded
+        parameters after the first forward, so c_b is this rank's whole
+        local gradient (as under DDP, before any communication);
+      - the gradient a step consumes: the sharded .grad gathered into the
+        whole tensor (DTensor.full_tensor(), an all-gather per parameter
+        per step: every rank steps together), the same on every rank;
+      - the optimizer steps on shards: the replay steps this rank's shards
+        (to_local) with this rank's shard of the optimizer state;
+      - g_j: recomputed on the replica loaded with the parameters gathered
+        after each step (never taken from your forward: FSDP's backward
+        hooks would run inside the recorder's own autograd.grad);
+      - gradient sync: a backward whose FSDP parameter groups reduce
+        (set_requires_gradient_sync left on) is a reduce-scatter, recorded
+        as the step's gradient collective (an all_reduce event: averaged
+        over the ranks as DDP's all-reduce is), so certify counts them."""
+
+    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
+        from torch.distributed.fsdp import FSDPModule
+        if not isinstance(model, FSDPModule):
+            raise Refused("ContractFSDPRecorder takes the fully_shard'ed root module; got %s"
+                          % type(model).__name__)
+        if replica is None:
+            raise Refused("ContractFSDPRecorder needs replica=: a plain (unsharded) module of "
+                          "the same architecture, e.g. built by the constructor you sharded")
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        theirs = [n for n, p in replica.named_parameters() if p.requires_grad]
+        if names != theirs:
+            raise Refused("replica: its parameters %s are not the model's %s (same names, "
+                          "same order)" % (theirs[:4], names[:4]))
+        self.groups = [g for m in model.modules() if isinstance(m, FSDPModule)
+                       for g in m._get_fsdp_state()._fsdp_param_groups]
+        self.replica_model = replica
+        self.unsharded_hooked = False
+        self.full = None
+        super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
+        self._gather_params()
+
+    def _replica(self, model):
+        return copy.deepcopy(self.replica_model)
+
+    def _source(self):
+        return self.full
+
+    def _full(self, t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    def _local(self, t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    def _gather_params(self):
+        """Every parameter gathered whole (a collective: at the start and
+        after every step, on every rank)."""
+        with torch.no_grad():
+            self.full = [self._full(p.detach()) for p in self.params]
+
+    def _take_from_forward(self, j, pending, output):
+        """Hooks the unsharded parameters once they exist (after the first
+        forward); g_j always comes from the replica."""
+        if self.unsharded_hooked:
+            return
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for g in self.groups:
+            for fp in g.fsdp_params:
+                i = index.get(id(fp.sharded_param))
+                if i is None or getattr(fp, "_unsharded_param", None) is None:
+                    continue
+                self._hooks.append(fp._unsharded_param.register_hook(self._grad_hook(i)))
+        self.unsharded_hooked = True
+
+    def _end_backward(self):
+        if any(g.reduce_grads for g in self.groups):
+            self.sync_pending = True
+        super()._end_backward()
+
+    def _reduces_seen(self):
+        return True
+
+    def _after_step(self):
+        super()._after_step()
+        self._gather_params()
+
+
+class ContractPipelineRecorder(ContractRecorder):
+    """The contract tier's recorder for one stage of a
+    torch.distributed.pipelining trainer (PipelineStage with ScheduleGPipe
+    or Schedule1F1B; gloo on CPU), one stage per rank.
+
+    ContractPipelineRecorder(stage, schedule, whole, optimizer, loss_fn,
+                             count_fn, accumulation, out="trace", **kw)
+    `stage` the rank's PipelineStage, `schedule` its schedule (its
+    n_microbatches), `whole` the whole model the stage's module was cut
+    from (the stage's parameters must be the whole model's, e.g. a slice of
+    an nn.Sequential), loss_fn/count_fn the summed loss and item count of a
+    (micro-)batch on the WHOLE model, `accumulation` the micro-batches per
+    optimizer step (n_microbatches x schedule steps per optimizer step).
+    Every rank iterates rec.watch(loader) over the same batches (stage 0
+    feeds their inputs to the schedule, the last stage their targets).
+
+    What the pipeline hides and how it is seen:
+      - a stage holds only its parameters: each rank's trace judges its
+        stage's parameters alone, written to out/stage<i> (certify each);
+      - the schedule splits each drawn batch into n micro-batches
+        (torch.tensor_split along dim 0, as the schedule does): each is a
+        micro-batch j of the trace;
+      - which micro-batch a backward belongs to: the stage's
+        backward_one_chunk(bwd_chunk_id) says it (GPipe runs every forward
+        first, 1F1B interleaves);
+      - g_j: recomputed on a copy of the whole model, its other stages'
+        parameters gathered from their ranks after every step (a
+        collective: every rank steps together), restricted to this
+        stage's parameters;
+      - a stage's .grad divided by n after the schedule's backward passes
+        (scale_grads=True) is no backward pass: the step fit sees the
+        gradient it consumes as a rescaled sum of the backward passes.
+    Dropout inside a stage is not replayed (the RNG state at each
+    micro-batch's forward is not captured): use a model without."""
+
+    def __init__(self, stage, schedule, whole, optimizer, loss_fn, count_fn, accumulation,
+                 out="trace", quiet=None, **kw):
+        import os
+        self.rank, self.world = _process_group()
+        self.stage, self.whole = stage, whole
+        self.n_micro = int(getattr(schedule, "_n_microbatches", 0) or 0)
+        if self.n_micro < 1:
+            raise Refused("schedule: no n_microbatches (a torch.distributed.pipelining schedule)")
+        # Every stage must split a batch alike (a collective: every rank
+        # makes its recorder).
+        counts = [None] * self.world
+        dist.all_gather_object(counts, (self.n_micro, int(accumulation)))
+        if len(set(counts)) > 1:
+            raise Refused("the stages disagree on the micro-batches: %s (n_microbatches, "
+                          "accumulation); every stage's schedule and recorder must take the same"
+                          % ", ".join("rank %d: %s" % (r, c) for r, c in enumerate(counts)))
+        if int(accumulation) % self.n_micro:
+            raise Refused("accumulation = %d micro-batches per optimizer step is not a multiple "
+                          "of the schedule's n_microbatches = %d (stage %d)"
+                          % (int(accumulation), self.n_micro, stage.stage_index))
+        names = {id(p): n for n, p in whole.named_parameters()}
+        mine = [p for p in stage.submod.parameters() if p.requires_grad]
+        self.names = [names.get(id(p)) for p in mine]
+        if None in self.names:
+            raise Refused("stage %d: its module's parameters are not the whole model's (cut the "
+                          "stage from `whole`, e.g. a slice of an nn.Sequential)" % stage.stage_index)
+        self.step_base, self.stepped = 0, False
+        self.drawn = []  # (first micro-batch, data_ptrs of the batch's tensors) per drawn batch
+        super().__init__(stage.submod, optimizer, loss_fn, count_fn, accumulation,
+                         out=os.path.join(out, "stage%d" % stage.stage_index),
+                         quiet=(self.rank != 0) if quiet is None else quiet, **kw)
+        for attr, copy_ in (("pref", self.mref), ("p64", self.m64)):
+            named = dict(copy_.named_parameters())
+            setattr(self, attr, [named[n] for n in self.names])
+        self._gather_whole()
+        orig = stage.backward_one_chunk
+
+        def backward_one_chunk(bwd_chunk_id, *a, **k):
+            self.current = self.step_base + int(bwd_chunk_id)
+            return orig(bwd_chunk_id, *a, **k)
+        stage.backward_one_chunk = backward_one_chunk
+        orig_step = schedule.step
+
+        def step(*a, **k):
+            self._schedule_step(_tensors(a, k))
+            return orig_step(*a, **k)
+        schedule.step = step
+
+        def restore():
+            stage.__dict__.pop("backward_one_chunk", None)
+            schedule.__dict__.pop("step", None)
+        self._restore_stage = restore
+
+    def _replica(self, model):
+        return copy.deepcopy(self.whole)
+
+    def _new_epoch(self, loader):
+        super()._new_epoch(loader)
+        if self.epochs[-1][1] > 0:
+            self.epochs[-1][1] //= self.n_micro
+
+    def _drawn(self, batch):
+        """A drawn batch is the schedule's n micro-batches."""
+        parts = _split(batch, self.n_micro)
+        self.drawn.append((len(self.micro), {t.data_ptr() for t in _leaves(batch)}))
+        for part in parts:
+            super()._drawn(part)
+
+    def _schedule_step(self, tensors):
+        """schedule.step(x) or step(target=y): the drawn batch it runs
+        (matched by a tensor's storage; a stage given none runs the batch
+        after the last one stepped): its micro-batches' forwards run now,
+        at this parameter version."""
+        ptrs = {t.data_ptr() for t in tensors}
+        hit = [base for base, mine in self.drawn if ptrs & mine]
+        later = [base for base, _ in self.drawn if base > self.step_base or not self.stepped]
+        if not hit and not later:
+            raise Refused("stage %d: schedule.step() on a batch not drawn from recorder.watch(loader)"
+                          % self.stage.stage_index)
+        self.step_base = hit[-1] if hit else later[0]
+        self.stepped = True
+        for j in range(self.step_base, self.step_base + self.n_micro):
+            self.micro[j][1] = self.steps
+            self.micro[j][4] = torch.get_rng_state()
+
+    def _forward_hook(self, module, args, kwargs):
+        return  # a stage's forward sees activations, not the drawn batch
+
+    def _gather_whole(self):
+        """Every stage's parameters into both copies (a collective)."""
+        with torch.no_grad():
+            mine = {n: p.detach().clone() for n, p in zip(self.names, self.params)}
+            every = [None] * self.world
+            dist.all_gather_object(every, mine)
+            for c in (self.mref, self.m64):
+                named = dict(c.named_parameters())
+                for part in every:
+                    for n, t in part.items():
+                        named[n].copy_(t)
+
+    def _after_step(self):
+        super()._after_step()
+        self._gather_whole()
+
+    def close(self):
+        if not self.closed:
+            self._restore_stage()
+        super().close()
+
+
+def _leaves(batch):
+    if torch.is_tensor(batch):
+        return [batch]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return [t for b in batch for t in _leaves(b)]
+    return []
+
+
+def _split(batch, n):
+    """The batch as the schedule splits it: n chunks along dim 0."""
+    if torch.is_tensor(batch):
+        return list(torch.tensor_split(batch, n, 0))
+    if isinstance(batch, (list, tuple)):
+        cols = [_split(b, n) for b in batch]
+        return [type(batch)(c[i] for c in cols) for i in range(n)]
+    if isinstance(batch, dict):
+        cols = {k: _split(v, n) for k, v in batch.items()}
+        return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+    raise Refused("a batch of %s: the recorder splits tensors, lists, tuples and dicts"
+                  % type(batch).__name__)
 
 
 def merge_contract_parts(parts):

@@ -865,6 +865,11 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           fmt_ratio(best.distance), best.first_out_what);
     }
   }
+  // What the recorder saw and reports (meta.csv's `notes`: e.g. a
+  // backward that drew random numbers after its forward).
+  if (const std::string notes = tr.meta_value("notes"); !notes.empty())
+    r.diagnosis += (r.diagnosis.empty() ? "" : "\n") +
+                   std::string("note (recorder): ") + notes;
   r.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
