@@ -109,3 +109,70 @@ def spawn_ranks(main, ranks, *args):
 def _ranked(rank, main, ranks, args):
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
     main(rank, ranks, *args)
+
+
+# ---- the Accelerate and Lightning cases (one script, several variants)
+
+class MLP(torch.nn.Module):
+    """A classifier of our own: Linear, tanh, Linear (forward(x), no
+    **kwargs)."""
+
+    def __init__(self, d_in=8, hidden=16, classes=3):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.Tanh(),
+                                       torch.nn.Linear(hidden, classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def classifier_data(n, d_in=8, classes=3, seed=0):
+    """n (x, y) samples (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d_in, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return [(x[i], y[i]) for i in range(n)]
+
+
+def warmup_linear(warmup, total):
+    """The lambda of a linear schedule with warmup, as accumcheck's
+    declared {"kind": "linear"} schedule and Transformers'
+    get_linear_schedule_with_warmup compute it (0 at step 0)."""
+    def f(n):
+        if n < warmup:
+            return n / max(1, warmup)
+        return max(0.0, (total - n) / max(1, total - warmup))
+    return f
+
+
+def variant_args(variants, argv=None):
+    """The case's command line, --variant one of `variants` ("default":
+    the first)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--variant", choices=variants + ["default"], default=variants[0])
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--no-record", action="store_true", help="the same run without recording")
+    a = ap.parse_args(argv)
+    if a.variant == "default":
+        a.variant = variants[0]
+    return a
+
+
+def _rank_argv(rank, main, ranks, argv):
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+    if main(argv) != 0:
+        raise SystemExit(1)
+
+
+def spawn(main, argv, ranks):
+    """main(argv) in `ranks` processes with torch.distributed's env://
+    rendezvous set (as `accelerate launch` or torchrun would), or in this
+    one when ranks is 1 or this already is a rank."""
+    if ranks <= 1 or "RANK" in os.environ:
+        return main(argv)
+    import torch.multiprocessing as mp
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(ranks))
+    mp.spawn(_rank_argv, args=(main, ranks, argv), nprocs=ranks, join=True)
+    return 0

@@ -46,13 +46,34 @@ def _model_inputs(batch):
     return {k: v for k, v in batch.items() if k != "labels"}
 
 
+def _pair(batch):
+    """An (inputs, labels) pair, as a plain DataLoader over (x, y) samples
+    gives it (Lightning's and Accelerate's everyday batch)."""
+    return isinstance(batch, (list, tuple)) and len(batch) == 2 and torch.is_tensor(batch[1])
+
+
+def _call(model, batch):
+    """The model's output on a dict batch (model(**inputs)) or an (x, y)
+    pair (model(x))."""
+    return model(batch[0]) if _pair(batch) else model(**_model_inputs(batch))
+
+
+def _labels(batch):
+    if _pair(batch):
+        return batch[1]
+    if hasattr(batch, "keys") and "labels" in batch:
+        return batch["labels"]
+    raise Refused("cannot derive the loss of a %s batch: expected a dict with 'labels' or an "
+                  "(inputs, labels) pair; pass loss_fn=(model, batch) -> summed item loss and "
+                  "count_fn=(batch) -> item count" % type(batch).__name__)
+
+
 def causal_lm_loss(model, batch):
     """The SUM over label tokens of the next-token cross-entropy: logits at
     position i predict labels[i+1], labels -100 carry no loss (Transformers'
     causal-LM convention: the model shifts)."""
-    out = model(**_model_inputs(batch))
-    logits = _logits(out)[..., :-1, :]
-    labels = batch["labels"][..., 1:]
+    logits = _logits(_call(model, batch))[..., :-1, :]
+    labels = _labels(batch)[..., 1:]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
                            ignore_index=IGNORE_INDEX, reduction="sum")
 
@@ -60,18 +81,18 @@ def causal_lm_loss(model, batch):
 def causal_lm_items(batch):
     """The label tokens that carry a loss: labels[..., 1:] that are not -100
     (the first position predicts nothing)."""
-    return int((batch["labels"][..., 1:] != IGNORE_INDEX).sum())
+    return int((_labels(batch)[..., 1:] != IGNORE_INDEX).sum())
 
 
 def classification_loss(model, batch):
     """The SUM over samples of the cross-entropy of the logits against
     batch['labels'] (sequence classification)."""
-    logits = _logits(model(**_model_inputs(batch)))
-    return F.cross_entropy(logits.float(), batch["labels"].reshape(-1), reduction="sum")
+    logits = _logits(_call(model, batch))
+    return F.cross_entropy(logits.float(), _labels(batch).reshape(-1), reduction="sum")
 
 
 def classification_items(batch):
-    return int(batch["labels"].shape[0])
+    return int(_labels(batch).shape[0])
 
 
 HEADS = {
@@ -80,25 +101,55 @@ HEADS = {
 }
 
 
+def _head_by_name(model):
+    """The head a model's class name says (...ForCausalLM, ...LMHeadModel,
+    ...ForSequenceClassification), or None."""
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal_lm"
+    if name.endswith("ForSequenceClassification"):
+        return "sequence_classification"
+    return None
+
+
 def standard_head(model, head=None):
     """(loss_fn, count_fn, items) for a standard head: `head` when given
     ('causal_lm' | 'sequence_classification'), else from the model's class
     name (...ForCausalLM, ...LMHeadModel, ...ForSequenceClassification).
     Anything else: Refused (exit 2) saying what to pass."""
     if head is None:
-        name = type(model).__name__
-        if name.endswith(("ForCausalLM", "LMHeadModel")):
-            head = "causal_lm"
-        elif name.endswith("ForSequenceClassification"):
-            head = "sequence_classification"
-        else:
+        head = _head_by_name(model)
+        if head is None:
             raise Refused("cannot derive the summed item loss of a %s: pass head='causal_lm' or "
                           "'sequence_classification' (labels in batch['labels'], logits in the "
                           "output), or loss_fn=(model, batch) -> summed loss and "
-                          "count_fn=(batch) -> item count" % name)
+                          "count_fn=(batch) -> item count" % type(model).__name__)
     if head not in HEADS:
         raise Refused("head: expected one of %s, got %r" % (", ".join(sorted(HEADS)), head))
     return HEADS[head]
+
+
+def standard_head_of(model, batch, head=None):
+    """standard_head, or where the model's class name does not say the head
+    (a LightningModule, a model of your own), the head the batch's labels
+    say: (B, T) token labels: causal_lm; (B,) sample labels:
+    sequence_classification.  Called on the first batch, before its
+    forward."""
+    if head is not None or _head_by_name(model) is not None:
+        return standard_head(model, head)
+    labels = _labels(batch)
+    if labels.dim() == 2:
+        return HEADS["causal_lm"]
+    if labels.dim() == 1:
+        return HEADS["sequence_classification"]
+    raise Refused("labels of shape %s are no standard head's (causal LM: (B, T); "
+                  "classification: (B,)): pass loss_fn=(model, batch) -> summed item loss and "
+                  "count_fn=(batch) -> item count" % (tuple(labels.shape),))
+
+
+def accepted(accept):
+    """The pitfall ids the user accepts as their loop: a list."""
+    return [accept] if isinstance(accept, str) else list(accept or ())
 
 
 class Semantics:
