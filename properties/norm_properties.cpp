@@ -170,6 +170,40 @@ void token_mean_of_means() {
   record_case(name);
 }
 
+void token_count_unshifted_labels() {
+  const std::string name = "token.unshifted-label-count-weights";
+  Scenario s = token_scenario(false);
+  s.trainer.pitfalls = {Pitfall::token_count_unshifted_labels};
+  const Case c(s);
+  auto o = c.oracle();
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::token_count_unshifted_labels}, s.optimizer.lr);
+  const auto ws = windows_of(c.plan);
+  RC_ASSERT(!bug.steps.empty());
+  for (size_t t = 0; t < bug.steps.size(); ++t) {
+    const Window& w = *ws[size_t(bug.steps[t].window)];
+    // T: the window's loss-bearing tokens; S: its sequences (each one's
+    // position 0 counted by the unshifted labels).
+    int64_t T = 0, S = 0;
+    for (const MicroBatch& m : w.micro) {
+      T += o->items(m.shards[0]);
+      S += int64_t(m.shards[0].size());
+    }
+    Parts bugw, ok;
+    for (const MicroBatch& m : w.micro) {
+      bugw.push_back({m.shards[0], T + S});  // 1/(T + S)
+      ok.push_back({m.shards[0], T});        // 1/T
+    }
+    const auto theta = theta_before(bug, t, c);
+    const auto want = predicted(c, theta, bugw);
+    assert_close(name, bug.steps[t].grad, want, oracle_tolerance(),
+                 "gradient with token weights 1/(T + S_w)");
+    assert_differs_where_predicted(name, bug.steps[t].grad, want,
+                                   predicted(c, theta, ok));
+  }
+  record_case(name);
+}
+
 void token_mean_of_means_equal_lengths() {
   const std::string name = "token.mean-of-means-equal-lengths-is-correct";
   Scenario s = token_scenario(true);
@@ -406,6 +440,11 @@ const std::vector<Property>& norm_properties() {
        "token-mean-of-means weighs a token 1/(K*T_k); leaves correct where the "
        "predicted gap exceeds the tolerance",
        token_mean_of_means},
+      {"token.unshifted-label-count-weights", "oracle",
+       "token-count-unshifted-labels weighs a token 1/(T + S_w) (position 0 "
+       "of each sequence counted); leaves correct where the predicted gap "
+       "exceeds the tolerance",
+       token_count_unshifted_labels},
       {"token.mean-of-means-equal-lengths-is-correct", "oracle",
        "token-mean-of-means equals correct when every T_k is equal",
        token_mean_of_means_equal_lengths},

@@ -63,6 +63,10 @@ constexpr Entry kCatalog[] = {
     {Pitfall::skip_short_micro_batch, "skip-short-micro-batch",
      "DataLoader(drop_last=True): the short last micro-batch of every epoch "
      "is never seen"},
+    {Pitfall::token_count_unshifted_labels, "token-count-unshifted-labels",
+     "the window's token count is taken over the unshifted labels: each "
+     "sequence's position 0, which the shifted causal-LM loss never sums, "
+     "counts as a token (Transformers 4.47-4.53)"},
     {Pitfall::ddp_token_mean_across_ranks, "ddp-token-mean-across-ranks",
      "each rank divides by its own window's token count, then DDP averages: "
      "a token weighs 1/(R*T_r), not 1/T"},
@@ -198,6 +202,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
       case Pitfall::skip_short_micro_batch:
         b.skip_short_micro_batch = true;
         break;
+      case Pitfall::token_count_unshifted_labels:
+        b.count_unshifted_labels = true;
+        break;
       case Pitfall::ddp_token_mean_across_ranks:
       case Pitfall::ddp_uneven_shards:
         // The same loop; items are tokens for token losses.
@@ -259,6 +266,7 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
         return !scope.token_loss;
       case Pitfall::token_mean_of_means:
       case Pitfall::ddp_token_mean_across_ranks:
+      case Pitfall::token_count_unshifted_labels:
         return scope.token_loss;
       case Pitfall::clip_before_unscale:
       case Pitfall::scaler_update_every_micro_step:

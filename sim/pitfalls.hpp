@@ -36,6 +36,7 @@ enum class Pitfall {
   scheduler_before_optimizer,
   scheduler_per_epoch,
   skip_short_micro_batch,
+  token_count_unshifted_labels,
   // Data parallelism (R ranks, DDP).
   ddp_token_mean_across_ranks,
   ddp_uneven_shards,
@@ -74,6 +75,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::scheduler_before_optimizer,
     Pitfall::scheduler_per_epoch,
     Pitfall::skip_short_micro_batch,
+    Pitfall::token_count_unshifted_labels,
     Pitfall::ddp_token_mean_across_ranks,
     Pitfall::ddp_uneven_shards,
     Pitfall::ddp_no_sync_everywhere,
@@ -158,6 +160,11 @@ struct Behavior {
   // skip-short-micro-batch: DataLoader(drop_last=True): an epoch's short
   // last micro-batch (fewer than b samples) is never drawn.
   bool skip_short_micro_batch = false;
+  // token-count-unshifted-labels: the window's token count N_w (and each
+  // rank's) is taken over the unshifted labels, while the causal-LM loss
+  // sums the shifted positions 1..n-1: every sequence adds its position 0,
+  // so N_w is the loss-bearing tokens plus the window's sequences.
+  bool count_unshifted_labels = false;
   Sync sync = Sync::window_end;
   // ddp-clip-local-norm: the gradient sharded over ranks in R contiguous
   // chunks (ZeRO/FSDP), each chunk clipped by its own norm.

@@ -282,6 +282,10 @@ void validate_across(const Parser& p, const Section& model, const Section& data,
         p.fail(el, k,
                "'token-mean-of-means' is for token losses ([model] kind = "
                "\"token\"); sample losses use 'sample-mean-of-means'");
+      if (list[i] == Pitfall::token_count_unshifted_labels && !token)
+        p.fail(el, k,
+               "'token-count-unshifted-labels' is for token losses ([model] "
+               "kind = \"token\"): a sample loss has no label positions");
       if (list[i] == Pitfall::sample_mean_of_means && token)
         p.fail(el, k,
                "'sample-mean-of-means' is for sample losses; a token model "

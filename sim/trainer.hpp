@@ -667,11 +667,14 @@ class Trainer {
     int64_t loss_items = 0;
     // N_w in the engine's items (tokens for token losses), over every
     // rank, counted before the first backward; and each rank's own.
+    // token-count-unshifted-labels counts each sequence's position 0 too.
     window_items_ = 0;
     rank_items_.assign(size_t(R_), 0);
     for (const MicroBatch& m : w.micro)
       for (size_t r = 0; r < m.shards.size(); ++r) {
-        const int64_t n = e_.items(m.shards[r]);
+        const int64_t n =
+            e_.items(m.shards[r]) +
+            (b_.count_unshifted_labels ? int64_t(m.shards[r].size()) : 0);
         window_items_ += n;
         rank_items_[r] += n;
       }

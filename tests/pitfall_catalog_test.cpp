@@ -99,6 +99,8 @@ const Expected kTable[] = {
      with([](Behavior& b) { b.scheduler_per_epoch = true; })},
     {"skip-short-micro-batch",
      with([](Behavior& b) { b.skip_short_micro_batch = true; })},
+    {"token-count-unshifted-labels",
+     with([](Behavior& b) { b.count_unshifted_labels = true; })},
     // The ddp-* rows' call patterns (per rank) are pinned in
     // tests/trainer_events_test.cpp (TwoRanks); the per-window signatures
     // of every row above are checked here.
@@ -188,7 +190,8 @@ TEST(PitfallCatalog, CandidateScope) {
     EXPECT_FALSE(has(token, id)) << id;
   }
   for (std::string_view id :
-       {"token-mean-of-means", "ddp-token-mean-across-ranks"}) {
+       {"token-mean-of-means", "ddp-token-mean-across-ranks",
+        "token-count-unshifted-labels"}) {
     EXPECT_TRUE(has(token, id)) << id;
     EXPECT_FALSE(has(sample, id)) << id;
   }

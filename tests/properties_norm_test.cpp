@@ -16,6 +16,9 @@ RC_GTEST_PROP(Token, CorrectEqualsLargeBatch, ()) {
 RC_GTEST_PROP(Token, MeanOfMeansWeights, ()) {
   run_property("token.mean-of-means-weights");
 }
+RC_GTEST_PROP(Token, UnshiftedLabelCountWeights, ()) {
+  run_property("token.unshifted-label-count-weights");
+}
 RC_GTEST_PROP(Token, MeanOfMeansEqualLengthsIsCorrect, ()) {
   run_property("token.mean-of-means-equal-lengths-is-correct");
 }

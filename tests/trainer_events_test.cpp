@@ -163,6 +163,7 @@ const Pinned kPinned[] = {
      "one scheduler.step() after the epoch's last window"},
     {Pitfall::skip_short_micro_batch, kCorrect,
      "b = 1 has no short micro-batch (see SkipShortMicroBatch)"},
+    {Pitfall::token_count_unshifted_labels, kCorrect, "weights only"},
     // Without a GradScaler or an EMA these are inert or values only
     // (ScalerAndEma pins them with both).
     {Pitfall::low_precision_grad_buffer, kCorrect, "gradient values only"},

@@ -302,6 +302,26 @@ constexpr ExplainEntry kEntries[] = {
      "FIELD.md boundary arithmetic; PyTorch 1.13 facts (record the order "
      "you see)",
      "data.skip-short-micro-batch"},
+    {"token-count-unshifted-labels",
+     "the token count includes each sequence's position 0",
+     "The causal-LM loss compares logits at position i with labels[i+1], so "
+     "position 0's label never bears a loss. A trainer that counts the "
+     "window's tokens as labels.ne(-100) over the unshifted labels counts "
+     "one token too many per sequence whose position 0 is not -100, and "
+     "divides the summed token losses by that: every window is scaled by "
+     "T/(T + S_w). Transformers 4.47 to 4.53 count so; 4.46 counted "
+     "labels[..., 1:].",
+     "-num_items = sum((b[\"labels\"].ne(-100)).sum() for b in window)\n"
+     "+num_items = sum((b[\"labels\"][..., 1:].ne(-100)).sum() for b in "
+     "window)\n"
+     " loss = summed_token_loss / num_items   # positions 1..n-1",
+     "every token weighs 1/(T + S_w) instead of 1/T (T: the window's "
+     "loss-bearing tokens, S_w: its sequences); never equal to correct",
+     "token-count-unshifted-labels",
+     "transformers 4.47.1-4.53.3 trainer.py get_batch_samples: "
+     "labels.ne(-100) (4.46.1: labels[..., 1:].ne(-100)); docs/frameworks.md "
+     "conformance matrix",
+     "token.unshifted-label-count-weights"},
     {"ramp-normalization-stale",
      "K ramps, the loss still divided by the "
      "first K",
