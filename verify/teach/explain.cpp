@@ -678,6 +678,39 @@ constexpr ExplainEntry kEntries[] = {
      "single-device reference)",
      "ddp.gradient-outside-trainer ddp.repartition.oracle "
      "ddp.repartition.device"},
+    {"deepspeed-lesson",
+     "DeepSpeed divides by K and decides the boundary itself",
+     "deepspeed.initialize(config={'gradient_accumulation_steps': K, ...}) "
+     "owns the accumulation: engine.backward(loss) divides the loss by K, "
+     "engine.step() is called on every micro-batch and steps the optimizer "
+     "only at the engine's own boundary (its micro-step counter), and the "
+     "ranks' average is taken inside the engine (ZeRO 1/2: reduce-scatter "
+     "into each rank's partition, ZeRO-Offload: the partition's optimizer on "
+     "the CPU). With equal micro-batches that is correct accumulation over "
+     "R*K*b samples. The loop of a plain PyTorch trainer breaks it twice: "
+     "loss / K on top of the engine's /K leaves every gradient 1/K too small "
+     "(each micro-batch weighs 1/(K*N_w), no pitfall of the catalog), and "
+     "calling engine.step() only every K-th micro-batch makes the engine "
+     "count one micro-step per K batches: it steps every K*K batches, each "
+     "window's gradient K times too large for its K*K micro-batches' mean "
+     "(accumcheck certify --contract reports both, measured, in "
+     "docs/memory-systems.md).",
+     " for batch in loader:\n"
+     "-    loss = model_engine(batch) / K       # DeepSpeed divides again\n"
+     "+    loss = model_engine(batch)           # the micro-batch's mean\n"
+     "     model_engine.backward(loss)          # loss / K inside\n"
+     "-    if (i + 1) % K == 0:\n"
+     "-        model_engine.step()              # the engine counts calls\n"
+     "+    model_engine.step()                  # every micro-batch",
+     "G_t = (1/N_w) sum over every rank's micro-batches of the window of "
+     "grad l_i(theta_t), N_w = R*K*b (equal micro-batches); with loss / K "
+     "twice: G_t / K; with step() every K-th batch: one step per K*K "
+     "micro-batches holding their gradients / K",
+     "certify-ddp-2",
+     "DeepSpeed #1107 (K declared twice), #1800 and #2768 (bf16 "
+     "accumulation buffers), #2790 (a K x GPUs x ZeRO x dtype matrix asked "
+     "for); seed 002 (ZeRO-Offload case study)",
+     "ddp.gradient-outside-trainer ddp.repartition.oracle"},
 };
 
 }  // namespace
