@@ -21,6 +21,7 @@ Loops (--loop):
 """
 import argparse
 import os
+import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -88,7 +89,8 @@ def train(rank, ranks, a):
     else:
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
     engine = initialize(config(a, ranks), model=net, optimizer=opt)
-    rec = DeepSpeedRecorder(engine, summed_loss, items, out=a.out, lr=1e-3)
+    c0 = time.process_time()
+    rec = None if a.no_record else DeepSpeedRecorder(engine, summed_loss, items, out=a.out, lr=1e-3)
     K = engine.gradient_accumulation_steps()
     samples = data(a.samples)
     sampler = DistributedSampler(samples, shuffle=True, seed=1234)
@@ -96,14 +98,18 @@ def train(rank, ranks, a):
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
         loader = DataLoader(samples, batch_size=a.micro_batch, sampler=sampler)
-        for i, (x, y) in enumerate(rec.watch(loader)):
+        for i, (x, y) in enumerate(rec.watch(loader) if rec else loader):
             loss = F.cross_entropy(engine(x.to(dtype) if dtype != x.dtype else x).float(), y)
             if a.loop == "div_k_twice":
                 loss = loss / K
             engine.backward(loss)
             if a.loop != "step_at_boundary" or (i + 1) % K == 0:
                 engine.step()
-    rec.close()
+    if rec:
+        rec.close()
+    if not a.quiet:
+        print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
+                                                    " (not recorded)" if a.no_record else ""))
 
 
 def main():
@@ -119,7 +125,8 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--quiet", action="store_true", help="(prints nothing anyway)")
+    ap.add_argument("--no-record", action="store_true", help="the same loop without the recorder (timing)")
+    ap.add_argument("--quiet", action="store_true", help="print no timing")
     ap.add_argument("--spawn", type=int, metavar="R",
                     help="start R ranks with torch.multiprocessing.spawn (not the deepspeed launcher)")
     a = ap.parse_args()
