@@ -50,7 +50,8 @@ constexpr ExplainEntry kEntries[] = {
      "correct when every b_k is equal",
      "sample-mean-of-means",
      "the Lightning/Accelerate `loss / K` loop on unequal micro-batches "
-     "(on a short last window: partial-cycle-scale-by-k); seed 001's loss / K rule",
+     "(on a short last window: partial-cycle-scale-by-k); seed 001's loss / K "
+     "rule",
      "loss-normalization.sample-mean-of-means inertness.oracle"},
     {"token-mean-of-means", "per-micro-batch token means averaged over K",
      "The 2024 Transformers gradient-accumulation bug: each micro-batch's "
@@ -691,9 +692,10 @@ constexpr ExplainEntry kEntries[] = {
      "loss / K on top of the engine's /K leaves every gradient 1/K too small "
      "(each micro-batch weighs 1/(K*N_w), no pitfall of the catalog), and "
      "calling engine.step() only every K-th micro-batch makes the engine "
-     "count one micro-step per K batches: it steps every K*K batches, each "
-     "window's gradient K times too large for its K*K micro-batches' mean "
-     "(accumcheck certify --contract reports both, measured, in "
+     "count one micro-step per K batches: it steps once every K*K batches "
+     "(measured: under ZeRO 0 the step holds all K*K micro-batches, under "
+     "ZeRO 2 only the last, as seed 002's loop) (accumcheck certify --contract "
+     "reports both, measured, in "
      "docs/memory-systems.md).",
      " for batch in loader:\n"
      "-    loss = model_engine(batch) / K       # DeepSpeed divides again\n"
@@ -705,7 +707,7 @@ constexpr ExplainEntry kEntries[] = {
      "G_t = (1/N_w) sum over every rank's micro-batches of the window of "
      "grad l_i(theta_t), N_w = R*K*b (equal micro-batches); with loss / K "
      "twice: G_t / K; with step() every K-th batch: one step per K*K "
-     "micro-batches holding their gradients / K",
+     "micro-batches",
      "certify-ddp-2",
      "DeepSpeed #1107 (K declared twice), #1800 and #2768 (bf16 "
      "accumulation buffers), #2790 (a K x GPUs x ZeRO x dtype matrix asked "
