@@ -552,9 +552,13 @@ class ContractRecorder:
         refs = ([-1] if self.has_prev else []) + list(self.since_step)
         return self.buf.m[first:1 + len(self.since_step)], refs
 
+    def _consumed(self):
+        """The gradient the optimizer consumes, per recorded parameter."""
+        return [p.grad for p in self.params]
+
     def _before_step(self):
         self._recompute_pending()
-        grads = [p.grad for p in self.params]
+        grads = self._consumed()
         G = self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
         A, refs = self._step_terms()
         t = self.steps
@@ -633,6 +637,10 @@ class ContractRecorder:
                 else:
                     mine[k] = copy.deepcopy(v)
         got = {id(q): g for q, g in zip(self.params, grads)}
+        for key in keys:
+            # An optimizer stepping tensors other than the model's (DeepSpeed's
+            # flat float32 partitions) is replayed on their own gradients.
+            got.setdefault(id(key), key.grad)
         with torch.no_grad():
             for p, key, q, b in zip(params, keys, ours, gbuf):
                 p.copy_(q)
@@ -698,8 +706,8 @@ class ContractRecorder:
         for i, (version, factor, norm, max_norm) in enumerate(self.clips):
             rows.append("clip,%d,%d,,,,,%s,%s,%s\n" % (i, version, real(factor), real(norm),
                                                       real(max_norm)))
-        precision = {torch.float32: "float32", torch.float64: "float64"}.get(self.dtype,
-                                                                              str(self.dtype))
+        precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                     torch.float16: "float16"}.get(self.dtype, str(self.dtype))
         meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),
                 ("scenario_digest", "contract"), ("engine", "pytorch"),
                 ("precision", precision),

@@ -581,6 +581,19 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // as a compiled graph's own RNG): the weights would be too uncertain to
   // tell correct from a mistake, so the trace is not judged.
   const double weight_rel = error_model::tolerance("evidence_weight_rel");
+  if (cal_max > weight_rel && r.precision != "float32" &&
+      r.precision != "float64")
+    // A bf16 (or fp16) model's own rounding is that large: the weights
+    // cannot be read from its gradients, whatever the recorder replayed.
+    throw InputError(
+        trace_dir + "/meta.csv", 0, 0, "precision",
+        fmt::format(
+            "the model's parameters are {}: micro-batch {}'s gradient in "
+            "that precision differs from its float64 recompute by {:.3g} of "
+            "its norm (at most {:g} reads a weight), so the contract tier "
+            "cannot tell one weight from another; certify a float32 run of "
+            "the same loop",
+            r.precision, cal_at, cal_max, weight_rel));
   if (cal_max > weight_rel)
     throw InputError(
         trace_dir + "/contract.csv", 0, 0, "calibration",
