@@ -402,6 +402,9 @@ struct ContractBackward {
 };
 struct ContractStep {
   int64_t terms = 0;
+  // Elements of the consumed gradient bfloat16 cannot hold (0: a bf16
+  // gradient buffer; -1: not recorded).
+  int64_t off_bf16 = -1;
   double lr = kNaN, residual = kNaN, scale = kNaN, replay = kNaN;
   struct Coef {
     int64_t backward = -1;  // -1: the previous step's gradient
@@ -415,6 +418,19 @@ struct ContractClip {
   int64_t version = 0;
   double factor = kNaN, norm = kNaN, max_norm = kNaN;
 };
+// One EMA update the recorder saw (ContractRecorder.ema), in order: the
+// optimizer steps done before it (version), the backward passes since the
+// last one (since), whether it came between a window's backward passes
+// and optimizer.step() (at_step); its error against d*prev + (1-d)*p with
+// the parameters then (decay_u) and against a copy of them (copy_u), in
+// u32 of d|prev| + (1-d)|p| (of |p| for the copy); the decay it moved by
+// (fitted).
+struct ContractEma {
+  int64_t rank = 0;
+  int64_t version = 0, since = 0;
+  bool at_step = false;
+  double decay_u = kNaN, copy_u = kNaN, fitted = kNaN;
+};
 struct ContractEpoch {
   int64_t dataset = -1, batch_size = -1;
 };
@@ -425,6 +441,7 @@ struct ContractSection {
   std::vector<std::vector<ContractStep>> steps{{}};
   std::vector<std::vector<ContractEpoch>> epochs{{}};
   std::vector<ContractClip> clips;
+  std::vector<ContractEma> ema;
   int64_t ranks() const { return int64_t(steps.size()); }
 };
 
