@@ -50,7 +50,7 @@ constexpr ExplainEntry kEntries[] = {
      "correct when every b_k is equal",
      "sample-mean-of-means",
      "the Lightning/Accelerate `loss / K` loop on unequal micro-batches "
-     "(README: with partial-cycle-scale-by-k); seed 001's loss / K rule",
+     "(on a short last window: partial-cycle-scale-by-k); seed 001's loss / K rule",
      "loss-normalization.sample-mean-of-means inertness.oracle"},
     {"token-mean-of-means", "per-micro-batch token means averaged over K",
      "The 2024 Transformers gradient-accumulation bug: each micro-batch's "
