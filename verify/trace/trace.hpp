@@ -376,7 +376,8 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //   epoch    index e, items = the loader's dataset size (-1 unknown),
 //            samples = its batch size
 //   step     index t, ref = number of fitted terms, value = lr,
-//            residual = |G_t - fit| (absolute), scale = sum |a| |term|
+//            residual = |G_t - fit| (absolute), scale = sum |a| |term|,
+//            items = elements of G_t bfloat16 cannot hold ("" unknown)
 //   coef     index t, ref = backward b (-1: the previous step's gradient),
 //            value = its fitted coefficient a, scale = |term vector|
 //   replay   index t, value = 16 * max_i |p_i - r_i| / (16 u32 (|r_i| +
@@ -385,6 +386,11 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //   clip     index m (call order), ref = version (optimizer steps before
 //            it), value = the factor clip_grad_norm_ applied, residual = the
 //            float64 norm of the gradient it saw, scale = its max_norm
+//   ema      index i (update order), ref = backward passes since the last
+//            step, version = optimizer steps before it, items = 1 when seen
+//            at optimizer.step()'s pre-hook, value / residual = its error
+//            in u32 against the decay update / a copy (ContractEma), scale
+//            = the decay it moved by (meta.csv: ema, ema_decay)
 // A DDP trace (accumcheck_torch.ContractDistributedRecorder, its ranks'
 // parts merged) has an 11th column, rank: the rank that drew a micro-batch,
 // whose loader an epoch row describes, that called clip_grad_norm_, whose
