@@ -178,11 +178,14 @@ class ContractRecorder:
     [schedule] table: {"kind": "constant" | "step" | "linear" | "cosine",
     "warmup", "total", "step_size", "gamma"} (default constant).
     clip: the accepted clip_grad_norm_ max_norm once per step before
-    optimizer.step() (default None: no clipping accepted)."""
+    optimizer.step() (default None: no clipping accepted).
+    accept: pitfall ids (sim/pitfalls.cpp) the user accepts as their loop
+    (a framework's documented semantics, e.g. "partial-cycle-scale-by-k"):
+    certify then judges against that loop and says so."""
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
                  items="samples", run="trainer", quiet=False, calibrate_every=None,
-                 lr=None, schedule=None, clip=None):
+                 lr=None, schedule=None, clip=None, accept=()):
         if items not in ("samples", "tokens"):
             raise Refused("items must be 'samples' or 'tokens', got %r" % (items,))
         if int(accumulation) < 1:
@@ -203,6 +206,7 @@ class ContractRecorder:
                           "'cosine', 'warmup', 'total', 'step_size', 'gamma'}, got %r" % (schedule,))
         self.schedule = schedule
         self.clip_max = None if clip is None else float(clip)
+        self.accept = [accept] if isinstance(accept, str) else list(accept or ())
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.n = sum(p.numel() for p in self.params)
         self.dtype = self.params[0].dtype
@@ -270,7 +274,10 @@ class ContractRecorder:
     def _new_epoch(self, loader):
         ds = getattr(loader, "dataset", None)
         self.epochs.append([len(ds) if ds is not None else -1,
-                            getattr(loader, "batch_size", None) or -1])
+                            getattr(loader, "batch_size", None)
+                            # Accelerate's loaders keep it on their batch sampler
+                            or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+                            or -1])
 
     def _drawn(self, batch):
         self._recompute_pending()
@@ -300,6 +307,21 @@ class ContractRecorder:
                     self.micro[j][1] = self.steps
                     self.current = j
                     self.pending = (j, t)
+                    return
+        # No storage matched: the inputs are copies of a drawn batch (a
+        # data-parallel wrapper or a device move copies them, as
+        # Transformers' Trainer does under DDP): the oldest unforwarded
+        # micro-batch whose first tensor has the same values.
+        for j, done in enumerate(self.forwarded):
+            if done or self.micro[j][5] is None:
+                continue
+            mine = _first(self.micro[j][5])
+            for t in _tensors(args, kwargs):
+                if t.shape == mine.shape and t.dtype == mine.dtype and torch.equal(t, mine):
+                    self.forwarded[j] = True
+                    self.micro[j][4] = torch.get_rng_state()
+                    self.micro[j][1] = self.steps
+                    self.current = j
                     return
 
     def _forward_done(self, module, args, kwargs, output):
@@ -349,6 +371,29 @@ class ContractRecorder:
             rec.events.append(("zero_grad", rec.steps, -1, None))
             return orig_zero(*a, **k)
         opt.zero_grad = zero_grad
+        # optimizer.step(closure) (Lightning's automatic optimization runs
+        # the window's last forward and backward, and the clip, inside it):
+        # the closure is evaluated first, so the step's hooks below see the
+        # gradient the update consumes.  A first-order optimizer calls its
+        # closure once, before its update, so this is the same step; LBFGS
+        # re-evaluates it and is refused.
+        orig_step = opt.step
+
+        def step(closure=None, *a, **k):
+            if closure is None:
+                return orig_step(*a, **k)
+            if isinstance(opt, torch.optim.LBFGS):
+                raise Refused("LBFGS re-evaluates its closure within one step: the contract "
+                              "tier records first-order optimizers")
+            with torch.enable_grad():
+                loss = closure()
+            orig_step(*a, **k)
+            return loss
+        # An lr scheduler's own wrapper of step (its "step() before
+        # optimizer.step()" check) stays underneath, and is put back by close().
+        step._wrapped_by_lr_sched = getattr(orig_step, "_wrapped_by_lr_sched", False)
+        self._own_step = opt.__dict__.get("step")
+        opt.step = step
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
         # A torch.compile'd model, compiled while this recorder lives: its
         # backward keeps its buffers (AOTAutograd donates them by default,
@@ -507,9 +552,13 @@ class ContractRecorder:
         refs = ([-1] if self.has_prev else []) + list(self.since_step)
         return self.buf.m[first:1 + len(self.since_step)], refs
 
+    def _consumed(self):
+        """The gradient the optimizer consumes, per recorded parameter."""
+        return [p.grad for p in self.params]
+
     def _before_step(self):
         self._recompute_pending()
-        grads = [p.grad for p in self.params]
+        grads = self._consumed()
         G = self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
         A, refs = self._step_terms()
         t = self.steps
@@ -588,6 +637,10 @@ class ContractRecorder:
                 else:
                     mine[k] = copy.deepcopy(v)
         got = {id(q): g for q, g in zip(self.params, grads)}
+        for key in keys:
+            # An optimizer stepping tensors other than the model's (DeepSpeed's
+            # flat float32 partitions) is replayed on their own gradients.
+            got.setdefault(id(key), key.grad)
         with torch.no_grad():
             for p, key, q, b in zip(params, keys, ours, gbuf):
                 p.copy_(q)
@@ -638,6 +691,9 @@ class ContractRecorder:
         self._restore_clip()
         _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
         self.optimizer.__dict__.pop("zero_grad", None)
+        self.optimizer.__dict__.pop("step", None)
+        if self._own_step is not None:
+            self.optimizer.step = self._own_step
         rows = []
         for j, m in enumerate(self.micro):
             rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[7])))
@@ -650,8 +706,8 @@ class ContractRecorder:
         for i, (version, factor, norm, max_norm) in enumerate(self.clips):
             rows.append("clip,%d,%d,,,,,%s,%s,%s\n" % (i, version, real(factor), real(norm),
                                                       real(max_norm)))
-        precision = {torch.float32: "float32", torch.float64: "float64"}.get(self.dtype,
-                                                                              str(self.dtype))
+        precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                     torch.float16: "float16"}.get(self.dtype, str(self.dtype))
         meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),
                 ("scenario_digest", "contract"), ("engine", "pytorch"),
                 ("precision", precision),
@@ -663,6 +719,8 @@ class ContractRecorder:
                  if k in self.schedule]
         if self.clip_max is not None:
             meta.append(("clip", real(self.clip_max)))
+        if self.accept:
+            meta.append(("accept", "+".join(self.accept)))
         if self.rng_in_backward:
             self.notes.append(
                 "the backward of %d of %d micro-batches (the first: %d) drew random numbers from "

@@ -46,8 +46,11 @@ merge_parts).  `accumcheck certify --contract` then judges each rank's
 fitted weights against the coefficient engine run with R ranks.
 """
 
+import atexit
 import copy
+import gc
 import itertools
+import sys
 
 import torch
 import torch.distributed as dist
@@ -73,7 +76,144 @@ def _will_sync(module):
     return torch.is_grad_enabled() and module.require_backward_grad_sync
 
 
-class DistributedRecorder(Recorder):
+# The rank recorders of this process not yet closed, and the
+# torch.distributed functions wrapped while any lives (name -> PyTorch's).
+_LIVE = []
+_SAVED = {}
+_WRAPPED = ("all_reduce", "all_reduce_coalesced", "destroy_process_group")
+
+
+def _exception_pending():
+    """An exception propagates (a `finally` or `with` is running because of
+    it), or the interpreter exits after an unhandled one."""
+    e = sys.exc_info()[1]
+    if e is not None and not (isinstance(e, SystemExit) and not e.code):
+        return True
+    return getattr(sys, "last_value", None) is not None
+
+
+def _install():
+    """torch.distributed's all_reduce, all_reduce_coalesced and
+    destroy_process_group through the live recorders (both module names
+    PyTorch binds them to; a name imported from them before the first
+    recorder existed is PyTorch's own)."""
+    if _SAVED:
+        return
+    c10d = dist.distributed_c10d
+    for name in _WRAPPED:
+        orig = _SAVED[name] = getattr(c10d, name)
+        wrapper = _destroy if name == "destroy_process_group" else _reduce_wrapper(orig)
+        for mod in (dist, c10d):
+            setattr(mod, name, wrapper)
+
+
+def _uninstall():
+    for name, orig in _SAVED.items():
+        for mod in (dist, dist.distributed_c10d):
+            setattr(mod, name, orig)
+    _SAVED.clear()
+
+
+def _reduce_wrapper(orig):
+    def all_reduce(tensor, *a, **k):
+        out = orig(tensor, *a, **k)
+        for rec in list(_LIVE):
+            rec._all_reduced(tensor if torch.is_tensor(tensor) else list(tensor))
+        return out
+    all_reduce.__doc__ = orig.__doc__
+    return all_reduce
+
+
+def _destroy(group=None, *a, **k):
+    """torch.distributed.destroy_process_group, after the live recorders
+    end (the default group only): each closes, gathering its part while
+    the group still exists -- or, when an exception propagates, is
+    abandoned (its hooks removed, no trace written, nothing collective).
+    Then the garbage collector runs, so a DDP module the trainer no longer
+    holds goes with its reducer while the group lives (a reducer that
+    outlives the group ends gloo's workers from its destructor, holding
+    the interpreter lock one of them may wait for)."""
+    orig = _SAVED.get("destroy_process_group", dist.distributed_c10d.destroy_process_group)
+    if group is None or group is dist.GroupMember.WORLD:
+        _end_all("torch.distributed.destroy_process_group()")
+    return orig(group, *a, **k)
+
+
+def _end_all(why):
+    for rec in list(_LIVE):
+        rec._end(why)
+    gc.collect()
+
+
+@atexit.register
+def _at_exit():
+    """A recorder never closed ends at the interpreter's exit, before its
+    teardown (atexit handlers run while threads may still take the
+    interpreter lock): it closes -- every rank exits this way -- unless an
+    unhandled exception ended the script or the process group is gone."""
+    if _LIVE:
+        _end_all("the interpreter's exit")
+
+
+class _RankLife:
+    """How a rank recorder ends, whatever order the trainer's script ends
+    in: close() then destroy_process_group(), destroy_process_group()
+    first (it closes the recorder before the group goes), neither (the
+    interpreter's exit closes it), or an exception (abandoned: no trace,
+    nothing collective).  Each way removes every hook and wrapper, so the
+    recorder keeps no DDP module alive into the interpreter's teardown."""
+
+    def _live(self):
+        self.abandoned = None
+        _LIVE.append(self)
+        _install()
+
+    def _end(self, why):
+        if self.closed:
+            return
+        if _exception_pending():
+            self._abandon("an exception ended the trainer before close()")
+        elif not dist.is_initialized():
+            self._abandon("the process group was destroyed before close() (through a name "
+                          "imported before the recorder existed)")
+        else:
+            self.close()
+
+    def _abandon(self, why):
+        self.abandoned = why
+        print("accumcheck_torch: rank %d: %s: the recorder ends without writing a trace"
+              % (self.rank, why), file=sys.stderr)
+        self._recompute_pending = lambda: None  # nothing more is computed
+        self.close()
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            super().close()
+        finally:
+            if self in _LIVE:
+                _LIVE.remove(self)
+            if not _LIVE:
+                _uninstall()
+
+    def _gather_write(self, part, write):
+        if self.abandoned:
+            return
+        if not dist.is_initialized():
+            raise Refused("rank %d: close() after torch.distributed.destroy_process_group(): "
+                          "the ranks' parts cannot be gathered; close() the recorder before "
+                          "destroying the process group" % self.rank)
+        _write_on_rank0(part, write)
+
+    def _is_grad(self, tensors):
+        """Whether the all-reduced tensors are parameters' gradients."""
+        ptrs = {p.grad.data_ptr() for p in self.params if p.grad is not None}
+        ts = tensors if isinstance(tensors, list) else [tensors]
+        return bool(ts) and all(torch.is_tensor(t) and t.data_ptr() in ptrs for t in ts)
+
+
+class DistributedRecorder(_RankLife, Recorder):
     """A Recorder for one rank of a torch.distributed trainer.
 
     DistributedRecorder(bundle, model, optimizer, scheduler=None,
@@ -96,6 +236,8 @@ class DistributedRecorder(Recorder):
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
         self.sync_pending = False  # a forward since the last backward will sync
         self.all_reduces = 0
+        self.hand_reduces = 0      # gradient all-reduces the trainer made itself
+        self._reduced = False      # one since the last backward (a sweep is one)
         # The rank's own samples per epoch (its shards), for the epoch count.
         self.shards = [{s for w in ep for m in w for s in m} for ep in bundle.order]
         self.shard_sizes = [sum(len(m) for w in ep for m in w) for ep in bundle.order]
@@ -115,11 +257,33 @@ class DistributedRecorder(Recorder):
             self.gathered = True
             return self._all_gather(*a, **k)
         dist.all_gather = all_gather
-        if self.ddp is None:
-            self.unseen.append("rank %d: the model is not a DistributedDataParallel module: "
-                               "its gradient all-reduces are not seen" % self.rank)
-        else:
+        if self.ddp is not None:
             self._hooks.append(self.ddp.register_forward_pre_hook(eager(self._ddp_forward)))
+        self._live()
+
+    def close(self):
+        if not self.closed and self.ddp is None and not self.hand_reduces:
+            self.unseen.append("rank %d: the model is not a DistributedDataParallel module and "
+                               "no torch.distributed.all_reduce of its gradients was seen: its "
+                               "gradient all-reduces are not seen" % self.rank)
+        super().close()
+
+    def _all_reduced(self, tensors):
+        """A torch.distributed.all_reduce of the parameters' gradients (the
+        trainer's own, e.g. the tutorial's average_gradients): one
+        all_reduce event per sweep over the parameters (the calls between
+        two backward passes).  What the trainer does to the gradient after
+        it (dividing by the world size, or not) is judged on the values:
+        the gradient the step consumes is no longer compared with the one
+        backward left."""
+        if not self._is_grad(tensors):
+            return
+        if not self._reduced:
+            self._reduced = True
+            self.hand_reduces += 1
+            self.all_reduces += 1
+            self._event("all_reduce")
+        self.snapshot = None
 
     def _unpatch(self):
         dist.all_gather = self._all_gather
@@ -177,6 +341,7 @@ class DistributedRecorder(Recorder):
 
     def _end_backward_synced(self):
         self._end_backward()
+        self._reduced = False
         if self.sync_pending:
             self.sync_pending = False
             self.all_reduces += 1
@@ -185,7 +350,7 @@ class DistributedRecorder(Recorder):
     def _write(self, meta, events, values, extra):
         # The training state (state.csv: optimizer state, BatchNorm buffers)
         # is rank 0's: DDP keeps it identical on every rank.
-        _write_on_rank0((self.rank, meta, events, values.rows), lambda parts: write_trace(
+        self._gather_write((self.rank, meta, events, values.rows), lambda parts: write_trace(
             self.out, *merge_parts(parts), extra=extra, ranks=True))
 
 
@@ -269,7 +434,7 @@ def merge_parts(parts):
     return meta, out_events, out_values
 
 
-class ContractDistributedRecorder(ContractRecorder):
+class ContractDistributedRecorder(_RankLife, ContractRecorder):
     """The contract tier's recorder for one rank of a torch.distributed
     trainer (gloo, CPU): ContractRecorder's arguments, with `model` the
     DistributedDataParallel module (the plain module of a trainer that
@@ -287,15 +452,29 @@ class ContractDistributedRecorder(ContractRecorder):
         self.rank, self.world = _process_group()
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
         self.sync_pending = False
+        self.hand_reduces = 0  # gradient all-reduces the trainer made itself
+        self._reduced = False  # one since the last backward (a sweep is one)
         super().__init__(self.ddp.module if self.ddp is not None else model, optimizer,
                          loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
         if self.ddp is not None:
             self._hooks.append(self.ddp.register_forward_pre_hook(eager(self._ddp_forward)))
+        self._live()
 
     def _ddp_forward(self, module, inputs):
         if _will_sync(module):
             self.sync_pending = True
+
+    def _all_reduced(self, tensors):
+        """A torch.distributed.all_reduce of the parameters' gradients made
+        by the trainer: one all_reduce event per sweep over the parameters
+        (the calls between two backward passes), at the micro-batch
+        backwarded last.  Its scaling (SUM then / R, AVG, or no / R) is in
+        the gradient the step consumes: the step fit and the weights."""
+        if self._is_grad(tensors) and not self._reduced:
+            self._reduced = True
+            self.hand_reduces += 1
+            self.events.append(("all_reduce", self.steps, self.current, None))
 
     def _new_epoch(self, loader):
         super()._new_epoch(loader)
@@ -307,6 +486,7 @@ class ContractDistributedRecorder(ContractRecorder):
 
     def _end_backward(self):
         super()._end_backward()
+        self._reduced = False
         if self.sync_pending:
             self.sync_pending = False
             self.events.append(("all_reduce", self.steps, self.current, None))
@@ -331,14 +511,16 @@ class ContractDistributedRecorder(ContractRecorder):
         return self.ddp is not None
 
     def _write(self, meta, events, rows):
-        if self._reduces_seen():
-            # certify counts the all-reduces per step only where they were seen.
+        if self._reduces_seen() or self.hand_reduces:
+            # certify judges the all-reduces per step only where they were
+            # seen: DDP's (or FSDP's reduce-scatters), or the trainer's own
+            # torch.distributed.all_reduce of the gradients.
             meta = meta + [("all_reduces", "seen")]
         def write(parts):
             m, e, _ = merge_parts([(r, m, e, []) for r, m, e, _ in parts])
             text = merge_contract_parts([(r, c) for r, _, _, c in parts])
             write_trace(self.out, m, e, [], extra={"contract.csv": text}, ranks=True)
-        _write_on_rank0((self.rank, meta, events, rows), write)
+        self._gather_write((self.rank, meta, events, rows), write)
 
 
 class ContractFSDPRecorder(ContractDistributedRecorder):
@@ -659,6 +841,7 @@ def launch(main, ranks, *args):
     trainers not started by torchrun.  Exits like the worst rank."""
     import os
     import socket
+    import sys
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -666,7 +849,13 @@ def launch(main, ranks, *args):
         port = s.getsockname()[1]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
-    mp.spawn(_spawned, args=(main, ranks, args), nprocs=ranks, join=True)
+    try:
+        mp.spawn(_spawned, args=(main, ranks, args), nprocs=ranks, join=True)
+    except mp.ProcessExitedException as e:
+        # A rank that exited (a Refused one: 2) ends the run with its code,
+        # not a traceback of the spawning process.
+        sys.stderr.write("accumcheck_torch: rank %d exited with code %s\n" % (e.error_index, e.exit_code))
+        sys.exit(e.exit_code if isinstance(e.exit_code, int) and e.exit_code > 0 else 1)
 
 
 def _spawned(rank, main, ranks, args):
