@@ -329,10 +329,13 @@ class ContractDistributedRecorder(ContractRecorder):
         if self.ddp is not None:
             # certify counts the all-reduces per step only where they were seen.
             meta = meta + [("all_reduces", "seen")]
+        extra = self._extra_files()
+
         def write(parts):
             m, e, _ = merge_parts([(r, m, e, []) for r, m, e, _ in parts])
             text = merge_contract_parts([(r, c) for r, _, _, c in parts])
-            write_trace(self.out, m, e, [], extra={"contract.csv": text}, ranks=True)
+            write_trace(self.out, m, e, [], extra=dict(extra, **{"contract.csv": text}),
+                        ranks=True)
         _write_on_rank0((self.rank, meta, events, rows), write)
 
 
