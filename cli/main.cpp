@@ -1,4 +1,4 @@
-// accumcheck: the command line.  See README.md, "Commands".
+// accumcheck: the command line.  See docs/commands.md.
 #include <malloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -38,7 +38,7 @@ namespace {
 // transparent huge pages for malloc's memory (on systems whose THP mode is
 // madvise), no trimming of the heap and allocations up to 32 MiB from the
 // heap, certify of a 92,816-parameter, 20-step trace took 0.63 instead of
-// 0.99 s of CPU on one thread (README "Certify at scale").  Kept as glibc
+// 0.99 s of CPU on one thread (docs/certify-at-scale.md).  Kept as glibc
 // does it, unless GLIBC_TUNABLES is already set (the user's own choice) or
 // ACCUMCHECK_MALLOC_DEFAULTS=1; not under AddressSanitizer, whose
 // allocator is not glibc's.  Two ways, by the trace's size:

@@ -22,7 +22,7 @@ namespace accumcheck {
 namespace {
 
 // The one table.  Reasons are measured or derived on the reference
-// machine (2 cores); README.md "Limits" prints this table.
+// machine (2 cores); docs/limits-and-exit-codes.md "Limits" prints this table.
 constexpr Limit kLimits[] = {
     {"scenario_bytes", int64_t{1} << 20, "bytes",
      "a scenario file is a few dozen lines; 1 MiB is read whole and "

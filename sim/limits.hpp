@@ -40,7 +40,7 @@ std::span<const Limit> limits_table();
 int64_t limit(std::string_view key);
 
 // The table as text, one row per limit, with the value in force (the
-// output of `accumcheck limits`, copied into README.md).
+// output of `accumcheck limits`, shown in docs/limits-and-exit-codes.md).
 std::string limits_text();
 
 // Checked int64 arithmetic: nullopt on overflow (or a negative operand).

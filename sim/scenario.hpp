@@ -1,6 +1,6 @@
 // Scenario: the validated, engine-agnostic description of one experiment.
 //
-// A scenario file (TOML, see README "Scenario format") parses into this
+// A scenario file (TOML, see docs/scenario-format.md) parses into this
 // struct; every engine and every run mode reads only this.  All
 // hyperparameters are held as the double the file spells; engines round
 // them to their own precision exactly as PyTorch would (float32 engines

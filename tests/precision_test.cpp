@@ -4,8 +4,8 @@
 //    and the textbook cases (in bf16 256 + 1 = 256; fp16 overflow and
 //    subnormals);
 //  - the device engine's bf16/fp16 accumulation against the error model's
-//    K-term bound, K = 1, 2, 4, ..., 256, printed as the table README
-//    quotes;
+//    K-term bound, K = 1, 2, 4, ..., 256, printed as the table
+//    docs/mixed-precision-and-state.md quotes;
 //  - the CUDA executor computes the emulated executor's bits with bf16 and
 //    fp16 buffers (skipped without a GPU).
 #include <gtest/gtest.h>

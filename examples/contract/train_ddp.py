@@ -28,6 +28,20 @@ Loops (--loop):
                           (the same gradient, K times the communication)
   scheduler_per_rank      scheduler.step() R times per optimizer step
                           (declared schedule: linear warmup 2, total 12)
+  average_gradients       no DDP: the plain module, and the torch.distributed
+                          tutorial's average_gradients after the window's
+                          last backward (all_reduce(p.grad, SUM), then
+                          p.grad /= world_size), the correct loss
+  average_gradients_no_div  the same without the / world_size: R times the
+                          averaged gradient
+  late_sync_flag          build-nanogpt's loop: no no_sync, but
+                          `model.require_backward_grad_sync = (micro_step
+                          == K - 1)` set after the forward (DDP read the
+                          flag in it): the all-reduce runs at the window's
+                          first micro-step, not its last
+--clip C: clip_grad_norm_(C) on each rank before optimizer.step() (after
+average_gradients: on the averaged gradient, the same on every rank),
+declared to the recorder.
 """
 import argparse
 import contextlib
@@ -44,7 +58,18 @@ from train import warmup_linear
 from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks
 
 LOOPS = ("correct", "local_mean", "no_sync_everywhere", "sync_every_micro_step",
-         "scheduler_per_rank")
+         "scheduler_per_rank", "average_gradients", "average_gradients_no_div",
+         "late_sync_flag")
+
+
+def average_gradients(model, divide=True):
+    """The torch.distributed tutorial's gradient averaging, by hand."""
+    size = float(dist.get_world_size())
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            if divide:
+                p.grad /= size
 
 
 def train(rank, ranks, a):
@@ -61,14 +86,16 @@ def train(rank, ranks, a):
     # same on every rank) stay out of DDP's start-up broadcast.
     DDP._set_params_and_buffers_to_ignore_for_model(
         net, [n for n, b in net.named_buffers() if b.dtype == torch.bool])
-    model = DDP(net)
+    by_hand = a.loop.startswith("average_gradients")
+    model = net if by_hand else DDP(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     scheduler, schedule = None, None
     if a.loop == "scheduler_per_rank" or a.schedule:
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(2, 12))
         schedule = {"kind": "linear", "warmup": 2, "total": 12}
     rec = ContractDistributedRecorder(model, opt, summed, items, accumulation=a.K,
-                                      out=a.out, items=kind, lr=1e-3, schedule=schedule)
+                                      out=a.out, items=kind, lr=1e-3, schedule=schedule,
+                                      clip=a.clip)
     R, K = dist.get_world_size(), a.K
     sampler = DistributedSampler(data, shuffle=True, seed=1234)
     for epoch in range(a.epochs):
@@ -81,14 +108,22 @@ def train(rank, ranks, a):
                 dist.all_reduce(n)  # N_w over every rank, before the first backward
             for i, b in enumerate(window):
                 last = i + 1 == len(window)
-                if a.loop == "no_sync_everywhere" or not (last or a.loop == "sync_every_micro_step"):
+                if by_hand or a.loop == "late_sync_flag":
+                    sync = contextlib.nullcontext()
+                elif a.loop == "no_sync_everywhere" or not (last or a.loop == "sync_every_micro_step"):
                     sync = model.no_sync()
                 else:
                     sync = contextlib.nullcontext()
                 with sync:
                     scale = 1.0 if a.loop == "local_mean" else float(R)
                     loss = summed(model, b) * scale / n.item()
+                    if a.loop == "late_sync_flag":
+                        model.require_backward_grad_sync = last  # after the forward
                     loss.backward()
+            if by_hand:
+                average_gradients(model, divide=a.loop == "average_gradients")
+            if a.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
             opt.step()
             for _ in range(R if a.loop == "scheduler_per_rank" else (1 if scheduler else 0)):
                 scheduler.step()
@@ -107,6 +142,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--schedule", action="store_true",
                     help="a LambdaLR warmup-linear schedule (warmup 2, total 12), declared")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="clip_grad_norm_(max_norm) before each step, declared")
     ap.add_argument("--quiet", action="store_true", help="(prints nothing anyway)")
     ap.add_argument("--spawn", type=int, metavar="R",
                     help="start R ranks with torch.multiprocessing.spawn (not torchrun)")

@@ -32,6 +32,10 @@ Loops (--loop):
                           "main process only" guard put around the wrong
                           line): rank 0 clips, the other ranks step on the
                           unclipped gradient
+  average_gradients       no DDP: the plain module, and the torch.distributed
+                          tutorial's average_gradients after the window's
+                          last backward (all_reduce(p.grad, SUM), then
+                          p.grad /= world_size), before the clip
 --sharding split: each rank takes order[r::R] by hand (Subset), unequal
 shards (the scenario's sampler = "split"), instead of DistributedSampler.
 --sharding shuffle: DistributedSampler(shuffle=True, seed=1234) with
@@ -52,7 +56,7 @@ from accumcheck_torch import load_bundle
 from accumcheck_torch.distributed import DistributedRecorder, run_ranks
 
 LOOPS = ("correct", "no_sync_everywhere", "sync_every_micro_step", "local_mean",
-         "scheduler_per_rank", "clip_local_norm", "clip_main_only")
+         "scheduler_per_rank", "clip_local_norm", "clip_main_only", "average_gradients")
 
 
 class Net(torch.nn.Module):
@@ -136,7 +140,7 @@ def train(rank, ranks, args):
     bundle = load_bundle(args.bundle)  # this rank's view
     net = Net(bundle)
     bundle.load_initial(net)
-    model = DDP(net)
+    model = net if args.loop == "average_gradients" else DDP(net)
     optimizer = bundle.optimizer(model)
     scheduler = bundle.scheduler(optimizer)
     recorder = DistributedRecorder(bundle, model, optimizer, scheduler, out=args.out)
@@ -153,7 +157,9 @@ def train(rank, ranks, args):
                 dist.all_reduce(n)  # N_w over every rank, before the first backward
             for i, (x, y, _) in enumerate(window):
                 last = i + 1 == len(window)
-                if loop == "no_sync_everywhere":
+                if loop == "average_gradients":
+                    sync = contextlib.nullcontext()
+                elif loop == "no_sync_everywhere":
                     sync = model.no_sync()
                 elif loop == "sync_every_micro_step" or last:
                     sync = contextlib.nullcontext()
@@ -166,6 +172,10 @@ def train(rank, ranks, args):
                     else:
                         loss = loss_sum(bundle, out, y) * R / n.item()
                     loss.backward()
+            if loop == "average_gradients":
+                for p in model.parameters():
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                    p.grad /= R
             if bundle.clip:
                 if loop == "clip_local_norm":
                     clip_own_chunk(model, bundle.max_norm)

@@ -310,11 +310,14 @@ class ContractRecorder:
     optimizer's lr now, or its initial_lr when a scheduler already wraps
     it); a scheduler declaration gives its own lrs.
     clip: the accepted clip_grad_norm_ max_norm once per step before
-    optimizer.step() (default None: no clipping accepted)."""
+    optimizer.step() (default None: no clipping accepted).
+    accept: pitfall ids (sim/pitfalls.cpp) the user accepts as their loop
+    (a framework's documented semantics, e.g. "partial-cycle-scale-by-k"):
+    certify then judges against that loop and says so."""
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
                  items="samples", run="trainer", quiet=False, calibrate_every=None,
-                 lr=None, schedule=None, clip=None):
+                 lr=None, schedule=None, clip=None, accept=()):
         if items not in ("samples", "tokens"):
             raise Refused("items must be 'samples' or 'tokens', got %r" % (items,))
         if int(accumulation) < 1:
@@ -343,13 +346,14 @@ class ContractRecorder:
                           "'cosine', 'warmup', 'total', 'step_size', 'gamma'}, got %r" % (schedule,))
         self.schedule = schedule
         self.clip_max = None if clip is None else float(clip)
+        self.accept = [accept] if isinstance(accept, str) else list(accept or ())
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.n = sum(p.numel() for p in self.params)
         self.dtype = self.params[0].dtype
         # The copies the recomputes run on: the model's precision (g_j) and
         # float64 (calibration).
-        self.mref = copy.deepcopy(model).train()
-        self.m64 = copy.deepcopy(model).double().train()
+        self.mref = self._replica(model).train()
+        self.m64 = self._replica(model).double().train()
         self.pref = [p for p in self.mref.parameters() if p.requires_grad]
         self.p64 = [p for p in self.m64.parameters() if p.requires_grad]
         self.first, self.forwarded, self.current = [], [], -1
@@ -378,7 +382,28 @@ class ContractRecorder:
         self.closed = False
         self.quiet = quiet
         self.unseen = []       # what the recorder could not see (meta.csv)
+        self.notes = []        # what it saw that certify reports (meta.csv)
+        self.after_fwd = None  # (micro-batch, CPU RNG state) at its forward's end
+        self.rng_in_backward = []  # micro-batches whose backward drew random numbers
         self._patch()
+
+    # ---- what a sharding recorder overrides (distributed.ContractFSDPRecorder)
+
+    def _replica(self, model):
+        """A copy of the model the recomputes run on."""
+        return copy.deepcopy(model)
+
+    def _source(self):
+        """The parameters the recomputes load: the model's own."""
+        return self.params
+
+    def _full(self, t):
+        """A gradient or parameter as the whole tensor (a shard gathered)."""
+        return t
+
+    def _local(self, t):
+        """A gradient, parameter or state tensor as the optimizer steps it."""
+        return t
 
     # ---- the loader
 
@@ -390,7 +415,10 @@ class ContractRecorder:
     def _new_epoch(self, loader):
         ds = getattr(loader, "dataset", None)
         self.epochs.append([len(ds) if ds is not None else -1,
-                            getattr(loader, "batch_size", None) or -1])
+                            getattr(loader, "batch_size", None)
+                            # Accelerate's loaders keep it on their batch sampler
+                            or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+                            or -1])
         try:
             self.loader_lengths.append(len(loader))
         except TypeError:
@@ -436,6 +464,21 @@ class ContractRecorder:
                     self.current = j
                     self.pending = (j, t)
                     return
+        # No storage matched: the inputs are copies of a drawn batch (a
+        # data-parallel wrapper or a device move copies them, as
+        # Transformers' Trainer does under DDP): the oldest unforwarded
+        # micro-batch whose first tensor has the same values.
+        for j, done in enumerate(self.forwarded):
+            if done or self.micro[j][5] is None:
+                continue
+            mine = _first(self.micro[j][5])
+            for t in _tensors(args, kwargs):
+                if t.shape == mine.shape and t.dtype == mine.dtype and torch.equal(t, mine):
+                    self.forwarded[j] = True
+                    self.micro[j][4] = torch.get_rng_state()
+                    self.micro[j][1] = self.steps
+                    self.current = j
+                    return
 
     def _forward_done(self, module, args, kwargs, output):
         """g_j from the forward your loop just ran, when summed_loss calls
@@ -447,6 +490,12 @@ class ContractRecorder:
         if pending is None or not any(t is pending[1] for t in _tensors(args, kwargs)):
             return
         j = pending[0]
+        try:
+            self._take_from_forward(j, pending, output)
+        finally:
+            self.after_fwd = (j, torch.get_rng_state())
+
+    def _take_from_forward(self, j, pending, output):
         if j in self.gfwd or not torch.is_grad_enabled():
             return
         self.taking = True
@@ -478,6 +527,29 @@ class ContractRecorder:
             rec.events.append(("zero_grad", rec.steps, -1, None))
             return orig_zero(*a, **k)
         opt.zero_grad = zero_grad
+        # optimizer.step(closure) (Lightning's automatic optimization runs
+        # the window's last forward and backward, and the clip, inside it):
+        # the closure is evaluated first, so the step's hooks below see the
+        # gradient the update consumes.  A first-order optimizer calls its
+        # closure once, before its update, so this is the same step; LBFGS
+        # re-evaluates it and is refused.
+        orig_step = opt.step
+
+        def step(closure=None, *a, **k):
+            if closure is None:
+                return orig_step(*a, **k)
+            if isinstance(opt, torch.optim.LBFGS):
+                raise Refused("LBFGS re-evaluates its closure within one step: the contract "
+                              "tier records first-order optimizers")
+            with torch.enable_grad():
+                loss = closure()
+            orig_step(*a, **k)
+            return loss
+        # An lr scheduler's own wrapper of step (its "step() before
+        # optimizer.step()" check) stays underneath, and is put back by close().
+        step._wrapped_by_lr_sched = getattr(orig_step, "_wrapped_by_lr_sched", False)
+        self._own_step = opt.__dict__.get("step")
+        opt.step = step
         self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
         # A torch.compile'd model, compiled while this recorder lives: its
         # backward keeps its buffers (AOTAutograd donates them by default,
@@ -507,7 +579,7 @@ class ContractRecorder:
                     parameters = [parameters]
                 parameters = list(parameters)
                 with torch.no_grad():
-                    norm = float(sum(float(p.grad.detach().double().pow(2).sum())
+                    norm = float(sum(float(rec._full(p.grad.detach()).double().pow(2).sum())
                                      for p in parameters if p.grad is not None)) ** 0.5
                 total = saved(parameters, max_norm, *a, **k)
                 factor = min(1.0, float(max_norm) / (float(total) + 1e-6))
@@ -543,6 +615,14 @@ class ContractRecorder:
         self.in_backward = False
         if not self.micro:
             raise Refused("a backward pass before any batch was drawn from recorder.watch(loader)")
+        if self.after_fwd is not None and self.after_fwd[0] == self.current:
+            # The CPU RNG moved between the forward's end and its backward's
+            # end: the backward drew random numbers (a recomputation that
+            # does not replay the forward's, e.g. torch.utils.checkpoint
+            # with preserve_rng_state=False around dropout).
+            if not torch.equal(torch.get_rng_state(), self.after_fwd[1]):
+                self.rng_in_backward.append(self.current)
+            self.after_fwd = None
         self.since_step.append(len(self.backwards))
         self.backwards.append([self.current, self.steps, self.pass_row, None])
         self.events.append(("forward_backward", self.steps, self.current, None))
@@ -550,8 +630,21 @@ class ContractRecorder:
     # ---- recompute and fit
 
     def _grad_of(self, model, params, batch, dtype, dst):
+        """The copy's gradient by backward() into its own .grad (not
+        autograd.grad: reentrant activation checkpointing refuses .grad(),
+        and a copy's .grad is nobody else's)."""
+        for p in params:
+            p.grad = None
         loss = self.loss_fn(model, _to(batch, dtype))
-        return self.buf.fill(dst, torch.autograd.grad(loss, params, allow_unused=True))
+        # One draw between the forward and its backward: a backward that
+        # draws random numbers of its own (a recomputation that does not
+        # replay the forward's RNG) cannot coincide with yours by accident.
+        torch.rand(1)
+        loss.backward()
+        self.buf.fill(dst, [p.grad for p in params])
+        for p in params:
+            p.grad = None
+        return dst
 
     def _recompute_pending(self):
         """g_j (in the model's precision; float64 on the calibration sample)
@@ -561,13 +654,16 @@ class ContractRecorder:
         unrecomputed = sorted({b[0] for b in self.backwards if self.micro[b[0]][6] is None})
         if not unrecomputed:
             return
-        calibrate = [j for j in unrecomputed if j % self.calibrate_every == 0]
+        # A micro-batch whose backward drew random numbers has no one
+        # gradient to calibrate against (the note says why).
+        calibrate = [j for j in unrecomputed
+                     if j % self.calibrate_every == 0 and j not in self.rng_in_backward]
         with torch.no_grad():
             if any(j not in self.gfwd for j in unrecomputed):
-                for dst, src in zip(self.pref, self.params):
+                for dst, src in zip(self.pref, self._source()):
                     dst.copy_(src)
             if calibrate:
-                for dst, src in zip(self.p64, self.params):
+                for dst, src in zip(self.p64, self._source()):
                     dst.copy_(src)
         keep = torch.get_rng_state()
         g64, tmp = self.vec[2], self.vec[3]
@@ -615,7 +711,7 @@ class ContractRecorder:
     def _before_step(self):
         self._recompute_pending()
         grads = [p.grad for p in self.params]
-        G = self.buf.fill(self.vec[0], grads)
+        G = self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
         A, refs = self._step_terms()
         t = self.steps
         lr = float(self.optimizer.param_groups[0]["lr"])
@@ -650,7 +746,8 @@ class ContractRecorder:
         views of one flat buffer (the parameters' dtype; float64 if they
         mix dtypes), so the comparison is a few whole-vector operations and
         nothing is allocated per step."""
-        ours = [p for g in self.optimizer.param_groups for p in g["params"]]
+        keys = [p for g in self.optimizer.param_groups for p in g["params"]]
+        ours = [self._local(p) for p in keys]
         if self.replay is None:
             dts = {p.dtype for p in ours}
             dt = dts.pop() if len(dts) == 1 else torch.float64
@@ -673,8 +770,8 @@ class ContractRecorder:
             for k, v in mine.items():
                 if k != "params":
                     g[k] = v
-        for p, q in zip(params, ours):
-            st = self.optimizer.state.get(q)
+        for p, key in zip(params, keys):
+            st = self.optimizer.state.get(key)
             if not st:
                 opt.state.pop(p, None)
                 continue
@@ -683,6 +780,7 @@ class ContractRecorder:
                 mine = opt.state[p] = {}
             for k, v in st.items():
                 if torch.is_tensor(v):
+                    v = self._local(v)
                     if k in mine and torch.is_tensor(mine[k]) and mine[k].shape == v.shape \
                             and mine[k].dtype == v.dtype:
                         mine[k].copy_(v)
@@ -692,9 +790,10 @@ class ContractRecorder:
                     mine[k] = copy.deepcopy(v)
         got = {id(q): g for q, g in zip(self.params, grads)}
         with torch.no_grad():
-            for p, q, b in zip(params, ours, gbuf):
+            for p, key, q, b in zip(params, keys, ours, gbuf):
                 p.copy_(q)
-                g = got.get(id(q))
+                g = got.get(id(key))
+                g = None if g is None else self._local(g)
                 if g is None:
                     p.grad = None
                 else:
@@ -709,7 +808,7 @@ class ContractRecorder:
         parameters' precision: |p - p_replay| is exact there (Sterbenz) and
         the bound needs no more than a few digits."""
         opt, params, flat, before, now, tmp, gbuf = self.replay
-        ours = [p for g in self.optimizer.param_groups for p in g["params"]]
+        ours = [self._local(p) for g in self.optimizer.param_groups for p in g["params"]]
         at = 0
         with torch.no_grad():
             for q in ours:
@@ -740,6 +839,9 @@ class ContractRecorder:
         self._restore_clip()
         _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
         self.optimizer.__dict__.pop("zero_grad", None)
+        self.optimizer.__dict__.pop("step", None)
+        if self._own_step is not None:
+            self.optimizer.step = self._own_step
         rows = []
         for j, m in enumerate(self.micro):
             rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[7])))
@@ -765,6 +867,17 @@ class ContractRecorder:
                  if k in self.schedule]
         if self.clip_max is not None:
             meta.append(("clip", real(self.clip_max)))
+        if self.accept:
+            meta.append(("accept", "+".join(self.accept)))
+        if self.rng_in_backward:
+            self.notes.append(
+                "the backward of %d of %d micro-batches (the first: %d) drew random numbers from "
+                "the CPU RNG after its forward: a recomputation that does not replay the "
+                "forward's randomness (torch.utils.checkpoint with preserve_rng_state=False "
+                "around dropout?), so that gradient is not of the forward's dropout masks"
+                % (len(self.rng_in_backward), len(self.micro), self.rng_in_backward[0]))
+        if self.notes:
+            meta.append(("notes", " | ".join(self.notes)))
         meta += unseen_meta(self.unseen)
         # Each event's epoch: that of the last micro-batch backwarded.
         events, epoch = [], 0

@@ -46,13 +46,18 @@ merge_parts).  `accumcheck certify --contract` then judges each rank's
 fitted weights against the coefficient engine run with R ranks.
 """
 
+import atexit
+import copy
+import gc
 import itertools
+import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from .contract import CONTRACT_HEADER, ContractRecorder
+from .contract import CONTRACT_HEADER, ContractRecorder, _tensors
 from .recorder import Recorder, eager
 from .trace import Refused, write_trace
 
@@ -71,7 +76,144 @@ def _will_sync(module):
     return torch.is_grad_enabled() and module.require_backward_grad_sync
 
 
-class DistributedRecorder(Recorder):
+# The rank recorders of this process not yet closed, and the
+# torch.distributed functions wrapped while any lives (name -> PyTorch's).
+_LIVE = []
+_SAVED = {}
+_WRAPPED = ("all_reduce", "all_reduce_coalesced", "destroy_process_group")
+
+
+def _exception_pending():
+    """An exception propagates (a `finally` or `with` is running because of
+    it), or the interpreter exits after an unhandled one."""
+    e = sys.exc_info()[1]
+    if e is not None and not (isinstance(e, SystemExit) and not e.code):
+        return True
+    return getattr(sys, "last_value", None) is not None
+
+
+def _install():
+    """torch.distributed's all_reduce, all_reduce_coalesced and
+    destroy_process_group through the live recorders (both module names
+    PyTorch binds them to; a name imported from them before the first
+    recorder existed is PyTorch's own)."""
+    if _SAVED:
+        return
+    c10d = dist.distributed_c10d
+    for name in _WRAPPED:
+        orig = _SAVED[name] = getattr(c10d, name)
+        wrapper = _destroy if name == "destroy_process_group" else _reduce_wrapper(orig)
+        for mod in (dist, c10d):
+            setattr(mod, name, wrapper)
+
+
+def _uninstall():
+    for name, orig in _SAVED.items():
+        for mod in (dist, dist.distributed_c10d):
+            setattr(mod, name, orig)
+    _SAVED.clear()
+
+
+def _reduce_wrapper(orig):
+    def all_reduce(tensor, *a, **k):
+        out = orig(tensor, *a, **k)
+        for rec in list(_LIVE):
+            rec._all_reduced(tensor if torch.is_tensor(tensor) else list(tensor))
+        return out
+    all_reduce.__doc__ = orig.__doc__
+    return all_reduce
+
+
+def _destroy(group=None, *a, **k):
+    """torch.distributed.destroy_process_group, after the live recorders
+    end (the default group only): each closes, gathering its part while
+    the group still exists -- or, when an exception propagates, is
+    abandoned (its hooks removed, no trace written, nothing collective).
+    Then the garbage collector runs, so a DDP module the trainer no longer
+    holds goes with its reducer while the group lives (a reducer that
+    outlives the group ends gloo's workers from its destructor, holding
+    the interpreter lock one of them may wait for)."""
+    orig = _SAVED.get("destroy_process_group", dist.distributed_c10d.destroy_process_group)
+    if group is None or group is dist.GroupMember.WORLD:
+        _end_all("torch.distributed.destroy_process_group()")
+    return orig(group, *a, **k)
+
+
+def _end_all(why):
+    for rec in list(_LIVE):
+        rec._end(why)
+    gc.collect()
+
+
+@atexit.register
+def _at_exit():
+    """A recorder never closed ends at the interpreter's exit, before its
+    teardown (atexit handlers run while threads may still take the
+    interpreter lock): it closes -- every rank exits this way -- unless an
+    unhandled exception ended the script or the process group is gone."""
+    if _LIVE:
+        _end_all("the interpreter's exit")
+
+
+class _RankLife:
+    """How a rank recorder ends, whatever order the trainer's script ends
+    in: close() then destroy_process_group(), destroy_process_group()
+    first (it closes the recorder before the group goes), neither (the
+    interpreter's exit closes it), or an exception (abandoned: no trace,
+    nothing collective).  Each way removes every hook and wrapper, so the
+    recorder keeps no DDP module alive into the interpreter's teardown."""
+
+    def _live(self):
+        self.abandoned = None
+        _LIVE.append(self)
+        _install()
+
+    def _end(self, why):
+        if self.closed:
+            return
+        if _exception_pending():
+            self._abandon("an exception ended the trainer before close()")
+        elif not dist.is_initialized():
+            self._abandon("the process group was destroyed before close() (through a name "
+                          "imported before the recorder existed)")
+        else:
+            self.close()
+
+    def _abandon(self, why):
+        self.abandoned = why
+        print("accumcheck_torch: rank %d: %s: the recorder ends without writing a trace"
+              % (self.rank, why), file=sys.stderr)
+        self._recompute_pending = lambda: None  # nothing more is computed
+        self.close()
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            super().close()
+        finally:
+            if self in _LIVE:
+                _LIVE.remove(self)
+            if not _LIVE:
+                _uninstall()
+
+    def _gather_write(self, part, write):
+        if self.abandoned:
+            return
+        if not dist.is_initialized():
+            raise Refused("rank %d: close() after torch.distributed.destroy_process_group(): "
+                          "the ranks' parts cannot be gathered; close() the recorder before "
+                          "destroying the process group" % self.rank)
+        _write_on_rank0(part, write)
+
+    def _is_grad(self, tensors):
+        """Whether the all-reduced tensors are parameters' gradients."""
+        ptrs = {p.grad.data_ptr() for p in self.params if p.grad is not None}
+        ts = tensors if isinstance(tensors, list) else [tensors]
+        return bool(ts) and all(torch.is_tensor(t) and t.data_ptr() in ptrs for t in ts)
+
+
+class DistributedRecorder(_RankLife, Recorder):
     """A Recorder for one rank of a torch.distributed trainer.
 
     DistributedRecorder(bundle, model, optimizer, scheduler=None,
@@ -94,6 +236,8 @@ class DistributedRecorder(Recorder):
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
         self.sync_pending = False  # a forward since the last backward will sync
         self.all_reduces = 0
+        self.hand_reduces = 0      # gradient all-reduces the trainer made itself
+        self._reduced = False      # one since the last backward (a sweep is one)
         # The rank's own samples per epoch (its shards), for the epoch count.
         self.shards = [{s for w in ep for m in w for s in m} for ep in bundle.order]
         self.shard_sizes = [sum(len(m) for w in ep for m in w) for ep in bundle.order]
@@ -113,11 +257,33 @@ class DistributedRecorder(Recorder):
             self.gathered = True
             return self._all_gather(*a, **k)
         dist.all_gather = all_gather
-        if self.ddp is None:
-            self.unseen.append("rank %d: the model is not a DistributedDataParallel module: "
-                               "its gradient all-reduces are not seen" % self.rank)
-        else:
+        if self.ddp is not None:
             self._hooks.append(self.ddp.register_forward_pre_hook(eager(self._ddp_forward)))
+        self._live()
+
+    def close(self):
+        if not self.closed and self.ddp is None and not self.hand_reduces:
+            self.unseen.append("rank %d: the model is not a DistributedDataParallel module and "
+                               "no torch.distributed.all_reduce of its gradients was seen: its "
+                               "gradient all-reduces are not seen" % self.rank)
+        super().close()
+
+    def _all_reduced(self, tensors):
+        """A torch.distributed.all_reduce of the parameters' gradients (the
+        trainer's own, e.g. the tutorial's average_gradients): one
+        all_reduce event per sweep over the parameters (the calls between
+        two backward passes).  What the trainer does to the gradient after
+        it (dividing by the world size, or not) is judged on the values:
+        the gradient the step consumes is no longer compared with the one
+        backward left."""
+        if not self._is_grad(tensors):
+            return
+        if not self._reduced:
+            self._reduced = True
+            self.hand_reduces += 1
+            self.all_reduces += 1
+            self._event("all_reduce")
+        self.snapshot = None
 
     def _unpatch(self):
         dist.all_gather = self._all_gather
@@ -175,6 +341,7 @@ class DistributedRecorder(Recorder):
 
     def _end_backward_synced(self):
         self._end_backward()
+        self._reduced = False
         if self.sync_pending:
             self.sync_pending = False
             self.all_reduces += 1
@@ -183,7 +350,7 @@ class DistributedRecorder(Recorder):
     def _write(self, meta, events, values, extra):
         # The training state (state.csv: optimizer state, BatchNorm buffers)
         # is rank 0's: DDP keeps it identical on every rank.
-        _write_on_rank0((self.rank, meta, events, values.rows), lambda parts: write_trace(
+        self._gather_write((self.rank, meta, events, values.rows), lambda parts: write_trace(
             self.out, *merge_parts(parts), extra=extra, ranks=True))
 
 
@@ -267,7 +434,7 @@ def merge_parts(parts):
     return meta, out_events, out_values
 
 
-class ContractDistributedRecorder(ContractRecorder):
+class ContractDistributedRecorder(_RankLife, ContractRecorder):
     """The contract tier's recorder for one rank of a torch.distributed
     trainer (gloo, CPU): ContractRecorder's arguments, with `model` the
     DistributedDataParallel module (the plain module of a trainer that
@@ -285,15 +452,29 @@ class ContractDistributedRecorder(ContractRecorder):
         self.rank, self.world = _process_group()
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
         self.sync_pending = False
+        self.hand_reduces = 0  # gradient all-reduces the trainer made itself
+        self._reduced = False  # one since the last backward (a sweep is one)
         super().__init__(self.ddp.module if self.ddp is not None else model, optimizer,
                          loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
         if self.ddp is not None:
             self._hooks.append(self.ddp.register_forward_pre_hook(eager(self._ddp_forward)))
+        self._live()
 
     def _ddp_forward(self, module, inputs):
         if _will_sync(module):
             self.sync_pending = True
+
+    def _all_reduced(self, tensors):
+        """A torch.distributed.all_reduce of the parameters' gradients made
+        by the trainer: one all_reduce event per sweep over the parameters
+        (the calls between two backward passes), at the micro-batch
+        backwarded last.  Its scaling (SUM then / R, AVG, or no / R) is in
+        the gradient the step consumes: the step fit and the weights."""
+        if self._is_grad(tensors) and not self._reduced:
+            self._reduced = True
+            self.hand_reduces += 1
+            self.events.append(("all_reduce", self.steps, self.current, None))
 
     def _new_epoch(self, loader):
         super()._new_epoch(loader)
@@ -305,6 +486,7 @@ class ContractDistributedRecorder(ContractRecorder):
 
     def _end_backward(self):
         super()._end_backward()
+        self._reduced = False
         if self.sync_pending:
             self.sync_pending = False
             self.events.append(("all_reduce", self.steps, self.current, None))
@@ -325,9 +507,14 @@ class ContractDistributedRecorder(ContractRecorder):
             refs += ["%d:%d" % (q, b) for b in backs]
         return torch.cat(rows) if rows else self.buf.m[0:0], refs
 
+    def _reduces_seen(self):
+        return self.ddp is not None
+
     def _write(self, meta, events, rows):
-        if self.ddp is not None:
-            # certify counts the all-reduces per step only where they were seen.
+        if self._reduces_seen() or self.hand_reduces:
+            # certify judges the all-reduces per step only where they were
+            # seen: DDP's (or FSDP's reduce-scatters), or the trainer's own
+            # torch.distributed.all_reduce of the gradients.
             meta = meta + [("all_reduces", "seen")]
         extra = self._extra_files()
 
@@ -336,7 +523,270 @@ class ContractDistributedRecorder(ContractRecorder):
             text = merge_contract_parts([(r, c) for r, _, _, c in parts])
             write_trace(self.out, m, e, [], extra=dict(extra, **{"contract.csv": text}),
                         ranks=True)
-        _write_on_rank0((self.rank, meta, events, rows), write)
+        self._gather_write((self.rank, meta, events, rows), write)
+
+
+class ContractFSDPRecorder(ContractDistributedRecorder):
+    """The contract tier's recorder for one rank of an FSDP2 trainer
+    (torch.distributed.fsdp.fully_shard, gloo on CPU): ContractRecorder's
+    arguments, with `model` the fully_shard'ed root module and `replica` a
+    plain (unsharded) module of the same architecture, with the same
+    parameter names (built again by your own constructor: its values do
+    not matter, the recorder loads the gathered parameters into it).
+
+    What FSDP2 hides and how it is seen:
+      - each backward's gradient: FSDP2 computes it on the unsharded
+        parameters (each FSDPParam's unsharded nn.Parameter, made at the
+        first all-gather) and writes only the reduce-scattered shard into
+        the sharded parameter's .grad; the recorder hooks the unsharded
+        parameters after the first forward, so c_b is this rank's whole
+        local gradient (as under DDP, before any communication);
+      - the gradient a step consumes: the sharded .grad gathered into the
+        whole tensor (DTensor.full_tensor(), an all-gather per parameter
+        per step: every rank steps together), the same on every rank;
+      - the optimizer steps on shards: the replay steps this rank's shards
+        (to_local) with this rank's shard of the optimizer state;
+      - g_j: recomputed on the replica loaded with the parameters gathered
+        after each step (never taken from your forward: FSDP's backward
+        hooks would run inside the recorder's own autograd.grad);
+      - gradient sync: a backward whose FSDP parameter groups reduce
+        (set_requires_gradient_sync left on) is a reduce-scatter, recorded
+        as the step's gradient collective (an all_reduce event: averaged
+        over the ranks as DDP's all-reduce is), so certify counts them."""
+
+    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
+        from torch.distributed.fsdp import FSDPModule
+        if not isinstance(model, FSDPModule):
+            raise Refused("ContractFSDPRecorder takes the fully_shard'ed root module; got %s"
+                          % type(model).__name__)
+        if replica is None:
+            raise Refused("ContractFSDPRecorder needs replica=: a plain (unsharded) module of "
+                          "the same architecture, e.g. built by the constructor you sharded")
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        theirs = [n for n, p in replica.named_parameters() if p.requires_grad]
+        if names != theirs:
+            raise Refused("replica: its parameters %s are not the model's %s (same names, "
+                          "same order)" % (theirs[:4], names[:4]))
+        self.groups = [g for m in model.modules() if isinstance(m, FSDPModule)
+                       for g in m._get_fsdp_state()._fsdp_param_groups]
+        self.replica_model = replica
+        self.unsharded_hooked = False
+        self.full = None
+        super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
+        self._gather_params()
+
+    def _replica(self, model):
+        return copy.deepcopy(self.replica_model)
+
+    def _source(self):
+        return self.full
+
+    def _full(self, t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    def _local(self, t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    def _gather_params(self):
+        """Every parameter gathered whole (a collective: at the start and
+        after every step, on every rank)."""
+        with torch.no_grad():
+            self.full = [self._full(p.detach()) for p in self.params]
+
+    def _take_from_forward(self, j, pending, output):
+        """Hooks the unsharded parameters once they exist (after the first
+        forward); g_j always comes from the replica."""
+        if self.unsharded_hooked:
+            return
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for g in self.groups:
+            for fp in g.fsdp_params:
+                i = index.get(id(fp.sharded_param))
+                if i is None or getattr(fp, "_unsharded_param", None) is None:
+                    continue
+                self._hooks.append(fp._unsharded_param.register_hook(self._grad_hook(i)))
+        self.unsharded_hooked = True
+
+    def _end_backward(self):
+        if any(g.reduce_grads for g in self.groups):
+            self.sync_pending = True
+        super()._end_backward()
+
+    def _reduces_seen(self):
+        return True
+
+    def _after_step(self):
+        super()._after_step()
+        self._gather_params()
+
+
+class ContractPipelineRecorder(ContractRecorder):
+    """The contract tier's recorder for one stage of a
+    torch.distributed.pipelining trainer (PipelineStage with ScheduleGPipe
+    or Schedule1F1B; gloo on CPU), one stage per rank.
+
+    ContractPipelineRecorder(stage, schedule, whole, optimizer, loss_fn,
+                             count_fn, accumulation, out="trace", **kw)
+    `stage` the rank's PipelineStage, `schedule` its schedule (its
+    n_microbatches), `whole` the whole model the stage's module was cut
+    from (the stage's parameters must be the whole model's, e.g. a slice of
+    an nn.Sequential), loss_fn/count_fn the summed loss and item count of a
+    (micro-)batch on the WHOLE model, `accumulation` the micro-batches per
+    optimizer step (n_microbatches x schedule steps per optimizer step).
+    Every rank iterates rec.watch(loader) over the same batches (stage 0
+    feeds their inputs to the schedule, the last stage their targets).
+
+    What the pipeline hides and how it is seen:
+      - a stage holds only its parameters: each rank's trace judges its
+        stage's parameters alone, written to out/stage<i> (certify each);
+      - the schedule splits each drawn batch into n micro-batches
+        (torch.tensor_split along dim 0, as the schedule does): each is a
+        micro-batch j of the trace;
+      - which micro-batch a backward belongs to: the stage's
+        backward_one_chunk(bwd_chunk_id) says it (GPipe runs every forward
+        first, 1F1B interleaves);
+      - g_j: recomputed on a copy of the whole model, its other stages'
+        parameters gathered from their ranks after every step (a
+        collective: every rank steps together), restricted to this
+        stage's parameters;
+      - a stage's .grad divided by n after the schedule's backward passes
+        (scale_grads=True) is no backward pass: the step fit sees the
+        gradient it consumes as a rescaled sum of the backward passes.
+    Dropout inside a stage is not replayed (the RNG state at each
+    micro-batch's forward is not captured): use a model without."""
+
+    def __init__(self, stage, schedule, whole, optimizer, loss_fn, count_fn, accumulation,
+                 out="trace", quiet=None, **kw):
+        import os
+        self.rank, self.world = _process_group()
+        self.stage, self.whole = stage, whole
+        self.n_micro = int(getattr(schedule, "_n_microbatches", 0) or 0)
+        if self.n_micro < 1:
+            raise Refused("schedule: no n_microbatches (a torch.distributed.pipelining schedule)")
+        # Every stage must split a batch alike (a collective: every rank
+        # makes its recorder).
+        counts = [None] * self.world
+        dist.all_gather_object(counts, (self.n_micro, int(accumulation)))
+        if len(set(counts)) > 1:
+            raise Refused("the stages disagree on the micro-batches: %s (n_microbatches, "
+                          "accumulation); every stage's schedule and recorder must take the same"
+                          % ", ".join("rank %d: %s" % (r, c) for r, c in enumerate(counts)))
+        if int(accumulation) % self.n_micro:
+            raise Refused("accumulation = %d micro-batches per optimizer step is not a multiple "
+                          "of the schedule's n_microbatches = %d (stage %d)"
+                          % (int(accumulation), self.n_micro, stage.stage_index))
+        names = {id(p): n for n, p in whole.named_parameters()}
+        mine = [p for p in stage.submod.parameters() if p.requires_grad]
+        self.names = [names.get(id(p)) for p in mine]
+        if None in self.names:
+            raise Refused("stage %d: its module's parameters are not the whole model's (cut the "
+                          "stage from `whole`, e.g. a slice of an nn.Sequential)" % stage.stage_index)
+        self.step_base, self.stepped = 0, False
+        self.drawn = []  # (first micro-batch, data_ptrs of the batch's tensors) per drawn batch
+        super().__init__(stage.submod, optimizer, loss_fn, count_fn, accumulation,
+                         out=os.path.join(out, "stage%d" % stage.stage_index),
+                         quiet=(self.rank != 0) if quiet is None else quiet, **kw)
+        for attr, copy_ in (("pref", self.mref), ("p64", self.m64)):
+            named = dict(copy_.named_parameters())
+            setattr(self, attr, [named[n] for n in self.names])
+        self._gather_whole()
+        orig = stage.backward_one_chunk
+
+        def backward_one_chunk(bwd_chunk_id, *a, **k):
+            self.current = self.step_base + int(bwd_chunk_id)
+            return orig(bwd_chunk_id, *a, **k)
+        stage.backward_one_chunk = backward_one_chunk
+        orig_step = schedule.step
+
+        def step(*a, **k):
+            self._schedule_step(_tensors(a, k))
+            return orig_step(*a, **k)
+        schedule.step = step
+
+        def restore():
+            stage.__dict__.pop("backward_one_chunk", None)
+            schedule.__dict__.pop("step", None)
+        self._restore_stage = restore
+
+    def _replica(self, model):
+        return copy.deepcopy(self.whole)
+
+    def _new_epoch(self, loader):
+        super()._new_epoch(loader)
+        if self.epochs[-1][1] > 0:
+            self.epochs[-1][1] //= self.n_micro
+
+    def _drawn(self, batch):
+        """A drawn batch is the schedule's n micro-batches."""
+        parts = _split(batch, self.n_micro)
+        self.drawn.append((len(self.micro), {t.data_ptr() for t in _leaves(batch)}))
+        for part in parts:
+            super()._drawn(part)
+
+    def _schedule_step(self, tensors):
+        """schedule.step(x) or step(target=y): the drawn batch it runs
+        (matched by a tensor's storage; a stage given none runs the batch
+        after the last one stepped): its micro-batches' forwards run now,
+        at this parameter version."""
+        ptrs = {t.data_ptr() for t in tensors}
+        hit = [base for base, mine in self.drawn if ptrs & mine]
+        later = [base for base, _ in self.drawn if base > self.step_base or not self.stepped]
+        if not hit and not later:
+            raise Refused("stage %d: schedule.step() on a batch not drawn from recorder.watch(loader)"
+                          % self.stage.stage_index)
+        self.step_base = hit[-1] if hit else later[0]
+        self.stepped = True
+        for j in range(self.step_base, self.step_base + self.n_micro):
+            self.micro[j][1] = self.steps
+            self.micro[j][4] = torch.get_rng_state()
+
+    def _forward_hook(self, module, args, kwargs):
+        return  # a stage's forward sees activations, not the drawn batch
+
+    def _gather_whole(self):
+        """Every stage's parameters into both copies (a collective)."""
+        with torch.no_grad():
+            mine = {n: p.detach().clone() for n, p in zip(self.names, self.params)}
+            every = [None] * self.world
+            dist.all_gather_object(every, mine)
+            for c in (self.mref, self.m64):
+                named = dict(c.named_parameters())
+                for part in every:
+                    for n, t in part.items():
+                        named[n].copy_(t)
+
+    def _after_step(self):
+        super()._after_step()
+        self._gather_whole()
+
+    def close(self):
+        if not self.closed:
+            self._restore_stage()
+        super().close()
+
+
+def _leaves(batch):
+    if torch.is_tensor(batch):
+        return [batch]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return [t for b in batch for t in _leaves(b)]
+    return []
+
+
+def _split(batch, n):
+    """The batch as the schedule splits it: n chunks along dim 0."""
+    if torch.is_tensor(batch):
+        return list(torch.tensor_split(batch, n, 0))
+    if isinstance(batch, (list, tuple)):
+        cols = [_split(b, n) for b in batch]
+        return [type(batch)(c[i] for c in cols) for i in range(n)]
+    if isinstance(batch, dict):
+        cols = {k: _split(v, n) for k, v in batch.items()}
+        return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+    raise Refused("a batch of %s: the recorder splits tensors, lists, tuples and dicts"
+                  % type(batch).__name__)
 
 
 def merge_contract_parts(parts):

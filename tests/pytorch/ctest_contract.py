@@ -7,7 +7,8 @@ exit code is the expected one and the output holds the expected texts.
 
 --meta sets a meta.csv key of the recorded trace before certify reads it
 (bad input: certify must exit 2 naming the key); --contract-sub OLD=NEW
-replaces text in its contract.csv (a trace made bad on purpose).  --trainer: the script
+replaces text in its contract.csv (a trace made bad on purpose); --stages S
+judges the S traces out/stage<i> of a pipeline trainer, each alike.  --trainer: the script
 beside this one to run (default train.py); --ranks R > 1 runs it with R
 ranks, under torchrun or with its own --spawn R (train_ddp.py)."""
 
@@ -27,7 +28,8 @@ def main():
     tool, out, code = head[0], head[1], int(head[2])
     texts = [head[i + 1] for i, a in enumerate(head) if a == "--text"]
     metas = [head[i + 1].split("=", 1) for i, a in enumerate(head) if a == "--meta"]
-    opt = {a: head[i + 1] for i, a in enumerate(head) if a in ("--trainer", "--ranks", "--launcher")}
+    opt = {a: head[i + 1] for i, a in enumerate(head)
+           if a in ("--trainer", "--ranks", "--launcher", "--stages")}
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "contract")
     script = os.path.join(os.path.normpath(examples), opt.get("--trainer", "train.py"))
     argv = trainer_argv([script, "--out", out] + train, int(opt.get("--ranks", 1)),
@@ -39,7 +41,7 @@ def main():
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(recorded, out)
         print("ctest_contract: trace reused from %s" % recorded)
-        return judge(tool, out, code, texts)
+        return judge_all(tool, out, code, texts, int(opt.get("--stages", 0)))
     r = warm_python.run(argv, capture_output=True, text=True)
     sys.stdout.write(r.stdout + r.stderr)
     if r.returncode != 0:
@@ -60,7 +62,15 @@ def main():
         keep = [r for r in rows if r[0] not in {k for k, _ in metas}]
         with open(path, "w") as f:
             f.write("".join(",".join(r) + "\n" for r in keep + metas))
-    return judge(tool, out, code, texts)
+    return judge_all(tool, out, code, texts, int(opt.get("--stages", 0)))
+
+
+def judge_all(tool, out, code, texts, stages):
+    """judge() on out, or with --stages S on each of out/stage0 ..
+    out/stage<S-1> (a pipeline's traces, one per stage)."""
+    if not stages:
+        return judge(tool, out, code, texts)
+    return max(judge(tool, os.path.join(out, "stage%d" % i), code, texts) for i in range(stages))
 
 
 def judge(tool, out, code, texts):

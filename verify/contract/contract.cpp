@@ -2,6 +2,7 @@
 #include "verify/contract/contract.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -64,6 +65,39 @@ Measured compose(const ContractSection& c, const std::vector<double>& eps,
       m.U[size_t(r)].push_back(std::move(U));
     }
   }
+  return out;
+}
+
+// The semantics the user accepted (meta.csv `accept`: pitfall ids joined by
+// '+' or ','; empty: correct).  A framework whose documented loop differs
+// from exact large-batch equivalence (Lightning's partial window, say) is
+// judged against that loop once the user accepts it by name; the report
+// says so.  Unknown ids are the user's mistake (exit 2).
+std::vector<Pitfall> accepted_semantics(const Trace& tr) {
+  std::vector<Pitfall> out;
+  std::string v = tr.meta_value("accept");
+  std::replace(v.begin(), v.end(), ',', '+');
+  size_t at = 0;
+  while (at <= v.size() && !v.empty()) {
+    const size_t end = std::min(v.find('+', at), v.size());
+    const std::string id = v.substr(at, end - at);
+    at = end + 1;
+    if (id.empty()) continue;
+    const auto p = pitfall_from_id(id);
+    if (!p)
+      throw InputError(tr.meta_path(), 0, 0, "accept",
+                       "unknown pitfall id '" + id +
+                           "' (expected pitfall ids as docs/pitfalls.md names "
+                           "them, joined by '+')");
+    if (std::find(out.begin(), out.end(), *p) == out.end()) out.push_back(*p);
+  }
+  // The catalog's order, as candidate_semantics names its pairs.
+  auto rank = [](Pitfall p) {
+    return std::find(std::begin(kAllPitfalls), std::end(kAllPitfalls), p) -
+           std::begin(kAllPitfalls);
+  };
+  std::sort(out.begin(), out.end(),
+            [&](Pitfall a, Pitfall b) { return rank(a) < rank(b); });
   return out;
 }
 
@@ -160,19 +194,45 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K,
   return p;
 }
 
+// Step -> the micro-steps of its gradient all-reduces, in order.
+using Reduces = std::map<int64_t, std::vector<int64_t>>;
+
 struct Prediction {
   // [rank][step]
   std::vector<std::vector<Weights>> P;
   // [rank][step]: micro-batch -> the parameter version of its g_j
   std::vector<std::vector<std::map<int64_t, int64_t>>> version;
-  std::map<int64_t, int64_t> reduces;  // step -> DDP all-reduces in it
+  Reduces reduces;  // step -> the micro-steps of its gradient all-reduces
 };
 
-// Step -> all-reduces in it, of a trace's or a predicted run's events.
-std::map<int64_t, int64_t> all_reduces(const std::vector<Event>& events) {
-  std::map<int64_t, int64_t> out;
+// Step -> the micro-step (within the window) after whose backward each
+// of its gradient all-reduces ran, of a predicted run's events.
+Reduces all_reduces(const std::vector<Event>& events) {
+  Reduces out;
   for (const Event& ev : events)
-    if (ev.kind == EventKind::all_reduce) ++out[ev.step];
+    if (ev.kind == EventKind::all_reduce) out[ev.step].push_back(ev.micro);
+  return out;
+}
+
+// The same of a contract trace, whose events name the micro-batch
+// (rank 0's index: the merged contract.csv numbers rank 0's first)
+// backwarded last: its micro-step is its place among rank 0's
+// micro-batches backwarded since the previous step (-1: none).
+Reduces all_reduces(const std::vector<Event>& events,
+                    const ContractSection& c) {
+  std::map<int64_t, std::vector<int64_t>> drawn;  // step -> rank 0's
+  for (const auto& b : c.backward) {
+    if (c.micro[size_t(b.micro)].rank != 0) continue;
+    auto& v = drawn[b.version];
+    if (v.empty() || v.back() != b.micro) v.push_back(b.micro);
+  }
+  Reduces out;
+  for (const Event& ev : events) {
+    if (ev.kind != EventKind::all_reduce) continue;
+    const auto& v = drawn[ev.step];
+    const auto it = std::find(v.rbegin(), v.rend(), ev.micro);
+    out[ev.step].push_back(it == v.rend() ? -1 : int64_t(v.rend() - it) - 1);
+  }
   return out;
 }
 
@@ -191,14 +251,24 @@ V at_or_0(const std::map<int64_t, V>& m, int64_t k) {
   return it == m.end() ? V(0) : it->second;
 }
 
-// "" when equal, else the first step whose all-reduce count differs.
-std::string reduces_differ(const std::map<int64_t, int64_t>& trace,
-                           const std::map<int64_t, int64_t>& pred) {
+// "" when equal, else the first step whose all-reduces differ: in
+// number, or in the micro-steps they ran at.
+std::string reduces_differ(const Reduces& trace, const Reduces& pred) {
+  const auto at = [](const Reduces& m, int64_t t) {
+    const auto it = m.find(t);
+    return it == m.end() ? std::vector<int64_t>{} : it->second;
+  };
   for (int64_t t : keys_of(trace, pred)) {
-    const int64_t a = at_or_0(trace, t), b = at_or_0(pred, t);
+    const std::vector<int64_t> a = at(trace, t), b = at(pred, t);
+    if (a.size() != b.size())
+      return fmt::format("step {}: {} gradient all-reduces, predicted {}", t,
+                         a.size(), b.size());
     if (a != b)
-      return fmt::format("step {}: {} gradient all-reduces, predicted {}", t, a,
-                         b);
+      return fmt::format(
+          "step {}: the gradient all-reduce{} after the backward of "
+          "micro-step {}, predicted after micro-step {}",
+          t, a.size() > 1 ? "s ran" : " ran", fmt::join(a, ", "),
+          fmt::join(b, ", "));
   }
   return "";
 }
@@ -397,6 +467,21 @@ CertifyCheck clip_check(const ContractSection& c, const Scenario& s,
     lo = std::min(lo, cl.factor);
     hi = std::max(hi, cl.factor);
   }
+  // clip_grad_norm_(max_norm = inf) only measures the norm (Transformers'
+  // Trainer calls it so when max_grad_norm is 0): its factor is exactly
+  // 1, the gradient unchanged, so a loop that accepts no clip holds.
+  const bool only_measures =
+      !c.clips.empty() &&
+      std::all_of(c.clips.begin(), c.clips.end(), [](const ContractClip& cl) {
+        return std::isinf(cl.max_norm) && cl.max_norm > 0 && cl.factor == 1.0;
+      });
+  if (!s.clip.enabled && only_measures) {
+    ck.message = fmt::format(
+        "{} clip_grad_norm_ calls with max_norm inf: factor 1 each, the "
+        "gradient unchanged (no clip, as accepted)",
+        c.clips.size());
+    return ck;
+  }
   if (!s.clip.enabled) {
     ck.ok = false;
     ck.message = fmt::format(
@@ -488,7 +573,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   r.run = tr.runs.empty() ? "trainer" : tr.runs.front().name;
   r.engine = tr.meta_value("engine");
   r.precision = tr.meta_value("precision");
-  r.accepted = "correct";
+  const std::vector<Pitfall> accept = accepted_semantics(tr);
+  r.accepted = semantics_name(accept);
   r.trace_steps = int64_t(c.steps[0].size());
   const std::string ranks_said =
       c.ranks() > 1 ? fmt::format(" on each of {} ranks", c.ranks()) : "";
@@ -616,8 +702,11 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   s.batching.micro_batch = cp.micro_batch;
   s.batching.epochs = int64_t(cp.plan.epochs.size());
   s.model.kind = tokens ? ModelKind::token : ModelKind::mlp;
-  const std::vector<std::vector<Pitfall>> sems =
+  std::vector<std::vector<Pitfall>> sems =
       candidate_semantics({.token_loss = tokens, .contract_tier = true});
+  // The accepted semantics first: every check below is against it.
+  sems.erase(std::remove(sems.begin(), sems.end(), accept), sems.end());
+  sems.insert(sems.begin(), accept);
   std::vector<Prediction> preds;
   std::vector<Distance> dists;
   std::vector<std::vector<double>> lrs;
@@ -625,11 +714,11 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // DistributedDataParallel module), against each semantics' own.
   const bool reduces_seen =
       c.ranks() > 1 && tr.meta_value("all_reduces") == "seen";
-  std::map<int64_t, int64_t> trace_reduces;
+  Reduces trace_reduces;
   if (reduces_seen && !tr.runs.empty()) {
     std::vector<Event> evs;
     for (const auto& te : tr.runs.front().events) evs.push_back(te.event);
-    trace_reduces = all_reduces(evs);
+    trace_reduces = all_reduces(evs, c);
   }
   std::string reduce_correct;  // "" or how correct's count differs
   LrChannel lr_correct;
@@ -649,7 +738,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     // within 1, lr included), the ranking is not printed: the other
     // candidates are not predicted at all.
     if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1) break;
-    if (horizon_unjudged &&
+    if (horizon_unjudged && sem != accept &&
         std::find(sem.begin(), sem.end(),
                   Pitfall::schedule_horizon_in_micro_steps) != sem.end())
       continue;
@@ -723,13 +812,13 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   CertifyCheck st{
       "weights", structure_ok, false,
       fmt::format("which g_j with which weight each step holds, against "
-                  "correct: max {} of the uncertainty{}",
-                  fmt_ratio(correct_weights.d),
+                  "{}: max {} of the uncertainty{}",
+                  r.accepted, fmt_ratio(correct_weights.d),
                   structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
   if (reduces_seen) {
     int64_t n = 0;
-    for (const auto& [t, k] : trace_reduces) n += k;
+    for (const auto& [t, k] : trace_reduces) n += int64_t(k.size());
     r.checks.push_back(
         {"all-reduce", reduce_correct.empty(), false,
          reduce_correct.empty()
@@ -767,9 +856,18 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     r.verdict = fmt::format(
         "PASS (contract tier): {} steps{}; every step holds the micro-batch "
         "gradients "
-        "correct accumulation predicts (max {} of the uncertainty){}",
-        c.steps[0].size(), ranks_said, fmt_ratio(correct.distance),
+        "{} predicts (max {} of the uncertainty){}",
+        c.steps[0].size(), ranks_said,
+        accept.empty() ? std::string("correct accumulation")
+                       : "the accepted " + r.accepted,
+        fmt_ratio(correct.distance),
         lr_correct.checked ? "; lr as declared" : "");
+    if (!accept.empty())
+      for (const Pitfall p : accept)
+        r.verdict += fmt::format(
+            "\naccepted: {} (meta.csv accept; not exact large-batch "
+            "equivalence: {})",
+            pitfall_id(p), pitfall_story(p));
     r.ranking.clear();
   } else {
     r.verdict = "FAIL (contract tier): ";
@@ -793,7 +891,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           names, fmt_ratio(best.distance),
           r.ranking.size() > 1 ? r.ranking[1].name : "-", fmt_ratio(next),
           fmt_ratio(best.distance > 0 ? next / best.distance : kInf));
-    } else if (weights_best <= 1 && weights_name != "correct" &&
+    } else if (weights_best <= 1 && weights_name != semantics_name(accept) &&
                lr_correct.checked && !lr_correct.ok) {
       // The weights match a candidate whose lr is not the trace's: each
       // channel's diagnosis.
@@ -807,10 +905,10 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       r.diagnosis = "diagnosis: no modelled pitfall explains this trace\n";
       if (structure_ok)
         r.diagnosis += fmt::format(
-            "evidence: the weights are correct's (max {} of the uncertainty); "
+            "evidence: the weights are {}'s (max {} of the uncertainty); "
             "the lr "
             "is not\n",
-            fmt_ratio(correct_weights.d));
+            r.accepted, fmt_ratio(correct_weights.d));
       else
         for (const auto& line :
              contract_evidence(c, meas.W[0], preds.front().P[0], K))
@@ -819,6 +917,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
         r.diagnosis += "evidence: " + lr_correct.evidence + "\n";
       if (!lr_correct.ok && !lr_name.empty())
         r.diagnosis += fmt::format("evidence: the lr matches {}\n", lr_name);
+      if (!reduce_correct.empty())
+        r.diagnosis += "evidence: all-reduce: " + reduce_correct + "\n";
       if (!s.clip.enabled && !c.clips.empty()) {
         // The trainer clips and the recorder was not told: correct with
         // that clip, for the evidence.
@@ -840,6 +940,11 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     }
     if (!horizon_note.empty()) r.diagnosis += "\n" + horizon_note;
   }
+  // What the recorder saw and reports (meta.csv's `notes`: e.g. a
+  // backward that drew random numbers after its forward).
+  if (const std::string notes = tr.meta_value("notes"); !notes.empty())
+    r.diagnosis += (r.diagnosis.empty() ? "" : "\n") +
+                   std::string("note (recorder): ") + notes;
   r.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();

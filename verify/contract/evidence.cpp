@@ -42,6 +42,23 @@ std::vector<std::string> contract_evidence(
     std::vector<double> ratios;
     for (const auto& [j, p] : correct[t])
       ratios.push_back((W[t].count(j) ? W[t].at(j) : 0.0) * nw);
+    // Every weight the same multiple of correct's: with R ranks and a
+    // multiple of R, the ranks' gradients summed and never divided by the
+    // world size (a hand-written all_reduce(SUM) without the / R).
+    bool uniform = !ratios.empty() && std::abs(ratios.front()) > tol;
+    for (double x : ratios) uniform = uniform && near(x, ratios.front());
+    if (uniform && W[t].size() == correct[t].size()) {
+      const double x = ratios.front();
+      const double R = double(c.ranks());
+      out.push_back(fmt::format(
+          "every weight is {:.6g} x correct's{}", x,
+          c.ranks() > 1 && near(x, R)
+              ? fmt::format(": the {} ranks' gradients summed and not "
+                            "divided by the world size (all_reduce(SUM) "
+                            "without / {})",
+                            c.ranks(), c.ranks())
+              : ""));
+    }
     bool geometric = ratios.size() >= 2 && std::abs(ratios.back()) > tol;
     for (size_t i = 0; geometric && i + 1 < ratios.size(); ++i)
       geometric = near(ratios[i], 2 * ratios[i + 1]);

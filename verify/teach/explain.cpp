@@ -50,7 +50,7 @@ constexpr ExplainEntry kEntries[] = {
      "correct when every b_k is equal",
      "sample-mean-of-means",
      "the Lightning/Accelerate `loss / K` loop on unequal micro-batches "
-     "(README: with partial-cycle-scale-by-k); seed 001's loss / K rule",
+     "(on a short last window: partial-cycle-scale-by-k); seed 001's loss / K rule",
      "loss-normalization.sample-mean-of-means inertness.oracle"},
     {"token-mean-of-means", "per-micro-batch token means averaged over K",
      "The 2024 Transformers gradient-accumulation bug: each micro-batch's "
@@ -706,6 +706,78 @@ constexpr ExplainEntry kEntries[] = {
      "single-device reference)",
      "ddp.gradient-outside-trainer ddp.repartition.oracle "
      "ddp.repartition.device"},
+    // The memory systems (docs/memory-systems.md): their accumulation
+    // rules, measured on real trainers by the contract tier (CTest
+    // PyTorch.systems.*).
+    {"fsdp-lesson", "FSDP2: sync off but at the window's last micro-step",
+     "FSDP2 (fully_shard) accumulates like DDP: each rank keeps the whole "
+     "local gradient on the unsharded parameters while "
+     "set_requires_gradient_sync(False); the window's last backward, with "
+     "sync on, reduce-scatters it (averaged over the ranks) into the "
+     "sharded .grad the optimizer steps. Sync left on every micro-step "
+     "changes no weight, only the reduce-scatters (K per step); sync left "
+     "off at the last micro-step too leaves .grad None: the step skips "
+     "every micro-batch. Clip with clip_grad_norm_ on the DTensor "
+     "gradients (the global norm), never a shard's own norm. FSDP1 "
+     "(FullyShardedDataParallel) does not run on CPU in torch 2.13.",
+     " for i, batch in enumerate(window):\n"
+     "-    model.set_requires_gradient_sync(False)\n"
+     "+    model.set_requires_gradient_sync(i == len(window) - 1)\n"
+     "     (summed_loss(model, batch) * R / N_w).backward()\n"
+     "-clip_grad_norm_([p.grad.to_local() ...], 1.0)   # a shard's norm\n"
+     "+clip_grad_norm_(model.parameters(), 1.0)       # the global norm",
+     "G_t = (1/R) sum_r of rank r's local window gradient, as DDP's "
+     "all-reduce; the shard of it on each rank",
+     "ddp-correct ddp-sync-every-micro-step ddp-clip-local-norm",
+     "issue 34; docs/memory-systems.md (CTest PyTorch.systems.fsdp2.*)",
+     "ddp.gradient-outside-trainer"},
+    {"pipeline-lesson",
+     "pipeline schedules: scale_grads=False when accumulating over steps",
+     "A torch.distributed.pipelining schedule (ScheduleGPipe, "
+     "Schedule1F1B) splits each batch into n micro-batches and runs their "
+     "backward passes itself; with its default scale_grads=True it then "
+     "divides the stage's whole .grad by n, the gradient that earlier "
+     "schedule steps of the same window accumulated included: over K "
+     "steps the first step's micro-batches weigh 1/n^K. Accumulating over "
+     "K schedule steps, pass scale_grads=False and let the loss_fn divide "
+     "the summed loss by the window's n*K micro-batches' items.",
+     "-schedule = ScheduleGPipe(stage, n, loss_fn=mean_loss)\n"
+     "+schedule = ScheduleGPipe(stage, n, loss_fn=lambda out, y: "
+     "summed(out, y) / N_w,\n"
+     "+                         scale_grads=False)\n"
+     " for s, (x, y) in enumerate(loader):\n"
+     "     schedule.step(x) if first_stage else schedule.step(target=y)\n"
+     "     if (s + 1) % K == 0:\n"
+     "         optimizer.step(); optimizer.zero_grad()",
+     "each micro-batch of the window weighs 1/N_w on every stage's "
+     "parameters; scale_grads=True over K steps: micro-batches of step k "
+     "weigh (1/N_w)/n^(K-k) times the loss_fn's own scale",
+     "",
+     "issue 34; seed 003 (GPipe micro-batching); docs/memory-systems.md "
+     "(CTest PyTorch.systems.pipeline.*)",
+     "equivalence.oracle"},
+    {"checkpointing-lesson",
+     "activation checkpointing: recompute with the forward's RNG",
+     "torch.utils.checkpoint runs a block's forward again in the backward. "
+     "With preserve_rng_state=True (the default) the recomputation replays "
+     "the forward's CPU RNG state, so dropout draws the same masks and the "
+     "gradient is the forward's: accumulation is unchanged. With "
+     "preserve_rng_state=False the backward draws fresh masks: the gradient "
+     "is of no single mask (the forward used one, the backward another). "
+     "Under DDP, reentrant checkpointing with no_sync works without "
+     "static_graph; static_graph=True with no_sync does not (an internal "
+     "assert in the reducer, torch #143580).",
+     "-x = checkpoint(block, x, use_reentrant=False, "
+     "preserve_rng_state=False)\n"
+     "+x = checkpoint(block, x, use_reentrant=False)   # preserve_rng_state="
+     "True",
+     "g_j with checkpointing = g_j without it (same masks); "
+     "preserve_rng_state=False: the backward's masks are not the forward's",
+     "dropout-sample-keyed",
+     "issue 34; seed 004 (activation checkpointing); FIELD.md: dropout RNG "
+     "under checkpointing (OLMo-core #828); docs/memory-systems.md (CTest "
+     "PyTorch.systems.checkpointing.*)",
+     "dropout.sample-keyed-equals-large-batch"},
 };
 
 }  // namespace

@@ -14,7 +14,7 @@
 #include "verify/trace/trace.hpp"
 
 #ifndef ACCUMCHECK_VERSION
-#define ACCUMCHECK_VERSION "unknown"
+#error "ACCUMCHECK_VERSION comes from verify/trace/CMakeLists.txt"
 #endif
 
 namespace accumcheck {

@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""The framework conformance matrix (docs/frameworks.md): for each framework
+version in bench/conformance/versions.txt, a venv, every case of that
+framework (tests/frameworks/<framework>_<case>.py), each run's contract
+trace certified by build/cli/accumcheck, one cell per case.
+
+    bench/conformance.py venv transformers==4.45.2   # make/reuse its venv, print its python
+    bench/conformance.py run [--ci] [--only transformers] [--table FILE] [--json FILE]
+    bench/conformance.py check transformers==4.45.2 sgd   # one cell against its expectation (CTest)
+
+A framework venv (build/conformance/venvs/<fw>-<version>/) holds the
+framework and what it needs, layered on the project's .venv (a .pth file
+puts .venv's site-packages on its path: torch 2.13.0 and the other pins of
+requirements.txt are installed once, and pip must keep them: they are its
+constraints).  A version whose requirements cannot be met beside torch
+2.13.0 and those pins gets the pip error as its cells.  accumcheck_torch
+comes from python/ (PYTHONPATH), never installed into the venv.
+
+A cell: PASS, or the pitfall certify's diagnosis names ('no modelled
+pitfall' where none matches), with certify's margin (the weights' distance
+to correct, in units of the uncertainty) and the first step and
+micro-batch where the weights part from correct (certify's own evidence);
+or 'refused (exit 2)' / 'error' with the message.  Nothing here knows what
+a version should give except the `expect` column (the public reports),
+which only `check` compares against.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VERSIONS = os.path.join(ROOT, "bench", "conformance", "versions.txt")
+VENVS = os.path.join(ROOT, "build", "conformance", "venvs")
+WORK = os.path.join(ROOT, "build", "conformance", "runs")
+CASES = os.path.join(ROOT, "tests", "frameworks")
+BIN = os.environ.get("ACCUMCHECK_BIN", os.path.join(ROOT, "build", "cli", "accumcheck"))
+CASE_TIMEOUT = 600
+
+
+def read_versions(path=VERSIONS):
+    """[{spec, framework, version, pins, ci, expect: {case: cell}}] from
+    versions.txt: `framework==version [pin ...] [ci] [case=expected ...]`."""
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            words = line.split()
+            fw, _, ver = words[0].partition("==")
+            if not ver:
+                sys.exit("%s:%d: expected framework==version first, got %r" % (path, n, words[0]))
+            row = {"spec": words[0], "framework": fw, "version": ver, "pins": [], "ci": False,
+                   "expect": {}}
+            for w in words[1:]:
+                if w == "ci":
+                    row["ci"] = True
+                elif w.startswith("ci="):
+                    row["ci"] = w[3:].split(",")
+                elif "==" in w:
+                    row["pins"].append(w)
+                elif "=" in w:
+                    case, _, cell = w.partition("=")
+                    row["expect"][case] = cell
+                else:
+                    sys.exit("%s:%d: expected a pin (pkg==ver), 'ci' or case=expected, got %r"
+                             % (path, n, w))
+            rows.append(row)
+    return rows
+
+
+def row_of(spec):
+    for row in read_versions():
+        if row["spec"] == spec:
+            return row
+    fw, _, ver = spec.partition("==")
+    if not ver:
+        sys.exit("expected framework==version, got %r" % spec)
+    return {"spec": spec, "framework": fw, "version": ver, "pins": [], "ci": False, "expect": {}}
+
+
+def base_site():
+    """The project .venv's site-packages (torch 2.13.0 and the pins)."""
+    py = os.path.join(ROOT, ".venv", "bin", "python")
+    if not os.access(py, os.X_OK):
+        sys.exit("no .venv: run scripts/venv.sh first (the framework venvs are layered on it)")
+    out = subprocess.run([py, "-c", "import site; print(site.getsitepackages()[0])"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def venv(row, quiet=False):
+    """The framework venv's python, made if missing: (python, seconds spent
+    installing or 0, error or None)."""
+    d = os.path.join(VENVS, "%s-%s" % (row["framework"], row["version"]))
+    py = os.path.join(d, "bin", "python")
+    ok, failed = os.path.join(d, ".installed"), os.path.join(d, ".failed")
+    want = " ".join([row["spec"]] + row["pins"])
+    for done in (ok, failed):
+        if os.path.exists(done):
+            with open(done) as f:
+                said = f.read()
+            if said.startswith(want + "\n"):  # made for these pins: reuse
+                return py, 0.0, said[len(want) + 1:] if done == failed else None
+    t0 = time.time()
+    subprocess.run([sys.executable if not os.path.exists(os.path.join(ROOT, ".venv")) else
+                    os.path.join(ROOT, ".venv", "bin", "python"), "-m", "venv", "--clear", d],
+                   check=True)
+    site = subprocess.run([py, "-c", "import site; print(site.getsitepackages()[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "_accumcheck_base.pth"), "w") as f:
+        f.write(base_site() + "\n")
+    cmd = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+           "-c", os.path.join(ROOT, "requirements.txt"), row["spec"]] + row["pins"]
+    if not quiet:
+        print("venv: %s" % " ".join(cmd[3:]), file=sys.stderr)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    err = None
+    if p.returncode == 0:
+        chk = subprocess.run([py, "-c", "import torch, %s; print(torch.__version__)"
+                              % row["framework"].replace("-", "_")],
+                             capture_output=True, text=True)
+        if chk.returncode != 0 or not chk.stdout.startswith("2.13.0"):
+            err = "installed, but importing it with torch 2.13.0 fails: %s" % (
+                (chk.stderr.strip().splitlines() or ["torch %s" % chk.stdout.strip()])[-1])
+    else:
+        lines = [x for x in p.stderr.splitlines() if "is ignored: it is neither" not in x]
+        err = "pip cannot install it beside torch 2.13.0: %s" % " / ".join(
+            x.strip() for x in lines if x.strip())[-600:]
+    spent = time.time() - t0
+    with open(failed if err else ok, "w") as f:
+        f.write(want + "\n" + (err if err else "%.1f\n" % spent))
+    if not err:
+        subprocess.run("%s -m pip freeze --exclude-editable > %s" % (py, os.path.join(d, "freeze.txt")),
+                       shell=True)
+    return py, spent, err
+
+
+def variants_of(path):
+    """The variants a case file declares (a module-level VARIANTS = [...]
+    list: one cell each, named CASE.VARIANT), or None."""
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "VARIANTS"
+                                                for t in node.targets):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def cases_of(framework, only=None):
+    names = []
+    for f in sorted(os.listdir(CASES)):
+        if not (f.startswith(framework + "_") and f.endswith(".py")):
+            continue
+        case = f[len(framework) + 1:-3]
+        variants = variants_of(os.path.join(CASES, f))
+        names += [case] if variants is None else ["%s.%s" % (case, v) for v in variants]
+    return [c for c in names if only is None or c in only or c.split(".")[0] in only]
+
+
+def parse(code, report):
+    """(cell, margin, where, detail) from certify's output."""
+    if code == 0:
+        m = re.search(r"max ([0-9.e+-]+) of the uncertainty", report)
+        return "PASS", m.group(1) if m else "", "", ""
+    if code == 2:
+        line = next((x for x in report.splitlines() if x.strip()), "")
+        return "refused (exit 2)", "", "", line
+    if code != 1:
+        return "error (exit %d)" % code, "", "", report.strip().splitlines()[-1:] or ""
+    m = re.search(r"diagnosis: matches(?:, tied \(all within the bound\):)? ([^ \n]+)", report)
+    cell = m.group(1) if m else "no modelled pitfall"
+    w = re.search(r"^FAIL weights: .*?max ([0-9.e+-]+) of the uncertainty \((?:rank \d+ )?"
+                  r"(step \d+) (micro-batch \d+): (weight [^,]+), (predicted [^)]+)\)", report, re.M)
+    margin, where, detail = "", "", ""
+    if w:
+        margin, where, detail = w.group(1), "%s, %s" % (w.group(2), w.group(3)), \
+            "%s, %s" % (w.group(4), w.group(5))
+        first = re.search(r"^evidence: (step \d+ is the first to leave correct)", report, re.M)
+        if first:
+            detail += "; " + first.group(1)
+    else:
+        f = re.search(r"^FAIL ([^:]+): (.*)$", report, re.M)
+        detail = "%s: %s" % (f.group(1), f.group(2)) if f else ""
+        g = re.search(r"^FAIL weights: .*?max ([0-9.e+-]+|inf) of the uncertainty \((.*)\)$",
+                      report, re.M)
+        if g:  # the weights cannot be matched step by step (a step count differs)
+            margin, where = g.group(1), g.group(2)
+            ev = re.findall(r"^evidence: (.*)$", report, re.M)
+            detail = "; ".join(ev[:3]) if ev else detail
+    if m:
+        dm = re.search(r"diagnosis: matches .*\(max ([0-9.e+-]+) of the uncertainty\)", report)
+        if dm:
+            cell += " (fit %s)" % dm.group(1)
+    return cell, margin, where, detail
+
+
+def run_case(row, case, py, variant="default"):
+    """Runs one case in the venv and certifies its trace: a result dict."""
+    out = os.path.join(WORK, "%s-%s" % (row["framework"], row["version"]), case)
+    subprocess.run(["rm", "-rf", out])
+    os.makedirs(out)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), CASES]),
+               PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               OMP_NUM_THREADS="1")
+    t0 = time.time()
+    c0 = os.times()
+    script, _, declared = case.partition(".")  # CASE.VARIANT: a declared variant
+    try:
+        p = subprocess.run([py, os.path.join(CASES, "%s_%s.py" % (row["framework"], script)),
+                            "--out", os.path.join(out, "trace"), "--variant", declared or variant],
+                           capture_output=True, text=True, env=env, timeout=CASE_TIMEOUT)
+        rc, err = p.returncode, p.stderr
+    except subprocess.TimeoutExpired:
+        rc, err = 124, "timed out after %d s" % CASE_TIMEOUT
+    c1 = os.times()
+    res = {"framework": row["framework"], "version": row["version"], "case": case,
+           "variant": variant, "cpu_s": round(c1.children_user + c1.children_system
+                                              - c0.children_user - c0.children_system, 2),
+           "wall_s": round(time.time() - t0, 2), "expect": row["expect"].get(case, "PASS")}
+    with open(os.path.join(out, "case.log"), "w") as f:
+        f.write(err)
+    if rc != 0:
+        lines = [x for x in err.splitlines() if x.strip()]
+        said = next((x for x in lines if x.startswith("accumcheck_torch:")), lines[-1] if lines else "")
+        res.update(cell="refused (exit 2)" if rc == 2 else "case failed (exit %d)" % rc,
+                   margin="", where="", detail=said[:300])
+        return res
+    p = subprocess.run([BIN, "certify", "--contract", "--trace", os.path.join(out, "trace")],
+                       capture_output=True, text=True)
+    with open(os.path.join(out, "certify.txt"), "w") as f:
+        f.write(p.stdout + p.stderr)
+    cell, margin, where, detail = parse(p.returncode, p.stdout + p.stderr)
+    res.update(cell=cell, margin=margin, where=where, detail=detail, certify_rc=p.returncode)
+    return res
+
+
+def agrees(res):
+    """The cell against the row's expectation: PASS, or the named pitfall
+    (the expectation names the pitfall id the diagnosis must start with)."""
+    want, got = res["expect"], res["cell"]
+    if want == "PASS":
+        return got == "PASS"
+    return got.split(" ")[0] == want
+
+
+def table(results, installs):
+    lines = ["| framework | version | case | cell | margin | worst step, micro-batch | "
+             "evidence | public reports say | CPU s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["framework"], r["version"], r["case"], r["cell"], r["margin"], r["where"],
+            r["detail"].replace("|", "/"), r["expect"], r["cpu_s"]))
+    for spec, err in installs:
+        lines.append("| %s | %s | all | cannot run: %s | | | | | |" % (
+            spec.split("==")[0], spec.split("==")[1], err.replace("|", "/")[:300]))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("venv", help="make or reuse a framework venv; prints its python")
+    v.add_argument("spec", help="framework==version")
+    sub.add_parser("list", help="the CI subset's cells, one 'framework==version case' a line (CTest)")
+    r = sub.add_parser("run", help="the matrix")
+    r.add_argument("--ci", action="store_true", help="only the rows marked ci")
+    r.add_argument("--only", action="append", help="framework (repeatable)")
+    r.add_argument("--case", action="append", help="case (repeatable)")
+    r.add_argument("--spec", action="append", help="framework==version (repeatable)")
+    r.add_argument("--table", help="write the Markdown table here")
+    r.add_argument("--json", help="write the results here")
+    t = sub.add_parser("table", help="one Markdown table from the --json files of several runs")
+    t.add_argument("json", nargs="+")
+    c = sub.add_parser("check", help="one cell against versions.txt's expectation (exit 0 iff it agrees)")
+    c.add_argument("spec")
+    c.add_argument("case")
+    c.add_argument("--variant", default="default")
+    a = ap.parse_args()
+    if a.cmd == "venv":
+        py, spent, err = venv(row_of(a.spec))
+        if err:
+            print(err, file=sys.stderr)
+            return 2
+        print(py)
+        if spent:
+            print("venv: made in %.1f s" % spent, file=sys.stderr)
+        return 0
+    if a.cmd == "table":
+        results, installs = [], []
+        for path in a.json:
+            with open(path) as f:
+                got = json.load(f)
+            for r in got["results"]:
+                # Re-read certify's report where it is still there (the
+                # parse may have been improved since the run).
+                txt = os.path.join(WORK, "%s-%s" % (r["framework"], r["version"]), r["case"],
+                                   "certify.txt")
+                if "certify_rc" in r and os.path.exists(txt):
+                    with open(txt) as f:
+                        r["cell"], r["margin"], r["where"], r["detail"] = parse(r["certify_rc"],
+                                                                                f.read())
+                # A run from before its case declared variants: its
+                # default is the first; the expectation is today's row's.
+                variants = variants_of(os.path.join(CASES, "%s_%s.py" % (r["framework"],
+                                                                        r["case"].split(".")[0])))
+                if variants and "." not in r["case"]:
+                    r["case"] = "%s.%s" % (r["case"], variants[0])
+                r["expect"] = row_of("%s==%s" % (r["framework"], r["version"]))["expect"].get(
+                    r["case"], "PASS")
+                results.append(r)
+            installs += [tuple(x) for x in got["cannot_run"]]
+        order = {r["spec"]: i for i, r in enumerate(read_versions())}
+        results.sort(key=lambda r: (order.get("%s==%s" % (r["framework"], r["version"]), 0), r["case"]))
+        print(table(results, installs), end="")
+        return 0
+    if a.cmd == "list":
+        for row in read_versions():
+            if row["ci"]:
+                for case in cases_of(row["framework"]):
+                    if row["ci"] is True or case in row["ci"]:
+                        print(row["spec"], case)
+        return 0
+    if a.cmd == "check":
+        row = row_of(a.spec)
+        py, spent, err = venv(row, quiet=True)
+        if err:
+            # Not this project's failure: the framework's pins cannot be
+            # installed here (no registry, or no release for torch 2.13).
+            print("%s: cannot make its venv: %s" % (a.spec, err))
+            return 77
+        res = run_case(row, a.case, py, a.variant)
+        print(json.dumps(res, indent=1))
+        ok = agrees(res)
+        print("%s: %s %s: %s (expected %s), venv %.1f s, case %.1f s CPU" % (
+            "ok" if ok else "DISAGREES", a.spec, a.case, res["cell"], res["expect"], spent,
+            res["cpu_s"]))
+        return 0 if ok else 1
+    t0 = time.time()
+    results, installs = [], []
+    for row in read_versions():
+        if (a.ci and not row["ci"]) or (a.only and row["framework"] not in a.only) \
+                or (a.spec and row["spec"] not in a.spec):
+            continue
+        py, spent, err = venv(row)
+        if err:
+            installs.append((row["spec"], err))
+            print("%s: %s" % (row["spec"], err), file=sys.stderr)
+            continue
+        for case in cases_of(row["framework"], a.case):
+            res = run_case(row, case, py)
+            res["venv_s"] = round(spent, 1)
+            spent = 0
+            results.append(res)
+            print("%-28s %-8s %-40s %s %s  [%s s CPU]%s" % (
+                row["spec"], case, res["cell"], res["margin"], res["where"], res["cpu_s"],
+                "" if agrees(res) else "  (public reports: %s)" % res["expect"]), file=sys.stderr)
+    md = table(results, installs)
+    print(md)
+    if a.table:
+        with open(a.table, "w") as f:
+            f.write(md)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"results": results, "cannot_run": installs,
+                       "wall_s": round(time.time() - t0, 1)}, f, indent=1)
+    print("matrix: %.1f s wall" % (time.time() - t0), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard) with gradient accumulation,
+recorded for the contract tier: 2 gloo ranks on CPU.
+
+    fsdp.py --spawn 2 --out trace/                          # correct
+    fsdp.py --spawn 2 --loop sync_every_micro_step --out trace/
+    fsdp.py --spawn 2 --loop no_sync_at_boundary --out trace/
+    fsdp.py --spawn 2 --loop clip_local_norm --out trace/
+    accumcheck certify --contract --trace trace/
+
+The GPT-style decoder of examples/contract/models.py, each block and the
+root sharded with fully_shard over a CPU device mesh; AdamW steps on the
+shards.  The correct loop turns gradient sync off
+(set_requires_gradient_sync(False)) on every micro-step but the window's
+last, whose backward reduce-scatters the accumulated gradient (averaged
+over the ranks), and clips with the global norm (clip_grad_norm_ on the
+DTensor gradients).  The loops (--loop):
+  correct               as above
+  sync_every_micro_step sync left on: a reduce-scatter per micro-step (same values)
+  no_sync_at_boundary   sync left off at the window's last micro-step too
+  clip_local_norm       each rank clips its own shard by its shard's norm
+(FSDP1, FullyShardedDataParallel, does not run on CPU in torch 2.13:
+"FSDP needs a non-CPU accelerator device".)  --no-record: without the recorder."""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
+import models  # noqa: E402
+from accumcheck_torch.distributed import ContractFSDPRecorder, run_ranks  # noqa: E402
+
+LOOPS = ("correct", "sync_every_micro_step", "no_sync_at_boundary", "clip_local_norm")
+CLIP = 1.0
+
+
+def clip_local(params, max_norm):
+    """The mistake: each rank's shard clipped by its own shard's norm."""
+    local = [p.grad.to_local() for p in params if p.grad is not None]
+    norm = float(torch.sqrt(sum(g.double().pow(2).sum() for g in local)))
+    factor = min(1.0, max_norm / (norm + 1e-6))
+    for g in local:
+        g.mul_(factor)
+
+
+def train(rank, ranks, a):
+    torch.manual_seed(0)
+    net = models.TinyGPT()
+    mesh = init_device_mesh("cpu", (ranks,))
+    for b in net.blocks:
+        fully_shard(b, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    torch.manual_seed(1 + rank)  # each rank's own dropout masks
+    data = models.gpt_data(n=a.samples)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, shuffle=False))
+    rec = None
+    if not a.no_record:
+        rec = ContractFSDPRecorder(net, opt, models.gpt_summed_loss, models.gpt_items,
+                                   accumulation=a.K, replica=models.TinyGPT(), out=a.out,
+                                   items="tokens", clip=CLIP)
+        loader = rec.watch(loader)
+    batches = list(loader)
+    for w in range(0, len(batches), a.K):
+        window = batches[w:w + a.K]
+        n = torch.tensor(float(sum(models.gpt_items(b) for b in window)))
+        dist.all_reduce(n)
+        for i, b in enumerate(window):
+            last = i + 1 == len(window)
+            sync = a.loop == "sync_every_micro_step" or (last and a.loop != "no_sync_at_boundary")
+            net.set_requires_gradient_sync(sync)
+            loss = models.gpt_summed_loss(net, b) * ranks / n
+            loss.backward()
+        if a.loop == "clip_local_norm":
+            clip_local(list(net.parameters()), CLIP)
+        else:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+    if rec is not None:
+        rec.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="trace")
+    ap.add_argument("--loop", choices=LOOPS, default="correct")
+    ap.add_argument("--K", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=48)
+    ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
+    ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args()
+    run_ranks(train, a, spawn=a.spawn)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""A two-stage pipeline (torch.distributed.pipelining: PipelineStage with
+ScheduleGPipe or Schedule1F1B) with gradient accumulation over several
+schedule steps, recorded for the contract tier: 2 gloo ranks on CPU, one
+stage each.
+
+    pipeline.py --spawn 2 --schedule gpipe --out trace/    # correct
+    pipeline.py --spawn 2 --schedule 1f1b --loop scale_grads --out trace/
+    accumcheck certify --contract --trace trace/stage0
+    accumcheck certify --contract --trace trace/stage1
+
+An MLP (Linear-Tanh-Linear-Tanh-Linear, summed squared error) cut into
+two stages; each schedule.step splits a batch of n x b samples into n
+micro-batches; the optimizer steps every K schedule steps (n x K
+micro-batches a window).  Each stage has its own AdamW on its own
+parameters.  The loops (--loop):
+  correct      scale_grads=False, the schedule's loss_fn the summed loss / N_w
+               (N_w: the window's n x K micro-batches' samples)
+  scale_grads  the same loss with the schedule's default scale_grads=True: each
+               schedule.step divides the stage's whole .grad by n, the
+               gradient accumulated by the window's earlier steps too
+  per_step_mean the loss a mean over the micro-batch (as the schedule's docs
+               pair with scale_grads=True), no / K: right for K = 1 only
+  no_scale     scale_grads=False and the summed loss undivided
+  boundary     optimizer.step when s % K == 0 (the window one step off)
+--no-record: without the recorder."""
+
+import argparse
+
+import torch
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.utils.data import DataLoader, TensorDataset
+
+from accumcheck_torch.distributed import ContractPipelineRecorder, run_ranks
+
+LOOPS = ("correct", "scale_grads", "per_step_mean", "no_scale", "boundary")
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def whole_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 4))
+
+
+def summed_loss(model, batch):
+    """The sum of the samples' squared errors (what the recorder recomputes)."""
+    x, y = batch
+    return ((model(x) - y) ** 2).sum()
+
+
+def samples(batch):
+    return int(batch[0].shape[0])
+
+
+def train(rank, ranks, a):
+    whole = whole_model()
+    cut = [whole[0:3], whole[3:]][rank]  # stage `rank`: shares the whole model's parameters
+    stage = PipelineStage(cut, rank, ranks, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(a.samples, 8, generator=g), torch.randn(a.samples, 4, generator=g))
+    # Every rank draws the same batches: stage 0 feeds the inputs, the last
+    # stage the targets.
+    loader = DataLoader(data, batch_size=a.n * a.b)
+    opt = torch.optim.AdamW(cut.parameters(), lr=1e-2)
+    window = {"items": 1}
+
+    def loss_fn(out, y):
+        if a.loop == "per_step_mean":
+            return ((out - y) ** 2).sum() / y.shape[0]
+        if a.loop == "no_scale":
+            return ((out - y) ** 2).sum()
+        return ((out - y) ** 2).sum() / window["items"]
+
+    n = a.n_last if a.n_last and rank == ranks - 1 else a.n
+    schedule = SCHEDULES[a.schedule](stage, n_microbatches=n, loss_fn=loss_fn,
+                                     scale_grads=a.loop in ("scale_grads", "per_step_mean"))
+    rec = None
+    if not a.no_record:
+        rec = ContractPipelineRecorder(stage, schedule, whole, opt, summed_loss, samples,
+                                       accumulation=a.n * a.K, out=a.out)
+        loader = rec.watch(loader)
+    batches = list(loader)
+    for s, (x, y) in enumerate(batches):
+        if s % a.K == 0:
+            window["items"] = sum(samples(b) for b in batches[s:s + a.K])
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y)
+        at_boundary = (s % a.K == 0) if a.loop == "boundary" else ((s + 1) % a.K == 0 or s + 1 == len(batches))
+        if at_boundary:
+            opt.step()
+            opt.zero_grad()
+    if rec is not None:
+        rec.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="trace")
+    ap.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe")
+    ap.add_argument("--loop", choices=LOOPS, default="correct")
+    ap.add_argument("--n", type=int, default=2, help="micro-batches per schedule step")
+    ap.add_argument("--b", type=int, default=2, help="samples per micro-batch")
+    ap.add_argument("--n-last", type=int, help="the last stage's n_microbatches (bad input: stages "
+                    "that disagree)")
+    ap.add_argument("--K", type=int, default=2, help="schedule steps per optimizer step")
+    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
+    ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args()
+    run_ranks(train, a, spawn=a.spawn)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""What the framework integrations share: the standard heads' summed item
+loss and item count, the semantics a run is judged against (computed here
+from what the user configured, never from a value the framework derived)
+and the certify call.
+
+    loss_fn, count_fn, items = standard_head(model)      # or the user's own
+    sem = Semantics(accumulation=K, micro_batch=B, dataset=N, epochs=E,
+                    lr=3e-4, schedule="linear", warmup=2, clip=1.0)
+    ContractRecorder(model, opt, loss_fn, count_fn, **sem.recorder_kwargs(), ...)
+"""
+
+import math
+import os
+import subprocess
+
+import torch
+import torch.nn.functional as F
+
+from ..trace import Refused
+
+IGNORE_INDEX = -100
+SCHEDULE_KINDS = ("constant", "linear", "cosine")
+
+
+def _field(obj, name):
+    """obj.name or obj[name] (a ModelOutput is both; a plain dict only the
+    second), None when absent."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _logits(out):
+    logits = _field(out, "logits")
+    if logits is None and torch.is_tensor(out):
+        logits = out
+    if logits is None:
+        raise Refused("the model's output has no 'logits' (attribute or key) and is not a tensor: "
+                      "pass loss_fn= and count_fn= (the summed item loss and the item count)")
+    return logits
+
+
+def _model_inputs(batch):
+    """The batch as the model is called with it: every key but the labels
+    (the summed loss is ours, not the model's own mean)."""
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def _pair(batch):
+    """An (inputs, labels) pair, as a plain DataLoader over (x, y) samples
+    gives it (Lightning's and Accelerate's everyday batch)."""
+    return isinstance(batch, (list, tuple)) and len(batch) == 2 and torch.is_tensor(batch[1])
+
+
+def _call(model, batch):
+    """The model's output on a dict batch (model(**inputs)) or an (x, y)
+    pair (model(x))."""
+    return model(batch[0]) if _pair(batch) else model(**_model_inputs(batch))
+
+
+def _labels(batch):
+    if _pair(batch):
+        return batch[1]
+    if hasattr(batch, "keys") and "labels" in batch:
+        return batch["labels"]
+    raise Refused("cannot derive the loss of a %s batch: expected a dict with 'labels' or an "
+                  "(inputs, labels) pair; pass loss_fn=(model, batch) -> summed item loss and "
+                  "count_fn=(batch) -> item count" % type(batch).__name__)
+
+
+def causal_lm_loss(model, batch):
+    """The SUM over label tokens of the next-token cross-entropy: logits at
+    position i predict labels[i+1], labels -100 carry no loss (Transformers'
+    causal-LM convention: the model shifts)."""
+    logits = _logits(_call(model, batch))[..., :-1, :]
+    labels = _labels(batch)[..., 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def causal_lm_items(batch):
+    """The label tokens that carry a loss: labels[..., 1:] that are not -100
+    (the first position predicts nothing)."""
+    return int((_labels(batch)[..., 1:] != IGNORE_INDEX).sum())
+
+
+def classification_loss(model, batch):
+    """The SUM over samples of the cross-entropy of the logits against
+    batch['labels'] (sequence classification)."""
+    logits = _logits(_call(model, batch))
+    return F.cross_entropy(logits.float(), _labels(batch).reshape(-1), reduction="sum")
+
+
+def classification_items(batch):
+    return int(_labels(batch).shape[0])
+
+
+HEADS = {
+    "causal_lm": (causal_lm_loss, causal_lm_items, "tokens"),
+    "sequence_classification": (classification_loss, classification_items, "samples"),
+}
+
+
+def _head_by_name(model):
+    """The head a model's class name says (...ForCausalLM, ...LMHeadModel,
+    ...ForSequenceClassification), or None."""
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal_lm"
+    if name.endswith("ForSequenceClassification"):
+        return "sequence_classification"
+    return None
+
+
+def standard_head(model, head=None):
+    """(loss_fn, count_fn, items) for a standard head: `head` when given
+    ('causal_lm' | 'sequence_classification'), else from the model's class
+    name (...ForCausalLM, ...LMHeadModel, ...ForSequenceClassification).
+    Anything else: Refused (exit 2) saying what to pass."""
+    if head is None:
+        head = _head_by_name(model)
+        if head is None:
+            raise Refused("cannot derive the summed item loss of a %s: pass head='causal_lm' or "
+                          "'sequence_classification' (labels in batch['labels'], logits in the "
+                          "output), or loss_fn=(model, batch) -> summed loss and "
+                          "count_fn=(batch) -> item count" % type(model).__name__)
+    if head not in HEADS:
+        raise Refused("head: expected one of %s, got %r" % (", ".join(sorted(HEADS)), head))
+    return HEADS[head]
+
+
+def standard_head_of(model, batch, head=None):
+    """standard_head, or where the model's class name does not say the head
+    (a LightningModule, a model of your own), the head the batch's labels
+    say: (B, T) token labels: causal_lm; (B,) sample labels:
+    sequence_classification.  Called on the first batch, before its
+    forward."""
+    if head is not None or _head_by_name(model) is not None:
+        return standard_head(model, head)
+    labels = _labels(batch)
+    if labels.dim() == 2:
+        return HEADS["causal_lm"]
+    if labels.dim() == 1:
+        return HEADS["sequence_classification"]
+    raise Refused("labels of shape %s are no standard head's (causal LM: (B, T); "
+                  "classification: (B,)): pass loss_fn=(model, batch) -> summed item loss and "
+                  "count_fn=(batch) -> item count" % (tuple(labels.shape),))
+
+
+def accepted(accept):
+    """The pitfall ids the user accepts as their loop: a list."""
+    return [accept] if isinstance(accept, str) else list(accept or ())
+
+
+class Semantics:
+    """What the user configured, and what it means, computed here: the
+    micro-batches each rank draws per epoch, the optimizer steps (every
+    window of K, the epoch's partial last window included: exact
+    large-batch equivalence), the accepted lr schedule with its warmup and
+    horizon in optimizer steps, the clip.  dataset: the samples of the
+    training set; world: the data-parallel processes."""
+
+    def __init__(self, accumulation, micro_batch, dataset, epochs=None, max_steps=None, world=1,
+                 drop_last=False, lr=None, schedule="constant", warmup=0, warmup_ratio=0.0,
+                 clip=None):
+        self.K = int(accumulation)
+        self.micro_batch, self.dataset, self.world = int(micro_batch), int(dataset), int(world)
+        if self.K < 1 or self.micro_batch < 1 or self.world < 1:
+            raise Refused("accumulation, micro-batch size and world size must be >= 1, got "
+                          "%r, %r, %r" % (accumulation, micro_batch, world))
+        if self.dataset < 1:
+            raise Refused("the training set is empty (or has no len()): pass a sized dataset")
+        per_rank = (self.dataset // self.world if drop_last
+                    else -(-self.dataset // self.world))  # DistributedSampler pads
+        self.rank_samples = per_rank
+        self.micro_per_epoch = (per_rank // self.micro_batch if drop_last
+                                else -(-per_rank // self.micro_batch))
+        if self.micro_per_epoch < 1:
+            raise Refused("an epoch has no micro-batch (%d samples per rank, micro-batch %d, "
+                          "drop_last): the run never steps" % (per_rank, self.micro_batch))
+        self.steps_per_epoch = -(-self.micro_per_epoch // self.K)
+        if max_steps is not None and int(max_steps) > 0:
+            self.steps = int(max_steps)
+        else:
+            if epochs is None or float(epochs) <= 0 or float(epochs) != int(epochs):
+                raise Refused("epochs: expected a whole number of epochs > 0 (or max_steps > 0), "
+                              "got %r" % (epochs,))
+            self.steps = int(epochs) * self.steps_per_epoch
+        if schedule not in SCHEDULE_KINDS:
+            raise Refused("lr schedule %r: the contract tier judges %s; pass accept_lr=False to "
+                          "leave the lr unjudged" % (schedule, ", ".join(SCHEDULE_KINDS)))
+        self.kind = schedule
+        self.warmup = int(warmup) if warmup else int(math.ceil(self.steps * float(warmup_ratio or 0)))
+        self.lr = None if lr is None else float(lr)
+        self.clip = None if clip is None or float(clip) <= 0 else float(clip)
+
+    def schedule(self):
+        if self.kind == "constant":
+            return {"kind": "constant"}
+        return {"kind": self.kind, "warmup": self.warmup, "total": max(self.steps, self.warmup + 1)}
+
+    def recorder_kwargs(self):
+        return {"accumulation": self.K, "lr": self.lr, "schedule": self.schedule(),
+                "clip": self.clip}
+
+    def __repr__(self):
+        return ("Semantics(K=%d, micro_batch=%d, world=%d, %d micro-batches per epoch per rank, "
+                "%d optimizer steps, lr %s %s, clip %s)" % (
+                    self.K, self.micro_batch, self.world, self.micro_per_epoch, self.steps,
+                    self.lr, self.schedule(), self.clip))
+
+
+def certify(trace, command=None):
+    """`accumcheck certify --contract --trace TRACE`: (exit code, report).
+    command: the accumcheck binary (default: $ACCUMCHECK_BIN, or
+    `accumcheck` on PATH, as the pytest plugin finds it)."""
+    from ..pytest_plugin import find_command
+
+    argv = [command or find_command(), "certify", "--contract", "--trace", os.fspath(trace)]
+    p = subprocess.run(argv, capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr

@@ -1,0 +1,137 @@
+"""Lightning integration: a Callback that records the contract-tier trace of
+a real `Trainer.fit` (accumcheck certify --contract judges it).
+
+    from accumcheck_torch.integrations.lightning import AccumcheckCallback
+    trainer = Trainer(callbacks=[AccumcheckCallback(out="trace/")],
+                      accumulate_grad_batches=K, ...)
+    trainer.fit(module, loader)          # your LightningModule, unchanged
+    accumcheck certify --contract --trace trace/
+
+What it is judged against comes from what you configured: K =
+`accumulate_grad_batches`, the clip = `gradient_clip_val` (norm clipping),
+the lr = the optimizer's lr at the start (or `lr=`), the schedule = the
+kind and warmup you declare (`schedule="linear" | "cosine" | "constant"`,
+`warmup=` optimizer steps; its horizon computed by accumcheck from
+max_epochs or max_steps, the loader's length and K: _common.Semantics; a
+scheduler in configure_optimizers without `schedule=` is refused before
+training starts), never from a value Lightning derives.  Lightning divides every
+micro-batch's loss by K, the epoch's short last window included (#19987):
+certify names that `partial-cycle-scale-by-k` (with a mean loss over
+unequal item counts, `token-mean-of-means` or its pair); `accept=[...]`
+accepts a pitfall id as your loop, and certify then says "accepted: ...".
+
+The loss: for standard heads (a batch dict with "labels" or an (x, y) pair;
+(B, T) labels: shifted token cross-entropy with ignore_index -100; (B,)
+labels: per-sample cross-entropy; _common.standard_head_of; head= says it
+outright) the summed item loss and its item count are derived; pass loss_fn(model, batch) -> summed item loss and
+count_fn(batch) -> items for anything else.  The module the recorder
+watches is your LightningModule (its forward); a training_step that calls
+an inner module directly gets its g_j from a recompute on a copy."""
+
+from . import _common
+from ..contract import ContractRecorder
+from ..trace import Refused
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the standalone package
+    import pytorch_lightning as pl
+
+
+def _raw(optimizer):
+    """The torch optimizer under Lightning's LightningOptimizer."""
+    return getattr(optimizer, "_optimizer", optimizer)
+
+
+class AccumcheckCallback(pl.Callback):
+    """AccumcheckCallback(out="trace", loss_fn=None, count_fn=None,
+    items=None, head=None, lr=None, schedule=None, warmup=0, accept=(),
+    quiet=True, calibrate_every=None)."""
+
+    def __init__(self, out="trace", loss_fn=None, count_fn=None, items=None, head=None, lr=None,
+                 schedule=None, warmup=0, accept=(), quiet=True, calibrate_every=None):
+        super().__init__()
+        if (loss_fn is None) != (count_fn is None):
+            raise Refused("pass both loss_fn=(model, batch) -> summed item loss and "
+                          "count_fn=(batch) -> items, or neither (standard heads)")
+        self.out, self.loss_fn, self.count_fn, self.items = out, loss_fn, count_fn, items
+        self.head, self.lr, self.schedule, self.warmup = head, lr, schedule, warmup
+        self.accept = _common.accepted(accept)
+        self.quiet, self.calibrate_every = quiet, calibrate_every
+        self.recorder = None
+
+    # ---- the configuration (before the first batch)
+
+    def on_train_start(self, trainer, pl_module):
+        if not pl_module.automatic_optimization:
+            raise Refused("manual optimization: record your own loop with ContractRecorder "
+                          "(accumcheck_torch.ContractRecorder) instead of the callback")
+        if trainer.world_size > 1:
+            raise Refused("the Lightning callback records one process (world size %d): run "
+                          "DDP loops with ContractDistributedRecorder" % trainer.world_size)
+        if len(trainer.optimizers) != 1:
+            raise Refused("%d optimizers: the callback records exactly one"
+                          % len(trainer.optimizers))
+        if trainer.lr_scheduler_configs and self.schedule is None:
+            raise Refused("configure_optimizers returns an lr scheduler: declare the schedule it "
+                          "is meant to follow, AccumcheckCallback(schedule='linear' | 'cosine' | "
+                          "'constant', warmup=optimizer steps)")
+        clip = trainer.gradient_clip_val or None
+        if clip is not None and trainer.gradient_clip_algorithm not in (None, "norm"):
+            raise Refused("gradient_clip_algorithm=%r: the contract tier judges norm clipping "
+                          "only" % trainer.gradient_clip_algorithm)
+        loader = trainer.train_dataloader
+        try:
+            dataset = len(loader.dataset)
+        except TypeError:
+            raise Refused("the training set has no len(): the callback records map-style "
+                          "datasets") from None
+        max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        self.sem = _common.Semantics(
+            accumulation=trainer.accumulate_grad_batches, micro_batch=loader.batch_size,
+            dataset=dataset, epochs=trainer.max_epochs if max_steps is None else None,
+            max_steps=max_steps, world=trainer.world_size,
+            drop_last=bool(getattr(loader, "drop_last", False)), lr=self.lr,
+            schedule=self.schedule or "constant", warmup=self.warmup, clip=clip)
+        self.trainer_model = pl_module
+        self.optimizer = _raw(trainer.optimizers[0])
+
+    def _start(self, pl_module, batch):
+        """The recorder, built at the first batch (whose labels say which
+        items the standard head counts)."""
+        if self.loss_fn is not None:
+            loss_fn, count_fn, items = self.loss_fn, self.count_fn, self.items or "samples"
+        else:
+            loss_fn, count_fn, items = _common.standard_head_of(pl_module, batch, self.head)
+        self.recorder = ContractRecorder(
+            pl_module, self.optimizer, loss_fn, count_fn, out=self.out, items=items,
+            quiet=self.quiet, calibrate_every=self.calibrate_every, accept=self.accept,
+            **self.sem.recorder_kwargs())
+
+    # ---- the run
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._loader = trainer.train_dataloader
+        self._epoch_pending = True
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.recorder is None:
+            self._start(pl_module, batch)
+        if self._epoch_pending:
+            self.recorder._new_epoch(self._loader)
+            self._epoch_pending = False
+        self.recorder._drawn(batch)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.recorder is None:
+            raise Refused("the run drew no batch: nothing to certify (check max_steps, "
+                          "limit_train_batches and the dataloader)")
+        self.recorder.close()
+        if not self.recorder.steps:
+            raise Refused("the run never stepped the optimizer (%d micro-batches, "
+                          "accumulate_grad_batches=%d): nothing to certify"
+                          % (len(self.recorder.micro), self.sem.K))
+
+    def on_exception(self, trainer, pl_module, exception):
+        if self.recorder is not None and not self.recorder.closed:
+            self.recorder.close()

@@ -1,0 +1,160 @@
+"""Transformers' Trainer, recorded for the contract tier (docs/frameworks.md).
+
+    from accumcheck_torch.integrations.transformers import AccumcheckCallback
+    trainer = Trainer(model, args, train_dataset=..., data_collator=...,
+                      callbacks=[AccumcheckCallback(out="trace/")])
+    trainer.train()
+    accumcheck certify --contract --trace trace/
+
+At on_train_begin the callback builds a ContractRecorder (one rank) or a
+ContractDistributedRecorder (torch.distributed initialised) on the
+Trainer's model and the torch optimizer under its wrapper, and makes the
+Trainer's train DataLoader draw through the recorder (its class swapped
+for a subclass whose __iter__ is the recorder's watch(): the Trainer keeps
+the same object, so every isinstance, len and set_epoch still holds).  At
+on_train_end it writes the trace (and certifies it with certify=True).
+
+What the run is judged against comes from TrainingArguments as the user
+set them, computed by _common.Semantics (never from the Trainer's own
+derived counts, where its bugs live): gradient_accumulation_steps,
+per_device_train_batch_size, len(train_dataset), num_train_epochs or
+max_steps, the world size, dataloader_drop_last, learning_rate,
+lr_scheduler_type with warmup_steps / warmup_ratio, max_grad_norm.
+"""
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from ..contract import ContractRecorder, _Watched
+from ..distributed import ContractDistributedRecorder
+from ..trace import Refused
+from ._common import Semantics, certify, standard_head
+
+# lr_scheduler_type values (their .value) and the accepted kind.
+_SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
+
+
+def _value(x):
+    return getattr(x, "value", x)
+
+
+def semantics_of(args, dataset_len, world=None):
+    """Semantics from TrainingArguments as configured (see the module's
+    docstring)."""
+    kind = _value(args.lr_scheduler_type)
+    if kind not in _SCHEDULES:
+        raise Refused("lr_scheduler_type=%r: the contract tier judges %s" % (
+            kind, ", ".join(sorted(_SCHEDULES))))
+    warmup = getattr(args, "warmup_steps", 0) or 0
+    ratio = getattr(args, "warmup_ratio", 0) or 0
+    if 0 < warmup < 1:  # Transformers 5: a float warmup_steps below 1 is a ratio
+        warmup, ratio = 0, warmup
+    if world is None:
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return Semantics(accumulation=args.gradient_accumulation_steps,
+                     micro_batch=args.per_device_train_batch_size, dataset=dataset_len,
+                     epochs=args.num_train_epochs, max_steps=args.max_steps, world=world,
+                     drop_last=args.dataloader_drop_last, lr=args.learning_rate,
+                     schedule=_SCHEDULES[kind], warmup=int(warmup), warmup_ratio=ratio,
+                     clip=args.max_grad_norm)
+
+
+def _torch_optimizer(opt):
+    """The torch.optim.Optimizer under Accelerate's AcceleratedOptimizer
+    (and any other wrapper that keeps it as .optimizer)."""
+    seen = 0
+    # AcceleratedOptimizer is an Optimizer subclass that never ran
+    # Optimizer.__init__ (no hooks of its own): descend to what it wraps.
+    while getattr(opt, "optimizer", None) is not None and seen < 8:
+        opt, seen = opt.optimizer, seen + 1
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise Refused("the Trainer's optimizer %s is not a torch.optim.Optimizer (nor wraps one as "
+                      ".optimizer): the contract tier replays PyTorch's optimizer classes only"
+                      % type(opt).__name__)
+    return opt
+
+
+def watch_in_place(loader, rec):
+    """Make `loader` (the object the Trainer iterates) draw through
+    rec.watch(): its class becomes a subclass whose __iter__ is the
+    recorder's; everything else is the loader's own."""
+    base = type(loader)
+
+    class _Plain:
+        dataset = getattr(loader, "dataset", None)
+        batch_size = getattr(loader, "batch_size", None)
+        sampler = getattr(loader, "sampler", None)
+
+        def __iter__(self):
+            return base.__iter__(loader)
+
+    def __iter__(self):
+        return iter(_Watched(rec, _Plain()))
+
+    # object's own __class__ setter: Accelerate's DataLoaderAdapter
+    # overrides __class__ with a read-only property (its base loader's).
+    object.__dict__["__class__"].__set__(loader, type(base.__name__, (base,), {"__iter__": __iter__}))
+    return loader
+
+
+class AccumcheckCallback(TrainerCallback):
+    """AccumcheckCallback(out="trace", head=None, loss_fn=None,
+    count_fn=None, items=None, certify=False, command=None, **recorder)
+
+    head: 'causal_lm' | 'sequence_classification' (default: from the
+    model's class name); loss_fn(model, batch) -> summed item loss and
+    count_fn(batch) -> item count with items='tokens' | 'samples' for any
+    other model.  certify=True runs `accumcheck certify --contract` at the
+    end (self.returncode, self.report).  Other keywords go to the
+    recorder (calibrate_every, quiet)."""
+
+    def __init__(self, out="trace", head=None, loss_fn=None, count_fn=None, items=None,
+                 certify=False, command=None, **recorder):
+        if (loss_fn is None) != (count_fn is None):
+            raise Refused("pass loss_fn and count_fn together (the summed item loss and the item "
+                          "count of a batch)")
+        if loss_fn is not None and items not in ("tokens", "samples"):
+            raise Refused("with loss_fn and count_fn, pass items='tokens' or 'samples'")
+        self.out, self.head, self.fns = out, head, (loss_fn, count_fn, items)
+        self.do_certify, self.command, self.extra = certify, command, recorder
+        self.rec, self.semantics, self.returncode, self.report = None, None, None, None
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None,
+                       train_dataloader=None, **kwargs):
+        if model is None or optimizer is None or train_dataloader is None:
+            raise Refused("the Trainer passed no model, optimizer or train_dataloader to "
+                          "on_train_begin: this Transformers version is not supported")
+        dataset = getattr(train_dataloader, "dataset", None)
+        try:
+            n = len(dataset)
+        except TypeError:
+            raise Refused("the train dataset has no len(): the contract tier needs a sized "
+                          "dataset (an IterableDataset is not supported)") from None
+        self.semantics = semantics_of(args, n)
+        loss_fn, count_fn, items = self.fns
+        if loss_fn is None:
+            loss_fn, count_fn, items = standard_head(model, self.head)
+        opt = _torch_optimizer(optimizer)
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        cls = ContractDistributedRecorder if distributed else ContractRecorder
+        self.rec = cls(model, opt, loss_fn, count_fn, out=self.out, items=items,
+                       run="transformers", **self.semantics.recorder_kwargs(), **self.extra)
+        watch_in_place(train_dataloader, self.rec)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.rec is None:
+            return
+        # Each epoch as configured: this rank's share of the training set
+        # (ceil(N / world)) in micro-batches of per_device_train_batch_size,
+        # not what the Trainer's loader says of itself (Accelerate's
+        # loaders have no batch_size; a loop that stops early draws less).
+        for e in self.rec.epochs:
+            e[0], e[1] = self.semantics.rank_samples, self.semantics.micro_batch
+        self.rec.close()
+        if self.rec.steps == 0:
+            raise Refused("the Trainer never stepped the optimizer (%d micro-batches drawn, "
+                          "gradient_accumulation_steps=%d): there is nothing to certify; train "
+                          "for at least one window" % (len(self.rec.micro), self.semantics.K))
+        if self.do_certify and (not dist.is_initialized() or dist.get_rank() == 0):
+            self.returncode, self.report = certify(self.out, self.command)

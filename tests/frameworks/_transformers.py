@@ -1,0 +1,44 @@
+"""The Trainer set-up the Transformers cases share: TrainingArguments on
+the CPU with no hub, no reporting, no saving, no logging; the tiny data;
+AccumcheckCallback recording (unless --no-record)."""
+
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+from _tiny import VariableTokens, collate
+
+
+def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
+          warmup=0, clip=0.0, **recorder):
+    """Trainer(model, TrainingArguments(gradient_accumulation_steps=K, ...))
+    on n variable-length sequences, micro-batches of `batch`.  optim 'sgd':
+    torch.optim.SGD(lr) without momentum passed as optimizers=(sgd, None);
+    'adamw': the Trainer's own (optim='adamw_torch').  Returns the CPU
+    seconds of trainer.train()."""
+    from transformers import Trainer, TrainingArguments
+
+    from accumcheck_torch.integrations.transformers import AccumcheckCallback
+
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = TrainingArguments(
+            output_dir=tmp, gradient_accumulation_steps=K, per_device_train_batch_size=batch,
+            num_train_epochs=epochs, learning_rate=lr, lr_scheduler_type=schedule,
+            warmup_steps=warmup, max_grad_norm=clip, weight_decay=0.0, optim="adamw_torch",
+            report_to="none", save_strategy="no", logging_strategy="no", use_cpu=True,
+            disable_tqdm=True, seed=0, dataloader_num_workers=0,
+            ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None)
+        opts = (None, None)
+        if optim == "sgd":
+            opts = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0), None)
+        callbacks = [] if args.no_record else [AccumcheckCallback(out=args.out, **recorder)]
+        trainer = Trainer(model=model, args=targs, train_dataset=VariableTokens(n),
+                          data_collator=collate, optimizers=opts, callbacks=callbacks)
+        t0 = time.process_time()
+        trainer.train()
+        cpu = time.process_time() - t0
+    print("trainer.train: %.3f s CPU" % cpu, file=sys.stderr)
+    return cpu

@@ -1,0 +1,92 @@
+"""Accelerate, a classifier (an MLP, the batch's mean cross-entropy),
+Accelerator(gradient_accumulation_steps=4), micro-batches of 4, 2 epochs,
+the everyday loop:
+
+    for batch in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(F.cross_entropy(model(x), y))
+            optimizer.step(); scheduler.step(); optimizer.zero_grad()
+
+accelerator.backward divides each micro-batch's loss by K.  With full
+windows and equal batches that is 1/N_w for every sample: a framework with
+exact large-batch equivalence, and accumcheck, say PASS.  At the end of the
+loader Accelerate syncs and steps the short window (gradient_state's
+end_of_dataloader), still dividing by K: its samples weigh half of 1/N_w
+(partial-cycle-scale-by-k).
+
+Variants:
+  full     48 samples (3 full windows per epoch), SGD without momentum: PASS
+  partial  40 samples (the last window of each epoch 2 micro-batches): partial-cycle-scale-by-k
+  accept   as partial, record(accept=["partial-cycle-scale-by-k"]): PASS, "accepted: ..."
+  clip     48 samples, AdamW, accelerator.clip_grad_norm_(..., 0.5) declared: PASS
+  sched    48 samples, SGD, a prepared LambdaLR linear warmup, declared: PASS
+  sched_2ranks  (or --ranks 2) 64 samples, 2 gloo ranks, 2 full windows per rank and
+           epoch; Accelerate's scheduler wrapper steps the scheduler once per
+           process at each optimizer step unless split_batches (#2926), so the
+           schedule runs R times too fast: ddp-scheduler-per-rank)"""
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import _tiny
+
+VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks"]
+K, EPOCHS, BATCH, CLIP = 4, 2, 4, 0.5
+WARMUP = 2
+
+
+def main(argv=None):
+    a = _tiny.variant_args(VARIANTS, argv)
+    from accelerate import Accelerator
+    from accumcheck_torch.integrations.accelerate import record
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
+    model = _tiny.MLP()
+    ranks = int(os.environ.get("WORLD_SIZE", 1))
+    n = 40 if a.variant in ("partial", "accept") else 64 if ranks > 1 else 48
+    # The schedule's horizon: the optimizer steps of the run.
+    micro = -(-(-(-n // ranks)) // BATCH)  # micro-batches per rank and epoch
+    total = EPOCHS * -(-micro // K)
+    loader = torch.utils.data.DataLoader(_tiny.classifier_data(n=n), batch_size=BATCH, shuffle=True,
+                                         generator=torch.Generator().manual_seed(1))
+    if a.variant == "clip":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = (torch.optim.lr_scheduler.LambdaLR(optimizer, _tiny.warmup_linear(WARMUP, total))
+                 if a.variant.startswith("sched") else None)
+    if scheduler is not None:
+        model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    else:
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    rec = None
+    if not a.no_record:
+        rec = record(accelerator, model, optimizer, loader, scheduler, out=a.out,
+                     clip=CLIP if a.variant == "clip" else None,
+                     schedule="linear" if scheduler is not None else None, warmup=WARMUP,
+                     epochs=EPOCHS,
+                     accept=["partial-cycle-scale-by-k"] if a.variant == "accept" else ())
+    model.train()
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(F.cross_entropy(model(x), y))
+                if a.variant == "clip" and accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), CLIP)
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                optimizer.zero_grad()
+    if rec is not None:
+        rec.close()
+    return 0
+
+
+if __name__ == "__main__":
+    a = _tiny.variant_args(VARIANTS)
+    sys.exit(_tiny.spawn(main, sys.argv[1:], 2 if a.variant.endswith("2ranks") else a.ranks))

@@ -1,0 +1,83 @@
+"""Lightning, a classifier (an MLP LightningModule whose training_step
+returns the batch's mean cross-entropy), Trainer(accumulate_grad_batches=4)
+on 40 samples in micro-batches of 4: 10 batches per epoch, so each epoch's
+last window holds 2 micro-batches.  2 epochs.
+
+A framework with exact large-batch equivalence weights every sample of a
+window 1/N_w, the short window included.  Lightning divides every
+micro-batch's loss by K (#19987): the short window's samples weigh
+1/(K*b) = half of 1/N_w, which accumcheck names partial-cycle-scale-by-k.
+
+Variants:
+  sgd          SGD without momentum, no clip: partial-cycle-scale-by-k
+  accept       the same, AccumcheckCallback(accept=["partial-cycle-scale-by-k"]):
+               PASS, "accepted: partial-cycle-scale-by-k"
+  clip         AdamW, gradient_clip_val=0.5, the partial window accepted: PASS
+  sched_step   SGD, a LambdaLR linear warmup in configure_optimizers with
+               interval "step", declared: PASS (partial window accepted)
+  sched_epoch  the same scheduler with interval "epoch": the lr is constant
+               within each epoch (scheduler-per-epoch)"""
+
+import sys
+
+import torch
+
+import _tiny
+
+VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch"]
+K, EPOCHS, BATCH = 4, 2, 4
+WARMUP, TOTAL = 2, 6  # optimizer steps: 3 per epoch
+
+
+def main(argv=None):
+    a = _tiny.variant_args(VARIANTS, argv)
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        import pytorch_lightning as pl
+    from accumcheck_torch.integrations.lightning import AccumcheckCallback
+
+    class Classifier(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = _tiny.MLP()
+
+        def forward(self, x):
+            return self.model(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            if a.variant == "clip":
+                return torch.optim.AdamW(self.parameters(), lr=1e-2)
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            if a.variant.startswith("sched"):
+                sched = torch.optim.lr_scheduler.LambdaLR(opt, _tiny.warmup_linear(WARMUP, TOTAL))
+                return {"optimizer": opt, "lr_scheduler": {
+                    "scheduler": sched, "interval": "step" if a.variant == "sched_step" else "epoch"}}
+            return opt
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    module = Classifier()
+    loader = torch.utils.data.DataLoader(_tiny.classifier_data(40), batch_size=BATCH, shuffle=True,
+                                         generator=torch.Generator().manual_seed(1))
+    callbacks = []
+    if not a.no_record:
+        accept = [] if a.variant in ("sgd",) else ["partial-cycle-scale-by-k"]
+        schedule = "linear" if a.variant.startswith("sched") else None
+        callbacks.append(AccumcheckCallback(out=a.out, accept=accept, schedule=schedule,
+                                            warmup=WARMUP))
+    trainer = pl.Trainer(max_epochs=EPOCHS, accumulate_grad_batches=K, accelerator="cpu",
+                         devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         gradient_clip_val=0.5 if a.variant == "clip" else None,
+                         callbacks=callbacks)
+    trainer.fit(module, loader)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
