@@ -145,6 +145,11 @@ def parse(argv=None):
 
 
 def run(a):
+    if a.quiet:
+        # PyTorch's warning for scheduler.step() before optimizer.step()
+        # (the per-micro-step loops): --quiet prints nothing.
+        import warnings
+        warnings.filterwarnings("ignore", "Detected call of")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model, data = models.TinyGPT(), models.gpt_data(n=a.samples)
