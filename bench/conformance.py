@@ -94,6 +94,25 @@ def base_site():
     return out.stdout.strip()
 
 
+def _name(req):
+    """A requirement's normalized project name ('fsspec' of 'fsspec==2024.12.0')."""
+    return re.split(r"[<>=!~;\[ ]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def constraints(row, d):
+    """requirements.txt as pip constraints, less the packages the row pins
+    itself (lightning 2.0 needs an fsspec older than .venv's): the venv then
+    holds its own copy, ahead of .venv's on its path.  torch is never
+    released: every cell runs torch 2.13.0."""
+    mine = {_name(p) for p in row["pins"]} - {"torch"}
+    with open(os.path.join(ROOT, "requirements.txt")) as f:
+        lines = [x for x in f if not x.strip() or x.lstrip().startswith("#") or _name(x) not in mine]
+    path = os.path.join(d, "constraints.txt")
+    with open(path, "w") as f:
+        f.writelines(lines)
+    return path
+
+
 def venv(row, quiet=False):
     """The framework venv's python, made if missing: (python, seconds spent
     installing or 0, error or None)."""
@@ -116,7 +135,7 @@ def venv(row, quiet=False):
     with open(os.path.join(site, "_accumcheck_base.pth"), "w") as f:
         f.write(base_site() + "\n")
     cmd = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-           "-c", os.path.join(ROOT, "requirements.txt"), row["spec"]] + row["pins"]
+           "-c", constraints(row, d), row["spec"]] + row["pins"]
     if not quiet:
         print("venv: %s" % " ".join(cmd[3:]), file=sys.stderr)
     p = subprocess.run(cmd, capture_output=True, text=True)

@@ -153,6 +153,14 @@ inline constexpr Tolerance kTolerances[] = {
      "parameter's storage); the same class on the same inputs normally "
      "gives the same bits (measured 0), so any other change of the "
      "parameters shows"},
+    {"contract_ema_ulps", 5.0,
+     "contract tier: each EMA update the recorder saw, against d*e_prev + "
+     "(1-d)*p in float64 from the EMA before it and the parameters then, in "
+     "u32 of d|e_prev| + (1-d)|p|: timm's ModelEmaV2 and a hand-written "
+     "mul_/add_ round as state_ema_ulps (5 u); AveragedModel's foreach lerp "
+     "e + w(p - e), w = 1-d rounded to float32, errs by at most u|e_new| + "
+     "3uw|p - e| <= u((d + 3w)|e| + 4w|p|): within 5 u of the base for d >= "
+     "3/4, and within 2 + 3w/d u below it (certify takes the larger)"},
     {"unit_roundoff_bf16", 1.0 / 256.0,
      "bf16 gradient buffers: 8 significant bits, round to nearest even, "
      "u = 2^-8; each accumulation rounds twice (the float32 add, then to "

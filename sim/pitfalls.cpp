@@ -283,6 +283,7 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
       case Pitfall::ema_every_micro_step:
         return scope.ema;
       case Pitfall::low_precision_grad_buffer:
+        return !scope.contract_tier || scope.contract_lowp_buffer;
       case Pitfall::optimizer_state_every_micro_step:
       // A clip by chunks scales each chunk of the gradient by its own
       // factor: no combination of whole micro-batch gradients, so no

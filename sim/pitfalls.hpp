@@ -213,7 +213,8 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
 // skipped-step-advances-scheduler) are candidates only with loss
 // scaling, ema-every-micro-step only with an EMA (elsewhere they are
 // `correct`); the contract tier (whose coefficient engine holds neither
-// rounded buffers nor parameters) leaves out low-precision-grad-buffer,
+// rounded buffers nor parameters) leaves out low-precision-grad-buffer
+// (except on a bf16 .grad: contract_lowp_buffer),
 // optimizer-state-every-micro-step and ddp-clip-local-norm (a clip by
 // chunks is no combination of micro-batch gradients).
 struct CandidateScope {
@@ -221,6 +222,11 @@ struct CandidateScope {
   bool loss_scaling = false;
   bool ema = false;
   bool contract_tier = false;
+  // The contract tier on a trace whose .grad accumulates in bfloat16 (its
+  // step fit within the bf16 bound only): low-precision-grad-buffer is a
+  // candidate there (predicting correct's weights, judged with the bf16
+  // step bound).
+  bool contract_lowp_buffer = false;
 };
 std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope);
 

@@ -209,6 +209,13 @@ TEST(PitfallCatalog, CandidateScope) {
     EXPECT_TRUE(has(sample, id)) << id;
     EXPECT_FALSE(has(contract, id)) << id;
   }
+  // On a bf16 .grad (the contract tier's step fit within the bf16 bound
+  // only) low-precision-grad-buffer is a candidate; the others stay out.
+  const auto lowp =
+      singles({.contract_tier = true, .contract_lowp_buffer = true});
+  EXPECT_TRUE(has(lowp, "low-precision-grad-buffer"));
+  EXPECT_FALSE(has(lowp, "optimizer-state-every-micro-step"));
+  EXPECT_FALSE(has(lowp, "ddp-clip-local-norm"));
   // correct, n singles, n(n-1)/2 pairs.
   const size_t n = sample.size();
   EXPECT_EQ(candidate_semantics({}).size(), 1 + n + n * (n - 1) / 2);

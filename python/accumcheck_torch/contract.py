@@ -9,6 +9,15 @@ nn.Module, without an export bundle (README "Two tiers of certification").
     recorder.close()
     accumcheck certify --contract --trace trace/
 
+Trainers whose optimizer is built late, or whose loader a framework draws:
+    rec = ContractRecorder(model, None, summed_loss, items, accumulation=K)
+    rec.attach(optimizer)          # once it exists, before its first step
+    rec.epoch()                    # at each epoch's start
+    rec.mark(batch)                # each micro-batch, before its forward
+An EMA of the model (judged once per optimizer step, after it):
+    rec.ema(ema)                   # AveragedModel, a timm ModelEmaV2, or
+                                   # your own module/parameters with decay=
+
 The two functions you write:
     summed_loss(model, batch) -> the SUM of the item losses of the batch
         (reduction="sum"; per-token losses: summed over loss-bearing tokens)
@@ -46,7 +55,10 @@ The judging (which g_j with which weight each step holds, against the
 coefficient engine's predictions) is `accumcheck certify --contract`.
 """
 
+import atexit
 import copy
+import inspect
+import sys
 
 import torch
 import torch._functorch.config as _functorch_config
@@ -93,6 +105,24 @@ def _first(batch):
     while not torch.is_tensor(t):
         t = next(iter(t.values())) if isinstance(t, dict) else t[0]
     return t
+
+
+def _closure_decay(fn):
+    """The decay of torch.optim.swa_utils.get_ema_multi_avg_fn(decay) /
+    get_ema_avg_fn(decay) (a closure over `decay`), else None."""
+    fn = inspect.unwrap(fn) if fn is not None else None  # torch.no_grad()'s wrapper
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or not cells or "decay" not in code.co_freevars:
+        return None
+    return float(cells[code.co_freevars.index("decay")].cell_contents)
+
+
+def _worst(err, base):
+    """max err/base (inf where base is 0 and err is not)."""
+    hit = err > 0
+    if not bool(hit.any()):
+        return 0.0
+    return float((err[hit] / base[hit]).max())
 
 
 class _Rows:
@@ -164,7 +194,11 @@ class _Watched:
         self.rec._new_epoch(self.loader)
         for batch in self.loader:
             self.rec._drawn(batch)
-            yield batch
+            self.rec.watching = True
+            try:
+                yield batch
+            finally:
+                self.rec.watching = False
 
     def __len__(self):
         return len(self.loader)
@@ -315,33 +349,38 @@ class ContractRecorder:
     (a framework's documented semantics, e.g. "partial-cycle-scale-by-k"):
     certify then judges against that loop and says so."""
 
-    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
-                 items="samples", run="trainer", quiet=False, calibrate_every=None,
+    def __init__(self, model, optimizer=None, loss_fn=None, count_fn=None, accumulation=None,
+                 out="trace", items="samples", run="trainer", quiet=False, calibrate_every=None,
                  lr=None, schedule=None, clip=None, accept=()):
+        if loss_fn is None or count_fn is None or accumulation is None:
+            raise Refused("ContractRecorder: pass loss_fn= (the summed loss of a batch), "
+                          "count_fn= (its loss-bearing items) and accumulation= (K)")
         if items not in ("samples", "tokens"):
             raise Refused("items must be 'samples' or 'tokens', got %r" % (items,))
         if int(accumulation) < 1:
             raise Refused("accumulation must be >= 1, got %r" % (accumulation,))
-        self.model, self.optimizer = model, optimizer
+        self.model, self.optimizer = model, None
         self.loss_fn, self.count_fn = loss_fn, count_fn
         self.K, self.out, self.items_kind, self.run = int(accumulation), out, items, run
         # The float64 calibration recompute on every calibrate_every-th
         # micro-batch (default 16); certify judges the others with the run's
         # largest calibration.
         self.calibrate_every = max(1, int(calibrate_every or 16))
-        group = optimizer.param_groups[0]
-        self.lr0 = float(lr if lr is not None else group.get("initial_lr", group["lr"]))
-        self.declared = None   # a _Schedule: tabulated into schedule.csv
+        self.lr_declared = lr
+        self.lr0 = None
+        # A scheduler declaration (not a named kind): tabulated into
+        # schedule.csv by a _Schedule made when the optimizer is attached.
+        self.declared, self.schedule_declared = None, None
         if schedule is not None and not isinstance(schedule, dict):
             if lr is not None:
                 raise Refused("lr: a scheduler declaration gives its own lr; pass lr only with "
                               "a named schedule kind")
-            self.declared = _Schedule(schedule, optimizer, self.K)
+            self.schedule_declared = schedule
             schedule = {"kind": "table"}
         schedule = dict(schedule or {"kind": "constant"})
         bad = sorted(set(schedule) - set(SCHEDULE_KEYS))
         if bad or schedule.get("kind") not in ("constant", "step", "linear", "cosine") and \
-                self.declared is None:
+                self.schedule_declared is None:
             raise Refused("schedule: expected {'kind': 'constant' | 'step' | 'linear' | "
                           "'cosine', 'warmup', 'total', 'step_size', 'gamma'}, got %r" % (schedule,))
         self.schedule = schedule
@@ -385,7 +424,187 @@ class ContractRecorder:
         self.notes = []        # what it saw that certify reports (meta.csv)
         self.after_fwd = None  # (micro-batch, CPU RNG state) at its forward's end
         self.rng_in_backward = []  # micro-batches whose backward drew random numbers
-        self._patch()
+        self.watching = False  # inside an iteration of watch(loader)
+        self.emas = None       # the declared EMA (see ema())
+        self.ema_rows = []
+        # The parameters' version counters when the recorder was made: a
+        # change before attach() after backward passes is a step unseen.
+        self.versions0 = [p._version for p in self.params]
+        self._hooks = []
+        self._patch_model()
+        if optimizer is not None:
+            self.attach(optimizer)
+        atexit.register(self._at_exit)
+
+    # ---- wiring
+
+    def attach(self, optimizer):
+        """The optimizer, once your trainer has built it (a framework
+        callback at train begin): before its first step.  Attaching the
+        same optimizer again does nothing."""
+        if optimizer is self.optimizer:
+            return optimizer
+        if self.closed:
+            self._refuse("ContractRecorder.attach: the recorder is closed")
+        if self.optimizer is not None:
+            self._refuse("ContractRecorder.attach: an optimizer is already attached (one "
+                          "optimizer per recorder; a second one's steps would be unseen)")
+        if not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "register_step_pre_hook"):
+            self._refuse("ContractRecorder.attach: expected a torch.optim.Optimizer, got %s"
+                          % type(optimizer).__name__)
+        if self.backwards and [p._version for p in self.params] != self.versions0:
+            self._refuse("ContractRecorder.attach: the parameters changed after %d backward "
+                          "pass(es) were recorded and before the optimizer was attached: an "
+                          "optimizer step the recorder could not see; attach it before its "
+                          "first step (ContractRecorder(model, optimizer, ...), or "
+                          "rec.attach(optimizer) at train begin)" % len(self.backwards))
+        if self.schedule_declared is not None:
+            self.declared = _Schedule(self.schedule_declared, optimizer, self.K)
+        self.optimizer = optimizer
+        group = optimizer.param_groups[0]
+        lr = self.lr_declared
+        self.lr0 = float(lr if lr is not None else group.get("initial_lr", group["lr"]))
+        self._patch_optimizer()
+        return optimizer
+
+    def epoch(self, loader=None):
+        """Starts an epoch of micro-batches marked with mark(): call it at
+        each epoch's start.  loader (optional): the epoch's DataLoader, whose
+        dataset size and batch size let certify see micro-batches it should
+        have drawn and did not (drop_last)."""
+        self._new_epoch(loader)
+
+    def mark(self, batch):
+        """One micro-batch your loop (or a framework) drew, marked before its
+        forward: the alternative to iterating over watch(loader).  Returns
+        the batch."""
+        if self.watching:
+            self._refuse("ContractRecorder.mark: inside an iteration over rec.watch(loader), "
+                          "which marks every batch itself; use one or the other")
+        if self.closed:
+            self._refuse("ContractRecorder.mark: the recorder is closed")
+        if not self.epochs:
+            self._new_epoch(None)
+        self._drawn(batch)
+        return batch
+
+    def ema(self, ema, decay=None):
+        """Declares the EMA of the model your loop keeps, judged by certify
+        once per optimizer step: ema = d*ema + (1-d)*p with the stepped
+        parameters, exactly one update after each step.  ema: a
+        torch.optim.swa_utils.AveragedModel (its decay read from
+        get_ema_multi_avg_fn / get_ema_avg_fn, or pass decay=), a timm
+        ModelEmaV2-shaped object (.module and .decay), or your own module
+        or list of tensors, one per model parameter in model.parameters()
+        order, with decay=.  Returns ema."""
+        if self.emas is not None:
+            self._refuse("ContractRecorder.ema: an EMA is already declared (one per recorder)")
+        kind, module = type(ema).__name__, None
+        if isinstance(ema, torch.optim.swa_utils.AveragedModel):
+            module = ema.module
+            if decay is None:
+                decay = _closure_decay(ema.multi_avg_fn) or _closure_decay(ema.avg_fn)
+            if decay is None:
+                self._refuse("ContractRecorder.ema: this AveragedModel averages without an EMA "
+                              "decay (the SWA running mean, or an avg_fn the recorder cannot "
+                              "read): pass rec.ema(averaged, decay=d) for "
+                              "multi_avg_fn=get_ema_multi_avg_fn(d)")
+        elif isinstance(getattr(ema, "module", None), torch.nn.Module) and hasattr(ema, "decay"):
+            module = ema.module  # timm's ModelEmaV2 / V3
+            decay = float(ema.decay) if decay is None else decay
+        elif isinstance(ema, torch.nn.Module):
+            module = ema
+        if decay is None:
+            self._refuse("ContractRecorder.ema: pass decay= (the d of ema = d*ema + (1-d)*p) "
+                          "for %s" % kind)
+        tensors = list(module.parameters()) if module is not None else list(ema)
+        ours = list(self.model.parameters())
+        if len(tensors) != len(ours) or any(not torch.is_tensor(e) or e.shape != p.shape
+                                            for e, p in zip(tensors, ours)):
+            self._refuse("ContractRecorder.ema: expected one tensor per model parameter, "
+                          "shaped as model.parameters() (%d), got %d (%s)"
+                          % (len(ours), len(tensors), kind))
+        d = float(decay)
+        if not 0.0 <= d <= 1.0:
+            self._refuse("ContractRecorder.ema: decay must be in [0, 1], got %r" % (decay,))
+        self.emas = {"kind": kind, "decay": d, "tensors": tensors, "params": ours,
+                     "version": self._ema_version(tensors),
+                     "prev": self._flat64(tensors)}
+        return ema
+
+    @staticmethod
+    def _ema_version(tensors):
+        return sum(t._version for t in tensors)
+
+    @staticmethod
+    def _flat64(tensors):
+        with torch.no_grad():
+            return torch.cat([t.detach().reshape(-1).double() for t in tensors])
+
+    def _ema_poll(self, at_step=False):
+        """An EMA update since the last look (its tensors' version counters
+        moved): the update measured against d*prev + (1-d)*p with the
+        parameters now (an update and the next step are always a look
+        apart), and against a copy of them (AveragedModel's first update),
+        in u32 of d|prev| + (1-d)|p| (error model: contract_ema_ulps, judged
+        by certify); the decay the update moved by, fitted; where it was (the
+        steps done, the backward passes since the last one, at_step: at the
+        step's pre-hook, i.e. before optimizer.step())."""
+        e = self.emas
+        if e is None:
+            return
+        v = self._ema_version(e["tensors"])
+        if v == e["version"]:
+            return
+        e["version"] = v
+        d, prev = e["decay"], e["prev"]
+        new, p = self._flat64(e["tensors"]), self._flat64(e["params"])
+        with torch.no_grad():
+            base = prev.abs().mul(d).add_(p.abs(), alpha=1 - d)
+            err = (new - prev.mul(d).add(p, alpha=1 - d)).abs_()
+            decay_u = _worst(err, base) / U32
+            copy_u = _worst((new - p).abs_(), p.abs()) / U32
+            a = prev - p
+            aa = float(a.dot(a))
+            fitted = float((new - p).dot(a)) / aa if aa > 0 else float("nan")
+        self.ema_rows.append("ema,%d,%d,,%d,%d,,%s,%s,%s\n" % (
+            len(self.ema_rows), len(self.since_step), self.steps, int(at_step),
+            real(decay_u), real(copy_u), real(fitted)))
+        e["prev"] = new
+
+    def _unpatch(self):
+        """Closed: the hooks removed, clip_grad_norm_ and the compile
+        settings restored (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        atexit.unregister(self._at_exit)
+        for h in self._hooks:
+            h.remove()
+        self._restore_clip()
+        _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
+
+    def _refuse(self, message):
+        """A misuse of the recorder: closed without a trace (nothing left
+        patched, nothing written at exit), and Refused (exit 2)."""
+        self._unpatch()
+        raise Refused(message)
+
+    def _at_exit(self):
+        """close() at interpreter exit, for a recorder nobody closed."""
+        if self.closed:
+            return
+        try:
+            self.close()
+            sys.stderr.write("accumcheck: ContractRecorder closed at interpreter exit (trace "
+                             "in %s); call rec.close() or use `with ContractRecorder(...)`\n"
+                             % self.out)
+        except SystemExit as e:
+            sys.stderr.write("accumcheck: ContractRecorder not closed at interpreter exit: %s\n"
+                             % getattr(e, "message", e))
+        except Exception as e:  # noqa: BLE001 -- nothing else can be done at exit
+            sys.stderr.write("accumcheck: ContractRecorder not closed at interpreter exit: "
+                             "%s: %s\n" % (type(e).__name__, e))
 
     # ---- what a sharding recorder overrides (distributed.ContractFSDPRecorder)
 
@@ -436,6 +655,7 @@ class ContractRecorder:
         return rows
 
     def _drawn(self, batch):
+        self._ema_poll()
         self._recompute_pending()
         with torch.no_grad():
             items = int(self.count_fn(batch))
@@ -454,6 +674,7 @@ class ContractRecorder:
         sees."""
         if not torch.is_grad_enabled():
             return
+        self._ema_poll()
         for t in _tensors(args, kwargs):
             ptr = t.data_ptr()
             for j in range(len(self.micro) - 1, -1, -1):
@@ -519,7 +740,7 @@ class ContractRecorder:
 
     # ---- hooks
 
-    def _patch(self):
+    def _patch_optimizer(self):
         rec, opt = self, self.optimizer
         orig_zero = opt.zero_grad
 
@@ -550,7 +771,13 @@ class ContractRecorder:
         step._wrapped_by_lr_sched = getattr(orig_step, "_wrapped_by_lr_sched", False)
         self._own_step = opt.__dict__.get("step")
         opt.step = step
-        self._hooks = [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
+        # optimizer.step through its own step hooks (see Recorder._patch).
+        self._hooks += [opt.register_step_pre_hook(lambda *_: rec._before_step()),
+                        opt.register_step_post_hook(lambda *_: rec._after_step())]
+
+    def _patch_model(self):
+        rec = self
+        self._hooks += [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
         # A torch.compile'd model, compiled while this recorder lives: its
         # backward keeps its buffers (AOTAutograd donates them by default,
         # and then refuses the retain_graph that takes g_j from your
@@ -560,9 +787,6 @@ class ContractRecorder:
         self._compile_config = (_functorch_config.donated_buffer, _inductor_config.fallback_random)
         _functorch_config.donated_buffer = False
         _inductor_config.fallback_random = True
-        # optimizer.step through its own step hooks (see Recorder._patch).
-        self._hooks += [opt.register_step_pre_hook(lambda *_: rec._before_step()),
-                        opt.register_step_post_hook(lambda *_: rec._after_step())]
         # Under torch.compile the module hooks run eagerly (a graph break
         # around each), never traced into the graph: what they record (the
         # input, the RNG state, the output) is the forward's own.
@@ -614,7 +838,8 @@ class ContractRecorder:
     def _end_backward(self):
         self.in_backward = False
         if not self.micro:
-            raise Refused("a backward pass before any batch was drawn from recorder.watch(loader)")
+            raise Refused("a backward pass before any batch was drawn: iterate over "
+                          "rec.watch(loader), or call rec.mark(batch) before each forward")
         if self.after_fwd is not None and self.after_fwd[0] == self.current:
             # The CPU RNG moved between the forward's end and its backward's
             # end: the backward drew random numbers (a recomputation that
@@ -623,6 +848,7 @@ class ContractRecorder:
             if not torch.equal(torch.get_rng_state(), self.after_fwd[1]):
                 self.rng_in_backward.append(self.current)
             self.after_fwd = None
+        self._ema_poll()
         self.since_step.append(len(self.backwards))
         self.backwards.append([self.current, self.steps, self.pass_row, None])
         self.events.append(("forward_backward", self.steps, self.current, None))
@@ -708,9 +934,14 @@ class ContractRecorder:
         refs = ([-1] if self.has_prev else []) + list(self.since_step)
         return self.buf.m[first:1 + len(self.since_step)], refs
 
+    def _consumed(self):
+        """The gradient the optimizer consumes, per recorded parameter."""
+        return [p.grad for p in self.params]
+
     def _before_step(self):
+        self._ema_poll(at_step=True)
         self._recompute_pending()
-        grads = [p.grad for p in self.params]
+        grads = self._consumed()
         G = self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
         A, refs = self._step_terms()
         t = self.steps
@@ -731,7 +962,11 @@ class ContractRecorder:
             scale = sum(abs(a) * v for a, v in zip(coef, vnorms))
         else:
             coef, resid, scale, vnorms = [], float(G.norm()), 0.0, []
-        self.rows.append("step,%d,%d,,,,,%s,%s,%s\n" % (t, len(refs), real(lr), real(resid), real(scale)))
+        # How many of the consumed gradient's elements bfloat16 cannot hold
+        # (0: a bf16 gradient buffer; certify's low-precision-grad-buffer).
+        off_bf16 = int((G.to(torch.bfloat16).double() != G).sum())
+        self.rows.append("step,%d,%d,,,%d,,%s,%s,%s\n" % (t, len(refs), off_bf16, real(lr),
+                                                          real(resid), real(scale)))
         for ref, a, v in zip(refs, coef, vnorms):
             self.rows.append("coef,%d,%s,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
         self.buf.row(0).copy_(G)
@@ -789,6 +1024,10 @@ class ContractRecorder:
                 else:
                     mine[k] = copy.deepcopy(v)
         got = {id(q): g for q, g in zip(self.params, grads)}
+        for key in keys:
+            # An optimizer stepping tensors other than the model's (DeepSpeed's
+            # flat float32 partitions) is replayed on their own gradients.
+            got.setdefault(id(key), key.grad)
         with torch.no_grad():
             for p, key, q, b in zip(params, keys, ours, gbuf):
                 p.copy_(q)
@@ -832,12 +1071,13 @@ class ContractRecorder:
         values.csv, contract.csv)."""
         if self.closed:
             return
-        self.closed = True
+        self._ema_poll()
         self._recompute_pending()
-        for h in self._hooks:
-            h.remove()
-        self._restore_clip()
-        _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
+        self._unpatch()
+        if self.optimizer is None:
+            raise Refused("ContractRecorder.close: no optimizer was attached: pass it to "
+                          "ContractRecorder(model, optimizer, ...) or call rec.attach(optimizer) "
+                          "before its first step")
         self.optimizer.__dict__.pop("zero_grad", None)
         self.optimizer.__dict__.pop("step", None)
         if self._own_step is not None:
@@ -850,12 +1090,12 @@ class ContractRecorder:
             rows.append("backward,%d,%d,,%d,,,%s,%s,\n" % (b, rec[0], rec[1], real(w), real(resid)))
         for e, (n, bs) in enumerate(self.epochs):
             rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
-        rows += self.rows
+        rows += self.rows + self.ema_rows
         for i, (version, factor, norm, max_norm) in enumerate(self.clips):
             rows.append("clip,%d,%d,,,,,%s,%s,%s\n" % (i, version, real(factor), real(norm),
                                                       real(max_norm)))
-        precision = {torch.float32: "float32", torch.float64: "float64"}.get(self.dtype,
-                                                                              str(self.dtype))
+        precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                     torch.float16: "float16"}.get(self.dtype, str(self.dtype))
         meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),
                 ("scenario_digest", "contract"), ("engine", "pytorch"),
                 ("precision", precision),
@@ -878,6 +1118,11 @@ class ContractRecorder:
                 % (len(self.rng_in_backward), len(self.micro), self.rng_in_backward[0]))
         if self.notes:
             meta.append(("notes", " | ".join(self.notes)))
+        if self.emas is not None:
+            meta += [("ema", self.emas["kind"]), ("ema_decay", real(self.emas["decay"]))]
+        bn = sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in self.model.modules())
+        if bn:
+            meta.append(("batchnorm", str(bn)))
         meta += unseen_meta(self.unseen)
         # Each event's epoch: that of the last micro-batch backwarded.
         events, epoch = [], 0

@@ -844,6 +844,7 @@ def launch(main, ranks, *args):
     trainers not started by torchrun.  Exits like the worst rank."""
     import os
     import socket
+    import sys
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -851,7 +852,13 @@ def launch(main, ranks, *args):
         port = s.getsockname()[1]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
-    mp.spawn(_spawned, args=(main, ranks, args), nprocs=ranks, join=True)
+    try:
+        mp.spawn(_spawned, args=(main, ranks, args), nprocs=ranks, join=True)
+    except mp.ProcessExitedException as e:
+        # A rank that exited (a Refused one: 2) ends the run with its code,
+        # not a traceback of the spawning process.
+        sys.stderr.write("accumcheck_torch: rank %d exited with code %s\n" % (e.error_index, e.exit_code))
+        sys.exit(e.exit_code if isinstance(e.exit_code, int) and e.exit_code > 0 else 1)
 
 
 def _spawned(rank, main, ranks, args):

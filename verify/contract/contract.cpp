@@ -532,6 +532,104 @@ std::string fmt_ratio(double x) {
   return std::isinf(x) ? std::string("inf") : fmt::format("{:.3g}", x);
 }
 
+// The declared EMA (ContractRecorder.ema: meta.csv ema and ema_decay, the
+// ema rows of rank 0; under DDP every rank keeps the same EMA): exactly one
+// update after each optimizer step, none before the first, none between
+// a window's backward passes and its step; each update d*prev + (1-d)*p
+// with the parameters it saw within state_ema_ulps (the first may copy
+// them: AveragedModel), error model contract_ema_ulps.  `pitfall` is set to
+// ema-every-micro-step when updates come between the backward passes of a
+// window.
+CertifyCheck ema_check(const Trace& tr, const ContractSection& c,
+                       std::string& pitfall) {
+  CertifyCheck ck{"EMA", true, false, ""};
+  const double d = std::strtod(tr.meta_value("ema_decay").c_str(), nullptr);
+  const double ulps =
+      d > 0 ? std::max(error_model::tolerance("contract_ema_ulps"),
+                       2 + 3 * (1 - d) / d)
+            : error_model::tolerance("contract_ema_ulps");
+  const int64_t T = int64_t(c.steps[0].size());
+  std::vector<const ContractEma*> ups;
+  for (const auto& e : c.ema)
+    if (e.rank == 0) ups.push_back(&e);
+  std::map<int64_t, int64_t> per;  // steps done -> updates
+  int64_t mid = 0, early = -1;
+  for (const auto* e : ups) {
+    ++per[e->version];
+    if (e->since > 0 && !e->at_step) ++mid;
+    if (e->at_step && early < 0) early = e->version;
+  }
+  std::string bad;
+  for (int64_t v = 0; v <= T && bad.empty(); ++v) {
+    const int64_t n = at_or_0(per, v);
+    if (v == 0 && n > 0)
+      bad = fmt::format("{} EMA update(s) before the first optimizer step", n);
+    else if (v > 0 && n != 1)
+      bad = fmt::format("{} EMA updates after optimizer step {} (expected 1)",
+                        n, v - 1);
+  }
+  if (!bad.empty() && mid > 0) {
+    bad += fmt::format(
+        "; {} of {} updates between backward passes of a window: the EMA is "
+        "updated every micro-step",
+        mid, ups.size());
+    pitfall = std::string(pitfall_id(Pitfall::ema_every_micro_step));
+  } else if (early >= 0) {
+    bad = fmt::format(
+        "{}{}an EMA update between the backward passes of step {}'s window "
+        "and optimizer.step(): the EMA averaged parameters the step had not "
+        "yet moved (update it after optimizer.step())",
+        bad, bad.empty() ? "" : "; ", early);
+  }
+  double worst = 0;
+  std::string value_bad;
+  for (size_t i = 0; i < ups.size(); ++i) {
+    const ContractEma& e = *ups[i];
+    double u = std::isnan(e.decay_u) ? kInf : e.decay_u;
+    if (i == 0 && !std::isnan(e.copy_u)) u = std::min(u, e.copy_u);
+    const double ratio = u / ulps;
+    if (ratio > 1 && value_bad.empty())
+      value_bad = fmt::format(
+          "EMA update {} (after {} optimizer steps): {:.3g} u32 of "
+          "d|ema| + (1-d)|p| from ema = d*ema + (1-d)*p with the declared "
+          "decay {:.6g} (bound {:g} u32); it moved as decay {:.6g}",
+          i, e.version, u, d, ulps, e.fitted);
+    worst = std::max(worst, ratio);
+  }
+  ck.ok = bad.empty() && value_bad.empty();
+  if (ck.ok)
+    ck.message = fmt::format(
+        "{} EMA updates ({}, decay {:.6g}), one after each optimizer step: "
+        "each d*ema + (1-d)*p of the stepped parameters within {} of the bound "
+        "({:g} u32)",
+        ups.size(), tr.meta_value("ema"), d, fmt_ratio(worst), ulps);
+  else
+    ck.message = bad.empty()
+                     ? value_bad
+                     : (value_bad.empty() ? bad : bad + "; " + value_bad);
+  return ck;
+}
+
+// What the contract tier did not judge in this run (printed with every
+// verdict, never left out).
+std::string not_judged(const Trace& tr) {
+  std::vector<std::string> out = {
+      "the model's numerics (each g_j is measured from your forward, not "
+      "derived)",
+      "the optimizer's state from step to step (each step is replayed from "
+      "the state it had: optimizer-state-every-micro-step is the oracle "
+      "tier's)"};
+  if (tr.meta_value("ema").empty())
+    out.push_back("EMA: none declared (rec.ema(...))");
+  if (!tr.meta_value("batchnorm").empty())
+    out.push_back(fmt::format("BatchNorm running statistics ({} modules)",
+                              tr.meta_value("batchnorm")));
+  out.push_back("a loss scaler's scale and skipped steps (GradScaler)");
+  std::string s = "not judged: ";
+  for (size_t i = 0; i < out.size(); ++i) s += (i ? "; " : "") + out[i];
+  return s;
+}
+
 }  // namespace
 
 // Model-free evidence (verify/contract/evidence.cpp).
@@ -600,6 +698,19 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // as a compiled graph's own RNG): the weights would be too uncertain to
   // tell correct from a mistake, so the trace is not judged.
   const double weight_rel = error_model::tolerance("evidence_weight_rel");
+  if (cal_max > weight_rel && r.precision != "float32" &&
+      r.precision != "float64")
+    // A bf16 (or fp16) model's own rounding is that large: the weights
+    // cannot be read from its gradients, whatever the recorder replayed.
+    throw InputError(
+        trace_dir + "/meta.csv", 0, 0, "precision",
+        fmt::format(
+            "the model's parameters are {}: micro-batch {}'s gradient in "
+            "that precision differs from its float64 recompute by {:.3g} of "
+            "its norm (at most {:g} reads a weight), so the contract tier "
+            "cannot tell one weight from another; certify a float32 run of "
+            "the same loop",
+            r.precision, cal_at, cal_max, weight_rel));
   if (cal_max > weight_rel)
     throw InputError(
         trace_dir + "/contract.csv", 0, 0, "calibration",
@@ -666,10 +777,73 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       "{} optimizer steps{}, each consumed gradient = beta*G_prev + sum a_b "
       "c_b: worst residual {} of its bound",
       c.steps[0].size(), ranks_said, fmt_ratio(worst_step));
-  if (!sfit.ok)
-    sfit.message +=
-        ": a step's gradient is not made of the backward passes since "
-        "the previous step (changed by something the recorder did not see)";
+  // A step fit outside its float32 bound: a bf16 gradient buffer
+  // (low-precision-grad-buffer) when every consumed gradient is made of
+  // bfloat16 numbers (the recorder counts the elements bf16 cannot hold)
+  // and each residual is within the bf16 accumulation bound (error model
+  // unit_roundoff_bf16: each of the m terms rounded, m - 1 additions each
+  // rounded twice, u' = (1 + u32)(1 + u_bf16) - 1, gamma over m +
+  // contract_sum_ulps as for float32; underflow_bf16 per rounding, normwise
+  // over the n parameters).  Anything else changed .grad unseen: exit 2.
+  std::vector<std::vector<double>> lowp_bound(size_t(c.ranks()));
+  bool lowp = false;
+  if (!sfit.ok) {
+    const double ub =
+        (1 + u) * (1 + error_model::tolerance("unit_roundoff_bf16")) - 1;
+    const double eta = error_model::tolerance("underflow_bf16");
+    double worst_lowp = 0;
+    int64_t off = 0, worst_t = 0, worst_q = 0;
+    for (int64_t q = 0; q < c.ranks(); ++q)
+      for (size_t t = 0; t < c.steps[size_t(q)].size(); ++t) {
+        const ContractStep& st = c.steps[size_t(q)][t];
+        const double m = double(st.terms) + sum_ulps;
+        const double bound =
+            (m * ub < 1 ? m * ub / (1 - m * ub) : kInf) * st.scale +
+            std::sqrt(double(n)) * (2 * double(st.terms) + 1) * eta;
+        lowp_bound[size_t(q)].push_back(bound);
+        off = std::max(off, st.off_bf16 < 0 ? n + 1 : st.off_bf16);
+        const double ratio = step_bound[size_t(q)][t] > 0
+                                 ? st.residual / step_bound[size_t(q)][t]
+                                 : kInf;
+        if (ratio >= worst_step) {
+          worst_t = int64_t(t);
+          worst_q = q;
+        }
+        worst_lowp = std::max(worst_lowp, st.residual / bound);
+      }
+    lowp = off == 0 && worst_lowp <= 1;
+    if (lowp) {
+      sfit.message += fmt::format(
+          ": every consumed gradient is made of bfloat16 numbers and each "
+          "residual is within the bf16 accumulation bound (max {}): .grad "
+          "accumulates in bfloat16",
+          fmt_ratio(worst_lowp));
+    } else {
+      const ContractStep& st = c.steps[size_t(worst_q)][size_t(worst_t)];
+      throw InputError(
+          trace_dir + "/contract.csv", 0, 0, "step",
+          fmt::format(
+              "{}step {}: the gradient optimizer.step() consumed is not made "
+              "of the backward passes since the previous step (residual {} "
+              "of its float32 bound; {}): .grad was changed by something the "
+              "recorder did not see (a gradient hook registered before the "
+              "recorder, an edit of .grad between backward and step, a "
+              "buffer in another precision). certify does not judge a loop "
+              "on what it was not shown: make the recorder before any "
+              "gradient hook, or remove the change, and record again",
+              c.ranks() > 1 ? fmt::format("rank {} ", worst_q) : "", worst_t,
+              fmt_ratio(worst_step),
+              st.off_bf16 < 0
+                  ? std::string("the trace does not say whether it is bf16")
+              : st.off_bf16 > 0
+                  ? fmt::format("{} of its {} elements are no bfloat16 "
+                                "numbers: no bf16 gradient buffer",
+                                st.off_bf16, n)
+                  : fmt::format("bfloat16 numbers, but {} of the bf16 "
+                                "accumulation bound",
+                                fmt_ratio(worst_lowp))));
+    }
+  }
   r.checks.push_back(sfit);
 
   // 3. The optimizer update, replayed in float64.
@@ -695,19 +869,34 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     r.checks.push_back(ck);
   }
 
-  // 4. Which g_j with which weights: against every semantics.
+  // 3c. The declared EMA.
+  std::string ema_pitfall;
+  bool ema_ok = true;
+  if (!tr.meta_value("ema").empty()) {
+    const CertifyCheck ck = ema_check(tr, c, ema_pitfall);
+    ema_ok = ck.ok;
+    r.checks.push_back(ck);
+  }
+
+  // 4. Which g_j with which weights: against every semantics (with a bf16
+  // gradient buffer, its own candidates, their uncertainty propagated
+  // from the bf16 step bound).
   const Measured meas = compose(c, eps, step_bound);
+  const Measured meas_lowp = lowp ? compose(c, eps, lowp_bound) : Measured{};
   const ContractPlan cp = contract_plan(c, K, trace_dir + "/contract.csv");
   s.batching.accumulation = K;
   s.batching.micro_batch = cp.micro_batch;
   s.batching.epochs = int64_t(cp.plan.epochs.size());
   s.model.kind = tokens ? ModelKind::token : ModelKind::mlp;
   std::vector<std::vector<Pitfall>> sems =
-      candidate_semantics({.token_loss = tokens, .contract_tier = true});
+      candidate_semantics({.token_loss = tokens,
+                           .contract_tier = true,
+                           .contract_lowp_buffer = lowp});
   // The accepted semantics first: every check below is against it.
   sems.erase(std::remove(sems.begin(), sems.end(), accept), sems.end());
   sems.insert(sems.begin(), accept);
   std::vector<Prediction> preds;
+  std::vector<bool> lowps;
   std::vector<Distance> dists;
   std::vector<std::vector<double>> lrs;
   // DDP's gradient all-reduces per step (the recorder saw them: a
@@ -732,7 +921,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // horizon: schedule-horizon-in-micro-steps has no lr to judge.
   const bool horizon_unjudged =
       s.schedule.table != nullptr && s.schedule.stretched_table == nullptr;
-  const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok;
+  const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok && ema_ok;
   for (const auto& sem : sems) {
     // When the trace passes (every fit within its bound and correct
     // within 1, lr included), the ranking is not printed: the other
@@ -743,7 +932,18 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                   Pitfall::schedule_horizon_in_micro_steps) != sem.end())
       continue;
     const Prediction p = predict(cp, s, behavior_of(sem), c);
-    Distance d = distance(meas, p, c);
+    const bool sem_lowp = behavior_of(sem).low_precision_grad_buffer;
+    Distance d = distance(sem_lowp ? meas_lowp : meas, p, c);
+    // The weights check: correct's weights, with a bf16 .grad's
+    // uncertainty where .grad accumulates in bf16.
+    const Distance d_weights =
+        lowp && !sem_lowp ? distance(meas_lowp, p, c) : d;
+    if (lowp && !sem_lowp) {
+      d.d = kInf;
+      d.why = fmt::format(
+          "step fit: residual {} of the float32 bound, a float32 .grad's",
+          fmt_ratio(worst_step));
+    }
     // The lr channel: each step's lr against this semantics' schedule.
     LrChannel lr;
     if (!tr.runs.empty())
@@ -752,7 +952,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
         reduces_seen ? reduces_differ(trace_reduces, p.reduces) : "";
     if (preds.empty()) {
       lr_correct = lr;
-      correct_weights = d;
+      correct_weights = d_weights;
       reduce_correct = reduce_why;
     }
     if (!reduce_why.empty()) {
@@ -769,7 +969,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     bool merged = false;
     for (size_t k = 0; k < preds.size(); ++k)
       if (preds[k].P == p.P && preds[k].version == p.version &&
-          lrs[k] == lr.accepted_lr &&
+          lowps[k] == sem_lowp && lrs[k] == lr.accepted_lr &&
           (!reduces_seen || preds[k].reduces == p.reduces)) {
         r.ranking[k].aliases.push_back(semantics_name(sem));
         merged = true;
@@ -786,6 +986,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     cand.first_out_what = d.why;
     r.ranking.push_back(cand);
     preds.push_back(p);
+    lowps.push_back(sem_lowp);
     dists.push_back(d);
     lrs.push_back(lr.accepted_lr);
     weight_d.push_back(wd);
@@ -812,8 +1013,9 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   CertifyCheck st{
       "weights", structure_ok, false,
       fmt::format("which g_j with which weight each step holds, against "
-                  "{}: max {} of the uncertainty{}",
+                  "{}: max {} of the uncertainty{}{}",
                   r.accepted, fmt_ratio(correct_weights.d),
+                  lowp ? " (a bf16 .grad's: the bf16 step bound)" : "",
                   structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
   if (reduces_seen) {
@@ -836,7 +1038,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     r.checks.push_back(lc);
   }
   r.pass = fit.ok && sfit.ok && rep.ok && clip_ok && structure_ok &&
-           lr_correct.ok && reduce_correct.empty();
+           lr_correct.ok && reduce_correct.empty() && ema_ok;
+  r.notes.push_back(not_judged(tr));
   // Their names (by_weights, by_lr index the ranking before sorting).
   const double weights_best =
       by_weights >= 0 ? weight_d[size_t(by_weights)] : kInf;
@@ -883,7 +1086,27 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     if (!best.aliases.empty())
       names += " (same weights: " + best.aliases.front() +
                (best.aliases.size() > 1 ? ", ..." : "") + ")";
-    if (best.distance <= 1) {
+    const bool only_ema = !ema_ok && fit.ok && sfit.ok && rep.ok && clip_ok &&
+                          structure_ok && lr_correct.ok &&
+                          reduce_correct.empty();
+    if (only_ema) {
+      // The gradients, steps and lr are correct's; the EMA is not.
+      const std::string weights =
+          fmt::format("the weights are correct's: max {} of the uncertainty",
+                      fmt_ratio(correct_weights.d));
+      std::string ema_msg;
+      for (const auto& ck : r.checks)
+        if (ck.name == "EMA") ema_msg = ck.message;
+      r.diagnosis =
+          ema_pitfall.empty()
+              ? fmt::format(
+                    "diagnosis: no modelled pitfall explains this trace\n"
+                    "evidence: {}\nevidence: {}",
+                    ema_msg, weights)
+              : fmt::format("diagnosis: matches {} ({})\nevidence: {}",
+                            ema_pitfall, weights, ema_msg);
+      r.ranking.clear();
+    } else if (best.distance <= 1) {
       r.diagnosis = fmt::format(
           "diagnosis: matches {} (max {} of the uncertainty)\nmargin: next is "
           "{} at {} "
@@ -956,6 +1179,7 @@ std::string contract_text(const CertifyReport& r, int top) {
   for (const auto& c : r.checks)
     o += fmt::format("{} {}: {}\n", c.ok ? "ok  " : "FAIL", c.name, c.message);
   o += r.verdict + "\n";
+  for (const auto& n : r.notes) o += n + "\n";
   if (!r.diagnosis.empty()) o += r.diagnosis + "\n";
   if (!r.pass && !r.ranking.empty()) {
     o += "ranking (distance = max over steps and micro-batches of |weight - "

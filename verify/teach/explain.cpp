@@ -50,7 +50,8 @@ constexpr ExplainEntry kEntries[] = {
      "correct when every b_k is equal",
      "sample-mean-of-means",
      "the Lightning/Accelerate `loss / K` loop on unequal micro-batches "
-     "(on a short last window: partial-cycle-scale-by-k); seed 001's loss / K rule",
+     "(on a short last window: partial-cycle-scale-by-k); seed 001's loss / K "
+     "rule",
      "loss-normalization.sample-mean-of-means inertness.oracle"},
     {"token-mean-of-means", "per-micro-batch token means averaged over K",
      "The 2024 Transformers gradient-accumulation bug: each micro-batch's "
@@ -706,6 +707,40 @@ constexpr ExplainEntry kEntries[] = {
      "single-device reference)",
      "ddp.gradient-outside-trainer ddp.repartition.oracle "
      "ddp.repartition.device"},
+    {"deepspeed-lesson",
+     "DeepSpeed divides by K and decides the boundary itself",
+     "deepspeed.initialize(config={'gradient_accumulation_steps': K, ...}) "
+     "owns the accumulation: engine.backward(loss) divides the loss by K, "
+     "engine.step() is called on every micro-batch and steps the optimizer "
+     "only at the engine's own boundary (its micro-step counter), and the "
+     "ranks' average is taken inside the engine (ZeRO 1/2: reduce-scatter "
+     "into each rank's partition, ZeRO-Offload: the partition's optimizer on "
+     "the CPU). With equal micro-batches that is correct accumulation over "
+     "R*K*b samples. The loop of a plain PyTorch trainer breaks it twice: "
+     "loss / K on top of the engine's /K leaves every gradient 1/K too small "
+     "(each micro-batch weighs 1/(K*N_w), no pitfall of the catalog), and "
+     "calling engine.step() only every K-th micro-batch makes the engine "
+     "count one micro-step per K batches: it steps once every K*K batches "
+     "(measured: under ZeRO 0 the step holds all K*K micro-batches, under "
+     "ZeRO 2 only the last, as seed 002's loop) (accumcheck certify --contract "
+     "reports both, measured, in "
+     "docs/memory-systems.md).",
+     " for batch in loader:\n"
+     "-    loss = model_engine(batch) / K       # DeepSpeed divides again\n"
+     "+    loss = model_engine(batch)           # the micro-batch's mean\n"
+     "     model_engine.backward(loss)          # loss / K inside\n"
+     "-    if (i + 1) % K == 0:\n"
+     "-        model_engine.step()              # the engine counts calls\n"
+     "+    model_engine.step()                  # every micro-batch",
+     "G_t = (1/N_w) sum over every rank's micro-batches of the window of "
+     "grad l_i(theta_t), N_w = R*K*b (equal micro-batches); with loss / K "
+     "twice: G_t / K; with step() every K-th batch: one step per K*K "
+     "micro-batches",
+     "certify-ddp-2",
+     "DeepSpeed #1107 (K declared twice), #1800 and #2768 (bf16 "
+     "accumulation buffers), #2790 (a K x GPUs x ZeRO x dtype matrix asked "
+     "for); seed 002 (ZeRO-Offload case study)",
+     "ddp.gradient-outside-trainer ddp.repartition.oracle"},
     // The memory systems (docs/memory-systems.md): their accumulation
     // rules, measured on real trainers by the contract tier (CTest
     // PyTorch.systems.*).

@@ -123,6 +123,7 @@ ContractSection read_contract(const std::string& dir) {
       expect_index(steps.size());
       ContractStep st;
       st.terms = integer(2, true);
+      st.off_bf16 = integer(5, false);
       st.lr = number(7);
       st.residual = number(8);
       st.scale = number(9);
@@ -131,6 +132,16 @@ ContractSection read_contract(const std::string& dir) {
       expect_index(c.clips.size());
       c.clips.push_back(
           {rank, integer(2, true), number(7), number(8), number(9)});
+    } else if (kind == "ema") {
+      ContractEma e;
+      e.rank = rank;
+      e.since = integer(2, true);
+      e.version = integer(4, true);
+      e.at_step = integer(5, true) != 0;
+      e.decay_u = number(7);
+      e.copy_u = number(8);
+      e.fitted = number(9);
+      c.ema.push_back(e);
     } else if (kind == "coef" || kind == "replay") {
       if (index < 0 || index >= int64_t(steps.size()))
         throw InputError(path, ln, 1, "index",
@@ -148,7 +159,7 @@ ContractSection read_contract(const std::string& dir) {
     } else {
       throw InputError(path, ln, 1, "kind",
                        fmt::format("unknown kind '{}' (micro, backward, epoch, "
-                                   "step, coef, replay, clip)",
+                                   "step, coef, replay, clip, ema)",
                                    kind));
     }
   }

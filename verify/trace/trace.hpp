@@ -377,7 +377,8 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //   epoch    index e, items = the loader's dataset size (-1 unknown),
 //            samples = its batch size
 //   step     index t, ref = number of fitted terms, value = lr,
-//            residual = |G_t - fit| (absolute), scale = sum |a| |term|
+//            residual = |G_t - fit| (absolute), scale = sum |a| |term|,
+//            items = elements of G_t bfloat16 cannot hold ("" unknown)
 //   coef     index t, ref = backward b (-1: the previous step's gradient),
 //            value = its fitted coefficient a, scale = |term vector|
 //   replay   index t, value = 16 * max_i |p_i - r_i| / (16 u32 (|r_i| +
@@ -386,6 +387,11 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //   clip     index m (call order), ref = version (optimizer steps before
 //            it), value = the factor clip_grad_norm_ applied, residual = the
 //            float64 norm of the gradient it saw, scale = its max_norm
+//   ema      index i (update order), ref = backward passes since the last
+//            step, version = optimizer steps before it, items = 1 when seen
+//            at optimizer.step()'s pre-hook, value / residual = its error
+//            in u32 against the decay update / a copy (ContractEma), scale
+//            = the decay it moved by (meta.csv: ema, ema_decay)
 // A DDP trace (accumcheck_torch.ContractDistributedRecorder, its ranks'
 // parts merged) has an 11th column, rank: the rank that drew a micro-batch,
 // whose loader an epoch row describes, that called clip_grad_norm_, whose
@@ -403,6 +409,9 @@ struct ContractBackward {
 };
 struct ContractStep {
   int64_t terms = 0;
+  // Elements of the consumed gradient bfloat16 cannot hold (0: a bf16
+  // gradient buffer; -1: not recorded).
+  int64_t off_bf16 = -1;
   double lr = kNaN, residual = kNaN, scale = kNaN, replay = kNaN;
   struct Coef {
     int64_t backward = -1;  // -1: the previous step's gradient
@@ -416,6 +425,19 @@ struct ContractClip {
   int64_t version = 0;
   double factor = kNaN, norm = kNaN, max_norm = kNaN;
 };
+// One EMA update the recorder saw (ContractRecorder.ema), in order: the
+// optimizer steps done before it (version), the backward passes since the
+// last one (since), whether it came between a window's backward passes
+// and optimizer.step() (at_step); its error against d*prev + (1-d)*p with
+// the parameters then (decay_u) and against a copy of them (copy_u), in
+// u32 of d|prev| + (1-d)|p| (of |p| for the copy); the decay it moved by
+// (fitted).
+struct ContractEma {
+  int64_t rank = 0;
+  int64_t version = 0, since = 0;
+  bool at_step = false;
+  double decay_u = kNaN, copy_u = kNaN, fitted = kNaN;
+};
 struct ContractEpoch {
   int64_t dataset = -1, batch_size = -1;
 };
@@ -426,6 +448,7 @@ struct ContractSection {
   std::vector<std::vector<ContractStep>> steps{{}};
   std::vector<std::vector<ContractEpoch>> epochs{{}};
   std::vector<ContractClip> clips;
+  std::vector<ContractEma> ema;
   int64_t ranks() const { return int64_t(steps.size()); }
 };
 

@@ -1,0 +1,98 @@
+"""ContractRecorder's wiring (attach, epoch, mark, close, ema): what a
+framework callback calls, and the misuses it refuses with exit 2."""
+import os
+
+import pytest
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+import accumcheck_torch as act
+
+
+def _setup(tmp_path, optimizer=True):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    rec = act.ContractRecorder(model, opt if optimizer else None,
+                               loss_fn=lambda m, b: m(b).sum(), count_fn=len,
+                               accumulation=2, out=str(tmp_path / "trace"), quiet=True)
+    return model, opt, rec
+
+
+def _micro(model, rec, batch, mark=True):
+    if mark:
+        rec.mark(batch)
+    model(batch).sum().backward()
+
+
+def test_late_attach_and_mark_write_a_trace(tmp_path):
+    model, opt, rec = _setup(tmp_path, optimizer=False)
+    rec.epoch()
+    for _ in range(2):
+        _micro(model, rec, torch.randn(4, 3))
+    assert rec.attach(opt) is opt and rec.attach(opt) is opt  # a callback may attach twice
+    opt.step()
+    opt.zero_grad()
+    rec.close()
+    rec.close()  # idempotent
+    rows = open(tmp_path / "trace" / "contract.csv").read().splitlines()
+    assert sum(r.startswith("micro,") for r in rows) == 2
+    assert sum(r.startswith("step,") for r in rows) == 1
+
+
+def test_a_step_before_attach_is_refused(tmp_path):
+    model, opt, rec = _setup(tmp_path, optimizer=False)
+    _micro(model, rec, torch.randn(4, 3))
+    opt.step()  # unseen: no optimizer attached yet
+    with pytest.raises(act.Refused) as e:
+        rec.attach(opt)
+    assert e.value.code == 2 and "rec.attach(optimizer)" in e.value.message
+    assert rec.closed and not os.path.exists(tmp_path / "trace")
+
+
+def test_close_without_an_optimizer_is_refused(tmp_path):
+    model, opt, rec = _setup(tmp_path, optimizer=False)
+    _micro(model, rec, torch.randn(4, 3))
+    with pytest.raises(act.Refused) as e:
+        rec.close()
+    assert "rec.attach(optimizer)" in e.value.message
+
+
+def test_mark_inside_watch_and_a_second_optimizer_are_refused(tmp_path):
+    model, opt, rec = _setup(tmp_path)
+    with pytest.raises(act.Refused) as e:
+        for b in rec.watch([torch.randn(4, 3)]):
+            rec.mark(b)
+    assert "use one or the other" in e.value.message
+    model, opt, rec = _setup(tmp_path)
+    with pytest.raises(act.Refused) as e:
+        rec.attach(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert "already attached" in e.value.message
+
+
+def test_context_manager_and_interpreter_exit(tmp_path):
+    model, opt, rec = _setup(tmp_path)
+    with rec:
+        _micro(model, rec, torch.randn(4, 3))
+        opt.step()
+    assert rec.closed and os.path.exists(tmp_path / "trace" / "meta.csv")
+    model, opt, rec = _setup(tmp_path / "b")
+    _micro(model, rec, torch.randn(4, 3))
+    opt.step()
+    rec._at_exit()  # what atexit runs for a recorder nobody closed
+    assert rec.closed and os.path.exists(tmp_path / "b" / "trace" / "meta.csv")
+
+
+def test_ema_declarations(tmp_path):
+    model, opt, rec = _setup(tmp_path)
+    avg = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.95))
+    assert rec.ema(avg) is avg and rec.emas["decay"] == 0.95
+    rec.close()
+    model, opt, rec = _setup(tmp_path)
+    with pytest.raises(act.Refused) as e:
+        rec.ema(AveragedModel(model))  # SWA's running mean: no decay
+    assert "decay=" in e.value.message
+    model, opt, rec = _setup(tmp_path)
+    with pytest.raises(act.Refused) as e:
+        rec.ema([torch.zeros(2)], decay=0.9)
+    assert "one tensor per model parameter" in e.value.message
