@@ -459,7 +459,11 @@ class ContractRecorder:
                           "first step (ContractRecorder(model, optimizer, ...), or "
                           "rec.attach(optimizer) at train begin)" % len(self.backwards))
         if self.schedule_declared is not None:
-            self.declared = _Schedule(self.schedule_declared, optimizer, self.K)
+            try:
+                self.declared = _Schedule(self.schedule_declared, optimizer, self.K)
+            except Refused:
+                self._unpatch()  # nothing left patched by a refused declaration
+                raise
         self.optimizer = optimizer
         group = optimizer.param_groups[0]
         lr = self.lr_declared
