@@ -95,6 +95,47 @@ void window_off_by_one() {
   record_case(name);
 }
 
+// run_clm_no_trainer (2021): `loss / K; backward; if i % K == 0 or i ==
+// len - 1: step; zero_grad` and `if completed_steps >= max_train_steps:
+// break`, max_train_steps = epochs x ceil(len / K) -- each step sums the
+// micro-batches since the last one, the epoch's rest stepped at its end,
+// each weighted 1/(K*b_k); an epoch ends early once the steps reach
+// max_train_steps.
+void window_off_by_one_max_steps() {
+  const std::string name = "window.off-by-one-max-steps";
+  Triggers t;
+  t.pitfalls = {Pitfall::window_boundary_off_by_one_max_steps};
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const int64_t K = s.batching.accumulation;
+  const Run<R> bug = c.run(
+      c.plan, {Pitfall::window_boundary_off_by_one_max_steps}, s.optimizer.lr);
+  Groups groups;
+  const Plan full = materialize(c.plan);
+  const std::vector<Micro> epochs = epoch_micro(full);
+  const int64_t max_steps =
+      int64_t(epochs.size()) * ((int64_t(epochs[0].size()) + K - 1) / K);
+  for (size_t e = 0; e < epochs.size(); ++e) {
+    Micro carry;
+    for (size_t i = 0; i < epochs[e].size(); ++i) {
+      carry.push_back(epochs[e][i]);
+      if (int64_t(i) % K == 0 || i + 1 == epochs[e].size()) {
+        groups.push_back({carry, int64_t(e)});
+        carry.clear();
+        if (int64_t(groups.size()) >= max_steps) break;
+      }
+    }
+  }
+  RC_ASSERT(bug.steps.size() == groups.size());
+  check_groups(
+      name, c, bug, groups,
+      [K](const Micro& g, int64_t b) { return K * b * ranks_of(*g.front()); },
+      "shifted window");
+  record_case(name);
+}
+
 // DataLoader(drop_last=True): each epoch's short last micro-batch never
 // drawn; the rest cut into windows of K, each weighted 1/N_w over what
 // it holds.
@@ -158,6 +199,25 @@ void scheduler_order() {
   const Run<R> per_epoch = c.run(c.plan, {Pitfall::scheduler_per_epoch}, lr);
   for (const auto& st : per_epoch.steps)
     RC_ASSERT(st.lr == lr * lr_multiplier(s.schedule, st.epoch));
+  // scheduler-per-micro-step: a step after n micro-steps uses S(n - 1)
+  // (its own micro-step's scheduler.step() follows it); with
+  // scheduler-before-optimizer too (scheduler.step() right after each
+  // backward), S(n).
+  for (const bool first : {false, true}) {
+    std::vector<Pitfall> sem = {Pitfall::scheduler_per_micro_step};
+    if (first) sem.push_back(Pitfall::scheduler_before_optimizer);
+    const Run<R> run = c.run(c.plan, sem, lr);
+    int64_t micro = 0, steps = 0;
+    for (const Event& ev : run.events) {
+      if (ev.rank != 0) continue;
+      if (ev.kind == EventKind::forward_backward) ++micro;
+      if (ev.kind != EventKind::optimizer_step) continue;
+      RC_ASSERT(ev.lr ==
+                lr * lr_multiplier(s.schedule, micro - (first ? 0 : 1)));
+      ++steps;
+    }
+    RC_ASSERT(steps > 0);
+  }
   record_case(name);
 }
 
@@ -170,13 +230,20 @@ const std::vector<Property>& loop_properties() {
        "the last `i % K == 0`, leftovers of the previous epoch included, "
        "each weighted 1/(K*b_k)",
        window_off_by_one},
+      {"window.off-by-one-max-steps", "oracle",
+       "window-boundary-off-by-one-max-steps: each step sums the micro-batches "
+       "since the last `i % K == 0`, the epoch's rest stepped at its end, each "
+       "weighted 1/(K*b_k); an epoch ends once the steps reach epochs x "
+       "ceil(micro-batches / K)",
+       window_off_by_one_max_steps},
       {"data.skip-short-micro-batch", "oracle",
        "skip-short-micro-batch: the short last micro-batch of every epoch "
        "never contributes; the rest is windowed by K at 1/N_w",
        skip_short_micro_batch},
       {"scheduler.order", "oracle",
        "scheduler-before-optimizer uses S(t+1) at step t; "
-       "scheduler-per-epoch uses S(epoch)",
+       "scheduler-per-epoch uses S(epoch); scheduler-per-micro-step uses "
+       "S(n-1) after n micro-steps, S(n) with scheduler-before-optimizer",
        scheduler_order},
   };
   return props;

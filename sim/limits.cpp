@@ -57,6 +57,12 @@ constexpr Limit kLimits[] = {
     {"windows", 1'000'000, "optimizer windows",
      "each window is a table row and a trace record per run, and one "
      "optimizer step on every engine; cap a long run with --steps"},
+    {"schedule_rows", 10'000'000, "rows",
+     "a declared lr schedule's table (schedule.csv: one lr per count of "
+     "scheduler.step() calls, about K x steps + epochs rows) is read whole "
+     "at ~50 bytes of text and 16 bytes of memory a row: 1e7 rows is 500 MB "
+     "of text; the recorder steps PyTorch's scheduler once a row (LambdaLR: "
+     "3.4 us of CPU a row on the reference machine, 1e7 rows about 34 s)"},
     {"oracle_madds", 10'000'000'000, "multiply-adds",
      "estimated oracle work of a run: 3 x parameters per sample (forward "
      "and backward) x samples seen x 4 runs; the 50-digit oracle did 2.6 to "

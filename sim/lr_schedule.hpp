@@ -10,6 +10,9 @@
 //                                                  0.5 cycles:
 //                                                   past T the cosine rises
 //                                                   again)
+//   table      S(n) = table[n]  (a declared schedule, tabulated by the
+//              recorder stepping its own copy of the scheduler; NaN past
+//              the table's end)
 // Computed in double, as the Python schedulers compute them; every engine
 // takes the same double lr (the oracle exactly, float32 engines rounded).
 #pragma once
@@ -17,12 +20,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
 
 #include "sim/scenario.hpp"
 
 namespace accumcheck {
 
 inline double lr_multiplier(const ScheduleSpec& s, int64_t n) {
+  if (s.table)
+    return n >= 0 && n < int64_t(s.table->size())
+               ? (*s.table)[size_t(n)]
+               : std::numeric_limits<double>::quiet_NaN();
   const double x = double(n);
   switch (s.kind) {
     case ScheduleKind::constant:
@@ -43,7 +53,14 @@ inline double lr_multiplier(const ScheduleSpec& s, int64_t n) {
 }
 
 // schedule-horizon-in-micro-steps: every length counted in micro-batches.
+// A declared table is replaced by its stretched table (an empty one, all
+// NaN, where the declaration could not rebuild it).
 inline ScheduleSpec stretched(ScheduleSpec s, int64_t k) {
+  if (s.table) {
+    s.table = s.stretched_table ? s.stretched_table
+                                : std::make_shared<const std::vector<double>>();
+    s.stretched_table = nullptr;
+  }
   s.warmup *= k;
   s.total *= k;
   s.step_size *= k;

@@ -108,6 +108,13 @@ constexpr Entry kCatalog[] = {
      "optimizer-state-every-micro-step",
      "Adam's step count and AdamW's decoupled weight decay advanced every "
      "micro-step: bias corrections use t*K, decay applied K times"},
+    {Pitfall::window_boundary_off_by_one_max_steps,
+     "window-boundary-off-by-one-max-steps",
+     "`if step % K == 0 or step == len(loader) - 1` on a 0-based counter, "
+     "with a break at max_train_steps (run_clm_no_trainer, 2021): a "
+     "one-micro-batch first window, the epoch's rest stepped at its end, "
+     "so an extra step per epoch and the run stops at max_train_steps with "
+     "its last epochs' data unseen"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -242,6 +249,15 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         break;
       case Pitfall::optimizer_state_every_micro_step:
         b.optimizer_state_every_micro_step = true;
+        break;
+      case Pitfall::window_boundary_off_by_one_max_steps:
+        // The 2021 loop divides each micro-batch's mean by K literally,
+        // steps the epoch's rest at its last batch, and breaks at
+        // max_train_steps.
+        b.window_off_by_one = true;
+        b.normalization = Normalization::micro_mean_over_k;
+        b.partial = PartialWindow::step;
+        b.stop_at_planned_steps = true;
         break;
     }
   }

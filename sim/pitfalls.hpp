@@ -52,6 +52,7 @@ enum class Pitfall {
   accumulator_rescaled,
   ema_every_micro_step,
   optimizer_state_every_micro_step,
+  window_boundary_off_by_one_max_steps,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -89,6 +90,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::accumulator_rescaled,
     Pitfall::ema_every_micro_step,
     Pitfall::optimizer_state_every_micro_step,
+    Pitfall::window_boundary_off_by_one_max_steps,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -151,6 +153,12 @@ struct Behavior {
   // leftover micro-batches after the last multiple of K are a partial
   // window (treated as `partial` says: leak for this pitfall).
   bool window_off_by_one = false;
+  // window-boundary-off-by-one-max-steps: `if completed_steps >=
+  // max_train_steps: break` after every micro-step, max_train_steps =
+  // epochs x ceil(micro-steps of epoch 0 / K) computed before training
+  // (run_clm_no_trainer): once the steps reach it, every epoch ends after
+  // the window that got there.
+  bool stop_at_planned_steps = false;
   // scheduler-before-optimizer: the boundary calls scheduler.step() before
   // optimizer.step(): step t uses S(t+1).
   bool scheduler_before_optimizer = false;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -128,6 +129,13 @@ struct ScheduleSpec {
   double warmup_ratio = -1;
   int64_t step_size = 1;  // step: decay every step_size scheduler steps
   double gamma = 0.1;     // step: decay factor
+  // A declared table (the contract tier: a scheduler the recorder stepped
+  // itself, verify/trace schedule.csv): S(n) = (*table)[n], whatever
+  // `kind` says; past its end S is NaN (no lr the schedule can give).
+  // `stretched_table`: the same schedule rebuilt with every length K
+  // times longer (schedule-horizon-in-micro-steps), null where the
+  // declaration could not rebuild it.
+  std::shared_ptr<const std::vector<double>> table, stretched_table;
 };
 
 struct ClipSpec {

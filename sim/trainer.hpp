@@ -20,7 +20,9 @@
 //   [clip if clip-per-micro-step]
 //   [clip, optimizer.step if step-every-micro-step: the clip that goes
 //    with every step]
-//   [scheduler.step if scheduler-per-micro-step]   (after the boundary's step)
+//   [scheduler.step if scheduler-per-micro-step]   (after the boundary's step;
+//    with scheduler-before-optimizer too: right after the backward, before
+//    any optimizer.step)
 // and at the window's end the boundary block (step, scheduler, zero_grad)
 // as the behaviour says (scheduler-before-optimizer: scheduler, step,
 // zero_grad; scheduler-per-epoch: no scheduler there, one scheduler.step()
@@ -47,7 +49,10 @@
 // The windows an epoch is cut into are the plan's, except where a pitfall
 // draws or cuts them differently (drawn()): skip-short-micro-batch drops
 // the epoch's short last micro-batch, window-boundary-off-by-one cuts
-// [0], [1..K], [K+1..2K], ... with the leftover a partial window.
+// [0], [1..K], [K+1..2K], ... with the leftover a partial window
+// (window-boundary-off-by-one-max-steps: the same cut, the partial window
+// stepped, and every epoch left after the window whose step reaches
+// max_train_steps = epochs x ceil(micro-steps of epoch 0 / K)).
 //
 // K may change from epoch to epoch (EpochPlan::accumulation,
 // sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp
@@ -209,9 +214,20 @@ class Trainer {
       const bool redrawn = b_.skip_short_micro_batch || b_.window_off_by_one;
       if (redrawn) own = drawn(planned);
       const EpochPlan& epoch = redrawn ? own : planned;
-      for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w)
+      // max_train_steps as run_clm_no_trainer computes it before training.
+      if (ep == 0)
+        planned_steps_ = plan.epoch_count() *
+                         ((planned.micro_steps() + planned.accumulation - 1) /
+                          std::max<int64_t>(1, planned.accumulation));
+      for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w) {
         window(epoch.windows[w], ep, w + 1 == epoch.windows.size(),
                epoch.micro_steps());
+        // window-boundary-off-by-one-max-steps: `if completed_steps >=
+        // max_train_steps: break` (checked after every micro-step; the
+        // count moves only at a window's end).
+        if (b_.stop_at_planned_steps && c_.optimizer_steps >= planned_steps_)
+          break;
+      }
       if (b_.scheduler_per_epoch && !epoch.windows.empty()) scheduler_step(-1);
       return !stop();
     });
@@ -730,13 +746,19 @@ class Trainer {
         if (s_.ema.enabled && b_.ema_every_micro_step) ema_update(k);
         if (b_.optimizer_state_every_micro_step) advance_optimizer_state();
       }
+      // scheduler-per-micro-step with scheduler-before-optimizer: the
+      // micro-step's scheduler.step() right after its backward, before
+      // any optimizer.step() (step t uses S(tK+K)).
+      const bool schedules_first =
+          b_.scheduler_per_micro_step && b_.scheduler_before_optimizer;
+      if (schedules_first) scheduler_step(k);
       if (b_.step_every_micro_step && steps_at_boundary && !done())
         step_block(k, clipping && !b_.clip_per_micro_step);
       // The boundary's optimizer.step() precedes the micro-step's
       // scheduler.step() (scheduler-per-micro-step: step t uses S(tK+K-1)).
       if (k + 1 == Kw)
         boundary(steps_at_boundary, last_of_epoch, epoch_micro_steps);
-      if (b_.scheduler_per_micro_step) scheduler_step(k);
+      if (b_.scheduler_per_micro_step && !schedules_first) scheduler_step(k);
     }
     use_rank(0);
 
@@ -773,6 +795,7 @@ class Trainer {
   Run<Real> run_;
   StepHook before_step_, after_step_;
   int64_t K_ = 1;
+  int64_t planned_steps_ = 0;  // max_train_steps (stop_at_planned_steps)
   int64_t epoch_ = 0;
   int64_t window_items_ = 0;
   // Ranks: R, the rank being run, the rank the engine holds, the others'

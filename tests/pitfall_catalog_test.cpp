@@ -131,6 +131,11 @@ const Expected kTable[] = {
      with([](Behavior& b) { b.ema_every_micro_step = true; })},
     {"optimizer-state-every-micro-step",
      with([](Behavior& b) { b.optimizer_state_every_micro_step = true; })},
+    {"window-boundary-off-by-one-max-steps", with([](Behavior& b) {
+       b.window_off_by_one = true;
+       b.normalization = Normalization::micro_mean_over_k;
+       b.stop_at_planned_steps = true;
+     })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {

@@ -7,6 +7,9 @@
 
 namespace accumcheck::properties {
 RC_GTEST_PROP(Loop, WindowOffByOne, ()) { run_property("window.off-by-one"); }
+RC_GTEST_PROP(Loop, WindowOffByOneMaxSteps, ()) {
+  run_property("window.off-by-one-max-steps");
+}
 RC_GTEST_PROP(Loop, SkipShortMicroBatch, ()) {
   run_property("data.skip-short-micro-batch");
 }

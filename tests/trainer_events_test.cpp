@@ -150,6 +150,12 @@ const Pinned kPinned[] = {
      "FFCOSZ"
      "FFCOSZ",
      "`if i % K == 0`: steps after micro-batches 0, 2 and 4"},
+    {Pitfall::window_boundary_off_by_one_max_steps,
+     "FCOSZ"
+     "FFCOSZ"
+     "FFCOSZ",
+     "as window-boundary-off-by-one: no leftover, and 3 steps as planned "
+     "(see WindowOffByOneMaxSteps)"},
     {Pitfall::scheduler_before_optimizer,
      "FFSCOZ"
      "FFSCOZ"
@@ -284,6 +290,28 @@ TEST(TrainerEvents, WindowOffByOneLeaksTheLeftover) {
   // 4 micro-batches, K = 2: steps after 0 and 2; micro-batch 3 is neither
   // stepped nor zeroed (it would join the next epoch's first window).
   EXPECT_EQ(pattern({Pitfall::window_boundary_off_by_one}, 4),
+            "FCOSZ"
+            "FFCOSZ"
+            "F");
+}
+
+TEST(TrainerEvents, WindowOffByOneMaxSteps) {
+  // run_clm_no_trainer (2021): 4 micro-batches, K = 2, 2 epochs: windows
+  // [0], [1, 2], [3] (the epoch's rest, stepped at its end): 3 steps per
+  // epoch where max_train_steps = 2 x ceil(4 / 2) = 4, so epoch 1 breaks
+  // after its first window; its other micro-batches are never drawn.
+  Scenario s = five_micro_batches(4);
+  s.batching.epochs = 2;
+  EXPECT_EQ(pattern_of(s, {Pitfall::window_boundary_off_by_one_max_steps}),
+            "FCOSZ"
+            "FFCOSZ"
+            "FCOSZ"
+            "FCOSZ");
+  // Without the break the same cut takes 6 steps.
+  EXPECT_EQ(pattern_of(s, {Pitfall::window_boundary_off_by_one}),
+            "FCOSZ"
+            "FFCOSZ"
+            "F"
             "FCOSZ"
             "FFCOSZ"
             "F");

@@ -2,7 +2,7 @@
 (models.py), each optionally recorded for the contract tier.
 
     train.py --model gpt --loop transformers --K 4 --out trace/
-    accumcheck certify --contract trace/
+    accumcheck certify --contract --trace trace/
 
 Each loop below is a complete loop in one idiom; the mistakes are the ones
 reported in the field.  --no-record runs the same loop without the

@@ -7,7 +7,7 @@ nn.Module, without an export bundle (README "Two tiers of certification").
         for i, batch in enumerate(recorder.watch(loader)):   # your loop, unchanged
             ...
     recorder.close()
-    accumcheck certify --contract trace/
+    accumcheck certify --contract --trace trace/
 
 Trainers whose optimizer is built late, or whose loader a framework draws:
     rec = ContractRecorder(model, None, summed_loss, items, accumulation=K)
@@ -74,6 +74,9 @@ U32 = 2.0 ** -24
 REPLAY_ULPS = 16.0
 # The declared lr schedule's keys (a scenario's [schedule] table).
 SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
+SCHEDULE_HEADER = "calls,lr,lr_stretched"
+# sim/limits.cpp schedule_rows: the most rows certify reads of schedule.csv.
+SCHEDULE_ROWS = 10_000_000
 
 
 def _to(batch, dtype):
@@ -201,16 +204,145 @@ class _Watched:
         return len(self.loader)
 
 
+class _Schedule:
+    """A declared lr schedule in the form the user has it, tabulated on the
+    recorder's own copy (never the user's scheduler or optimizer): the
+    group-0 lr after n scheduler.step() calls, stepped by PyTorch itself
+    (so in double, exactly as the trainer's scheduler computes it).
+
+    declared: a torch.optim.lr_scheduler.LRScheduler object (a framework's
+    too, e.g. the LambdaLR transformers.get_linear_schedule_with_warmup
+    returns), not yet stepped; an lr_lambda (step -> factor, as LambdaLR
+    takes it); a factory optimizer -> scheduler; or a factory (optimizer,
+    scale) -> scheduler whose every length (warmup, horizon, step size) is
+    multiplied by scale: the recorder builds it with scale 1 (the accepted
+    schedule) and K (schedule-horizon-in-micro-steps, otherwise not
+    judged)."""
+
+    def __init__(self, declared, optimizer, K):
+        from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+        # A wrapper (Accelerate's AcceleratedOptimizer / Scheduler) holds
+        # the torch optimizer or scheduler as .optimizer / .scheduler.
+        inner = getattr(optimizer, "optimizer", None)
+        if isinstance(inner, torch.optim.Optimizer):
+            optimizer = inner
+        inner = getattr(declared, "scheduler", None)
+        if not isinstance(declared, LRScheduler) and isinstance(inner, LRScheduler):
+            declared = inner
+        self.cls, self.K, self.rebuild = type(optimizer), K, None
+        # Your groups' hyperparameters now (before training moves them).
+        self.groups = [copy.deepcopy({k: v for k, v in g.items() if k != "params"})
+                       for g in optimizer.param_groups]
+        if isinstance(declared, LRScheduler):
+            if declared.optimizer is not optimizer and \
+                    getattr(declared.optimizer, "optimizer", None) is not optimizer:
+                raise Refused("schedule: the scheduler object wraps another optimizer than the "
+                              "recorder's")
+            if declared.last_epoch != 0:
+                raise Refused("schedule: the scheduler object was stepped %d times already; make "
+                              "the recorder before the first scheduler.step()"
+                              % declared.last_epoch)
+            # Its copy now: the scheduler with the recorder's own optimizer
+            # in place of yours (its state and lr as the scheduler left
+            # them); each table steps a copy of that copy.
+            snapshot = copy.deepcopy(declared, {id(declared.optimizer): self._proxy(fresh=False)})
+            self.build = lambda scale: copy.deepcopy(snapshot)
+            self.what = "a %s object" % type(declared).__name__
+        elif callable(declared):
+            factor = None
+            try:
+                factor = declared(0)
+            except Exception:  # noqa: BLE001 -- not an lr_lambda: a factory
+                pass
+            if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+                self.build = lambda scale: LambdaLR(self._proxy(fresh=True), declared)
+                self.what = "an lr_lambda"
+            else:
+                import inspect
+                try:
+                    two = len(inspect.signature(declared).parameters) >= 2
+                except (TypeError, ValueError):
+                    two = False
+                if two:
+                    self.build = lambda scale: declared(self._proxy(fresh=True), scale)
+                    self.rebuild = K
+                    self.what = "a factory of (optimizer, scale)"
+                else:
+                    self.build = lambda scale: declared(self._proxy(fresh=True))
+                    self.what = "a factory of the optimizer"
+        else:
+            raise Refused("schedule: expected a dict of a named kind, an LRScheduler object, an "
+                          "lr_lambda (step -> factor) or a factory (optimizer [, scale]) -> "
+                          "scheduler, got %r" % (declared,))
+        first = self.build(1)
+        if not isinstance(first, LRScheduler):
+            raise Refused("schedule: %s returned %r, expected a torch.optim.lr_scheduler "
+                          "scheduler" % (self.what, first))
+
+    def _proxy(self, fresh):
+        """An optimizer of your optimizer's class over one stand-in
+        parameter per group, with your groups' hyperparameters (fresh: as
+        before any scheduler: lr its initial_lr)."""
+        groups = []
+        for g in self.groups:
+            h = copy.deepcopy(g)
+            if fresh and "initial_lr" in h:
+                h["lr"] = h.pop("initial_lr")
+            groups.append(dict(h, params=[torch.zeros(1, requires_grad=True)]))
+        try:
+            return self.cls(groups)
+        except Exception:  # noqa: BLE001 -- a class that needs more arguments
+            return torch.optim.SGD(groups)
+
+    def table(self, rows, scale):
+        """The group-0 lr after 0 .. rows-1 scheduler.step() calls (fewer
+        where the scheduler refuses to step further, as OneCycleLR past
+        its total_steps)."""
+        import warnings
+        sched = self.build(scale)
+        out = [float(sched.optimizer.param_groups[0]["lr"])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(rows - 1):
+                try:
+                    sched.step()
+                except (ValueError, IndexError, ZeroDivisionError):
+                    break
+                out.append(float(sched.optimizer.param_groups[0]["lr"]))
+        return out
+
+    def csv(self, rows):
+        lr = self.table(rows, 1)
+        st = self.table(rows, self.rebuild) if self.rebuild else []
+        n = min(len(lr), len(st)) if st else len(lr)
+        return SCHEDULE_HEADER + "\n" + "".join(
+            "%d,%s,%s\n" % (i, real(lr[i]), real(st[i]) if st else "") for i in range(n))
+
+
 class ContractRecorder:
     """ContractRecorder(model, optimizer, loss_fn, count_fn, accumulation,
     out="trace", items="samples", run="trainer", quiet=False,
     calibrate_every=None, lr=None, schedule=None, clip=None).
 
-    lr, schedule: the accepted lr schedule, judged by certify's lr channel:
-    lr the base lr (default: the optimizer's lr now, or its initial_lr when
-    a scheduler already wraps it), schedule a dict like a scenario's
-    [schedule] table: {"kind": "constant" | "step" | "linear" | "cosine",
-    "warmup", "total", "step_size", "gamma"} (default constant).
+    schedule: the accepted lr schedule, judged by certify's lr channel
+    (docs/tiers.md "Declaring the lr schedule"), in the form your trainer
+    has it:
+      - your scheduler object (any torch.optim.lr_scheduler scheduler over
+        this optimizer, not yet stepped: LambdaLR, OneCycleLR, what
+        transformers.get_*_schedule_with_warmup returns);
+      - an lr_lambda, step -> factor (LambdaLR's);
+      - a factory, lambda optimizer: SomeLR(optimizer, ...);
+      - a factory of (optimizer, scale) whose lengths are multiplied by
+        scale (then schedule-horizon-in-micro-steps is judged too);
+      - a dict of a named kind like a scenario's [schedule] table:
+        {"kind": "constant" | "step" | "linear" | "cosine", "warmup",
+        "total", "step_size", "gamma"};
+      - None: constant.
+    The recorder steps its own copy (never yours) and writes the lr it
+    gives after every count of scheduler.step() calls certify can need
+    (schedule.csv).  lr: the base lr of a named kind (default: the
+    optimizer's lr now, or its initial_lr when a scheduler already wraps
+    it); a scheduler declaration gives its own lrs.
     clip: the accepted clip_grad_norm_ max_norm once per step before
     optimizer.step() (default None: no clipping accepted).
     accept: pitfall ids (sim/pitfalls.cpp) the user accepts as their loop
@@ -236,9 +368,19 @@ class ContractRecorder:
         self.calibrate_every = max(1, int(calibrate_every or 16))
         self.lr_declared = lr
         self.lr0 = None
+        # A scheduler declaration (not a named kind): tabulated into
+        # schedule.csv by a _Schedule made when the optimizer is attached.
+        self.declared, self.schedule_declared = None, None
+        if schedule is not None and not isinstance(schedule, dict):
+            if lr is not None:
+                raise Refused("lr: a scheduler declaration gives its own lr; pass lr only with "
+                              "a named schedule kind")
+            self.schedule_declared = schedule
+            schedule = {"kind": "table"}
         schedule = dict(schedule or {"kind": "constant"})
         bad = sorted(set(schedule) - set(SCHEDULE_KEYS))
-        if bad or schedule.get("kind") not in ("constant", "step", "linear", "cosine"):
+        if bad or schedule.get("kind") not in ("constant", "step", "linear", "cosine") and \
+                self.schedule_declared is None:
             raise Refused("schedule: expected {'kind': 'constant' | 'step' | 'linear' | "
                           "'cosine', 'warmup', 'total', 'step_size', 'gamma'}, got %r" % (schedule,))
         self.schedule = schedule
@@ -257,6 +399,7 @@ class ContractRecorder:
         self.micro = []        # [epoch, version, items, samples, rng, batch, done, cal]
         self.backwards = []    # [micro, version, row of c in self.buf, fit]
         self.epochs = []       # [dataset items, batch size] per watched epoch
+        self.loader_lengths = []  # len(loader) per watched epoch (0: none)
         self.rows = []         # contract.csv rows
         self.clips = []        # [version, factor, norm, max_norm]
         self.events = []       # (kind, step, micro, lr)
@@ -315,6 +458,12 @@ class ContractRecorder:
                           "optimizer step the recorder could not see; attach it before its "
                           "first step (ContractRecorder(model, optimizer, ...), or "
                           "rec.attach(optimizer) at train begin)" % len(self.backwards))
+        if self.schedule_declared is not None:
+            try:
+                self.declared = _Schedule(self.schedule_declared, optimizer, self.K)
+            except Refused:
+                self._unpatch()  # nothing left patched by a refused declaration
+                raise
         self.optimizer = optimizer
         group = optimizer.param_groups[0]
         lr = self.lr_declared
@@ -493,6 +642,21 @@ class ContractRecorder:
                             # Accelerate's loaders keep it on their batch sampler
                             or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
                             or -1])
+        try:
+            self.loader_lengths.append(len(loader))
+        except TypeError:
+            self.loader_lengths.append(0)
+
+    def _schedule_rows(self):
+        """How many scheduler.step() counts certify can need: one per
+        micro-batch the loaders hold (drawn or not) and one per epoch, for
+        every rank (ddp-scheduler-per-rank), and the first."""
+        micro = len(self.micro) + sum(self.loader_lengths)
+        rows = getattr(self, "world", 1) * (micro + len(self.epochs)) + 2
+        if rows > SCHEDULE_ROWS:
+            raise Refused("schedule: %d scheduler.step() counts to tabulate, more than the "
+                          "schedule_rows limit %d (sim/limits.cpp)" % (rows, SCHEDULE_ROWS))
+        return rows
 
     def _drawn(self, batch):
         self._ema_poll()
@@ -973,8 +1137,16 @@ class ContractRecorder:
                                                          "" if lr is None else real(lr)))
         self._write(meta, events, rows)
 
+    def _extra_files(self):
+        """The trace's files beside contract.csv: schedule.csv for a
+        declared scheduler."""
+        return {} if self.declared is None else {
+            "schedule.csv": self.declared.csv(self._schedule_rows())}
+
     def _write(self, meta, events, rows):
-        write_trace(self.out, meta, events, [], extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})
+        write_trace(self.out, meta, events, [],
+                    extra=dict(self._extra_files(),
+                               **{"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)}))
 
     def __enter__(self):
         return self

@@ -516,10 +516,13 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
             # seen: DDP's (or FSDP's reduce-scatters), or the trainer's own
             # torch.distributed.all_reduce of the gradients.
             meta = meta + [("all_reduces", "seen")]
+        extra = self._extra_files()
+
         def write(parts):
             m, e, _ = merge_parts([(r, m, e, []) for r, m, e, _ in parts])
             text = merge_contract_parts([(r, c) for r, _, _, c in parts])
-            write_trace(self.out, m, e, [], extra={"contract.csv": text}, ranks=True)
+            write_trace(self.out, m, e, [], extra=dict(extra, **{"contract.csv": text}),
+                        ranks=True)
         self._gather_write((self.rank, meta, events, rows), write)
 
 

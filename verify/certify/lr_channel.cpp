@@ -83,7 +83,13 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
       });
   const double base = s.optimizer.lr;
   auto S = [&](int64_t k) { return base * lr_multiplier(s.schedule, k); };
-  if (constant_ratio && same(ratio, K, rel)) {
+  if (std::isnan(c.accepted_lr[t0])) {
+    // A declared table (schedule.csv) this semantics runs past.
+    c.evidence = fmt::format(
+        "the accepted loop's scheduler is past the declared schedule's "
+        "table ({} scheduler.step() counts) at step {}",
+        s.schedule.table ? s.schedule.table->size() : 0, t0);
+  } else if (constant_ratio && same(ratio, K, rel)) {
     c.evidence = fmt::format(
         "lr at every step is K x the schedule (K = {}: the linear scaling "
         "rule)",

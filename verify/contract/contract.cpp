@@ -406,7 +406,25 @@ void declared(const Trace& tr, Scenario& s) {
   s.optimizer.lr = number("lr", 1.0);
   const std::string kind = tr.meta_value("schedule_kind");
   ScheduleSpec& sc = s.schedule;
-  if (kind.empty() || kind == "constant") {
+  if (kind == "table") {
+    // A declared scheduler, tabulated by the recorder (schedule.csv): the
+    // multipliers of the meta lr, as LambdaLR's base_lr * lambda(n).
+    const std::optional<ScheduleTable> t = read_schedule_table(tr.dir);
+    if (!t)
+      throw InputError(tr.meta_path(), 0, 0, "schedule_kind",
+                       "'table' needs schedule.csv beside meta.csv (written "
+                       "by ContractRecorder(schedule=...)); record again");
+    const double base = s.optimizer.lr > 0 ? s.optimizer.lr : 1.0;
+    s.optimizer.lr = base;
+    auto multipliers = [&](const std::vector<double>& lr) {
+      std::vector<double> m;
+      m.reserve(lr.size());
+      for (double x : lr) m.push_back(x / base);
+      return std::make_shared<const std::vector<double>>(std::move(m));
+    };
+    sc.table = multipliers(t->lr);
+    if (!t->stretched.empty()) sc.stretched_table = multipliers(t->stretched);
+  } else if (kind.empty() || kind == "constant") {
     sc.kind = ScheduleKind::constant;
   } else if (kind == "step") {
     sc.kind = ScheduleKind::step;
@@ -417,7 +435,8 @@ void declared(const Trace& tr, Scenario& s) {
   } else {
     throw InputError(
         tr.meta_path(), 0, 0, "schedule_kind",
-        fmt::format("expected constant, step, linear or cosine, got '{}'",
+        fmt::format("expected constant, step, linear, cosine or table, got "
+                    "'{}'",
                     kind));
   }
   sc.warmup = integer("schedule_warmup", 0);
@@ -893,12 +912,25 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   std::string reduce_correct;  // "" or how correct's count differs
   LrChannel lr_correct;
   Distance correct_weights;  // correct's weight distance, whatever its lr
+  // Per candidate (r.ranking's order before sorting): its weight distance
+  // whatever its lr, and whether its lr is the trace's.  A failed lr
+  // check does not hide what the weights say (and the other way round).
+  std::vector<double> weight_d;
+  std::vector<bool> lr_ok;
+  // A declared table the recorder could not rebuild with a K times longer
+  // horizon: schedule-horizon-in-micro-steps has no lr to judge.
+  const bool horizon_unjudged =
+      s.schedule.table != nullptr && s.schedule.stretched_table == nullptr;
   const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok && ema_ok;
   for (const auto& sem : sems) {
     // When the trace passes (every fit within its bound and correct
     // within 1, lr included), the ranking is not printed: the other
     // candidates are not predicted at all.
     if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1) break;
+    if (horizon_unjudged && sem != accept &&
+        std::find(sem.begin(), sem.end(),
+                  Pitfall::schedule_horizon_in_micro_steps) != sem.end())
+      continue;
     const Prediction p = predict(cp, s, behavior_of(sem), c);
     const bool sem_lowp = behavior_of(sem).low_precision_grad_buffer;
     Distance d = distance(sem_lowp ? meas_lowp : meas, p, c);
@@ -923,13 +955,14 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       correct_weights = d_weights;
       reduce_correct = reduce_why;
     }
-    if (!lr.ok) {
-      d.d = kInf;
-      d.why = lr.message;
-    }
     if (!reduce_why.empty()) {
       d.d = kInf;
       d.why = reduce_why;
+    }
+    const double wd = d.d;
+    if (!lr.ok) {
+      d.d = kInf;
+      d.why = lr.message;
     }
     // Semantics with the same prediction (e.g. scheduler pitfalls: the
     // contract tier sees weights, not the lr) are one candidate.
@@ -956,6 +989,23 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     lowps.push_back(sem_lowp);
     dists.push_back(d);
     lrs.push_back(lr.accepted_lr);
+    weight_d.push_back(wd);
+    // Its lr explains the trace's only where it also takes as many steps
+    // (the channel compares the steps both have).
+    lr_ok.push_back(lr.checked && lr.ok &&
+                    lr.accepted_lr.size() == lr.trace_lr.size());
+  }
+  // The weights' best match (the fewest pitfalls among the nearest) and
+  // the lr's (correct, or the first single pitfall whose lr is the
+  // trace's): named each when no one candidate explains both.
+  int64_t by_weights = -1, by_lr = -1;
+  for (size_t k = 0; k < r.ranking.size(); ++k) {
+    const auto& cand = r.ranking[k];
+    if (by_weights < 0 || weight_d[k] < weight_d[size_t(by_weights)] ||
+        (weight_d[k] == weight_d[size_t(by_weights)] &&
+         cand.pitfalls.size() < r.ranking[size_t(by_weights)].pitfalls.size()))
+      by_weights = int64_t(k);
+    if (by_lr < 0 && lr_ok[k] && cand.pitfalls.size() <= 1) by_lr = int64_t(k);
   }
   const CertifyCandidate correct = r.ranking.front();
   r.expected_steps = correct.steps;
@@ -990,6 +1040,18 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   r.pass = fit.ok && sfit.ok && rep.ok && clip_ok && structure_ok &&
            lr_correct.ok && reduce_correct.empty() && ema_ok;
   r.notes.push_back(not_judged(tr));
+  // Their names (by_weights, by_lr index the ranking before sorting).
+  const double weights_best =
+      by_weights >= 0 ? weight_d[size_t(by_weights)] : kInf;
+  const std::string weights_name =
+      by_weights >= 0 ? r.ranking[size_t(by_weights)].name : "";
+  const std::string lr_name = by_lr >= 0 ? r.ranking[size_t(by_lr)].name : "";
+  const std::string horizon_note =
+      horizon_unjudged
+          ? "not judged: schedule-horizon-in-micro-steps (the declared "
+            "scheduler cannot be rebuilt with a K times longer horizon: "
+            "declare a factory of (optimizer, scale), docs/tiers.md)"
+          : "";
   std::stable_sort(
       r.ranking.begin(), r.ranking.end(),
       [](const auto& a, const auto& b) { return a.distance < b.distance; });
@@ -1052,6 +1114,16 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           names, fmt_ratio(best.distance),
           r.ranking.size() > 1 ? r.ranking[1].name : "-", fmt_ratio(next),
           fmt_ratio(best.distance > 0 ? next / best.distance : kInf));
+    } else if (weights_best <= 1 && weights_name != semantics_name(accept) &&
+               lr_correct.checked && !lr_correct.ok) {
+      // The weights match a candidate whose lr is not the trace's: each
+      // channel's diagnosis.
+      r.diagnosis = fmt::format(
+          "diagnosis: matches {} (weights, max {} of the uncertainty) and {} "
+          "(lr)\nevidence: {}",
+          weights_name, fmt_ratio(weights_best),
+          lr_name.empty() ? std::string("no modelled lr pitfall") : lr_name,
+          lr_correct.evidence);
     } else {
       r.diagnosis = "diagnosis: no modelled pitfall explains this trace\n";
       if (structure_ok)
@@ -1066,6 +1138,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           r.diagnosis += "evidence: " + line + "\n";
       if (!lr_correct.ok)
         r.diagnosis += "evidence: " + lr_correct.evidence + "\n";
+      if (!lr_correct.ok && !lr_name.empty())
+        r.diagnosis += fmt::format("evidence: the lr matches {}\n", lr_name);
       if (!reduce_correct.empty())
         r.diagnosis += "evidence: all-reduce: " + reduce_correct + "\n";
       if (!s.clip.enabled && !c.clips.empty()) {
@@ -1087,6 +1161,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           "closest (not matching): {} at {} of the uncertainty ({})", names,
           fmt_ratio(best.distance), best.first_out_what);
     }
+    if (!horizon_note.empty()) r.diagnosis += "\n" + horizon_note;
   }
   // What the recorder saw and reports (meta.csv's `notes`: e.g. a
   // backward that drew random numbers after its forward).

@@ -674,6 +674,34 @@ constexpr ExplainEntry kEntries[] = {
      "t_after_step = sum of micro-steps; decay (1 - lr*wd)^K per step",
      "optimizer-state-every-micro-step", "keras #19990",
      "state.optimizer-state-every-micro-step"},
+    {"window-boundary-off-by-one-max-steps",
+     "`if step % K == 0 or step == len(loader) - 1` with max_train_steps",
+     "Hugging Face's run_clm_no_trainer.py (2021) steps when `step % K == "
+     "0 or step == len(train_dataloader) - 1` on a 0-based step and breaks "
+     "once completed_steps reaches max_train_steps = epochs x ceil(len / "
+     "K). The first window holds one micro-batch, the epoch's rest is "
+     "stepped at its end, so an epoch takes one step more than planned "
+     "(unless len = 1 mod K); the run reaches max_train_steps early and the "
+     "last epochs stop after their first window, their other data unseen. "
+     "The final step count looks right.",
+     "     for step, batch in enumerate(train_dataloader):\n"
+     "         loss = model(**batch).loss / K\n"
+     "         accelerator.backward(loss)\n"
+     "-        if step % K == 0 or step == len(train_dataloader) - 1:\n"
+     "+        if (step + 1) % K == 0 or step == len(train_dataloader) - 1:\n"
+     "             optimizer.step(); lr_scheduler.step(); "
+     "optimizer.zero_grad()\n"
+     "             completed_steps += 1\n"
+     "         if completed_steps >= max_train_steps:\n"
+     "             break",
+     "windows [0], [1..K], ..., the epoch's rest; each micro-batch weighs "
+     "1/(K*b_k); every epoch ends after the window whose step reaches "
+     "epochs x ceil(micro-batches / K)",
+     "window-boundary-off-by-one-max-steps",
+     "transformers examples/pytorch/language-modeling/run_clm_no_trainer.py "
+     "(2021, its step condition and max_train_steps break, copied widely); "
+     "FIELD.md boundary arithmetic",
+     "window.off-by-one-max-steps"},
     {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
      "Correct accumulation under DDP (no_sync on every micro-step but the "
      "window's last, each rank weighting its items R/N_w with N_w counted "

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "sim/errors.hpp"
+#include "sim/limits.hpp"
 #include "verify/trace/trace.hpp"
 
 namespace accumcheck {
@@ -162,6 +164,66 @@ ContractSection read_contract(const std::string& dir) {
     }
   }
   return c;
+}
+
+std::optional<ScheduleTable> read_schedule_table(const std::string& dir) {
+  const std::string path =
+      (std::filesystem::path(dir) / "schedule.csv").string();
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  require_file_within_limit(path, "trace_bytes");
+  std::ifstream in(path);
+  if (!in) throw InputError(path, 0, 0, "", "cannot open");
+  constexpr std::string_view kHeader = "calls,lr,lr_stretched";
+  std::string line;
+  if (!std::getline(in, line) || line != kHeader)
+    throw InputError(path, 1, 1, "",
+                     fmt::format("expected the header '{}'", kHeader));
+  const int64_t max_rows = limit("schedule_rows");
+  ScheduleTable t;
+  int64_t ln = 1;
+  bool stretched = false;
+  while (std::getline(in, line)) {
+    ++ln;
+    if (line.empty()) continue;
+    const auto f = split_commas(line);
+    if (f.size() != 3)
+      throw InputError(path, ln, 1, "",
+                       fmt::format("expected 3 fields, got {}", f.size()));
+    int64_t calls = -1;
+    const auto r =
+        std::from_chars(f[0].data(), f[0].data() + f[0].size(), calls);
+    if (r.ec != std::errc() || r.ptr != f[0].data() + f[0].size() ||
+        calls != int64_t(t.lr.size()))
+      throw InputError(
+          path, ln, 1, "calls",
+          fmt::format("expected {} (rows in order from 0), got '{}'",
+                      t.lr.size(), f[0]));
+    if (calls >= max_rows)
+      throw InputError(
+          path, ln, 1, "calls",
+          fmt::format("more than {} rows (limit schedule_rows; raise it with "
+                      "ACCUMCHECK_LIMITS=schedule_rows=N)",
+                      max_rows));
+    auto number = [&](size_t i, const char* col) {
+      const std::string v(f[i]);
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) ||
+          x < 0)
+        throw InputError(path, ln, 1, col,
+                         fmt::format("expected a number >= 0, got '{}'", v));
+      return x;
+    };
+    t.lr.push_back(number(1, "lr"));
+    if (ln == 2) stretched = !f[2].empty();
+    if (stretched != !f[2].empty())
+      throw InputError(path, ln, 1, "lr_stretched",
+                       "expected a number on every row or on none");
+    if (stretched) t.stretched.push_back(number(2, "lr_stretched"));
+  }
+  if (t.lr.empty())
+    throw InputError(path, 1, 1, "", "expected at least one row (calls 0)");
+  return t;
 }
 
 }  // namespace accumcheck

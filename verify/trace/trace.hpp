@@ -55,6 +55,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -455,6 +456,22 @@ struct ContractSection {
 // anything malformed: an unknown kind, indices out of order, a missing
 // number, a reference to an unknown backward or micro-batch).
 ContractSection read_contract(const std::string& dir);
+
+// ---- a declared lr schedule's table (schedule.csv, written by
+// accumcheck_torch.ContractRecorder(schedule=...) when the schedule is a
+// scheduler, a factory or an lr_lambda: the recorder stepped its own copy
+// and wrote the lr after each number of scheduler.step() calls):
+//   calls,lr,lr_stretched
+// calls 0, 1, 2, ... in order; lr the group-0 lr after `calls`
+// scheduler.step() calls; lr_stretched the same of the schedule rebuilt
+// with every length K times longer (schedule-horizon-in-micro-steps),
+// empty on every row where the declaration could not rebuild it.
+struct ScheduleTable {
+  std::vector<double> lr, stretched;  // stretched: empty, or lr's size
+};
+// nullopt when `dir` has no schedule.csv; InputError naming the file and
+// line on anything malformed, or past the schedule_rows limit.
+std::optional<ScheduleTable> read_schedule_table(const std::string& dir);
 
 // ---- the training state beyond gradients (state.csv, written by
 // adapters/pytorch/accumcheck_torch/recorder.py and by TraceWriter

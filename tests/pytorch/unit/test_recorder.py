@@ -228,3 +228,93 @@ def test_contract_compile_settings(tmp_path):
         opt.zero_grad()
     rec.close()
     assert (fconf.donated_buffer, iconf.fallback_random) == before
+
+
+def _schedule_rows(folder):
+    with open(os.path.join(folder, "schedule.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _contract_run(tmp_path, schedule, model=None, opt=None, steps=3, **kw):
+    """A one-layer model trained `steps` windows of K = 2, its scheduler
+    (when `schedule` is one) stepped after each optimizer step."""
+    torch.manual_seed(0)
+    model = model or torch.nn.Linear(3, 2)
+    opt = opt or torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = schedule(opt) if callable(schedule) and getattr(schedule, "user", False) else None
+    rec = act.ContractRecorder(model, opt, loss_fn=lambda m, b: m(b).sum(), count_fn=len,
+                               accumulation=2, out=str(tmp_path / "trace"), quiet=True,
+                               schedule=sched if sched is not None else schedule, **kw)
+    data = [torch.randn(4, 3) for _ in range(2 * steps)]
+    for i, batch in enumerate(rec.watch(data)):
+        (model(batch).sum() / 8).backward()
+        if i % 2 == 1:
+            opt.step()
+            if sched is not None:
+                sched.step()
+            opt.zero_grad()
+    rec.close()
+    return rec, opt, sched
+
+
+def test_contract_schedule_forms_tabulate_the_same_lr(tmp_path):
+    """An lr_lambda, a factory and the scheduler object give one table:
+    PyTorch's own lr after 0, 1, 2, ... scheduler.step() calls, and the
+    recorder never steps your scheduler or changes your optimizer's lr."""
+    from torch.optim.lr_scheduler import LambdaLR
+    f = lambda s: min(1.0, (s + 1) / 3)  # noqa: E731
+
+    def user(opt):
+        return LambdaLR(opt, f)
+    user.user = True
+    tables = []
+    for i, form in enumerate((f, lambda opt: LambdaLR(opt, f), user)):
+        rec, opt, sched = _contract_run(tmp_path / str(i), form)
+        rows = _schedule_rows(str(tmp_path / str(i) / "trace"))
+        assert meta(str(tmp_path / str(i) / "trace"))["schedule_kind"] == "table"
+        # 6 micro-batches drawn, the loader's 6, one epoch, and the first.
+        assert [int(r["calls"]) for r in rows] == list(range(6 + 6 + 1 + 2))
+        assert all(r["lr_stretched"] == "" for r in rows)
+        tables.append([float(r["lr"]) for r in rows])
+        if sched is not None:
+            # The loop stepped its scheduler 3 times, no more.
+            assert sched.last_epoch == 3 and opt.param_groups[0]["lr"] == 0.1 * f(3)
+    assert tables[0] == tables[1] == tables[2]
+    assert tables[0][:4] == [0.1 * f(n) for n in range(4)]
+
+
+def test_contract_schedule_scaled_factory_and_refusals(tmp_path):
+    """A factory of (optimizer, scale) gives the stretched table too; a
+    scheduler already stepped, or one over another optimizer, and lr= with
+    a scheduler are refused (exit 2); OneCycleLR's table ends where
+    PyTorch refuses to step it."""
+    from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
+    _contract_run(tmp_path / "s", lambda opt, scale: LambdaLR(opt, lambda s: s / (4 * scale)))
+    rows = _schedule_rows(str(tmp_path / "s" / "trace"))
+    assert [float(r["lr_stretched"]) for r in rows[:3]] == [0.0, 0.1 / 8, 0.2 / 8]
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    stepped = LambdaLR(opt, lambda s: 1.0)
+    opt.step()
+    stepped.step()
+    for bad, kw, text in ((stepped, {}, "stepped 1 times already"),
+                          (LambdaLR(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1),
+                                    lambda s: 1.0), {}, "another optimizer"),
+                          (lambda s: 1.0, {"lr": 0.1}, "gives its own lr"),
+                          (3, {}, "expected a dict of a named kind")):
+        with pytest.raises(act.Refused) as e:
+            act.ContractRecorder(model, opt, loss_fn=lambda m, b: m(b).sum(), count_fn=len,
+                                 accumulation=2, out=str(tmp_path / "r"), quiet=True,
+                                 schedule=bad, **kw)
+        assert e.value.code == 2 and text in str(e.value)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    one = OneCycleLR(opt, max_lr=1.0, total_steps=3)
+
+    def user(o):
+        return one
+    user.user = True
+    _contract_run(tmp_path / "o", user, model=model, opt=opt)
+    rows = _schedule_rows(str(tmp_path / "o" / "trace"))
+    # PyTorch steps it up to total_steps calls and refuses the next.
+    assert len(rows) == 4
