@@ -87,6 +87,7 @@
 #include "sim/engine.hpp"
 #include "sim/errors.hpp"
 #include "sim/k_schedule.hpp"
+#include "sim/limits.hpp"
 #include "sim/lr_schedule.hpp"
 #include "sim/pitfalls.hpp"
 #include "sim/plan.hpp"
@@ -214,11 +215,14 @@ class Trainer {
       const bool redrawn = b_.skip_short_micro_batch || b_.window_off_by_one;
       if (redrawn) own = drawn(planned);
       const EpochPlan& epoch = redrawn ? own : planned;
-      // max_train_steps as run_clm_no_trainer computes it before training.
-      if (ep == 0)
-        planned_steps_ = plan.epoch_count() *
-                         ((planned.micro_steps() + planned.accumulation - 1) /
-                          std::max<int64_t>(1, planned.accumulation));
+      // max_train_steps as run_clm_no_trainer computes it before training
+      // (only that loop stops at it; a budget past int64 never stops).
+      if (ep == 0 && b_.stop_at_planned_steps)
+        planned_steps_ =
+            checked_mul(plan.epoch_count(),
+                        (planned.micro_steps() + planned.accumulation - 1) /
+                            std::max<int64_t>(1, planned.accumulation))
+                .value_or(INT64_MAX);
       for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w) {
         window(epoch.windows[w], ep, w + 1 == epoch.windows.size(),
                epoch.micro_steps());
