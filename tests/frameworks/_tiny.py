@@ -159,20 +159,16 @@ def variant_args(variants, argv=None):
     return a
 
 
-def _rank_argv(rank, main, ranks, argv):
-    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+def _argv_rank(rank, ranks, main, argv):
     if main(argv) != 0:
         raise SystemExit(1)
 
 
 def spawn(main, argv, ranks):
     """main(argv) in `ranks` processes with torch.distributed's env://
-    rendezvous set (as `accelerate launch` or torchrun would), or in this
-    one when ranks is 1 or this already is a rank."""
+    rendezvous set (as `accelerate launch` or torchrun would: spawn_ranks),
+    or in this one when ranks is 1 or this already is a rank."""
     if ranks <= 1 or "RANK" in os.environ:
         return main(argv)
-    import torch.multiprocessing as mp
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(ranks))
-    mp.spawn(_rank_argv, args=(main, ranks, argv), nprocs=ranks, join=True)
+    spawn_ranks(_argv_rank, ranks, main, argv)
     return 0
