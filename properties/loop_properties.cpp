@@ -1,9 +1,10 @@
 // Properties of the pitfalls that change how a loop draws and cuts its
 // windows or when it steps its scheduler: window-boundary-off-by-one,
 // skip-short-micro-batch, scheduler-before-optimizer, scheduler-per-epoch
-// (DESIGN.md section 5).  Each prediction is written from the pitfall's
-// story (which micro-batches a step sums, which lr it uses), not by the
-// trainer switch it checks.
+// (DESIGN.md section 5), and the mistakes only a framework's loop makes:
+// loss-divided-by-k-twice, end-of-loader-syncs-every-micro-batch.  Each
+// prediction is written from the pitfall's story (which micro-batches a step
+// sums, which lr it uses), not by the trainer switch it checks.
 #include <rapidcheck.h>
 
 #include <algorithm>
@@ -221,6 +222,112 @@ void scheduler_order() {
   record_case(name);
 }
 
+// ---------------------------- mistakes only a framework's loop makes
+
+// The plan's windows, each with its epoch (pointing into `full`).
+Groups plan_windows(const Plan& full) {
+  Groups out;
+  for (size_t e = 0; e < full.epochs.size(); ++e)
+    for (const Window& w : full.epochs[e].windows) {
+      Micro ms;
+      for (const MicroBatch& m : w.micro) ms.push_back(&m);
+      out.push_back({ms, int64_t(e)});
+    }
+  return out;
+}
+
+int64_t items_of(const Micro& g) {
+  int64_t n = 0;
+  for (const MicroBatch* m : g) n += m->items();
+  return n;
+}
+
+// The user's `loss / K` (or a loop already normalized) divided by K again
+// by the framework: each step sums its window, every item weighted
+// 1/(K*N_w) (the window's items, a partial window's too); with
+// partial-cycle-scale-by-k the partial window's items weigh 1/(K*K*b_k*R)
+// (the framework's / K of `loss / K` on the rank's micro-batch, then
+// DDP's average).
+void loss_divided_by_k_twice() {
+  const std::string name = "framework.loss-divided-by-k-twice";
+  Triggers t;
+  t.pitfalls = {Pitfall::loss_divided_by_k_twice};
+  t.partial_window = *rc::gen::arbitrary<bool>();
+  t.max_ranks = 2;
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const int64_t K = s.batching.accumulation;
+  const Plan full = materialize(c.plan);  // the groups point into it
+  const Groups windows = plan_windows(full);
+  const Run<R> twice =
+      c.run(c.plan, {Pitfall::loss_divided_by_k_twice}, s.optimizer.lr);
+  check_groups(
+      name, c, twice, windows,
+      [K](const Micro& g, int64_t) { return K * items_of(g); }, "window / K");
+  const Run<R> with_partial = c.run(
+      c.plan,
+      {Pitfall::partial_cycle_scale_by_k, Pitfall::loss_divided_by_k_twice},
+      s.optimizer.lr);
+  check_groups(
+      name, c, with_partial, windows,
+      [K](const Micro& g, int64_t b) {
+        const bool partial = int64_t(g.size()) < K;
+        return partial ? K * K * b * ranks_of(*g.front()) : K * items_of(g);
+      },
+      "window / K, partial window / K^2 per micro-batch");
+  record_case(name);
+}
+
+// Accelerate's accumulate() at the end of the loader, in a loop that
+// draws its window first: each epoch's last window steps after every
+// micro-batch, each alone with its weight in the window (1/N_w of the
+// whole window); every other window as correct.
+void end_of_loader() {
+  const std::string name = "framework.end-of-loader";
+  Triggers t;
+  t.pitfalls = {Pitfall::end_of_loader_syncs_every_micro_batch};
+  t.partial_window = *rc::gen::arbitrary<bool>();
+  t.max_ranks = 2;
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const Plan full = materialize(c.plan);
+  Groups steps;
+  std::vector<int64_t> window_items;  // per step: its window's N_w
+  for (size_t e = 0; e < full.epochs.size(); ++e) {
+    const auto& ws = full.epochs[e].windows;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      Micro ms;
+      for (const MicroBatch& m : ws[i].micro) ms.push_back(&m);
+      const int64_t n = items_of(ms);
+      if (i + 1 < ws.size()) {
+        steps.push_back({ms, int64_t(e)});
+        window_items.push_back(n);
+        continue;
+      }
+      for (const MicroBatch* m : ms) {
+        steps.push_back({Micro{m}, int64_t(e)});
+        window_items.push_back(n);
+      }
+    }
+  }
+  const Run<R> bug = c.run(
+      c.plan, {Pitfall::end_of_loader_syncs_every_micro_batch}, s.optimizer.lr);
+  RC_ASSERT(bug.steps.size() == steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto want = predicted(
+        c, theta_before(bug, i, c),
+        weighted(steps[i].first, [&](int64_t) { return window_items[i]; }),
+        steps[i].second);
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
+                 "micro-batch of the last window alone");
+  }
+  record_case(name);
+}
+
 }  // namespace
 
 const std::vector<Property>& loop_properties() {
@@ -245,6 +352,16 @@ const std::vector<Property>& loop_properties() {
        "scheduler-per-epoch uses S(epoch); scheduler-per-micro-step uses "
        "S(n-1) after n micro-steps, S(n) with scheduler-before-optimizer",
        scheduler_order},
+      {"framework.loss-divided-by-k-twice", "oracle",
+       "loss-divided-by-k-twice: each step sums its window at 1/(K*N_w); "
+       "with partial-cycle-scale-by-k a partial window's items weigh "
+       "1/(K^2*b_k)",
+       loss_divided_by_k_twice},
+      {"framework.end-of-loader", "oracle",
+       "end-of-loader-syncs-every-micro-batch: each epoch's last window "
+       "steps after every micro-batch, each alone at 1/N_w of its window; "
+       "the other windows as correct",
+       end_of_loader},
   };
   return props;
 }

@@ -115,6 +115,16 @@ constexpr Entry kCatalog[] = {
      "one-micro-batch first window, the epoch's rest stepped at its end, "
      "so an extra step per epoch and the run stops at max_train_steps with "
      "its last epochs' data unseen"},
+    // Mistakes only a framework's loop makes (issue 33).
+    {Pitfall::loss_divided_by_k_twice, "loss-divided-by-k-twice",
+     "the loss divided by K by the user and again by the framework "
+     "(DeepSpeed's engine.backward, Accelerate's backward, Lightning): "
+     "every micro-batch weighs 1/K of what it should, G = g/K"},
+    {Pitfall::end_of_loader_syncs_every_micro_batch,
+     "end-of-loader-syncs-every-micro-batch",
+     "Accelerate's accumulate() in a loop that draws its window first: the "
+     "loader is at its end when the last window runs, so each of its "
+     "micro-batches is synced and stepped alone"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -258,6 +268,12 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         b.normalization = Normalization::micro_mean_over_k;
         b.partial = PartialWindow::step;
         b.stop_at_planned_steps = true;
+        break;
+      case Pitfall::loss_divided_by_k_twice:
+        b.loss_divided_by_k_again = true;
+        break;
+      case Pitfall::end_of_loader_syncs_every_micro_batch:
+        b.end_of_loader_steps_every_micro_step = true;
         break;
     }
   }

@@ -53,6 +53,9 @@ enum class Pitfall {
   ema_every_micro_step,
   optimizer_state_every_micro_step,
   window_boundary_off_by_one_max_steps,
+  // Mistakes only a framework's loop makes (issue 33).
+  loss_divided_by_k_twice,
+  end_of_loader_syncs_every_micro_batch,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -91,6 +94,8 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::ema_every_micro_step,
     Pitfall::optimizer_state_every_micro_step,
     Pitfall::window_boundary_off_by_one_max_steps,
+    Pitfall::loss_divided_by_k_twice,
+    Pitfall::end_of_loader_syncs_every_micro_batch,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -203,6 +208,21 @@ struct Behavior {
   // decoupled decay p *= 1 - lr*wd advanced at every micro-step that does
   // not step (keras' per-call state), besides the step's own.
   bool optimizer_state_every_micro_step = false;
+  // loss-divided-by-k-twice: the framework divides every micro-batch's
+  // loss by K (Accelerate's and DeepSpeed's backward, Lightning's
+  // closure) after the user's loop already normalized it: every weight
+  // the rest of the behaviour gives is divided by K once more (K literal,
+  // the epoch's, partial windows included: composed with
+  // partial-cycle-scale-by-k a short window's items weigh 1/(K^2*b_k)).
+  bool loss_divided_by_k_again = false;
+  // end-of-loader-syncs-every-micro-batch: in each epoch's last window
+  // every micro-step ends with the boundary block (sync, step, scheduler,
+  // zero_grad): Accelerate's accumulate() syncs whenever the prepared
+  // loader is at its end, and a loop that draws its window before the
+  // first backward has drawn the loader's last batch before the window's
+  // first micro-step.  Each micro-batch keeps the weight the behaviour
+  // gives it (the window's N_w, counted before the window).
+  bool end_of_loader_steps_every_micro_step = false;
 
   bool operator==(const Behavior&) const = default;
 };

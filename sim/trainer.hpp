@@ -46,6 +46,9 @@
 // (bf16/fp16/fp32) is set once, from [precision] grad_buffer or bf16 for
 // low-precision-grad-buffer.
 //
+// end-of-loader-syncs-every-micro-batch runs the boundary block (with
+// its all-reduce) after every micro-step of each epoch's last window;
+// loss-divided-by-k-twice divides every loss weight by K once more.
 // The windows an epoch is cut into are the plan's, except where a pitfall
 // draws or cuts them differently (drawn()): skip-short-micro-batch drops
 // the epoch's short last micro-batch, window-boundary-off-by-one cuts
@@ -330,6 +333,17 @@ class Trainer {
   // averages the R ranks' gradients, so a rank weighing its items R/N_w
   // gives each item 1/N_w; the per-rank means are averaged as they are.
   LossWeight weight(const Window& w, int64_t r, int64_t shard_items) const {
+    LossWeight lw = loop_weight(w, r, shard_items);
+    // loss-divided-by-k-twice: the framework's own / K on top of the
+    // loop's weight (exact: the weight stays num/integer; K and the items
+    // are bounded by sim/limits, as in micro_mean_over_k's K*b_k).
+    if (b_.loss_divided_by_k_again) lw.den *= K_;
+    return lw;
+  }
+
+  // The weight the user's loop gives (before a framework's extra / K).
+  LossWeight loop_weight(const Window& w, int64_t r,
+                         int64_t shard_items) const {
     const int64_t Kw = int64_t(w.micro.size());
     // ramp-normalization-stale: `loss / K_0` in the epochs whose K is not
     // K_0 (inert while K never changes).
@@ -702,6 +716,10 @@ class Trainer {
     // (no_sync before it); seed 002's loop steps once, at the epoch's end.
     const bool syncs_at_end =
         steps_at_boundary || (b_.seed_002_loop && last_of_epoch);
+    // end-of-loader-syncs-every-micro-batch: the epoch's last window is
+    // synced and stepped after each of its micro-steps.
+    const bool steps_each =
+        b_.end_of_loader_steps_every_micro_step && last_of_epoch;
 
     for (int64_t k = 0; k < Kw; ++k) {
       const int64_t b = backward_;  // rank 0's backward pass of this micro-step
@@ -740,11 +758,12 @@ class Trainer {
                     b_.l2_unnormalized ? 1 : Kw);
       });
       if (b_.sync == Sync::every_micro_step ||
-          (b_.sync == Sync::window_end && k + 1 == Kw && syncs_at_end))
+          (b_.sync == Sync::window_end && (k + 1 == Kw || steps_each) &&
+           syncs_at_end))
         all_reduce(k);
       if (clipping && b_.clip_per_micro_step)
         each_rank([&](int64_t) { clip(k); });
-      if (k + 1 < Kw) {  // the micro-steps that do not step
+      if (k + 1 < Kw && !steps_each) {  // the micro-steps that do not step
         if (scaling_ && b_.scaler_update_every_micro_step)
           scaler_update(k, unscale_all(k));
         if (s_.ema.enabled && b_.ema_every_micro_step) ema_update(k);
@@ -760,7 +779,7 @@ class Trainer {
         step_block(k, clipping && !b_.clip_per_micro_step);
       // The boundary's optimizer.step() precedes the micro-step's
       // scheduler.step() (scheduler-per-micro-step: step t uses S(tK+K-1)).
-      if (k + 1 == Kw)
+      if (k + 1 == Kw || steps_each)
         boundary(steps_at_boundary, last_of_epoch, epoch_micro_steps);
       if (b_.scheduler_per_micro_step && !schedules_first) scheduler_step(k);
     }

@@ -136,6 +136,10 @@ const Expected kTable[] = {
        b.normalization = Normalization::micro_mean_over_k;
        b.stop_at_planned_steps = true;
      })},
+    {"loss-divided-by-k-twice",
+     with([](Behavior& b) { b.loss_divided_by_k_again = true; })},
+    {"end-of-loader-syncs-every-micro-batch",
+     with([](Behavior& b) { b.end_of_loader_steps_every_micro_step = true; })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {
@@ -292,6 +296,12 @@ std::string expected_signature(std::string_view id, const WindowShape& w) {
   // not in one window: tests/trainer_events_test.cpp pins those.
   if (w.partial && id == "window-boundary-off-by-one") return s;
   if (id == "scheduler-before-optimizer") return s + "S" + C + "OZ";
+  // Each micro-batch of the epoch's last window stepped alone.
+  if (id == "end-of-loader-syncs-every-micro-batch" && w.last_of_epoch) {
+    s.clear();
+    for (size_t k = 0; k < n; ++k) s += F(k) + C + "OSZ";
+    return s;
+  }
   // Loss scaling and the EMA: unscale_ before the clip (after it for
   // clip-before-unscale), the step unless unscale_ found an overflow,
   // the scaler's update, the EMA after a step; the scheduler waits for a

@@ -180,6 +180,9 @@ const Pinned kPinned[] = {
     {Pitfall::ema_every_micro_step, kCorrect, "no EMA"},
     {Pitfall::optimizer_state_every_micro_step, kCorrect,
      "optimizer state values only"},
+    {Pitfall::loss_divided_by_k_twice, kCorrect, "weights only"},
+    {Pitfall::end_of_loader_syncs_every_micro_batch, kCorrect,
+     "the last window holds one micro-batch (see EndOfLoader)"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
@@ -315,6 +318,28 @@ TEST(TrainerEvents, WindowOffByOneMaxSteps) {
             "FCOSZ"
             "FFCOSZ"
             "F");
+}
+
+TEST(TrainerEvents, EndOfLoader) {
+  // 6 micro-batches, K = 2, 2 epochs: each epoch's last window [4, 5] is
+  // stepped, scheduled and zeroed after each of its micro-batches (with
+  // 2 ranks, 1 epoch: an all-reduce before each step); the others as
+  // correct.
+  Scenario s = five_micro_batches(6);
+  s.batching.epochs = 2;
+  const std::string epoch =
+      "FFCOSZ"
+      "FFCOSZ"
+      "FCOSZ"
+      "FCOSZ";
+  EXPECT_EQ(pattern_of(s, {Pitfall::end_of_loader_syncs_every_micro_batch}),
+            epoch + epoch);
+  EXPECT_EQ(
+      ranks_pattern({Pitfall::end_of_loader_syncs_every_micro_batch}, 6, 2),
+      "FFFFACCOOSSZZ"
+      "FFFFACCOOSSZZ"
+      "FFACCOOSSZZ"
+      "FFACCOOSSZZ");
 }
 
 TEST(TrainerEvents, SkipShortMicroBatch) {

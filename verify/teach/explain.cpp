@@ -702,6 +702,62 @@ constexpr ExplainEntry kEntries[] = {
      "(2021, its step condition and max_train_steps break, copied widely); "
      "FIELD.md boundary arithmetic",
      "window.off-by-one-max-steps"},
+    // Mistakes only a framework's loop makes (issue 33).
+    {"loss-divided-by-k-twice", "the loss divided by K twice: 1/K^2",
+     "The framework divides every micro-batch's loss by K itself "
+     "(Accelerate's accelerator.backward, DeepSpeed's engine.backward "
+     "unless scale_wrt_gas=False, Lightning's automatic optimization), and "
+     "the user, following the plain PyTorch recipe, divided it by K "
+     "already. Every step's gradient is 1/K of the large batch's: SGD "
+     "trains at lr/K, Adam almost hides it (its update is scale-free up to "
+     "eps), clipping that engages hides it. The framework also divides a "
+     "short last window by K: with a partial window the trace is "
+     "loss-divided-by-k-twice+partial-cycle-scale-by-k.",
+     "     with accelerator.accumulate(model):\n"
+     "-        loss = criterion(model(x), y) / K\n"
+     "+        loss = criterion(model(x), y)   # backward divides by K\n"
+     "         accelerator.backward(loss)\n"
+     "         optimizer.step(); optimizer.zero_grad()",
+     "every weight the loop gives divided by K once more: G = g/K on full "
+     "windows of equal micro-batches; a partial window of r micro-batches "
+     "weighs 1/(K*N_w) alone, 1/(K^2*b_k) with partial-cycle-scale-by-k",
+     "loss-divided-by-k-twice",
+     "accelerate #3533 (double divide gradient_accumulation_steps), "
+     "transformers #40709 and #26312, DeepSpeed #7439 (engine.backward "
+     "scales by gradient_accumulation_steps itself), transformers PR "
+     "#35808, Megatron-DeepSpeed PR #42 (grad accum double scaling); "
+     "accelerate's Accelerator.backward (loss / gradient_accumulation_steps)",
+     "framework.loss-divided-by-k-twice"},
+    {"end-of-loader-syncs-every-micro-batch",
+     "accumulate() at the end of the loader steps every micro-batch",
+     "Accelerate's accumulate() syncs and lets optimizer.step() through "
+     "when the prepared DataLoader is at its end (GradientState's "
+     "end_of_dataloader), and the loader sets that flag when it hands out "
+     "the epoch's last batch (it reads one batch ahead). A loop that draws "
+     "its window of K batches first (to count the window's tokens, as the "
+     "Trainer does) has drawn the last batch before the last window's "
+     "first micro-batch: every micro-batch of that window is synced, "
+     "stepped and zeroed alone, with the weight meant for the whole "
+     "window. Correct takes one step per window; this takes K in each "
+     "epoch's last one.",
+     "     window = list(itertools.islice(it, K))   # drawn first\n"
+     "     for batch in window:\n"
+     "-        with accelerator.accumulate(model):\n"
+     "-            accelerator.backward(loss(batch) * K / N_w)\n"
+     "-            optimizer.step(); optimizer.zero_grad()\n"
+     "+        accelerator.backward(loss(batch) * K / N_w)   # no_sync but "
+     "the last\n"
+     "+    optimizer.step(); optimizer.zero_grad()         # after the window",
+     "windows before each epoch's last: as correct; the last window of r "
+     "micro-batches: r steps, step k holding micro-batch k alone with its "
+     "weight in the window (1/N_w)",
+     "end-of-loader-syncs-every-micro-batch",
+     "accelerate data_loader.py (end_of_dataloader set when the last batch "
+     "is yielded) and Accelerator._do_sync; FIELD.md: accumulate() decides "
+     "sync_gradients from a step counter and the end of a prepared "
+     "DataLoader; accumcheck tests/frameworks/accelerate_lm.py "
+     "prefetch_accumulate",
+     "framework.end-of-loader"},
     {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
      "Correct accumulation under DDP (no_sync on every micro-step but the "
      "window's last, each rank weighting its items R/N_w with N_w counted "
