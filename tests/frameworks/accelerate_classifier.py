@@ -23,7 +23,13 @@ Variants:
   sched_2ranks  (or --ranks 2) 64 samples, 2 gloo ranks, 2 full windows per rank and
            epoch; Accelerate's scheduler wrapper steps the scheduler once per
            process at each optimizer step unless split_batches (#2926), so the
-           schedule runs R times too fast: ddp-scheduler-per-rank)"""
+           schedule runs R times too fast: ddp-scheduler-per-rank)
+  div_k    48 samples, SGD, the user divides the loss by K inside accumulate()
+           (the plain PyTorch recipe) and accelerator.backward divides it by K
+           again: every sample weighs 1/(K*N_w): loss-divided-by-k-twice
+  div_k_partial  as div_k on 40 samples: the short last window is divided by
+           K twice too, each of its samples weighs 1/(K*K*b):
+           loss-divided-by-k-twice+partial-cycle-scale-by-k"""
 
 import os
 import sys
@@ -33,7 +39,7 @@ import torch.nn.functional as F
 
 import _tiny
 
-VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks"]
+VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks", "div_k", "div_k_partial"]
 K, EPOCHS, BATCH, CLIP = 4, 2, 4, 0.5
 WARMUP = 2
 
@@ -48,7 +54,7 @@ def main(argv=None):
     accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
     model = _tiny.MLP()
     ranks = int(os.environ.get("WORLD_SIZE", 1))
-    n = 40 if a.variant in ("partial", "accept") else 64 if ranks > 1 else 48
+    n = 40 if a.variant in ("partial", "accept", "div_k_partial") else 64 if ranks > 1 else 48
     # The schedule's horizon: the optimizer steps of the run.
     micro = -(-(-(-n // ranks)) // BATCH)  # micro-batches per rank and epoch
     total = EPOCHS * -(-micro // K)
@@ -75,7 +81,10 @@ def main(argv=None):
     for _ in range(EPOCHS):
         for x, y in loader:
             with accelerator.accumulate(model):
-                accelerator.backward(F.cross_entropy(model(x), y))
+                loss = F.cross_entropy(model(x), y)
+                if a.variant.startswith("div_k"):
+                    loss = loss / K  # backward divides by K again
+                accelerator.backward(loss)
                 if a.variant == "clip" and accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), CLIP)
                 optimizer.step()

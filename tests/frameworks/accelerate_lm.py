@@ -24,8 +24,8 @@ Variants:
         `with accelerator.accumulate(model)` with step/zero_grad in it: the
         loader flags its end when the last batch is DRAWN, so accumulate()
         syncs every micro-batch of the epoch's last window and each steps
-        alone (12 steps, not 6): no modelled pitfall, with the step count
-        and the weights as evidence"""
+        alone (12 steps, not 6), each at 1/N_w of its window:
+        end-of-loader-syncs-every-micro-batch"""
 
 import itertools
 import sys
