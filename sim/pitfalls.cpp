@@ -290,6 +290,20 @@ std::string semantics_name(const std::vector<Pitfall>& pitfalls) {
   return s;
 }
 
+namespace {
+// no-loss-normalization's missing / K and loss-divided-by-k-twice's extra
+// / K cancel: the pair is each micro-batch's mean divided by K once, which
+// the catalog names by what it does (sample-/token-mean-of-means on
+// unequal micro-batches, partial-cycle-scale-by-k on a short window).  As
+// a candidate it would only alias those names, ahead of them in the
+// catalog's order.
+bool cancels(Pitfall a, Pitfall b) {
+  auto is = [&](Pitfall x, Pitfall y) { return a == x && b == y; };
+  return is(Pitfall::no_loss_normalization, Pitfall::loss_divided_by_k_twice) ||
+         is(Pitfall::loss_divided_by_k_twice, Pitfall::no_loss_normalization);
+}
+}  // namespace
+
 std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
   auto in_scope = [&](Pitfall p) {
     switch (p) {
@@ -327,7 +341,8 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
   for (Pitfall p : catalog) sems.push_back({p});
   for (size_t i = 0; i < catalog.size(); ++i)
     for (size_t j = i + 1; j < catalog.size(); ++j)
-      sems.push_back({catalog[i], catalog[j]});
+      if (!cancels(catalog[i], catalog[j]))
+        sems.push_back({catalog[i], catalog[j]});
   return sems;
 }
 
