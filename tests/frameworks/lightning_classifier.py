@@ -17,7 +17,8 @@ Variants:
                interval "step", declared: PASS (partial window accepted)
   sched_epoch  the same scheduler with interval "epoch": the lr is constant
                within each epoch (scheduler-per-epoch)
-  sgd_2ranks   as sgd on 2 gloo ranks (Trainer(devices=2, strategy="ddp")),
+  sgd_2ranks   as sgd on 2 gloo ranks (Trainer(devices=2, strategy="ddp"),
+               "ddp_fork" under ACCUMCHECK_START_METHOD=fork),
                48 samples: 24 a rank, 6 micro-batches a rank and epoch
                (windows of 4 and 2); DDP averages the ranks' equal batches,
                so only the short window parts from 1/N_w:
@@ -78,7 +79,8 @@ def main(argv=None):
         callbacks.append(AccumcheckCallback(out=a.out, accept=accept, schedule=schedule,
                                             warmup=WARMUP))
     trainer = pl.Trainer(max_epochs=EPOCHS, accumulate_grad_batches=K, accelerator="cpu",
-                         devices=ranks, strategy="ddp" if ranks > 1 else "auto", logger=False, enable_checkpointing=False,
+                         devices=ranks, strategy=_tiny.lightning_ddp() if ranks > 1 else "auto",
+                         logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          gradient_clip_val=0.5 if a.variant == "clip" else None,
                          callbacks=callbacks)

@@ -27,7 +27,8 @@ Variants:
                 cannot derive the summed item loss and refuses before the
                 first forward, naming loss_fn and count_fn (the case exits 2)
   mean_2ranks   2 ranks, strategy="ddp" (Lightning re-runs this script for
-                rank 1): partial-cycle-scale-by-k+token-mean-of-means
+                rank 1; "ddp_fork" under ACCUMCHECK_START_METHOD=fork, as
+                CTest runs it): partial-cycle-scale-by-k+token-mean-of-means
   accept_2ranks 2 ranks, strategy="ddp_spawn" (torch.multiprocessing),
                 AccumcheckCallback(accept=["partial-cycle-scale-by-k",
                 "token-mean-of-means"]), Lightning's documented loop
@@ -95,7 +96,7 @@ def main(argv=None):
     trainer = pl.Trainer(max_epochs=EPOCHS, accumulate_grad_batches=K, accelerator="cpu",
                          devices=ranks,
                          strategy="ddp_spawn" if a.variant == "accept_2ranks" else
-                         "ddp" if ranks > 1 else "auto",
+                         _tiny.lightning_ddp() if ranks > 1 else "auto",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks)
     trainer.fit(LM(a.variant), loader)
