@@ -41,7 +41,6 @@ an inner module directly gets its g_j from a recompute on a copy."""
 import torch.distributed as dist
 
 from . import _common
-from ..contract import ContractRecorder
 from ..trace import Refused
 
 try:
@@ -138,17 +137,13 @@ class AccumcheckCallback(pl.Callback):
             loss_fn, count_fn, items = self.loss_fn, self.count_fn, self.items or "samples"
         else:
             loss_fn, count_fn, items = _common.standard_head_of(pl_module, batch, self.head)
-        kw = dict(out=self.out, items=items, quiet=self.quiet, accept=self.accept,
-                  calibrate_every=self.calibrate_every, **self.sem.recorder_kwargs())
-        if self.ddp is not None:
-            # Every rank records its own micro-batches; the watched module
-            # is the LightningModule (its forward), DDP's forward says which
-            # backward all-reduces (Lightning's no_sync under accumulation).
-            from ..distributed import ContractDistributedRecorder
-            self.recorder = ContractDistributedRecorder(pl_module, self.optimizer, loss_fn,
-                                                        count_fn, ddp=self.ddp, **kw)
-        else:
-            self.recorder = ContractRecorder(pl_module, self.optimizer, loss_fn, count_fn, **kw)
+        # Under DDP every rank records its own micro-batches; the watched
+        # module is the LightningModule (its forward), DDP's forward says
+        # which backward all-reduces (Lightning's no_sync under accumulation).
+        self.recorder = _common.recorder(
+            pl_module, self.optimizer, loss_fn, count_fn, self.sem.world, ddp=self.ddp,
+            out=self.out, items=items, quiet=self.quiet, accept=self.accept,
+            calibrate_every=self.calibrate_every, **self.sem.recorder_kwargs())
 
     # ---- the run
 
