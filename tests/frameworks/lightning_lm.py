@@ -32,7 +32,10 @@ Variants:
   accept_2ranks 2 ranks, strategy="ddp_spawn" (torch.multiprocessing),
                 AccumcheckCallback(accept=["partial-cycle-scale-by-k",
                 "token-mean-of-means"]), Lightning's documented loop
-                accepted: PASS, "accepted: ..." """
+                accepted: PASS, "accepted: ..."
+  underivable_2ranks  the underivable batch on 2 ranks ("ddp_spawn"): each
+                rank refuses at its first batch and the launching process
+                exits 2 too (refused)"""
 
 import sys
 
@@ -45,7 +48,7 @@ try:
 except ImportError:
     import pytorch_lightning as pl
 
-VARIANTS = ["mean", "underivable", "mean_2ranks", "accept_2ranks"]
+VARIANTS = ["mean", "underivable", "mean_2ranks", "accept_2ranks", "underivable_2ranks"]
 K, EPOCHS, BATCH = 4, 2, 4
 
 
@@ -61,7 +64,7 @@ class LM(pl.LightningModule):
         return self.lm(input_ids, attention_mask, labels)
 
     def training_step(self, batch, batch_idx):
-        if self.variant == "underivable":
+        if self.variant.startswith("underivable"):
             batch = {"input_ids": batch[0], "labels": batch[1]}
         return self(**batch)["loss"]
 
@@ -83,7 +86,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     loader = torch.utils.data.DataLoader(
         _tiny.VariableTokens(48 if ranks > 1 else 40), batch_size=BATCH, shuffle=True,
-        collate_fn=underivable_collate if a.variant == "underivable" else _tiny.collate,
+        collate_fn=underivable_collate if a.variant.startswith("underivable") else _tiny.collate,
         # Under DDP Lightning's DistributedSampler shuffles (seed 0); a
         # torch.Generator does not survive ddp_spawn's pickling here (torch
         # 2.13: "unable to resize file").
@@ -95,7 +98,7 @@ def main(argv=None):
         callbacks.append(AccumcheckCallback(out=a.out, accept=accept))
     trainer = pl.Trainer(max_epochs=EPOCHS, accumulate_grad_batches=K, accelerator="cpu",
                          devices=ranks,
-                         strategy="ddp_spawn" if a.variant == "accept_2ranks" else
+                         strategy="ddp_spawn" if a.variant in ("accept_2ranks", "underivable_2ranks") else
                          _tiny.lightning_ddp() if ranks > 1 else "auto",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks)
