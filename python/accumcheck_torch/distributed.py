@@ -439,7 +439,11 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
     trainer (gloo, CPU): ContractRecorder's arguments, with `model` the
     DistributedDataParallel module (the plain module of a trainer that
     synchronises by hand: its all-reduces are then unseen, its gradients
-    still judged).  quiet defaults to True on every rank but 0.  Every
+    still judged).  ddp: the DistributedDataParallel module when `model`
+    is the module inside it whose forward computes the loss, not DDP's own
+    .module (Lightning's DDP wraps a wrapper that calls training_step):
+    its forward says whether the coming backward all-reduces.  quiet
+    defaults to True on every rank but 0.  Every
     rank must call optimizer.step() as often as the others (the step's fit
     gathers every rank's backward passes: a collective), and close().
 
@@ -448,13 +452,16 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
     sampler, else its dataset's size."""
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
-                 quiet=None, **kw):
+                 quiet=None, ddp=None, **kw):
         self.rank, self.world = _process_group()
-        self.ddp = model if isinstance(model, DistributedDataParallel) else None
+        self.ddp = model if isinstance(model, DistributedDataParallel) else ddp
+        if self.ddp is not None and not isinstance(self.ddp, DistributedDataParallel):
+            raise Refused("ddp: expected the DistributedDataParallel module, got %s"
+                          % type(self.ddp).__name__)
         self.sync_pending = False
         self.hand_reduces = 0  # gradient all-reduces the trainer made itself
         self._reduced = False  # one since the last backward (a sweep is one)
-        super().__init__(self.ddp.module if self.ddp is not None else model, optimizer,
+        super().__init__(model.module if model is self.ddp else model, optimizer,
                          loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
         if self.ddp is not None:
@@ -853,7 +860,8 @@ def launch(main, ranks, *args):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     try:
-        mp.spawn(_spawned, args=(main, ranks, args), nprocs=ranks, join=True)
+        mp.start_processes(_spawned, args=(main, ranks, args), nprocs=ranks, join=True,
+                           start_method=os.environ.get("ACCUMCHECK_START_METHOD", "spawn"))
     except mp.ProcessExitedException as e:
         # A rank that exited (a Refused one: 2) ends the run with its code,
         # not a traceback of the spawning process.
