@@ -553,7 +553,7 @@ std::string step_count_evidence(const ContractSection& c,
       "evidence: {} optimizer steps; correct accumulation takes {}; "
       "micro-batches in no optimizer step:",
       W.size(), correct_steps);
-  if (unstepped.empty()) out += " none drawn";
+  if (unstepped.empty()) out += " every drawn one was stepped;";
   for (const auto& [e, js] : unstepped)
     out += fmt::format(" epoch {}: {} drawn, never stepped ({});", e,
                        js.size(), fmt::join(js, ", "));
