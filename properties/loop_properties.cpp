@@ -137,6 +137,106 @@ void window_off_by_one_max_steps() {
   record_case(name);
 }
 
+// The summed item count of a list of micro-batches (every rank's shard).
+int64_t items_of(const Micro& g) {
+  int64_t N = 0;
+  for (const MicroBatch* m : g) N += m->items();
+  return N;
+}
+
+// Transformers' Trainer 4.45: `if total_batched_samples % K == 0` on a
+// counter that runs across epochs.  A step sums the micro-batches since
+// the last one: its own epoch's part (the micro-batches since the epoch
+// began or since the last step) and the part the previous epoch left
+// over, each part weighted 1/N over its own items (counted before its
+// first backward); an epoch of M <= K micro-batches steps at its end.
+void window_counter_across_epochs() {
+  const std::string name = "window.counter-across-epochs";
+  Triggers t;
+  t.pitfalls = {Pitfall::window_counter_across_epochs};
+  t.partial_window = true;
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const int64_t K = s.batching.accumulation;
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::window_counter_across_epochs}, s.optimizer.lr);
+  const Plan full = materialize(c.plan);  // epoch_micro points into it
+  const std::vector<Micro> epochs = epoch_micro(full);
+  // Per step: (parts, epoch of each part).
+  using Step = std::vector<std::pair<Micro, int64_t>>;
+  std::vector<Step> steps;
+  Step carry;
+  int64_t total = 0;
+  for (size_t e = 0; e < epochs.size(); ++e) {
+    const int64_t M = int64_t(epochs[e].size());
+    Micro part;
+    for (int64_t i = 0; i < M; ++i) {
+      part.push_back(epochs[e][size_t(i)]);
+      if (++total % K == 0 || (M <= K && i + 1 == M)) {
+        carry.push_back({part, int64_t(e)});
+        steps.push_back(carry);
+        carry.clear();
+        part.clear();
+      }
+    }
+    if (!part.empty()) carry.push_back({part, int64_t(e)});
+  }
+  RC_ASSERT(bug.steps.size() == steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::vector<R> theta = theta_before(bug, i, c);
+    std::vector<R> want;
+    for (const auto& [part, e] : steps[i]) {
+      const int64_t N = items_of(part);
+      const std::vector<R> g =
+          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
+      if (want.empty()) want.assign(g.size(), R(0));
+      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
+    }
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
+                 "window across epochs");
+  }
+  record_case(name);
+}
+
+// Transformers' Trainer 4.45-4.51: max_steps = epochs x max(1, M // K)
+// counted before training; the windows are correct's (each epoch's K,
+// K, ..., the partial one, at 1/N_w) until the steps reach it.
+void step_budget_drops_micro_batches() {
+  const std::string name = "window.step-budget";
+  Triggers t;
+  t.pitfalls = {Pitfall::step_budget_drops_micro_batches};
+  t.partial_window = true;
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const int64_t K = s.batching.accumulation;
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::step_budget_drops_micro_batches}, s.optimizer.lr);
+  const Plan full = materialize(c.plan);  // epoch_micro points into it
+  const std::vector<Micro> epochs = epoch_micro(full);
+  const int64_t budget = int64_t(epochs.size()) *
+                         std::max<int64_t>(1, int64_t(epochs[0].size()) / K);
+  Groups windows;
+  for (size_t e = 0; e < epochs.size(); ++e)
+    for (size_t at = 0;
+         at < epochs[e].size() && int64_t(windows.size()) < budget;
+         at += size_t(K))
+      windows.push_back(
+          {Micro(epochs[e].begin() + std::ptrdiff_t(at),
+                 epochs[e].begin() + std::ptrdiff_t(std::min(epochs[e].size(),
+                                                             at + size_t(K)))),
+           int64_t(e)});
+  // Correct takes at least as many windows as the budget allows.
+  RC_ASSERT(int64_t(windows.size()) == budget);
+  check_groups(
+      name, c, bug, windows,
+      [](const Micro& g, int64_t) { return items_of(g); }, "budgeted window");
+  record_case(name);
+}
+
 // DataLoader(drop_last=True): each epoch's short last micro-batch never
 // drawn; the rest cut into windows of K, each weighted 1/N_w over what
 // it holds.
@@ -234,12 +334,6 @@ Groups plan_windows(const Plan& full) {
       out.push_back({ms, int64_t(e)});
     }
   return out;
-}
-
-int64_t items_of(const Micro& g) {
-  int64_t n = 0;
-  for (const MicroBatch* m : g) n += m->items();
-  return n;
 }
 
 // The user's `loss / K` (or a loop already normalized) divided by K again
@@ -343,6 +437,15 @@ const std::vector<Property>& loop_properties() {
        "weighted 1/(K*b_k); an epoch ends once the steps reach epochs x "
        "ceil(micro-batches / K)",
        window_off_by_one_max_steps},
+      {"window.counter-across-epochs", "oracle",
+       "window-counter-across-epochs: a step where the run's micro-batch "
+       "count reaches a multiple of K, an epoch's leftover (weighted 1/N "
+       "over its own items) joining the next epoch's first part",
+       window_counter_across_epochs},
+      {"window.step-budget", "oracle",
+       "step-budget-drops-micro-batches: correct's windows until the steps "
+       "reach epochs x max(1, floor(M / K)); nothing after",
+       step_budget_drops_micro_batches},
       {"data.skip-short-micro-batch", "oracle",
        "skip-short-micro-batch: the short last micro-batch of every epoch "
        "never contributes; the rest is windowed by K at 1/N_w",

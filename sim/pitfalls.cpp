@@ -118,6 +118,17 @@ constexpr Entry kCatalog[] = {
      "one-micro-batch first window, the epoch's rest stepped at its end, "
      "so an extra step per epoch and the run stops at max_train_steps with "
      "its last epochs' data unseen"},
+    {Pitfall::step_budget_drops_micro_batches,
+     "step-budget-drops-micro-batches",
+     "training stops after epochs x floor(M/K) optimizer steps, a budget "
+     "counted before training (M micro-batches per epoch): with M not a "
+     "multiple of K the last epoch's remaining micro-batches never enter a "
+     "step (Transformers' Trainer 4.45-4.51)"},
+    {Pitfall::window_counter_across_epochs, "window-counter-across-epochs",
+     "`if total % K == 0` on a micro-batch counter that runs across epochs: "
+     "an epoch's leftover micro-batches join the next epoch's first window, "
+     "whose windows are shifted (Transformers' Trainer 4.45, "
+     "total_batched_samples)"},
     // Mistakes only a framework's loop makes (issue 33).
     {Pitfall::loss_divided_by_k_twice, "loss-divided-by-k-twice",
      "the loss divided by K by the user and again by the framework "
@@ -273,6 +284,15 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         b.partial = PartialWindow::step;
         b.stop_at_planned_steps = true;
         break;
+      case Pitfall::step_budget_drops_micro_batches:
+        b.stop_at_floor_budget = true;
+        break;
+      case Pitfall::window_counter_across_epochs:
+        // The leftover is neither stepped nor zeroed (the counter has not
+        // reached a multiple of K); the window it joins is cut in drawn().
+        b.windows_across_epochs = true;
+        b.partial = PartialWindow::leak;
+        break;
       case Pitfall::loss_divided_by_k_twice:
         b.loss_divided_by_k_again = true;
         break;
@@ -341,12 +361,32 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
   // (rank_window_items), are named for the loss: the other is left out.
   for (Pitfall p : kAllPitfalls)
     if (in_scope(p)) catalog.push_back(p);
+  // window-counter-across-epochs cuts the windows itself: no pair with
+  // the other loops that cut them (window-boundary-off-by-one*).
+  auto cuts_both = [](Pitfall a, Pitfall b) {
+    auto off_by_one = [](Pitfall p) {
+      return p == Pitfall::window_boundary_off_by_one ||
+             p == Pitfall::window_boundary_off_by_one_max_steps;
+    };
+    const Pitfall across = Pitfall::window_counter_across_epochs;
+    return (a == across && off_by_one(b)) || (b == across && off_by_one(a));
+  };
   std::vector<std::vector<Pitfall>> sems = {{}};
   for (Pitfall p : catalog) sems.push_back({p});
   for (size_t i = 0; i < catalog.size(); ++i)
     for (size_t j = i + 1; j < catalog.size(); ++j)
-      if (!cancels(catalog[i], catalog[j]))
+      if (!cuts_both(catalog[i], catalog[j]) &&
+          !cancels(catalog[i], catalog[j]))
         sems.push_back({catalog[i], catalog[j]});
+  if (scope.stopped_short) {
+    const Pitfall budget = Pitfall::step_budget_drops_micro_batches;
+    for (size_t i = 0; i < catalog.size(); ++i)
+      for (size_t j = i + 1; j < catalog.size(); ++j)
+        if (catalog[i] != budget && catalog[j] != budget &&
+            !cuts_both(catalog[i], catalog[j]) &&
+            !cancels(catalog[i], catalog[j]))
+          sems.push_back({catalog[i], catalog[j], budget});
+  }
   return sems;
 }
 

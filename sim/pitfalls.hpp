@@ -53,6 +53,10 @@ enum class Pitfall {
   ema_every_micro_step,
   optimizer_state_every_micro_step,
   window_boundary_off_by_one_max_steps,
+  // Transformers' Trainer 4.45-4.51 (issue 33): its step budget and its
+  // window counter that runs across epochs.
+  window_counter_across_epochs,
+  step_budget_drops_micro_batches,
   // Mistakes only a framework's loop makes (issue 33).
   loss_divided_by_k_twice,
   end_of_loader_syncs_every_micro_batch,
@@ -94,6 +98,8 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::ema_every_micro_step,
     Pitfall::optimizer_state_every_micro_step,
     Pitfall::window_boundary_off_by_one_max_steps,
+    Pitfall::window_counter_across_epochs,
+    Pitfall::step_budget_drops_micro_batches,
     Pitfall::loss_divided_by_k_twice,
     Pitfall::end_of_loader_syncs_every_micro_batch,
 };
@@ -216,6 +222,19 @@ struct Behavior {
   // decoupled decay p *= 1 - lr*wd advanced at every micro-step that does
   // not step (keras' per-call state), besides the step's own.
   bool optimizer_state_every_micro_step = false;
+  // step-budget-drops-micro-batches: training stops once the optimizer
+  // steps reach epochs x max(1, floor(M / K)) (M: epoch 0's micro-steps),
+  // the budget Transformers' Trainer 4.45-4.51 computed before training:
+  // with M not a multiple of K the last epoch's remaining micro-batches
+  // never enter a step.
+  bool stop_at_floor_budget = false;
+  // window-counter-across-epochs: the step decision `total % K == 0` on a
+  // micro-batch counter that runs across epochs (Trainer 4.45's
+  // total_batched_samples): an epoch's leftover micro-batches are neither
+  // stepped nor zeroed and the next epoch's first window only completes
+  // the K (its windows shifted); an epoch of M <= K micro-batches is
+  // stepped at its end.
+  bool windows_across_epochs = false;
   // loss-divided-by-k-twice: the framework divides every micro-batch's
   // loss by K (Accelerate's and DeepSpeed's backward, Lightning's
   // closure) after the user's loop already normalized it: every weight
@@ -262,6 +281,11 @@ struct CandidateScope {
   // candidate there (predicting correct's weights, judged with the bf16
   // step bound).
   bool contract_lowp_buffer = false;
+  // The run stopped short (the contract tier: the trace takes fewer
+  // optimizer steps than correct accumulation): every pair is also a
+  // candidate with step-budget-drops-micro-batches as a third pitfall
+  // (a budget cuts any loop short, whatever it does per window).
+  bool stopped_short = false;
 };
 std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope);
 

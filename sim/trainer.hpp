@@ -55,7 +55,11 @@
 // [0], [1..K], [K+1..2K], ... with the leftover a partial window
 // (window-boundary-off-by-one-max-steps: the same cut, the partial window
 // stepped, and every epoch left after the window whose step reaches
-// max_train_steps = epochs x ceil(micro-steps of epoch 0 / K)).
+// max_train_steps = epochs x ceil(micro-steps of epoch 0 / K));
+// window-counter-across-epochs cuts where the run's micro-batch count is a
+// multiple of K, an epoch's leftover leaked into the next epoch;
+// step-budget-drops-micro-batches stops the run once the optimizer steps
+// reach epochs x max(1, floor(micro-steps of epoch 0 / K)).
 //
 // K may change from epoch to epoch (EpochPlan::accumulation,
 // sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp
@@ -207,6 +211,8 @@ class Trainer {
     run_ = Run<Real>{};
     run_.name = std::move(name);
     backward_ = since_step_ = 0;
+    micro_before_epoch_ = 0;
+    floor_budget_ = INT64_MAX;
     init_ranks(plan.ranks);
     init_state_beyond_gradients(true);
     // A lazy plan builds each epoch here, when the loop reaches it.
@@ -215,9 +221,20 @@ class Trainer {
       // copy of the epoch (drawn()); every other loop walks the plan's.
       K_ = planned.accumulation;  // K may change from epoch to epoch
       EpochPlan own;
-      const bool redrawn = b_.skip_short_micro_batch || b_.window_off_by_one;
+      const bool redrawn = b_.skip_short_micro_batch || b_.window_off_by_one ||
+                           b_.windows_across_epochs;
       if (redrawn) own = drawn(planned);
       const EpochPlan& epoch = redrawn ? own : planned;
+      micro_before_epoch_ += epoch.micro_steps();
+      // step-budget-drops-micro-batches: epochs x max(1, floor(M / K)),
+      // counted before training (a budget past int64 never stops).
+      if (ep == 0 && b_.stop_at_floor_budget)
+        floor_budget_ =
+            checked_mul(plan.epoch_count(),
+                        std::max<int64_t>(
+                            1, planned.micro_steps() /
+                                   std::max<int64_t>(1, planned.accumulation)))
+                .value_or(INT64_MAX);
       // max_train_steps as run_clm_no_trainer computes it before training
       // (only that loop stops at it; a budget past int64 never stops).
       if (ep == 0 && b_.stop_at_planned_steps)
@@ -291,7 +308,9 @@ class Trainer {
     return opt_.max_steps >= 0 && c_.optimizer_steps >= opt_.max_steps;
   }
   bool stop() const {
-    return done() || (opt_.max_windows >= 0 && c_.windows >= opt_.max_windows);
+    return done() ||
+           (opt_.max_windows >= 0 && c_.windows >= opt_.max_windows) ||
+           (b_.stop_at_floor_budget && c_.optimizer_steps >= floor_budget_);
   }
 
   // The epoch's windows as this trainer draws and cuts them.
@@ -307,6 +326,28 @@ class Trainer {
     }
     EpochPlan e;
     e.accumulation = planned.accumulation;
+    if (b_.windows_across_epochs) {
+      // window-counter-across-epochs: a step where the run's micro-batch
+      // count (micro_before_epoch_: earlier epochs') reaches a multiple of
+      // K, or at the end of an epoch of M <= K; the rest of the epoch is a
+      // partial window (leaked: neither stepped nor zeroed).
+      const int64_t M = int64_t(micro.size());
+      int64_t total = micro_before_epoch_;
+      Window w;
+      for (int64_t i = 0; i < M; ++i) {
+        w.micro.push_back(micro[size_t(i)]);
+        if (++total % K_ == 0 || (M <= K_ && i + 1 == M)) {
+          w.partial = false;
+          e.windows.push_back(std::move(w));
+          w = Window{};
+        }
+      }
+      if (!w.micro.empty()) {
+        w.partial = true;
+        e.windows.push_back(std::move(w));
+      }
+      return e;
+    }
     size_t at = 0;
     if (b_.window_off_by_one && !micro.empty()) {
       e.windows.push_back(Window{{micro[0]}, false});  // i = 0: 0 % K == 0
@@ -344,7 +385,12 @@ class Trainer {
   // The weight the user's loop gives (before a framework's extra / K).
   LossWeight loop_weight(const Window& w, int64_t r,
                          int64_t shard_items) const {
-    const int64_t Kw = int64_t(w.micro.size());
+    // window-counter-across-epochs: the loop's window is K micro-batches
+    // of the run (an epoch's leftover and the next epoch's head are parts
+    // of one) unless the epoch is no longer than K.
+    const int64_t Kw = b_.windows_across_epochs && epoch_micro_steps_ > K_
+                           ? K_
+                           : int64_t(w.micro.size());
     // ramp-normalization-stale: `loss / K_0` in the epochs whose K is not
     // K_0 (inert while K never changes).
     if (b_.normalization_stale_k && K_ != s_.batching.accumulation)
@@ -693,6 +739,7 @@ class Trainer {
   void window(const Window& w, int64_t epoch, bool last_of_epoch,
               int64_t epoch_micro_steps) {
     epoch_ = epoch;
+    epoch_micro_steps_ = epoch_micro_steps;
     const int64_t Kw = int64_t(w.micro.size());
     const bool steps_at_boundary =
         !b_.seed_002_loop && !(w.partial && b_.partial != PartialWindow::step);
@@ -819,6 +866,11 @@ class Trainer {
   StepHook before_step_, after_step_;
   int64_t K_ = 1;
   int64_t planned_steps_ = 0;  // max_train_steps (stop_at_planned_steps)
+  // step-budget-drops-micro-batches' budget; window-counter-across-epochs'
+  // micro-batches drawn in the epochs before this one.
+  int64_t floor_budget_ = INT64_MAX;
+  int64_t micro_before_epoch_ = 0;
+  int64_t epoch_micro_steps_ = 0;  // the micro-steps of the window's epoch
   int64_t epoch_ = 0;
   int64_t window_items_ = 0;
   // Ranks: R, the rank being run, the rank the engine holds, the others'

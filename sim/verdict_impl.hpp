@@ -51,12 +51,25 @@ Verdict judge(const Scenario& s, const Experiment<Real>& x,
       const auto& d = x.trainer_distance;
       size_t w = d.empty() ? 0 : d.size() - 1;
       if (s.expect.at_step >= 0) w = size_t(s.expect.at_step);
-      const double got = w < d.size() ? d[w] : kNaN;
+      double got = w < d.size() ? d[w] : kNaN;
+      // A run that stopped before window w (step-budget-drops-micro-
+      // batches) leaves the user its last window's parameters: those
+      // against the reference's at w.
+      const bool stopped = got != got && !x.trainer.windows.empty() &&
+                           x.trainer.windows.size() <= w &&
+                           w < x.reference.windows.size();
+      if (stopped)
+        got = relative_distance(x.trainer.windows.back().param,
+                                x.reference.windows[w].param);
       v.holds = got > s.expect.min_distance;  // false for NaN
       v.message =
           std::string(v.holds ? "holds" : "FAILS") + ": " + x.trainer.name +
           " leaves the large-batch reference by more than " +
           fmt_g(s.expect.min_distance) + " at window " + std::to_string(w) +
+          (stopped ? " (the run stopped after window " +
+                         std::to_string(x.trainer.windows.size() - 1) +
+                         ": its last parameters)"
+                   : "") +
           " (relative distance " + fmt_g(got) + "; correct accumulation: " +
           fmt_g(w < x.correct_distance.size() ? x.correct_distance[w] : kNaN) +
           ")";

@@ -10,6 +10,10 @@ RC_GTEST_PROP(Loop, WindowOffByOne, ()) { run_property("window.off-by-one"); }
 RC_GTEST_PROP(Loop, WindowOffByOneMaxSteps, ()) {
   run_property("window.off-by-one-max-steps");
 }
+RC_GTEST_PROP(Loop, WindowCounterAcrossEpochs, ()) {
+  run_property("window.counter-across-epochs");
+}
+RC_GTEST_PROP(Loop, StepBudget, ()) { run_property("window.step-budget"); }
 RC_GTEST_PROP(Loop, SkipShortMicroBatch, ()) {
   run_property("data.skip-short-micro-batch");
 }

@@ -180,6 +180,16 @@ const Pinned kPinned[] = {
     {Pitfall::ema_every_micro_step, kCorrect, "no EMA"},
     {Pitfall::optimizer_state_every_micro_step, kCorrect,
      "optimizer state values only"},
+    {Pitfall::window_counter_across_epochs,
+     "FFCOSZ"
+     "FFCOSZ"
+     "F",
+     "steps at run micro-batches 2 and 4; the leftover is neither stepped "
+     "nor zeroed (see TrainerBudget)"},
+    {Pitfall::step_budget_drops_micro_batches,
+     "FFCOSZ"
+     "FFCOSZ",
+     "budget 1 x floor(5 / 2) = 2 steps: micro-batch 4 never drawn"},
     {Pitfall::loss_divided_by_k_twice, kCorrect, "weights only"},
     {Pitfall::end_of_loader_syncs_every_micro_batch, kCorrect,
      "the last window holds one micro-batch (see EndOfLoader)"},
@@ -344,6 +354,43 @@ TEST(TrainerEvents, EndOfLoader) {
       "FFFFACCOOSSZZ"
       "FFACCOOSSZZ"
       "FFACCOOSSZZ");
+}
+
+TEST(TrainerEvents, TrainerBudget) {
+  // Transformers' Trainer 4.45: 5 micro-batches, K = 2, 2 epochs.  The
+  // counter across epochs cuts epoch 0 into [0, 1], [2, 3] and a leftover
+  // [4] that joins epoch 1's [0]; then [1, 2], [3, 4]: 5 steps.  The
+  // budget 2 x floor(5 / 2) = 4 stops the run after epoch 1's [1, 2].
+  Scenario s = five_micro_batches(5);
+  s.batching.epochs = 2;
+  EXPECT_EQ(pattern_of(s, {Pitfall::window_counter_across_epochs}),
+            "FFCOSZ"
+            "FFCOSZ"
+            "F"
+            "FCOSZ"
+            "FFCOSZ"
+            "FFCOSZ");
+  EXPECT_EQ(pattern_of(s, {Pitfall::window_counter_across_epochs,
+                           Pitfall::step_budget_drops_micro_batches}),
+            "FFCOSZ"
+            "FFCOSZ"
+            "F"
+            "FCOSZ"
+            "FFCOSZ");
+  // The budget alone (windows per epoch, the partial one stepped):
+  // 3 steps in epoch 0, epoch 1 stops after its first window.
+  EXPECT_EQ(pattern_of(s, {Pitfall::step_budget_drops_micro_batches}),
+            "FFCOSZ"
+            "FFCOSZ"
+            "FCOSZ"
+            "FFCOSZ");
+  // An epoch of M <= K micro-batches is stepped at its end (the
+  // Trainer's is_last_step_and_steps_less_than_grad_acc).
+  Scenario one = five_micro_batches(1);
+  one.batching.epochs = 2;
+  EXPECT_EQ(pattern_of(one, {Pitfall::window_counter_across_epochs}),
+            "FCOSZ"
+            "FCOSZ");
 }
 
 TEST(TrainerEvents, SkipShortMicroBatch) {

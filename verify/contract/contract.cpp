@@ -565,6 +565,37 @@ std::string fmt_ratio(double x) {
   return std::isinf(x) ? std::string("inf") : fmt::format("{:.3g}", x);
 }
 
+// A trace whose optimizer steps are not correct's in number: the counts,
+// and the micro-batches that entered no step (rank 0's: drawn and never
+// stepped, by epoch; and those its loaders held and never drew), read from
+// the trace and its contract plan alone.
+std::string step_count_evidence(const ContractSection& c,
+                                const ContractPlan& cp,
+                                const std::vector<Weights>& W,
+                                int64_t correct_steps) {
+  if (int64_t(W.size()) == correct_steps) return "";
+  std::set<int64_t> stepped;
+  for (const Weights& w : W)
+    for (const auto& [j, x] : w)
+      if (x != 0) stepped.insert(j);
+  std::map<int64_t, std::vector<int64_t>> unstepped;  // epoch -> micro
+  for (size_t j = 0; j < c.micro.size(); ++j)
+    if (c.micro[j].rank == 0 && !stepped.count(int64_t(j)))
+      unstepped[c.micro[j].epoch].push_back(int64_t(j));
+  std::string out = fmt::format(
+      "evidence: {} optimizer steps; correct accumulation takes {}; "
+      "micro-batches in no optimizer step:",
+      W.size(), correct_steps);
+  if (unstepped.empty()) out += " every drawn one was stepped;";
+  for (const auto& [e, js] : unstepped)
+    out += fmt::format(" epoch {}: {} drawn, never stepped ({});", e,
+                       js.size(), fmt::join(js, ", "));
+  const int64_t never = int64_t(cp.items.size()) - cp.drawn;
+  out += fmt::format(" {} never drawn{}", never,
+                     c.ranks() > 1 ? " (all ranks)" : "");
+  return out + "\n";
+}
+
 // The declared EMA (ContractRecorder.ema: meta.csv ema and ema_decay, the
 // ema rows of rank 0; under DDP every rank keeps the same EMA): exactly one
 // update after each optimizer step, none before the first, none between
@@ -921,10 +952,15 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   s.batching.micro_batch = cp.micro_batch;
   s.batching.epochs = int64_t(cp.plan.epochs.size());
   s.model.kind = tokens ? ModelKind::token : ModelKind::mlp;
+  // A trace with fewer optimizer steps than the accepted loop takes
+  // stopped short: the step budget is a candidate beside every pair.
+  const bool stopped_short =
+      predict(cp, s, behavior_of(accept), c).P[0].size() > c.steps[0].size();
   std::vector<std::vector<Pitfall>> sems =
       candidate_semantics({.token_loss = tokens,
                            .contract_tier = true,
-                           .contract_lowp_buffer = lowp});
+                           .contract_lowp_buffer = lowp,
+                           .stopped_short = stopped_short});
   // The accepted semantics first: every check below is against it.
   sems.erase(std::remove(sems.begin(), sems.end(), accept), sems.end());
   sems.insert(sems.begin(), accept);
@@ -1161,6 +1197,10 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           names, fmt_ratio(best.distance),
           r.ranking.size() > 1 ? r.ranking[1].name : "-", fmt_ratio(next),
           fmt_ratio(best.distance > 0 ? next / best.distance : kInf));
+      const std::string steps_said =
+          step_count_evidence(c, cp, meas.W[0], correct.steps);
+      if (!steps_said.empty())
+        r.diagnosis += "\n" + steps_said.substr(0, steps_said.size() - 1);
     } else if (weights_best <= 1 && weights_name != semantics_name(accept) &&
                lr_correct.checked && !lr_correct.ok) {
       // The weights match a candidate whose lr is not the trace's: each

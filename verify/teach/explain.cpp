@@ -704,6 +704,61 @@ constexpr ExplainEntry kEntries[] = {
      "(2021, its step condition and max_train_steps break, copied widely); "
      "FIELD.md boundary arithmetic",
      "window.off-by-one-max-steps"},
+    {"window-counter-across-epochs",
+     "`if total % K == 0` on a counter that runs across epochs",
+     "Transformers' Trainer 4.45 counts the micro-batches of the whole run "
+     "(total_batched_samples) and steps when the count is a multiple of K. "
+     "With M micro-batches per epoch not a multiple of K, an epoch's "
+     "leftover micro-batches are neither stepped nor zeroed: they join the "
+     "next epoch's first window, which takes only what completes K, and "
+     "every later window of that epoch is shifted. The last epoch's "
+     "leftover is never stepped.",
+     "     for epoch in range(epochs):\n"
+     "-        for batch in loader:            # total counts across epochs\n"
+     "-            total += 1\n"
+     "-            ...\n"
+     "-            if total % K == 0:\n"
+     "+        for i, batch in enumerate(loader):\n"
+     "+            ...\n"
+     "+            if (i + 1) % K == 0 or i + 1 == len(loader):\n"
+     "                 optimizer.step(); optimizer.zero_grad()",
+     "a step sums the micro-batches since the last one: the previous "
+     "epoch's leftover and its own epoch's part, each part at 1/N over its "
+     "items",
+     "window-counter-across-epochs",
+     "transformers 4.45.2 src/transformers/trainer.py "
+     "_inner_training_loop: total_batched_samples = 0 before the epoch "
+     "loop, `if total_batched_samples % args.gradient_accumulation_steps == "
+     "0` (line 2411); 4.46.1 keeps it for the step decision (do_sync_step, "
+     "line 2433); 4.47 counts per epoch (`(step + 1) % K == 0 or step + 1 == "
+     "steps_in_epoch`); measured in docs/frameworks.md",
+     "window.counter-across-epochs"},
+    {"step-budget-drops-micro-batches",
+     "training stops after epochs x floor(M/K) steps",
+     "Transformers' Trainer 4.45 to 4.51 computes before training "
+     "max_steps = ceil(num_train_epochs x max(len(dataloader) // K, 1)) and "
+     "stops once global_step reaches it (DefaultFlowCallback sets "
+     "should_training_stop). With M micro-batches per epoch not a multiple "
+     "of K an epoch takes ceil(M/K) steps (its partial window stepped, or "
+     "its leftover carried into the next epoch), so the budget runs out "
+     "early: the last epoch's remaining micro-batches never enter an "
+     "optimizer step, and the lr schedule, whose horizon is that budget, "
+     "looks complete.",
+     "-num_update_steps_per_epoch = max(len_dataloader // K, 1)\n"
+     "+num_update_steps_per_epoch = max(math.ceil(len_dataloader / K), 1)\n"
+     " max_steps = math.ceil(num_train_epochs * num_update_steps_per_epoch)",
+     "steps = epochs x max(1, floor(M / K)), correct: epochs x ceil(M / K); "
+     "the windows before the stop are the loop's own",
+     "step-budget-drops-micro-batches",
+     "transformers src/transformers/trainer.py _inner_training_loop: "
+     "`num_update_steps_per_epoch = len_dataloader // "
+     "args.gradient_accumulation_steps` (4.45.2 line 2095, 4.46.1 line "
+     "2165, 4.47.1 line 2207) and `max_steps = math.ceil(args.num_train_"
+     "epochs * num_update_steps_per_epoch)`; reported in transformers #31677 "
+     "(2024, epochs and max_steps mismatch under accumulation) and #37777 "
+     "(2025); fixed by PR #37923 (4.52: len_dataloader // K + "
+     "int(len_dataloader % K > 0)); measured in docs/frameworks.md",
+     "window.step-budget"},
     // Mistakes only a framework's loop makes (issue 33).
     {"loss-divided-by-k-twice", "the loss divided by K twice: 1/K^2",
      "The framework divides every micro-batch's loss by K itself "
