@@ -417,8 +417,8 @@ float Device<Exec>::forward_backward(const std::vector<int64_t>& ids,
   // backward gives in PyTorch); exact for den <= 2^24 a power of two.
   backward(rows_, float(weight.num) / float(weight.den));
   if (staged())
-    ex_->launch(P, kern::AccumulateGradRounded{grads_.data(), fresh_.data(),
-                                               fmt_});
+    ex_->launch(
+        P, kern::AccumulateGradRounded{grads_.data(), fresh_.data(), fmt_});
   return sum;
 }
 
@@ -436,8 +436,8 @@ void Device<Exec>::add_l2(double lambda, int64_t den) {
   if (staged()) ex_->launch(P, kern::Fill{fresh_.data(), 0.0f});
   ex_->launch(P, kern::AddL2{grad_target(), params_.data(), coef});
   if (staged())
-    ex_->launch(P, kern::AccumulateGradRounded{grads_.data(), fresh_.data(),
-                                               fmt_});
+    ex_->launch(
+        P, kern::AccumulateGradRounded{grads_.data(), fresh_.data(), fmt_});
 }
 
 template <class Exec>
@@ -462,8 +462,8 @@ void Device<Exec>::set_grad_buffer(GradBuffer b) {
 
 template <class Exec>
 bool Device<Exec>::grads_finite() {
-  ex_->launch(1,
-              kern::CountNonFinite{grads_.data(), layout_.total, scalar_.data()});
+  ex_->launch(
+      1, kern::CountNonFinite{grads_.data(), layout_.total, scalar_.data()});
   float bad = 0;
   ex_->download(scalar_, &bad, 1);
   return bad == 0.0f;

@@ -334,7 +334,7 @@ ACCUMCHECK_HD inline float round_to(Fmt f, float x) {
   const int32_t e = int32_t((u >> 23) & 0xffu) - 127;
   const int32_t qexp = (e < -14 ? -14 : e) - 10;  // >= -24: a normal float
   const float q = dm::int_as_float((qexp + 127) << 23);
-  const float y = x / q;  // exact: a power-of-two divisor
+  const float y = x / q;             // exact: a power-of-two divisor
   const float kMagic = 12582912.0f;  // 1.5 * 2^23
   const float r = ((y + kMagic) - kMagic) * q;
   const float kMax = 65504.0f;

@@ -301,8 +301,8 @@ std::string describe(const Scenario& s) {
     d += fmt::format(" lr-scaling={}",
                      name_of<LrScaling>(kLrScalings, s.trainer.lr_scaling));
   if (s.precision.grad_buffer != GradBuffer::fp32)
-    d += fmt::format(" grad={}", name_of<GradBuffer>(kGradBuffers,
-                                                     s.precision.grad_buffer));
+    d += fmt::format(
+        " grad={}", name_of<GradBuffer>(kGradBuffers, s.precision.grad_buffer));
   if (s.precision.loss_scaling)
     d += fmt::format(" scaler(2^{},every={})", s.precision.scale_exp,
                      s.precision.growth_interval);

@@ -75,8 +75,7 @@ TEST(StateCheck, ScaleChangedWithinAWindowIsNamed) {
   // values leave that bound.  The evidence shows the trace's own weights
   // are correct's (each micro-batch 1/N_w): the state is the cause named.
   const std::string text = certify_text(r);
-  EXPECT_NE(text.find("micro-batch 2 weighs 1/N_w"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("micro-batch 2 weighs 1/N_w"), std::string::npos) << text;
 }
 
 TEST(StateCheck, WrongLoggedLossIsACheckOfItsOwn) {

@@ -204,6 +204,9 @@ TEST(TrainerEvents, ScalerAndEma) {
   s.precision.overflow = {{1, 0}};
   s.ema.enabled = true;
   s.ema.decay = 0.5;
+  // One string a row, split at the optimizer steps' windows (kept as
+  // written: clang-format would put each piece on a line of its own).
+  // clang-format off
   const std::pair<std::vector<Pitfall>, const char*> rows[] = {
       {{}, "FFUCOGESZ" "FFUCGZ" "FUCOGESZ"},
       {{Pitfall::clip_before_unscale}, "FFCUOGESZ" "FFCUGZ" "FCUOGESZ"},
@@ -213,6 +216,7 @@ TEST(TrainerEvents, ScalerAndEma) {
        "FFUCOGESZ" "FFUCGSZ" "FUCOGESZ"},
       {{Pitfall::ema_every_micro_step}, "FEFUCOGESZ" "FEFUCGZ" "FUCOGESZ"},
   };
+  // clang-format on
   for (const auto& [p, want] : rows)
     EXPECT_EQ(pattern_of(s, p), want) << semantics_name(p);
   // The scale: 2^16, no growth after one clean step, back off at the

@@ -12,8 +12,8 @@
 
 #include "gpu/cuda/cuda_executor.hpp"
 #include "gpu/device_impl.hpp"
-#include "gpu/shared_library.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/shared_library.hpp"
 
 namespace accumcheck {
 
@@ -39,12 +39,13 @@ void check(cudaError_t e, const char* what) {
 // cudart (0.7 MB, about 0 ms) stays linked: nvcc's kernel registration
 // needs it at start.  The header still declares every function, so each
 // pointer has the exact type of the function it names.
-#define ACCUMCHECK_CUBLAS_FUNCTIONS(X)                            \
-  X(cublasCreate)                                                 \
-  X(cublasDestroy)                                                \
-  X(cublasSetStream) X(cublasSetMathMode) X(cublasSetAtomicsMode) \
-      X(cublasSetWorkspace) X(cublasSgemm) X(cublasGetProperty)   \
-          X(cublasGetStatusName) X(cublasGetStatusString)
+#define ACCUMCHECK_CUBLAS_FUNCTIONS(X)                               \
+  X(cublasCreate)                                                    \
+  X(cublasDestroy)                                                   \
+  X(cublasSetStream)                                                 \
+  X(cublasSetMathMode) X(cublasSetAtomicsMode) X(cublasSetWorkspace) \
+      X(cublasSgemm) X(cublasGetProperty) X(cublasGetStatusName)     \
+          X(cublasGetStatusString)
 
 ACCUMCHECK_LIBRARY_API(CublasApi, ACCUMCHECK_CUBLAS_FUNCTIONS);
 
@@ -57,11 +58,10 @@ const CublasApi& cublas() {
   std::call_once(once, [] {
     const std::string soname =
         "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    gpu_detail::load_library(api, soname, ACCUMCHECK_CUDA_LIBRARY_DIR,
-                             [&](void* lib) {
-                               ACCUMCHECK_CUBLAS_FUNCTIONS(
-                                   ACCUMCHECK_LIBRARY_RESOLVE)
-                             });
+    gpu_detail::load_library(
+        api, soname, ACCUMCHECK_CUDA_LIBRARY_DIR, [&](void* lib) {
+          ACCUMCHECK_CUBLAS_FUNCTIONS(ACCUMCHECK_LIBRARY_RESOLVE)
+        });
   });
   return api;
 }

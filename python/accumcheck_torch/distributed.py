@@ -853,7 +853,8 @@ def launch(main, ranks, *args):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     try:
-        mp.spawn(_spawned, args=(main, ranks, args), nprocs=ranks, join=True)
+        mp.start_processes(_spawned, args=(main, ranks, args), nprocs=ranks, join=True,
+                           start_method=os.environ.get("ACCUMCHECK_START_METHOD", "spawn"))
     except mp.ProcessExitedException as e:
         # A rank that exited (a Refused one: 2) ends the run with its code,
         # not a traceback of the spawning process.

@@ -103,7 +103,11 @@ def spawn_ranks(main, ranks, *args):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     os.environ["WORLD_SIZE"] = str(ranks)
-    mp.spawn(_ranked, args=(main, ranks, args), nprocs=ranks, join=True)
+    # ACCUMCHECK_START_METHOD=fork (CTest sets it, as launch() reads it):
+    # the ranks are forks of this process instead of fresh interpreters
+    # importing torch and the framework again.
+    mp.start_processes(_ranked, args=(main, ranks, args), nprocs=ranks, join=True,
+                       start_method=os.environ.get("ACCUMCHECK_START_METHOD", "spawn"))
 
 
 def _ranked(rank, main, ranks, args):
