@@ -222,6 +222,33 @@ def parse(code, report):
     return cell, margin, where, detail
 
 
+def _adopt_orphans():
+    """This process adopts its descendants' orphans (Linux
+    PR_SET_CHILD_SUBREAPER): a rank a case's framework launched and never
+    waited for (Lightning's strategy="ddp" Popen's its ranks and exits
+    first) is then reaped here, and its CPU time counted in os.times()'s
+    children."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap(deadline_s=60):
+    """Waits for the adopted ranks (see _adopt_orphans) still running, up
+    to deadline_s."""
+    end = time.time() + deadline_s
+    while time.time() < end:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+
+
 def run_case(row, case, py, variant="default"):
     """Runs one case in the venv and certifies its trace: a result dict."""
     out = os.path.join(WORK, "%s-%s" % (row["framework"], row["version"]), case)
@@ -241,6 +268,7 @@ def run_case(row, case, py, variant="default"):
         rc, err = p.returncode, p.stderr
     except subprocess.TimeoutExpired:
         rc, err = 124, "timed out after %d s" % CASE_TIMEOUT
+    _reap()
     c1 = os.times()
     res = {"framework": row["framework"], "version": row["version"], "case": case,
            "variant": variant, "cpu_s": round(c1.children_user + c1.children_system
@@ -306,6 +334,7 @@ def main():
     c.add_argument("case")
     c.add_argument("--variant", default="default")
     a = ap.parse_args()
+    _adopt_orphans()
     if a.cmd == "venv":
         py, spent, err = venv(row_of(a.spec))
         if err:

@@ -7,6 +7,8 @@ struct Entry {
   Pitfall pitfall;
   std::string_view id;
   std::string_view story;
+  // pitfall_performance_only (sim/pitfalls.hpp): same values, more work.
+  bool performance_only = false;
 };
 constexpr Entry kCatalog[] = {
     {Pitfall::no_loss_normalization, "no-loss-normalization",
@@ -77,7 +79,8 @@ constexpr Entry kCatalog[] = {
      "no_sync on the window's last micro-step too: ranks step on local "
      "gradients and their parameters diverge"},
     {Pitfall::ddp_sync_every_micro_step, "ddp-sync-every-micro-step",
-     "no no_sync at all: the same values with K times the all-reduces"},
+     "no no_sync at all: the same values with K times the all-reduces",
+     /*performance_only=*/true},
     {Pitfall::ddp_clip_local_norm, "ddp-clip-local-norm",
      "clip_grad_norm_ on each rank's shard of the gradient: each shard "
      "clipped by its own norm (about 1/sqrt(R) of the total)"},
@@ -126,6 +129,7 @@ const Entry& entry(Pitfall p) {
 
 std::string_view pitfall_id(Pitfall p) { return entry(p).id; }
 std::string_view pitfall_story(Pitfall p) { return entry(p).story; }
+bool pitfall_performance_only(Pitfall p) { return entry(p).performance_only; }
 
 std::optional<Pitfall> pitfall_from_id(std::string_view id) {
   for (const Entry& e : kCatalog)

@@ -98,6 +98,14 @@ std::string_view pitfall_id(Pitfall p);
 std::optional<Pitfall> pitfall_from_id(std::string_view id);
 // One sentence: what the trainer does wrong.
 std::string_view pitfall_story(Pitfall p);
+// A performance-only pitfall changes no value (the trainer's gradients and
+// parameters are those of the semantics without it, within the bound) and
+// only the work or communication it takes (ddp-sync-every-micro-step: K
+// gradient all-reduces per step where one suffices).  certify PASSes a
+// trace whose values are the accepted semantics' and whose only
+// difference is such a pitfall's events, with a performance finding
+// naming it; never by the pitfall's name, by this property.
+bool pitfall_performance_only(Pitfall p);
 
 // How each micro-batch's summed per-item loss is weighted before backward.
 // Every weight is 1/integer, so the oracle applies it exactly.

@@ -171,6 +171,20 @@ TEST(PitfallCatalog, BehaviorsAreDistinct) {
     }
 }
 
+// Performance-only (the values unchanged, only the work): exactly the
+// pitfall whose Behavior changes only when DDP all-reduces, and that
+// switch keeps every value the same (the properties' ddp.sync-every-
+// micro-step checks the values; this pins which entries carry the mark).
+TEST(PitfallCatalog, PerformanceOnlyEntries) {
+  std::vector<std::string_view> marked;
+  for (Pitfall p : kAllPitfalls)
+    if (pitfall_performance_only(p)) marked.push_back(pitfall_id(p));
+  EXPECT_EQ(marked, std::vector<std::string_view>{"ddp-sync-every-micro-step"});
+  Behavior only_sync;
+  only_sync.sync = Sync::every_micro_step;
+  EXPECT_EQ(behavior_of({Pitfall::ddp_sync_every_micro_step}), only_sync);
+}
+
 // The candidates certify and the contract tier judge: correct, each
 // in-scope pitfall alone and every pair.  Of each one-switch pair of names
 // only the loss's own is a candidate; the GradScaler pitfalls only with

@@ -42,9 +42,15 @@ Loops (--loop):
 --clip C: clip_grad_norm_(C) on each rank before optimizer.step() (after
 average_gradients: on the averaged gradient, the same on every rank),
 declared to the recorder.
+--die-after N: the last rank kills itself (SIGKILL) after its N-th
+backward, mid-run: the other ranks fail in their next collective, and the
+folder holds the ranks' markers, no trace (certify refuses it: exit 2,
+naming the rank, its marker and how far it got).
 """
 import argparse
 import contextlib
+import os
+import signal
 
 import torch
 import torch.distributed as dist
@@ -97,6 +103,7 @@ def train(rank, ranks, a):
                                       out=a.out, items=kind, lr=1e-3, schedule=schedule,
                                       clip=a.clip)
     R, K = dist.get_world_size(), a.K
+    backward = 0
     sampler = DistributedSampler(data, shuffle=True, seed=1234)
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
@@ -120,6 +127,9 @@ def train(rank, ranks, a):
                     if a.loop == "late_sync_flag":
                         model.require_backward_grad_sync = last  # after the forward
                     loss.backward()
+                backward += 1
+                if a.die_after is not None and rank == R - 1 and backward == a.die_after:
+                    os.kill(os.getpid(), signal.SIGKILL)  # dies mid-run, no cleanup
             if by_hand:
                 average_gradients(model, divide=a.loop == "average_gradients")
             if a.clip:
@@ -144,6 +154,8 @@ def main():
                     help="a LambdaLR warmup-linear schedule (warmup 2, total 12), declared")
     ap.add_argument("--clip", type=float, default=None,
                     help="clip_grad_norm_(max_norm) before each step, declared")
+    ap.add_argument("--die-after", type=int, metavar="N",
+                    help="the last rank kills itself (SIGKILL) after its N-th backward")
     ap.add_argument("--quiet", action="store_true", help="(prints nothing anyway)")
     ap.add_argument("--spawn", type=int, metavar="R",
                     help="start R ranks with torch.multiprocessing.spawn (not torchrun)")

@@ -18,10 +18,17 @@ DTensor gradients).  The loops (--loop):
   sync_every_micro_step sync left on: a reduce-scatter per micro-step (same values)
   no_sync_at_boundary   sync left off at the window's last micro-step too
   clip_local_norm       each rank clips its own shard by its shard's norm
-(FSDP1, FullyShardedDataParallel, does not run on CPU in torch 2.13:
-"FSDP needs a non-CPU accelerator device".)  --no-record: without the recorder."""
+--fsdp1: FSDP1 instead, FullyShardedDataParallel(device_id=
+torch.device("cpu"), use_orig_params=True) with each block wrapped
+(ModuleWrapPolicy), accumulation under model.no_sync(), recorded by
+ContractFSDP1Recorder (without device_id it refuses CPU: "FSDP needs a
+non-CPU accelerator device, but no accelerator device is detected.").  Its
+loops: correct, sync_every_micro_step, no_sync_at_boundary; they do not
+clip (FSDP1's own model.clip_grad_norm_ is not seen by the recorder).
+--no-record: without the recorder."""
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -34,7 +41,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
 import models  # noqa: E402
-from accumcheck_torch.distributed import ContractFSDPRecorder, run_ranks  # noqa: E402
+from accumcheck_torch.distributed import (ContractFSDP1Recorder, ContractFSDPRecorder,  # noqa: E402
+                                          run_ranks)
 
 LOOPS = ("correct", "sync_every_micro_step", "no_sync_at_boundary", "clip_local_norm")
 CLIP = 1.0
@@ -52,19 +60,28 @@ def clip_local(params, max_norm):
 def train(rank, ranks, a):
     torch.manual_seed(0)
     net = models.TinyGPT()
-    mesh = init_device_mesh("cpu", (ranks,))
-    for b in net.blocks:
-        fully_shard(b, mesh=mesh)
-    fully_shard(net, mesh=mesh)
+    if a.fsdp1:
+        if a.loop == "clip_local_norm":
+            raise SystemExit("--fsdp1 has no clip_local_norm loop")
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        net = FullyShardedDataParallel(net, device_id=torch.device("cpu"), use_orig_params=True,
+                                       auto_wrap_policy=ModuleWrapPolicy({models.Block}))
+    else:
+        mesh = init_device_mesh("cpu", (ranks,))
+        for b in net.blocks:
+            fully_shard(b, mesh=mesh)
+        fully_shard(net, mesh=mesh)
     torch.manual_seed(1 + rank)  # each rank's own dropout masks
     data = models.gpt_data(n=a.samples)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, shuffle=False))
     rec = None
     if not a.no_record:
-        rec = ContractFSDPRecorder(net, opt, models.gpt_summed_loss, models.gpt_items,
-                                   accumulation=a.K, replica=models.TinyGPT(), out=a.out,
-                                   items="tokens", clip=CLIP)
+        make = ContractFSDP1Recorder if a.fsdp1 else ContractFSDPRecorder
+        rec = make(net, opt, models.gpt_summed_loss, models.gpt_items, accumulation=a.K,
+                   replica=models.TinyGPT(), out=a.out, items="tokens",
+                   clip=None if a.fsdp1 else CLIP)
         loader = rec.watch(loader)
     batches = list(loader)
     for w in range(0, len(batches), a.K):
@@ -74,12 +91,17 @@ def train(rank, ranks, a):
         for i, b in enumerate(window):
             last = i + 1 == len(window)
             sync = a.loop == "sync_every_micro_step" or (last and a.loop != "no_sync_at_boundary")
-            net.set_requires_gradient_sync(sync)
-            loss = models.gpt_summed_loss(net, b) * ranks / n
-            loss.backward()
+            if a.fsdp1:
+                ctx = contextlib.nullcontext() if sync else net.no_sync()
+            else:
+                net.set_requires_gradient_sync(sync)
+                ctx = contextlib.nullcontext()
+            with ctx:
+                loss = models.gpt_summed_loss(net, b) * ranks / n
+                loss.backward()
         if a.loop == "clip_local_norm":
             clip_local(list(net.parameters()), CLIP)
-        else:
+        elif not a.fsdp1:
             torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
@@ -94,6 +116,8 @@ def main():
     ap.add_argument("--K", type=int, default=3)
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
+    ap.add_argument("--fsdp1", action="store_true",
+                    help="FSDP1 (FullyShardedDataParallel, no_sync()) instead of FSDP2")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()

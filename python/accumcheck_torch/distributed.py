@@ -59,7 +59,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .contract import CONTRACT_HEADER, ContractRecorder, _tensors
 from .recorder import Recorder, eager
-from .trace import Refused, write_trace
+from .trace import Refused, write_rank_marker, write_trace
 
 
 def _process_group():
@@ -167,12 +167,33 @@ class _RankLife:
         self.abandoned = None
         _LIVE.append(self)
         _install()
+        self._mark("recording")
+
+    def _mark(self, state, why=""):
+        """This rank's marker (trace.write_rank_marker): how far it got,
+        so a run one rank does not finish leaves a folder certify refuses
+        naming that rank.  Rewritten after every backward and step."""
+        b = self.backwards
+        write_rank_marker(self.out, self.rank, self.world, state, self.steps,
+                          b if isinstance(b, int) else len(b), why)
+
+    def _end_backward(self):
+        super()._end_backward()
+        if not self.closed:
+            self._mark("recording")
+
+    def _after_step(self):
+        super()._after_step()
+        self._mark("recording")
 
     def _end(self, why):
         if self.closed:
             return
         if _exception_pending():
-            self._abandon("an exception ended the trainer before close()")
+            e = sys.exc_info()[1] or getattr(sys, "last_value", None)
+            said = str(e).strip().splitlines()[0][:200] if e is not None and str(e).strip() else ""
+            self._abandon("an exception ended the trainer before close()" + (
+                " (%s%s)" % (type(e).__name__, ": " + said if said else "") if e is not None else ""))
         elif not dist.is_initialized():
             self._abandon("the process group was destroyed before close() (through a name "
                           "imported before the recorder existed)")
@@ -181,6 +202,7 @@ class _RankLife:
 
     def _abandon(self, why):
         self.abandoned = why
+        self._mark("ended", why)
         print("accumcheck_torch: rank %d: %s: the recorder ends without writing a trace"
               % (self.rank, why), file=sys.stderr)
         self._recompute_pending = lambda: None  # nothing more is computed
@@ -204,7 +226,12 @@ class _RankLife:
             raise Refused("rank %d: close() after torch.distributed.destroy_process_group(): "
                           "the ranks' parts cannot be gathered; close() the recorder before "
                           "destroying the process group" % self.rank)
-        _write_on_rank0(part, write)
+        try:
+            _write_on_rank0(part, write)
+        except BaseException as e:
+            self._mark("ended", "close(): gathering the ranks' parts failed (%s: %s)"
+                       % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+            raise
 
     def _is_grad(self, tensors):
         """Whether the all-reduced tensors are parameters' gradients."""
@@ -439,7 +466,11 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
     trainer (gloo, CPU): ContractRecorder's arguments, with `model` the
     DistributedDataParallel module (the plain module of a trainer that
     synchronises by hand: its all-reduces are then unseen, its gradients
-    still judged).  quiet defaults to True on every rank but 0.  Every
+    still judged).  ddp: the DistributedDataParallel module when `model`
+    is the module inside it whose forward computes the loss, not DDP's own
+    .module (Lightning's DDP wraps a wrapper that calls training_step):
+    its forward says whether the coming backward all-reduces.  quiet
+    defaults to True on every rank but 0.  Every
     rank must call optimizer.step() as often as the others (the step's fit
     gathers every rank's backward passes: a collective), and close().
 
@@ -448,13 +479,16 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
     sampler, else its dataset's size."""
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, out="trace",
-                 quiet=None, **kw):
+                 quiet=None, ddp=None, **kw):
         self.rank, self.world = _process_group()
-        self.ddp = model if isinstance(model, DistributedDataParallel) else None
+        self.ddp = model if isinstance(model, DistributedDataParallel) else ddp
+        if self.ddp is not None and not isinstance(self.ddp, DistributedDataParallel):
+            raise Refused("ddp: expected the DistributedDataParallel module, got %s"
+                          % type(self.ddp).__name__)
         self.sync_pending = False
         self.hand_reduces = 0  # gradient all-reduces the trainer made itself
         self._reduced = False  # one since the last backward (a sweep is one)
-        super().__init__(self.ddp.module if self.ddp is not None else model, optimizer,
+        super().__init__(model.module if model is self.ddp else model, optimizer,
                          loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
         if self.ddp is not None:
@@ -526,7 +560,37 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
         self._gather_write((self.rank, meta, events, rows), write)
 
 
-class ContractFSDPRecorder(ContractDistributedRecorder):
+class _GatheredReplica:
+    """What the FSDP recorders share: `replica`, a plain module the
+    recomputes run on, loaded with the whole parameters gathered at the
+    start and after every step (a collective on every rank)."""
+
+    def _take_replica(self, who, names, replica):
+        if replica is None:
+            raise Refused("%s needs replica=: a plain (unsharded) module of the same "
+                          "architecture, e.g. built by the constructor you sharded" % who)
+        theirs = [n for n, p in replica.named_parameters() if p.requires_grad]
+        if names != theirs:
+            raise Refused("replica: its parameters %s are not the model's %s (same names, "
+                          "same order)" % (theirs[:4], names[:4]))
+        self.replica_model = replica
+        self.full = None
+
+    def _replica(self, model):
+        return copy.deepcopy(self.replica_model)
+
+    def _source(self):
+        return self.full
+
+    def _reduces_seen(self):
+        return True
+
+    def _after_step(self):
+        super()._after_step()
+        self._gather_params()
+
+
+class ContractFSDPRecorder(_GatheredReplica, ContractDistributedRecorder):
     """The contract tier's recorder for one rank of an FSDP2 trainer
     (torch.distributed.fsdp.fully_shard, gloo on CPU): ContractRecorder's
     arguments, with `model` the fully_shard'ed root module and `replica` a
@@ -559,27 +623,13 @@ class ContractFSDPRecorder(ContractDistributedRecorder):
         if not isinstance(model, FSDPModule):
             raise Refused("ContractFSDPRecorder takes the fully_shard'ed root module; got %s"
                           % type(model).__name__)
-        if replica is None:
-            raise Refused("ContractFSDPRecorder needs replica=: a plain (unsharded) module of "
-                          "the same architecture, e.g. built by the constructor you sharded")
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        theirs = [n for n, p in replica.named_parameters() if p.requires_grad]
-        if names != theirs:
-            raise Refused("replica: its parameters %s are not the model's %s (same names, "
-                          "same order)" % (theirs[:4], names[:4]))
+        self._take_replica("ContractFSDPRecorder",
+                           [n for n, p in model.named_parameters() if p.requires_grad], replica)
         self.groups = [g for m in model.modules() if isinstance(m, FSDPModule)
                        for g in m._get_fsdp_state()._fsdp_param_groups]
-        self.replica_model = replica
         self.unsharded_hooked = False
-        self.full = None
         super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
         self._gather_params()
-
-    def _replica(self, model):
-        return copy.deepcopy(self.replica_model)
-
-    def _source(self):
-        return self.full
 
     def _full(self, t):
         return t.full_tensor() if isinstance(t, DTensor) else t
@@ -612,12 +662,102 @@ class ContractFSDPRecorder(ContractDistributedRecorder):
             self.sync_pending = True
         super()._end_backward()
 
-    def _reduces_seen(self):
-        return True
 
-    def _after_step(self):
-        super()._after_step()
+class ContractFSDP1Recorder(_GatheredReplica, ContractDistributedRecorder):
+    """The contract tier's recorder for one rank of an FSDP1 trainer
+    (torch.distributed.fsdp.FullyShardedDataParallel with
+    use_orig_params=True; on CPU with device_id=torch.device("cpu") and
+    gloo): ContractRecorder's arguments, with `model` the root
+    FullyShardedDataParallel module and `replica` a plain module of the
+    same architecture (the same parameter names, FSDP's wrapper prefixes
+    left out).
+
+    What FSDP1 hides and how it is seen:
+      - each backward's gradient: FSDP1 computes it on each FlatParameter
+        unsharded (its views are what the forward uses) and reduce-scatters
+        it, or under no_sync() keeps it unsharded; the recorder hooks each
+        FlatParameter, so c_b is this rank's whole local gradient of every
+        parameter (the flat gradient cut by FSDP's own views, padding left
+        out), before any communication;
+      - the gradient a step consumes and the parameters after it: gathered
+        whole (FullyShardedDataParallel.summon_full_params, with_grads for
+        the gradient: a collective, on every rank at every step);
+      - the optimizer steps the original parameters' local shards: the
+        replay steps them with their own .grad and optimizer state;
+      - gradient sync: a backward outside no_sync() reduce-scatters (the
+        root's _sync_gradients at the backward's end), recorded as the
+        step's gradient collective, so certify counts them.
+    clip: FSDP1's own model.clip_grad_norm_ is not seen (the recorder sees
+    torch.nn.utils.clip_grad_norm_, which on FSDP1's shards is a local
+    clip): a trainer that clips this way is not recorded faithfully."""
+
+    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp._common_utils import clean_tensor_name
+        from .contract import _Rows
+        if not isinstance(model, FSDP):
+            raise Refused("ContractFSDP1Recorder takes the root FullyShardedDataParallel "
+                          "module; got %s" % type(model).__name__)
+        handles = [m._handle for m in FSDP.fsdp_modules(model) if m._handle is not None]
+        if not all(h._use_orig_params for h in handles):
+            raise Refused("ContractFSDP1Recorder needs FullyShardedDataParallel(..., "
+                          "use_orig_params=True): the optimizer must step the original "
+                          "parameters the recorder replays")
+        self._take_replica("ContractFSDP1Recorder",
+                           [clean_tensor_name(n) for n, p in model.named_parameters()
+                            if p.requires_grad], replica)
+        self.fsdp, self.summon = model, FSDP.summon_full_params
+        super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
+        # The parameters are local shards: every n-long vector holds the
+        # whole parameters (the replica's shapes), and c_b comes from the
+        # FlatParameters' hooks, not the shards' (which no backward reaches).
+        whole = [p for p in self.replica_model.parameters() if p.requires_grad]
+        self.n = sum(p.numel() for p in whole)
+        self.buf = _Rows(whole, self.K + 2)
+        self.vec = [torch.zeros(self.n, dtype=torch.float64) for _ in range(4)]
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for h in handles:
+            hooks = [None if index.get(id(p)) is None else self._grad_hook(index[id(p)])
+                     for p in h.flat_param._params]
+            self._hooks.append(h.flat_param.register_hook(self._flat_hook(h, hooks)))
         self._gather_params()
+
+    @staticmethod
+    def _flat_hook(handle, hooks):
+        def hook(grad):
+            for f, view in zip(hooks, handle._get_unflat_views(grad)):
+                if f is not None:
+                    f(view)
+            return None
+        return hook
+
+    def _gather_params(self):
+        with torch.no_grad(), self.summon(self.fsdp, writeback=False):
+            self.full = [p.detach().clone() for p in self.params]
+
+    def _take_from_forward(self, j, pending, output):
+        """g_j always comes from the replica (FSDP's backward hooks would
+        run inside the recorder's own autograd.grad)."""
+
+    def _consumed(self):
+        if any(p.grad is not None and p.grad.shape != p.shape for p in self.params):
+            raise Refused(
+                "rank %d: optimizer.step() on FSDP1 gradients that are still unsharded: the "
+                "window's last backward ran under no_sync(), so nothing was reduce-scattered "
+                "and the gradients do not fit the sharded parameters (PyTorch's optimizer "
+                "fails on them with a size mismatch); run the window's last backward outside "
+                "no_sync()" % self.rank)
+        with torch.no_grad(), self.summon(self.fsdp, writeback=False, with_grads=True):
+            return [None if p.grad is None else p.grad.detach().clone() for p in self.params]
+
+    def _replay_step(self, grads):
+        """The optimizer steps the local shards: replayed on their own .grad."""
+        super()._replay_step([p.grad for p in self.params])
+
+    def _end_backward(self):
+        if self.fsdp._sync_gradients:
+            self.sync_pending = True
+        super()._end_backward()
 
 
 class ContractPipelineRecorder(ContractRecorder):

@@ -63,8 +63,9 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-def write_atomically(path, text):
-    """text: a str, or an iterable of bytes chunks (written in order)."""
+def write_atomically(path, text, fsync=True):
+    """text: a str, or an iterable of bytes chunks (written in order);
+    fsync=False for a file rewritten often (a rank's marker)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp.")
     try:
@@ -76,7 +77,8 @@ def write_atomically(path, text):
             else:
                 f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -172,6 +174,38 @@ def write_trace(folder, meta, events, values, extra=None, ranks=False):
         os.unlink(stale)
     write_atomically(os.path.join(folder, "meta.csv"),
                      "key,value\n" + "".join("%s,%s\n" % (k, _field(v)) for k, v in meta))
+    if ranks:
+        # Every rank's part is in the trace: the ranks' markers go.
+        for name in os.listdir(folder):
+            if name.startswith(RANK_MARKER_PREFIX) and name.endswith(RANK_MARKER_SUFFIX):
+                os.unlink(os.path.join(folder, name))
+
+
+# A multi-rank recording's marker, one per rank (verify/trace/read.cpp
+# reads them): DIR/rank<r>.incomplete, written when the rank's recorder
+# starts and rewritten as it goes, removed when rank 0 writes the merged
+# trace.  A folder that still holds one is the trace of a run a rank did
+# not finish (died mid-run, or ended by an exception): certify refuses it
+# (exit 2) naming the rank, its marker and how far it got.
+RANK_MARKER_PREFIX = "rank"
+RANK_MARKER_SUFFIX = ".incomplete"
+
+
+def rank_marker_path(folder, rank):
+    return os.path.join(folder, "%s%d%s" % (RANK_MARKER_PREFIX, rank, RANK_MARKER_SUFFIX))
+
+
+def write_rank_marker(folder, rank, ranks, state, steps, backward, why=""):
+    """state: "recording" (the rank's recorder is live: a rank that dies
+    leaves it so) or "ended" (it ended without its part in a trace: `why`);
+    steps and backward: the optimizer steps and backward passes the rank
+    had recorded."""
+    os.makedirs(folder, exist_ok=True)
+    rows = [("rank", rank), ("ranks", ranks), ("state", state), ("steps", steps),
+            ("backward", backward), ("why", why)]
+    write_atomically(rank_marker_path(folder, rank),
+                     "key,value\n" + "".join("%s,%s\n" % (k, _field(v)) for k, v in rows),
+                     fsync=False)
 
 
 def _field(v):

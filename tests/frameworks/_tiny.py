@@ -110,6 +110,14 @@ def spawn_ranks(main, ranks, *args):
                        start_method=os.environ.get("ACCUMCHECK_START_METHOD", "spawn"))
 
 
+def lightning_ddp():
+    """The Lightning strategy of a 2-rank case: "ddp" (Lightning runs the
+    script again for each other rank, as its docs show), or "ddp_fork"
+    under ACCUMCHECK_START_METHOD=fork (CTest: the ranks fork this process
+    instead of importing torch and Lightning again)."""
+    return "ddp_fork" if os.environ.get("ACCUMCHECK_START_METHOD") == "fork" else "ddp"
+
+
 def _ranked(rank, main, ranks, args):
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
     main(rank, ranks, *args)

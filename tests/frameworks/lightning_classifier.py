@@ -16,7 +16,13 @@ Variants:
   sched_step   SGD, a LambdaLR linear warmup in configure_optimizers with
                interval "step", declared: PASS (partial window accepted)
   sched_epoch  the same scheduler with interval "epoch": the lr is constant
-               within each epoch (scheduler-per-epoch)"""
+               within each epoch (scheduler-per-epoch)
+  sgd_2ranks   as sgd on 2 gloo ranks (Trainer(devices=2, strategy="ddp"),
+               "ddp_fork" under ACCUMCHECK_START_METHOD=fork),
+               48 samples: 24 a rank, 6 micro-batches a rank and epoch
+               (windows of 4 and 2); DDP averages the ranks' equal batches,
+               so only the short window parts from 1/N_w:
+               partial-cycle-scale-by-k"""
 
 import sys
 
@@ -24,7 +30,7 @@ import torch
 
 import _tiny
 
-VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch"]
+VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch", "sgd_2ranks"]
 K, EPOCHS, BATCH = 4, 2, 4
 WARMUP, TOTAL = 2, 6  # optimizer steps: 3 per epoch
 
@@ -62,16 +68,19 @@ def main(argv=None):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     module = Classifier()
-    loader = torch.utils.data.DataLoader(_tiny.classifier_data(40), batch_size=BATCH, shuffle=True,
+    ranks = 2 if a.variant.endswith("2ranks") else 1
+    loader = torch.utils.data.DataLoader(_tiny.classifier_data(48 if ranks > 1 else 40),
+                                         batch_size=BATCH, shuffle=True,
                                          generator=torch.Generator().manual_seed(1))
     callbacks = []
     if not a.no_record:
-        accept = [] if a.variant in ("sgd",) else ["partial-cycle-scale-by-k"]
+        accept = [] if a.variant in ("sgd", "sgd_2ranks") else ["partial-cycle-scale-by-k"]
         schedule = "linear" if a.variant.startswith("sched") else None
         callbacks.append(AccumcheckCallback(out=a.out, accept=accept, schedule=schedule,
                                             warmup=WARMUP))
     trainer = pl.Trainer(max_epochs=EPOCHS, accumulate_grad_batches=K, accelerator="cpu",
-                         devices=1, logger=False, enable_checkpointing=False,
+                         devices=ranks, strategy=_tiny.lightning_ddp() if ranks > 1 else "auto",
+                         logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          gradient_clip_val=0.5 if a.variant == "clip" else None,
                          callbacks=callbacks)

@@ -11,7 +11,9 @@ replaces text in its contract.csv (a trace made bad on purpose); --stages S
 judges the S traces out/stage<i> of a pipeline trainer, each alike.  --trainer: the script
 beside this one to run (default train.py), --script the path of another
 (examples/systems/); --ranks R > 1 runs it with R
-ranks, under torchrun or with its own --spawn R (train_ddp.py)."""
+ranks, under torchrun or with its own --spawn R (train_ddp.py).
+--trainer-exit N: the trainer is expected to exit N (a run a rank does
+not finish), in a fresh OUTDIR, and certify judges what it left."""
 
 import os
 import shutil
@@ -30,7 +32,9 @@ def main():
     texts = [head[i + 1] for i, a in enumerate(head) if a == "--text"]
     metas = [head[i + 1].split("=", 1) for i, a in enumerate(head) if a == "--meta"]
     opt = {a: head[i + 1] for i, a in enumerate(head)
-           if a in ("--trainer", "--ranks", "--launcher", "--stages", "--script")}
+           if a in ("--trainer", "--ranks", "--launcher", "--stages", "--script",
+                    "--trainer-exit")}
+    trainer_exit = int(opt.get("--trainer-exit", 0))
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "contract")
     script = opt.get("--script") or os.path.join(os.path.normpath(examples),
                                                  opt.get("--trainer", "train.py"))
@@ -44,6 +48,8 @@ def main():
         shutil.copytree(recorded, out)
         print("ctest_contract: trace reused from %s" % recorded)
         return judge_all(tool, out, code, texts, int(opt.get("--stages", 0)))
+    if trainer_exit:
+        shutil.rmtree(out, ignore_errors=True)  # nothing of an earlier run
     r = warm_python.run(argv, capture_output=True, text=True)
     sys.stdout.write(r.stdout + r.stderr)
     if r.returncode == 2 and code == 2:
@@ -53,8 +59,8 @@ def main():
         for t in missing:
             print("ctest_contract: the trainer's output lacks %r" % t)
         return 1 if missing else 0
-    if r.returncode != 0:
-        print("ctest_contract: the trainer failed (exit %d)" % r.returncode)
+    if r.returncode != trainer_exit:
+        print("ctest_contract: the trainer exited %d, expected %d" % (r.returncode, trainer_exit))
         return 1
     for sub in [head[i + 1] for i, a in enumerate(head) if a == "--contract-sub"]:
         old, new = sub.split("=", 1)

@@ -130,17 +130,25 @@ CertifyReport certify(const Scenario& s, const std::string& trace_dir,
   // 4. The call pattern (when the trace has events).  A difference that
   // changes no value (the accepted semantics within the bound at every
   // step, the step counts equal) is a note, not a failure -- unless it
-  // changes the number of all-reduces (ddp-sync-every-micro-step: the
-  // same values at K times the communication).
+  // changes the number of all-reduces: then it passes only as a
+  // performance-only pitfall's pattern (ddp-sync-every-micro-step: the
+  // same values at K times the communication), with a performance finding
+  // on the check.
   const PatternCheck pc =
       check_pattern(s, plan, *L.run, accepted_b, max_windows, r);
-  if (!r.pattern_ok && !pc.collectives_differ && acc_d.first_out < 0 &&
-      acc.steps == r.trace_steps)
+  if (!r.pattern_ok && acc_d.first_out < 0 && acc.steps == r.trace_steps) {
+    const std::string perf = pc.collectives_differ
+                                 ? performance_finding(s, plan, pc, r.accepted)
+                                 : std::string();
     for (CertifyCheck& c : r.checks)
-      if (c.name == "call pattern" && !c.ok) {
+      if (c.name == "call pattern" && !c.ok &&
+          (!pc.collectives_differ || !perf.empty())) {
         c.ok = true;
-        r.notes.push_back(c.message + " (changes no value: a note)");
+        c.performance = perf;
+        if (perf.empty())
+          r.notes.push_back(c.message + " (changes no value: a note)");
       }
+  }
   {
     const std::string notes = L.trace.meta_value("notes");
     size_t at = 0;

@@ -142,6 +142,11 @@ struct CertifyCheck {
   // Judged on its own, never part of training's verdict (the logged loss):
   // a failure is reported, the exit code stays that of training.
   bool separate = false;
+  // A passing check's performance finding (a performance-only pitfall,
+  // sim/pitfalls.hpp: the same values at more cost): "performance: ID
+  // (story): what it costs"; printed with the verdict, and the JUnit
+  // testcase's system-out.  "" when none.
+  std::string performance{};
 };
 
 struct CertifyCandidate {

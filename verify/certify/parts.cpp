@@ -152,6 +152,10 @@ Part read_part(const std::string& file) {
       c.message = f[3];
       c.separate = c.name == "logged loss";  // verify/state_check's own check
       p.r.checks.push_back(c);
+    } else if (f[0] == "performance") {  // the check above's finding
+      if (f.size() != 2 || p.r.checks.empty())
+        bad(file, n, "performance: expected one field, after a check");
+      p.r.checks.back().performance = f[1];
     } else if (f[0] == "note") {
       if (f.size() != 2) bad(file, n, "note: expected one field");
       p.r.notes.push_back(f[1]);
@@ -286,9 +290,12 @@ std::string certify_part_text(const CertifyReport& r,
   kv("verdict", r.verdict);
   kv("diagnosis", r.diagnosis);
   kv("seconds", num(r.seconds));
-  for (const CertifyCheck& c : r.checks)
+  for (const CertifyCheck& c : r.checks) {
     o.append(fmt::format("check\t{}\t{}\t{}\n", esc(c.name), c.ok ? 1 : 0,
                          esc(c.message)));
+    if (!c.performance.empty())
+      o.append("performance\t" + esc(c.performance) + "\n");
+  }
   for (const std::string& n : r.notes) o.append("note\t" + esc(n) + "\n");
   for (const CertifyCandidate& c : r.ranking) {
     std::vector<std::string> ids;

@@ -196,6 +196,35 @@ PatternCheck check_pattern(const Scenario& s, const Plan& plan,
   return pc;
 }
 
+std::string performance_finding(const Scenario& s, const Plan& plan,
+                                const PatternCheck& pc,
+                                const std::string& accepted) {
+  const auto collectives = [](const Pattern& p) {
+    int64_t n = 0;
+    for (const Counts& c : p) n += c[5];
+    return n;
+  };
+  const std::vector<Pitfall>& base = s.trainer.accepted;
+  const std::vector<Pattern> want = semantics_pattern(
+      s, plan, behavior_of(base), pc.ignore_sched, pc.max_windows);
+  for (const Pitfall p : kAllPitfalls) {
+    if (!pitfall_performance_only(p) ||
+        std::find(base.begin(), base.end(), p) != base.end())
+      continue;
+    std::vector<Pitfall> with = base;
+    with.push_back(p);
+    if (semantics_pattern(s, plan, behavior_of(with), pc.ignore_sched,
+                          pc.max_windows) != pc.trace)
+      continue;
+    return fmt::format(
+        "performance: {} ({}): {} gradient all-reduces where {} needs {}; "
+        "the values are {}'s",
+        pitfall_id(p), pitfall_story(p), collectives(pc.trace.front()),
+        accepted, collectives(want.front()), accepted);
+  }
+  return "";
+}
+
 void mark_pattern_matches(const Scenario& s, const Plan& plan,
                           const PatternCheck& pc,
                           const std::vector<Behavior>& behaviors,

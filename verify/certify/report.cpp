@@ -205,6 +205,8 @@ std::string certify_text(const CertifyReport& r, int top) {
       r.scenario, r.run, r.engine, r.precision, r.trace_steps, r.accepted,
       r.expected_steps);
   o.append(r.verdict).append("\n");
+  for (const CertifyCheck& c : r.checks)
+    if (!c.performance.empty()) o.append(c.performance).append("\n");
   for (const std::string& n : r.notes)
     o.append("note: ").append(n).append("\n");
   for (const CertifyCheck& c : r.checks)
@@ -270,11 +272,19 @@ std::string certify_junit(const CertifyReport& r) {
   for (const CertifyCheck& c : r.checks) {
     o.append(fmt::format("  <testcase classname=\"{}\" name=\"{}\"", cls,
                          xml_escape(c.name)));
-    if (c.ok && !c.skipped) {
+    if (c.ok && !c.skipped && c.performance.empty()) {
       o.append("/>\n");
       continue;
     }
     o.append(">\n");
+    if (c.ok && !c.skipped) {  // passing, with a performance finding
+      o.append(
+          fmt::format("    <properties><property name=\"performance\" "
+                      "value=\"{}\"/></properties>\n"
+                      "    <system-out>{}</system-out>\n  </testcase>\n",
+                      xml_escape(c.performance), xml_escape(c.performance)));
+      continue;
+    }
     if (c.skipped)
       o.append(fmt::format("    <skipped message=\"{}\"/>\n",
                            xml_escape(c.message)));

@@ -294,6 +294,16 @@ PatternCheck check_pattern(const Scenario& s, const Plan& plan,
                            const TraceRun& run, const Behavior& accepted_b,
                            int64_t max_windows, CertifyReport& r);
 
+// A call pattern that differs from the accepted semantics' only as a
+// performance-only pitfall's does (sim/pitfalls.hpp
+// pitfall_performance_only: the trace's pattern is that of the accepted
+// pitfalls plus it): the finding naming it and the collectives it costs
+// (the trace's against the accepted semantics'); "" when none explains
+// the difference.  The caller has checked the values.
+std::string performance_finding(const Scenario& s, const Plan& plan,
+                                const PatternCheck& pc,
+                                const std::string& accepted);
+
 // Marks the candidates whose call pattern is the trace's.
 void mark_pattern_matches(const Scenario& s, const Plan& plan,
                           const PatternCheck& pc,

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "sim/pitfalls.hpp"
+
 namespace accumcheck {
 
 namespace {
@@ -779,7 +781,11 @@ constexpr ExplainEntry kEntries[] = {
      "off at the last micro-step too leaves .grad None: the step skips "
      "every micro-batch. Clip with clip_grad_norm_ on the DTensor "
      "gradients (the global norm), never a shard's own norm. FSDP1 "
-     "(FullyShardedDataParallel) does not run on CPU in torch 2.13.",
+     "(FullyShardedDataParallel, on CPU with device_id=torch.device(\"cpu\") "
+     "and use_orig_params=True) accumulates under model.no_sync() on every "
+     "micro-step but the window's last; no_sync() at the last micro-step "
+     "too leaves the gradients unsharded, and the step fails on them (a "
+     "size mismatch).",
      " for i, batch in enumerate(window):\n"
      "-    model.set_requires_gradient_sync(False)\n"
      "+    model.set_requires_gradient_sync(i == len(window) - 1)\n"
@@ -789,7 +795,8 @@ constexpr ExplainEntry kEntries[] = {
      "G_t = (1/R) sum_r of rank r's local window gradient, as DDP's "
      "all-reduce; the shard of it on each rank",
      "ddp-correct ddp-sync-every-micro-step ddp-clip-local-norm",
-     "issue 34; docs/memory-systems.md (CTest PyTorch.systems.fsdp2.*)",
+     "issue 34; docs/memory-systems.md (CTest PyTorch.systems.fsdp2.*, "
+     "PyTorch.systems.fsdp1.*)",
      "ddp.gradient-outside-trainer"},
     {"pipeline-lesson",
      "pipeline schedules: scale_grads=False when accumulating over steps",
@@ -871,6 +878,11 @@ std::string explain_text(const ExplainEntry& e) {
     d.remove_prefix(nl + 1);
   }
   o.append("\nWhat the oracle predicts: ").append(e.formula).append("\n");
+  if (const auto p = pitfall_from_id(e.id); p && pitfall_performance_only(*p))
+    o.append(
+        "Performance only: the values are those of the loop without it; "
+        "certify PASSes such a trace (both tiers) with a performance "
+        "finding naming it and what it costs\n");
   o.append("Run: ");
   std::string_view s = e.scenarios;
   bool first = true;

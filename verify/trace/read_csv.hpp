@@ -161,6 +161,14 @@ struct RunTracker {
 
 // meta.csv into t.meta: every required key, the schema first of all.
 void read_meta(Trace& t);
+
+// A multi-rank recording leaves one marker per rank, DIR/rank<r>.incomplete
+// (key,value: rank, ranks, state, steps, backward, why; written by
+// python/accumcheck_torch/trace.py write_rank_marker), until rank 0 writes
+// the merged trace and removes them.  A folder holding any is the trace of
+// a run some rank did not finish: InputError (exit 2) naming each such
+// rank, its marker file and how far it got.
+void refuse_incomplete_ranks(const std::string& dir);
 // events.csv (version 1: no sample_ids column) into the runs' events.
 void read_events(Trace& t, RunTracker& runs);
 // values.csv into the runs' values.

@@ -210,6 +210,20 @@ class Semantics:
                     self.lr, self.schedule(), self.clip))
 
 
+def recorder(model, optimizer, loss_fn, count_fn, world, ddp=None, **kw):
+    """The contract recorder of an integration: ContractRecorder in one
+    process, ContractDistributedRecorder on each rank when `world` > 1
+    (ddp: the DistributedDataParallel module around `model`, when `model`
+    is not DDP's own .module; see ContractDistributedRecorder)."""
+    if world > 1:
+        from ..distributed import ContractDistributedRecorder
+
+        return ContractDistributedRecorder(model, optimizer, loss_fn, count_fn, ddp=ddp, **kw)
+    from ..contract import ContractRecorder
+
+    return ContractRecorder(model, optimizer, loss_fn, count_fn, **kw)
+
+
 def certify(trace, command=None):
     """`accumcheck certify --contract --trace TRACE`: (exit code, report).
     command: the accumcheck binary (default: $ACCUMCHECK_BIN, or

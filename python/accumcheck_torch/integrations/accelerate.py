@@ -39,7 +39,6 @@ count_fn(batch) -> items for anything else."""
 import accelerate  # noqa: F401 -- the framework this module integrates
 
 from . import _common
-from ..contract import ContractRecorder
 from ..trace import Refused
 
 
@@ -120,14 +119,10 @@ class Recording:
             loss_fn, count_fn, items = self.loss_fn, self.count_fn, self.items or "samples"
         else:
             loss_fn, count_fn, items = _common.standard_head_of(self.model, batch, self.head)
-        kw = dict(out=self.out, items=items, quiet=self.quiet, accept=self.accept,
-                  calibrate_every=self.calibrate_every, **self.sem.recorder_kwargs())
-        if self.accelerator.num_processes > 1:
-            from ..distributed import ContractDistributedRecorder
-            self.recorder = ContractDistributedRecorder(self.model, self.optimizer, loss_fn,
-                                                        count_fn, **kw)
-        else:
-            self.recorder = ContractRecorder(self.model, self.optimizer, loss_fn, count_fn, **kw)
+        self.recorder = _common.recorder(
+            self.model, self.optimizer, loss_fn, count_fn, self.accelerator.num_processes,
+            out=self.out, items=items, quiet=self.quiet, accept=self.accept,
+            calibrate_every=self.calibrate_every, **self.sem.recorder_kwargs())
 
     def close(self):
         """Writes the trace (every rank must call it under DDP), and gives

@@ -20,6 +20,16 @@ certify names that `partial-cycle-scale-by-k` (with a mean loss over
 unequal item counts, `token-mean-of-means` or its pair); `accept=[...]`
 accepts a pitfall id as your loop, and certify then says "accepted: ...".
 
+Under DDP (Trainer(devices=R, strategy="ddp" | "ddp_spawn" | "ddp_fork"),
+gloo on CPU) every rank runs the callback and records its own
+micro-batches with ContractDistributedRecorder: the ranks gather their
+backward passes at each optimizer step, DDP's forward says which backward
+all-reduces (Lightning's no_sync on the accumulating micro-batches), and
+rank 0 writes the one trace (the rank column).  The world size judged is
+the configured one (devices x num_nodes, checked against the process
+group); each epoch is the rank's DistributedSampler share.  Other
+multi-device strategies (FSDP, DeepSpeed) are refused.
+
 The loss: for standard heads (a batch dict with "labels" or an (x, y) pair;
 (B, T) labels: shifted token cross-entropy with ignore_index -100; (B,)
 labels: per-sample cross-entropy; _common.standard_head_of; head= says it
@@ -28,8 +38,9 @@ count_fn(batch) -> items for anything else.  The module the recorder
 watches is your LightningModule (its forward); a training_step that calls
 an inner module directly gets its g_j from a recompute on a copy."""
 
+import torch.distributed as dist
+
 from . import _common
-from ..contract import ContractRecorder
 from ..trace import Refused
 
 try:
@@ -66,9 +77,7 @@ class AccumcheckCallback(pl.Callback):
         if not pl_module.automatic_optimization:
             raise Refused("manual optimization: record your own loop with ContractRecorder "
                           "(accumcheck_torch.ContractRecorder) instead of the callback")
-        if trainer.world_size > 1:
-            raise Refused("the Lightning callback records one process (world size %d): run "
-                          "DDP loops with ContractDistributedRecorder" % trainer.world_size)
+        self.ddp = self._ddp(trainer) if self._world(trainer) > 1 else None
         if len(trainer.optimizers) != 1:
             raise Refused("%d optimizers: the callback records exactly one"
                           % len(trainer.optimizers))
@@ -90,11 +99,36 @@ class AccumcheckCallback(pl.Callback):
         self.sem = _common.Semantics(
             accumulation=trainer.accumulate_grad_batches, micro_batch=loader.batch_size,
             dataset=dataset, epochs=trainer.max_epochs if max_steps is None else None,
-            max_steps=max_steps, world=trainer.world_size,
+            max_steps=max_steps, world=self._world(trainer),
             drop_last=bool(getattr(loader, "drop_last", False)), lr=self.lr,
             schedule=self.schedule or "constant", warmup=self.warmup, clip=clip)
         self.trainer_model = pl_module
         self.optimizer = _raw(trainer.optimizers[0])
+
+    @staticmethod
+    def _world(trainer):
+        """The world size as configured: Trainer(devices=, num_nodes=)."""
+        return trainer.num_nodes * trainer.num_devices
+
+    def _ddp(self, trainer):
+        """The DistributedDataParallel module of a DDP strategy ("ddp",
+        "ddp_spawn", "ddp_fork": each rank runs this callback), after
+        checking the process group is the configured world."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        world = self._world(trainer)
+        ddp = getattr(trainer.strategy, "model", None)
+        if not isinstance(ddp, DistributedDataParallel):
+            raise Refused("strategy %s at %d devices: the callback records DDP (strategy='ddp', "
+                          "'ddp_spawn' or 'ddp_fork'); for FSDP or DeepSpeed record your own loop "
+                          "(accumcheck_torch.ContractFSDPRecorder)"
+                          % (type(trainer.strategy).__name__, world))
+        if not dist.is_initialized() or dist.get_world_size() != world:
+            raise Refused("Trainer(devices=%d, num_nodes=%d) configures %d processes, but the "
+                          "process group has %s: launch one process per device"
+                          % (trainer.num_devices, trainer.num_nodes, world,
+                             dist.get_world_size() if dist.is_initialized() else "none"))
+        return ddp
 
     def _start(self, pl_module, batch):
         """The recorder, built at the first batch (whose labels say which
@@ -103,10 +137,13 @@ class AccumcheckCallback(pl.Callback):
             loss_fn, count_fn, items = self.loss_fn, self.count_fn, self.items or "samples"
         else:
             loss_fn, count_fn, items = _common.standard_head_of(pl_module, batch, self.head)
-        self.recorder = ContractRecorder(
-            pl_module, self.optimizer, loss_fn, count_fn, out=self.out, items=items,
-            quiet=self.quiet, calibrate_every=self.calibrate_every, accept=self.accept,
-            **self.sem.recorder_kwargs())
+        # Under DDP every rank records its own micro-batches; the watched
+        # module is the LightningModule (its forward), DDP's forward says
+        # which backward all-reduces (Lightning's no_sync under accumulation).
+        self.recorder = _common.recorder(
+            pl_module, self.optimizer, loss_fn, count_fn, self.sem.world, ddp=self.ddp,
+            out=self.out, items=items, quiet=self.quiet, accept=self.accept,
+            calibrate_every=self.calibrate_every, **self.sem.recorder_kwargs())
 
     # ---- the run
 
@@ -135,3 +172,11 @@ class AccumcheckCallback(pl.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if self.recorder is not None and not self.recorder.closed:
             self.recorder.close()
+        # strategy="ddp_spawn": a rank this callback refused in (exit 2, its
+        # message printed there) reaches the launching process as
+        # torch.multiprocessing's ProcessExitedException; that process
+        # exits 2 too, not 1.
+        if getattr(exception, "exit_code", None) == 2 and \
+                type(exception).__name__ == "ProcessExitedException":
+            raise Refused("rank %s refused (exit 2): what to pass is in its message above"
+                          % getattr(exception, "error_index", "?")) from exception
