@@ -133,12 +133,18 @@ inline constexpr Tolerance kTolerances[] = {
      "only tighten the bound, never hide a weight); two float32 "
      "evaluations (c_b and g_j) each ~cal_j from float64, doubled again "
      "for the spread of rounding between evaluations of equal inputs "
-     "(measured 0-0.15 of the bound on the GPT-style and CNN examples)"},
+     "(measured 0-0.15 of the bound on the GPT-style and CNN examples); "
+     "the same for a bfloat16 model, both evaluations in bf16 and cal_j "
+     "its bf16-vs-float64 difference (measured 0.10 of the bound on "
+     "DeepSpeed's bf16 MLP)"},
     {"contract_fit_ulps", 8.0,
      "contract tier: the loss weight's own roundings (a mean's 1/n, a /K, "
      "a /num_items: at most three roundings of the scalar, DESIGN.md "
      "'three roundings'), plus the norms' and dot products' float64 "
-     "rounding, in u32, added to the calibrated residual bound"},
+     "rounding, in the unit roundoff of the model's precision (u32; "
+     "unit_roundoff_bf16 / _fp16 for a bfloat16 / float16 model, whose "
+     "loss and its scaling may be computed in that precision), added to "
+     "the calibrated residual bound"},
     {"contract_sum_ulps", 2.0,
      "contract tier: a step's consumed gradient fitted as beta*G_prev + "
      "sum_b a_b*c_b: float32 accumulation of m terms into .grad errs by at "

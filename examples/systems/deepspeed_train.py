@@ -74,6 +74,10 @@ def config(a, ranks):
     if a.bf16:
         cfg["bf16"] = {"enabled": True}
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+        if a.comm_fp32:
+            # The gradient reduction in float32 too (DeepSpeed's default
+            # under bf16 is a bfloat16 reduction of the accumulated buffer).
+            cfg["communication_data_type"] = "fp32"
     return cfg
 
 
@@ -121,6 +125,8 @@ def main():
     ap.add_argument("--torch-adam", action="store_true",
                     help="with --offload: torch's AdamW instead of DeepSpeedCPUAdam")
     ap.add_argument("--bf16", action="store_true", help="bf16 with a float32 gradient accumulation buffer")
+    ap.add_argument("--comm-fp32", action="store_true",
+                    help="with --bf16: communication_data_type fp32 (the gradient reduced in float32)")
     ap.add_argument("--K", type=int, default=3)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--samples", type=int, default=48)

@@ -107,6 +107,14 @@ def _first(batch):
     return t
 
 
+def _same_values(t, drawn):
+    """t holds the drawn tensor's values: equal, or its cast to t's
+    floating dtype (a bf16 model's loop casts each batch)."""
+    if t.dtype == drawn.dtype:
+        return torch.equal(t, drawn)
+    return t.is_floating_point() and drawn.is_floating_point() and torch.equal(t, drawn.to(t.dtype))
+
+
 def _closure_decay(fn):
     """The decay of torch.optim.swa_utils.get_ema_multi_avg_fn(decay) /
     get_ema_avg_fn(decay) (a closure over `decay`), else None."""
@@ -567,7 +575,9 @@ class ContractRecorder:
         for t in _tensors(args, kwargs):
             ptr = t.data_ptr()
             for j in range(len(self.micro) - 1, -1, -1):
-                if self.first[j] == ptr and not self.forwarded[j]:
+                # A released batch's storage may hold another tensor now
+                # (a cast copy of a later batch): only batches still held.
+                if self.first[j] == ptr and not self.forwarded[j] and self.micro[j][5] is not None:
                     self.forwarded[j] = True
                     self.micro[j][4] = torch.get_rng_state()
                     self.micro[j][1] = self.steps
@@ -576,14 +586,15 @@ class ContractRecorder:
                     return
         # No storage matched: the inputs are copies of a drawn batch (a
         # data-parallel wrapper or a device move copies them, as
-        # Transformers' Trainer does under DDP): the oldest unforwarded
-        # micro-batch whose first tensor has the same values.
+        # Transformers' Trainer does under DDP; a bf16 model's loop casts
+        # them): the oldest unforwarded micro-batch whose first tensor has
+        # the same values (in the input's dtype).
         for j, done in enumerate(self.forwarded):
             if done or self.micro[j][5] is None:
                 continue
             mine = _first(self.micro[j][5])
             for t in _tensors(args, kwargs):
-                if t.shape == mine.shape and t.dtype == mine.dtype and torch.equal(t, mine):
+                if t.shape == mine.shape and _same_values(t, mine):
                     self.forwarded[j] = True
                     self.micro[j][4] = torch.get_rng_state()
                     self.micro[j][1] = self.steps
@@ -750,12 +761,15 @@ class ContractRecorder:
         and a copy's .grad is nobody else's)."""
         for p in params:
             p.grad = None
-        loss = self.loss_fn(model, _to(batch, dtype))
-        # One draw between the forward and its backward: a backward that
-        # draws random numbers of its own (a recomputation that does not
-        # replay the forward's RNG) cannot coincide with yours by accident.
-        torch.rand(1)
-        loss.backward()
+        # Grad mode on: the recompute may run inside a step that an
+        # optimizer wrapper runs under no_grad (DeepSpeed's bf16 optimizer).
+        with torch.enable_grad():
+            loss = self.loss_fn(model, _to(batch, dtype))
+            # One draw between the forward and its backward: a backward that
+            # draws random numbers of its own (a recomputation that does not
+            # replay the forward's RNG) cannot coincide with yours by accident.
+            torch.rand(1)
+            loss.backward()
         self.buf.fill(dst, [p.grad for p in params])
         for p in params:
             p.grad = None

@@ -702,6 +702,46 @@ std::vector<std::string> contract_evidence(const ContractSection& c,
                                            const std::vector<Weights>& correct,
                                            int64_t K);
 
+// A bfloat16 / float16 model's weights are read to its fit bound eps (a
+// few u_bf16 of their value): whether that resolution tells correct
+// accumulation (the ranking's first, the accepted semantics) apart from
+// every other modelled candidate, i.e. each lies more than its uncertainty
+// from the trace (candidates with correct's very prediction are its
+// aliases, as in float32).  Where correct fits and another candidate fits
+// too, the trace cannot back a verdict: exit 2.
+static CertifyCheck resolution_check(const CertifyReport& r,
+                                     const std::vector<double>& eps,
+                                     double cal_max,
+                                     const std::string& trace_dir) {
+  const bool correct_ok = r.ranking.front().distance <= 1;
+  double eps_max = 0;
+  for (const double e : eps) eps_max = std::max(eps_max, e);
+  size_t near = 0;
+  for (size_t k = 1; k < r.ranking.size(); ++k)
+    if (near == 0 || r.ranking[k].distance < r.ranking[near].distance) near = k;
+  const std::string read = fmt::format(
+      "{} parameters: each micro-batch gradient read to {:.3g} of its norm "
+      "(its {} backward differs from float64 by {:.3g})",
+      r.precision, eps_max, r.precision, cal_max);
+  if (near == 0)
+    return {"precision", true, false, read + "; no other candidate"};
+  if (!correct_ok) return {"precision", true, false, read};
+  const CertifyCandidate& other = r.ranking[near];
+  if (other.distance <= 1)
+    throw InputError(
+        trace_dir + "/contract.csv", 0, 0, "calibration",
+        fmt::format(
+            "{}: at that resolution the weights fit {} (at {} of the "
+            "uncertainty) as well as {} (at {}): the contract tier cannot "
+            "tell them apart; certify a float32 run of the same loop",
+            read, r.accepted, fmt_ratio(r.ranking.front().distance), other.name,
+            fmt_ratio(other.distance)));
+  return {"precision", true, false,
+          fmt::format("{}; the nearest other candidate, {}, at {} of the "
+                      "uncertainty",
+                      read, other.name, fmt_ratio(other.distance))};
+}
+
 CertifyReport certify_contract(const std::string& trace_dir) {
   const auto t0 = std::chrono::steady_clock::now();
   const Trace tr = read_trace(trace_dir);
@@ -756,26 +796,31 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       cal_max = c.micro[j].calibration;
       cal_at = j;
     }
+  // A bfloat16 (or float16) model: its gradients differ from their
+  // float64 recompute by its own rounding, far more than float32's, and
+  // its loss weight may be rounded in that precision.  Its weights are read
+  // with that uncertainty (the fit bound below: contract_fit_calibration x
+  // the calibrated difference + contract_fit_ulps in the model's unit
+  // roundoff), and the trace is judged only where that resolution tells
+  // correct accumulation apart from every modelled candidate (the
+  // "precision" check below, after the ranking).
+  const bool lowp_model = r.precision == "bfloat16" || r.precision == "float16";
+  if (!lowp_model && r.precision != "float32" && r.precision != "float64")
+    throw InputError(trace_dir + "/meta.csv", 0, 0, "precision",
+                     "'" + r.precision +
+                         "': expected float32, float64, bfloat16 or "
+                         "float16 (the model parameters' dtype)");
+  const double u_model =
+      r.precision == "bfloat16"  ? error_model::buffer_unit(GradBuffer::bf16)
+      : r.precision == "float16" ? error_model::buffer_unit(GradBuffer::fp16)
+                                 : u;
   // A float64 recompute of g_j that strays from the float32 one by more
   // than the precision at which weights are read (evidence_weight_rel) is
   // not the same function (randomness the recorder could not replay, such
   // as a compiled graph's own RNG): the weights would be too uncertain to
   // tell correct from a mistake, so the trace is not judged.
   const double weight_rel = error_model::tolerance("evidence_weight_rel");
-  if (cal_max > weight_rel && r.precision != "float32" &&
-      r.precision != "float64")
-    // A bf16 (or fp16) model's own rounding is that large: the weights
-    // cannot be read from its gradients, whatever the recorder replayed.
-    throw InputError(
-        trace_dir + "/meta.csv", 0, 0, "precision",
-        fmt::format(
-            "the model's parameters are {}: micro-batch {}'s gradient in "
-            "that precision differs from its float64 recompute by {:.3g} of "
-            "its norm (at most {:g} reads a weight), so the contract tier "
-            "cannot tell one weight from another; certify a float32 run of "
-            "the same loop",
-            r.precision, cal_at, cal_max, weight_rel));
-  if (cal_max > weight_rel)
+  if (cal_max > weight_rel && !lowp_model)
     throw InputError(
         trace_dir + "/contract.csv", 0, 0, "calibration",
         fmt::format(
@@ -794,7 +839,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     const ContractBackward& bw = c.backward[b];
     const double cal = c.micro[size_t(bw.micro)].calibration;
     const double bound =
-        fit_cal * (std::isnan(cal) ? cal_max : cal) + fit_ulps * u;
+        fit_cal * (std::isnan(cal) ? cal_max : cal) + fit_ulps * u_model;
     eps.push_back(bound);
     const double ratio = std::isnan(bw.residual) ? kInf : bw.residual / bound;
     if (ratio > worst_fit || worst_b < 0) {
@@ -880,7 +925,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       sfit.message += fmt::format(
           ": every consumed gradient is made of bfloat16 numbers and each "
           "residual is within the bf16 accumulation bound (max {}): .grad "
-          "accumulates in bfloat16",
+          "accumulates in bfloat16 (or is rounded to it before the step)",
           fmt_ratio(worst_lowp));
     } else {
       const ContractStep& st = c.steps[size_t(worst_q)][size_t(worst_t)];
@@ -892,20 +937,31 @@ CertifyReport certify_contract(const std::string& trace_dir) {
               "of its float32 bound; {}): .grad was changed by something the "
               "recorder did not see (a gradient hook registered before the "
               "recorder, an edit of .grad between backward and step, a "
-              "buffer in another precision). certify does not judge a loop "
+              "buffer or a reduction in another precision). certify does not "
+              "judge a loop "
               "on what it was not shown: make the recorder before any "
               "gradient hook, or remove the change, and record again",
               c.ranks() > 1 ? fmt::format("rank {} ", worst_q) : "", worst_t,
               fmt_ratio(worst_step),
               st.off_bf16 < 0
                   ? std::string("the trace does not say whether it is bf16")
-              : st.off_bf16 > 0
+              : st.off_bf16 > 0 && worst_lowp <= 1
+                  // Within the bf16 bound, yet no bf16 .grad: what bf16
+                  // rounding after a float32 accumulation would give.
                   ? fmt::format("{} of its {} elements are no bfloat16 "
-                                "numbers: no bf16 gradient buffer",
-                                st.off_bf16, n)
-                  : fmt::format("bfloat16 numbers, but {} of the bf16 "
-                                "accumulation bound",
-                                fmt_ratio(worst_lowp))));
+                                "numbers: no bf16 gradient buffer; every step "
+                                "is within the bf16 accumulation bound (max "
+                                "{}), as bfloat16 rounding after a float32 "
+                                "accumulation would be (a gradient reduction "
+                                "in bfloat16? reduce in float32)",
+                                st.off_bf16, n, fmt_ratio(worst_lowp))
+                  : st.off_bf16 > 0
+                        ? fmt::format("{} of its {} elements are no bfloat16 "
+                                      "numbers: no bf16 gradient buffer",
+                                      st.off_bf16, n)
+                        : fmt::format("bfloat16 numbers, but {} of the bf16 "
+                                      "accumulation bound",
+                                      fmt_ratio(worst_lowp))));
     }
   }
   r.checks.push_back(sfit);
@@ -998,7 +1054,11 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     // When the trace passes (every fit within its bound and correct
     // within 1, lr included), the ranking is not printed: the other
     // candidates are not predicted at all.
-    if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1) break;
+    // A low-precision model's every candidate is predicted: its PASS
+    // needs each of them told apart (the "precision" check).
+    if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1 &&
+        !lowp_model)
+      break;
     if (horizon_unjudged && sem != accept &&
         std::find(sem.begin(), sem.end(),
                   Pitfall::schedule_horizon_in_micro_steps) != sem.end())
@@ -1095,6 +1155,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                   lowp ? " (a bf16 .grad's: the bf16 step bound)" : "",
                   structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
+  if (lowp_model)
+    r.checks.push_back(resolution_check(r, eps, cal_max, trace_dir));
   if (reduces_seen) {
     int64_t n = 0;
     for (const auto& [t, k] : trace_reduces) n += int64_t(k.size());

@@ -857,7 +857,12 @@ constexpr ExplainEntry kEntries[] = {
      "(measured: under ZeRO 0 the step holds all K*K micro-batches, under "
      "ZeRO 2 only the last, as seed 002's loop) (accumcheck certify --contract "
      "reports both, measured, in "
-     "docs/memory-systems.md).",
+     "docs/memory-systems.md). Under bf16 with data_types.grad_accum_dtype "
+     "fp32 (ZeRO 1/2; ZeRO 0 refuses the mix) each bf16 micro-batch "
+     "gradient adds into a float32 buffer, but communication_data_type "
+     "defaults to bf16 and rounds the float32 sum before the step: set it "
+     "to fp32 (certify --contract PASSes that, each weight read to the bf16 "
+     "model's resolution).",
      " for batch in loader:\n"
      "-    loss = model_engine(batch) / K       # DeepSpeed divides again\n"
      "+    loss = model_engine(batch)           # the micro-batch's mean\n"
