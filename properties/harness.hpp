@@ -106,7 +106,8 @@ const std::vector<Property>& ddp_properties();
 const std::vector<Property>& ramp_properties();
 // Window cutting, drawing and scheduler order (properties/loop_properties.cpp).
 const std::vector<Property>& loop_properties();
-// The coefficient engine against the oracle (properties/contract_properties.cpp).
+// The coefficient engine against the oracle
+// (properties/contract_properties.cpp).
 const std::vector<Property>& contract_properties();
 // Precision, loss scaling, EMA and optimizer state
 // (properties/precision_properties.cpp).

@@ -62,8 +62,9 @@ TEST(Contract, PitfallWeights) {
             (std::vector<std::string>{"0:1/6 1:1/6", "2:1/6 3:1/2"}));
   EXPECT_EQ(weights(s, {Pitfall::zero_grad_every_micro_step}),
             (std::vector<std::string>{"1:1/6", "3:1/4"}));
-  EXPECT_EQ(weights(s, {Pitfall::zero_grad_never}),
-            (std::vector<std::string>{"0:1/6 1:1/6", "0:1/6 1:1/6 2:1/4 3:1/4"}));
+  EXPECT_EQ(
+      weights(s, {Pitfall::zero_grad_never}),
+      (std::vector<std::string>{"0:1/6 1:1/6", "0:1/6 1:1/6 2:1/4 3:1/4"}));
   EXPECT_EQ(weights(s, {Pitfall::no_loss_normalization}),
             (std::vector<std::string>{"0:1/3 1:1/3", "2:1/3 3:1"}));
   EXPECT_EQ(weights(s, {Pitfall::skip_short_micro_batch}),

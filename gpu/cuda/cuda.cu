@@ -39,13 +39,21 @@ void check(cudaError_t e, const char* what) {
 // cudart (0.7 MB, about 0 ms) stays linked: nvcc's kernel registration
 // needs it at start.  The header still declares every function, so each
 // pointer has the exact type of the function it names.
-#define ACCUMCHECK_CUBLAS_FUNCTIONS(X)                               \
-  X(cublasCreate)                                                    \
-  X(cublasDestroy)                                                   \
-  X(cublasSetStream)                                                 \
-  X(cublasSetMathMode) X(cublasSetAtomicsMode) X(cublasSetWorkspace) \
-      X(cublasSgemm) X(cublasGetProperty) X(cublasGetStatusName)     \
-          X(cublasGetStatusString)
+// One function a line (clang-format 14 reflows this list differently on
+// each pass).
+// clang-format off
+#define ACCUMCHECK_CUBLAS_FUNCTIONS(X) \
+  X(cublasCreate) \
+  X(cublasDestroy) \
+  X(cublasSetStream) \
+  X(cublasSetMathMode) \
+  X(cublasSetAtomicsMode) \
+  X(cublasSetWorkspace) \
+  X(cublasSgemm) \
+  X(cublasGetProperty) \
+  X(cublasGetStatusName) \
+  X(cublasGetStatusString)
+// clang-format on
 
 ACCUMCHECK_LIBRARY_API(CublasApi, ACCUMCHECK_CUBLAS_FUNCTIONS);
 

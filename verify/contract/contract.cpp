@@ -588,8 +588,8 @@ std::string step_count_evidence(const ContractSection& c,
       W.size(), correct_steps);
   if (unstepped.empty()) out += " every drawn one was stepped;";
   for (const auto& [e, js] : unstepped)
-    out += fmt::format(" epoch {}: {} drawn, never stepped ({});", e,
-                       js.size(), fmt::join(js, ", "));
+    out += fmt::format(" epoch {}: {} drawn, never stepped ({});", e, js.size(),
+                       fmt::join(js, ", "));
   const int64_t never = int64_t(cp.items.size()) - cp.drawn;
   out += fmt::format(" {} never drawn{}", never,
                      c.ranks() > 1 ? " (all ranks)" : "");
