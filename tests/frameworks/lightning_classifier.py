@@ -22,7 +22,10 @@ Variants:
                48 samples: 24 a rank, 6 micro-batches a rank and epoch
                (windows of 4 and 2); DDP averages the ranks' equal batches,
                so only the short window parts from 1/N_w:
-               partial-cycle-scale-by-k"""
+               partial-cycle-scale-by-k
+  div_k        as sgd, the user's training_step returns loss / K on top of
+               Lightning's own / K: every weight 1/K of what it was,
+               partial-cycle-scale-by-k+loss-divided-by-k-twice"""
 
 import sys
 
@@ -30,7 +33,7 @@ import torch
 
 import _tiny
 
-VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch", "sgd_2ranks"]
+VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch", "sgd_2ranks", "div_k"]
 K, EPOCHS, BATCH = 4, 2, 4
 WARMUP, TOTAL = 2, 6  # optimizer steps: 3 per epoch
 
@@ -53,7 +56,8 @@ def main(argv=None):
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return torch.nn.functional.cross_entropy(self(x), y)
+            loss = torch.nn.functional.cross_entropy(self(x), y)
+            return loss / K if a.variant == "div_k" else loss
 
         def configure_optimizers(self):
             if a.variant == "clip":
@@ -74,7 +78,7 @@ def main(argv=None):
                                          generator=torch.Generator().manual_seed(1))
     callbacks = []
     if not a.no_record:
-        accept = [] if a.variant in ("sgd", "sgd_2ranks") else ["partial-cycle-scale-by-k"]
+        accept = [] if a.variant in ("sgd", "sgd_2ranks", "div_k") else ["partial-cycle-scale-by-k"]
         schedule = "linear" if a.variant.startswith("sched") else None
         callbacks.append(AccumcheckCallback(out=a.out, accept=accept, schedule=schedule,
                                             warmup=WARMUP))
