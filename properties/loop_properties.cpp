@@ -21,6 +21,8 @@ namespace accumcheck::properties {
 namespace {
 
 using Micro = std::vector<const MicroBatch*>;
+// (micro-batches, epoch) per optimizer step.
+using Groups = std::vector<std::pair<Micro, int64_t>>;
 
 // Each epoch's micro-batches in order.
 std::vector<Micro> epoch_micro(const Plan& p) {
@@ -33,6 +35,18 @@ std::vector<Micro> epoch_micro(const Plan& p) {
   return out;
 }
 
+// The plan's windows, each with its epoch (pointing into `full`).
+Groups plan_windows(const Plan& full) {
+  Groups out;
+  for (size_t e = 0; e < full.epochs.size(); ++e)
+    for (const Window& w : full.epochs[e].windows) {
+      Micro ms;
+      for (const MicroBatch& m : w.micro) ms.push_back(&m);
+      out.push_back({ms, int64_t(e)});
+    }
+  return out;
+}
+
 Parts weighted(const Micro& ms, const std::function<int64_t(int64_t)>& den) {
   Parts ps;
   for (const MicroBatch* m : ms)
@@ -42,9 +56,6 @@ Parts weighted(const Micro& ms, const std::function<int64_t(int64_t)>& den) {
 }
 
 int64_t ranks_of(const MicroBatch& m) { return int64_t(m.shards.size()); }
-
-// (micro-batches, epoch) per optimizer step.
-using Groups = std::vector<std::pair<Micro, int64_t>>;
 
 // Each step of `bug` sums exactly groups[i], each item of a shard of b
 // items weighted 1/den(group, b), at the parameters before the step.
@@ -219,18 +230,11 @@ void step_budget_drops_micro_batches() {
   const std::vector<Micro> epochs = epoch_micro(full);
   const int64_t budget = int64_t(epochs.size()) *
                          std::max<int64_t>(1, int64_t(epochs[0].size()) / K);
-  Groups windows;
-  for (size_t e = 0; e < epochs.size(); ++e)
-    for (size_t at = 0;
-         at < epochs[e].size() && int64_t(windows.size()) < budget;
-         at += size_t(K))
-      windows.push_back(
-          {Micro(epochs[e].begin() + std::ptrdiff_t(at),
-                 epochs[e].begin() + std::ptrdiff_t(std::min(epochs[e].size(),
-                                                             at + size_t(K)))),
-           int64_t(e)});
-  // Correct takes at least as many windows as the budget allows.
-  RC_ASSERT(int64_t(windows.size()) == budget);
+  // Correct's windows (the plan's), the first `budget` of them; correct
+  // takes at least as many windows as the budget allows.
+  Groups windows = plan_windows(full);
+  RC_ASSERT(int64_t(windows.size()) >= budget);
+  windows.resize(size_t(budget));
   check_groups(
       name, c, bug, windows,
       [](const Micro& g, int64_t) { return items_of(g); }, "budgeted window");
@@ -323,18 +327,6 @@ void scheduler_order() {
 }
 
 // ---------------------------- mistakes only a framework's loop makes
-
-// The plan's windows, each with its epoch (pointing into `full`).
-Groups plan_windows(const Plan& full) {
-  Groups out;
-  for (size_t e = 0; e < full.epochs.size(); ++e)
-    for (const Window& w : full.epochs[e].windows) {
-      Micro ms;
-      for (const MicroBatch& m : w.micro) ms.push_back(&m);
-      out.push_back({ms, int64_t(e)});
-    }
-  return out;
-}
 
 // The user's `loss / K` (or a loop already normalized) divided by K again
 // by the framework: each step sums its window, every item weighted
