@@ -8,10 +8,10 @@ the recorder's close), the least of --repeat runs, per ZeRO stage.
 """
 import argparse
 import os
-import re
-import subprocess
 import sys
 import tempfile
+
+import systems_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "..", "examples", "systems", "deepspeed_train.py")
@@ -23,8 +23,7 @@ def loop_cpu(stage, record, extra):
         argv = [sys.executable, TRAIN, "--out", out, "--stage", str(stage), "--spawn", "2"] + extra
         if not record:
             argv.append("--no-record")
-        r = subprocess.run(argv, capture_output=True, text=True, check=True)
-    return max(float(t) for t in re.findall(r"rank \d+: ([0-9.]+) s cpu in the loop", r.stdout))
+        return systems_bench.loop_cpu(argv)
 
 
 def main():

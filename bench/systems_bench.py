@@ -1,14 +1,23 @@
 """The contract tier's recording cost on the memory systems (issue 34:
-<= 3x the system's own run): each examples/systems trainer run plain
-(--no-record) and recorded, alternately, REPEATS times each, as the
-processes CTest runs (its ranks spawned; the CPU time of all of them,
-from getrusage of the children, so process start and `import torch` are
-in both); the least of each, and their ratio.
+recording costs at most 3x the system's own run, CPU time, the least of
+several runs): each examples/systems trainer run plain (--no-record) and
+recorded, alternately, REPEATS times each, with one intra-op thread a
+process (OMP_NUM_THREADS=1, as deepspeed_train.py sets); the least of
+each, and their ratio.
 
-    PYTHONPATH=python python3 bench/systems_bench.py [--repeats 3] [--cases NAME,...]"""
+What is timed (the method bench/deepspeed_bench.py uses): each rank's CPU
+seconds in its training loop, the model, data and optimizer already built,
+the recorder's construction, its hooks, recomputes and collectives and its
+close() (the trace written) included: the largest rank's, as the trainer
+prints it ("rank R: S s cpu in the loop").  --process instead times every
+process of the run (getrusage of the children: process start and `import
+torch` in both, which dominate these small runs).
+
+    PYTHONPATH=python python3 bench/systems_bench.py [--repeats 5] [--cases NAME,...] [--process]"""
 
 import argparse
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -17,37 +26,60 @@ import tempfile
 here = os.path.dirname(os.path.abspath(__file__))
 systems = os.path.join(here, "..", "examples", "systems")
 CASES = {
+    "checkpointing.non_reentrant": ["checkpointing.py"],
     "checkpointing.reentrant": ["checkpointing.py", "--reentrant"],
     "checkpointing.ddp.reentrant": ["checkpointing.py", "--ddp", "--reentrant", "--samples", "48",
                                     "--spawn", "2"],
+    "checkpointing.ddp.non_reentrant": ["checkpointing.py", "--ddp", "--samples", "48",
+                                        "--spawn", "2"],
     "fsdp2.correct": ["fsdp.py", "--spawn", "2"],
+    "fsdp1.correct": ["fsdp.py", "--fsdp1", "--spawn", "2"],
     "pipeline.gpipe.correct": ["pipeline.py", "--schedule", "gpipe", "--spawn", "2"],
     "pipeline.1f1b.correct": ["pipeline.py", "--schedule", "1f1b", "--spawn", "2"],
 }
 
 
-def cpu_of(argv):
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def loop_cpu(argv):
+    """The largest rank's CPU seconds in the loop of one run of argv (a
+    trainer that prints "rank R: S s cpu in the loop")."""
+    r = subprocess.run(argv, capture_output=True, text=True, check=True, env=_env())
+    found = re.findall(r"rank \d+: ([0-9.]+) s cpu in the loop", r.stdout)
+    if not found:
+        raise SystemExit("%s printed no loop time:\n%s" % (" ".join(argv), r.stdout + r.stderr))
+    return max(float(t) for t in found)
+
+
+def process_cpu(argv):
+    """The CPU seconds of every process of one run of argv."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, check=True, capture_output=True)
+    subprocess.run(argv, check=True, capture_output=True, env=_env())
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--process", action="store_true",
+                    help="time every process of the run, not the loop")
     a = ap.parse_args()
+    measure = process_cpu if a.process else loop_cpu
     for name in a.cases.split(","):
         script, *args = CASES[name]
         plain, recorded = [], []
         with tempfile.TemporaryDirectory() as tmp:
             base = [sys.executable, os.path.join(systems, script), "--out", tmp] + args
             for _ in range(a.repeats):
-                plain.append(cpu_of(base + ["--no-record"]))
-                recorded.append(cpu_of(base))
-        print("%-30s plain %6.2f s CPU  recorded %6.2f s CPU  ratio %.2f (least of %d)"
-              % (name, min(plain), min(recorded), min(recorded) / min(plain), a.repeats), flush=True)
+                plain.append(measure(base + ["--no-record"]))
+                recorded.append(measure(base))
+        print("%-32s plain %7.3f s CPU  recorded %7.3f s CPU  ratio %.2f (least of %d%s)"
+              % (name, min(plain), min(recorded), min(recorded) / min(plain), a.repeats,
+                 ", every process" if a.process else ", the loop"), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,15 @@ The GPT-style decoder of examples/contract/models.py (dropout 0.1) with
 each block checkpointed: its forward runs without keeping activations and
 runs again in the backward.  The loop is the Transformers one (each
 window's token count first, the summed loss divided by it); --no-record
-runs it without the recorder (bench/)."""
+runs it without the recorder; each rank prints its CPU seconds in the
+loop (the recorder's construction and close() included) unless --quiet
+(bench/systems_bench.py)."""
 
 import argparse
 import functools
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,31 +37,35 @@ from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks 
 class CheckpointedGPT(models.TinyGPT):
     """TinyGPT whose blocks run under torch.utils.checkpoint."""
 
-    def __init__(self, reentrant, preserve_rng, **kw):
+    def __init__(self, reentrant, preserve_rng, twice=False, **kw):
         super().__init__(**kw)
         self.ckpt = functools.partial(checkpoint, use_reentrant=reentrant,
                                       preserve_rng_state=preserve_rng)
+        self.twice = twice
 
     def forward(self, idx):
         T = idx.shape[1]
         x = self.drop(self.tok(idx) + self.pos(torch.arange(T)))
-        for b in self.blocks:
+        for i, b in enumerate(self.blocks):
             x = self.ckpt(b, x)
+            if self.twice and i == 0:
+                x = self.ckpt(b, x)  # the same block again, under a checkpoint of its own
         return self.ln(x) @ self.tok.weight.t()
 
 
 def train(rank, ranks, a):
     torch.manual_seed(0)
-    net = CheckpointedGPT(a.reentrant, not a.no_preserve_rng)
+    net = CheckpointedGPT(a.reentrant, not a.no_preserve_rng, twice=a.checkpoint_twice)
     torch.manual_seed(1 + rank)  # each rank's own dropout masks
     data = models.gpt_data(n=a.samples)
     if ranks > 1:
-        model = DDP(net, static_graph=a.static_graph)
+        model = DDP(net, static_graph=a.static_graph, find_unused_parameters=a.find_unused)
         sampler = DistributedSampler(data, shuffle=False)
     else:
         model, sampler = net, None
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     loader = DataLoader(data, batch_size=4, sampler=sampler)
+    c0 = time.process_time()  # bench/systems_bench.py: the loop's CPU, the recorder's included
     rec = None
     if not a.no_record:
         cls = ContractDistributedRecorder if ranks > 1 else ContractRecorder
@@ -81,6 +88,9 @@ def train(rank, ranks, a):
         opt.zero_grad()
     if rec is not None:
         rec.close()
+    if not a.quiet:
+        print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
+                                                    " (not recorded)" if a.no_record else ""))
 
 
 class _nothing:
@@ -100,6 +110,9 @@ def main():
     ap.add_argument("--no-preserve-rng", action="store_true", help="preserve_rng_state=False")
     ap.add_argument("--ddp", action="store_true", help="DDP with no_sync (run with --spawn R or torchrun)")
     ap.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
+    ap.add_argument("--find-unused", action="store_true", help="DDP(find_unused_parameters=True)")
+    ap.add_argument("--checkpoint-twice", action="store_true",
+                    help="the first block run twice, each under its own checkpoint")
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")

@@ -25,12 +25,15 @@ ContractFSDP1Recorder (without device_id it refuses CPU: "FSDP needs a
 non-CPU accelerator device, but no accelerator device is detected.").  Its
 loops: correct, sync_every_micro_step, no_sync_at_boundary; they do not
 clip (FSDP1's own model.clip_grad_norm_ is not seen by the recorder).
---no-record: without the recorder."""
+--no-record: without the recorder.  Each rank prints its CPU seconds in
+the loop (the recorder's construction and close() included) unless
+--quiet (bench/systems_bench.py)."""
 
 import argparse
 import contextlib
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -76,6 +79,7 @@ def train(rank, ranks, a):
     data = models.gpt_data(n=a.samples)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, shuffle=False))
+    c0 = time.process_time()  # bench/systems_bench.py: the loop's CPU, the recorder's included
     rec = None
     if not a.no_record:
         make = ContractFSDP1Recorder if a.fsdp1 else ContractFSDPRecorder
@@ -107,6 +111,9 @@ def train(rank, ranks, a):
         opt.zero_grad()
     if rec is not None:
         rec.close()
+    if not a.quiet:
+        print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
+                                                    " (not recorded)" if a.no_record else ""))
 
 
 def main():

@@ -22,9 +22,19 @@ parameters.  The loops (--loop):
                pair with scale_grads=True), no / K: right for K = 1 only
   no_scale     scale_grads=False and the summed loss undivided
   boundary     optimizer.step when s % K == 0 (the window one step off)
---no-record: without the recorder."""
+--no-record: without the recorder (each rank prints its CPU seconds in
+the loop, the recorder's construction and close() included, unless
+--quiet: bench/systems_bench.py).  --die-after N: the last stage kills
+itself (SIGKILL) at the end of its N-th backward, mid schedule step (a
+stage that dies mid-run: certify refuses what is left).  --n-last M: the
+last stage's schedule takes n_microbatches = M (stages that disagree: the
+recorder refuses them).  --accumulation-last A: the last stage's recorder
+is told accumulation = A."""
 
 import argparse
+import os
+import signal
+import time
 
 import torch
 import torch.nn as nn
@@ -75,10 +85,14 @@ def train(rank, ranks, a):
     n = a.n_last if a.n_last and rank == ranks - 1 else a.n
     schedule = SCHEDULES[a.schedule](stage, n_microbatches=n, loss_fn=loss_fn,
                                      scale_grads=a.loop in ("scale_grads", "per_step_mean"))
+    if a.die_after and rank == ranks - 1:
+        die_at_backward_end(cut, a.die_after)
+    c0 = time.process_time()  # bench/systems_bench.py: the loop's CPU, the recorder's included
     rec = None
     if not a.no_record:
+        acc = a.accumulation_last if a.accumulation_last and rank == ranks - 1 else a.n * a.K
         rec = ContractPipelineRecorder(stage, schedule, whole, opt, summed_loss, samples,
-                                       accumulation=a.n * a.K, out=a.out)
+                                       accumulation=acc, out=a.out)
         loader = rec.watch(loader)
     batches = list(loader)
     for s, (x, y) in enumerate(batches):
@@ -94,6 +108,29 @@ def train(rank, ranks, a):
             opt.zero_grad()
     if rec is not None:
         rec.close()
+    if not a.quiet:
+        print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
+                                                    " (not recorded)" if a.no_record else ""))
+
+
+def die_at_backward_end(module, n):
+    """SIGKILL this process at the end of the n-th backward that accumulates
+    into module's .grad (a callback queued from a callback: after the
+    recorder's own; PipelineStage's shape inference at the first step runs
+    an autograd.grad, which accumulates nothing)."""
+    done = [0]
+    engine = torch.autograd.Variable._execution_engine
+    first = next(module.parameters())
+
+    def after():
+        done[0] += 1
+        if done[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)  # dies mid-run, no cleanup
+
+    def hook(p):
+        if p is first:  # the recorder's copies carry the hook too
+            engine.queue_callback(lambda: engine.queue_callback(after))
+    first.register_post_accumulate_grad_hook(hook)
 
 
 def main():
@@ -105,6 +142,10 @@ def main():
     ap.add_argument("--b", type=int, default=2, help="samples per micro-batch")
     ap.add_argument("--n-last", type=int, help="the last stage's n_microbatches (bad input: stages "
                     "that disagree)")
+    ap.add_argument("--accumulation-last", type=int, help="the last stage's recorder told this "
+                    "accumulation (bad input: stages that disagree)")
+    ap.add_argument("--die-after", type=int, metavar="N",
+                    help="the last stage kills itself (SIGKILL) at the end of its N-th backward")
     ap.add_argument("--K", type=int, default=2, help="schedule steps per optimizer step")
     ap.add_argument("--samples", type=int, default=24)
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")

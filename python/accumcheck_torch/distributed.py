@@ -59,7 +59,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .contract import CONTRACT_HEADER, ContractRecorder, _tensors
 from .recorder import Recorder, eager
-from .trace import Refused, write_rank_marker, write_trace
+from .trace import Refused, clear_rank_markers, write_rank_marker, write_trace
 
 
 def _process_group():
@@ -220,6 +220,12 @@ class _RankLife:
                 _uninstall()
 
     def _gather_write(self, part, write):
+        self._together(lambda: _write_on_rank0(part, write))
+
+    def _together(self, collective):
+        """close()'s collective (every rank's part gathered, or every stage
+        at close()): nothing when abandoned; a failure (a rank gone) leaves
+        this rank's marker ended, saying so."""
         if self.abandoned:
             return
         if not dist.is_initialized():
@@ -227,7 +233,7 @@ class _RankLife:
                           "the ranks' parts cannot be gathered; close() the recorder before "
                           "destroying the process group" % self.rank)
         try:
-            _write_on_rank0(part, write)
+            collective()
         except BaseException as e:
             self._mark("ended", "close(): gathering the ranks' parts failed (%s: %s)"
                        % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
@@ -760,7 +766,7 @@ class ContractFSDP1Recorder(_GatheredReplica, ContractDistributedRecorder):
         super()._end_backward()
 
 
-class ContractPipelineRecorder(ContractRecorder):
+class ContractPipelineRecorder(_RankLife, ContractRecorder):
     """The contract tier's recorder for one stage of a
     torch.distributed.pipelining trainer (PipelineStage with ScheduleGPipe
     or Schedule1F1B; gloo on CPU), one stage per rank.
@@ -793,7 +799,16 @@ class ContractPipelineRecorder(ContractRecorder):
         (scale_grads=True) is no backward pass: the step fit sees the
         gradient it consumes as a rescaled sum of the backward passes.
     Dropout inside a stage is not replayed (the RNG state at each
-    micro-batch's forward is not captured): use a model without."""
+    micro-batch's forward is not captured): use a model without.
+
+    A rank's life as the DDP recorders' (_RankLife): its marker
+    out/stage<i>/rank<r>.incomplete says how far it got until the stage's
+    trace is written, so a stage that dies (or ends by an exception)
+    leaves a folder certify refuses naming its rank; close() writes the
+    stage's trace only once every stage reached close() (a barrier).
+    Stages that disagree on the micro-batches are refused when the
+    recorders are made (a collective), before any schedule step (without
+    the recorder such a pipeline waits forever on its peer)."""
 
     def __init__(self, stage, schedule, whole, optimizer, loss_fn, count_fn, accumulation,
                  out="trace", quiet=None, **kw):
@@ -803,14 +818,23 @@ class ContractPipelineRecorder(ContractRecorder):
         self.n_micro = int(getattr(schedule, "_n_microbatches", 0) or 0)
         if self.n_micro < 1:
             raise Refused("schedule: no n_microbatches (a torch.distributed.pipelining schedule)")
+        out = os.path.join(out, "stage%d" % stage.stage_index)
+        caller = sys._getframe(1)
         # Every stage must split a batch alike (a collective: every rank
         # makes its recorder).
         counts = [None] * self.world
         dist.all_gather_object(counts, (self.n_micro, int(accumulation)))
         if len(set(counts)) > 1:
-            raise Refused("the stages disagree on the micro-batches: %s (n_microbatches, "
-                          "accumulation); every stage's schedule and recorder must take the same"
-                          % ", ".join("rank %d: %s" % (r, c) for r, c in enumerate(counts)))
+            where = [None] * self.world
+            dist.all_gather_object(where, (stage.stage_index, caller.f_code.co_filename,
+                                           caller.f_lineno, out))
+            raise Refused(
+                "rank %d: the pipeline's stages disagree on the micro-batches: %s; every stage's "
+                "schedule (n_microbatches) and recorder (accumulation) must take the same; "
+                "no trace written" % (self.rank, "; ".join(
+                    "rank %d (stage %d, the recorder made at %s:%d, its trace %s): "
+                    "n_microbatches %d, accumulation %d" % ((r,) + w + c)
+                    for r, (w, c) in enumerate(zip(where, counts)))))
         if int(accumulation) % self.n_micro:
             raise Refused("accumulation = %d micro-batches per optimizer step is not a multiple "
                           "of the schedule's n_microbatches = %d (stage %d)"
@@ -823,8 +847,7 @@ class ContractPipelineRecorder(ContractRecorder):
                           "stage from `whole`, e.g. a slice of an nn.Sequential)" % stage.stage_index)
         self.step_base, self.stepped = 0, False
         self.drawn = []  # (first micro-batch, data_ptrs of the batch's tensors) per drawn batch
-        super().__init__(stage.submod, optimizer, loss_fn, count_fn, accumulation,
-                         out=os.path.join(out, "stage%d" % stage.stage_index),
+        super().__init__(stage.submod, optimizer, loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
         for attr, copy_ in (("pref", self.mref), ("p64", self.m64)):
             named = dict(copy_.named_parameters())
@@ -847,6 +870,18 @@ class ContractPipelineRecorder(ContractRecorder):
             stage.__dict__.pop("backward_one_chunk", None)
             schedule.__dict__.pop("step", None)
         self._restore_stage = restore
+        self.all_reduced = False
+        self._live()
+
+    def _all_reduced(self, tensors):
+        """A torch.distributed.all_reduce of this stage's gradients (data
+        parallelism beside the pipeline) is not modelled by this recorder:
+        said, and certify does not judge the trace."""
+        if self._is_grad(tensors) and not self.all_reduced:
+            self.all_reduced = True
+            self.unseen.append("stage %d (rank %d): its gradients were all-reduced (data "
+                               "parallelism beside the pipeline), which the pipeline recorder "
+                               "does not model" % (self.stage.stage_index, self.rank))
 
     def _replica(self, model):
         return copy.deepcopy(self.whole)
@@ -903,6 +938,15 @@ class ContractPipelineRecorder(ContractRecorder):
         if not self.closed:
             self._restore_stage()
         super().close()
+
+    def _write(self, meta, events, rows):
+        """The stage's own trace, once every stage reached close(); then
+        its marker goes."""
+        def write():
+            dist.barrier()
+            super(ContractPipelineRecorder, self)._write(meta, events, rows)
+            clear_rank_markers(self.out, self.rank)
+        self._together(write)
 
 
 def _leaves(batch):

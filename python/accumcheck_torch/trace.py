@@ -176,15 +176,14 @@ def write_trace(folder, meta, events, values, extra=None, ranks=False):
                      "key,value\n" + "".join("%s,%s\n" % (k, _field(v)) for k, v in meta))
     if ranks:
         # Every rank's part is in the trace: the ranks' markers go.
-        for name in os.listdir(folder):
-            if name.startswith(RANK_MARKER_PREFIX) and name.endswith(RANK_MARKER_SUFFIX):
-                os.unlink(os.path.join(folder, name))
+        clear_rank_markers(folder)
 
 
 # A multi-rank recording's marker, one per rank (verify/trace/read.cpp
 # reads them): DIR/rank<r>.incomplete, written when the rank's recorder
 # starts and rewritten as it goes, removed when rank 0 writes the merged
-# trace.  A folder that still holds one is the trace of a run a rank did
+# trace (a pipeline's stage: when the stage writes its own trace, DIR
+# being that stage's folder).  A folder that still holds one is the trace of a run a rank did
 # not finish (died mid-run, or ended by an exception): certify refuses it
 # (exit 2) naming the rank, its marker and how far it got.
 RANK_MARKER_PREFIX = "rank"
@@ -193,6 +192,15 @@ RANK_MARKER_SUFFIX = ".incomplete"
 
 def rank_marker_path(folder, rank):
     return os.path.join(folder, "%s%d%s" % (RANK_MARKER_PREFIX, rank, RANK_MARKER_SUFFIX))
+
+
+def clear_rank_markers(folder, rank=None):
+    """The folder's rank markers (rank: that rank's alone) removed, once the
+    trace they stand for is written (meta.csv last)."""
+    for name in os.listdir(folder):
+        if name.startswith(RANK_MARKER_PREFIX) and name.endswith(RANK_MARKER_SUFFIX) and (
+                rank is None or os.path.join(folder, name) == rank_marker_path(folder, rank)):
+            os.unlink(os.path.join(folder, name))
 
 
 def write_rank_marker(folder, rank, ranks, state, steps, backward, why=""):

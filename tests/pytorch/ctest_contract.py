@@ -8,7 +8,8 @@ exit code is the expected one and the output holds the expected texts.
 --meta sets a meta.csv key of the recorded trace before certify reads it
 (bad input: certify must exit 2 naming the key); --contract-sub OLD=NEW
 replaces text in its contract.csv (a trace made bad on purpose); --stages S
-judges the S traces out/stage<i> of a pipeline trainer, each alike.  --trainer: the script
+judges the S traces out/stage<i> of a pipeline trainer, each alike (a
+text `stage<i>::T` is expected in stage i's output alone).  --trainer: the script
 beside this one to run (default train.py), --script the path of another
 (examples/systems/); --ranks R > 1 runs it with R
 ranks, under torchrun or with its own --spawn R (train_ddp.py).
@@ -16,6 +17,7 @@ ranks, under torchrun or with its own --spawn R (train_ddp.py).
 not finish), in a fresh OUTDIR, and certify judges what it left."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,7 +87,12 @@ def judge_all(tool, out, code, texts, stages):
     out/stage<S-1> (a pipeline's traces, one per stage)."""
     if not stages:
         return judge(tool, out, code, texts)
-    return max(judge(tool, os.path.join(out, "stage%d" % i), code, texts) for i in range(stages))
+
+    def mine(i):
+        own = "stage%d::" % i
+        return [t[len(own):] if t.startswith(own) else t for t in texts
+                if t.startswith(own) or not re.match(r"stage\d+::", t)]
+    return max(judge(tool, os.path.join(out, "stage%d" % i), code, mine(i)) for i in range(stages))
 
 
 def judge(tool, out, code, texts):

@@ -95,7 +95,7 @@ void refuse_incomplete_ranks(const std::string& dir) {
     }
   msg +=
       ". Rerun the trainer until every rank reaches the recorder's close() "
-      "(then rank 0 writes the trace and removes these markers)";
+      "(then the trace is written and these markers removed)";
   throw InputError(named, 0, 0, "", msg);
 }
 
