@@ -28,6 +28,9 @@ systems = os.path.join(here, "..", "examples", "systems")
 CASES = {
     "checkpointing.non_reentrant": ["checkpointing.py"],
     "checkpointing.reentrant": ["checkpointing.py", "--reentrant"],
+    # 4 x the samples (24 micro-batches, 8 steps): the recorder's fixed
+    # cost (its copies, the trace) spread over more steps.
+    "checkpointing.reentrant.samples96": ["checkpointing.py", "--reentrant", "--samples", "96"],
     "checkpointing.ddp.reentrant": ["checkpointing.py", "--ddp", "--reentrant", "--samples", "48",
                                     "--spawn", "2"],
     "checkpointing.ddp.non_reentrant": ["checkpointing.py", "--ddp", "--samples", "48",

@@ -305,6 +305,7 @@ class ContractRecorder:
         self.vec = [torch.zeros(self.n, dtype=torch.float64) for _ in range(4)]
         self.seen = [False] * len(self.params)
         self.gfwd = {}         # micro-batch -> g_j taken from your forward
+        self.no_take = False   # taking it failed on an eager forward: not tried again
         self.spare = []        # free n-long float64 vectors
         self.pending = None    # (micro-batch, input) of the forward running
         self.taking = False    # inside our own autograd.grad: hooks ignore it
@@ -617,7 +618,7 @@ class ContractRecorder:
             self.after_fwd = (j, torch.get_rng_state())
 
     def _take_from_forward(self, j, pending, output):
-        if j in self.gfwd or not torch.is_grad_enabled():
+        if j in self.gfwd or not torch.is_grad_enabled() or self.no_take:
             return
         self.taking = True
         try:
@@ -632,6 +633,12 @@ class ContractRecorder:
                     "micro-batch %d: its forward ran under torch.compile and its gradient could not "
                     "be taken from that forward (%s); an eager recompute cannot stand in for it"
                     % (j, str(e).split(". ")[0]))
+            else:
+                # The same forward fails the same way (reentrant activation
+                # checkpointing refuses autograd.grad): the copy recomputes
+                # every micro-batch, without trying each (a tenth of the
+                # recorder's cost on a small checkpointed model).
+                self.no_take = True
             return
         finally:
             self.taking = False

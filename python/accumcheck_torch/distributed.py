@@ -534,17 +534,29 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
     def _step_terms(self):
         """The previous step's gradient (this rank's) and every rank's
         backward passes since the previous step, all-gathered: refs
-        'q:b' (rank q's backward b), renumbered by the merge."""
-        mine = (list(self.since_step), self.buf.m[1:1 + len(self.since_step)].clone())
-        every = [None] * self.world
-        dist.all_gather_object(every, mine)
+        'q:b' (rank q's backward b), renumbered by the merge.  Two tensor
+        all-gathers (PyTorch's own, not a wrapper the trainer installed):
+        each rank's count, then its rows padded to the largest count, the
+        backward's index in an extra column (exact in float64);
+        all_gather_object's pickling was half the recorder's cost."""
+        gather = dist.distributed_c10d.all_gather
+        mine = len(self.since_step)
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        gather(counts, torch.tensor([mine], dtype=torch.int64))
+        counts = [int(c) for c in counts]
+        n = self.buf.m.shape[1]
+        payload = torch.zeros((max(counts), n + 1), dtype=torch.float64)
+        payload[:mine, :n] = self.buf.m[1:1 + mine]
+        payload[:mine, n] = torch.tensor(self.since_step, dtype=torch.float64)
+        every = [torch.empty_like(payload) for _ in range(self.world)]
+        gather(every, payload)
         rows, refs = [], []
         if self.has_prev:
             rows.append(self.buf.m[0:1])
             refs.append(-1)
-        for q, (backs, m) in enumerate(every):
-            rows.append(m)
-            refs += ["%d:%d" % (q, b) for b in backs]
+        for q, (c, m) in enumerate(zip(counts, every)):
+            rows.append(m[:c, :n])
+            refs += ["%d:%d" % (q, int(b)) for b in m[:c, n].tolist()]
         return torch.cat(rows) if rows else self.buf.m[0:0], refs
 
     def _reduces_seen(self):
@@ -826,8 +838,10 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         dist.all_gather_object(counts, (self.n_micro, int(accumulation)))
         if len(set(counts)) > 1:
             where = [None] * self.world
-            dist.all_gather_object(where, (stage.stage_index, caller.f_code.co_filename,
-                                           caller.f_lineno, out))
+            file = caller.f_code.co_filename
+            if not os.path.relpath(file).startswith(".."):
+                file = os.path.relpath(file)  # as the user typed it, below the working folder
+            dist.all_gather_object(where, (stage.stage_index, file, caller.f_lineno, out))
             raise Refused(
                 "rank %d: the pipeline's stages disagree on the micro-batches: %s; every stage's "
                 "schedule (n_microbatches) and recorder (accumulation) must take the same; "
@@ -919,16 +933,31 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         return  # a stage's forward sees activations, not the drawn batch
 
     def _gather_whole(self):
-        """Every stage's parameters into both copies (a collective)."""
+        """Every stage's parameters into both copies (a collective): the
+        stages' parameter names once (all_gather_object), then at every
+        call one tensor all-gather of each stage's parameters flattened
+        (float64, padded to the largest stage)."""
+        if getattr(self, "stage_names", None) is None:
+            self.stage_names = [None] * self.world
+            dist.all_gather_object(self.stage_names, self.names)
+            sizes = {n: p.numel() for n, p in self.whole.named_parameters()}
+            self.stage_sizes = [sum(sizes[n] for n in names) for names in self.stage_names]
         with torch.no_grad():
-            mine = {n: p.detach().clone() for n, p in zip(self.names, self.params)}
-            every = [None] * self.world
-            dist.all_gather_object(every, mine)
+            payload = torch.zeros(max(self.stage_sizes), dtype=torch.float64)
+            at = 0
+            for p in self.params:
+                payload[at:at + p.numel()] = p.detach().reshape(-1)
+                at += p.numel()
+            every = [torch.empty_like(payload) for _ in range(self.world)]
+            dist.distributed_c10d.all_gather(every, payload)
             for c in (self.mref, self.m64):
                 named = dict(c.named_parameters())
-                for part in every:
-                    for n, t in part.items():
-                        named[n].copy_(t)
+                for names, flat in zip(self.stage_names, every):
+                    at = 0
+                    for n in names:
+                        t = named[n]
+                        t.copy_(flat[at:at + t.numel()].view(t.shape))
+                        at += t.numel()
 
     def _after_step(self):
         super()._after_step()

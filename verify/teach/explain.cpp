@@ -944,7 +944,11 @@ constexpr ExplainEntry kEntries[] = {
      "is of no single mask (the forward used one, the backward another). "
      "Under DDP, reentrant checkpointing with no_sync works without "
      "static_graph; static_graph=True with no_sync does not (an internal "
-     "assert in the reducer, torch #143580).",
+     "assert in the reducer, torch #143580). Reentrant checkpointing of a "
+     "block twice, or with find_unused_parameters=True, raises DDP's "
+     "\"Expected to mark a variable ready only once\" at the window's "
+     "first synchronising backward (the no_sync micro-steps before it "
+     "train): checkpoint with use_reentrant=False.",
      "-x = checkpoint(block, x, use_reentrant=False, "
      "preserve_rng_state=False)\n"
      "+x = checkpoint(block, x, use_reentrant=False)   # preserve_rng_state="
