@@ -292,11 +292,15 @@ def run_case(row, case, py, variant="default"):
 
 
 def agrees(res):
-    """The cell against the row's expectation: PASS, or the named pitfall
-    (the expectation names the pitfall id the diagnosis must start with)."""
+    """The cell against the row's expectation: PASS, the named pitfall
+    (the expectation names the pitfall id the diagnosis must start with),
+    or no-modelled-pitfall (what the sources say the version does is a loop
+    no catalog pitfall models: certify's honest 'no modelled pitfall')."""
     want, got = res["expect"], res["cell"]
     if want == "PASS":
         return got == "PASS"
+    if want == "no-modelled-pitfall":
+        return got == "no modelled pitfall"
     return got.split(" ")[0] == want
 
 
