@@ -75,14 +75,10 @@ U32 = 2.0 ** -24
 # oracle/error_model.hpp contract_replay_ulps (the judging is certify's; this
 # only scales what the trace reports).
 REPLAY_ULPS = 16.0
-# oracle/error_model.hpp contract_fit_calibration, contract_fit_ulps,
-# contract_sum_ulps, unit_roundoff_bf16 / _fp16: which terms of a step fit
-# are one gradient evaluated twice (_indistinct).
-FIT_CALIBRATION = 4.0
-FIT_ULPS = 8.0
+# oracle/error_model.hpp contract_sum_ulps and evidence_weight_rel: which
+# directions of a step fit the step does not fix (_indistinct).
 SUM_ULPS = 2.0
-U_BF16 = 1.0 / 256.0
-U_FP16 = 1.0 / 2048.0
+EVIDENCE_WEIGHT_REL = 1e-3
 # The declared lr schedule's keys (a scenario's [schedule] table).
 SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
 # sim/limits.cpp schedule_rows: the most rows certify reads of schedule.csv.
@@ -879,19 +875,19 @@ class ContractRecorder:
                 rec[3] = (w, resid)
         torch.set_rng_state(keep)
 
-    def _indistinct(self):
-        """How close two unit-scaled terms of a step fit may be and still be
-        one gradient evaluated twice (the same batch backwarded twice at the
-        same parameters, e.g. drawn again in the next epoch before the
-        window steps): each evaluation is within the weight fit's bound of
-        w*g_j (error model: contract_fit_calibration x the run's largest
-        calibration so far + contract_fit_ulps in the model's unit
-        roundoff), so two are within twice that; plus the step's own
-        float32 accumulation bound (contract_sum_ulps + one u32 a term)."""
-        cal = max((m[7] for m in self.micro if m[7] == m[7]), default=0.0)
-        u = {torch.bfloat16: U_BF16, torch.float16: U_FP16}.get(self.dtype, U32)
-        terms = len(self.since_step) + int(self.has_prev)
-        return 2.0 * (FIT_CALIBRATION * cal + FIT_ULPS * u) + (terms + SUM_ULPS) * U32
+    def _indistinct(self, terms):
+        """Below which singular value a direction of the unit-scaled terms
+        is not fixed by the step (terms: the step's, every rank's backward
+        passes under DDP): the consumed gradient is known to the step's
+        float32 accumulation bound, (terms + contract_sum_ulps) u32 of its
+        scale, which moves the coefficients along a direction of singular
+        value s by that over s; where that exceeds evidence_weight_rel (the
+        precision at which certify reads a weight: error model) the
+        direction is one gradient evaluated twice, whatever its float32
+        evaluations' rounding (two backward passes of one batch differ by
+        ~1e-7 of their norm in float32, ~1e-2 in bfloat16: the latter the
+        step resolves).  Far below any two distinct batches' gradients."""
+        return (terms + SUM_ULPS) * U32 / EVIDENCE_WEIGHT_REL
 
     def _step_terms(self):
         """The vectors a step's consumed gradient is fitted over, as rows
@@ -921,7 +917,7 @@ class ContractRecorder:
             norms = A.norm(dim=1).clamp_min(1e-300)
             gram = (A @ A.t()) / torch.outer(norms, norms)
             sol = _fit_terms(gram, (A @ G) / norms, norms, [r != -1 for r in refs],
-                             self._indistinct())
+                             self._indistinct(len(refs)))
             coef = sol.tolist()
             tmp = torch.mv(A.t(), sol, out=self.vec[3])
             resid = float(torch.dist(tmp, G))
