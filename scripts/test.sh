@@ -56,6 +56,9 @@ if [ "$deepspeed" = 1 ]; then
 fi
 jobs=$(nproc 2>/dev/null || echo 2)
 source scripts/build-quiet.sh
-[ "$deepspeed" = 1 ] && build_quiet build "$jobs"  # a no-op unless configure changed it
+if [ "$deepspeed" = 1 ]; then
+  use_compiler_cache  # build.sh's ccache settings
+  build_quiet build "$jobs"  # a no-op unless the second configure changed it
+fi
 seed_test_order build tests/ctest-costs/gcc.txt
 ctest --test-dir build --output-on-failure -j"$jobs" "${ctest_args[@]}" "$@"
