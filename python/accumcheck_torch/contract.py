@@ -340,7 +340,7 @@ class ContractRecorder:
         self.epochs = []       # [dataset items, batch size] per watched epoch
         self.loader_lengths = []  # len(loader) per watched epoch (0: none)
         self.rows = []         # contract.csv rows
-        self.clips = []        # [version, factor, norm, max_norm]
+        self.clips = []        # [version, factor, norm, max_norm, shard norm or None]
         self.events = []       # (kind, step, micro, lr)
         self.steps = 0
         self.since_step = []   # backward indices since the last step
@@ -748,16 +748,27 @@ class ContractRecorder:
                 if torch.is_tensor(parameters):
                     parameters = [parameters]
                 parameters = list(parameters)
-                with torch.no_grad():
-                    norm = float(sum(float(rec._full(p.grad.detach()).double().pow(2).sum())
-                                     for p in parameters if p.grad is not None)) ** 0.5
+                norm, shard = rec._clip_norms(parameters)
                 total = saved(parameters, max_norm, *a, **k)
-                factor = min(1.0, float(max_norm) / (float(total) + 1e-6))
-                rec.clips.append([rec.steps, factor, norm, float(max_norm)])
-                rec.events.append(("clip", rec.steps, -1, None))
+                rec._clipped(min(1.0, float(max_norm) / (float(total) + 1e-6)), norm, shard,
+                             float(max_norm))
                 return total
             return clip
         self._restore_clip = swap_clip(make_clip)
+
+    def _clip_norms(self, parameters):
+        """The float64 norm of the gradient a clip sees (whole: a shard
+        gathered) and of this rank's shard of it (None: not sharded)."""
+        with torch.no_grad():
+            return float(sum(float(self._full(p.grad.detach()).double().pow(2).sum())
+                             for p in parameters if p.grad is not None)) ** 0.5, None
+
+    def _clipped(self, factor, norm, shard, max_norm):
+        """A clip seen: the factor it applied, the norms of the gradient it
+        saw (whole, and this rank's shard: None where not sharded) and its
+        max_norm (nan: a scaling seen on .grad, no clip function called)."""
+        self.clips.append([self.steps, factor, norm, max_norm, shard])
+        self.events.append(("clip", self.steps, -1, None))
 
     def _grad_hook(self, i):
         a, b = self.buf.slices[i]
@@ -901,12 +912,26 @@ class ContractRecorder:
         """The gradient the optimizer consumes, per recorded parameter."""
         return [p.grad for p in self.params]
 
+    def _consumed_vector(self, grads):
+        """The consumed gradient as one float64 vector of the whole
+        parameters (self.vec[0])."""
+        return self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
+
+    def _fit_space(self, A, G, terms):
+        """The rows and the consumed gradient restricted to what the step
+        fit solves for: everything here (a sharding recorder: its shard)."""
+        return A, G
+
     def _before_step(self):
         self._ema_poll(at_step=True)
         self._recompute_pending()
         grads = self._consumed()
-        G = self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
+        G = self._consumed_vector(grads)
         A, refs = self._step_terms()
+        # The part of the gradient this rank's optimizer consumes (all of
+        # it, or a sharding recorder's shard) is what the fit solves for.
+        Gfull = G
+        A, G = self._fit_space(A, G, len(refs))
         t = self.steps
         lr = float(self.optimizer.param_groups[0]["lr"])
         if refs:
@@ -919,7 +944,7 @@ class ContractRecorder:
             sol = _fit_terms(gram, (A @ G) / norms, norms, [r != -1 for r in refs],
                              self._indistinct(len(refs)))
             coef = sol.tolist()
-            tmp = torch.mv(A.t(), sol, out=self.vec[3])
+            tmp = torch.mv(A.t(), sol, out=self.vec[3][:G.numel()])
             resid = float(torch.dist(tmp, G))
             vnorms = norms.tolist()
             scale = sum(abs(a) * v for a, v in zip(coef, vnorms))
@@ -932,7 +957,7 @@ class ContractRecorder:
                                                           real(resid), real(scale)))
         for ref, a, v in zip(refs, coef, vnorms):
             self.rows.append("coef,%d,%s,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
-        self.buf.row(0).copy_(G)
+        self.buf.row(0).copy_(Gfull)
         self.has_prev = True
         self.events.append(("optimizer_step", t, -1, lr))
         self._replay_step(grads)
@@ -1054,9 +1079,10 @@ class ContractRecorder:
         for e, (n, bs) in enumerate(self.epochs):
             rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
         rows += self.rows + self.ema_rows
-        for i, (version, factor, norm, max_norm) in enumerate(self.clips):
-            rows.append("clip,%d,%d,,,,,%s,%s,%s\n" % (i, version, real(factor), real(norm),
-                                                      real(max_norm)))
+        for i, (version, factor, norm, max_norm, shard) in enumerate(self.clips):
+            rows.append("clip,%d,%d,,,%s,,%s,%s,%s\n" % (
+                i, version, "" if shard is None else real(shard), real(factor), real(norm),
+                real(max_norm)))
         precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                      torch.float16: "float16"}.get(self.dtype, str(self.dtype))
         meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),
