@@ -243,6 +243,13 @@ TEST(PitfallCatalog, CandidateScope) {
   EXPECT_TRUE(has(lowp, "low-precision-grad-buffer"));
   EXPECT_FALSE(has(lowp, "optimizer-state-every-micro-step"));
   EXPECT_FALSE(has(lowp, "ddp-clip-local-norm"));
+  // On a sharded trace (each rank's shard fitted, its clips' shard norms
+  // recorded) ddp-clip-local-norm is a candidate; the others stay out.
+  const auto shard =
+      singles({.contract_tier = true, .contract_shard_clip = true});
+  EXPECT_TRUE(has(shard, "ddp-clip-local-norm"));
+  EXPECT_FALSE(has(shard, "optimizer-state-every-micro-step"));
+  EXPECT_FALSE(has(shard, "low-precision-grad-buffer"));
   // correct, n singles, n(n-1)/2 pairs but the 2 that pair
   // window-counter-across-epochs with a window-boundary-off-by-one loop
   // (both cut the windows) and the one whose factors of K cancel
