@@ -14,6 +14,12 @@ RC_GTEST_PROP(Loop, WindowCounterAcrossEpochs, ()) {
   run_property("window.counter-across-epochs");
 }
 RC_GTEST_PROP(Loop, StepBudget, ()) { run_property("window.step-budget"); }
+RC_GTEST_PROP(Loop, ItemsPerFetchGroup, ()) {
+  run_property("window.items-per-fetch-group");
+}
+RC_GTEST_PROP(Loop, LastFetchInSamples, ()) {
+  run_property("window.last-fetch-in-samples");
+}
 RC_GTEST_PROP(Loop, SkipShortMicroBatch, ()) {
   run_property("data.skip-short-micro-batch");
 }
