@@ -21,6 +21,9 @@ CASES = {
     "checkpointing.ddp.reentrant": ["checkpointing.py", "--ddp", "--reentrant", "--samples", "48",
                                     "--spawn", "2"],
     "fsdp2.correct": ["fsdp.py", "--spawn", "2"],
+    "fsdp2.clip_local_norm": ["fsdp.py", "--spawn", "2", "--loop", "clip_local_norm"],
+    "fsdp1.correct": ["fsdp.py", "--fsdp1", "--spawn", "2"],
+    "fsdp1.clip_local_norm": ["fsdp.py", "--fsdp1", "--spawn", "2", "--loop", "clip_local_norm"],
     "pipeline.gpipe.correct": ["pipeline.py", "--schedule", "gpipe", "--spawn", "2"],
     "pipeline.1f1b.correct": ["pipeline.py", "--schedule", "1f1b", "--spawn", "2"],
 }

@@ -1,21 +1,26 @@
 # accumcheck_unity(TARGET...): compiles each target's C++ sources in
-# batches of ACCUMCHECK_UNITY_BATCH, one generated translation unit a batch
-# that #includes them by their path under the source tree (found through
-# the -I<source root> every target carries).  The heavy headers (Boost.
-# Multiprecision with MPFR, GoogleTest, RapidCheck) and the Trainer and
-# Oracle template instantiations are then compiled once a batch instead of
-# once a file.
+# unity batches, one generated translation unit a batch that #includes
+# them by their path under the source tree (found through the -I<source
+# root> every target carries).  The heavy headers (Boost.Multiprecision
+# with MPFR, GoogleTest, RapidCheck) and the Trainer and Oracle template
+# instantiations are then compiled once a batch instead of once a file.
 #
 # Not CMake's own UNITY_BUILD: CMake 3.25 writes absolute paths into its
 # batch files, so a second clone in another folder misses every ccache
 # entry of the first (measured: a warm `.ci/run` compiled everything
 # again); these files hold relative paths and are the same in every clone.
-# A source with its own COMPILE_OPTIONS (a warning switched off for one
-# file) or COMPILE_DEFINITIONS is compiled on its own, as CMake does: the
-# source folder's path, which differs from clone to clone, is defined in
-# one small file each (tests/source_dir.cpp, cli/scenario_dir.cpp), so
-# only those miss the cache in a new clone.  A batch file is rewritten
-# only when its list changes.
+#
+# Sources are grouped by their own COMPILE_OPTIONS (a GCC warning switched
+# off for some files): sources with the same options share batches, the
+# batch file carrying those options, so a suppression reaches no file it
+# was not set on.  A source with its own COMPILE_DEFINITIONS is compiled on
+# its own, as CMake does: the source folder's path, which differs from
+# clone to clone, is defined in one small file each (tests/source_dir.cpp,
+# cli/scenario_dir.cpp), so only those miss the cache in a new clone.
+# A group of N sources makes ceil(N / ACCUMCHECK_UNITY_BATCH) batches of
+# equal size, give or take one (10 sources: 5 + 5, not 8 + 2), so that no
+# batch holds most of a target's compile time while the other core waits
+# for it.  A batch file is rewritten only when its list changes.
 function(accumcheck_unity)
   if(NOT ACCUMCHECK_UNITY)
     return()
@@ -24,42 +29,72 @@ function(accumcheck_unity)
     get_target_property(srcs ${target} SOURCES)
     get_target_property(dir ${target} SOURCE_DIR)
     get_target_property(bin ${target} BINARY_DIR)
-    set(batch "")
-    set(count 0)
+    # Group the sources that can be batched by their COMPILE_OPTIONS, in
+    # the order the target lists them.
+    set(keys "")
+    foreach(src IN LISTS srcs)
+      if(NOT src MATCHES "\\.cpp$")
+        continue()
+      endif()
+      cmake_path(ABSOLUTE_PATH src BASE_DIRECTORY "${dir}" OUTPUT_VARIABLE abs)
+      cmake_path(IS_PREFIX PROJECT_SOURCE_DIR "${abs}" NORMALIZE under)
+      get_source_file_property(opts "${abs}" TARGET_DIRECTORY ${target} COMPILE_OPTIONS)
+      get_source_file_property(defs "${abs}" TARGET_DIRECTORY ${target} COMPILE_DEFINITIONS)
+      if(NOT under OR NOT defs STREQUAL "NOTFOUND")
+        continue()
+      endif()
+      # The options are a list: the key joins them with "|".
+      string(REPLACE ";" "|" key "${opts}")
+      list(FIND keys "${key}" g)
+      if(g EQUAL -1)
+        list(LENGTH keys g)
+        list(APPEND keys "${key}")
+        set(group_${g}_opts "${opts}")
+        set(group_${g}_files "")
+      endif()
+      cmake_path(RELATIVE_PATH abs BASE_DIRECTORY "${PROJECT_SOURCE_DIR}" OUTPUT_VARIABLE rel)
+      list(APPEND group_${g}_files "${rel}")
+      set_source_files_properties("${abs}" TARGET_DIRECTORY ${target}
+        PROPERTIES HEADER_FILE_ONLY ON)
+    endforeach()
+    list(LENGTH keys groups)
     set(index 0)
     set(outs "")
-    list(LENGTH srcs total)
-    math(EXPR last "${total} - 1")
-    foreach(i RANGE ${last})
-      list(GET srcs ${i} src)
-      set(take OFF)
-      if(src MATCHES "\\.cpp$")
-        cmake_path(ABSOLUTE_PATH src BASE_DIRECTORY "${dir}" OUTPUT_VARIABLE abs)
-        cmake_path(IS_PREFIX PROJECT_SOURCE_DIR "${abs}" NORMALIZE under)
-        get_source_file_property(opts "${abs}" TARGET_DIRECTORY ${target} COMPILE_OPTIONS)
-        get_source_file_property(defs "${abs}" TARGET_DIRECTORY ${target} COMPILE_DEFINITIONS)
-        if(under AND opts STREQUAL "NOTFOUND" AND defs STREQUAL "NOTFOUND")
-          set(take ON)
-        endif()
-      endif()
-      if(take)
-        cmake_path(RELATIVE_PATH abs BASE_DIRECTORY "${PROJECT_SOURCE_DIR}" OUTPUT_VARIABLE rel)
-        string(APPEND batch "#include \"${rel}\"\n")
-        set_source_files_properties("${abs}" TARGET_DIRECTORY ${target}
-          PROPERTIES HEADER_FILE_ONLY ON)
-        math(EXPR count "${count} + 1")
-      endif()
-      if(count GREATER 0 AND (count EQUAL ACCUMCHECK_UNITY_BATCH OR i EQUAL last))
-        set(out "${bin}/unity/${target}_${index}.cpp")
-        file(CONFIGURE OUTPUT "${out}"
-          CONTENT "// Generated by cmake/unity.cmake: one unity batch of ${target}.\n${batch}"
-          @ONLY)
-        list(APPEND outs "${out}")
-        set(batch "")
-        set(count 0)
-        math(EXPR index "${index} + 1")
-      endif()
-    endforeach()
+    if(groups GREATER 0)
+      math(EXPR last_group "${groups} - 1")
+      foreach(g RANGE ${last_group})
+        list(LENGTH group_${g}_files n)
+        # ceil(n / batch) batches; the first (n mod batches) take one more.
+        math(EXPR batches "(${n} + ${ACCUMCHECK_UNITY_BATCH} - 1) / ${ACCUMCHECK_UNITY_BATCH}")
+        math(EXPR small "${n} / ${batches}")
+        math(EXPR big_batches "${n} % ${batches}")
+        set(pos 0)
+        math(EXPR last_batch "${batches} - 1")
+        foreach(b RANGE ${last_batch})
+          set(size ${small})
+          if(b LESS big_batches)
+            math(EXPR size "${small} + 1")
+          endif()
+          set(batch "")
+          math(EXPR end "${pos} + ${size} - 1")
+          foreach(i RANGE ${pos} ${end})
+            list(GET group_${g}_files ${i} rel)
+            string(APPEND batch "#include \"${rel}\"\n")
+          endforeach()
+          math(EXPR pos "${end} + 1")
+          set(out "${bin}/unity/${target}_${index}.cpp")
+          file(CONFIGURE OUTPUT "${out}"
+            CONTENT "// Generated by cmake/unity.cmake: one unity batch of ${target}.\n${batch}"
+            @ONLY)
+          if(NOT group_${g}_opts STREQUAL "NOTFOUND")
+            set_source_files_properties("${out}" TARGET_DIRECTORY ${target}
+              PROPERTIES COMPILE_OPTIONS "${group_${g}_opts}")
+          endif()
+          list(APPEND outs "${out}")
+          math(EXPR index "${index} + 1")
+        endforeach()
+      endforeach()
+    endif()
     target_sources(${target} PRIVATE ${outs})
   endforeach()
 endfunction()

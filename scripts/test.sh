@@ -1,10 +1,64 @@
 #!/usr/bin/env bash
 # Quick start, command 2: set up, build, and run every test (unit tests,
 # property tests, one test per scenario) with CTest.
+#
+#   bash scripts/test.sh [CTEST ARGS]     every test
+#   bash scripts/test.sh --ci             CI's budget (.ci/run): Contract.
+#                                         Coefficients runs 25 RapidCheck
+#                                         cases instead of 100 (same seed),
+#                                         and of the DeepSpeed cases only
+#                                         those not labelled deepspeed-full
+#   bash scripts/test.sh --deepspeed      also makes .venv-deepspeed/
+#                                         (scripts/venv-deepspeed.sh) while
+#                                         the C++ builds, so that the
+#                                         DeepSpeed cases run
+#
+# docs/development.md "CI and its budget" says what each costs.  When the
+# DeepSpeed install fails, its log's tail says so and the DeepSpeed cases
+# are skipped (CMake's message); every other test runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ci=0 deepspeed=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ci) ci=1 ;;
+    --deepspeed) deepspeed=1 ;;
+    *) break ;;
+  esac
+  shift
+done
+# Contract.Coefficients' RapidCheck cases (tests/CMakeLists.txt): 25 in CI,
+# as many as every property (100) otherwise; set in both modes, so that a
+# build folder never keeps the other mode's count.
+coefficients=""
+[ "$ci" = 1 ] && coefficients=25
+export ACCUMCHECK_CMAKE_ARGS="-DACCUMCHECK_RC_CASES_COEFFICIENTS=$coefficients ${ACCUMCHECK_CMAKE_ARGS:-}"
+ctest_args=()
+[ "$ci" = 1 ] && ctest_args=(-LE deepspeed-full)
+if [ "$deepspeed" = 1 ]; then
+  bash scripts/setup.sh  # .venv/ first: .venv-deepspeed/ is layered on it
+  mkdir -p build
+  ds_log=build/deepspeed-venv.log
+  bash scripts/venv-deepspeed.sh >"$ds_log" 2>&1 &
+  ds_pid=$!
+fi
 bash scripts/build.sh
+if [ "$deepspeed" = 1 ]; then
+  if wait "$ds_pid"; then
+    tail -n 1 "$ds_log"
+  else
+    tail -n 20 "$ds_log"
+    echo "test: making .venv-deepspeed failed ($ds_log): the DeepSpeed cases are skipped"
+  fi
+  # Configure again: CMake looks for .venv-deepspeed/ at configure time.
+  cmake build >build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
+  grep -E '^-- accumcheck: .*deepspeed' build.configure.log || true
+fi
 jobs=$(nproc 2>/dev/null || echo 2)
 source scripts/build-quiet.sh
+if [ "$deepspeed" = 1 ]; then
+  use_compiler_cache  # build.sh's ccache settings
+  build_quiet build "$jobs"  # a no-op unless the second configure changed it
+fi
 seed_test_order build tests/ctest-costs/gcc.txt
-ctest --test-dir build --output-on-failure -j"$jobs" "$@"
+ctest --test-dir build --output-on-failure -j"$jobs" "${ctest_args[@]}" "$@"

@@ -366,11 +366,12 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
       case Pitfall::low_precision_grad_buffer:
         return !scope.contract_tier || scope.contract_lowp_buffer;
       case Pitfall::optimizer_state_every_micro_step:
-      // A clip by chunks scales each chunk of the gradient by its own
-      // factor: no combination of whole micro-batch gradients, so no
-      // coefficient prediction (the step fit is what sees it).
-      case Pitfall::ddp_clip_local_norm:
         return !scope.contract_tier;
+      // A clip by chunks scales each chunk of the gradient by its own
+      // factor: no combination of whole micro-batch gradients, except
+      // within one rank's shard, which a sharded trace fits on its own.
+      case Pitfall::ddp_clip_local_norm:
+        return !scope.contract_tier || scope.contract_shard_clip;
       // Added beside window-counter-across-epochs below, never alone.
       case Pitfall::items_counted_per_fetch_group:
         return false;

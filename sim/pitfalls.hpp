@@ -294,7 +294,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls);
 // rounded buffers nor parameters) leaves out low-precision-grad-buffer
 // (except on a bf16 .grad: contract_lowp_buffer),
 // optimizer-state-every-micro-step and ddp-clip-local-norm (a clip by
-// chunks is no combination of micro-batch gradients).
+// chunks is no combination of micro-batch gradients) -- except on a trace
+// whose recorder fitted each rank's shard and recorded its clips' shard
+// norms (contract_shard_clip).
 struct CandidateScope {
   bool token_loss = false;
   bool loss_scaling = false;
@@ -310,6 +312,10 @@ struct CandidateScope {
   // candidate with step-budget-drops-micro-batches as a third pitfall
   // (a budget cuts any loop short, whatever it does per window).
   bool stopped_short = false;
+  // The contract tier on a sharded trace (FSDP: each rank's step fit on its
+  // own shard, each clip's norm of the rank's shard recorded):
+  // ddp-clip-local-norm is a candidate, its clip symbol the shard's factor.
+  bool contract_shard_clip = false;
 };
 // items-counted-per-fetch-group changes a loop only where its steps are
 // not its fetches (in the catalog: window-counter-across-epochs) and its

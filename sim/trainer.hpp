@@ -674,8 +674,20 @@ class Trainer {
   // An engine that keeps the factor symbolic (the contract tier's
   // coefficient engine) clips itself.
   void clip(int64_t micro) {
-    if (b_.clip_local_norm && R_ > 1) return clip_sharded(micro);
     Real norm;
+    if constexpr (requires { e_.clip_grad_norm_shard(double{}, int64_t{}); }) {
+      // A symbolic engine: ddp-clip-local-norm is this rank's own symbol,
+      // the factor of its shard's norm (the rank's shard of the gradient
+      // holds nothing else).
+      if (b_.clip_local_norm && R_ > 1) {
+        norm = e_.clip_grad_norm_shard(s_.clip.max_norm, R_);
+        event(EventKind::clip, micro,
+              [&](Event& ev) { ev.grad_norm = static_cast<double>(norm); });
+        return;
+      }
+    } else if (b_.clip_local_norm && R_ > 1) {
+      return clip_sharded(micro);
+    }
     if constexpr (requires { e_.clip_grad_norm(double{}); }) {
       norm = e_.clip_grad_norm(s_.clip.max_norm);
     } else {

@@ -80,6 +80,53 @@ TEST(Contract, ClipIsARecordedSymbol) {
                                       "2:1/4*s2*s3 3:1/4*s3"}));
 }
 
+// ddp-clip-local-norm on a sharded trace: each rank's step holds correct's
+// weights times a symbol of its own, valued by the norm of its chunk of
+// ceil(n/R) elements (the oracle trainer's cut); correct's clip is one
+// symbol per rank too, on the whole gradient's norm.
+TEST(Contract, ShardClipIsTheRanksOwnSymbol) {
+  Scenario s = small(16, 2, 2);  // 8 samples a rank: 2 windows of 2
+  s.clip.enabled = true;
+  s.clip.max_norm = 0.5;
+  s.batching.ranks = 2;
+  for (const bool local : {false, true}) {
+    CoefficientEngine e(
+        [](const std::vector<int64_t>& ids) { return int64_t(ids.size()); });
+    Trainer<CoefficientEngine> t(
+        e, s,
+        behavior_of(local ? std::vector<Pitfall>{Pitfall::ddp_clip_local_norm}
+                          : std::vector<Pitfall>{}),
+        s.optimizer.lr);
+    t.run(make_plan(s), "x");
+    ASSERT_EQ(e.clips().size(), 4u);  // 2 steps x 2 ranks
+    for (size_t m = 0; m < e.clips().size(); ++m) {
+      EXPECT_EQ(e.clips()[m].shards, local ? 2 : 0);
+      EXPECT_EQ(e.clips()[m].rank, int64_t(m % 2));
+    }
+    // Rank 1's first step: every term carries its own symbol s1 only.
+    for (const auto& st : e.steps()) {
+      if (st.rank != 1 || st.step != 0) continue;
+      for (const auto& [term, c] : st.grad)
+        EXPECT_EQ(c.str().substr(c.str().size() - 3), "*s1") << c.str();
+    }
+  }
+  // The shard symbol's value: chunk 1 of ceil(3/2) = 2 elements of
+  // G = 1*g_0 with g_0 = (3, 4, 12): |(12)| = 12, so 0.5/(12 + 1e-6).
+  contract::ClipRecord rec;
+  rec.rank = 1;
+  rec.max_norm = 0.5;
+  rec.shards = 2;
+  rec.before[Term{Term::grad, 0}].add({}, Rational(1));
+  const std::vector<double> g0 = {3, 4, 12};
+  const std::function<const std::vector<double>&(Term)> vec =
+      [&](Term) -> const std::vector<double>& { return g0; };
+  EXPECT_DOUBLE_EQ(contract::clip_values<double>({rec}, vec, 3)[0],
+                   0.5 / (12 + 1e-6));
+  rec.shards = 0;  // the whole gradient's norm: 13
+  EXPECT_DOUBLE_EQ(contract::clip_values<double>({rec}, vec, 3)[0],
+                   0.5 / (13 + 1e-6));
+}
+
 TEST(Contract, ExactRationalOfADouble) {
   EXPECT_EQ(contract::exact_rational(0.375), Rational(3, 8));
   EXPECT_EQ(contract::exact_rational(-6.0), Rational(-6));

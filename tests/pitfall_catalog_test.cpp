@@ -247,6 +247,13 @@ TEST(PitfallCatalog, CandidateScope) {
   EXPECT_TRUE(has(lowp, "low-precision-grad-buffer"));
   EXPECT_FALSE(has(lowp, "optimizer-state-every-micro-step"));
   EXPECT_FALSE(has(lowp, "ddp-clip-local-norm"));
+  // On a sharded trace (each rank's shard fitted, its clips' shard norms
+  // recorded) ddp-clip-local-norm is a candidate; the others stay out.
+  const auto shard =
+      singles({.contract_tier = true, .contract_shard_clip = true});
+  EXPECT_TRUE(has(shard, "ddp-clip-local-norm"));
+  EXPECT_FALSE(has(shard, "optimizer-state-every-micro-step"));
+  EXPECT_FALSE(has(shard, "low-precision-grad-buffer"));
   // items-counted-per-fetch-group is no candidate of its own: it is
   // added, right after window-counter-across-epochs, to exactly the
   // candidates that cut their windows across epochs and count items.

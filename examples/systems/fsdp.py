@@ -18,13 +18,16 @@ DTensor gradients).  The loops (--loop):
   sync_every_micro_step sync left on: a reduce-scatter per micro-step (same values)
   no_sync_at_boundary   sync left off at the window's last micro-step too
   clip_local_norm       each rank clips its own shard by its shard's norm
+                        (p.grad.to_local().mul_(factor): ddp-clip-local-norm)
 --fsdp1: FSDP1 instead, FullyShardedDataParallel(device_id=
 torch.device("cpu"), use_orig_params=True) with each block wrapped
 (ModuleWrapPolicy), accumulation under model.no_sync(), recorded by
 ContractFSDP1Recorder (without device_id it refuses CPU: "FSDP needs a
-non-CPU accelerator device, but no accelerator device is detected.").  Its
-loops: correct, sync_every_micro_step, no_sync_at_boundary; they do not
-clip (FSDP1's own model.clip_grad_norm_ is not seen by the recorder).
+non-CPU accelerator device, but no accelerator device is detected.").  The
+same loops; its correct clip is FSDP1's own model.clip_grad_norm_ (the
+whole gradient's norm), its clip_local_norm torch.nn.utils.clip_grad_norm_
+on FSDP1's parameters (each rank's shard: PyTorch's FSDP1 docs say to use
+the former).
 --no-record: without the recorder."""
 
 import argparse
@@ -61,8 +64,6 @@ def train(rank, ranks, a):
     torch.manual_seed(0)
     net = models.TinyGPT()
     if a.fsdp1:
-        if a.loop == "clip_local_norm":
-            raise SystemExit("--fsdp1 has no clip_local_norm loop")
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         net = FullyShardedDataParallel(net, device_id=torch.device("cpu"), use_orig_params=True,
@@ -81,7 +82,7 @@ def train(rank, ranks, a):
         make = ContractFSDP1Recorder if a.fsdp1 else ContractFSDPRecorder
         rec = make(net, opt, models.gpt_summed_loss, models.gpt_items, accumulation=a.K,
                    replica=models.TinyGPT(), out=a.out, items="tokens",
-                   clip=None if a.fsdp1 else CLIP)
+                   clip=CLIP)
         loader = rec.watch(loader)
     batches = list(loader)
     for w in range(0, len(batches), a.K):
@@ -99,10 +100,14 @@ def train(rank, ranks, a):
             with ctx:
                 loss = models.gpt_summed_loss(net, b) * ranks / n
                 loss.backward()
-        if a.loop == "clip_local_norm":
-            clip_local(list(net.parameters()), CLIP)
-        elif not a.fsdp1:
+        if a.fsdp1 and a.loop != "clip_local_norm":
+            net.clip_grad_norm_(CLIP)  # FSDP1's own: the whole gradient's norm
+        elif a.fsdp1 or a.loop != "clip_local_norm":
+            # FSDP2's DTensor gradients: the whole gradient's norm; FSDP1's
+            # parameters: each rank's shard's (the mistake)
             torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+        else:
+            clip_local(list(net.parameters()), CLIP)
         opt.step()
         opt.zero_grad()
     if rec is not None:

@@ -46,7 +46,9 @@ What it measures, per micro-batch j (one item of the watched loader):
   - per optimizer step t: the gradient it consumed, fitted by least squares
     as beta * G_{t-1} + sum_b a_b c_b over the backward passes since the
     previous step (beta: what .grad still held of the previous step's
-    gradient: 0 after zero_grad, 1 when never zeroed); the lr it used
+    gradient: 0 after zero_grad, 1 when never zeroed; one batch backwarded
+    twice at the same parameters is one gradient, whose split the step
+    cannot show: see _fit_terms); the lr it used
     (judged against the declared schedule: certify's lr channel); and the
     update against PyTorch's own optimizer class replayed once from the
     recorded parameters, state and gradient, in units of u32 of
@@ -73,6 +75,10 @@ U32 = 2.0 ** -24
 # oracle/error_model.hpp contract_replay_ulps (the judging is certify's; this
 # only scales what the trace reports).
 REPLAY_ULPS = 16.0
+# oracle/error_model.hpp contract_sum_ulps and evidence_weight_rel: which
+# directions of a step fit the step does not fix (_indistinct).
+SUM_ULPS = 2.0
+EVIDENCE_WEIGHT_REL = 1e-3
 # The declared lr schedule's keys (a scenario's [schedule] table).
 SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
 # sim/limits.cpp schedule_rows: the most rows certify reads of schedule.csv.
@@ -131,6 +137,46 @@ def _worst(err, base):
     if not bool(hit.any()):
         return 0.0
     return float((err[hit] / base[hit]).max())
+
+
+def _fit_terms(gram, rhs, norms, backward, tau):
+    """The step fit's coefficients: the least-squares solution of
+    sum_i a_i A_i = G from the Gram matrix of the unit-scaled rows (gram),
+    their products with G over their norms (rhs) and the norms.
+
+    A combination of terms whose unit rows differ by less than tau (an
+    eigenvalue of gram below tau^2) is one gradient evaluated twice: the
+    same batch backwarded twice at the same parameters (a batch drawn again
+    in the next epoch before its window stepped, a sampler drawing with
+    replacement), here with different loss weights.  G fixes only the sum
+    over such a group, never how it splits (solving for the split divides
+    float32 rounding by that eigenvalue: coefficients like 1.009 and 0.960
+    and a residual thousands of times the float32 bound).  There the
+    recorder takes, of all the splits that fit G equally, the one whose
+    backward passes' coefficients differ least from one another (backward:
+    which terms are backward passes; the previous step's gradient is not):
+    a change of the whole accumulated gradient (a / K, an unscale, a clip, a
+    mean over ranks) scales every coefficient alike, and no step can show
+    more of the split than that."""
+    lam, V = torch.linalg.eigh(gram)
+    keep = lam > tau * tau
+    Vk = V[:, keep]
+    y = Vk @ ((Vk.t() @ rhs) / lam[keep])
+    sol = y / norms
+    if bool(keep.all()):
+        return sol
+    # sol + Z z, z chosen so the backward coefficients are closest to their
+    # mean (a least-squares problem in the few null directions).
+    Z = V[:, ~keep] / norms[:, None]
+    b = torch.tensor(backward, dtype=torch.bool)
+    if int(b.sum()) == 0:
+        return sol
+    C = torch.zeros((len(backward), len(backward)), dtype=gram.dtype)
+    idx = b.nonzero().flatten()
+    C[idx.unsqueeze(1), idx.unsqueeze(0)] = -1.0 / len(idx)
+    C[idx, idx] += 1.0
+    z = torch.linalg.pinv(C @ Z) @ -(C @ sol)
+    return sol + Z @ z
 
 
 class _Rows:
@@ -294,7 +340,7 @@ class ContractRecorder:
         self.epochs = []       # [dataset items, batch size] per watched epoch
         self.loader_lengths = []  # len(loader) per watched epoch (0: none)
         self.rows = []         # contract.csv rows
-        self.clips = []        # [version, factor, norm, max_norm]
+        self.clips = []        # [version, factor, norm, max_norm, shard norm or None]
         self.events = []       # (kind, step, micro, lr)
         self.steps = 0
         self.since_step = []   # backward indices since the last step
@@ -702,16 +748,27 @@ class ContractRecorder:
                 if torch.is_tensor(parameters):
                     parameters = [parameters]
                 parameters = list(parameters)
-                with torch.no_grad():
-                    norm = float(sum(float(rec._full(p.grad.detach()).double().pow(2).sum())
-                                     for p in parameters if p.grad is not None)) ** 0.5
+                norm, shard = rec._clip_norms(parameters)
                 total = saved(parameters, max_norm, *a, **k)
-                factor = min(1.0, float(max_norm) / (float(total) + 1e-6))
-                rec.clips.append([rec.steps, factor, norm, float(max_norm)])
-                rec.events.append(("clip", rec.steps, -1, None))
+                rec._clipped(min(1.0, float(max_norm) / (float(total) + 1e-6)), norm, shard,
+                             float(max_norm))
                 return total
             return clip
         self._restore_clip = swap_clip(make_clip)
+
+    def _clip_norms(self, parameters):
+        """The float64 norm of the gradient a clip sees (whole: a shard
+        gathered) and of this rank's shard of it (None: not sharded)."""
+        with torch.no_grad():
+            return float(sum(float(self._full(p.grad.detach()).double().pow(2).sum())
+                             for p in parameters if p.grad is not None)) ** 0.5, None
+
+    def _clipped(self, factor, norm, shard, max_norm):
+        """A clip seen: the factor it applied, the norms of the gradient it
+        saw (whole, and this rank's shard: None where not sharded) and its
+        max_norm (nan: a scaling seen on .grad, no clip function called)."""
+        self.clips.append([self.steps, factor, norm, max_norm, shard])
+        self.events.append(("clip", self.steps, -1, None))
 
     def _grad_hook(self, i):
         a, b = self.buf.slices[i]
@@ -829,6 +886,20 @@ class ContractRecorder:
                 rec[3] = (w, resid)
         torch.set_rng_state(keep)
 
+    def _indistinct(self, terms):
+        """Below which singular value a direction of the unit-scaled terms
+        is not fixed by the step (terms: the step's, every rank's backward
+        passes under DDP): the consumed gradient is known to the step's
+        float32 accumulation bound, (terms + contract_sum_ulps) u32 of its
+        scale, which moves the coefficients along a direction of singular
+        value s by that over s; where that exceeds evidence_weight_rel (the
+        precision at which certify reads a weight: error model) the
+        direction is one gradient evaluated twice, whatever its float32
+        evaluations' rounding (two backward passes of one batch differ by
+        ~1e-7 of their norm in float32, ~1e-2 in bfloat16: the latter the
+        step resolves).  Far below any two distinct batches' gradients."""
+        return (terms + SUM_ULPS) * U32 / EVIDENCE_WEIGHT_REL
+
     def _step_terms(self):
         """The vectors a step's consumed gradient is fitted over, as rows
         of one matrix, and their refs for the coef rows: the previous
@@ -841,25 +912,39 @@ class ContractRecorder:
         """The gradient the optimizer consumes, per recorded parameter."""
         return [p.grad for p in self.params]
 
+    def _consumed_vector(self, grads):
+        """The consumed gradient as one float64 vector of the whole
+        parameters (self.vec[0])."""
+        return self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
+
+    def _fit_space(self, A, G, terms):
+        """The rows and the consumed gradient restricted to what the step
+        fit solves for: everything here (a sharding recorder: its shard)."""
+        return A, G
+
     def _before_step(self):
         self._ema_poll(at_step=True)
         self._recompute_pending()
         grads = self._consumed()
-        G = self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
+        G = self._consumed_vector(grads)
         A, refs = self._step_terms()
+        # The part of the gradient this rank's optimizer consumes (all of
+        # it, or a sharding recorder's shard) is what the fit solves for.
+        Gfull = G
+        A, G = self._fit_space(A, G, len(refs))
         t = self.steps
         lr = float(self.optimizer.param_groups[0]["lr"])
         if refs:
             # Least squares through the normal equations of the unit-scaled
-            # rows (m is a handful; the rows' float64 norms keep the Gram
-            # matrix far from singular unless two terms are equal).  A is a
-            # view of the rows, the products run at BLAS speed, and the one
-            # n-long temporary is a preallocated vector.
+            # rows (m is a handful).  A is a view of the rows, the products
+            # run at BLAS speed, and the one n-long temporary is a
+            # preallocated vector.
             norms = A.norm(dim=1).clamp_min(1e-300)
             gram = (A @ A.t()) / torch.outer(norms, norms)
-            sol = torch.linalg.pinv(gram, hermitian=True) @ ((A @ G) / norms) / norms
+            sol = _fit_terms(gram, (A @ G) / norms, norms, [r != -1 for r in refs],
+                             self._indistinct(len(refs)))
             coef = sol.tolist()
-            tmp = torch.mv(A.t(), sol, out=self.vec[3])
+            tmp = torch.mv(A.t(), sol, out=self.vec[3][:G.numel()])
             resid = float(torch.dist(tmp, G))
             vnorms = norms.tolist()
             scale = sum(abs(a) * v for a, v in zip(coef, vnorms))
@@ -872,7 +957,7 @@ class ContractRecorder:
                                                           real(resid), real(scale)))
         for ref, a, v in zip(refs, coef, vnorms):
             self.rows.append("coef,%d,%s,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
-        self.buf.row(0).copy_(G)
+        self.buf.row(0).copy_(Gfull)
         self.has_prev = True
         self.events.append(("optimizer_step", t, -1, lr))
         self._replay_step(grads)
@@ -994,9 +1079,10 @@ class ContractRecorder:
         for e, (n, bs) in enumerate(self.epochs):
             rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
         rows += self.rows + self.ema_rows
-        for i, (version, factor, norm, max_norm) in enumerate(self.clips):
-            rows.append("clip,%d,%d,,,,,%s,%s,%s\n" % (i, version, real(factor), real(norm),
-                                                      real(max_norm)))
+        for i, (version, factor, norm, max_norm, shard) in enumerate(self.clips):
+            rows.append("clip,%d,%d,,,%s,,%s,%s,%s\n" % (
+                i, version, "" if shard is None else real(shard), real(factor), real(norm),
+                real(max_norm)))
         precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                      torch.float16: "float16"}.get(self.dtype, str(self.dtype))
         meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),

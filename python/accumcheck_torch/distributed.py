@@ -529,17 +529,26 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
         """The previous step's gradient (this rank's) and every rank's
         backward passes since the previous step, all-gathered: refs
         'q:b' (rank q's backward b), renumbered by the merge."""
-        mine = (list(self.since_step), self.buf.m[1:1 + len(self.since_step)].clone())
+        mine = (list(self.since_step), self.buf.m[1:1 + len(self.since_step)].clone(),
+                self._step_payload())
         every = [None] * self.world
         dist.all_gather_object(every, mine)
+        self._step_gathered([e[2] for e in every])
         rows, refs = [], []
         if self.has_prev:
             rows.append(self.buf.m[0:1])
             refs.append(-1)
-        for q, (backs, m) in enumerate(every):
+        for q, (backs, m, _) in enumerate(every):
             rows.append(m)
             refs += ["%d:%d" % (q, b) for b in backs]
         return torch.cat(rows) if rows else self.buf.m[0:0], refs
+
+    def _step_payload(self):
+        """What else this rank sends with its backward passes at a step."""
+        return None
+
+    def _step_gathered(self, payloads):
+        """Every rank's _step_payload() of this step, in rank order."""
 
     def _reduces_seen(self):
         return self.ddp is not None
@@ -590,7 +599,111 @@ class _GatheredReplica:
         self._gather_params()
 
 
-class ContractFSDPRecorder(_GatheredReplica, ContractDistributedRecorder):
+class _ShardFit:
+    """What the sharding recorders (FSDP2, FSDP1) share: each rank's step
+    fit solves for its own shard of the consumed gradient -- what its
+    optimizer steps -- over every rank's whole backward passes restricted
+    to that shard, so a gradient scaled by a factor of the rank's own (a
+    clip by the shard's norm: ddp-clip-local-norm) is seen as such, not
+    as a change the recorder cannot explain; and each clip is recorded
+    with the norm of this rank's shard of the gradient it saw and, once
+    the ranks meet at the step, of the whole gradient (both in float64:
+    certify judges the factor against the one the loop's clip gives).
+
+    With a clip declared (clip=), a scaling of this rank's shard between
+    the window's last backward and optimizer.step() that no clip function
+    reported (p.grad.to_local().mul_(factor) after a norm of your own) is
+    recorded as the loop's clip, with the factor it applied: the ratio of
+    the consumed shard to the one the backward left (the step fit checks
+    that it is one factor: anything else fails it)."""
+
+    def _setup_shards(self):
+        parts, self.local_sizes = [], []
+        for (a, b), (start, size) in zip(self.buf.slices, self._shard_ranges()):
+            parts.append(torch.arange(a + start, a + start + size))
+            self.local_sizes.append(size)
+        self.shard_idx = torch.cat(parts)
+        self.snap = None     # this rank's shard of .grad when the last backward ended
+        self.snap_clips = 0  # the clips seen before it
+
+    def _local_flat(self, grads, strict=True):
+        """This rank's shard of the gradients, float64, in shard_idx's
+        order (zeros for a gradient that is None); not strict: None where
+        a gradient is not the shard (FSDP1's under no_sync())."""
+        out = torch.zeros(self.shard_idx.numel(), dtype=torch.float64)
+        at = 0
+        for p, g, size in zip(self.params, grads, self.local_sizes):
+            if g is not None:
+                g = self._local(g).detach().reshape(-1)
+                if g.numel() != size:
+                    if not strict:
+                        return None
+                    raise Refused("rank %d: a gradient of %d elements where the parameter's shard "
+                                  "holds %d: not the sharded gradient the optimizer steps"
+                                  % (self.rank, g.numel(), size))
+                out[at:at + size].copy_(g)
+            at += size
+        return out
+
+    def _consumed_vector(self, grads):
+        G = self.vec[0].zero_()
+        return G.index_copy_(0, self.shard_idx, self._local_flat(grads))
+
+    def _fit_space(self, A, G, terms):
+        if self.shard_idx.numel() < terms:
+            raise Refused("rank %d: its shard holds %d gradient elements, fewer than the %d "
+                          "vectors its step fit solves for: the fit would not be determined "
+                          "(fewer ranks, or a larger model)"
+                          % (self.rank, self.shard_idx.numel(), terms))
+        return A.index_select(1, self.shard_idx), G.index_select(0, self.shard_idx)
+
+    def _clip_norms(self, parameters):
+        """The shard's norm now; the whole gradient's at the step (its
+        ranks' shard norms, gathered)."""
+        with torch.no_grad():
+            sq = sum(float(self._local(p.grad.detach()).double().pow(2).sum())
+                     for p in parameters if p.grad is not None)
+        return float("nan"), sq ** 0.5
+
+    def _end_backward(self):
+        super()._end_backward()
+        if self.clip_max is not None:
+            self.snap = self._local_flat([p.grad for p in self.params], strict=False)
+            self.snap_clips = len(self.clips)
+
+    def _before_step(self):
+        snap, self.snap = self.snap, None
+        if snap is not None and len(self.clips) == self.snap_clips:
+            now = self._local_flat(self._consumed())
+            ss = float(snap.dot(snap))
+            if ss > 0 and not torch.equal(now, snap):
+                factor = float(now.dot(snap)) / ss
+                if not any("scaled between" in n for n in self.notes):
+                    self.notes.append(
+                        "its shard of .grad scaled between the window's last backward and "
+                        "optimizer.step() by no clip function the recorder saw (step %d: factor "
+                        "%.6g): recorded as the loop's clip (clip=%g declared)"
+                        % (self.steps, factor, self.clip_max))
+                self._clipped(factor, float("nan"), ss ** 0.5, float("nan"))
+        super()._before_step()
+
+    def _step_payload(self):
+        return [c[4] for c in self.clips if c[0] == self.steps]
+
+    def _step_gathered(self, payloads):
+        """Each clip of this step: the whole gradient's norm from every
+        rank's shard norm of its clip in the same place."""
+        mine = [c for c in self.clips if c[0] == self.steps]
+        if len({len(p) for p in payloads}) > 1:
+            self.notes.append("step %d: the ranks clipped %s times: the whole gradient's norm "
+                              "at each clip is not known" % (self.steps, "/".join(
+                                  str(len(p)) for p in payloads)))
+            return
+        for k, c in enumerate(mine):
+            c[2] = sum(p[k] ** 2 for p in payloads) ** 0.5
+
+
+class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecorder):
     """The contract tier's recorder for one rank of an FSDP2 trainer
     (torch.distributed.fsdp.fully_shard, gloo on CPU): ContractRecorder's
     arguments, with `model` the fully_shard'ed root module and `replica` a
@@ -629,7 +742,26 @@ class ContractFSDPRecorder(_GatheredReplica, ContractDistributedRecorder):
                        for g in m._get_fsdp_state()._fsdp_param_groups]
         self.unsharded_hooked = False
         super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
+        self._setup_shards()
         self._gather_params()
+
+    def _shard_ranges(self):
+        """Each parameter's shard on this rank: FSDP2's dim-0 chunk of the
+        DTensor, as (first element in the flattened parameter, elements)."""
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        out = []
+        for p in self.params:
+            if not isinstance(p, DTensor) or any(type(pl) is not Shard or pl.dim != 0
+                                                 for pl in p.placements):
+                raise Refused("ContractFSDPRecorder: a parameter %s is not sharded on dim 0 "
+                              "(placements %s): the recorder fits each rank's dim-0 shard"
+                              % (tuple(p.shape), getattr(p, "placements", "none")))
+            shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
+                                                                  p.placements)
+            row = p.numel() // p.shape[0] if p.dim() and p.shape[0] else 0
+            out.append((offset[0] * row if p.dim() else 0, p.to_local().numel()))
+        return out
 
     def _full(self, t):
         return t.full_tensor() if isinstance(t, DTensor) else t
@@ -663,7 +795,7 @@ class ContractFSDPRecorder(_GatheredReplica, ContractDistributedRecorder):
         super()._end_backward()
 
 
-class ContractFSDP1Recorder(_GatheredReplica, ContractDistributedRecorder):
+class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedRecorder):
     """The contract tier's recorder for one rank of an FSDP1 trainer
     (torch.distributed.fsdp.FullyShardedDataParallel with
     use_orig_params=True; on CPU with device_id=torch.device("cpu") and
@@ -679,17 +811,21 @@ class ContractFSDP1Recorder(_GatheredReplica, ContractDistributedRecorder):
         FlatParameter, so c_b is this rank's whole local gradient of every
         parameter (the flat gradient cut by FSDP's own views, padding left
         out), before any communication;
-      - the gradient a step consumes and the parameters after it: gathered
-        whole (FullyShardedDataParallel.summon_full_params, with_grads for
-        the gradient: a collective, on every rank at every step);
+      - the gradient a step consumes: this rank's shard of it (the
+        original parameters' local .grad, each a slice of the flattened
+        parameter: FSDP's _shard_param_infos), fitted over the backward
+        passes restricted to that slice; the parameters after each step
+        gathered whole (FullyShardedDataParallel.summon_full_params, a
+        collective on every rank at every step) for the replica;
       - the optimizer steps the original parameters' local shards: the
         replay steps them with their own .grad and optimizer state;
       - gradient sync: a backward outside no_sync() reduce-scatters (the
         root's _sync_gradients at the backward's end), recorded as the
-        step's gradient collective, so certify counts them.
-    clip: FSDP1's own model.clip_grad_norm_ is not seen (the recorder sees
-    torch.nn.utils.clip_grad_norm_, which on FSDP1's shards is a local
-    clip): a trainer that clips this way is not recorded faithfully."""
+        step's gradient collective, so certify counts them;
+      - clip: FSDP1's own model.clip_grad_norm_ (the whole gradient's
+        norm, all-reduced: the right clip) is seen on the root module, as
+        torch.nn.utils.clip_grad_norm_ is (on FSDP1's shards: each rank's
+        shard's norm, ddp-clip-local-norm)."""
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -720,7 +856,36 @@ class ContractFSDP1Recorder(_GatheredReplica, ContractDistributedRecorder):
             hooks = [None if index.get(id(p)) is None else self._grad_hook(index[id(p)])
                      for p in h.flat_param._params]
             self._hooks.append(h.flat_param.register_hook(self._flat_hook(h, hooks)))
+        self.handles = handles
+        self._setup_shards()
         self._gather_params()
+        orig = model.clip_grad_norm_
+
+        def clip_grad_norm_(max_norm, *a, **k):
+            norm, shard = self._clip_norms(self.params)
+            total = orig(max_norm, *a, **k)
+            self._clipped(min(1.0, float(max_norm) / (float(total) + 1e-6)), norm, shard,
+                          float(max_norm))
+            return total
+        model.clip_grad_norm_ = clip_grad_norm_
+
+    def _unpatch(self):
+        self.fsdp.__dict__.pop("clip_grad_norm_", None)
+        super()._unpatch()
+
+    def _shard_ranges(self):
+        """Each original parameter's shard on this rank: a slice of its
+        flattened whole (FSDP1's _shard_param_infos), or nothing."""
+        info = {}
+        for h in self.handles:
+            for p, si in zip(h.flat_param._params, h.flat_param._shard_param_infos):
+                info[id(p)] = si
+        out = []
+        for p in self.params:
+            si = info[id(p)]
+            out.append((si.intra_param_start_idx, si.intra_param_end_idx - si.intra_param_start_idx
+                        + 1) if si.in_shard else (0, 0))
+        return out
 
     @staticmethod
     def _flat_hook(handle, hooks):
@@ -747,12 +912,7 @@ class ContractFSDP1Recorder(_GatheredReplica, ContractDistributedRecorder):
                 "and the gradients do not fit the sharded parameters (PyTorch's optimizer "
                 "fails on them with a size mismatch); run the window's last backward outside "
                 "no_sync()" % self.rank)
-        with torch.no_grad(), self.summon(self.fsdp, writeback=False, with_grads=True):
-            return [None if p.grad is None else p.grad.detach().clone() for p in self.params]
-
-    def _replay_step(self, grads):
-        """The optimizer steps the local shards: replayed on their own .grad."""
-        super()._replay_step([p.grad for p in self.params])
+        return [p.grad for p in self.params]
 
     def _end_backward(self):
         if self.fsdp._sync_gradients:

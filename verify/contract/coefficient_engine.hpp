@@ -22,6 +22,10 @@
 //                                 G the buffer at that moment (recorded):
 //                                 clipping enters as a recorded scalar,
 //                                 evaluated by whoever has the g_j;
+//   clip_grad_norm_shard(c, R)    the same, the norm of the rank's own
+//                                 shard of G (ddp-clip-local-norm: chunk
+//                                 `rank` of ceil(n/R) elements, as the
+//                                 oracle's trainer cuts it);
 //   optimizer_step(opt, lr)       records the buffer (the step's gradient)
 //                                 with its lr and counts a version; the
 //                                 buffer stays, as PyTorch's .grad does;
@@ -132,6 +136,7 @@ struct ClipRecord {
   int64_t version = 0;
   double max_norm = 0;
   Buffer before;
+  int64_t shards = 0;  // > 0: the norm of chunk `rank` of `shards`
 };
 
 // One optimizer step: the gradient it consumed.
@@ -182,6 +187,11 @@ class CoefficientEngine {
     clips_.push_back({rank_, version_, max_norm, buf_});
     for (auto& [t, c] : buf_) c.times_symbol(s);
     return nan();
+  }
+  double clip_grad_norm_shard(double max_norm, int64_t ranks) {
+    const double out = clip_grad_norm(max_norm);
+    clips_.back().shards = ranks;
+    return out;
   }
   void optimizer_step(const OptimizerSpec&, double lr) {
     steps_.push_back({rank_, version_, lr, buf_});
@@ -297,7 +307,8 @@ std::vector<T> evaluate(const Buffer& b, const std::vector<T>& sym,
 }
 
 // The clip symbols' values, in order: s_m = min(1, c / (|G_m| + 1e-6))
-// with G_m the buffer clip m saw, evaluated with the earlier symbols.
+// with G_m the buffer clip m saw, evaluated with the earlier symbols (a
+// shard clip: the norm of its rank's chunk of ceil(n/R) elements).
 template <class T>
 std::vector<T> clip_values(
     const std::vector<ClipRecord>& clips,
@@ -305,8 +316,14 @@ std::vector<T> clip_values(
   std::vector<T> sym;
   for (const ClipRecord& c : clips) {
     const std::vector<T> g = evaluate(c.before, sym, vec, n);
+    size_t lo = 0, hi = n;
+    if (c.shards > 0) {
+      const size_t chunk = (n + size_t(c.shards) - 1) / size_t(c.shards);
+      lo = std::min(n, size_t(c.rank) * chunk);
+      hi = std::min(n, lo + chunk);
+    }
     T sq = T(0);
-    for (const T& x : g) sq += x * x;
+    for (size_t i = lo; i < hi; ++i) sq += g[i] * g[i];
     using std::sqrt;
     const T coef = T(c.max_norm) / (T(sqrt(sq)) + T(1e-6));
     sym.push_back(coef < T(1) ? coef : T(1));

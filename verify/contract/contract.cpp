@@ -489,9 +489,12 @@ void declared(const Trace& tr, Scenario& s) {
 // step, before it, with the declared max_norm, and each factor what
 // clip_grad_norm_'s formula gives on the float64 norm of the gradient it
 // saw, within gamma_{n+2} (float32 norm of n values, Higham 3.1, and the
-// division).
-CertifyCheck clip_check(const ContractSection& c, const Scenario& s,
-                        int64_t n) {
+// division).  by_shard: the norm of the rank's shard of that gradient
+// instead (ddp-clip-local-norm, on a sharded trace).  A clip row without
+// max_norm is a scaling a sharded recorder saw on .grad (no clip function
+// called): the declared max_norm is its.
+CertifyCheck clip_check(const ContractSection& c, const Scenario& s, int64_t n,
+                        bool by_shard = false) {
   CertifyCheck ck{"clip", true, false, ""};
   const double nu = double(n + 2) * error_model::kUnitRoundoff32;
   const double rel = nu / (1 - nu);
@@ -537,27 +540,65 @@ CertifyCheck clip_check(const ContractSection& c, const Scenario& s,
             c.ranks() > 1 ? fmt::format("rank {} ", r) : std::string(), t,
             per[{r, int64_t(t)}]);
       }
+  const auto want_of = [&](const ContractClip& cl, bool shard) {
+    return std::min(
+        1.0, s.clip.max_norm / ((shard ? cl.shard_norm : cl.norm) + 1e-6));
+  };
+  const auto max_of = [&](const ContractClip& cl) {
+    return std::isnan(cl.max_norm) ? s.clip.max_norm : cl.max_norm;
+  };
+  bool seen_on_grad = false, sharded = false;
+  for (const auto& cl : c.clips) {
+    seen_on_grad = seen_on_grad || std::isnan(cl.max_norm);
+    sharded = sharded || !std::isnan(cl.shard_norm);
+  }
   for (size_t m = 0; m < c.clips.size() && ck.ok; ++m) {
     const ContractClip& cl = c.clips[m];
-    const double want = std::min(1.0, s.clip.max_norm / (cl.norm + 1e-6));
-    if (cl.max_norm != s.clip.max_norm ||
+    const double want = want_of(cl, by_shard);
+    if (max_of(cl) != s.clip.max_norm ||
         !(std::abs(cl.factor - want) <= rel * want)) {
       ck.ok = false;
       ck.message = fmt::format(
-          "clip {} (step {}): factor {:.9g} with max_norm {:.6g}; the declared "
-          "max_norm "
-          "{:.6g} on the gradient's norm {:.9g} gives {:.9g}",
-          m, cl.version, cl.factor, cl.max_norm, s.clip.max_norm, cl.norm,
-          want);
+          "clip {} (step {}{}): factor {:.9g} {}; the declared max_norm "
+          "{:.6g} on {} norm {:.9g} gives {:.9g}",
+          m, cl.version,
+          c.ranks() > 1 ? fmt::format(", rank {}", cl.rank) : std::string(),
+          cl.factor,
+          std::isnan(cl.max_norm)
+              ? std::string("(a scaling of .grad, no clip function)")
+              : fmt::format("with max_norm {:.6g}", cl.max_norm),
+          s.clip.max_norm,
+          by_shard  ? "its rank's shard's"
+          : sharded ? "the whole gradient's"
+                    : "the gradient's",
+          by_shard ? cl.shard_norm : cl.norm, want);
+      if (sharded && !by_shard) {
+        // Each rank's factor at that step against the whole gradient's
+        // and its own shard's.
+        std::string per;
+        for (const auto& o : c.clips)
+          if (o.version == cl.version)
+            per += fmt::format(
+                "{}rank {} applied {:.6g}: the whole gradient's norm {:.6g} "
+                "gives {:.6g}, its shard's norm {:.6g} gives {:.6g}",
+                per.empty() ? "" : "; ", o.rank, o.factor, o.norm,
+                want_of(o, false), o.shard_norm, want_of(o, true));
+        ck.message += fmt::format(" (step {}: {})", cl.version, per);
+      }
     }
   }
   if (ck.ok)
     ck.message = fmt::format(
-        "{} clip_grad_norm_ calls, one before each step, max_norm {:.6g}: "
-        "factors {:.6g} "
-        "to {:.6g}, each clip_grad_norm_'s formula on the gradient it saw "
-        "(within {:.2g})",
-        c.clips.size(), s.clip.max_norm, lo, hi, rel);
+        "{} {}, one before each step, max_norm {:.6g}: factors {:.6g} to "
+        "{:.6g}, each clip_grad_norm_'s formula on {} (within {:.2g})",
+        c.clips.size(),
+        seen_on_grad ? "clips (scalings of .grad the recorder saw included)"
+                     : "clip_grad_norm_ calls",
+        s.clip.max_norm, lo, hi,
+        by_shard  ? "its rank's shard's norm"
+        : sharded ? "the whole gradient's norm (every rank's shard)"
+                  : "the gradient it saw",
+        rel);
   return ck;
 }
 
@@ -981,10 +1022,18 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       fmt_ratio(worst_rep), replay_ulps);
   r.checks.push_back(rep);
 
-  // 3b. The clip factors, when the loop clips or the recorder declared one.
+  // 3b. The clip factors, when the loop clips or the recorder declared one
+  // (on the norm the accepted loop's clip takes).  A sharded trace (its
+  // clips' shard norms recorded) judges each candidate's clip rule too:
+  // the whole gradient's norm, or ddp-clip-local-norm's shard norm.
+  const bool judge_clip = s.clip.enabled || !c.clips.empty();
+  const bool shard_clips = std::any_of(
+      c.clips.begin(), c.clips.end(),
+      [](const ContractClip& cl) { return !std::isnan(cl.shard_norm); });
   bool clip_ok = true;
-  if (s.clip.enabled || !c.clips.empty()) {
-    const CertifyCheck ck = clip_check(c, s, n);
+  if (judge_clip) {
+    const CertifyCheck ck =
+        clip_check(c, s, n, behavior_of(accept).clip_local_norm);
     clip_ok = ck.ok;
     r.checks.push_back(ck);
   }
@@ -1016,12 +1065,13 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       candidate_semantics({.token_loss = tokens,
                            .contract_tier = true,
                            .contract_lowp_buffer = lowp,
-                           .stopped_short = stopped_short});
+                           .stopped_short = stopped_short,
+                           .contract_shard_clip = shard_clips});
   // The accepted semantics first: every check below is against it.
   sems.erase(std::remove(sems.begin(), sems.end(), accept), sems.end());
   sems.insert(sems.begin(), accept);
   std::vector<Prediction> preds;
-  std::vector<bool> lowps;
+  std::vector<bool> lowps, shard_rules;
   std::vector<Distance> dists;
   std::vector<std::vector<double>> lrs;
   // DDP's gradient all-reduces per step (the recorder saw them: a
@@ -1065,6 +1115,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       continue;
     const Prediction p = predict(cp, s, behavior_of(sem), c);
     const bool sem_lowp = behavior_of(sem).low_precision_grad_buffer;
+    const bool sem_shard = behavior_of(sem).clip_local_norm;
     Distance d = distance(sem_lowp ? meas_lowp : meas, p, c);
     // The weights check: correct's weights, with a bf16 .grad's
     // uncertainty where .grad accumulates in bf16.
@@ -1096,6 +1147,15 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       d.d = kInf;
       d.why = reduce_why;
     }
+    // The clip symbols take the trace's factors: which norm gave them is
+    // the candidate's clip rule, judged here.
+    if (shard_clips && judge_clip) {
+      const CertifyCheck ck = clip_check(c, s, n, sem_shard);
+      if (!ck.ok) {
+        d.d = kInf;
+        d.why = "clip: " + ck.message;
+      }
+    }
     const double wd = d.d;
     if (!lr.ok) {
       d.d = kInf;
@@ -1107,6 +1167,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     for (size_t k = 0; k < preds.size(); ++k)
       if (preds[k].P == p.P && preds[k].version == p.version &&
           lowps[k] == sem_lowp && lrs[k] == lr.accepted_lr &&
+          (!shard_clips || shard_rules[k] == sem_shard) &&
           (!reduces_seen || preds[k].reduces == p.reduces)) {
         r.ranking[k].aliases.push_back(semantics_name(sem));
         merged = true;
@@ -1124,6 +1185,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     r.ranking.push_back(cand);
     preds.push_back(p);
     lowps.push_back(sem_lowp);
+    shard_rules.push_back(sem_shard);
     dists.push_back(d);
     lrs.push_back(lr.accepted_lr);
     weight_d.push_back(wd);

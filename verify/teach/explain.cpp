@@ -570,7 +570,10 @@ constexpr ExplainEntry kEntries[] = {
      "1e-6)) instead of min(1, c/(|g| + 1e-6))",
      "ddp-clip-local-norm",
      "FIELD.md: clip norm on local shards: 1/sqrt(R) (pytorch #170862, "
-     "torchtitan #766)",
+     "torchtitan #766); measured on FSDP2 and FSDP1 trainers "
+     "(docs/memory-systems.md, CTest "
+     "PyTorch.systems.fsdp2.clip_local_norm, "
+     "PyTorch.systems.fsdp1.clip_local_norm)",
      "ddp.clip-local-norm inertness.ddp"},
     {"ddp-scheduler-per-rank", "the scheduler stepped once per process",
      "A scheduler wrapped for distributed training (or called once per "
@@ -960,8 +963,12 @@ constexpr ExplainEntry kEntries[] = {
      "sharded .grad the optimizer steps. Sync left on every micro-step "
      "changes no weight, only the reduce-scatters (K per step); sync left "
      "off at the last micro-step too leaves .grad None: the step skips "
-     "every micro-batch. Clip with clip_grad_norm_ on the DTensor "
-     "gradients (the global norm), never a shard's own norm. FSDP1 "
+     "every micro-batch. Clip by the whole gradient's norm: "
+     "clip_grad_norm_ on FSDP2's DTensor gradients, FSDP1's own "
+     "model.clip_grad_norm_; a clip by each rank's shard's norm (by hand "
+     "on p.grad.to_local(), or torch.nn.utils.clip_grad_norm_ on FSDP1's "
+     "sharded parameters) is ddp-clip-local-norm, which certify names from "
+     "each rank's factor. FSDP1 "
      "(FullyShardedDataParallel, on CPU with device_id=torch.device(\"cpu\") "
      "and use_orig_params=True) accumulates under model.no_sync() on every "
      "micro-step but the window's last; no_sync() at the last micro-step "

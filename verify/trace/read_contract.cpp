@@ -131,7 +131,7 @@ ContractSection read_contract(const std::string& dir) {
     } else if (kind == "clip") {
       expect_index(c.clips.size());
       c.clips.push_back(
-          {rank, integer(2, true), number(7), number(8), number(9)});
+          {rank, integer(2, true), number(7), number(8), number(9), number(5)});
     } else if (kind == "ema") {
       ContractEma e;
       e.rank = rank;

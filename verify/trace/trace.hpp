@@ -386,7 +386,11 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //            from the recorded state (certify divides by contract_replay_ulps)
 //   clip     index m (call order), ref = version (optimizer steps before
 //            it), value = the factor clip_grad_norm_ applied, residual = the
-//            float64 norm of the gradient it saw, scale = its max_norm
+//            float64 norm of the gradient it saw (whole: a sharded
+//            recorder's from its ranks' shard norms), scale = its max_norm
+//            ("": a scaling of .grad seen by a sharded recorder, no clip
+//            function called: the declared clip's), items = the float64
+//            norm of this rank's shard of it ("": not sharded)
 //   ema      index i (update order), ref = backward passes since the last
 //            step, version = optimizer steps before it, items = 1 when seen
 //            at optimizer.step()'s pre-hook, value / residual = its error
@@ -424,6 +428,7 @@ struct ContractClip {
   int64_t rank = 0;
   int64_t version = 0;
   double factor = kNaN, norm = kNaN, max_norm = kNaN;
+  double shard_norm = kNaN;  // this rank's shard's (a sharded recorder's)
 };
 // One EMA update the recorder saw (ContractRecorder.ema), in order: the
 // optimizer steps done before it (version), the backward passes since the
