@@ -3,11 +3,6 @@
 # property tests, one test per scenario) with CTest.
 #
 #   bash scripts/test.sh [CTEST ARGS]     every test
-#   bash scripts/test.sh --ci             CI's budget (.ci/run): Contract.
-#                                         Coefficients runs 25 RapidCheck
-#                                         cases instead of 100 (same seed),
-#                                         and of the DeepSpeed cases only
-#                                         those not labelled deepspeed-full
 #   bash scripts/test.sh --deepspeed      also makes .venv-deepspeed/
 #                                         (scripts/venv-deepspeed.sh) while
 #                                         the C++ builds, so that the
@@ -18,23 +13,14 @@
 # are skipped (CMake's message); every other test runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ci=0 deepspeed=0
+deepspeed=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --ci) ci=1 ;;
     --deepspeed) deepspeed=1 ;;
     *) break ;;
   esac
   shift
 done
-# Contract.Coefficients' RapidCheck cases (tests/CMakeLists.txt): 25 in CI,
-# as many as every property (100) otherwise; set in both modes, so that a
-# build folder never keeps the other mode's count.
-coefficients=""
-[ "$ci" = 1 ] && coefficients=25
-export ACCUMCHECK_CMAKE_ARGS="-DACCUMCHECK_RC_CASES_COEFFICIENTS=$coefficients ${ACCUMCHECK_CMAKE_ARGS:-}"
-ctest_args=()
-[ "$ci" = 1 ] && ctest_args=(-LE deepspeed-full)
 if [ "$deepspeed" = 1 ]; then
   bash scripts/setup.sh  # .venv/ first: .venv-deepspeed/ is layered on it
   mkdir -p build
@@ -61,4 +47,4 @@ if [ "$deepspeed" = 1 ]; then
   build_quiet build "$jobs"  # a no-op unless the second configure changed it
 fi
 seed_test_order build tests/ctest-costs/gcc.txt
-ctest --test-dir build --output-on-failure -j"$jobs" "${ctest_args[@]}" "$@"
+ctest --test-dir build --output-on-failure -j"$jobs" "$@"

@@ -5,7 +5,7 @@
 # framework venvs are (bench/conformance.py): a .pth file puts .venv's
 # site-packages on its path, so torch 2.13.0 and requirements.txt's pins
 # are installed once, and pip must keep them (requirements.txt is passed as
-# constraints).  Not part of scripts/venv.sh; `scripts/test.sh --ci` (CI)
+# constraints).  Not part of scripts/venv.sh; `scripts/test.sh --deepspeed`
 # makes it.  Without it the PyTorch.systems.deepspeed.* cases are skipped
 # with a message.
 set -euo pipefail
