@@ -24,4 +24,10 @@ RC_GTEST_PROP(Loop, SkipShortMicroBatch, ()) {
   run_property("data.skip-short-micro-batch");
 }
 RC_GTEST_PROP(Loop, SchedulerOrder, ()) { run_property("scheduler.order"); }
+RC_GTEST_PROP(Loop, LossDividedByKTwice, ()) {
+  run_property("framework.loss-divided-by-k-twice");
+}
+RC_GTEST_PROP(Loop, EndOfLoaderSyncsEveryMicroBatch, ()) {
+  run_property("framework.end-of-loader");
+}
 }  // namespace accumcheck::properties
