@@ -1,5 +1,7 @@
 #include "sim/pitfalls.hpp"
 
+#include <algorithm>
+
 namespace accumcheck {
 
 namespace {
@@ -139,6 +141,17 @@ constexpr Entry kCatalog[] = {
      "Accelerate's accumulate() in a loop that draws its window first: the "
      "loader is at its end when the last window runs, so each of its "
      "micro-batches is synced and stepped alone"},
+    // Transformers' Trainer 4.46-4.51's fetches (issue 33).
+    {Pitfall::items_counted_per_fetch_group, "items-counted-per-fetch-group",
+     "the items counted per fetch of K micro-batches from the epoch's "
+     "start, the step decided on a counter across epochs: a step across "
+     "the epoch boundary weighs each micro-batch on a fetch it only partly "
+     "holds (Transformers' Trainer 4.46, get_batch_samples)"},
+    {Pitfall::last_fetch_sized_in_samples, "last-fetch-sized-in-samples",
+     "the epoch's last fetch sized N mod K in samples where M mod K "
+     "micro-batches are left: the rest is never drawn and the drawn part, "
+     "the epoch's end never reached, is neither stepped nor zeroed "
+     "(Transformers' Trainer 4.46-4.51, #37777)"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -299,6 +312,12 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
       case Pitfall::end_of_loader_syncs_every_micro_batch:
         b.end_of_loader_steps_every_micro_step = true;
         break;
+      case Pitfall::items_counted_per_fetch_group:
+        b.items_per_fetch_group = true;
+        break;
+      case Pitfall::last_fetch_sized_in_samples:
+        b.last_fetch_in_samples = true;
+        break;
     }
   }
   return b;
@@ -353,6 +372,9 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
       // within one rank's shard, which a sharded trace fits on its own.
       case Pitfall::ddp_clip_local_norm:
         return !scope.contract_tier || scope.contract_shard_clip;
+      // Added beside window-counter-across-epochs below, never alone.
+      case Pitfall::items_counted_per_fetch_group:
+        return false;
       default:
         return true;
     }
@@ -387,6 +409,22 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
             !cuts_both(catalog[i], catalog[j]) &&
             !cancels(catalog[i], catalog[j]))
           sems.push_back({catalog[i], catalog[j], budget});
+  }
+  // items-counted-per-fetch-group beside every candidate whose windows
+  // are cut across epochs and whose normalization counts items (the
+  // only candidates it changes), right after window-counter-across-epochs.
+  const size_t before = sems.size();
+  for (size_t k = 0; k < before; ++k) {
+    const Behavior b = behavior_of(sems[k]);
+    if (!b.windows_across_epochs ||
+        (b.normalization != Normalization::window_items &&
+         b.normalization != Normalization::rank_window_items))
+      continue;
+    std::vector<Pitfall> with = sems[k];
+    const auto across = std::find(with.begin(), with.end(),
+                                  Pitfall::window_counter_across_epochs);
+    with.insert(across + 1, Pitfall::items_counted_per_fetch_group);
+    sems.push_back(std::move(with));
   }
   return sems;
 }

@@ -60,6 +60,11 @@ enum class Pitfall {
   // Mistakes only a framework's loop makes (issue 33).
   loss_divided_by_k_twice,
   end_of_loader_syncs_every_micro_batch,
+  // Transformers' Trainer 4.46-4.51 draws each window's batches first
+  // (get_batch_samples, issue 33): the fetch's item count and the
+  // epoch's last fetch.
+  items_counted_per_fetch_group,
+  last_fetch_sized_in_samples,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -102,6 +107,8 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::step_budget_drops_micro_batches,
     Pitfall::loss_divided_by_k_twice,
     Pitfall::end_of_loader_syncs_every_micro_batch,
+    Pitfall::items_counted_per_fetch_group,
+    Pitfall::last_fetch_sized_in_samples,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -250,6 +257,23 @@ struct Behavior {
   // first micro-step.  Each micro-batch keeps the weight the behaviour
   // gives it (the window's N_w, counted before the window).
   bool end_of_loader_steps_every_micro_step = false;
+  // items-counted-per-fetch-group: the loop draws each epoch's
+  // micro-batches K at a time from the epoch's start (a fetch) and
+  // counts the fetch's items before its first backward: an item-counting
+  // normalization (window_items, rank_window_items) divides each
+  // micro-batch by its fetch's count (every rank's, or the rank's own)
+  // instead of its window's.  The same as correct wherever the windows
+  // are the fetches: it shows only where a step is decided elsewhere
+  // (window-counter-across-epochs).
+  bool items_per_fetch_group = false;
+  // last-fetch-sized-in-samples: the epoch's last fetch draws r = N mod K
+  // micro-batches (N: the epoch's samples over all ranks; r = K when 0)
+  // where M mod K are left (M: its micro-batches): when r is fewer, the
+  // epoch's last M mod K - r micro-batches are never drawn, and the
+  // epoch's end (`step + 1 == M`) is never reached, so the drawn rest of
+  // its last window is neither stepped nor zeroed (it joins the next
+  // window).
+  bool last_fetch_in_samples = false;
 
   bool operator==(const Behavior&) const = default;
 };
@@ -293,6 +317,12 @@ struct CandidateScope {
   // ddp-clip-local-norm is a candidate, its clip symbol the shard's factor.
   bool contract_shard_clip = false;
 };
+// items-counted-per-fetch-group changes a loop only where its steps are
+// not its fetches (in the catalog: window-counter-across-epochs) and its
+// normalization counts items: it is no candidate of its own, but added to
+// every candidate that cuts its windows across epochs and counts items,
+// as one more pitfall (named after window-counter-across-epochs).
+// Anywhere else it would only alias the candidate without it.
 std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope);
 
 // "correct", or the ids joined by "+".

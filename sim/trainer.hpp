@@ -59,7 +59,13 @@
 // window-counter-across-epochs cuts where the run's micro-batch count is a
 // multiple of K, an epoch's leftover leaked into the next epoch;
 // step-budget-drops-micro-batches stops the run once the optimizer steps
-// reach epochs x max(1, floor(micro-steps of epoch 0 / K)).
+// reach epochs x max(1, floor(micro-steps of epoch 0 / K));
+// last-fetch-sized-in-samples draws only N mod K micro-batches (N the
+// epoch's samples) of the epoch's last fetch, the drawn rest of a window
+// the epoch never finishes neither stepped nor zeroed.
+// items-counted-per-fetch-group divides each micro-batch by the items of
+// its fetch (the epoch's K-slices from its start, as drawn) instead of its
+// window's.
 //
 // K may change from epoch to epoch (EpochPlan::accumulation,
 // sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp
@@ -222,9 +228,11 @@ class Trainer {
       K_ = planned.accumulation;  // K may change from epoch to epoch
       EpochPlan own;
       const bool redrawn = b_.skip_short_micro_batch || b_.window_off_by_one ||
-                           b_.windows_across_epochs;
-      if (redrawn) own = drawn(planned);
+                           b_.windows_across_epochs || b_.last_fetch_in_samples;
+      bool unfinished = false;  // last-fetch-sized-in-samples cut the epoch
+      if (redrawn) own = drawn(planned, unfinished);
       const EpochPlan& epoch = redrawn ? own : planned;
+      if (b_.items_per_fetch_group) fetch_items(epoch);
       micro_before_epoch_ += epoch.micro_steps();
       // step-budget-drops-micro-batches: epochs x max(1, floor(M / K)),
       // counted before training (a budget past int64 never stops).
@@ -243,9 +251,14 @@ class Trainer {
                         (planned.micro_steps() + planned.accumulation - 1) /
                             std::max<int64_t>(1, planned.accumulation))
                 .value_or(INT64_MAX);
+      window_offset_ = 0;
       for (size_t w = 0; w < epoch.windows.size() && !stop(); ++w) {
-        window(epoch.windows[w], ep, w + 1 == epoch.windows.size(),
-               epoch.micro_steps());
+        // The epoch's last window, if the loop's own cut left it partial,
+        // waits for an epoch end that never comes.
+        const bool last = w + 1 == epoch.windows.size();
+        window(epoch.windows[w], ep, last, epoch.micro_steps(),
+               unfinished && last && epoch.windows[w].partial);
+        window_offset_ += int64_t(epoch.windows[w].micro.size());
         // window-boundary-off-by-one-max-steps: `if completed_steps >=
         // max_train_steps: break` (checked after every micro-step; the
         // count moves only at a window's end).
@@ -272,6 +285,9 @@ class Trainer {
     c_ = counters;
     init_ranks(int64_t(w.micro.front().shards.size()));
     init_state_beyond_gradients(false);
+    // One window alone: its fetch is itself.
+    fetch_items_.clear();
+    window_offset_ = 0;
     window(w, 0, last_of_epoch, epoch_micro_steps);
     use_rank(0);
     return std::move(run_);
@@ -313,28 +329,45 @@ class Trainer {
            (b_.stop_at_floor_budget && c_.optimizer_steps >= floor_budget_);
   }
 
-  // The epoch's windows as this trainer draws and cuts them.
-  EpochPlan drawn(const EpochPlan& planned) const {
+  // The epoch's windows as this trainer draws and cuts them; `unfinished`:
+  // last-fetch-sized-in-samples left the epoch's last micro-batches
+  // undrawn, so its last window never reaches the epoch's end.
+  EpochPlan drawn(const EpochPlan& planned, bool& unfinished) const {
     std::vector<MicroBatch> micro;
-    for (const Window& w : planned.windows)
+    int64_t samples = 0;  // the epoch's samples over all ranks
+    for (const Window& w : planned.windows) {
       micro.insert(micro.end(), w.micro.begin(), w.micro.end());
+      for (const MicroBatch& m : w.micro) samples += m.items();
+    }
     if (b_.skip_short_micro_batch && !micro.empty()) {
       bool is_short = false;
       for (const auto& shard : micro.back().shards)
         is_short = is_short || int64_t(shard.size()) < s_.batching.micro_batch;
       if (is_short) micro.pop_back();
     }
+    // The loader's length (the epoch's end is its last micro-batch).
+    const int64_t M = int64_t(micro.size());
+    unfinished = false;
+    if (b_.last_fetch_in_samples && K_ > 0) {
+      // Fetches of K, the last of r = N mod K (K when 0) micro-batches:
+      // K * floor(M / K) + min(r, M mod K) drawn.
+      const int64_t r = samples % K_ == 0 ? K_ : samples % K_;
+      const int64_t keep = M / K_ * K_ + std::min(r, M % K_);
+      unfinished = keep < M;
+      micro.resize(size_t(keep));
+    }
     EpochPlan e;
     e.accumulation = planned.accumulation;
     if (b_.windows_across_epochs) {
       // window-counter-across-epochs: a step where the run's micro-batch
       // count (micro_before_epoch_: earlier epochs') reaches a multiple of
-      // K, or at the end of an epoch of M <= K; the rest of the epoch is a
-      // partial window (leaked: neither stepped nor zeroed).
-      const int64_t M = int64_t(micro.size());
+      // K, or at the end of an epoch of M <= K (the loader's last
+      // micro-batch: never, when it is not drawn); the rest of the epoch is
+      // a partial window (leaked: neither stepped nor zeroed).
+      const int64_t drawn_count = int64_t(micro.size());
       int64_t total = micro_before_epoch_;
       Window w;
-      for (int64_t i = 0; i < M; ++i) {
+      for (int64_t i = 0; i < drawn_count; ++i) {
         w.micro.push_back(micro[size_t(i)]);
         if (++total % K_ == 0 || (M <= K_ && i + 1 == M)) {
           w.partial = false;
@@ -368,6 +401,35 @@ class Trainer {
   // Whether the boundary block calls scheduler.step().
   bool boundary_schedules() const {
     return !b_.scheduler_per_micro_step && !b_.scheduler_per_epoch;
+  }
+
+  // items-counted-per-fetch-group: each fetch's items (every rank's, and
+  // each rank's own) of the epoch as drawn, fetches of K micro-batches
+  // from its start.
+  void fetch_items(const EpochPlan& epoch) {
+    fetch_items_.clear();
+    fetch_rank_items_.clear();
+    int64_t i = 0;
+    for (const Window& w : epoch.windows)
+      for (const MicroBatch& m : w.micro) {
+        if (i++ % std::max<int64_t>(K_, 1) == 0) {
+          fetch_items_.push_back(0);
+          fetch_rank_items_.emplace_back(m.shards.size(), 0);
+        }
+        for (size_t r = 0; r < m.shards.size(); ++r) {
+          const int64_t n = counted_items(m.shards[r]);
+          fetch_items_.back() += n;
+          fetch_rank_items_.back()[r] += n;
+        }
+      }
+  }
+
+  // The items a loop counts of a shard: the engine's (samples, or
+  // loss-bearing tokens), plus each sequence's position 0 for
+  // token-count-unshifted-labels.
+  int64_t counted_items(const std::vector<int64_t>& shard) const {
+    return e_.items(shard) +
+           (b_.count_unshifted_labels ? int64_t(shard.size()) : 0);
   }
 
   // The weight of each item loss of rank r's micro-batch shard.  DDP then
@@ -748,13 +810,17 @@ class Trainer {
     }
   }
 
+  // `unfinished`: the epoch's end is never reached in this window
+  // (last-fetch-sized-in-samples): not stepped, zeroed only by
+  // partial-cycle-drop's end of epoch.
   void window(const Window& w, int64_t epoch, bool last_of_epoch,
-              int64_t epoch_micro_steps) {
+              int64_t epoch_micro_steps, bool unfinished = false) {
     epoch_ = epoch;
     epoch_micro_steps_ = epoch_micro_steps;
     const int64_t Kw = int64_t(w.micro.size());
     const bool steps_at_boundary =
-        !b_.seed_002_loop && !(w.partial && b_.partial != PartialWindow::step);
+        !b_.seed_002_loop && !unfinished &&
+        !(w.partial && b_.partial != PartialWindow::step);
     const bool clipping = s_.clip.enabled;
     double loss_sum = 0;
     int64_t loss_items = 0;
@@ -765,9 +831,7 @@ class Trainer {
     rank_items_.assign(size_t(R_), 0);
     for (const MicroBatch& m : w.micro)
       for (size_t r = 0; r < m.shards.size(); ++r) {
-        const int64_t n =
-            e_.items(m.shards[r]) +
-            (b_.count_unshifted_labels ? int64_t(m.shards[r].size()) : 0);
+        const int64_t n = counted_items(m.shards[r]);
         window_items_ += n;
         rank_items_[r] += n;
       }
@@ -781,6 +845,12 @@ class Trainer {
         b_.end_of_loader_steps_every_micro_step && last_of_epoch;
 
     for (int64_t k = 0; k < Kw; ++k) {
+      // items-counted-per-fetch-group: micro-batch k's fetch's count.
+      if (b_.items_per_fetch_group && !fetch_items_.empty()) {
+        const size_t f = size_t((window_offset_ + k) / K_);
+        window_items_ = fetch_items_.at(f);
+        rank_items_ = fetch_rank_items_.at(f);
+      }
       const int64_t b = backward_;  // rank 0's backward pass of this micro-step
       each_rank([&](int64_t r) {
         if constexpr (requires { e_.set_epoch(epoch); }) e_.set_epoch(epoch);
@@ -883,6 +953,11 @@ class Trainer {
   int64_t floor_budget_ = INT64_MAX;
   int64_t micro_before_epoch_ = 0;
   int64_t epoch_micro_steps_ = 0;  // the micro-steps of the window's epoch
+  // items-counted-per-fetch-group: the epoch's fetches' items (all ranks;
+  // per rank), and the window's first micro-batch's place in its epoch.
+  std::vector<int64_t> fetch_items_;
+  std::vector<std::vector<int64_t>> fetch_rank_items_;
+  int64_t window_offset_ = 0;
   int64_t epoch_ = 0;
   int64_t window_items_ = 0;
   // Ranks: R, the rank being run, the rank the engine holds, the others'

@@ -146,6 +146,10 @@ const Expected kTable[] = {
      with([](Behavior& b) { b.loss_divided_by_k_again = true; })},
     {"end-of-loader-syncs-every-micro-batch",
      with([](Behavior& b) { b.end_of_loader_steps_every_micro_step = true; })},
+    {"items-counted-per-fetch-group",
+     with([](Behavior& b) { b.items_per_fetch_group = true; })},
+    {"last-fetch-sized-in-samples",
+     with([](Behavior& b) { b.last_fetch_in_samples = true; })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {
@@ -250,25 +254,63 @@ TEST(PitfallCatalog, CandidateScope) {
   EXPECT_TRUE(has(shard, "ddp-clip-local-norm"));
   EXPECT_FALSE(has(shard, "optimizer-state-every-micro-step"));
   EXPECT_FALSE(has(shard, "low-precision-grad-buffer"));
+  // items-counted-per-fetch-group is no candidate of its own: it is
+  // added, right after window-counter-across-epochs, to exactly the
+  // candidates that cut their windows across epochs and count items.
+  const Pitfall fetch = Pitfall::items_counted_per_fetch_group;
+  EXPECT_FALSE(has(sample, "items-counted-per-fetch-group"));
+  auto counts_across = [](const std::vector<Pitfall>& sem) {
+    const Behavior b = behavior_of(sem);
+    return b.windows_across_epochs &&
+           (b.normalization == Normalization::window_items ||
+            b.normalization == Normalization::rank_window_items);
+  };
+  auto fetch_copies = [&](CandidateScope scope) {
+    const auto sems = candidate_semantics(scope);
+    size_t copies = 0, counting = 0;
+    for (const auto& sem : sems) {
+      const auto at = std::find(sem.begin(), sem.end(), fetch);
+      if (at == sem.end()) {
+        counting += counts_across(sem) ? 1 : 0;
+        continue;
+      }
+      ++copies;
+      EXPECT_TRUE(at != sem.begin() &&
+                  *(at - 1) == Pitfall::window_counter_across_epochs)
+          << semantics_name(sem);
+      std::vector<Pitfall> without = sem;
+      without.erase(without.begin() + (at - sem.begin()));
+      EXPECT_TRUE(counts_across(without)) << semantics_name(sem);
+      EXPECT_NE(std::find(sems.begin(), sems.end(), without), sems.end())
+          << semantics_name(sem);
+    }
+    EXPECT_EQ(copies, counting);
+    EXPECT_GT(copies, 0u);
+    return copies;
+  };
   // correct, n singles, n(n-1)/2 pairs but the 2 that pair
   // window-counter-across-epochs with a window-boundary-off-by-one loop
   // (both cut the windows) and the one whose factors of K cancel
-  // (no-loss-normalization+loss-divided-by-k-twice).
+  // (no-loss-normalization+loss-divided-by-k-twice); and the copies with
+  // items-counted-per-fetch-group.
   const size_t n = sample.size();
   const size_t all = 1 + n + n * (n - 1) / 2 - 2 - 1;
-  EXPECT_EQ(candidate_semantics({}).size(), all);
+  EXPECT_EQ(candidate_semantics({}).size(), all + fetch_copies({}));
   for (const auto& sem : candidate_semantics({}))
     EXPECT_NE(semantics_name(sem),
               "no-loss-normalization+loss-divided-by-k-twice");
   // A run that stopped short: every pair (but the budget's own and those
   // left out above) also with step-budget-drops-micro-batches as a third.
   const size_t m = n - 1;  // the pairs without the budget
-  EXPECT_EQ(candidate_semantics({.stopped_short = true}).size(),
-            all + m * (m - 1) / 2 - 2 - 1);
-  for (const auto& sem : candidate_semantics({.stopped_short = true}))
+  EXPECT_EQ(
+      candidate_semantics({.stopped_short = true}).size(),
+      all + m * (m - 1) / 2 - 2 - 1 + fetch_copies({.stopped_short = true}));
+  for (auto sem : candidate_semantics({.stopped_short = true})) {
+    sem.erase(std::remove(sem.begin(), sem.end(), fetch), sem.end());
     if (sem.size() == 3) {
       EXPECT_EQ(sem.back(), Pitfall::step_budget_drops_micro_batches);
     }
+  }
 }
 
 // ----------------------------------- per-window signatures of scenarios
@@ -342,6 +384,11 @@ std::string expected_signature(std::string_view id, const WindowShape& w) {
   // shifted cut and step-budget-drops-micro-batches' stop are in
   // Trainer::run: TrainerEvents.TrainerBudget pins them).
   if (w.partial && id == "window-counter-across-epochs") return s;
+  // items-counted-per-fetch-group's scenario pairs it with
+  // window-counter-across-epochs (alone it changes nothing): the same
+  // leak; its weights per fetch are the property
+  // window.items-per-fetch-group's.
+  if (w.partial && id == "items-counted-per-fetch-group") return s;
   if (id == "scheduler-before-optimizer") return s + "S" + C + "OZ";
   // Each micro-batch of the epoch's last window stepped alone.
   if (id == "end-of-loader-syncs-every-micro-batch" && w.last_of_epoch) {
@@ -386,7 +433,11 @@ void check_signatures(const std::string& id, bool force_clip) {
     s.clip.enabled = true;
     s.clip.max_norm = 1.0;
   }
-  ASSERT_EQ(s.trainer.pitfalls.size(), 1u) << id;
+  // items-counted-per-fetch-group's scenario is that pitfall beside
+  // window-counter-across-epochs, the only loop it changes.
+  ASSERT_EQ(s.trainer.pitfalls.size(),
+            id == "items-counted-per-fetch-group" ? 2u : 1u)
+      << id;
   ASSERT_LT(s.batching.max_steps, 0) << id << ": every window must run";
   const Plan plan = materialize(make_plan(s));
   NullEngine e;

@@ -14,8 +14,20 @@ RC_GTEST_PROP(Loop, WindowCounterAcrossEpochs, ()) {
   run_property("window.counter-across-epochs");
 }
 RC_GTEST_PROP(Loop, StepBudget, ()) { run_property("window.step-budget"); }
+RC_GTEST_PROP(Loop, ItemsPerFetchGroup, ()) {
+  run_property("window.items-per-fetch-group");
+}
+RC_GTEST_PROP(Loop, LastFetchInSamples, ()) {
+  run_property("window.last-fetch-in-samples");
+}
 RC_GTEST_PROP(Loop, SkipShortMicroBatch, ()) {
   run_property("data.skip-short-micro-batch");
 }
 RC_GTEST_PROP(Loop, SchedulerOrder, ()) { run_property("scheduler.order"); }
+RC_GTEST_PROP(Loop, LossDividedByKTwice, ()) {
+  run_property("framework.loss-divided-by-k-twice");
+}
+RC_GTEST_PROP(Loop, EndOfLoaderSyncsEveryMicroBatch, ()) {
+  run_property("framework.end-of-loader");
+}
 }  // namespace accumcheck::properties

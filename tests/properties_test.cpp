@@ -5,8 +5,13 @@
 #include <rapidcheck/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "properties/harness.hpp"
+#include "tests/source_dir.hpp"
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
 #include "tests/cuda_property.hpp"
 #endif
@@ -34,6 +39,28 @@ const auto* const kStats =
     ::testing::AddGlobalTestEnvironment(new StatsPrinter);
 
 }  // namespace
+
+// Every property of the battery runs under CTest: its name, quoted, is in
+// a test source (a property registered without its RC_GTEST_PROP runs only
+// in `accumcheck check`, never in CI).
+TEST(Properties, EveryPropertyHasItsCTestCase) {
+  std::string sources;
+  namespace fs = std::filesystem;
+  for (const auto& e :
+       fs::directory_iterator(testing_util::source_dir() + "/tests")) {
+    const std::string ext = e.path().extension().string();
+    if (ext != ".cpp" && ext != ".hpp" && ext != ".cu") continue;
+    std::ifstream in(e.path());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    sources += ss.str();
+  }
+  ASSERT_FALSE(sources.empty());
+  for (const Property& p : all_properties())
+    EXPECT_NE(sources.find('"' + p.name + '"'), std::string::npos)
+        << p.name << " has no run_property(\"" << p.name
+        << "\") in tests/ (add an RC_GTEST_PROP)";
+}
 
 RC_GTEST_PROP(Equivalence, Oracle, ()) { run_property("equivalence.oracle"); }
 RC_GTEST_PROP(LossNormalization, NoLossNormalizationWeights, ()) {

@@ -193,6 +193,10 @@ const Pinned kPinned[] = {
     {Pitfall::loss_divided_by_k_twice, kCorrect, "weights only"},
     {Pitfall::end_of_loader_syncs_every_micro_batch, kCorrect,
      "the last window holds one micro-batch (see EndOfLoader)"},
+    {Pitfall::items_counted_per_fetch_group, kCorrect,
+     "weights only, and only beside window-counter-across-epochs"},
+    {Pitfall::last_fetch_sized_in_samples, kCorrect,
+     "N mod K = 5 mod 2 = M mod K: every micro-batch drawn (see Fetches)"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
@@ -403,6 +407,58 @@ TEST(TrainerEvents, SkipShortMicroBatch) {
   // Without a short micro-batch it changes nothing.
   EXPECT_EQ(pattern({Pitfall::skip_short_micro_batch}, 6, 2),
             pattern({}, 6, 2));
+}
+
+TEST(TrainerEvents, Fetches) {
+  // Transformers' Trainer 4.46-4.51: fetches of K, the epoch's last one of
+  // N mod K micro-batches (N samples).  10 samples, b = 2, K = 3: 5
+  // micro-batches, 5 mod 3 = 2 left after the full fetch but 10 mod 3 = 1
+  // drawn: micro-batch 4 never drawn, micro-batch 3 neither stepped nor
+  // zeroed (the epoch's end never comes).
+  Scenario s = five_micro_batches(10);
+  s.batching.micro_batch = 2;
+  s.batching.accumulation = 3;
+  const Pitfall last = Pitfall::last_fetch_sized_in_samples;
+  const Pitfall across = Pitfall::window_counter_across_epochs;
+  EXPECT_EQ(pattern_of(s, {}),
+            "FFFCOSZ"
+            "FFCOSZ");
+  EXPECT_EQ(pattern_of(s, {last}),
+            "FFFCOSZ"
+            "F");
+  s.batching.epochs = 2;
+  // Epoch 1's first window steps micro-batch 3 of epoch 0 with its own.
+  EXPECT_EQ(pattern_of(s, {last}),
+            "FFFCOSZ"
+            "F"
+            "FFFCOSZ"
+            "F");
+  // With the counter across epochs (4.46): the run's micro-batches 3 and
+  // 6 end windows; epoch 1's drawn [2, 3] are left over.
+  EXPECT_EQ(pattern_of(s, {across, last}),
+            "FFFCOSZ"
+            "F"
+            "FFCOSZ"
+            "FF");
+  // items-counted-per-fetch-group changes weights, never the calls.
+  EXPECT_EQ(pattern_of(s, {across, Pitfall::items_counted_per_fetch_group}),
+            pattern_of(s, {across}));
+  // An epoch of M <= K micro-batches (5 samples, b = 2, K = 4: 3 of them)
+  // draws N mod K = 1 and never reaches its end, with or without the
+  // counter across epochs (the Trainer's steps_in_epoch <= K rule).
+  Scenario one = five_micro_batches(5);
+  one.batching.micro_batch = 2;
+  one.batching.accumulation = 4;
+  EXPECT_EQ(pattern_of(one, {}), "FFFCOSZ");
+  EXPECT_EQ(pattern_of(one, {last}), "F");
+  EXPECT_EQ(pattern_of(one, {across, last}), "F");
+  // N counts every rank's samples: 2 ranks of 10 samples, 20 mod 3 = 2 =
+  // M mod K, so every micro-batch is drawn (one rank alone would not).
+  Scenario two = five_micro_batches(20);
+  two.batching.ranks = 2;
+  two.batching.micro_batch = 2;
+  two.batching.accumulation = 3;
+  EXPECT_EQ(pattern_of(two, {last}), pattern_of(two, {}));
 }
 
 }  // namespace

@@ -818,6 +818,76 @@ constexpr ExplainEntry kEntries[] = {
      "DataLoader; accumcheck tests/frameworks/accelerate_lm.py "
      "prefetch_accumulate",
      "framework.end-of-loader"},
+    // Transformers' Trainer 4.46-4.51's fetches (issue 33).
+    {"items-counted-per-fetch-group",
+     "items counted per fetch, the step decided across epochs",
+     "Transformers' Trainer 4.46 draws each epoch's batches K at a time "
+     "from the epoch's start (get_batch_samples) and divides every loss in "
+     "a fetch by the fetch's label tokens (num_items_in_batch), but decides "
+     "the step on a counter that runs across epochs "
+     "(window-counter-across-epochs). An epoch's leftover then joins the "
+     "next epoch's first fetch only partly: the step across the boundary "
+     "holds the leftover (its own fetch) and the head of a fetch whose "
+     "tokens it only partly holds, and the next step holds that fetch's "
+     "tail and the head of the one after. Each micro-batch is divided by "
+     "its fetch's count where correct divides by its step's. Wherever "
+     "every step is one fetch (a counter per epoch) it changes nothing, so "
+     "it is judged beside window-counter-across-epochs only.",
+     "     for epoch in range(epochs):\n"
+     "         for fetch in fetches(loader, K):   # K batches from the epoch's "
+     "start\n"
+     "             N = count_items(fetch)\n"
+     "             for batch in fetch:\n"
+     "-                total += 1                 # counts across epochs\n"
+     "                 backward(loss_sum(batch) / N)\n"
+     "-                if total % K == 0:\n"
+     "-                    optimizer.step(); optimizer.zero_grad()\n"
+     "+            optimizer.step(); optimizer.zero_grad()   # a step per "
+     "fetch",
+     "a step sums the micro-batches since the last one, each divided by the "
+     "items of its fetch (the epoch's K-slices from its start), "
+     "1/N_fetch where correct gives 1/N_w; with ddp-token-mean-across-ranks "
+     "each rank's own fetch count",
+     "items-counted-per-fetch-group",
+     "transformers 4.46.1 src/transformers/trainer.py _inner_training_loop: "
+     "`batch_samples, num_items_in_batch = self.get_batch_samples("
+     "epoch_iterator, num_batches)` per fetch of K (line 2426) with "
+     "`do_sync_step = ... total_batched_samples % "
+     "args.gradient_accumulation_steps == 0` (line 2433); 4.47 steps per "
+     "epoch (`(step + 1) % K == 0 or step + 1 == steps_in_epoch`), so its "
+     "steps are its fetches; transformers #34198 (the fetches), #37777; "
+     "measured in docs/frameworks.md",
+     "window.items-per-fetch-group"},
+    {"last-fetch-sized-in-samples",
+     "the epoch's last fetch sized N mod K in samples",
+     "Transformers' Trainer 4.46 to 4.51 draws each epoch in fetches of K "
+     "batches and sizes the last one remainder = num_examples % K, "
+     "num_examples being the dataset's samples, not the epoch's batches. "
+     "With M batches per epoch and N mod K < M mod K the last M mod K - "
+     "(N mod K) batches are never drawn, and the step at the epoch's last "
+     "batch (`step + 1 == steps_in_epoch`) never comes: the drawn rest is "
+     "neither stepped nor zeroed and joins the next epoch's first window "
+     "(the last epoch's is never stepped). Where N mod K >= M mod K (or M "
+     "is a multiple of K) it changes nothing.",
+     "-remainder = num_examples % K              # samples\n"
+     "+remainder = steps_in_epoch % K            # batches\n"
+     " if remainder == 0:\n"
+     "     remainder = K\n"
+     " for update_step in range(total_updates):\n"
+     "     n = K if update_step != total_updates - 1 else remainder\n"
+     "     batches, N = get_batch_samples(epoch_iterator, n)",
+     "each epoch draws K*floor(M/K) + min(N mod K, M mod K) micro-batches "
+     "(N mod K = 0 read as K); a last window cut short is not stepped at "
+     "the epoch's end: its gradient joins the next window, each part at "
+     "1/N over its own items",
+     "last-fetch-sized-in-samples",
+     "transformers #37777 (2025: `num_examples is the number of examples "
+     "... not the number of batches ... so the remainer is incorrect`), "
+     "fixed by PR #37923 (4.52, which names #34198 as its origin); "
+     "transformers 4.46.1 trainer.py line 2417, 4.47.1 line 2465, 4.51.3 "
+     "line 2504; FIELD.md (#37777, the epoch's remainder windows); measured "
+     "in docs/frameworks.md",
+     "window.last-fetch-in-samples"},
     {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
      "Correct accumulation under DDP (no_sync on every micro-step but the "
      "window's last, each rank weighting its items R/N_w with N_w counted "
