@@ -307,7 +307,8 @@ def run_case(row, case, py, variant="default"):
     with open(os.path.join(out, "certify.txt"), "w") as f:
         f.write(p.stdout + p.stderr)
     cell, margin, where, detail = parse(p.returncode, p.stdout + p.stderr)
-    res.update(cell=cell, margin=margin, where=where, detail=detail, certify_rc=p.returncode)
+    res.update(cell=cell, margin=margin, where=where, detail=detail, certify_rc=p.returncode,
+               report=os.path.join(out, "certify.txt"))
     return res
 
 
@@ -375,10 +376,11 @@ def main():
                 got = json.load(f)
             for r in got["results"]:
                 # Re-read certify's report where it is still there (the
-                # parse may have been improved since the run).
-                txt = os.path.join(WORK, "%s-%s" % (r["framework"], r["version"]), r["case"],
-                                   "certify.txt")
-                if "certify_rc" in r and os.path.exists(txt):
+                # parse may have been improved since the run): the run's
+                # own report, never this checkout's work folder (another
+                # run's, perhaps older).
+                txt = r.get("report", "")
+                if "certify_rc" in r and txt and os.path.exists(txt):
                     with open(txt) as f:
                         r["cell"], r["margin"], r["where"], r["detail"] = parse(r["certify_rc"],
                                                                                 f.read())
