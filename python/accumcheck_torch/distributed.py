@@ -647,6 +647,7 @@ class _ShardFit:
         self.shard_idx = torch.cat(parts)
         self.snap = None     # this rank's shard of .grad when the last backward ended
         self.snap_clips = 0  # the clips seen before it
+        self.hand_clip_noted = False  # the note on a scaling seen on .grad, said once
 
     def _local_flat(self, grads, strict=True):
         """This rank's shard of the gradients, float64, in shard_idx's
@@ -700,7 +701,8 @@ class _ShardFit:
             ss = float(snap.dot(snap))
             if ss > 0 and not torch.equal(now, snap):
                 factor = float(now.dot(snap)) / ss
-                if not any("scaled between" in n for n in self.notes):
+                if not self.hand_clip_noted:
+                    self.hand_clip_noted = True
                     self.notes.append(
                         "its shard of .grad scaled between the window's last backward and "
                         "optimizer.step() by no clip function the recorder saw (step %d: factor "
