@@ -58,6 +58,7 @@ coefficient engine's predictions) is `accumcheck certify --contract`.
 """
 
 import atexit
+import contextlib
 import copy
 import inspect
 import sys
@@ -65,6 +66,7 @@ import sys
 import torch
 import torch._functorch.config as _functorch_config
 import torch._inductor.config as _inductor_config
+import torch.utils.checkpoint
 
 from .recorder import eager, swap_clip
 from .schedule import Schedule
@@ -119,6 +121,45 @@ def _same_values(t, drawn):
     if t.dtype == drawn.dtype:
         return torch.equal(t, drawn)
     return t.is_floating_point() and drawn.is_floating_point() and torch.equal(t, drawn.to(t.dtype))
+
+
+class _PlainReentrant:
+    """Stands in for torch.utils.checkpoint.CheckpointFunction: the
+    checkpointed function run once, its activations kept."""
+
+    @staticmethod
+    def apply(function, preserve_rng_state, *args):
+        return function(*args)
+
+
+def _plain_generator(fn, preserve_rng_state=True, context_fn=None, *rest, **kw):
+    """Stands in for torch.utils.checkpoint's non-reentrant generator:
+    checkpoint() runs the function after its one yield, plainly."""
+    yield
+
+
+@contextlib.contextmanager
+def _checkpoints_run_plain():
+    """torch.utils.checkpoint.checkpoint runs its function plainly (once,
+    its activations kept) inside: the recorder's copy computes the
+    reference gradient without the recomputation, so a checkpointed
+    trainer's gradients are compared with the model's own, uncheckpointed
+    ones (what checkpointing must not change), at the cost of one forward
+    and one backward.  checkpoint() looks both names up when called; a
+    torch without them keeps its checkpointing (the same gradient, dearer)."""
+    mod = torch.utils.checkpoint
+    swaps = [(name, new) for name, new in (("CheckpointFunction", _PlainReentrant),
+                                           ("_checkpoint_without_reentrant_generator",
+                                            _plain_generator))
+             if hasattr(mod, name)]
+    saved = [(name, getattr(mod, name)) for name, _ in swaps]
+    for name, new in swaps:
+        setattr(mod, name, new)
+    try:
+        yield
+    finally:
+        for name, old in saved:
+            setattr(mod, name, old)
 
 
 def _closure_decay(fn):
@@ -820,14 +861,14 @@ class ContractRecorder:
     # ---- recompute and fit
 
     def _grad_of(self, model, params, batch, dtype, dst):
-        """The copy's gradient by backward() into its own .grad (not
-        autograd.grad: reentrant activation checkpointing refuses .grad(),
-        and a copy's .grad is nobody else's)."""
+        """The copy's gradient by backward() into its own .grad (a copy's
+        .grad is nobody else's), its activation checkpoints run plainly
+        (_checkpoints_run_plain)."""
         for p in params:
             p.grad = None
         # Grad mode on: the recompute may run inside a step that an
         # optimizer wrapper runs under no_grad (DeepSpeed's bf16 optimizer).
-        with torch.enable_grad():
+        with torch.enable_grad(), _checkpoints_run_plain():
             loss = self.loss_fn(model, _to(batch, dtype))
             # One draw between the forward and its backward: a backward that
             # draws random numbers of its own (a recomputation that does not
