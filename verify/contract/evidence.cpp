@@ -1,4 +1,4 @@
-// The contract tier's model-free evidence (verify/contract/contract.hpp): when
+// The contract tier's model-free evidence (verify/contract/detail.hpp): when
 // no semantics of the catalog fits, the measured weights of the first step that
 // leaves `correct`, read as simple fractions of correct's 1/N_w.
 #include <fmt/format.h>
@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "oracle/error_model.hpp"
+#include "verify/contract/detail.hpp"
 #include "verify/trace/trace.hpp"
 
-namespace accumcheck {
+namespace accumcheck::contract_detail {
 
 std::vector<std::string> contract_evidence(
     const ContractSection& c, const std::vector<std::map<int64_t, double>>& W,
@@ -96,4 +97,4 @@ std::vector<std::string> contract_evidence(
   return out;
 }
 
-}  // namespace accumcheck
+}  // namespace accumcheck::contract_detail
