@@ -47,8 +47,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
 import models  # noqa: E402
-from accumcheck_torch.distributed import (ContractFSDP1Recorder, ContractFSDPRecorder,  # noqa: E402
-                                          run_ranks)
+from accumcheck_torch.distributed import run_ranks  # noqa: E402
+from accumcheck_torch.fsdp import ContractFSDP1Recorder, ContractFSDPRecorder  # noqa: E402
 
 LOOPS = ("correct", "sync_every_micro_step", "no_sync_at_boundary", "clip_local_norm")
 CLIP = 1.0
