@@ -41,8 +41,15 @@ class _GatheredReplica:
                           "architecture, e.g. built by the constructor you sharded" % who)
         theirs = [n for n, p in replica.named_parameters() if p.requires_grad]
         if names != theirs:
-            raise Refused("replica: its parameters %s are not the model's %s (same names, "
-                          "same order)" % (theirs[:4], names[:4]))
+            # The first name that differs: the lists' heads are often alike.
+            k = next((i for i, (a, b) in enumerate(zip(names, theirs)) if a != b),
+                     min(len(names), len(theirs)))
+            raise Refused("replica: its %d parameters are not the model's %d (the same names in "
+                          "the same order): the first to differ is #%d, the model's %s where the "
+                          "replica has %s; build the replica with the model's constructor and "
+                          "arguments" % (len(theirs), len(names), k,
+                                         repr(names[k]) if k < len(names) else "none",
+                                         repr(theirs[k]) if k < len(theirs) else "none"))
         self.replica_model = replica
         self.full = None
 
