@@ -225,7 +225,10 @@ class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecor
             if not isinstance(p, DTensor) or any(type(pl) is not Shard or pl.dim != 0
                                                  for pl in p.placements):
                 raise Refused("ContractFSDPRecorder: a parameter %s is not sharded on dim 0 "
-                              "(placements %s): the recorder fits each rank's dim-0 shard"
+                              "(placements %s): the recorder fits each rank's dim-0 shard; "
+                              "record a run sharded over a 1-D mesh with fully_shard's default "
+                              "placement, Shard(0) (HSDP's replicated dimension, another dim from "
+                              "shard_placement_fn, or a parameter left unsharded are not modelled)"
                               % (tuple(p.shape), getattr(p, "placements", "none")))
             shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
                                                                   p.placements)
