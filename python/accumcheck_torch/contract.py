@@ -68,7 +68,7 @@ import torch._functorch.config as _functorch_config
 import torch._inductor.config as _inductor_config
 import torch.utils.checkpoint
 
-from .recorder import eager, swap_clip
+from .recorder import at_backward_end, eager, swap_clip
 from .schedule import Schedule
 from .trace import TRACE_SCHEMA, VERSION, Refused, real, unseen_meta, write_trace
 
@@ -829,7 +829,7 @@ class ContractRecorder:
                 self.pass_row = 1 + len(self.since_step)
                 self.buf.row(self.pass_row).zero_()
                 self.seen = [False] * len(self.params)
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+                at_backward_end(self._end_backward)
             dst = self.buf.m[self.pass_row, a:b]
             g = grad.detach().reshape(-1)
             if self.seen[i]:

@@ -64,7 +64,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .contract import CONTRACT_HEADER, ContractRecorder
-from .recorder import Recorder, eager
+from .recorder import Recorder, at_backward_end, eager
 from .trace import Refused, write_rank_marker, write_trace
 
 
@@ -375,7 +375,7 @@ class DistributedRecorder(_RankLife, Recorder):
             self._begin_backward()
             engine = torch.autograd.Variable._execution_engine
             # Queued from a callback: it runs after DDP's finalize_backward.
-            engine.queue_callback(lambda: engine.queue_callback(self._end_backward_synced))
+            at_backward_end(lambda: engine.queue_callback(self._end_backward_synced))
         return None
 
     def _end_backward_synced(self):
@@ -500,6 +500,7 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
         self.sync_pending = False
         self.hand_reduces = 0  # gradient all-reduces the trainer made itself
         self._reduced = False  # one since the last backward (a sweep is one)
+        self._sent = self._gathered = None  # _step_terms' matrices, kept across steps
         super().__init__(model.module if model is self.ddp else model, optimizer,
                          loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
@@ -544,32 +545,41 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
         all-gathers (PyTorch's own, not a wrapper the trainer installed):
         each rank's count, then its rows padded to the largest count, the
         backward's index in an extra column (exact in float64);
-        all_gather_object's pickling was half the recorder's cost.  A
-        recorder class that sends a _step_payload gathers it as an object
-        (every rank is of the same class)."""
+        all_gather_object's pickling was half the recorder's cost.  The
+        rows land in one matrix kept across steps, after the previous
+        step's gradient, so where every rank sent as many rows (the usual
+        case) the terms are a view of it, not a copy.  A recorder class
+        that sends a _step_payload gathers it as an object (every rank is
+        of the same class)."""
         gather = dist.distributed_c10d.all_gather
         mine = len(self.since_step)
         counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
         gather(counts, torch.tensor([mine], dtype=torch.int64))
         counts = [int(c) for c in counts]
-        n = self.buf.m.shape[1]
-        payload = torch.zeros((max(counts), n + 1), dtype=torch.float64)
-        payload[:mine, :n] = self.buf.m[1:1 + mine]
-        payload[:mine, n] = torch.tensor(self.since_step, dtype=torch.float64)
-        every = [torch.empty_like(payload) for _ in range(self.world)]
-        gather(every, payload)
+        top, n = max(counts), self.buf.m.shape[1]
+        if self._sent is None or self._sent.shape[0] < top:
+            self._sent = torch.zeros((top, n + 1), dtype=torch.float64)
+            self._gathered = torch.zeros((1 + self.world * top, n + 1), dtype=torch.float64)
+        sent, every = self._sent[:top], self._gathered
+        sent[:mine, :n] = self.buf.m[1:1 + mine]
+        sent[:mine, n] = torch.tensor(self.since_step, dtype=torch.float64)
+        parts = [every[1 + q * top:1 + (q + 1) * top] for q in range(self.world)]
+        gather(parts, sent)
         if type(self)._step_payload is not ContractDistributedRecorder._step_payload:
             extra = [None] * self.world
             dist.all_gather_object(extra, self._step_payload())
             self._step_gathered(extra)
-        rows, refs = [], []
-        if self.has_prev:
-            rows.append(self.buf.m[0:1])
-            refs.append(-1)
-        for q, (c, m) in enumerate(zip(counts, every)):
-            rows.append(m[:c, :n])
+        refs = [-1] if self.has_prev else []
+        for q, (c, m) in enumerate(zip(counts, parts)):
             refs += ["%d:%d" % (q, int(b)) for b in m[:c, n].tolist()]
-        return torch.cat(rows) if rows else self.buf.m[0:0], refs
+        if self.has_prev:
+            every[0, :n] = self.buf.m[0]
+        first = 0 if self.has_prev else 1
+        if all(c == top for c in counts):
+            return every[first:1 + self.world * top, :n], refs
+        rows = ([every[0:1, :n]] if self.has_prev else []) + [m[:c, :n] for c, m in
+                                                              zip(counts, parts)]
+        return torch.cat(rows), refs
 
     def _step_payload(self):
         """What else this rank sends with its backward passes at a step."""
