@@ -206,13 +206,27 @@ class _RankLife:
         else:
             self.close()
 
-    def _abandon(self, why):
+    def _abandon(self, why, say=True):
         self.abandoned = why
         self._mark("ended", why)
-        print("accumcheck_torch: rank %d: %s: the recorder ends without writing a trace"
-              % (self.rank, why), file=sys.stderr)
+        if say:
+            print("accumcheck_torch: rank %d: %s: the recorder ends without writing a trace"
+                  % (self.rank, why), file=sys.stderr)
         self._recompute_pending = lambda: None  # nothing more is computed
         self.close()
+
+    def _refuse(self, message):
+        """A refusal once the recorder lives (a check after it was made, a
+        step it cannot record): it ends now, without a trace, its marker
+        saying why (Refused prints the message), however the script then
+        ends.  Left live, it would close at the interpreter's exit -- a
+        script that destroys no process group in a `finally` -- and write
+        the trace of a run it refused."""
+        try:
+            if not self.closed:
+                self._abandon("the recorder refused: " + message, say=False)
+        finally:
+            super()._refuse(message)
 
     def close(self):
         if self.closed:

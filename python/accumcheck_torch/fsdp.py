@@ -107,9 +107,9 @@ class _ShardFit:
                 if g.numel() != size:
                     if not strict:
                         return None
-                    raise Refused("rank %d: a gradient of %d elements where the parameter's shard "
-                                  "holds %d: not the sharded gradient the optimizer steps"
-                                  % (self.rank, g.numel(), size))
+                    self._refuse("rank %d: a gradient of %d elements where the parameter's shard "
+                                 "holds %d: not the sharded gradient the optimizer steps"
+                                 % (self.rank, g.numel(), size))
                 out[at:at + size].copy_(g)
             at += size
         return out
@@ -120,10 +120,10 @@ class _ShardFit:
 
     def _fit_space(self, A, G, terms):
         if self.shard_idx.numel() < terms:
-            raise Refused("rank %d: its shard holds %d gradient elements, fewer than the %d "
-                          "vectors its step fit solves for: the fit would not be determined "
-                          "(fewer ranks, or a larger model)"
-                          % (self.rank, self.shard_idx.numel(), terms))
+            self._refuse("rank %d: its shard holds %d gradient elements, fewer than the %d "
+                         "vectors its step fit solves for: the fit would not be determined "
+                         "(fewer ranks, or a larger model)"
+                         % (self.rank, self.shard_idx.numel(), terms))
         return A.index_select(1, self.shard_idx), G.index_select(0, self.shard_idx)
 
     def _clip_norms(self, parameters):
@@ -224,12 +224,12 @@ class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecor
         for p in self.params:
             if not isinstance(p, DTensor) or any(type(pl) is not Shard or pl.dim != 0
                                                  for pl in p.placements):
-                raise Refused("ContractFSDPRecorder: a parameter %s is not sharded on dim 0 "
-                              "(placements %s): the recorder fits each rank's dim-0 shard; "
-                              "record a run sharded over a 1-D mesh with fully_shard's default "
-                              "placement, Shard(0) (HSDP's replicated dimension, another dim from "
-                              "shard_placement_fn, or a parameter left unsharded are not modelled)"
-                              % (tuple(p.shape), getattr(p, "placements", "none")))
+                self._refuse("ContractFSDPRecorder: a parameter %s is not sharded on dim 0 "
+                             "(placements %s): the recorder fits each rank's dim-0 shard; "
+                             "record a run sharded over a 1-D mesh with fully_shard's default "
+                             "placement, Shard(0) (HSDP's replicated dimension, another dim from "
+                             "shard_placement_fn, or a parameter left unsharded are not modelled)"
+                             % (tuple(p.shape), getattr(p, "placements", "none")))
             shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
                                                                   p.placements)
             row = p.numel() // p.shape[0] if p.dim() and p.shape[0] else 0
@@ -379,7 +379,7 @@ class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedReco
 
     def _consumed(self):
         if any(p.grad is not None and p.grad.shape != p.shape for p in self.params):
-            raise Refused(
+            self._refuse(
                 "rank %d: optimizer.step() on FSDP1 gradients that are still unsharded: the "
                 "window's last backward ran under no_sync(), so nothing was reduce-scattered "
                 "and the gradients do not fit the sharded parameters (PyTorch's optimizer "

@@ -169,8 +169,8 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         hit = [base for base, mine in self.drawn if ptrs & mine]
         later = [base for base, _ in self.drawn if base > self.step_base or not self.stepped]
         if not hit and not later:
-            raise Refused("stage %d: schedule.step() on a batch not drawn from recorder.watch(loader)"
-                          % self.stage.stage_index)
+            self._refuse("stage %d: schedule.step() on a batch not drawn from recorder.watch(loader)"
+                         % self.stage.stage_index)
         self.step_base = hit[-1] if hit else later[0]
         self.stepped = True
         for j in range(self.step_base, self.step_base + self.n_micro):
