@@ -235,13 +235,23 @@ class _Rows:
             at += p.numel()
         self.n = at
         self.m = torch.zeros((rows, at), dtype=torch.float64)
+        self.views = {}  # row -> its per-parameter slices (the gradient hooks' destinations)
 
     def row(self, i):
         if i >= self.m.shape[0]:
             grown = torch.zeros((2 * i, self.n), dtype=torch.float64)
             grown[:self.m.shape[0]] = self.m
             self.m = grown
+            self.views = {}
         return self.m[i]
+
+    def row_views(self, i):
+        """Row i cut into the parameters' slices (views, made once)."""
+        self.row(i)
+        v = self.views.get(i)
+        if v is None:
+            v = self.views[i] = [self.m[i, a:b] for a, b in self.slices]
+        return v
 
     def fill(self, dst, tensors):
         """dst <- the tensors flattened, zeros where one is None."""
@@ -819,8 +829,6 @@ class ContractRecorder:
         self.events.append(("clip", self.steps, -1, None))
 
     def _grad_hook(self, i):
-        a, b = self.buf.slices[i]
-
         def hook(grad):
             if self.taking:
                 return None
@@ -828,9 +836,10 @@ class ContractRecorder:
                 self.in_backward = True
                 self.pass_row = 1 + len(self.since_step)
                 self.buf.row(self.pass_row).zero_()
+                self.pass_views = self.buf.row_views(self.pass_row)
                 self.seen = [False] * len(self.params)
                 at_backward_end(self._end_backward)
-            dst = self.buf.m[self.pass_row, a:b]
+            dst = self.pass_views[i]
             g = grad.detach().reshape(-1)
             if self.seen[i]:
                 dst.add_(g.double())
@@ -987,8 +996,9 @@ class ContractRecorder:
             # rows (m is a handful).  A is a view of the rows, the products
             # run at BLAS speed, and the one n-long temporary is a
             # preallocated vector.
-            norms = A.norm(dim=1).clamp_min(1e-300)
-            gram = (A @ A.t()) / torch.outer(norms, norms)
+            gram = A @ A.t()
+            norms = gram.diagonal().sqrt().clamp_min(1e-300)  # one pass over A fewer
+            gram = gram / torch.outer(norms, norms)
             sol = _fit_terms(gram, (A @ G) / norms, norms, [r != -1 for r in refs],
                              self._indistinct(len(refs)))
             coef = sol.tolist()
@@ -1041,6 +1051,7 @@ class ContractRecorder:
             for k, v in mine.items():
                 if k != "params":
                     g[k] = v
+        dsts, srcs = [], []  # copied in one foreach call
         for p, key in zip(params, keys):
             st = self.optimizer.state.get(key)
             if not st:
@@ -1054,7 +1065,8 @@ class ContractRecorder:
                     v = self._local(v)
                     if k in mine and torch.is_tensor(mine[k]) and mine[k].shape == v.shape \
                             and mine[k].dtype == v.dtype:
-                        mine[k].copy_(v)
+                        dsts.append(mine[k])
+                        srcs.append(v)
                     else:
                         mine[k] = v.clone()
                 else:
@@ -1066,14 +1078,17 @@ class ContractRecorder:
             got.setdefault(id(key), key.grad)
         with torch.no_grad():
             for p, key, q, b in zip(params, keys, ours, gbuf):
-                p.copy_(q)
+                dsts.append(p)
+                srcs.append(q)
                 g = got.get(id(key))
                 g = None if g is None else self._local(g)
                 if g is None:
                     p.grad = None
                 else:
-                    b.copy_(g)
+                    dsts.append(b)
+                    srcs.append(g)
                     p.grad = b
+            torch._foreach_copy_(dsts, srcs)
             before.copy_(flat)
         opt.step()
 
