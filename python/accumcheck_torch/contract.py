@@ -601,7 +601,7 @@ class ContractRecorder:
             sys.stderr.write("accumcheck: ContractRecorder not closed at interpreter exit: "
                              "%s: %s\n" % (type(e).__name__, e))
 
-    # ---- what a sharding recorder overrides (distributed.ContractFSDPRecorder)
+    # ---- what a sharding recorder overrides (fsdp.ContractFSDPRecorder)
 
     def _replica(self, model):
         """A copy of the model the recomputes run on."""
@@ -645,8 +645,8 @@ class ContractRecorder:
         micro = len(self.micro) + sum(self.loader_lengths)
         rows = getattr(self, "world", 1) * (micro + len(self.epochs)) + 2
         if rows > SCHEDULE_ROWS:
-            raise Refused("schedule: %d scheduler.step() counts to tabulate, more than the "
-                          "schedule_rows limit %d (sim/limits.cpp)" % (rows, SCHEDULE_ROWS))
+            self._refuse("schedule: %d scheduler.step() counts to tabulate, more than the "
+                         "schedule_rows limit %d (sim/limits.cpp)" % (rows, SCHEDULE_ROWS))
         return rows
 
     def _drawn(self, batch):
@@ -764,8 +764,8 @@ class ContractRecorder:
             if closure is None:
                 return orig_step(*a, **k)
             if isinstance(opt, torch.optim.LBFGS):
-                raise Refused("LBFGS re-evaluates its closure within one step: the contract "
-                              "tier records first-order optimizers")
+                rec._refuse("LBFGS re-evaluates its closure within one step: the contract "
+                            "tier records first-order optimizers")
             with torch.enable_grad():
                 loss = closure()
             orig_step(*a, **k)
@@ -852,8 +852,8 @@ class ContractRecorder:
     def _end_backward(self):
         self.in_backward = False
         if not self.micro:
-            raise Refused("a backward pass before any batch was drawn: iterate over "
-                          "rec.watch(loader), or call rec.mark(batch) before each forward")
+            self._refuse("a backward pass before any batch was drawn: iterate over "
+                         "rec.watch(loader), or call rec.mark(batch) before each forward")
         if self.after_fwd is not None and self.after_fwd[0] == self.current:
             # The CPU RNG moved between the forward's end and its backward's
             # end: the backward drew random numbers (a recomputation that
@@ -913,8 +913,8 @@ class ContractRecorder:
         for j in unrecomputed:
             m = self.micro[j]
             if m[1] != self.steps:
-                raise Refused("micro-batch %d: an optimizer step between its forward and its "
-                              "recompute" % j)
+                self._refuse("micro-batch %d: an optimizer step between its forward and its "
+                             "recompute" % j)
             if j in self.gfwd:
                 g = self.gfwd.pop(j)
                 self.spare.append(g)

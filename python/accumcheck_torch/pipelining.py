@@ -155,7 +155,10 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
 
     def _drawn(self, batch):
         """A drawn batch is the schedule's n micro-batches."""
-        parts = _split(batch, self.n_micro)
+        try:
+            parts = _split(batch, self.n_micro)
+        except Refused as e:
+            self._refuse(e.message)  # the recorder ends: no trace at exit
         self.drawn.append((len(self.micro), {t.data_ptr() for t in _leaves(batch)}))
         for part in parts:
             super()._drawn(part)

@@ -186,3 +186,16 @@ def test_a_backward_through_nested_reentrant_checkpoints_is_one_pass(tmp_path):
     passes = [r for r in rows if r[0] == "backward"]
     assert [int(r[2]) for r in passes] == [0, 1]  # one pass per micro-batch
     assert all(float(r[7]) == pytest.approx(1 / 8, rel=1e-6) for r in passes)  # each its whole g_j
+
+
+def test_a_refusal_while_training_closes_the_recorder_without_a_trace(tmp_path):
+    """A refusal raised from inside the loop (here: a backward before any
+    batch was drawn) ends the recorder: nothing is left for the
+    interpreter's exit to write, so no folder holds a trace to judge."""
+    model, opt, rec = _setup(tmp_path)
+    with pytest.raises(act.Refused) as e:
+        model(torch.randn(4, 3)).sum().backward()
+    assert e.value.code == 2 and "rec.watch(loader)" in e.value.message
+    assert rec.closed and not os.path.exists(tmp_path / "trace")
+    rec._at_exit()  # what the interpreter's exit runs
+    assert not os.path.exists(tmp_path / "trace")
