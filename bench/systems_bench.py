@@ -35,6 +35,11 @@ CASES = {
                                     "--spawn", "2"],
     "checkpointing.ddp.non_reentrant": ["checkpointing.py", "--ddp", "--samples", "48",
                                         "--spawn", "2"],
+    # 4 x the samples under DDP (24 micro-batches a rank, 8 steps).
+    "checkpointing.ddp.reentrant.samples192": ["checkpointing.py", "--ddp", "--reentrant",
+                                               "--samples", "192", "--spawn", "2"],
+    "checkpointing.ddp.non_reentrant.samples192": ["checkpointing.py", "--ddp", "--samples", "192",
+                                                   "--spawn", "2"],
     "fsdp2.correct": ["fsdp.py", "--spawn", "2"],
     "fsdp2.clip_local_norm": ["fsdp.py", "--spawn", "2", "--loop", "clip_local_norm"],
     "fsdp1.correct": ["fsdp.py", "--fsdp1", "--spawn", "2"],

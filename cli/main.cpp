@@ -343,7 +343,8 @@ int main(int argc, char** argv) {
       "as a PyTorch diff, what the oracle predicts, the scenario to run, the "
       "field reports and the properties that guard it.");
   explain_cmd->add_option("pitfall", expl.id,
-                          "pitfall id, lesson or scenario name");
+                          "pitfall id, lesson (its -lesson suffix may be left "
+                          "out) or scenario name");
   explain_cmd->add_flag("--list", expl.list, "list every entry");
 
   MemoryOptions mem;

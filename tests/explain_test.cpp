@@ -87,6 +87,9 @@ TEST(Explain, TextHasEverySection) {
                         "Field reports:", "Guarded by:", "    -"})
     EXPECT_NE(t.find(s), std::string::npos) << s << "\n" << t;
   EXPECT_EQ(find_explain("no-such-pitfall"), nullptr);
+  ASSERT_NE(find_explain("fsdp"), nullptr);  // a lesson by its subject
+  EXPECT_EQ(find_explain("fsdp")->id, "fsdp-lesson");
+  EXPECT_EQ(find_explain("no-such"), nullptr);
 }
 
 }  // namespace

@@ -19,6 +19,19 @@ DTensor gradients).  The loops (--loop):
   no_sync_at_boundary   sync left off at the window's last micro-step too
   clip_local_norm       each rank clips its own shard by its shard's norm
                         (p.grad.to_local().mul_(factor): ddp-clip-local-norm)
+  whole_grad            each rank replaces its sharded .grad by the whole gradient
+                        (p.grad = p.grad.full_tensor()) before the step: PyTorch's
+                        optimizer fails on it, the recorder refuses first (exit 2)
+The set-ups (--setup), the mistakes the recorder refuses (exit 2) when it
+is made:
+  correct               every block and the root sharded, a replica of the same
+                        architecture
+  no_replica            the recorder made without replica=
+  other_replica         a replica of another architecture (one block, not two)
+  hsdp                  FSDP2 over a 2-D mesh (HSDP: replicated across the ranks,
+                        sharded within each): placements (Replicate(), Shard(0))
+  no_orig_params        --fsdp1 only: FullyShardedDataParallel without
+                        use_orig_params=True (its default)
 --fsdp1: FSDP1 instead, FullyShardedDataParallel(device_id=
 torch.device("cpu"), use_orig_params=True) with each block wrapped
 (ModuleWrapPolicy), accumulation under model.no_sync(), recorded by
@@ -47,10 +60,11 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
 import models  # noqa: E402
-from accumcheck_torch.distributed import (ContractFSDP1Recorder, ContractFSDPRecorder,  # noqa: E402
-                                          run_ranks)
+from accumcheck_torch.distributed import run_ranks  # noqa: E402
+from accumcheck_torch.fsdp import ContractFSDP1Recorder, ContractFSDPRecorder  # noqa: E402
 
-LOOPS = ("correct", "sync_every_micro_step", "no_sync_at_boundary", "clip_local_norm")
+LOOPS = ("correct", "sync_every_micro_step", "no_sync_at_boundary", "clip_local_norm", "whole_grad")
+SETUPS = ("correct", "no_replica", "other_replica", "hsdp", "no_orig_params")
 CLIP = 1.0
 
 
@@ -63,19 +77,26 @@ def clip_local(params, max_norm):
         g.mul_(factor)
 
 
-def train(rank, ranks, a):
-    torch.manual_seed(0)
-    net = models.TinyGPT()
+def shard(net, ranks, a):
+    """The model sharded as --setup says."""
     if a.fsdp1:
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        net = FullyShardedDataParallel(net, device_id=torch.device("cpu"), use_orig_params=True,
-                                       auto_wrap_policy=ModuleWrapPolicy({models.Block}))
+        return FullyShardedDataParallel(net, device_id=torch.device("cpu"),
+                                        use_orig_params=a.setup != "no_orig_params",
+                                        auto_wrap_policy=ModuleWrapPolicy({models.Block}))
+    if a.setup == "hsdp":
+        mesh = init_device_mesh("cpu", (ranks, 1), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh("cpu", (ranks,))
-        for b in net.blocks:
-            fully_shard(b, mesh=mesh)
-        fully_shard(net, mesh=mesh)
+    for b in net.blocks:
+        fully_shard(b, mesh=mesh)
+    return fully_shard(net, mesh=mesh)
+
+
+def train(rank, ranks, a):
+    torch.manual_seed(0)
+    net = shard(models.TinyGPT(), ranks, a)
     torch.manual_seed(1 + rank)  # each rank's own dropout masks
     data = models.gpt_data(n=a.samples)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
@@ -84,9 +105,10 @@ def train(rank, ranks, a):
     rec = None
     if not a.no_record:
         make = ContractFSDP1Recorder if a.fsdp1 else ContractFSDPRecorder
+        replica = {"no_replica": None, "other_replica": models.TinyGPT(layers=1)}.get(
+            a.setup, models.TinyGPT())
         rec = make(net, opt, models.gpt_summed_loss, models.gpt_items, accumulation=a.K,
-                   replica=models.TinyGPT(), out=a.out, items="tokens",
-                   clip=CLIP)
+                   replica=replica, out=a.out, items="tokens", clip=CLIP)
         loader = rec.watch(loader)
     batches = list(loader)
     for w in range(0, len(batches), a.K):
@@ -112,6 +134,9 @@ def train(rank, ranks, a):
             torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
         else:
             clip_local(list(net.parameters()), CLIP)
+        if a.loop == "whole_grad":
+            for p in net.parameters():
+                p.grad = p.grad.full_tensor()
         opt.step()
         opt.zero_grad()
     if rec is not None:
@@ -125,6 +150,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="trace")
     ap.add_argument("--loop", choices=LOOPS, default="correct")
+    ap.add_argument("--setup", choices=SETUPS, default="correct")
     ap.add_argument("--K", type=int, default=3)
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
@@ -133,6 +159,10 @@ def main():
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
+    if a.fsdp1 and (a.loop == "whole_grad" or a.setup == "hsdp"):
+        ap.error("--loop whole_grad and --setup hsdp are FSDP2's (DTensor gradients, a device mesh)")
+    if a.setup == "no_orig_params" and not a.fsdp1:
+        ap.error("--setup no_orig_params is FSDP1's (--fsdp1)")
     run_ranks(train, a, spawn=a.spawn)
 
 

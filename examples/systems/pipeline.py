@@ -41,7 +41,8 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader, TensorDataset
 
-from accumcheck_torch.distributed import ContractPipelineRecorder, run_ranks
+from accumcheck_torch.distributed import run_ranks
+from accumcheck_torch.pipelining import ContractPipelineRecorder
 
 LOOPS = ("correct", "scale_grads", "per_step_mean", "no_scale", "boundary")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}

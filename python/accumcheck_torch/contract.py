@@ -68,7 +68,7 @@ import torch._functorch.config as _functorch_config
 import torch._inductor.config as _inductor_config
 import torch.utils.checkpoint
 
-from .recorder import eager, swap_clip
+from .recorder import at_backward_end, eager, swap_clip
 from .schedule import Schedule
 from .trace import TRACE_SCHEMA, VERSION, Refused, real, unseen_meta, write_trace
 
@@ -235,13 +235,23 @@ class _Rows:
             at += p.numel()
         self.n = at
         self.m = torch.zeros((rows, at), dtype=torch.float64)
+        self.views = {}  # row -> its per-parameter slices (the gradient hooks' destinations)
 
     def row(self, i):
         if i >= self.m.shape[0]:
             grown = torch.zeros((2 * i, self.n), dtype=torch.float64)
             grown[:self.m.shape[0]] = self.m
             self.m = grown
+            self.views = {}
         return self.m[i]
+
+    def row_views(self, i):
+        """Row i cut into the parameters' slices (views, made once)."""
+        self.row(i)
+        v = self.views.get(i)
+        if v is None:
+            v = self.views[i] = [self.m[i, a:b] for a, b in self.slices]
+        return v
 
     def fill(self, dst, tensors):
         """dst <- the tensors flattened, zeros where one is None."""
@@ -591,7 +601,7 @@ class ContractRecorder:
             sys.stderr.write("accumcheck: ContractRecorder not closed at interpreter exit: "
                              "%s: %s\n" % (type(e).__name__, e))
 
-    # ---- what a sharding recorder overrides (distributed.ContractFSDPRecorder)
+    # ---- what a sharding recorder overrides (fsdp.ContractFSDPRecorder)
 
     def _replica(self, model):
         """A copy of the model the recomputes run on."""
@@ -635,8 +645,8 @@ class ContractRecorder:
         micro = len(self.micro) + sum(self.loader_lengths)
         rows = getattr(self, "world", 1) * (micro + len(self.epochs)) + 2
         if rows > SCHEDULE_ROWS:
-            raise Refused("schedule: %d scheduler.step() counts to tabulate, more than the "
-                          "schedule_rows limit %d (sim/limits.cpp)" % (rows, SCHEDULE_ROWS))
+            self._refuse("schedule: %d scheduler.step() counts to tabulate, more than the "
+                         "schedule_rows limit %d (sim/limits.cpp)" % (rows, SCHEDULE_ROWS))
         return rows
 
     def _drawn(self, batch):
@@ -754,8 +764,8 @@ class ContractRecorder:
             if closure is None:
                 return orig_step(*a, **k)
             if isinstance(opt, torch.optim.LBFGS):
-                raise Refused("LBFGS re-evaluates its closure within one step: the contract "
-                              "tier records first-order optimizers")
+                rec._refuse("LBFGS re-evaluates its closure within one step: the contract "
+                            "tier records first-order optimizers")
             with torch.enable_grad():
                 loss = closure()
             orig_step(*a, **k)
@@ -819,8 +829,6 @@ class ContractRecorder:
         self.events.append(("clip", self.steps, -1, None))
 
     def _grad_hook(self, i):
-        a, b = self.buf.slices[i]
-
         def hook(grad):
             if self.taking:
                 return None
@@ -828,9 +836,10 @@ class ContractRecorder:
                 self.in_backward = True
                 self.pass_row = 1 + len(self.since_step)
                 self.buf.row(self.pass_row).zero_()
+                self.pass_views = self.buf.row_views(self.pass_row)
                 self.seen = [False] * len(self.params)
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
-            dst = self.buf.m[self.pass_row, a:b]
+                at_backward_end(self._end_backward)
+            dst = self.pass_views[i]
             g = grad.detach().reshape(-1)
             if self.seen[i]:
                 dst.add_(g.double())
@@ -843,8 +852,8 @@ class ContractRecorder:
     def _end_backward(self):
         self.in_backward = False
         if not self.micro:
-            raise Refused("a backward pass before any batch was drawn: iterate over "
-                          "rec.watch(loader), or call rec.mark(batch) before each forward")
+            self._refuse("a backward pass before any batch was drawn: iterate over "
+                         "rec.watch(loader), or call rec.mark(batch) before each forward")
         if self.after_fwd is not None and self.after_fwd[0] == self.current:
             # The CPU RNG moved between the forward's end and its backward's
             # end: the backward drew random numbers (a recomputation that
@@ -904,8 +913,8 @@ class ContractRecorder:
         for j in unrecomputed:
             m = self.micro[j]
             if m[1] != self.steps:
-                raise Refused("micro-batch %d: an optimizer step between its forward and its "
-                              "recompute" % j)
+                self._refuse("micro-batch %d: an optimizer step between its forward and its "
+                             "recompute" % j)
             if j in self.gfwd:
                 g = self.gfwd.pop(j)
                 self.spare.append(g)
@@ -987,8 +996,9 @@ class ContractRecorder:
             # rows (m is a handful).  A is a view of the rows, the products
             # run at BLAS speed, and the one n-long temporary is a
             # preallocated vector.
-            norms = A.norm(dim=1).clamp_min(1e-300)
-            gram = (A @ A.t()) / torch.outer(norms, norms)
+            gram = A @ A.t()
+            norms = gram.diagonal().sqrt().clamp_min(1e-300)  # one pass over A fewer
+            gram = gram / torch.outer(norms, norms)
             sol = _fit_terms(gram, (A @ G) / norms, norms, [r != -1 for r in refs],
                              self._indistinct(len(refs)))
             coef = sol.tolist()
@@ -1041,6 +1051,7 @@ class ContractRecorder:
             for k, v in mine.items():
                 if k != "params":
                     g[k] = v
+        dsts, srcs = [], []  # copied in one foreach call
         for p, key in zip(params, keys):
             st = self.optimizer.state.get(key)
             if not st:
@@ -1054,7 +1065,8 @@ class ContractRecorder:
                     v = self._local(v)
                     if k in mine and torch.is_tensor(mine[k]) and mine[k].shape == v.shape \
                             and mine[k].dtype == v.dtype:
-                        mine[k].copy_(v)
+                        dsts.append(mine[k])
+                        srcs.append(v)
                     else:
                         mine[k] = v.clone()
                 else:
@@ -1066,14 +1078,17 @@ class ContractRecorder:
             got.setdefault(id(key), key.grad)
         with torch.no_grad():
             for p, key, q, b in zip(params, keys, ours, gbuf):
-                p.copy_(q)
+                dsts.append(p)
+                srcs.append(q)
                 g = got.get(id(key))
                 g = None if g is None else self._local(g)
                 if g is None:
                     p.grad = None
                 else:
-                    b.copy_(g)
+                    dsts.append(b)
+                    srcs.append(g)
                     p.grad = b
+            torch._foreach_copy_(dsts, srcs)
             before.copy_(flat)
         opt.step()
 

@@ -44,22 +44,28 @@ backward passes; close() merges the parts on rank 0 into one contract
 trace with the rank column (merge_contract_parts; events through
 merge_parts).  `accumcheck certify --contract` then judges each rank's
 fitted weights against the coefficient engine run with R ranks.
+
+The recorders built on these live beside this module, which knows none of
+them: FSDP's (ContractFSDPRecorder, ContractFSDP1Recorder) in fsdp.py, a
+pipeline stage's (ContractPipelineRecorder) in pipelining.py, DeepSpeed's
+in deepspeed.py.  The FSDP recorders were published as
+accumcheck_torch.distributed.ContractFSDPRecorder (docs/memory-systems.md
+until the split): that name still imports them (a lazy re-export, the
+module's __getattr__); import them from accumcheck_torch.fsdp.
 """
 
 import atexit
-import copy
 import gc
 import itertools
 import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from .contract import CONTRACT_HEADER, ContractRecorder, _tensors
-from .recorder import Recorder, eager
-from .trace import Refused, clear_rank_markers, write_rank_marker, write_trace
+from .contract import CONTRACT_HEADER, ContractRecorder
+from .recorder import Recorder, at_backward_end, eager
+from .trace import Refused, write_rank_marker, write_trace
 
 
 def _process_group():
@@ -200,13 +206,27 @@ class _RankLife:
         else:
             self.close()
 
-    def _abandon(self, why):
+    def _abandon(self, why, say=True):
         self.abandoned = why
         self._mark("ended", why)
-        print("accumcheck_torch: rank %d: %s: the recorder ends without writing a trace"
-              % (self.rank, why), file=sys.stderr)
+        if say:
+            print("accumcheck_torch: rank %d: %s: the recorder ends without writing a trace"
+                  % (self.rank, why), file=sys.stderr)
         self._recompute_pending = lambda: None  # nothing more is computed
         self.close()
+
+    def _refuse(self, message):
+        """A refusal once the recorder lives (a check after it was made, a
+        step it cannot record): it ends now, without a trace, its marker
+        saying why (Refused prints the message), however the script then
+        ends.  Left live, it would close at the interpreter's exit -- a
+        script that destroys no process group in a `finally` -- and write
+        the trace of a run it refused."""
+        try:
+            if not self.closed:
+                self._abandon("the recorder refused: " + message, say=False)
+        finally:
+            super()._refuse(message)
 
     def close(self):
         if self.closed:
@@ -369,7 +389,7 @@ class DistributedRecorder(_RankLife, Recorder):
             self._begin_backward()
             engine = torch.autograd.Variable._execution_engine
             # Queued from a callback: it runs after DDP's finalize_backward.
-            engine.queue_callback(lambda: engine.queue_callback(self._end_backward_synced))
+            at_backward_end(lambda: engine.queue_callback(self._end_backward_synced))
         return None
 
     def _end_backward_synced(self):
@@ -494,6 +514,7 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
         self.sync_pending = False
         self.hand_reduces = 0  # gradient all-reduces the trainer made itself
         self._reduced = False  # one since the last backward (a sweep is one)
+        self._sent = self._gathered = None  # _step_terms' matrices, kept across steps
         super().__init__(model.module if model is self.ddp else model, optimizer,
                          loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
@@ -538,32 +559,41 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
         all-gathers (PyTorch's own, not a wrapper the trainer installed):
         each rank's count, then its rows padded to the largest count, the
         backward's index in an extra column (exact in float64);
-        all_gather_object's pickling was half the recorder's cost.  A
-        recorder class that sends a _step_payload gathers it as an object
-        (every rank is of the same class)."""
+        all_gather_object's pickling was half the recorder's cost.  The
+        rows land in one matrix kept across steps, after the previous
+        step's gradient, so where every rank sent as many rows (the usual
+        case) the terms are a view of it, not a copy.  A recorder class
+        that sends a _step_payload gathers it as an object (every rank is
+        of the same class)."""
         gather = dist.distributed_c10d.all_gather
         mine = len(self.since_step)
         counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
         gather(counts, torch.tensor([mine], dtype=torch.int64))
         counts = [int(c) for c in counts]
-        n = self.buf.m.shape[1]
-        payload = torch.zeros((max(counts), n + 1), dtype=torch.float64)
-        payload[:mine, :n] = self.buf.m[1:1 + mine]
-        payload[:mine, n] = torch.tensor(self.since_step, dtype=torch.float64)
-        every = [torch.empty_like(payload) for _ in range(self.world)]
-        gather(every, payload)
+        top, n = max(counts), self.buf.m.shape[1]
+        if self._sent is None or self._sent.shape[0] < top:
+            self._sent = torch.zeros((top, n + 1), dtype=torch.float64)
+            self._gathered = torch.zeros((1 + self.world * top, n + 1), dtype=torch.float64)
+        sent, every = self._sent[:top], self._gathered
+        sent[:mine, :n] = self.buf.m[1:1 + mine]
+        sent[:mine, n] = torch.tensor(self.since_step, dtype=torch.float64)
+        parts = [every[1 + q * top:1 + (q + 1) * top] for q in range(self.world)]
+        gather(parts, sent)
         if type(self)._step_payload is not ContractDistributedRecorder._step_payload:
             extra = [None] * self.world
             dist.all_gather_object(extra, self._step_payload())
             self._step_gathered(extra)
-        rows, refs = [], []
-        if self.has_prev:
-            rows.append(self.buf.m[0:1])
-            refs.append(-1)
-        for q, (c, m) in enumerate(zip(counts, every)):
-            rows.append(m[:c, :n])
+        refs = [-1] if self.has_prev else []
+        for q, (c, m) in enumerate(zip(counts, parts)):
             refs += ["%d:%d" % (q, int(b)) for b in m[:c, n].tolist()]
-        return torch.cat(rows) if rows else self.buf.m[0:0], refs
+        if self.has_prev:
+            every[0, :n] = self.buf.m[0]
+        first = 0 if self.has_prev else 1
+        if all(c == top for c in counts):
+            return every[first:1 + self.world * top, :n], refs
+        rows = ([every[0:1, :n]] if self.has_prev else []) + [m[:c, :n] for c, m in
+                                                              zip(counts, parts)]
+        return torch.cat(rows), refs
 
     def _step_payload(self):
         """What else this rank sends with its backward passes at a step."""
@@ -589,583 +619,6 @@ class ContractDistributedRecorder(_RankLife, ContractRecorder):
             write_trace(self.out, m, e, [], extra=dict(extra, **{"contract.csv": text}),
                         ranks=True)
         self._gather_write((self.rank, meta, events, rows), write)
-
-
-class _GatheredReplica:
-    """What the FSDP recorders share: `replica`, a plain module the
-    recomputes run on, loaded with the whole parameters gathered at the
-    start and after every step (a collective on every rank)."""
-
-    def _take_replica(self, who, names, replica):
-        if replica is None:
-            raise Refused("%s needs replica=: a plain (unsharded) module of the same "
-                          "architecture, e.g. built by the constructor you sharded" % who)
-        theirs = [n for n, p in replica.named_parameters() if p.requires_grad]
-        if names != theirs:
-            raise Refused("replica: its parameters %s are not the model's %s (same names, "
-                          "same order)" % (theirs[:4], names[:4]))
-        self.replica_model = replica
-        self.full = None
-
-    def _replica(self, model):
-        return copy.deepcopy(self.replica_model)
-
-    def _source(self):
-        return self.full
-
-    def _reduces_seen(self):
-        return True
-
-    def _after_step(self):
-        super()._after_step()
-        self._gather_params()
-
-
-class _ShardFit:
-    """What the sharding recorders (FSDP2, FSDP1) share: each rank's step
-    fit solves for its own shard of the consumed gradient -- what its
-    optimizer steps -- over every rank's whole backward passes restricted
-    to that shard, so a gradient scaled by a factor of the rank's own (a
-    clip by the shard's norm: ddp-clip-local-norm) is seen as such, not
-    as a change the recorder cannot explain; and each clip is recorded
-    with the norm of this rank's shard of the gradient it saw and, once
-    the ranks meet at the step, of the whole gradient (both in float64:
-    certify judges the factor against the one the loop's clip gives).
-
-    With a clip declared (clip=), a scaling of this rank's shard between
-    the window's last backward and optimizer.step() that no clip function
-    reported (p.grad.to_local().mul_(factor) after a norm of your own) is
-    recorded as the loop's clip, with the factor it applied: the ratio of
-    the consumed shard to the one the backward left (the step fit checks
-    that it is one factor: anything else fails it)."""
-
-    def _setup_shards(self):
-        parts, self.local_sizes = [], []
-        for (a, b), (start, size) in zip(self.buf.slices, self._shard_ranges()):
-            parts.append(torch.arange(a + start, a + start + size))
-            self.local_sizes.append(size)
-        self.shard_idx = torch.cat(parts)
-        self.snap = None     # this rank's shard of .grad when the last backward ended
-        self.snap_clips = 0  # the clips seen before it
-        self.hand_clip_noted = False  # the note on a scaling seen on .grad, said once
-
-    def _local_flat(self, grads, strict=True):
-        """This rank's shard of the gradients, float64, in shard_idx's
-        order (zeros for a gradient that is None); not strict: None where
-        a gradient is not the shard (FSDP1's under no_sync())."""
-        out = torch.zeros(self.shard_idx.numel(), dtype=torch.float64)
-        at = 0
-        for p, g, size in zip(self.params, grads, self.local_sizes):
-            if g is not None:
-                g = self._local(g).detach().reshape(-1)
-                if g.numel() != size:
-                    if not strict:
-                        return None
-                    raise Refused("rank %d: a gradient of %d elements where the parameter's shard "
-                                  "holds %d: not the sharded gradient the optimizer steps"
-                                  % (self.rank, g.numel(), size))
-                out[at:at + size].copy_(g)
-            at += size
-        return out
-
-    def _consumed_vector(self, grads):
-        G = self.vec[0].zero_()
-        return G.index_copy_(0, self.shard_idx, self._local_flat(grads))
-
-    def _fit_space(self, A, G, terms):
-        if self.shard_idx.numel() < terms:
-            raise Refused("rank %d: its shard holds %d gradient elements, fewer than the %d "
-                          "vectors its step fit solves for: the fit would not be determined "
-                          "(fewer ranks, or a larger model)"
-                          % (self.rank, self.shard_idx.numel(), terms))
-        return A.index_select(1, self.shard_idx), G.index_select(0, self.shard_idx)
-
-    def _clip_norms(self, parameters):
-        """The shard's norm now; the whole gradient's at the step (its
-        ranks' shard norms, gathered)."""
-        with torch.no_grad():
-            sq = sum(float(self._local(p.grad.detach()).double().pow(2).sum())
-                     for p in parameters if p.grad is not None)
-        return float("nan"), sq ** 0.5
-
-    def _end_backward(self):
-        super()._end_backward()
-        if self.clip_max is not None:
-            self.snap = self._local_flat([p.grad for p in self.params], strict=False)
-            self.snap_clips = len(self.clips)
-
-    def _before_step(self):
-        snap, self.snap = self.snap, None
-        if snap is not None and len(self.clips) == self.snap_clips:
-            now = self._local_flat(self._consumed())
-            ss = float(snap.dot(snap))
-            if ss > 0 and not torch.equal(now, snap):
-                factor = float(now.dot(snap)) / ss
-                if not self.hand_clip_noted:
-                    self.hand_clip_noted = True
-                    self.notes.append(
-                        "its shard of .grad scaled between the window's last backward and "
-                        "optimizer.step() by no clip function the recorder saw (step %d: factor "
-                        "%.6g): recorded as the loop's clip (clip=%g declared)"
-                        % (self.steps, factor, self.clip_max))
-                self._clipped(factor, float("nan"), ss ** 0.5, float("nan"))
-        super()._before_step()
-
-    def _step_payload(self):
-        return [c[4] for c in self.clips if c[0] == self.steps]
-
-    def _step_gathered(self, payloads):
-        """Each clip of this step: the whole gradient's norm from every
-        rank's shard norm of its clip in the same place."""
-        mine = [c for c in self.clips if c[0] == self.steps]
-        if len({len(p) for p in payloads}) > 1:
-            self.notes.append("step %d: the ranks clipped %s times: the whole gradient's norm "
-                              "at each clip is not known" % (self.steps, "/".join(
-                                  str(len(p)) for p in payloads)))
-            return
-        for k, c in enumerate(mine):
-            c[2] = sum(p[k] ** 2 for p in payloads) ** 0.5
-
-
-class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecorder):
-    """The contract tier's recorder for one rank of an FSDP2 trainer
-    (torch.distributed.fsdp.fully_shard, gloo on CPU): ContractRecorder's
-    arguments, with `model` the fully_shard'ed root module and `replica` a
-    plain (unsharded) module of the same architecture, with the same
-    parameter names (built again by your own constructor: its values do
-    not matter, the recorder loads the gathered parameters into it).
-
-    What FSDP2 hides and how it is seen:
-      - each backward's gradient: FSDP2 computes it on the unsharded
-        parameters (each FSDPParam's unsharded nn.Parameter, made at the
-        first all-gather) and writes only the reduce-scattered shard into
-        the sharded parameter's .grad; the recorder hooks the unsharded
-        parameters after the first forward, so c_b is this rank's whole
-        local gradient (as under DDP, before any communication);
-      - the gradient a step consumes: the sharded .grad gathered into the
-        whole tensor (DTensor.full_tensor(), an all-gather per parameter
-        per step: every rank steps together), the same on every rank;
-      - the optimizer steps on shards: the replay steps this rank's shards
-        (to_local) with this rank's shard of the optimizer state;
-      - g_j: recomputed on the replica loaded with the parameters gathered
-        after each step (never taken from your forward: FSDP's backward
-        hooks would run inside the recorder's own autograd.grad);
-      - gradient sync: a backward whose FSDP parameter groups reduce
-        (set_requires_gradient_sync left on) is a reduce-scatter, recorded
-        as the step's gradient collective (an all_reduce event: averaged
-        over the ranks as DDP's all-reduce is), so certify counts them."""
-
-    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
-        from torch.distributed.fsdp import FSDPModule
-        if not isinstance(model, FSDPModule):
-            raise Refused("ContractFSDPRecorder takes the fully_shard'ed root module; got %s"
-                          % type(model).__name__)
-        self._take_replica("ContractFSDPRecorder",
-                           [n for n, p in model.named_parameters() if p.requires_grad], replica)
-        self.groups = [g for m in model.modules() if isinstance(m, FSDPModule)
-                       for g in m._get_fsdp_state()._fsdp_param_groups]
-        self.unsharded_hooked = False
-        super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
-        self._setup_shards()
-        self._gather_params()
-
-    def _shard_ranges(self):
-        """Each parameter's shard on this rank: FSDP2's dim-0 chunk of the
-        DTensor, as (first element in the flattened parameter, elements)."""
-        from torch.distributed.tensor import Shard
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-        out = []
-        for p in self.params:
-            if not isinstance(p, DTensor) or any(type(pl) is not Shard or pl.dim != 0
-                                                 for pl in p.placements):
-                raise Refused("ContractFSDPRecorder: a parameter %s is not sharded on dim 0 "
-                              "(placements %s): the recorder fits each rank's dim-0 shard"
-                              % (tuple(p.shape), getattr(p, "placements", "none")))
-            shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
-                                                                  p.placements)
-            row = p.numel() // p.shape[0] if p.dim() and p.shape[0] else 0
-            out.append((offset[0] * row if p.dim() else 0, p.to_local().numel()))
-        return out
-
-    def _full(self, t):
-        return t.full_tensor() if isinstance(t, DTensor) else t
-
-    def _local(self, t):
-        return t.to_local() if isinstance(t, DTensor) else t
-
-    def _gather_params(self):
-        """Every parameter gathered whole (a collective: at the start and
-        after every step, on every rank)."""
-        with torch.no_grad():
-            self.full = [self._full(p.detach()) for p in self.params]
-
-    def _take_from_forward(self, j, pending, output):
-        """Hooks the unsharded parameters once they exist (after the first
-        forward); g_j always comes from the replica."""
-        if self.unsharded_hooked:
-            return
-        index = {id(p): i for i, p in enumerate(self.params)}
-        for g in self.groups:
-            for fp in g.fsdp_params:
-                i = index.get(id(fp.sharded_param))
-                if i is None or getattr(fp, "_unsharded_param", None) is None:
-                    continue
-                self._hooks.append(fp._unsharded_param.register_hook(self._grad_hook(i)))
-        self.unsharded_hooked = True
-
-    def _end_backward(self):
-        if any(g.reduce_grads for g in self.groups):
-            self.sync_pending = True
-        super()._end_backward()
-
-
-class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedRecorder):
-    """The contract tier's recorder for one rank of an FSDP1 trainer
-    (torch.distributed.fsdp.FullyShardedDataParallel with
-    use_orig_params=True; on CPU with device_id=torch.device("cpu") and
-    gloo): ContractRecorder's arguments, with `model` the root
-    FullyShardedDataParallel module and `replica` a plain module of the
-    same architecture (the same parameter names, FSDP's wrapper prefixes
-    left out).
-
-    What FSDP1 hides and how it is seen:
-      - each backward's gradient: FSDP1 computes it on each FlatParameter
-        unsharded (its views are what the forward uses) and reduce-scatters
-        it, or under no_sync() keeps it unsharded; the recorder hooks each
-        FlatParameter, so c_b is this rank's whole local gradient of every
-        parameter (the flat gradient cut by FSDP's own views, padding left
-        out), before any communication;
-      - the gradient a step consumes: this rank's shard of it (the
-        original parameters' local .grad, each a slice of the flattened
-        parameter: FSDP's _shard_param_infos), fitted over the backward
-        passes restricted to that slice; the parameters after each step
-        gathered whole (FullyShardedDataParallel.summon_full_params, a
-        collective on every rank at every step) for the replica;
-      - the optimizer steps the original parameters' local shards: the
-        replay steps them with their own .grad and optimizer state;
-      - gradient sync: a backward outside no_sync() reduce-scatters (the
-        root's _sync_gradients at the backward's end), recorded as the
-        step's gradient collective, so certify counts them;
-      - clip: FSDP1's own model.clip_grad_norm_ (the whole gradient's
-        norm, all-reduced: the right clip) is seen on the root module, as
-        torch.nn.utils.clip_grad_norm_ is (on FSDP1's shards: each rank's
-        shard's norm, ddp-clip-local-norm)."""
-
-    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp._common_utils import clean_tensor_name
-        from .contract import _Rows
-        if not isinstance(model, FSDP):
-            raise Refused("ContractFSDP1Recorder takes the root FullyShardedDataParallel "
-                          "module; got %s" % type(model).__name__)
-        handles = [m._handle for m in FSDP.fsdp_modules(model) if m._handle is not None]
-        if not all(h._use_orig_params for h in handles):
-            raise Refused("ContractFSDP1Recorder needs FullyShardedDataParallel(..., "
-                          "use_orig_params=True): the optimizer must step the original "
-                          "parameters the recorder replays")
-        self._take_replica("ContractFSDP1Recorder",
-                           [clean_tensor_name(n) for n, p in model.named_parameters()
-                            if p.requires_grad], replica)
-        self.fsdp, self.summon = model, FSDP.summon_full_params
-        super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
-        # The parameters are local shards: every n-long vector holds the
-        # whole parameters (the replica's shapes), and c_b comes from the
-        # FlatParameters' hooks, not the shards' (which no backward reaches).
-        whole = [p for p in self.replica_model.parameters() if p.requires_grad]
-        self.n = sum(p.numel() for p in whole)
-        self.buf = _Rows(whole, self.K + 2)
-        self.vec = [torch.zeros(self.n, dtype=torch.float64) for _ in range(4)]
-        index = {id(p): i for i, p in enumerate(self.params)}
-        for h in handles:
-            hooks = [None if index.get(id(p)) is None else self._grad_hook(index[id(p)])
-                     for p in h.flat_param._params]
-            self._hooks.append(h.flat_param.register_hook(self._flat_hook(h, hooks)))
-        self.handles = handles
-        self._setup_shards()
-        self._gather_params()
-        orig = model.clip_grad_norm_
-
-        def clip_grad_norm_(max_norm, *a, **k):
-            norm, shard = self._clip_norms(self.params)
-            total = orig(max_norm, *a, **k)
-            self._clipped(min(1.0, float(max_norm) / (float(total) + 1e-6)), norm, shard,
-                          float(max_norm))
-            return total
-        model.clip_grad_norm_ = clip_grad_norm_
-
-    def _unpatch(self):
-        self.fsdp.__dict__.pop("clip_grad_norm_", None)
-        super()._unpatch()
-
-    def _shard_ranges(self):
-        """Each original parameter's shard on this rank: a slice of its
-        flattened whole (FSDP1's _shard_param_infos), or nothing."""
-        info = {}
-        for h in self.handles:
-            for p, si in zip(h.flat_param._params, h.flat_param._shard_param_infos):
-                info[id(p)] = si
-        out = []
-        for p in self.params:
-            si = info[id(p)]
-            out.append((si.intra_param_start_idx, si.intra_param_end_idx - si.intra_param_start_idx
-                        + 1) if si.in_shard else (0, 0))
-        return out
-
-    @staticmethod
-    def _flat_hook(handle, hooks):
-        def hook(grad):
-            for f, view in zip(hooks, handle._get_unflat_views(grad)):
-                if f is not None:
-                    f(view)
-            return None
-        return hook
-
-    def _gather_params(self):
-        with torch.no_grad(), self.summon(self.fsdp, writeback=False):
-            self.full = [p.detach().clone() for p in self.params]
-
-    def _take_from_forward(self, j, pending, output):
-        """g_j always comes from the replica (FSDP's backward hooks would
-        run inside the recorder's own autograd.grad)."""
-
-    def _consumed(self):
-        if any(p.grad is not None and p.grad.shape != p.shape for p in self.params):
-            raise Refused(
-                "rank %d: optimizer.step() on FSDP1 gradients that are still unsharded: the "
-                "window's last backward ran under no_sync(), so nothing was reduce-scattered "
-                "and the gradients do not fit the sharded parameters (PyTorch's optimizer "
-                "fails on them with a size mismatch); run the window's last backward outside "
-                "no_sync()" % self.rank)
-        return [p.grad for p in self.params]
-
-    def _end_backward(self):
-        if self.fsdp._sync_gradients:
-            self.sync_pending = True
-        super()._end_backward()
-
-
-class ContractPipelineRecorder(_RankLife, ContractRecorder):
-    """The contract tier's recorder for one stage of a
-    torch.distributed.pipelining trainer (PipelineStage with ScheduleGPipe
-    or Schedule1F1B; gloo on CPU), one stage per rank.
-
-    ContractPipelineRecorder(stage, schedule, whole, optimizer, loss_fn,
-                             count_fn, accumulation, out="trace", **kw)
-    `stage` the rank's PipelineStage, `schedule` its schedule (its
-    n_microbatches), `whole` the whole model the stage's module was cut
-    from (the stage's parameters must be the whole model's, e.g. a slice of
-    an nn.Sequential), loss_fn/count_fn the summed loss and item count of a
-    (micro-)batch on the WHOLE model, `accumulation` the micro-batches per
-    optimizer step (n_microbatches x schedule steps per optimizer step).
-    Every rank iterates rec.watch(loader) over the same batches (stage 0
-    feeds their inputs to the schedule, the last stage their targets).
-
-    What the pipeline hides and how it is seen:
-      - a stage holds only its parameters: each rank's trace judges its
-        stage's parameters alone, written to out/stage<i> (certify each);
-      - the schedule splits each drawn batch into n micro-batches
-        (torch.tensor_split along dim 0, as the schedule does): each is a
-        micro-batch j of the trace;
-      - which micro-batch a backward belongs to: the stage's
-        backward_one_chunk(bwd_chunk_id) says it (GPipe runs every forward
-        first, 1F1B interleaves);
-      - g_j: recomputed on a copy of the whole model, its other stages'
-        parameters gathered from their ranks after every step (a
-        collective: every rank steps together), restricted to this
-        stage's parameters;
-      - a stage's .grad divided by n after the schedule's backward passes
-        (scale_grads=True) is no backward pass: the step fit sees the
-        gradient it consumes as a rescaled sum of the backward passes.
-    Dropout inside a stage is not replayed (the RNG state at each
-    micro-batch's forward is not captured): use a model without.
-
-    A rank's life as the DDP recorders' (_RankLife): its marker
-    out/stage<i>/rank<r>.incomplete says how far it got until the stage's
-    trace is written, so a stage that dies (or ends by an exception)
-    leaves a folder certify refuses naming its rank; close() writes the
-    stage's trace only once every stage reached close() (a barrier).
-    Stages that disagree on the micro-batches are refused when the
-    recorders are made (a collective), before any schedule step (without
-    the recorder such a pipeline waits forever on its peer)."""
-
-    def __init__(self, stage, schedule, whole, optimizer, loss_fn, count_fn, accumulation,
-                 out="trace", quiet=None, **kw):
-        import os
-        self.rank, self.world = _process_group()
-        self.stage, self.whole = stage, whole
-        self.n_micro = int(getattr(schedule, "_n_microbatches", 0) or 0)
-        if self.n_micro < 1:
-            raise Refused("schedule: no n_microbatches (a torch.distributed.pipelining schedule)")
-        out = os.path.join(out, "stage%d" % stage.stage_index)
-        caller = sys._getframe(1)
-        # Every stage must split a batch alike (a collective: every rank
-        # makes its recorder).
-        counts = [None] * self.world
-        dist.all_gather_object(counts, (self.n_micro, int(accumulation)))
-        if len(set(counts)) > 1:
-            where = [None] * self.world
-            file = caller.f_code.co_filename
-            if not os.path.relpath(file).startswith(".."):
-                file = os.path.relpath(file)  # as the user typed it, below the working folder
-            dist.all_gather_object(where, (stage.stage_index, file, caller.f_lineno, out))
-            raise Refused(
-                "rank %d: the pipeline's stages disagree on the micro-batches: %s; every stage's "
-                "schedule (n_microbatches) and recorder (accumulation) must take the same; "
-                "no trace written" % (self.rank, "; ".join(
-                    "rank %d (stage %d, the recorder made at %s:%d, its trace %s): "
-                    "n_microbatches %d, accumulation %d" % ((r,) + w + c)
-                    for r, (w, c) in enumerate(zip(where, counts)))))
-        if int(accumulation) % self.n_micro:
-            raise Refused("accumulation = %d micro-batches per optimizer step is not a multiple "
-                          "of the schedule's n_microbatches = %d (stage %d)"
-                          % (int(accumulation), self.n_micro, stage.stage_index))
-        names = {id(p): n for n, p in whole.named_parameters()}
-        mine = [p for p in stage.submod.parameters() if p.requires_grad]
-        self.names = [names.get(id(p)) for p in mine]
-        if None in self.names:
-            raise Refused("stage %d: its module's parameters are not the whole model's (cut the "
-                          "stage from `whole`, e.g. a slice of an nn.Sequential)" % stage.stage_index)
-        self.step_base, self.stepped = 0, False
-        self.drawn = []  # (first micro-batch, data_ptrs of the batch's tensors) per drawn batch
-        super().__init__(stage.submod, optimizer, loss_fn, count_fn, accumulation, out=out,
-                         quiet=(self.rank != 0) if quiet is None else quiet, **kw)
-        for attr, copy_ in (("pref", self.mref), ("p64", self.m64)):
-            named = dict(copy_.named_parameters())
-            setattr(self, attr, [named[n] for n in self.names])
-        self._gather_whole()
-        orig = stage.backward_one_chunk
-
-        def backward_one_chunk(bwd_chunk_id, *a, **k):
-            self.current = self.step_base + int(bwd_chunk_id)
-            return orig(bwd_chunk_id, *a, **k)
-        stage.backward_one_chunk = backward_one_chunk
-        orig_step = schedule.step
-
-        def step(*a, **k):
-            self._schedule_step(_tensors(a, k))
-            return orig_step(*a, **k)
-        schedule.step = step
-
-        def restore():
-            stage.__dict__.pop("backward_one_chunk", None)
-            schedule.__dict__.pop("step", None)
-        self._restore_stage = restore
-        self.all_reduced = False
-        self._live()
-
-    def _all_reduced(self, tensors):
-        """A torch.distributed.all_reduce of this stage's gradients (data
-        parallelism beside the pipeline) is not modelled by this recorder:
-        said, and certify does not judge the trace."""
-        if self._is_grad(tensors) and not self.all_reduced:
-            self.all_reduced = True
-            self.unseen.append("stage %d (rank %d): its gradients were all-reduced (data "
-                               "parallelism beside the pipeline), which the pipeline recorder "
-                               "does not model" % (self.stage.stage_index, self.rank))
-
-    def _replica(self, model):
-        return copy.deepcopy(self.whole)
-
-    def _new_epoch(self, loader):
-        super()._new_epoch(loader)
-        if self.epochs[-1][1] > 0:
-            self.epochs[-1][1] //= self.n_micro
-
-    def _drawn(self, batch):
-        """A drawn batch is the schedule's n micro-batches."""
-        parts = _split(batch, self.n_micro)
-        self.drawn.append((len(self.micro), {t.data_ptr() for t in _leaves(batch)}))
-        for part in parts:
-            super()._drawn(part)
-
-    def _schedule_step(self, tensors):
-        """schedule.step(x) or step(target=y): the drawn batch it runs
-        (matched by a tensor's storage; a stage given none runs the batch
-        after the last one stepped): its micro-batches' forwards run now,
-        at this parameter version."""
-        ptrs = {t.data_ptr() for t in tensors}
-        hit = [base for base, mine in self.drawn if ptrs & mine]
-        later = [base for base, _ in self.drawn if base > self.step_base or not self.stepped]
-        if not hit and not later:
-            raise Refused("stage %d: schedule.step() on a batch not drawn from recorder.watch(loader)"
-                          % self.stage.stage_index)
-        self.step_base = hit[-1] if hit else later[0]
-        self.stepped = True
-        for j in range(self.step_base, self.step_base + self.n_micro):
-            self.micro[j][1] = self.steps
-            self.micro[j][4] = torch.get_rng_state()
-
-    def _forward_hook(self, module, args, kwargs):
-        return  # a stage's forward sees activations, not the drawn batch
-
-    def _gather_whole(self):
-        """Every stage's parameters into both copies (a collective): the
-        stages' parameter names once (all_gather_object), then at every
-        call one tensor all-gather of each stage's parameters flattened
-        (float64, padded to the largest stage)."""
-        if getattr(self, "stage_names", None) is None:
-            self.stage_names = [None] * self.world
-            dist.all_gather_object(self.stage_names, self.names)
-            sizes = {n: p.numel() for n, p in self.whole.named_parameters()}
-            self.stage_sizes = [sum(sizes[n] for n in names) for names in self.stage_names]
-        with torch.no_grad():
-            payload = torch.zeros(max(self.stage_sizes), dtype=torch.float64)
-            at = 0
-            for p in self.params:
-                payload[at:at + p.numel()] = p.detach().reshape(-1)
-                at += p.numel()
-            every = [torch.empty_like(payload) for _ in range(self.world)]
-            dist.distributed_c10d.all_gather(every, payload)
-            for c in (self.mref, self.m64):
-                named = dict(c.named_parameters())
-                for names, flat in zip(self.stage_names, every):
-                    at = 0
-                    for n in names:
-                        t = named[n]
-                        t.copy_(flat[at:at + t.numel()].view(t.shape))
-                        at += t.numel()
-
-    def _after_step(self):
-        super()._after_step()
-        self._gather_whole()
-
-    def close(self):
-        if not self.closed:
-            self._restore_stage()
-        super().close()
-
-    def _write(self, meta, events, rows):
-        """The stage's own trace, once every stage reached close(); then
-        its marker goes."""
-        def write():
-            dist.barrier()
-            super(ContractPipelineRecorder, self)._write(meta, events, rows)
-            clear_rank_markers(self.out, self.rank)
-        self._together(write)
-
-
-def _leaves(batch):
-    if torch.is_tensor(batch):
-        return [batch]
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        return [t for b in batch for t in _leaves(b)]
-    return []
-
-
-def _split(batch, n):
-    """The batch as the schedule splits it: n chunks along dim 0."""
-    if torch.is_tensor(batch):
-        return list(torch.tensor_split(batch, n, 0))
-    if isinstance(batch, (list, tuple)):
-        cols = [_split(b, n) for b in batch]
-        return [type(batch)(c[i] for c in cols) for i in range(n)]
-    if isinstance(batch, dict):
-        cols = {k: _split(v, n) for k, v in batch.items()}
-        return [{k: v[i] for k, v in cols.items()} for i in range(n)]
-    raise Refused("a batch of %s: the recorder splits tensors, lists, tuples and dicts"
-                  % type(batch).__name__)
 
 
 def merge_contract_parts(parts):
@@ -1247,3 +700,17 @@ def _spawned(rank, main, ranks, args):
         main(rank, ranks, *args)
     finally:
         dist.destroy_process_group()
+
+
+# The names published here before the FSDP recorders moved to fsdp.py.
+_MOVED = {"ContractFSDPRecorder": "fsdp", "ContractFSDP1Recorder": "fsdp"}
+
+
+def __getattr__(name):
+    """`from accumcheck_torch.distributed import ContractFSDPRecorder`, as
+    docs/memory-systems.md published it: the class from fsdp.py (imported
+    on first use: this module does not import the ones built on it)."""
+    if name in _MOVED:
+        import importlib
+        return getattr(importlib.import_module("." + _MOVED[name], __package__), name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -74,6 +74,27 @@ def eager(hook):
     return torch.compiler.disable(hook, recursive=True)
 
 
+def at_backward_end(fn):
+    """Runs fn once the backward pass that is running ends: a callback on
+    autograd's outermost graph task.  A gradient hook may fire inside a
+    nested backward (reentrant activation checkpointing runs one inside
+    its node's backward): a callback queued there would end the pass at
+    the end of that checkpointed segment.  So the callback, run inside a
+    node of an enclosing task, moves itself to that task (a hook after
+    the node, which queues it again there), until no task encloses it."""
+    engine = torch.autograd.Variable._execution_engine
+    current = getattr(torch._C, "_current_autograd_node", None)
+
+    def callback():
+        node = current() if current is not None else None
+        if node is None:
+            fn()
+            return
+        node.register_hook(lambda grad_inputs, grad_outputs: engine.queue_callback(callback))
+
+    engine.queue_callback(callback)
+
+
 def _same(a, b):
     """a and b hold the same values, NaN where the other holds NaN (an
     overflowed gradient the scaler will skip stays NaN when unscaled)."""
@@ -343,7 +364,7 @@ class Recorder:
         if not self.in_backward:
             self.in_backward = True
             self._begin_backward()
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+            at_backward_end(self._end_backward)
         return None
 
     def _begin_backward(self):

@@ -1055,6 +1055,10 @@ const ExplainEntry* find_explain(std::string_view id) {
       s.remove_prefix(sp + 1);
     }
   }
+  // A lesson by its subject alone: `explain fsdp` is fsdp-lesson.
+  const std::string lesson = std::string(id) + "-lesson";
+  for (const ExplainEntry& e : kEntries)
+    if (e.id == lesson) return &e;
   return nullptr;
 }
 

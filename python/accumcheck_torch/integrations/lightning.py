@@ -121,7 +121,7 @@ class AccumcheckCallback(pl.Callback):
         if not isinstance(ddp, DistributedDataParallel):
             raise Refused("strategy %s at %d devices: the callback records DDP (strategy='ddp', "
                           "'ddp_spawn' or 'ddp_fork'); for FSDP or DeepSpeed record your own loop "
-                          "(accumcheck_torch.ContractFSDPRecorder)"
+                          "(accumcheck_torch.fsdp.ContractFSDPRecorder)"
                           % (type(trainer.strategy).__name__, world))
         if not dist.is_initialized() or dist.get_world_size() != world:
             raise Refused("Trainer(devices=%d, num_nodes=%d) configures %d processes, but the "

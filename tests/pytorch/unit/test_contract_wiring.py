@@ -147,3 +147,55 @@ def test_a_batch_backwarded_twice_in_one_window_is_fitted_as_it_was(tmp_path, we
         p = subprocess.run([binary, "certify", "--contract", "--trace", str(tmp_path / "trace")],
                            capture_output=True, text=True)
         assert p.returncode != 2 and "ok   step fit" in p.stdout, p.stdout + p.stderr
+
+
+class _Segments(torch.nn.Module):
+    """Every parameter but the first layer's inside reentrant checkpoints,
+    and a loss with no parameter after them: the first gradient hooks of
+    each backward fire inside a checkpoint's nested backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = torch.nn.Linear(3, 4)
+        self.a = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+        self.b = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        x = checkpoint(self.a, self.pre(x), use_reentrant=True)
+        return checkpoint(self.b, x, use_reentrant=True)
+
+
+def test_a_backward_through_nested_reentrant_checkpoints_is_one_pass(tmp_path):
+    """One backward pass per micro-batch, each of its whole gradient: the
+    pass ends with the outermost backward, not with the first checkpoint's
+    nested one (which held b's gradient only)."""
+    torch.manual_seed(0)
+    model = _Segments()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = act.ContractRecorder(model, opt, loss_fn=lambda m, b: (m(b) ** 2).sum(), count_fn=len,
+                               accumulation=2, out=str(tmp_path / "trace"), quiet=True)
+    for _ in range(2):
+        batch = torch.randn(4, 3)
+        rec.mark(batch)
+        ((model(batch) ** 2).sum() / 8).backward()
+    opt.step()
+    opt.zero_grad()
+    rec.close()
+    rows = [r.split(",") for r in open(tmp_path / "trace" / "contract.csv").read().splitlines()]
+    passes = [r for r in rows if r[0] == "backward"]
+    assert [int(r[2]) for r in passes] == [0, 1]  # one pass per micro-batch
+    assert all(float(r[7]) == pytest.approx(1 / 8, rel=1e-6) for r in passes)  # each its whole g_j
+
+
+def test_a_refusal_while_training_closes_the_recorder_without_a_trace(tmp_path):
+    """A refusal raised from inside the loop (here: a backward before any
+    batch was drawn) ends the recorder: nothing is left for the
+    interpreter's exit to write, so no folder holds a trace to judge."""
+    model, opt, rec = _setup(tmp_path)
+    with pytest.raises(act.Refused) as e:
+        model(torch.randn(4, 3)).sum().backward()
+    assert e.value.code == 2 and "rec.watch(loader)" in e.value.message
+    assert rec.closed and not os.path.exists(tmp_path / "trace")
+    rec._at_exit()  # what the interpreter's exit runs
+    assert not os.path.exists(tmp_path / "trace")

@@ -1,0 +1,393 @@
+"""accumcheck inside an FSDP trainer (the contract tier, gloo on CPU).
+
+    model = fully_shard(MyNet(), mesh=mesh)   # FSDP2 (FSDP1: FullyShardedDataParallel,
+                                              # use_orig_params=True, ContractFSDP1Recorder)
+    recorder = ContractFSDPRecorder(model, optimizer, summed_loss, items, accumulation=K,
+                                    replica=MyNet(), out="trace/")
+    for batch in recorder.watch(loader): ...  # your loop, unchanged
+    recorder.close()                          # every rank; rank 0 writes trace/
+    accumcheck certify --contract --trace trace/
+
+The sharding recorders are ContractDistributedRecorder (distributed.py)
+with what FSDP hides seen: each backward's whole local gradient from hooks
+on the unsharded parameters (FSDP2) or FlatParameters (FSDP1), each rank's
+step fit on its own shard of the consumed gradient (_ShardFit), the
+recomputes on a plain replica loaded with the parameters gathered after
+every step (_GatheredReplica), each reduce-scatter counted as the step's
+gradient collective.  docs/memory-systems.md says what each refuses.
+
+These classes lived in accumcheck_torch.distributed, which the docs named;
+`from accumcheck_torch.distributed import ContractFSDPRecorder` (and
+ContractFSDP1Recorder) keeps working through a lazy re-export there.
+"""
+
+import copy
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from .distributed import ContractDistributedRecorder
+from .trace import Refused
+
+
+class _GatheredReplica:
+    """What the FSDP recorders share: `replica`, a plain module the
+    recomputes run on, loaded with the whole parameters gathered at the
+    start and after every step (a collective on every rank)."""
+
+    def _take_replica(self, who, names, replica):
+        if replica is None:
+            raise Refused("%s needs replica=: a plain (unsharded) module of the same "
+                          "architecture, e.g. built by the constructor you sharded" % who)
+        theirs = [n for n, p in replica.named_parameters() if p.requires_grad]
+        if names != theirs:
+            # The first name that differs: the lists' heads are often alike.
+            k = next((i for i, (a, b) in enumerate(zip(names, theirs)) if a != b),
+                     min(len(names), len(theirs)))
+            raise Refused("replica: its %d parameters are not the model's %d (the same names in "
+                          "the same order): the first to differ is #%d, the model's %s where the "
+                          "replica has %s; build the replica with the model's constructor and "
+                          "arguments" % (len(theirs), len(names), k,
+                                         repr(names[k]) if k < len(names) else "none",
+                                         repr(theirs[k]) if k < len(theirs) else "none"))
+        self.replica_model = replica
+        self.full = None
+
+    def _replica(self, model):
+        return copy.deepcopy(self.replica_model)
+
+    def _source(self):
+        return self.full
+
+    def _reduces_seen(self):
+        return True
+
+    def _after_step(self):
+        super()._after_step()
+        self._gather_params()
+
+
+class _ShardFit:
+    """What the sharding recorders (FSDP2, FSDP1) share: each rank's step
+    fit solves for its own shard of the consumed gradient -- what its
+    optimizer steps -- over every rank's whole backward passes restricted
+    to that shard, so a gradient scaled by a factor of the rank's own (a
+    clip by the shard's norm: ddp-clip-local-norm) is seen as such, not
+    as a change the recorder cannot explain; and each clip is recorded
+    with the norm of this rank's shard of the gradient it saw and, once
+    the ranks meet at the step, of the whole gradient (both in float64:
+    certify judges the factor against the one the loop's clip gives).
+
+    With a clip declared (clip=), a scaling of this rank's shard between
+    the window's last backward and optimizer.step() that no clip function
+    reported (p.grad.to_local().mul_(factor) after a norm of your own) is
+    recorded as the loop's clip, with the factor it applied: the ratio of
+    the consumed shard to the one the backward left (the step fit checks
+    that it is one factor: anything else fails it)."""
+
+    def _setup_shards(self):
+        parts, self.local_sizes = [], []
+        for (a, b), (start, size) in zip(self.buf.slices, self._shard_ranges()):
+            parts.append(torch.arange(a + start, a + start + size))
+            self.local_sizes.append(size)
+        self.shard_idx = torch.cat(parts)
+        self.snap = None     # this rank's shard of .grad when the last backward ended
+        self.snap_clips = 0  # the clips seen before it
+        self.hand_clip_noted = False  # the note on a scaling seen on .grad, said once
+
+    def _local_flat(self, grads, strict=True):
+        """This rank's shard of the gradients, float64, in shard_idx's
+        order (zeros for a gradient that is None); not strict: None where
+        a gradient is not the shard (FSDP1's under no_sync())."""
+        out = torch.zeros(self.shard_idx.numel(), dtype=torch.float64)
+        at = 0
+        for p, g, size in zip(self.params, grads, self.local_sizes):
+            if g is not None:
+                g = self._local(g).detach().reshape(-1)
+                if g.numel() != size:
+                    if not strict:
+                        return None
+                    self._refuse("rank %d: a gradient of %d elements where the parameter's shard "
+                                 "holds %d: not the sharded gradient the optimizer steps"
+                                 % (self.rank, g.numel(), size))
+                out[at:at + size].copy_(g)
+            at += size
+        return out
+
+    def _consumed_vector(self, grads):
+        G = self.vec[0].zero_()
+        return G.index_copy_(0, self.shard_idx, self._local_flat(grads))
+
+    def _fit_space(self, A, G, terms):
+        if self.shard_idx.numel() < terms:
+            self._refuse("rank %d: its shard holds %d gradient elements, fewer than the %d "
+                         "vectors its step fit solves for: the fit would not be determined "
+                         "(fewer ranks, or a larger model)"
+                         % (self.rank, self.shard_idx.numel(), terms))
+        return A.index_select(1, self.shard_idx), G.index_select(0, self.shard_idx)
+
+    def _clip_norms(self, parameters):
+        """The shard's norm now; the whole gradient's at the step (its
+        ranks' shard norms, gathered)."""
+        with torch.no_grad():
+            sq = sum(float(self._local(p.grad.detach()).double().pow(2).sum())
+                     for p in parameters if p.grad is not None)
+        return float("nan"), sq ** 0.5
+
+    def _end_backward(self):
+        super()._end_backward()
+        if self.clip_max is not None:
+            self.snap = self._local_flat([p.grad for p in self.params], strict=False)
+            self.snap_clips = len(self.clips)
+
+    def _before_step(self):
+        snap, self.snap = self.snap, None
+        if snap is not None and len(self.clips) == self.snap_clips:
+            now = self._local_flat(self._consumed())
+            ss = float(snap.dot(snap))
+            if ss > 0 and not torch.equal(now, snap):
+                factor = float(now.dot(snap)) / ss
+                if not self.hand_clip_noted:
+                    self.hand_clip_noted = True
+                    self.notes.append(
+                        "its shard of .grad scaled between the window's last backward and "
+                        "optimizer.step() by no clip function the recorder saw (step %d: factor "
+                        "%.6g): recorded as the loop's clip (clip=%g declared)"
+                        % (self.steps, factor, self.clip_max))
+                self._clipped(factor, float("nan"), ss ** 0.5, float("nan"))
+        super()._before_step()
+
+    def _step_payload(self):
+        return [c[4] for c in self.clips if c[0] == self.steps]
+
+    def _step_gathered(self, payloads):
+        """Each clip of this step: the whole gradient's norm from every
+        rank's shard norm of its clip in the same place."""
+        mine = [c for c in self.clips if c[0] == self.steps]
+        if len({len(p) for p in payloads}) > 1:
+            self.notes.append("step %d: the ranks clipped %s times: the whole gradient's norm "
+                              "at each clip is not known" % (self.steps, "/".join(
+                                  str(len(p)) for p in payloads)))
+            return
+        for k, c in enumerate(mine):
+            c[2] = sum(p[k] ** 2 for p in payloads) ** 0.5
+
+
+class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecorder):
+    """The contract tier's recorder for one rank of an FSDP2 trainer
+    (torch.distributed.fsdp.fully_shard, gloo on CPU): ContractRecorder's
+    arguments, with `model` the fully_shard'ed root module and `replica` a
+    plain (unsharded) module of the same architecture, with the same
+    parameter names (built again by your own constructor: its values do
+    not matter, the recorder loads the gathered parameters into it).
+
+    What FSDP2 hides and how it is seen:
+      - each backward's gradient: FSDP2 computes it on the unsharded
+        parameters (each FSDPParam's unsharded nn.Parameter, made at the
+        first all-gather) and writes only the reduce-scattered shard into
+        the sharded parameter's .grad; the recorder hooks the unsharded
+        parameters after the first forward, so c_b is this rank's whole
+        local gradient (as under DDP, before any communication);
+      - the gradient a step consumes: the sharded .grad gathered into the
+        whole tensor (DTensor.full_tensor(), an all-gather per parameter
+        per step: every rank steps together), the same on every rank;
+      - the optimizer steps on shards: the replay steps this rank's shards
+        (to_local) with this rank's shard of the optimizer state;
+      - g_j: recomputed on the replica loaded with the parameters gathered
+        after each step (never taken from your forward: FSDP's backward
+        hooks would run inside the recorder's own autograd.grad);
+      - gradient sync: a backward whose FSDP parameter groups reduce
+        (set_requires_gradient_sync left on) is a reduce-scatter, recorded
+        as the step's gradient collective (an all_reduce event: averaged
+        over the ranks as DDP's all-reduce is), so certify counts them."""
+
+    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
+        from torch.distributed.fsdp import FSDPModule
+        if not isinstance(model, FSDPModule):
+            raise Refused("ContractFSDPRecorder takes the fully_shard'ed root module; got %s"
+                          % type(model).__name__)
+        self._take_replica("ContractFSDPRecorder",
+                           [n for n, p in model.named_parameters() if p.requires_grad], replica)
+        self.groups = [g for m in model.modules() if isinstance(m, FSDPModule)
+                       for g in m._get_fsdp_state()._fsdp_param_groups]
+        self.unsharded_hooked = False
+        super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
+        self._setup_shards()
+        self._gather_params()
+
+    def _shard_ranges(self):
+        """Each parameter's shard on this rank: FSDP2's dim-0 chunk of the
+        DTensor, as (first element in the flattened parameter, elements)."""
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        out = []
+        for p in self.params:
+            if not isinstance(p, DTensor) or any(type(pl) is not Shard or pl.dim != 0
+                                                 for pl in p.placements):
+                self._refuse("ContractFSDPRecorder: a parameter %s is not sharded on dim 0 "
+                             "(placements %s): the recorder fits each rank's dim-0 shard; "
+                             "record a run sharded over a 1-D mesh with fully_shard's default "
+                             "placement, Shard(0) (HSDP's replicated dimension, another dim from "
+                             "shard_placement_fn, or a parameter left unsharded are not modelled)"
+                             % (tuple(p.shape), getattr(p, "placements", "none")))
+            shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
+                                                                  p.placements)
+            row = p.numel() // p.shape[0] if p.dim() and p.shape[0] else 0
+            out.append((offset[0] * row if p.dim() else 0, p.to_local().numel()))
+        return out
+
+    def _full(self, t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    def _local(self, t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    def _gather_params(self):
+        """Every parameter gathered whole (a collective: at the start and
+        after every step, on every rank)."""
+        with torch.no_grad():
+            self.full = [self._full(p.detach()) for p in self.params]
+
+    def _take_from_forward(self, j, pending, output):
+        """Hooks the unsharded parameters once they exist (after the first
+        forward); g_j always comes from the replica."""
+        if self.unsharded_hooked:
+            return
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for g in self.groups:
+            for fp in g.fsdp_params:
+                i = index.get(id(fp.sharded_param))
+                if i is None or getattr(fp, "_unsharded_param", None) is None:
+                    continue
+                self._hooks.append(fp._unsharded_param.register_hook(self._grad_hook(i)))
+        self.unsharded_hooked = True
+
+    def _end_backward(self):
+        if any(g.reduce_grads for g in self.groups):
+            self.sync_pending = True
+        super()._end_backward()
+
+
+class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedRecorder):
+    """The contract tier's recorder for one rank of an FSDP1 trainer
+    (torch.distributed.fsdp.FullyShardedDataParallel with
+    use_orig_params=True; on CPU with device_id=torch.device("cpu") and
+    gloo): ContractRecorder's arguments, with `model` the root
+    FullyShardedDataParallel module and `replica` a plain module of the
+    same architecture (the same parameter names, FSDP's wrapper prefixes
+    left out).
+
+    What FSDP1 hides and how it is seen:
+      - each backward's gradient: FSDP1 computes it on each FlatParameter
+        unsharded (its views are what the forward uses) and reduce-scatters
+        it, or under no_sync() keeps it unsharded; the recorder hooks each
+        FlatParameter, so c_b is this rank's whole local gradient of every
+        parameter (the flat gradient cut by FSDP's own views, padding left
+        out), before any communication;
+      - the gradient a step consumes: this rank's shard of it (the
+        original parameters' local .grad, each a slice of the flattened
+        parameter: FSDP's _shard_param_infos), fitted over the backward
+        passes restricted to that slice; the parameters after each step
+        gathered whole (FullyShardedDataParallel.summon_full_params, a
+        collective on every rank at every step) for the replica;
+      - the optimizer steps the original parameters' local shards: the
+        replay steps them with their own .grad and optimizer state;
+      - gradient sync: a backward outside no_sync() reduce-scatters (the
+        root's _sync_gradients at the backward's end), recorded as the
+        step's gradient collective, so certify counts them;
+      - clip: FSDP1's own model.clip_grad_norm_ (the whole gradient's
+        norm, all-reduced: the right clip) is seen on the root module, as
+        torch.nn.utils.clip_grad_norm_ is (on FSDP1's shards: each rank's
+        shard's norm, ddp-clip-local-norm)."""
+
+    def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp._common_utils import clean_tensor_name
+        from .contract import _Rows
+        if not isinstance(model, FSDP):
+            raise Refused("ContractFSDP1Recorder takes the root FullyShardedDataParallel "
+                          "module; got %s" % type(model).__name__)
+        handles = [m._handle for m in FSDP.fsdp_modules(model) if m._handle is not None]
+        if not all(h._use_orig_params for h in handles):
+            raise Refused("ContractFSDP1Recorder needs FullyShardedDataParallel(..., "
+                          "use_orig_params=True): the optimizer must step the original "
+                          "parameters the recorder replays")
+        self._take_replica("ContractFSDP1Recorder",
+                           [clean_tensor_name(n) for n, p in model.named_parameters()
+                            if p.requires_grad], replica)
+        self.fsdp, self.summon = model, FSDP.summon_full_params
+        super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
+        # The parameters are local shards: every n-long vector holds the
+        # whole parameters (the replica's shapes), and c_b comes from the
+        # FlatParameters' hooks, not the shards' (which no backward reaches).
+        whole = [p for p in self.replica_model.parameters() if p.requires_grad]
+        self.n = sum(p.numel() for p in whole)
+        self.buf = _Rows(whole, self.K + 2)
+        self.vec = [torch.zeros(self.n, dtype=torch.float64) for _ in range(4)]
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for h in handles:
+            hooks = [None if index.get(id(p)) is None else self._grad_hook(index[id(p)])
+                     for p in h.flat_param._params]
+            self._hooks.append(h.flat_param.register_hook(self._flat_hook(h, hooks)))
+        self.handles = handles
+        self._setup_shards()
+        self._gather_params()
+        orig = model.clip_grad_norm_
+
+        def clip_grad_norm_(max_norm, *a, **k):
+            norm, shard = self._clip_norms(self.params)
+            total = orig(max_norm, *a, **k)
+            self._clipped(min(1.0, float(max_norm) / (float(total) + 1e-6)), norm, shard,
+                          float(max_norm))
+            return total
+        model.clip_grad_norm_ = clip_grad_norm_
+
+    def _unpatch(self):
+        self.fsdp.__dict__.pop("clip_grad_norm_", None)
+        super()._unpatch()
+
+    def _shard_ranges(self):
+        """Each original parameter's shard on this rank: a slice of its
+        flattened whole (FSDP1's _shard_param_infos), or nothing."""
+        info = {}
+        for h in self.handles:
+            for p, si in zip(h.flat_param._params, h.flat_param._shard_param_infos):
+                info[id(p)] = si
+        out = []
+        for p in self.params:
+            si = info[id(p)]
+            out.append((si.intra_param_start_idx, si.intra_param_end_idx - si.intra_param_start_idx
+                        + 1) if si.in_shard else (0, 0))
+        return out
+
+    @staticmethod
+    def _flat_hook(handle, hooks):
+        def hook(grad):
+            for f, view in zip(hooks, handle._get_unflat_views(grad)):
+                if f is not None:
+                    f(view)
+            return None
+        return hook
+
+    def _gather_params(self):
+        with torch.no_grad(), self.summon(self.fsdp, writeback=False):
+            self.full = [p.detach().clone() for p in self.params]
+
+    def _take_from_forward(self, j, pending, output):
+        """g_j always comes from the replica (FSDP's backward hooks would
+        run inside the recorder's own autograd.grad)."""
+
+    def _consumed(self):
+        if any(p.grad is not None and p.grad.shape != p.shape for p in self.params):
+            self._refuse(
+                "rank %d: optimizer.step() on FSDP1 gradients that are still unsharded: the "
+                "window's last backward ran under no_sync(), so nothing was reduce-scattered "
+                "and the gradients do not fit the sharded parameters (PyTorch's optimizer "
+                "fails on them with a size mismatch); run the window's last backward outside "
+                "no_sync()" % self.rank)
+        return [p.grad for p in self.params]
+
+    def _end_backward(self):
+        if self.fsdp._sync_gradients:
+            self.sync_pending = True
+        super()._end_backward()
