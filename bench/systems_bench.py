@@ -56,7 +56,9 @@ def _env():
 def loop_cpu(argv):
     """The largest rank's CPU seconds in the loop of one run of argv (a
     trainer that prints "rank R: S s cpu in the loop")."""
-    r = subprocess.run(argv, capture_output=True, text=True, check=True, env=_env())
+    r = subprocess.run(argv, capture_output=True, text=True, env=_env())
+    if r.returncode != 0:
+        raise SystemExit("%s exited %d:\n%s" % (" ".join(argv), r.returncode, r.stdout + r.stderr))
     found = re.findall(r"rank \d+: ([0-9.]+) s cpu in the loop", r.stdout)
     if not found:
         raise SystemExit("%s printed no loop time:\n%s" % (" ".join(argv), r.stdout + r.stderr))

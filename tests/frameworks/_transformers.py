@@ -13,12 +13,14 @@ from _tiny import VariableTokens, collate
 
 
 def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
-          warmup=0, clip=0.0, **recorder):
+          warmup=0, clip=0.0, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
+          **recorder):
     """Trainer(model, TrainingArguments(gradient_accumulation_steps=K, ...))
     on n variable-length sequences, micro-batches of `batch`.  optim 'sgd':
     torch.optim.SGD(lr) without momentum passed as optimizers=(sgd, None);
-    'adamw': the Trainer's own (optim='adamw_torch').  Returns the CPU
-    seconds of trainer.train()."""
+    'adamw': the Trainer's own (optim='adamw_torch'); gradient_checkpointing
+    and its kwargs: TrainingArguments'.  Returns the CPU seconds of
+    trainer.train()."""
     from transformers import Trainer, TrainingArguments
 
     from accumcheck_torch.integrations.transformers import AccumcheckCallback
@@ -30,6 +32,8 @@ def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedu
             warmup_steps=warmup, max_grad_norm=clip, weight_decay=0.0, optim="adamw_torch",
             report_to="none", save_strategy="no", logging_strategy="no", use_cpu=True,
             disable_tqdm=True, seed=0, dataloader_num_workers=0,
+            gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
             ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None)
         opts = (None, None)
         if optim == "sgd":
