@@ -14,6 +14,9 @@ interpreter's own exit, as a script's process does.  Orders:
   destroy_only     dist.destroy_process_group(), the recorder never closed
   exception        an exception mid-run (at the second optimizer step, on
                    every rank), the script's `finally` destroys the group
+  early_destroy    destroy_process_group through a name bound before the
+                   recorder existed (which the recorder cannot see), then
+                   recorder.close(): refused, exit 2 on every rank, no trace
 
 A correct no_sync loop (K = 2) on a tiny model under DDP, recorded by
 ContractDistributedRecorder.  The orders that close (or destroy) normally
@@ -30,7 +33,8 @@ import subprocess
 import sys
 import time
 
-ORDERS = ("close_destroy", "destroy_close", "exit", "destroy_only", "exception")
+ORDERS = ("close_destroy", "destroy_close", "exit", "destroy_only", "exception", "early_destroy")
+REFUSED = "close() after torch.distributed.destroy_process_group()"
 
 
 def rank_main(order, out):
@@ -41,6 +45,7 @@ def rank_main(order, out):
     from accumcheck_torch.distributed import ContractDistributedRecorder
 
     torch.set_num_threads(1)
+    early = dist.destroy_process_group  # bound before the recorder exists
     dist.init_process_group("gloo")
     R = dist.get_world_size()
     torch.manual_seed(0)
@@ -82,6 +87,9 @@ def rank_main(order, out):
         rec.close()
     elif order == "destroy_only":
         dist.destroy_process_group()
+    elif order == "early_destroy":
+        early()
+        rec.close()
     # "exit": nothing; the interpreter's exit ends the recorder and the group
 
 
@@ -132,13 +140,15 @@ def one_run(order, ranks, out, timeout, accumcheck):
     outputs = [open(f).read() for f in logs]
     if hung:
         return "hang", outputs
-    want = 1 if order == "exception" else 0
+    want = {"exception": 1, "early_destroy": 2}.get(order, 0)
     got = [codes[p] for p in pids]
     if any(c != want for c in got):
         return "fail: exit codes %s, expected %d" % (got, want), outputs
-    if order == "exception":
+    if order in ("exception", "early_destroy"):
         if os.path.exists(os.path.join(out, "meta.csv")):
             return "fail: a trace was written by a run that raised", outputs
+        if order == "early_destroy" and not all(REFUSED in o for o in outputs):
+            return "fail: a rank did not say %r" % REFUSED, outputs
         return "ok", outputs
     c = subprocess.run([accumcheck, "certify", "--contract", "--trace", out],
                        capture_output=True, text=True)
