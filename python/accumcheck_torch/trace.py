@@ -208,21 +208,12 @@ def write_rank_marker(folder, rank, ranks, state, steps, backward, why=""):
     leaves it so) or "ended" (it ended without its part in a trace: `why`);
     steps and backward: the optimizer steps and backward passes the rank
     had recorded."""
+    os.makedirs(folder, exist_ok=True)
     rows = [("rank", rank), ("ranks", ranks), ("state", state), ("steps", steps),
             ("backward", backward), ("why", why)]
-    text = "key,value\n" + "".join("%s,%s\n" % (k, _field(v)) for k, v in rows)
-    path = rank_marker_path(folder, rank)
-    # Rewritten after every backward pass: one writer per marker, so its
-    # temporary's name is fixed (no mkstemp), the folder made once.
-    tmp = os.path.join(folder, ".tmp." + os.path.basename(path))
-    try:
-        f = open(tmp, "w", newline="")
-    except FileNotFoundError:
-        os.makedirs(folder, exist_ok=True)
-        f = open(tmp, "w", newline="")
-    with f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomically(rank_marker_path(folder, rank),
+                     "key,value\n" + "".join("%s,%s\n" % (k, _field(v)) for k, v in rows),
+                     fsync=False)
 
 
 def _field(v):
