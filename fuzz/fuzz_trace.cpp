@@ -11,7 +11,9 @@
 // trace must be an InputError; anything else is a crash.  Every run is
 // gathered against the layout of that scenario's model (linear 2-1), with
 // its state blocks (tiny_mse-oracle-bin-state.trace: that trace's
-// values.bin as version 2, with exp_avg, exp_avg_sq and ema blocks).
+// values.bin as version 2, with exp_avg, exp_avg_sq and ema blocks).  The
+// folder is sealed (complete.csv) before it is read: the completion check
+// itself is tests/trace_test.cpp's and the damaged-trace battery's.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -52,6 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     dir.write("values.bin", part[3]);
   }
   try {
+    // Sealed as written (complete.csv), so mutations reach the readers
+    // past the completion record.
+    seal_trace(dir.path());
     const Trace t = read_trace(dir.path());
     for (const TraceRun& run : t.runs) {
       (void)gather_steps(t, run, layout);

@@ -43,6 +43,7 @@ epochs = 2"
 # Keeps the rows of run $1 only (header kept) in trace file $2.
 only_run() {
   awk -F, -v r="$1" 'NR == 1 || $1 == r' "$2" >"$2.new" && mv "$2.new" "$2"
+  reseal "$(dirname "$2")"
 }
 
 case $case_name in
@@ -232,6 +233,7 @@ accumulation = 2"
       line=$(wc -l <"$tmp/t2/events.csv")
       awk -F, -v OFS=, -v l="$line" -v b="$big" 'NR == l {$3 = b} 1' \
         "$tmp/t2/events.csv" >"$tmp/e" && mv "$tmp/e" "$tmp/t2/events.csv"
+      reseal "$tmp/t2"
       expect 2 "events.csv:$line: step: run 'correct': (step|optimizer_step) $big(, but 6 optimizer_step rows precede this row| follows optimizer_step 5)" 10 -- \
         "$bin" certify "$tmp/s.toml" --trace "$tmp/t2"
       rm -rf "$tmp/t2"
@@ -245,6 +247,7 @@ accumulation = 2"
     # Repeat the first optimizer_step row.
     awk -F, '{print} $5 == "optimizer_step" && !d {print; d = 1}' \
       "$tmp/tr/events.csv" >"$tmp/dup/events.csv"
+    reseal "$tmp/dup"
     line=$(awk -F, '$5 == "optimizer_step" {n++} n == 2 {print NR; exit}' "$tmp/dup/events.csv")
     expect 2 "events.csv:$line: step: run 'correct': optimizer_step 0 appears twice" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/dup"
@@ -252,12 +255,14 @@ accumulation = 2"
     # Drop the second optimizer_step row: step 2 follows step 0.
     awk -F, '$5 == "optimizer_step" && ++n == 2 {next} 1' \
       "$tmp/tr/events.csv" >"$tmp/gap/events.csv"
+    reseal "$tmp/gap"
     expect 2 "events.csv:[0-9]+: step: run 'correct': step 2, but 1 optimizer_step rows precede this row" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/gap"
     cp -r "$tmp/tr" "$tmp/short"
     # events end early: fewer optimizer_step rows than values steps.
     awk -F, '$5 == "optimizer_step" && ++n == 3 {exit} 1' \
       "$tmp/tr/events.csv" >"$tmp/short/events.csv"
+    reseal "$tmp/short"
     expect 2 "events.csv:[0-9]+: step: run 'correct': 2 optimizer_step rows, but values.csv holds 6 steps" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/short"
     ;;
@@ -266,6 +271,7 @@ accumulation = 2"
     only_run correct "$tmp/tr/values.csv"
     cp "$tmp/tr/events.csv" "$tmp/ev"
     head -1 "$tmp/ev" >"$tmp/tr/events.csv"  # header only
+    reseal "$tmp/tr"
     # A recorder always writes events: refused, nothing written ...
     expect 2 "events.csv:1: run: no rows for run 'correct' \(the file holds no rows\); expected its events .* or --values-only" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" --junit "$tmp/r.xml"
@@ -277,6 +283,7 @@ accumulation = 2"
       fail "the JUnit report does not say the check was skipped"
     only_run reference "$tmp/ev"  # rows of another run only
     cp "$tmp/ev" "$tmp/tr/events.csv"
+    reseal "$tmp/tr"
     last=$(wc -l <"$tmp/tr/events.csv")
     expect 2 "events.csv:$last: run: no rows for run 'correct' \(the file holds rows of run 'reference' only\)" -- \
       "$bin" certify "$tmp/s.toml" --trace "$tmp/tr" --run correct --quiet

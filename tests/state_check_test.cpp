@@ -39,7 +39,11 @@ std::string scale_rows(const std::string& dir, int64_t odd) {
 }
 
 void write_state(const std::string& dir, const std::string& rows) {
-  std::ofstream(dir + "/state.csv") << "kind,step,tensor,index,value\n" << rows;
+  {
+    std::ofstream(dir + "/state.csv") << "kind,step,tensor,index,value\n"
+                                      << rows;
+  }
+  seal_trace(dir);  // a trace whose record lists the state written here
 }
 
 const CertifyCheck* check(const CertifyReport& r, const std::string& name) {
@@ -108,8 +112,11 @@ TEST(StateCheck, RunColumnSelectsTheJudgedRunsRows) {
     return o;
   };
   auto write = [&](const std::string& rows) {
-    std::ofstream(dir + "/state.csv") << "run,kind,step,tensor,index,value\n"
-                                      << rows;
+    {
+      std::ofstream(dir + "/state.csv") << "run,kind,step,tensor,index,value\n"
+                                        << rows;
+    }
+    seal_trace(dir);
   };
   write(with_run(judged, scale_rows(dir, -1)) +
         with_run("other", scale_rows(dir, 2)));

@@ -26,7 +26,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 
 import models
-from accumcheck_torch import ContractRecorder
+from accumcheck_torch import ContractRecorder, exit_on_refusal
 from train import windows
 
 DECAY = 0.9
@@ -193,4 +193,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

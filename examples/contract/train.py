@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 
 import models
-from accumcheck_torch import ContractRecorder
+from accumcheck_torch import ContractRecorder, exit_on_refusal
 
 
 def windows(loader, K):
@@ -326,4 +326,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -61,6 +61,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import models
 from train import warmup_linear
+from accumcheck_torch import exit_on_refusal
 from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks
 
 LOOPS = ("correct", "local_mean", "no_sync_everywhere", "sync_every_micro_step",
@@ -164,4 +165,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

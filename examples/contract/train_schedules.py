@@ -21,7 +21,7 @@ from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
 from torch.utils.data import DataLoader
 
 import models
-from accumcheck_torch import ContractRecorder
+from accumcheck_torch import ContractRecorder, exit_on_refusal
 
 WARMUP, HORIZON = 2, 5
 
@@ -187,4 +187,4 @@ def run(a):
 
 
 if __name__ == "__main__":
-    run(parse())
+    exit_on_refusal(run, parse())

@@ -52,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
 from torch.utils.data.distributed import DistributedSampler
 
-from accumcheck_torch import load_bundle
+from accumcheck_torch import exit_on_refusal, load_bundle
 from accumcheck_torch.distributed import DistributedRecorder, run_ranks
 
 LOOPS = ("correct", "no_sync_everywhere", "sync_every_micro_step", "local_mean",
@@ -204,4 +204,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -7,7 +7,7 @@ with set_to_none at the top of each window.
 
 import torch
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 
 
 def main():
@@ -31,4 +31,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

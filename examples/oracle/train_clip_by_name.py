@@ -8,7 +8,7 @@ normalization (sum of the item losses / the window's item count).
 
 from torch.nn.utils import clip_grad_norm_
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 
 
 def main():
@@ -33,4 +33,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -10,7 +10,7 @@ zero_grad once per window.
 
 import torch
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 
 
 def main():
@@ -35,4 +35,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -8,7 +8,7 @@ Expected: "no modelled pitfall explains this trace", with the lr ratio K.
 
 import torch
 
-from accumcheck_torch import Recorder, load_bundle
+from accumcheck_torch import exit_on_refusal, load_bundle, Recorder
 
 
 def main():
@@ -41,4 +41,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

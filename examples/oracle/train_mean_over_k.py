@@ -14,7 +14,7 @@ cross-entropy, or token cross-entropy with ignore_index.
 
 import torch
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 
 
 def main():
@@ -36,4 +36,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

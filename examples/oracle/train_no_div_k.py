@@ -6,7 +6,7 @@
 
 import torch
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 
 
 def main():
@@ -29,4 +29,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -10,7 +10,7 @@ micro-batches this loader drew and checks order and coverage separately.
 import torch
 from torch.utils.data import DataLoader
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 
 
 def main():
@@ -36,4 +36,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -10,7 +10,7 @@ no_grad at each epoch end is a note, not a failure.
 import torch
 from torch import nn
 
-from accumcheck_torch import Recorder, load_bundle
+from accumcheck_torch import exit_on_refusal, load_bundle, Recorder
 
 
 class Regressor(nn.Module):
@@ -59,4 +59,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -6,7 +6,7 @@ ramp-schedule-horizon-fixed).
     python3 train_ramp_horizon_fixed.py --bundle BUNDLE --out TRACE
 """
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 from train_ramp import horizon, train
 
 
@@ -21,4 +21,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -5,7 +5,7 @@ ramp-normalization-stale).
     python3 train_ramp_stale_k.py --bundle BUNDLE --out TRACE
 """
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 from train_ramp import horizon, train
 
 
@@ -20,4 +20,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

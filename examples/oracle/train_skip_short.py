@@ -9,7 +9,7 @@ Expected diagnosis: skip-short-micro-batch.
 import torch
 from torch.utils.data import DataLoader
 
-from accumcheck_torch import example_session
+from accumcheck_torch import example_session, exit_on_refusal
 
 
 def main():
@@ -34,4 +34,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from accumcheck_torch import Recorder, load_bundle
+from accumcheck_torch import exit_on_refusal, load_bundle, Recorder
 
 
 def main():
@@ -49,4 +49,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from accumcheck_torch import Recorder, load_bundle
+from accumcheck_torch import exit_on_refusal, load_bundle, Recorder
 
 
 class Regressor(nn.Module):
@@ -129,4 +129,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -20,7 +20,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader
 
-from accumcheck_torch import Recorder, load_bundle
+from accumcheck_torch import exit_on_refusal, load_bundle, Recorder
 
 EMA_DECAY = 0.9
 
@@ -85,4 +85,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -30,6 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
+from accumcheck_torch import exit_on_refusal  # noqa: E402
 from accumcheck_torch.deepspeed import DeepSpeedRecorder, initialize  # noqa: E402
 from accumcheck_torch.distributed import run_ranks  # noqa: E402
 
@@ -146,4 +147,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

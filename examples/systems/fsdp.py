@@ -60,6 +60,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
 import models  # noqa: E402
+from accumcheck_torch import exit_on_refusal  # noqa: E402
 from accumcheck_torch.distributed import run_ranks  # noqa: E402
 from accumcheck_torch.fsdp import ContractFSDP1Recorder, ContractFSDPRecorder  # noqa: E402
 
@@ -167,4 +168,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -41,6 +41,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader, TensorDataset
 
+from accumcheck_torch import exit_on_refusal
 from accumcheck_torch.distributed import run_ranks
 from accumcheck_torch.pipelining import ContractPipelineRecorder
 
@@ -157,4 +158,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_refusal(main)

@@ -17,10 +17,10 @@ Tensor.backward).  The attributes of a bundle: docs/python.md.
 from .bundle import Bundle, SampleDataset, load_bundle, map_parameters
 from .contract import ContractRecorder
 from .recorder import Recorder
-from .trace import TRACE_SCHEMA, VERSION, Refused
+from .trace import TRACE_SCHEMA, VERSION, Refused, exit_on_refusal
 
 __all__ = ["Bundle", "SampleDataset", "load_bundle", "map_parameters", "Recorder", "ContractRecorder",
-           "TRACE_SCHEMA", "VERSION", "Refused", "example_session"]
+           "TRACE_SCHEMA", "VERSION", "Refused", "exit_on_refusal", "example_session"]
 
 
 def example_session(doc, model=None):

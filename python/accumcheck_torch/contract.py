@@ -57,7 +57,6 @@ The judging (which g_j with which weight each step holds, against the
 coefficient engine's predictions) is `accumcheck certify --contract`.
 """
 
-import atexit
 import contextlib
 import copy
 import inspect
@@ -70,7 +69,8 @@ import torch.utils.checkpoint
 
 from .recorder import at_backward_end, eager, swap_clip
 from .schedule import Schedule
-from .trace import TRACE_SCHEMA, VERSION, Refused, real, unseen_meta, write_trace
+from .trace import (TRACE_SCHEMA, VERSION, Recording, Refused, real, stopped_by, unseen_meta,
+                    write_trace)
 
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
 U32 = 2.0 ** -24
@@ -342,6 +342,7 @@ class ContractRecorder:
     def __init__(self, model, optimizer=None, loss_fn=None, count_fn=None, accumulation=None,
                  out="trace", items="samples", run="trainer", quiet=False, calibrate_every=None,
                  lr=None, schedule=None, clip=None, accept=()):
+        self.abandoned = None  # why the run ended without its trace (see _abandon)
         if loss_fn is None or count_fn is None or accumulation is None:
             raise Refused("ContractRecorder: pass loss_fn= (the summed loss of a batch), "
                           "count_fn= (its loss-bearing items) and accumulation= (K)")
@@ -425,7 +426,20 @@ class ContractRecorder:
         self._patch_model()
         if optimizer is not None:
             self.attach(optimizer)
-        atexit.register(self._at_exit)
+        self._start_recording()
+
+    def _start_recording(self):
+        """The recording's marker in the trace folder (trace.Recording): a
+        run that does not reach close() leaves it, saying how far it got and
+        how it ended (a rank recorder starts its own: distributed._RankLife)."""
+        self._recording = Recording(self.out, on_exit=self._abandon)
+
+    def _progress(self, write):
+        """The steps and backward passes so far, for the marker (written
+        at each optimizer step)."""
+        rec = getattr(self, "_recording", None)
+        if rec is not None:
+            rec.progress(self.steps, len(self.backwards), write)
 
     # ---- wiring
 
@@ -452,8 +466,10 @@ class ContractRecorder:
         if self.schedule_declared is not None:
             try:
                 self.declared = Schedule(self.schedule_declared, optimizer, self.K)
-            except Refused:
-                self._unpatch()  # nothing left patched by a refused declaration
+            except Refused as e:
+                # Nothing left patched by a refused declaration, the marker
+                # (once recording) saying so.
+                self._abandon("refused: " + e.message, say=False)
                 raise
         self.optimizer = optimizer
         group = optimizer.param_groups[0]
@@ -573,33 +589,31 @@ class ContractRecorder:
         if self.closed:
             return
         self.closed = True
-        atexit.unregister(self._at_exit)
         for h in self._hooks:
             h.remove()
         self._restore_clip()
         _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
 
     def _refuse(self, message):
-        """A misuse of the recorder: closed without a trace (nothing left
-        patched, nothing written at exit), and Refused (exit 2)."""
-        self._unpatch()
+        """A misuse of the recorder: it ends without a trace (nothing left
+        patched, its marker saying it refused), and Refused."""
+        self._abandon("refused: " + message, say=False)
         raise Refused(message)
 
-    def _at_exit(self):
-        """close() at interpreter exit, for a recorder nobody closed."""
-        if self.closed:
+    def _abandon(self, why, say=True):
+        """The run ends without its trace (an exception, a refusal, a
+        signal, the interpreter's exit before close()): the hooks go, the
+        marker says why, nothing is written."""
+        if self.abandoned:
             return
-        try:
-            self.close()
-            sys.stderr.write("accumcheck: ContractRecorder closed at interpreter exit (trace "
-                             "in %s); call rec.close() or use `with ContractRecorder(...)`\n"
-                             % self.out)
-        except SystemExit as e:
-            sys.stderr.write("accumcheck: ContractRecorder not closed at interpreter exit: %s\n"
-                             % getattr(e, "message", e))
-        except Exception as e:  # noqa: BLE001 -- nothing else can be done at exit
-            sys.stderr.write("accumcheck: ContractRecorder not closed at interpreter exit: "
-                             "%s: %s\n" % (type(e).__name__, e))
+        self.abandoned = why
+        rec = getattr(self, "_recording", None)
+        if rec is not None:
+            rec.end(why)
+        if say:
+            sys.stderr.write("accumcheck_torch: the recorder ends without writing a trace: %s "
+                             "(%s holds its marker; certify refuses it)\n" % (why, self.out))
+        self._unpatch()
 
     # ---- what a sharding recorder overrides (fsdp.ContractFSDPRecorder)
 
@@ -866,6 +880,7 @@ class ContractRecorder:
         self.since_step.append(len(self.backwards))
         self.backwards.append([self.current, self.steps, self.pass_row, None])
         self.events.append(("forward_backward", self.steps, self.current, None))
+        self._progress(write=False)
 
     # ---- recompute and fit
 
@@ -1113,22 +1128,31 @@ class ContractRecorder:
         for b in self.since_step:
             self.backwards[b][2] = None  # fitted; its row is free again
         self.since_step = []
+        self._progress(write=True)
 
     # ---- output
 
     def close(self):
         """Recomputes what is pending, restores the optimizer and
         clip_grad_norm_, and writes the trace (meta.csv, events.csv,
-        values.csv, contract.csv)."""
+        values.csv, contract.csv, then the completion record complete.csv).
+        Called while an exception propagates or is handled (a `with` block
+        left by it, a `finally`, an `except`), it writes no trace: the run
+        did not finish, and the folder's marker says so."""
         if self.closed:
             return
+        if not self.abandoned:
+            why = stopped_by()
+            if why:
+                self._abandon(why)
+                return
         self._ema_poll()
         self._recompute_pending()
         self._unpatch()
         if self.optimizer is None:
-            raise Refused("ContractRecorder.close: no optimizer was attached: pass it to "
-                          "ContractRecorder(model, optimizer, ...) or call rec.attach(optimizer) "
-                          "before its first step")
+            self._refuse("ContractRecorder.close: no optimizer was attached: pass it to "
+                         "ContractRecorder(model, optimizer, ...) or call rec.attach(optimizer) "
+                         "before its first step")
         self.optimizer.__dict__.pop("zero_grad", None)
         self.optimizer.__dict__.pop("step", None)
         if self._own_step is not None:
@@ -1184,6 +1208,7 @@ class ContractRecorder:
             events.append("%s,%d,%d,%d,%s,0,0,,%s,,\n" % (self.run, epoch, step, micro, kind,
                                                          "" if lr is None else real(lr)))
         self._write(meta, events, rows)
+        self._recording.done()
 
     def _extra_files(self):
         """The trace's files beside contract.csv: schedule.csv for a

@@ -65,7 +65,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .contract import CONTRACT_HEADER, ContractRecorder
 from .recorder import Recorder, at_backward_end, eager
-from .trace import Refused, write_rank_marker, write_trace
+from .trace import Recording, Refused, exit_on_refusal, stopped_by, write_trace
 
 
 def _process_group():
@@ -87,15 +87,6 @@ def _will_sync(module):
 _LIVE = []
 _SAVED = {}
 _WRAPPED = ("all_reduce", "all_reduce_coalesced", "destroy_process_group")
-
-
-def _exception_pending():
-    """An exception propagates (a `finally` or `with` is running because of
-    it), or the interpreter exits after an unhandled one."""
-    e = sys.exc_info()[1]
-    if e is not None and not (isinstance(e, SystemExit) and not e.code):
-        return True
-    return getattr(sys, "last_value", None) is not None
 
 
 def _install():
@@ -151,6 +142,9 @@ def _end_all(why):
     gc.collect()
 
 
+_EXIT = "the interpreter's exit"
+
+
 @atexit.register
 def _at_exit():
     """A recorder never closed ends at the interpreter's exit, before its
@@ -158,55 +152,66 @@ def _at_exit():
     interpreter lock): it closes -- every rank exits this way -- unless an
     unhandled exception ended the script or the process group is gone."""
     if _LIVE:
-        _end_all("the interpreter's exit")
+        _end_all(_EXIT)
 
 
 class _RankLife:
     """How a rank recorder ends, whatever order the trainer's script ends
     in: close() then destroy_process_group(), destroy_process_group()
-    first (it closes the recorder before the group goes), neither (the
-    interpreter's exit closes it), or an exception (abandoned: no trace,
-    nothing collective).  Each way removes every hook and wrapper, so the
-    recorder keeps no DDP module alive into the interpreter's teardown."""
+    first (it closes the recorder before the group goes), or, without
+    either, the interpreter's exit or an exception (abandoned: no trace,
+    nothing collective, its marker saying why).  Each way removes every
+    hook and wrapper, so the recorder keeps no DDP module alive into the
+    interpreter's teardown."""
+
+    def _start_recording(self):
+        """Started by _live, with the rank (the base class's is a
+        one-process recording)."""
 
     def _live(self):
         self.abandoned = None
         _LIVE.append(self)
         _install()
-        self._mark("recording")
+        bundle = getattr(self, "bundle", None)
+        self._recording = Recording(self.out, self.rank, self.world,
+                                    planned=getattr(bundle, "steps", None),
+                                    on_exit=self._abandon)
 
     def _mark(self, state, why=""):
-        """This rank's marker (trace.write_rank_marker): how far it got,
-        so a run one rank does not finish leaves a folder certify refuses
-        naming that rank.  Rewritten after every backward and step."""
+        """This rank's marker (trace.Recording): how far it got, so a run
+        one rank does not finish leaves a folder certify refuses naming
+        that rank.  Rewritten after every backward and step."""
+        rec = getattr(self, "_recording", None)
+        if rec is None:
+            return
         b = self.backwards
-        write_rank_marker(self.out, self.rank, self.world, state, self.steps,
-                          b if isinstance(b, int) else len(b), why)
+        rec.progress(self.steps, b if isinstance(b, int) else len(b), write=state == "recording")
+        if state == "ended":
+            rec.end(why)
 
-    def _end_backward(self):
-        super()._end_backward()
+    def _progress(self, write):
         if not self.closed:
             self._mark("recording")
-
-    def _after_step(self):
-        super()._after_step()
-        self._mark("recording")
 
     def _end(self, why):
         if self.closed:
             return
-        if _exception_pending():
-            e = sys.exc_info()[1] or getattr(sys, "last_value", None)
-            said = str(e).strip().splitlines()[0][:200] if e is not None and str(e).strip() else ""
-            self._abandon("an exception ended the trainer before close()" + (
-                " (%s%s)" % (type(e).__name__, ": " + said if said else "") if e is not None else ""))
+        at_exit = why == _EXIT
+        stop = stopped_by(at_exit=at_exit)
+        if stop:
+            self._abandon("an exception ended the trainer before close() (%s)" % stop)
         elif not dist.is_initialized():
             self._abandon("the process group was destroyed before close() (through a name "
                           "imported before the recorder existed)")
+        elif at_exit:
+            self._abandon("the interpreter exited without the recorder's close() (call "
+                          "recorder.close(), or destroy_process_group(), at the end of training)")
         else:
             self.close()
 
     def _abandon(self, why, say=True):
+        if self.abandoned:
+            return
         self.abandoned = why
         self._mark("ended", why)
         if say:
@@ -214,19 +219,6 @@ class _RankLife:
                   % (self.rank, why), file=sys.stderr)
         self._recompute_pending = lambda: None  # nothing more is computed
         self.close()
-
-    def _refuse(self, message):
-        """A refusal once the recorder lives (a check after it was made, a
-        step it cannot record): it ends now, without a trace, its marker
-        saying why (Refused prints the message), however the script then
-        ends.  Left live, it would close at the interpreter's exit -- a
-        script that destroys no process group in a `finally` -- and write
-        the trace of a run it refused."""
-        try:
-            if not self.closed:
-                self._abandon("the recorder refused: " + message, say=False)
-        finally:
-            super()._refuse(message)
 
     def close(self):
         if self.closed:
@@ -249,9 +241,9 @@ class _RankLife:
         if self.abandoned:
             return
         if not dist.is_initialized():
-            raise Refused("rank %d: close() after torch.distributed.destroy_process_group(): "
-                          "the ranks' parts cannot be gathered; close() the recorder before "
-                          "destroying the process group" % self.rank)
+            self._refuse("rank %d: close() after torch.distributed.destroy_process_group(): "
+                         "the ranks' parts cannot be gathered; close() the recorder before "
+                         "destroying the process group" % self.rank)
         try:
             collective()
         except BaseException as e:
@@ -697,7 +689,8 @@ def launch(main, ranks, *args):
 def _spawned(rank, main, ranks, args):
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
     try:
-        main(rank, ranks, *args)
+        # A refused rank exits 2 with the message, as a script does.
+        exit_on_refusal(main, rank, ranks, *args)
     finally:
         dist.destroy_process_group()
 

@@ -17,7 +17,8 @@ optimizer, scheduler)`, then `accumcheck.certify(bundle)`.
 On FAIL the assertion message is certify's report: the verdict, the pitfall
 the trace matches (or "no modelled pitfall"), the step and its evidence.  Bad
 input (a trace certify cannot judge: exit 2) fails the test with certify's
-message.  With pytest's --junitxml, certify's own JUnit file lands beside it,
+message, and so does a Refused the recorders raise (accumcheck_torch cannot
+work with what the test gave it).  With pytest's --junitxml, certify's own JUnit file lands beside it,
 in accumcheck/<test>.xml.
 """
 
@@ -160,6 +161,23 @@ class Accumcheck:
                 return None
             folder = os.path.join(os.path.dirname(os.path.abspath(xml)), "accumcheck")
         return os.path.join(folder, _safe(self._nodeid) + ".xml")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A Refused (accumcheck_torch cannot work with the test's input, e.g.
+    a recorder given no loss_fn) that leaves a test fails it with the
+    message alone, as the command line exits 2 with it.  The class is read
+    from accumcheck_torch.trace only once that module is loaded (a test
+    that never imported it cannot raise it): the plugin imports nothing."""
+    try:
+        return (yield)
+    except Exception as e:
+        trace = sys.modules.get("accumcheck_torch.trace")
+        if trace is not None and isinstance(e, trace.Refused):
+            __tracebackhide__ = True
+            pytest.fail("accumcheck_torch refused: %s" % e.message, pytrace=False)
+        raise
 
 
 @pytest.fixture

@@ -47,13 +47,15 @@ when the trace is values.bin (rows of GBs at a million parameters):
   - autocast: a forward under torch.autocast writes `autocast` to meta.csv.
 """
 
+import sys
 import types
 
 import torch
 import torch.nn.utils.clip_grad as _clip_module
 
 from .bundle import map_parameters
-from .trace import TRACE_SCHEMA, VERSION, Refused, Values, real, unseen_meta, write_trace
+from .trace import (TRACE_SCHEMA, VERSION, Recording, Refused, Values, real, stopped_by, unseen_meta,
+                    write_trace)
 
 STATE_HEADER = "run,kind,step,tensor,index,value"
 
@@ -203,8 +205,48 @@ class Recorder:
             raise Refused("Recorder(ema=...) needs ema_decay=, the decay of its avg_fn")
         self.autocast = None
         self._bn = self._batchnorms()
+        self.abandoned = None   # why the run ended without its trace (see _abandon)
         self._patch()
         _ACTIVE.append(self)
+        self._start_recording()
+
+    def _start_recording(self):
+        """The recording's marker in the trace folder (trace.Recording): a
+        run that does not reach close() leaves it, saying how far it got
+        (of the scenario's steps) and how it ended."""
+        self._recording = Recording(self.out, planned=self.bundle.steps, on_exit=self._abandon)
+
+    def _progress(self, write):
+        """The steps and backward passes so far, for the marker (written
+        at each optimizer step)."""
+        rec = getattr(self, "_recording", None)
+        if rec is not None:
+            rec.progress(self.steps, self.backwards, write)
+
+    def _refuse(self, message):
+        """A refusal once the recorder records: it ends without a trace,
+        its marker saying it refused, and Refused."""
+        self._abandon("refused: " + message, say=False)
+        raise Refused(message)
+
+    def _abandon(self, why, say=True):
+        """The run ends without its trace (an exception, a signal, the
+        interpreter's exit before close()): the hooks go, the marker says
+        why, nothing is written."""
+        if self.abandoned:
+            return
+        self.abandoned = why
+        rec = getattr(self, "_recording", None)
+        if rec is not None:
+            rec.end(why)
+        if say:
+            sys.stderr.write("accumcheck_torch: the recorder ends without writing a trace: %s "
+                             "(%s holds its marker; certify refuses it)\n" % (why, self.out))
+        if not self.closed:
+            self.closed = True
+            self._unpatch()
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
 
     # ---- sample ids from the model's inputs
 
@@ -406,6 +448,7 @@ class Recorder:
         self.zero_since_backward = False
         self.snapshot = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                          for p in self.params]
+        self._progress(write=False)
 
     def _new_epoch(self, ids):
         """Whether the micro-batch `ids` starts a new epoch (see _end_backward)."""
@@ -462,6 +505,7 @@ class Recorder:
         self.since_step = 0
         self._values("param", self.params, step=self.steps - 1)
         self._record_state(self.steps - 1)
+        self._progress(write=True)
 
     # ---- the training state beyond gradients
 
@@ -561,9 +605,18 @@ class Recorder:
         return rows
 
     def close(self):
-        """Restores the patched calls and writes the trace (atomically, meta last)."""
+        """Restores the patched calls and writes the trace (atomically, the
+        completion record complete.csv last).  Called while an exception
+        propagates or is handled (a `with` block left by it, a `finally`,
+        an `except`), it writes no trace: the run did not finish, and the
+        folder's marker says so."""
         if self.closed:
             return
+        if not self.abandoned:
+            why = stopped_by()
+            if why:
+                self._abandon(why)
+                return
         self.closed = True
         self._unpatch()
         if self in _ACTIVE:
@@ -596,6 +649,7 @@ class Recorder:
         elif os.path.exists(os.path.join(self.out, "state.csv")):
             os.unlink(os.path.join(self.out, "state.csv"))  # an earlier trace's
         self._write(meta, self._event_rows(), self.values, extra)
+        self._recording.done()
 
     def _write(self, meta, events, values, extra):
         """Writes the trace (a DistributedRecorder gathers every rank's part

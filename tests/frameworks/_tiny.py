@@ -10,6 +10,8 @@ import socket
 import torch
 from torch.utils.data import Dataset
 
+from accumcheck_torch import exit_on_refusal
+
 VOCAB = 32
 PAD = 0
 
@@ -120,7 +122,7 @@ def lightning_ddp():
 
 def _ranked(rank, main, ranks, args):
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-    main(rank, ranks, *args)
+    exit_on_refusal(main, rank, ranks, *args)  # a refused rank exits 2
 
 
 # ---- the Accelerate and Lightning cases (one script, several variants)
@@ -172,7 +174,7 @@ def variant_args(variants, argv=None):
 
 
 def _argv_rank(rank, ranks, main, argv):
-    if main(argv) != 0:
+    if exit_on_refusal(main, argv) != 0:
         raise SystemExit(1)
 
 
@@ -181,6 +183,6 @@ def spawn(main, argv, ranks):
     rendezvous set (as `accelerate launch` or torchrun would: spawn_ranks),
     or in this one when ranks is 1 or this already is a rank."""
     if ranks <= 1 or "RANK" in os.environ:
-        return main(argv)
+        return exit_on_refusal(main, argv)
     spawn_ranks(_argv_rank, ranks, main, argv)
     return 0

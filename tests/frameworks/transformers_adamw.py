@@ -14,9 +14,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _tiny import case_args, tiny_llama  # noqa: E402
+from _tiny import case_args, exit_on_refusal, tiny_llama  # noqa: E402
 from _transformers import train  # noqa: E402
 
 if __name__ == "__main__":
-    train(case_args(__doc__), tiny_llama(), optim="adamw", lr=3e-3, schedule="linear",
+    exit_on_refusal(train, case_args(__doc__), tiny_llama(), optim="adamw", lr=3e-3, schedule="linear",
           warmup=2, clip=1.0)

@@ -21,5 +21,5 @@ VARIANTS = ["reentrant", "non_reentrant"]
 
 if __name__ == "__main__":
     a = _tiny.variant_args(VARIANTS)
-    train(a, _tiny.tiny_llama(), optim="sgd", lr=0.1, gradient_checkpointing=True,
+    _tiny.exit_on_refusal(train, a, _tiny.tiny_llama(), optim="sgd", lr=0.1, gradient_checkpointing=True,
           gradient_checkpointing_kwargs={"use_reentrant": a.variant == "reentrant"})

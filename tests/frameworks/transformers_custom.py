@@ -18,7 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _tiny import TinyCausal, case_args  # noqa: E402
+from _tiny import TinyCausal, case_args, exit_on_refusal  # noqa: E402
 from _transformers import train  # noqa: E402
 
 VARIANTS = ["head", "nohead"]
@@ -26,4 +26,4 @@ VARIANTS = ["head", "nohead"]
 if __name__ == "__main__":
     args = case_args(__doc__)
     head = {} if args.variant == "nohead" else {"head": "causal_lm"}
-    train(args, TinyCausal(), optim="sgd", lr=0.1, **head)
+    exit_on_refusal(train, args, TinyCausal(), optim="sgd", lr=0.1, **head)

@@ -14,8 +14,8 @@ import sys
 import os
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _tiny import case_args, tiny_llama  # noqa: E402
+from _tiny import case_args, exit_on_refusal, tiny_llama  # noqa: E402
 from _transformers import train  # noqa: E402
 
 if __name__ == "__main__":
-    train(case_args(__doc__), tiny_llama(), optim="sgd", lr=0.1)
+    exit_on_refusal(train, case_args(__doc__), tiny_llama(), optim="sgd", lr=0.1)

@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 import warm_python  # noqa: E402
-from ctest_driver import recorded_run, trainer_argv
+from ctest_driver import recorded_run, reseal, trainer_argv
 
 
 def main():
@@ -81,6 +81,8 @@ def main():
         keep = [r for r in rows if r[0] not in {k for k, _ in metas}]
         with open(path, "w") as f:
             f.write("".join(",".join(r) + "\n" for r in keep + metas))
+    if metas or "--contract-sub" in head:
+        reseal(out)  # the edited trace as a writer of its own would seal it
     return judge_all(tool, out, code, texts, int(opt.get("--stages", 0)))
 
 

@@ -10,7 +10,8 @@ interpreter's own exit, as a script's process does.  Orders:
   close_destroy    recorder.close(), then dist.destroy_process_group()
   destroy_close    dist.destroy_process_group(), then recorder.close()
   exit             neither: the recorder and the process group are left to
-                   the interpreter's exit
+                   the interpreter's exit (no trace: the recorder was not
+                   closed, and its marker says so)
   destroy_only     dist.destroy_process_group(), the recorder never closed
   exception        an exception mid-run (at the second optimizer step, on
                    every rank), the script's `finally` destroys the group
@@ -20,8 +21,9 @@ interpreter's own exit, as a script's process does.  Orders:
 
 A correct no_sync loop (K = 2) on a tiny model under DDP, recorded by
 ContractDistributedRecorder.  The orders that close (or destroy) normally
-must leave a trace certify passes; `exception` must leave none.  Prints
-`driver: ok` when no run hung or failed."""
+must leave a trace certify passes; `exit`, `exception` and `early_destroy`
+must leave none, and certify must refuse the folder (exit 2) naming how the
+run ended.  Prints `driver: ok` when no run hung or failed."""
 
 import argparse
 import contextlib
@@ -35,6 +37,10 @@ import time
 
 ORDERS = ("close_destroy", "destroy_close", "exit", "destroy_only", "exception", "early_destroy")
 REFUSED = "close() after torch.distributed.destroy_process_group()"
+# The orders that leave no trace, and what certify's refusal names.
+UNFINISHED = {"exit": "the interpreter exited without the recorder's close()",
+              "exception": "RuntimeError: the trainer's own error, mid-run",
+              "early_destroy": "refused: rank "}
 
 
 def rank_main(order, out):
@@ -109,7 +115,8 @@ def start_rank(order, rank, ranks, port, out, log):
     os.dup2(fd, 2)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank))
-    rank_main(order, out)
+    from accumcheck_torch import exit_on_refusal
+    exit_on_refusal(rank_main, order, out)  # a refused rank exits 2, as a script does
     raise SystemExit(0)
 
 
@@ -144,14 +151,17 @@ def one_run(order, ranks, out, timeout, accumcheck):
     got = [codes[p] for p in pids]
     if any(c != want for c in got):
         return "fail: exit codes %s, expected %d" % (got, want), outputs
-    if order in ("exception", "early_destroy"):
-        if os.path.exists(os.path.join(out, "meta.csv")):
-            return "fail: a trace was written by a run that raised", outputs
-        if order == "early_destroy" and not all(REFUSED in o for o in outputs):
-            return "fail: a rank did not say %r" % REFUSED, outputs
-        return "ok", outputs
     c = subprocess.run([accumcheck, "certify", "--contract", "--trace", out],
                        capture_output=True, text=True)
+    if order in UNFINISHED:
+        if os.path.exists(os.path.join(out, "complete.csv")):
+            return "fail: a trace was written by a run that did not finish", outputs
+        if order == "early_destroy" and not all(REFUSED in o for o in outputs):
+            return "fail: a rank did not say %r" % REFUSED, outputs
+        if c.returncode != 2 or UNFINISHED[order] not in c.stderr:
+            return "fail: certify exited %d, expected 2 naming %r" % (
+                c.returncode, UNFINISHED[order]), outputs + [c.stdout + c.stderr]
+        return "ok", outputs
     if c.returncode != 0:
         return "fail: certify exited %d" % c.returncode, outputs + [c.stdout + c.stderr]
     return "ok", outputs

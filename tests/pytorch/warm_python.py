@@ -147,6 +147,9 @@ def _child(request, fds):
             print(e.code, file=sys.stderr)
     except BaseException:  # what the interpreter would print, and exit 1
         traceback.print_exc()
+        # ... and keep, for the atexit handlers (sys.last_value: a
+        # recorder nobody closed sees the exception that ended the script).
+        sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()
         code = 1
     # What the interpreter does at exit that a script can see: wait for
     # its non-daemon threads, run the atexit handlers (multiprocessing's

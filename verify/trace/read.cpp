@@ -42,6 +42,7 @@ Trace read_trace(const std::string& dir) {
   Trace t;
   t.dir = dir;
   trace_detail::refuse_incomplete_ranks(dir);
+  check_complete(dir);
   trace_detail::read_meta(t);
   trace_detail::RunTracker runs{t, {}, {}, {}, true};
   trace_detail::read_events(t, runs);

@@ -162,13 +162,20 @@ struct RunTracker {
 // meta.csv into t.meta: every required key, the schema first of all.
 void read_meta(Trace& t);
 
-// A multi-rank recording leaves one marker per rank, DIR/rank<r>.incomplete
-// (key,value: rank, ranks, state, steps, backward, why; written by
-// python/accumcheck_torch/trace.py write_rank_marker), until rank 0 writes
-// the merged trace and removes them.  A folder holding any is the trace of
-// a run some rank did not finish: InputError (exit 2) naming each such
-// rank, its marker file and how far it got.
+// A recording leaves one marker per rank (a one-process recorder: rank 0
+// of 1), DIR/rank<r>.incomplete (key,value: rank, ranks, state, steps,
+// backward, why, and optionally planned; written by
+// python/accumcheck_torch/trace.py write_rank_marker) from the recorder's
+// start until the trace is written and sealed.  A folder holding any is
+// the trace of a run that did not finish: InputError (exit 2) naming each
+// such rank, its marker file, how far it got and how it ended.
 void refuse_incomplete_ranks(const std::string& dir);
+// The message refuse_incomplete_ranks gives for the marker of a
+// one-process recording (ranks 1: the Recorder's, the ContractRecorder's;
+// `planned`, when present, the steps the run was to take): "the run
+// stopped after 5 of 8 optimizer steps (...): KeyboardInterrupt ...";
+// "" for a rank of a multi-rank run.
+std::string single_marker(const std::string& path);
 // events.csv (version 1: no sample_ids column) into the runs' events.
 void read_events(Trace& t, RunTracker& runs);
 // values.csv into the runs' values.

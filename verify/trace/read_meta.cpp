@@ -40,6 +40,49 @@ void read_meta(Trace& t) {
                        kTraceSchema, kTraceSchemaV1, t.meta_value("schema")));
 }
 
+namespace {
+
+// A marker's key,value rows (every key the reader needs checked).
+std::map<std::string, std::string> read_marker(const std::string& path) {
+  CsvFile f(path, kMetaHeader);
+  Reader<2> r(f.bytes);
+  f.read_header(r, kMetaHeader, "key", "value");
+  std::map<std::string, std::string> kv;
+  std::string key, value;
+  int64_t line = 0;
+  while (f.row(r, line, key, value)) kv[key] = value;
+  for (const char* k : {"rank", "ranks", "state", "steps", "backward"})
+    if (!kv.count(k))
+      f.fail(0, k, fmt::format("rank marker without the key '{}'", k));
+  return kv;
+}
+
+}  // namespace
+
+// The message for the marker of a one-process recording (ranks 1): how
+// far the run got and how it ended; "" for a rank of several.
+std::string single_marker(const std::string& path) {
+  std::map<std::string, std::string> kv = read_marker(path);
+  if (kv["ranks"] != "1") return "";
+  const bool killed = kv["state"] == "recording";
+  const std::string planned = kv.count("planned") && !kv["planned"].empty()
+                                  ? " of " + kv["planned"]
+                                  : "";
+  return fmt::format(
+      "the run stopped after {}{}{} optimizer step{} ({} backward pass{}): "
+      "{}; the recorder wrote no trace of a finished run, so no verdict can "
+      "be backed. Run the trainer to its end: the recorder's close() (or "
+      "the end of its `with` block) writes the trace and removes this "
+      "marker",
+      killed ? "at least " : "", kv["steps"], planned,
+      kv["steps"] == "1" && planned.empty() ? "" : "s", kv["backward"],
+      kv["backward"] == "1" ? "" : "es",
+      killed ? "the process died while recording (killed: SIGKILL, "
+               "os._exit, a crash; the recorder had no chance to say)"
+             : (kv["why"].empty() ? std::string("it ended without close()")
+                                  : kv["why"]));
+}
+
 void refuse_incomplete_ranks(const std::string& dir) {
   namespace fs = std::filesystem;
   constexpr std::string_view kPrefix = "rank", kSuffix = ".incomplete";
@@ -58,17 +101,13 @@ void refuse_incomplete_ranks(const std::string& dir) {
   // first, then those that ended without their part in a trace.
   std::vector<std::string> dead, ended;
   std::string named = markers.front();  // the file the error names
+  if (markers.size() == 1) {
+    // A one-process recorder's (ranks 1), or one rank's of several.
+    const std::string one = single_marker(markers.front());
+    if (!one.empty()) throw InputError(markers.front(), 0, 0, "", one);
+  }
   for (const std::string& path : markers) {
-    CsvFile f(path, kMetaHeader);
-    Reader<2> r(f.bytes);
-    f.read_header(r, kMetaHeader, "key", "value");
-    std::map<std::string, std::string> kv;
-    std::string key, value;
-    int64_t line = 0;
-    while (f.row(r, line, key, value)) kv[key] = value;
-    for (const char* k : {"rank", "ranks", "state", "steps", "backward"})
-      if (!kv.count(k))
-        f.fail(0, k, fmt::format("rank marker without the key '{}'", k));
+    std::map<std::string, std::string> kv = read_marker(path);
     const std::string got = fmt::format(
         "rank {} of {} ({}): {} optimizer step{} and {} backward pass{} "
         "recorded",

@@ -168,8 +168,44 @@ void add_run(TraceWriter& w, const Run<Real>& run, const ParamLayout& layout) {
 
 // Writes meta.csv, events.csv, values.csv and state.csv (when a run has
 // state rows; an earlier trace's state.csv is removed otherwise) into
-// `dir` (created when missing), each atomically.
+// `dir` (created when missing), each atomically, then the completion
+// record complete.csv last (an earlier trace's removed first).
 void write_trace(const std::string& dir, const TraceWriter& w);
+
+// ---- the completion record: complete.csv, the file every writer writes
+// LAST, once the run has finished and every other file of the trace is
+// written (TraceWriter's write_trace; python/accumcheck_torch/trace.py
+// write_trace for the recorders):
+//   file,rows,bytes,sha256
+//   meta.csv,9,412,<64 hex digits>      one row per file the writer wrote:
+//   events.csv,412,20345,<...>          rows = its lines after the header
+//   values.bin,,1638400,<...>           (empty for values.bin), its size
+//   ...                                 and its SHA-256
+//   complete.csv,3,,                    last: the number of rows above
+// read_trace checks it first (check_complete): a missing record (the run
+// never reached close(), or a writer that predates it), a record cut (its
+// last row missing), a listed file missing, emptied, cut (fewer rows or
+// bytes), grown or changed (another SHA-256: replaced by another run's),
+// or a trace file the record does not list, is an InputError naming the
+// file and what happened.  The run that did not finish at all leaves a
+// marker instead (refuse_incomplete_ranks, read_csv.hpp).
+inline constexpr std::string_view kCompleteFile = "complete.csv";
+inline constexpr std::string_view kCompleteHeader = "file,rows,bytes,sha256";
+// The files of a trace (any other file in the folder is not the trace's).
+inline constexpr std::string_view kTraceFiles[] = {
+    "meta.csv",  "events.csv",   "values.csv",  "values.bin",
+    "state.csv", "contract.csv", "schedule.csv"};
+// complete.csv's text for the files written, (name, bytes) in the order
+// written.
+std::string complete_csv(
+    const std::vector<std::pair<std::string, std::string_view>>& files);
+// Writes `dir`/complete.csv for the trace files the folder holds now: for
+// a writer that writes the files itself (and the tests that edit a trace
+// to reach the reader's later checks).
+void seal_trace(const std::string& dir);
+// The completion check (above); nothing when the folder holds neither
+// complete.csv nor meta.csv (no trace: the reader of meta.csv says so).
+void check_complete(const std::string& dir);
 
 struct TraceEvent {
   Event event;

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "sim/atomic_file.hpp"
 #include "verify/trace/columns.hpp"
@@ -171,16 +173,24 @@ void write_trace(const std::string& dir, const TraceWriter& w) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);  // throws filesystem_error on failure
   const fs::path d(dir);
-  // meta last: a folder with a complete meta.csv has all its files of
-  // this or a previous write.
-  write_file_atomically((d / "events.csv").string(), w.events_csv());
-  write_file_atomically((d / "values.csv").string(), w.values_csv());
-  const std::string state = w.state_csv();
-  if (state.empty())
-    fs::remove(d / "state.csv");  // an earlier trace's (throws on failure)
-  else
-    write_file_atomically((d / "state.csv").string(), state);
-  write_file_atomically((d / "meta.csv").string(), w.meta_csv());
+  // An earlier trace's record goes first: a write that stops half-way
+  // leaves a trace without one (refused), never one that vouches for
+  // another run's files.  The record last, once every file is written.
+  fs::remove(d / kCompleteFile);  // throws on failure
+  const std::string state = w.state_csv(), meta = w.meta_csv();
+  std::vector<std::pair<std::string, std::string_view>> files = {
+      {"events.csv", w.events_csv()}, {"values.csv", w.values_csv()}};
+  if (!state.empty()) files.emplace_back("state.csv", state);
+  files.emplace_back("meta.csv", meta);
+  // Files an earlier trace in the folder had and this one has not.
+  for (const char* stale :
+       {"state.csv", "values.bin", "contract.csv", "schedule.csv"})
+    if (std::none_of(files.begin(), files.end(),
+                     [&](const auto& f) { return f.first == stale; }))
+      fs::remove(d / stale);  // throws on failure
+  for (const auto& [name, bytes] : files)
+    write_file_atomically((d / name).string(), bytes);
+  write_file_atomically((d / kCompleteFile).string(), complete_csv(files));
 }
 
 }  // namespace accumcheck

@@ -38,6 +38,9 @@ count_fn(batch) -> items for anything else.  The module the recorder
 watches is your LightningModule (its forward); a training_step that calls
 an inner module directly gets its g_j from a recompute on a copy."""
 
+import multiprocessing
+import sys
+
 import torch.distributed as dist
 
 from . import _common
@@ -171,7 +174,14 @@ class AccumcheckCallback(pl.Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         if self.recorder is not None and not self.recorder.closed:
-            self.recorder.close()
+            self.recorder.close()  # the run did not finish: no trace, its marker says why
+        # A rank torch.multiprocessing started (strategy="ddp_spawn",
+        # "ddp_fork") that refused exits 2 with the message, as a refused
+        # script does, so its launcher sees exit code 2 (below).
+        if isinstance(exception, Refused) and multiprocessing.parent_process() is not None:
+            sys.stderr.write("accumcheck_torch: %s\n" % exception.message)
+            sys.stderr.flush()
+            raise SystemExit(2) from None
         # strategy="ddp_spawn": a rank this callback refused in (exit 2, its
         # message printed there) reaches the launching process as
         # torch.multiprocessing's ProcessExitedException; that process

@@ -1,5 +1,6 @@
 """ContractRecorder's wiring (attach, epoch, mark, close, ema): what a
 framework callback calls, and the misuses it refuses with exit 2."""
+import csv
 import os
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import accumcheck_torch as act
+from accumcheck_torch import trace
 
 
 def _setup(tmp_path, optimizer=True):
@@ -17,6 +19,16 @@ def _setup(tmp_path, optimizer=True):
                                loss_fn=lambda m, b: m(b).sum(), count_fn=len,
                                accumulation=2, out=str(tmp_path / "trace"), quiet=True)
     return model, opt, rec
+
+
+def _ended(folder):
+    """Why the recording in `folder` ended, from its marker (no trace
+    written: no meta.csv, no complete.csv)."""
+    assert not os.path.exists(os.path.join(folder, "complete.csv"))
+    with open(os.path.join(folder, "rank0.incomplete"), newline="") as f:
+        rows = dict(csv.reader(f))
+    assert rows["state"] == "ended", rows
+    return rows["why"]
 
 
 def _micro(model, rec, batch, mark=True):
@@ -47,7 +59,7 @@ def test_a_step_before_attach_is_refused(tmp_path):
     with pytest.raises(act.Refused) as e:
         rec.attach(opt)
     assert e.value.code == 2 and "rec.attach(optimizer)" in e.value.message
-    assert rec.closed and not os.path.exists(tmp_path / "trace")
+    assert rec.closed and _ended(tmp_path / "trace").startswith("refused: ")
 
 
 def test_close_without_an_optimizer_is_refused(tmp_path):
@@ -79,8 +91,31 @@ def test_context_manager_and_interpreter_exit(tmp_path):
     model, opt, rec = _setup(tmp_path / "b")
     _micro(model, rec, torch.randn(4, 3))
     opt.step()
-    rec._at_exit()  # what atexit runs for a recorder nobody closed
-    assert rec.closed and os.path.exists(tmp_path / "b" / "trace" / "meta.csv")
+    trace._at_exit()  # what atexit runs for a recorder nobody closed
+    assert rec.closed and _ended(tmp_path / "b" / "trace").startswith(
+        "the interpreter exited without the recorder's close()")
+    # A `with` block left by an exception: no trace, the marker says which.
+    model, opt, rec = _setup(tmp_path / "c")
+    with pytest.raises(KeyboardInterrupt):
+        with rec:
+            _micro(model, rec, torch.randn(4, 3))
+            opt.step()
+            raise KeyboardInterrupt
+    assert rec.closed and _ended(tmp_path / "c" / "trace") == "KeyboardInterrupt"
+    assert "steps,1\n" in open(tmp_path / "c" / "trace" / "rank0.incomplete").read()
+    # close() in a `finally` while an exception propagates: the same.
+    model, opt, rec = _setup(tmp_path / "d")
+    with pytest.raises(RuntimeError):
+        try:
+            raise RuntimeError("the trainer's own error")
+        finally:
+            rec.close()
+    assert _ended(tmp_path / "d" / "trace") == "RuntimeError: the trainer's own error"
+    # Refused is an ordinary exception: `except Exception` catches it.
+    try:
+        act.ContractRecorder(torch.nn.Linear(2, 2), None, loss_fn=None, count_fn=len, accumulation=2)
+    except Exception as e:  # noqa: BLE001 -- what a user's handler catches
+        assert isinstance(e, act.Refused) and "loss_fn=" in str(e)
 
 
 def test_ema_declarations(tmp_path):
@@ -196,6 +231,7 @@ def test_a_refusal_while_training_closes_the_recorder_without_a_trace(tmp_path):
     with pytest.raises(act.Refused) as e:
         model(torch.randn(4, 3)).sum().backward()
     assert e.value.code == 2 and "rec.watch(loader)" in e.value.message
-    assert rec.closed and not os.path.exists(tmp_path / "trace")
-    rec._at_exit()  # what the interpreter's exit runs
-    assert not os.path.exists(tmp_path / "trace")
+    assert rec.closed and _ended(tmp_path / "trace").startswith("refused: a backward pass")
+    trace._at_exit()  # what the interpreter's exit runs: nothing more
+    assert not os.path.exists(tmp_path / "trace" / "meta.csv")
+    assert _ended(tmp_path / "trace").startswith("refused: a backward pass")

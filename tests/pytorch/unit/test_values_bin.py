@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 import accumcheck_torch as act
+from accumcheck_torch.trace import seal_trace
 from test_certify import correct_loop
 
 
@@ -70,6 +71,7 @@ def corrupt(binary, tmp_path, edit, name):
     data = edit(data)
     with open(path, "wb") as f:
         f.write(bytes(data))
+    seal_trace(out)  # past the completion record: the reader's own checks
     return out
 
 
@@ -119,6 +121,8 @@ def test_both_values_files_are_refused(traces, tmp_path):
     both = str(tmp_path / "both")
     shutil.copytree(binary, both)
     shutil.copy(os.path.join(text, "values.csv"), both)
+    refused(bundle, both, "values.csv: a trace file that complete.csv does not list")
+    seal_trace(both)  # both listed: the reader's own check
     refused(bundle, both, "holds both values.csv and values.bin")
 
 
