@@ -30,7 +30,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
 import models  # noqa: E402
-from accumcheck_torch import ContractRecorder  # noqa: E402, exit_on_refusal
+from accumcheck_torch import ContractRecorder, exit_on_refusal  # noqa: E402
 from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks  # noqa: E402
 
 
