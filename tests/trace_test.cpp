@@ -1,7 +1,9 @@
 // Traces: write -> read is exact, bytes are deterministic, and every kind
-// of malformed file is an InputError naming the file and line.
+// of malformed file is an InputError naming the file and line; the
+// completion record (complete.csv) refuses a damaged or unfinished trace.
 #include "verify/trace/trace.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -19,6 +21,7 @@
 
 #include "sim/atomic_file.hpp"
 #include "sim/errors.hpp"
+#include "verify/trace/sha256.hpp"
 
 namespace accumcheck {
 namespace {
@@ -285,7 +288,7 @@ TEST(Trace, BytesAreDeterministicAndTidy) {
   const std::string a = temp_dir("det_a"), b = temp_dir("det_b");
   write_trace(a, sample_writer());
   write_trace(b, sample_writer());
-  for (const char* f : {"meta.csv", "events.csv", "values.csv"})
+  for (const char* f : {"meta.csv", "events.csv", "values.csv", "complete.csv"})
     EXPECT_EQ(read_file_bytes(a + "/" + f, "trace_bytes"),
               read_file_bytes(b + "/" + f, "trace_bytes"))
         << f;
@@ -308,7 +311,138 @@ TEST(Trace, BytesAreDeterministicAndTidy) {
     (void)e;
     ++files;
   }
-  EXPECT_EQ(files, 3);
+  EXPECT_EQ(files, 4);
+}
+
+// ---- the completion record (complete.csv): written last by write_trace,
+// checked first by read_trace.
+
+TEST(TraceComplete, RecordsEveryFileAndReadsBack) {
+  const std::string dir = temp_dir("complete_record");
+  write_trace(dir, sample_writer());
+  const std::string rec = read_file_bytes(dir + "/complete.csv", "trace_bytes");
+  const std::string events =
+      read_file_bytes(dir + "/events.csv", "trace_bytes");
+  const auto rows = std::count(events.begin(), events.end(), '\n') - 1;
+  EXPECT_EQ(rec.substr(0, rec.find('\n')), "file,rows,bytes,sha256");
+  EXPECT_NE(rec.find(fmt::format("\nevents.csv,{},{},{}\n", rows, events.size(),
+                                 sha256_hex(events))),
+            std::string::npos)
+      << rec;
+  // The last row counts the files above it (events, values, meta).
+  EXPECT_TRUE(rec.ends_with("\ncomplete.csv,3,,\n")) << rec;
+  EXPECT_NO_THROW(read_trace(dir));
+  // seal_trace writes the same record for the same files.
+  seal_trace(dir);
+  EXPECT_NE(read_file_bytes(dir + "/complete.csv", "trace_bytes")
+                .find(fmt::format("events.csv,{},{},", rows, events.size())),
+            std::string::npos);
+}
+
+TEST(TraceComplete, Sha256IsFips180) {
+  // FIPS 180-2 appendix B's examples, and a multi-block input.
+  EXPECT_EQ(sha256_hex(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(
+      sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+      "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Sha256 h;  // a million 'a', fed in uneven pieces
+  const std::string part(999, 'a');
+  for (int i = 0; i < 1001; ++i) h.update(part);
+  h.update("a");
+  EXPECT_EQ(h.hex(),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// Each damage gives an InputError naming the damaged file and what
+// happened (PyTorch.trace.damaged runs the whole battery on recorded
+// traces; these need no PyTorch).
+class TraceDamaged : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    write_trace(dir_, sample_writer());
+  }
+  std::string text(const std::string& f) {
+    return read_file_bytes(dir_ + "/" + f, "trace_bytes");
+  }
+  void put(const std::string& f, const std::string& bytes) {
+    std::ofstream(dir_ + "/" + f, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  void expect(const std::string& file, const std::string& needle) {
+    try {
+      read_trace(dir_);
+      ADD_FAILURE() << "no error; expected " << needle;
+    } catch (const InputError& e) {
+      EXPECT_EQ(fs::path(e.file()).filename().string(), file) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+          << e.what() << "\n  expected to contain: " << needle;
+    }
+  }
+  std::string dir_;
+};
+
+TEST_F(TraceDamaged, CutAtALineEnd) {
+  const std::string t = text("events.csv");
+  const auto rows = std::count(t.begin(), t.end(), '\n') - 1;
+  put("events.csv", t.substr(0, t.find('\n', t.find('\n') + 1) + 1));
+  expect(
+      "events.csv",
+      fmt::format("{} rows recorded in complete.csv, 1 read: the file was cut",
+                  rows));
+  put("events.csv", t.substr(0, t.find('\n') + 1));
+  expect("events.csv", "0 read: the file was cut (emptied to its header)");
+}
+
+TEST_F(TraceDamaged, CutMidLineEmptiedRemoved) {
+  const std::string t = text("values.csv");
+  put("values.csv", t.substr(0, t.size() - 3));
+  expect("values.csv", "and its last line has no line end: the file was cut");
+  put("values.csv", "");
+  expect("values.csv", "empty, but complete.csv records");
+  fs::remove(fs::path(dir_) / "values.csv");
+  expect("values.csv", "missing, but complete.csv records");
+}
+
+TEST_F(TraceDamaged, ChangedOrSwapped) {
+  std::string t = text("meta.csv");
+  t[t.size() - 2] = t[t.size() - 2] == 'x' ? 'y' : 'x';  // same size
+  put("meta.csv", t);
+  expect("meta.csv", "its SHA-256 is not the one recorded");
+  put("meta.csv", text("meta.csv") + "notes,x\n");
+  expect("meta.csv", "rows were added after the run");
+}
+
+TEST_F(TraceDamaged, RecordMissingCutOrStray) {
+  const std::string rec = text("complete.csv");
+  put("complete.csv", rec.substr(0, rec.rfind("complete.csv,")));
+  expect("complete.csv", "its last row (complete.csv,N,,) is missing");
+  put("complete.csv", rec.substr(0, rec.size() - 1));
+  expect("complete.csv", "truncated file");
+  put("complete.csv", rec);
+  put("state.csv", "run,kind,step,tensor,index,value\n");
+  expect("state.csv", "a trace file that complete.csv does not list");
+  fs::remove(fs::path(dir_) / "state.csv");
+  fs::remove(fs::path(dir_) / "complete.csv");
+  expect("complete.csv", "missing: the trace has no completion record");
+}
+
+TEST_F(TraceDamaged, MarkerOfARunThatStopped) {
+  put("rank0.incomplete",
+      "key,value\nrank,0\nranks,1\nstate,ended\nsteps,5\nbackward,20\n"
+      "why,KeyboardInterrupt\nplanned,8\n");
+  expect("rank0.incomplete",
+         "the run stopped after 5 of 8 optimizer steps (20 backward passes): "
+         "KeyboardInterrupt");
+  put("rank0.incomplete",
+      "key,value\nrank,0\nranks,1\nstate,recording\nsteps,1\nbackward,"
+      "1\nwhy,\n");
+  expect("rank0.incomplete",
+         "after at least 1 optimizer step (1 backward pass): the process died "
+         "while recording");
 }
 
 TEST(Trace, WriterRefusesAmbiguousInput) {
