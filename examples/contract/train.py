@@ -230,6 +230,9 @@ def parse(argv=None):
     ap.add_argument("--out", default=None, help="trace folder (contract tier)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--interrupt-after", type=int, metavar="N",
+                    help="a KeyboardInterrupt after the N-th optimizer step, as Ctrl-C would "
+                         "raise (the recorder then writes no trace: docs/trace-format.md)")
     return ap.parse_args(argv)
 
 
@@ -246,9 +249,11 @@ class Stepping:
     """The optimizer as the loops see it: zero_grad, step -- with the
     scheduler and the clip of the chosen variant around step."""
 
-    def __init__(self, opt, model, scheduler=None, early=False, clip=None, max_norm=None):
+    def __init__(self, opt, model, scheduler=None, early=False, clip=None, max_norm=None,
+                 interrupt_after=None):
         self.opt, self.model, self.scheduler, self.early, self.clip = opt, model, scheduler, early, clip
         self.max_norm = max_norm  # for a loop that clips by itself
+        self.steps, self.interrupt_after = 0, interrupt_after
 
     def zero_grad(self):
         self.opt.zero_grad()
@@ -261,6 +266,9 @@ class Stepping:
         self.opt.step()
         if self.scheduler is not None and not self.early:
             self.scheduler.step()
+        self.steps += 1
+        if self.steps == self.interrupt_after:
+            raise KeyboardInterrupt  # Ctrl-C mid-run
 
 
 def run(a):
@@ -301,7 +309,8 @@ def run(a):
                                out=a.out or "trace", items=kind, lr=lr, schedule=schedule,
                                clip=None if a.undeclared_clip else a.clip)
     stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",
-                        None if a.loop == "clip_per_micro_step" else a.clip, a.clip)
+                        None if a.loop == "clip_per_micro_step" else a.clip, a.clip,
+                        a.interrupt_after)
     shuffler = torch.Generator().manual_seed(1)
 
     def load(drop_last=False):

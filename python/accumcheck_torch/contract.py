@@ -469,7 +469,7 @@ class ContractRecorder:
             except Refused as e:
                 # Nothing left patched by a refused declaration, the marker
                 # (once recording) saying so.
-                self._abandon("refused: " + e.message, say=False)
+                self._abandon("the recorder refused: " + e.message, say=False)
                 raise
         self.optimizer = optimizer
         group = optimizer.param_groups[0]
@@ -597,7 +597,7 @@ class ContractRecorder:
     def _refuse(self, message):
         """A misuse of the recorder: it ends without a trace (nothing left
         patched, its marker saying it refused), and Refused."""
-        self._abandon("refused: " + message, say=False)
+        self._abandon("the recorder refused: " + message, say=False)
         raise Refused(message)
 
     def _abandon(self, why, say=True):

@@ -226,7 +226,7 @@ class Recorder:
     def _refuse(self, message):
         """A refusal once the recorder records: it ends without a trace,
         its marker saying it refused, and Refused."""
-        self._abandon("refused: " + message, say=False)
+        self._abandon("the recorder refused: " + message, say=False)
         raise Refused(message)
 
     def _abandon(self, why, say=True):

@@ -331,9 +331,10 @@ def stopped_by(at_exit=False):
 
 def describe(e):
     """An exception as a marker's `why`: "KeyboardInterrupt", "RuntimeError:
-    its first line", "refused: the message"."""
+    its first line", "the recorder refused: the message"."""
     if isinstance(e, Refused):
-        return "refused: " + e.message.strip().splitlines()[0][:300] if e.message.strip() else "refused"
+        said = e.message.strip()
+        return "the recorder refused" + (": " + said.splitlines()[0][:300] if said else "")
     said = str(e).strip()
     said = said.splitlines()[0][:200] if said else ""
     return type(e).__name__ + (": " + said if said else "")

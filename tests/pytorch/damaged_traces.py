@@ -263,7 +263,7 @@ UNFINISHED = [
     ("sigkill", False, "the process died while recording", -signal.SIGKILL),
     ("finally", False, "RuntimeError: the trainer's own error", 1),
     ("exit", False, "the interpreter exited without the recorder's close()", 0),
-    ("refused", False, "refused: ContractRecorder.attach: an optimizer is already attached", 0),
+    ("refused", False, "the recorder refused: ContractRecorder.attach: an optimizer is already attached", 0),
 ]
 
 

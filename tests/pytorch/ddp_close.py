@@ -40,7 +40,7 @@ REFUSED = "close() after torch.distributed.destroy_process_group()"
 # The orders that leave no trace, and what certify's refusal names.
 UNFINISHED = {"exit": "the interpreter exited without the recorder's close()",
               "exception": "RuntimeError: the trainer's own error, mid-run",
-              "early_destroy": "refused: rank "}
+              "early_destroy": "the recorder refused: rank "}
 
 
 def rank_main(order, out):

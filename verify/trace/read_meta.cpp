@@ -118,7 +118,7 @@ void refuse_incomplete_ranks(const std::string& dir) {
     if (kv["state"] == "recording")
       dead.push_back(got +
                      ", then it stopped while recording (the process died: "
-                     "killed, or ended without the recorder's close())");
+                     "killed (SIGKILL), os._exit, a crash)");
     else
       ended.push_back(got + ", then it ended without its part in a trace" +
                       (kv["why"].empty() ? "" : " (" + kv["why"] + ")"));

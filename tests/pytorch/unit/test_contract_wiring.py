@@ -59,7 +59,7 @@ def test_a_step_before_attach_is_refused(tmp_path):
     with pytest.raises(act.Refused) as e:
         rec.attach(opt)
     assert e.value.code == 2 and "rec.attach(optimizer)" in e.value.message
-    assert rec.closed and _ended(tmp_path / "trace").startswith("refused: ")
+    assert rec.closed and _ended(tmp_path / "trace").startswith("the recorder refused: ")
 
 
 def test_close_without_an_optimizer_is_refused(tmp_path):
@@ -231,7 +231,51 @@ def test_a_refusal_while_training_closes_the_recorder_without_a_trace(tmp_path):
     with pytest.raises(act.Refused) as e:
         model(torch.randn(4, 3)).sum().backward()
     assert e.value.code == 2 and "rec.watch(loader)" in e.value.message
-    assert rec.closed and _ended(tmp_path / "trace").startswith("refused: a backward pass")
+    assert rec.closed and _ended(tmp_path / "trace").startswith("the recorder refused: a backward pass")
     trace._at_exit()  # what the interpreter's exit runs: nothing more
     assert not os.path.exists(tmp_path / "trace" / "meta.csv")
-    assert _ended(tmp_path / "trace").startswith("refused: a backward pass")
+    assert _ended(tmp_path / "trace").startswith("the recorder refused: a backward pass")
+
+
+def _env():
+    """This environment, with the package under test importable."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(act.__file__)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+
+
+def test_a_refusal_on_the_command_line_exits_2_with_its_message(tmp_path):
+    """exit_on_refusal, the examples' `__main__`: a Refused ends the process
+    with exit 2 and its message, no traceback; anything else is left alone."""
+    import subprocess
+    import sys
+    script = tmp_path / "refused.py"
+    script.write_text("import accumcheck_torch as act\n"
+                      "def main():\n"
+                      "    act.ContractRecorder(None, None, loss_fn=None, count_fn=None, accumulation=2)\n"
+                      "act.exit_on_refusal(main)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env())
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("accumcheck_torch: ContractRecorder: pass loss_fn=") and "Traceback" not in r.stderr
+    assert act.exit_on_refusal(lambda x: x + 1, 1) == 2
+
+
+def test_the_pytest_plugin_fails_a_test_with_the_refusal(tmp_path):
+    """A Refused leaving a test fails it with the message alone (the
+    plugin's pytest_pyfunc_call); a test that expects it still catches it."""
+    import subprocess
+    import sys
+    (tmp_path / "test_user.py").write_text(
+        "import pytest\n"
+        "import accumcheck_torch as act\n"
+        "def test_refused():\n"
+        "    act.ContractRecorder(None, None, loss_fn=None, count_fn=None, accumulation=2)\n"
+        "def test_caught():\n"
+        "    with pytest.raises(act.Refused):\n"
+        "        act.ContractRecorder(None, None, loss_fn=None, count_fn=None, accumulation=2)\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "accumcheck_torch.pytest_plugin",
+                        str(tmp_path / "test_user.py")], capture_output=True, text=True, cwd=tmp_path,
+                       env=_env())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 failed, 1 passed" in r.stdout, r.stdout
+    assert "accumcheck_torch refused: ContractRecorder: pass loss_fn=" in r.stdout, r.stdout

@@ -30,7 +30,9 @@ def test_a_root_the_recorder_cannot_shard_is_refused(make, says, capsys):
         make(net, opt, _summed, lambda b: 1, accumulation=2, replica=net)
     assert e.value.code == 2
     assert str(e.value) == says
-    assert "accumcheck_torch: " + says in capsys.readouterr().err
+    # An ordinary exception: nothing printed until a command line (or the
+    # pytest plugin) reports it; the caller may catch it.
+    assert says not in capsys.readouterr().err
 
 
 def test_the_published_names_still_import_from_distributed():
