@@ -39,7 +39,7 @@ count_fn(batch) -> items for anything else."""
 import accelerate  # noqa: F401 -- the framework this module integrates
 
 from . import _common
-from ..trace import Refused
+from ..trace import Refused, stopped_by
 
 
 def _set_class(obj, cls):
@@ -130,11 +130,13 @@ class Recording:
         _set_class(self.loader, self._base)
         if self.recorder is None:
             raise Refused("the loop drew no batch from the prepared loader: nothing to certify")
-        self.recorder.close()
-        if not self.recorder.steps:
-            raise Refused("the loop never stepped the optimizer (%d micro-batches, "
-                          "gradient_accumulation_steps=%d): nothing to certify"
-                          % (len(self.recorder.micro), self.sem.K))
+        if not self.recorder.steps and not self.recorder.closed and stopped_by() is None:
+            # Refused by the recorder: it ends without a trace, its marker
+            # saying why.
+            self.recorder._refuse("the loop never stepped the optimizer (%d micro-batches, "
+                                  "gradient_accumulation_steps=%d): nothing to certify"
+                                  % (len(self.recorder.micro), self.sem.K))
+        self.recorder.close()  # while an exception propagates (`with` left by it): no trace
 
     def __enter__(self):
         return self

@@ -166,11 +166,13 @@ class AccumcheckCallback(pl.Callback):
         if self.recorder is None:
             raise Refused("the run drew no batch: nothing to certify (check max_steps, "
                           "limit_train_batches and the dataloader)")
-        self.recorder.close()
         if not self.recorder.steps:
-            raise Refused("the run never stepped the optimizer (%d micro-batches, "
-                          "accumulate_grad_batches=%d): nothing to certify"
-                          % (len(self.recorder.micro), self.sem.K))
+            # Refused by the recorder: it ends without a trace, its marker
+            # saying why.
+            self.recorder._refuse("the run never stepped the optimizer (%d micro-batches, "
+                                  "accumulate_grad_batches=%d): nothing to certify"
+                                  % (len(self.recorder.micro), self.sem.K))
+        self.recorder.close()
 
     def on_exception(self, trainer, pl_module, exception):
         if self.recorder is not None and not self.recorder.closed:

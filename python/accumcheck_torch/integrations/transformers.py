@@ -151,10 +151,12 @@ class AccumcheckCallback(TrainerCallback):
         # loaders have no batch_size; a loop that stops early draws less).
         for e in self.rec.epochs:
             e[0], e[1] = self.semantics.rank_samples, self.semantics.micro_batch
-        self.rec.close()
         if self.rec.steps == 0:
-            raise Refused("the Trainer never stepped the optimizer (%d micro-batches drawn, "
-                          "gradient_accumulation_steps=%d): there is nothing to certify; train "
-                          "for at least one window" % (len(self.rec.micro), self.semantics.K))
+            # Refused by the recorder: it ends without a trace (its marker
+            # says why), so no folder holds a run of no step to judge.
+            self.rec._refuse("the Trainer never stepped the optimizer (%d micro-batches drawn, "
+                             "gradient_accumulation_steps=%d): there is nothing to certify; train "
+                             "for at least one window" % (len(self.rec.micro), self.semantics.K))
+        self.rec.close()
         if self.do_certify and (not dist.is_initialized() or dist.get_rank() == 0):
             self.returncode, self.report = certify(self.out, self.command)
