@@ -135,15 +135,9 @@ def main():
     ap.add_argument("--no-record", action="store_true", help="the same loop without the recorder (timing)")
     ap.add_argument("--quiet", action="store_true", help="print no timing")
     ap.add_argument("--spawn", type=int, metavar="R",
-                    help="start R ranks here, forked (not the deepspeed launcher)")
+                    help="start R ranks with torch.multiprocessing.spawn (not the deepspeed launcher)")
     a = ap.parse_args()
-    # Forked ranks end with os._exit: a rank started fresh (spawn) runs the
-    # C++ destructors at its interpreter's exit, and there DeepSpeed 0.19.8
-    # on CPU aborts about one run in ten ("terminate called without an
-    # active exception", exit -6, with or without the recorder; 1 of 10
-    # spawned runs, 0 of 10 forked).
-    os.environ.setdefault("ACCUMCHECK_START_METHOD", "fork")
-    run_ranks(train, a, a.spawn)
+    run_ranks(train, a, a.spawn)  # each rank ends through exit_rank (issue 42)
 
 
 if __name__ == "__main__":
