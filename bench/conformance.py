@@ -223,7 +223,7 @@ def parse(code, report):
     if w:
         margin, where, detail = w.group(1), "%s, %s" % (w.group(2), w.group(3)), \
             "%s, %s" % (w.group(4), w.group(5))
-        first = re.search(r"^evidence: (step \d+ is the first to leave correct)", report, re.M)
+        first = re.search(r"^evidence: (step \d+ is the first whose weights leave \S+'s)", report, re.M)
         if first:
             detail += "; " + first.group(1)
     else:

@@ -79,8 +79,15 @@ int certify_command(const CertifyOptions& o) {
                      "applies to a scenario's trace, not to --contract");
   // A --junit path we could not write is refused before any judging.
   if (!o.junit.empty()) require_output_file(o.junit, "--junit");
+  if (!o.html.empty()) require_output_file(o.html, "--html");
   if (o.contract) {
     const CertifyReport r = certify_contract(o.trace);
+    if (!o.html.empty()) {
+      ReportData d =
+          contract_report_data(read_trace(o.trace), read_contract(o.trace));
+      d.certify = r;
+      write_output_file(o.html, report_html(d), "--html");
+    }
     if (o.quiet)
       std::printf("%s\n", r.verdict.c_str());
     else
@@ -91,7 +98,6 @@ int certify_command(const CertifyOptions& o) {
     if (!o.quiet) std::fprintf(stderr, "certify: %.2f s\n", r.seconds);
     return r.pass ? 0 : 1;
   }
-  if (!o.html.empty()) require_output_file(o.html, "--html");
   const Scenario s = parse_scenario_file(o.scenario);
   CertifyConfig cfg;
   cfg.run = o.run;

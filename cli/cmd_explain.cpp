@@ -2,6 +2,7 @@
 // (verify/teach/explain.hpp).
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "cli/commands.hpp"
 #include "sim/errors.hpp"
@@ -16,16 +17,23 @@ int explain_command(const ExplainOptions& o) {
                   int(e.title.size()), e.title.data());
     return 0;
   }
-  const ExplainEntry* e = find_explain(o.id);
-  if (!e) {
+  // Every id certify prints: a pitfall, or a combination "a+b" of them.
+  std::string unknown;
+  const std::vector<const ExplainEntry*> parts =
+      find_explain_parts(o.id, unknown);
+  if (parts.empty()) {
     std::string known;
     for (const ExplainEntry& x : explain_entries())
       known.append(known.empty() ? "" : ", ").append(x.id);
     throw InputError(
         "", 0, 0, "explain",
-        "unknown pitfall or lesson '" + o.id + "'; known: " + known);
+        (unknown == o.id
+             ? "unknown pitfall or lesson '" + o.id + "'"
+             : "'" + o.id + "': unknown pitfall or lesson '" + unknown +
+                   "' (a combination joins pitfall ids with '+')") +
+            "; known: " + known);
   }
-  std::printf("%s", explain_text(*e).c_str());
+  std::printf("%s", explain_parts_text(parts).c_str());
   return 0;
 }
 

@@ -5,6 +5,8 @@
 #include "cli/commands.hpp"
 #include "cli/scenario_dir.hpp"
 #include "sim/atomic_file.hpp"
+#include "sim/errors.hpp"
+#include "verify/contract/contract.hpp"
 #include "verify/teach/report.hpp"
 #include "verify/trace/trace.hpp"
 
@@ -16,6 +18,18 @@ std::string write_html_report(const std::string& trace_dir,
   const std::string file = out.empty() ? trace_dir + "/report.html" : out;
   require_output_file(file, "--out");
   const Trace t = read_trace(trace_dir);
+  if (t.meta_value("tier") == "contract") {
+    // A contract-tier trace has no scenario: what its recorder measured,
+    // and the contract tier's verdict on it (as certify --contract --html).
+    if (!scenario_file.empty())
+      throw InputError("", 0, 0, "--scenario",
+                       "a contract-tier trace has no scenario (meta.csv "
+                       "tier,contract): drop --scenario");
+    ReportData d = contract_report_data(t, read_contract(trace_dir));
+    d.certify = certify_contract(trace_dir);
+    write_output_file(file, report_html(d), "--out");
+    return file;
+  }
   const Scenario s = scenario_of_trace(
       t, scenario_file, ::accumcheck::cli::default_scenario_dir());
   write_output_file(file, report_html(report_data(t, s)), "--out");

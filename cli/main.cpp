@@ -318,9 +318,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   merge_cmd->add_flag("--quiet", merge.quiet, "print the verdict only");
   certify_cmd->add_option("--html", cert.html,
-                          "write an HTML report: the verdict, the first "
-                          "failing check, error/bound per step and tensor, "
-                          "the ranking, and the trace's curves");
+                          "write an HTML report: the verdict, what a FAIL "
+                          "behaves like (explain's entry: the story and the "
+                          "fix), the evidence, error/bound per step and "
+                          "tensor, the closest candidates (all of them "
+                          "collapsed) and the trace's curves; with --contract "
+                          "each step's micro-batch weights, lr and clip "
+                          "factors");
 
   ReportOptions rep;
   auto* report_cmd = app.add_subcommand(
@@ -328,7 +332,8 @@ int main(int argc, char** argv) {
       "Write one self-contained HTML file (opens offline) with the plots of "
       "a trace: loss per window, relative distance to the large batch (log), "
       "lr and gradient norm per optimizer step; the scenario's story, "
-      "settings and pitfall on top.");
+      "settings and pitfall on top. A contract-tier trace: its verdict, "
+      "each step's micro-batch weights, lr and clip factors.");
   report_cmd->add_option("trace", rep.trace, "trace folder")->required();
   report_cmd->add_option("--out", rep.out,
                          "HTML file (default: <trace>/report.html)");
@@ -343,8 +348,9 @@ int main(int argc, char** argv) {
       "as a PyTorch diff, what the oracle predicts, the scenario to run, the "
       "field reports and the properties that guard it.");
   explain_cmd->add_option("pitfall", expl.id,
-                          "pitfall id, lesson (its -lesson suffix may be left "
-                          "out) or scenario name");
+                          "pitfall id, pitfall ids joined by '+' (a "
+                          "combination certify names), lesson (its -lesson "
+                          "suffix may be left out) or scenario name");
   explain_cmd->add_flag("--list", expl.list, "list every entry");
 
   MemoryOptions mem;

@@ -92,5 +92,52 @@ TEST(Explain, TextHasEverySection) {
   EXPECT_EQ(find_explain("no-such"), nullptr);
 }
 
+// Every candidate certify can name (each scope, both tiers: single
+// pitfalls, pairs, the step budget's triples) is an id `explain` takes,
+// each part explained in order (issue 44: pair ids were refused).
+TEST(Explain, EveryCandidateCertifyNamesExplains) {
+  size_t combos = 0;
+  for (int bits = 0; bits < 128; ++bits) {
+    const CandidateScope scope{.token_loss = (bits & 1) != 0,
+                               .loss_scaling = (bits & 2) != 0,
+                               .ema = (bits & 4) != 0,
+                               .contract_tier = (bits & 8) != 0,
+                               .contract_lowp_buffer = (bits & 16) != 0,
+                               .stopped_short = (bits & 32) != 0,
+                               .contract_shard_clip = (bits & 64) != 0};
+    for (const std::vector<Pitfall>& sem : candidate_semantics(scope)) {
+      const std::string name = semantics_name(sem);
+      std::string unknown;
+      const auto parts = find_explain_parts(name, unknown);
+      ASSERT_EQ(parts.size(), sem.empty() ? 1 : sem.size())
+          << name << ": unknown part '" << unknown << "'";
+      for (size_t i = 0; i < sem.size(); ++i)
+        EXPECT_EQ(parts[i]->id, pitfall_id(sem[i])) << name;
+      const std::string t = explain_parts_text(parts);
+      if (sem.size() > 1) {
+        ++combos;
+        EXPECT_TRUE(t.starts_with(name + ": " + std::to_string(sem.size()) +
+                                  " pitfalls at once"))
+            << t;
+        for (size_t i = 0; i < sem.size(); ++i)
+          EXPECT_NE(t.find("[" + std::to_string(i + 1) + " of " +
+                           std::to_string(sem.size()) + "] " +
+                           std::string(pitfall_id(sem[i])) + ": "),
+                    std::string::npos)
+              << name;
+      } else {
+        EXPECT_EQ(t, explain_text(*parts.front())) << name;
+      }
+    }
+  }
+  EXPECT_GT(combos, 0u);
+  std::string unknown;
+  EXPECT_TRUE(find_explain_parts("token-mean-of-means+nope", unknown).empty());
+  EXPECT_EQ(unknown, "nope");
+  EXPECT_TRUE(find_explain_parts("token-mean-of-means+", unknown).empty());
+  EXPECT_TRUE(find_explain_parts("nope", unknown).empty());
+  EXPECT_EQ(unknown, "nope");
+}
+
 }  // namespace
 }  // namespace accumcheck

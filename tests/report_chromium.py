@@ -14,6 +14,17 @@ the self-test the page writes into its DOM (<pre id="selftest">):
     as a series, drawn in the uPlot legend, with points;
   - for the certify report: the heat strip (one row per tensor and kind),
     the ranking and the first failing check.
+  - for the certify report (issue 44), the page leads with what the run
+    behaves like (the pitfall's explain entry: title, story, the fix) before
+    the evidence, shows the closest five candidates and every candidate
+    only in a collapsed list.
+With --contract --python PY (CTest Report.Chromium.contract, where PyTorch
+is): the contract tier's pages instead, of traces examples/contract/train.py
+records: `certify --contract --html` of a FAIL (an inert clip after every
+backward: behaves like clip-per-micro-step) and of one no modelled pitfall
+explains (a window's first micro-batch stepped alone), and `accumcheck
+report` of a correct trace (PASS): the lr and weight charts, the table of
+every optimizer step, the same certify sections.
 Then writes a PNG screenshot of each page next to it, and a stamp
 (<page>.html.checked: the page's SHA-256) once the page passed.  Exits 77
 (CTest: skipped) with a message when chromium is not installed.
@@ -46,6 +57,10 @@ CHARTS = {
     "dist": ("window", "relative distance (log)"),
     "lr": ("optimizer step", "lr"),
     "gnorm": ("optimizer step", "|G|"),
+}
+CONTRACT_CHARTS = {
+    "lr": ("optimizer step", "lr"),
+    "weights": ("micro-batch", "weight × N"),
 }
 
 
@@ -186,7 +201,40 @@ class Browser:
             f.write(base64.b64decode(data))
 
 
-def check_page(browser, html, runs, certify):
+def check_certify(html, cs, want):
+    """The certify sections (issue 44): `want` is (verdict, the pitfall the
+    run behaves like or None for no modelled pitfall, or "" on PASS)."""
+    errors = []
+    verdict, pitfall = want
+    order = cs.get("order", [])
+    if not order or order[0] != "certify: " + verdict:
+        errors.append(f"{html}: the certify section starts {order[:1]}, not certify: {verdict}")
+    if verdict == "FAIL":
+        title = ("The run behaves like " + pitfall) if pitfall else "No modelled pitfall explains this run"
+        if order[1:2] != [title]:
+            errors.append(f"{html}: after the verdict {order[1:2]}, not {title!r}")
+        if "Evidence" not in order or order.index("Evidence") != 2:
+            errors.append(f"{html}: the evidence is not third: {order}")
+        if pitfall and not any(b.startswith(pitfall + ": ") for b in cs.get("behaves", [])):
+            errors.append(f"{html}: no explain entry of {pitfall}: {cs.get('behaves')}")
+        if not cs.get("first_fail"):
+            errors.append(f"{html}: no first failing check")
+        if cs.get("evidence_rows", 0) < 1:
+            errors.append(f"{html}: no evidence lines")
+        if not 1 <= cs.get("ranking_rows", 0) <= 5:
+            errors.append(f"{html}: {cs.get('ranking_rows')} candidates shown, expected 1 to 5")
+        if cs.get("ranking_all_rows", 0) <= cs.get("ranking_rows", 0):
+            errors.append(f"{html}: the collapsed list has {cs.get('ranking_all_rows')} candidates")
+        if order[-1:] != ["Closest candidates"]:
+            errors.append(f"{html}: the ranking is not last: {order}")
+    elif len(order) > 1 and order[1].startswith(("The run behaves", "No modelled")):
+        errors.append(f"{html}: a PASS page names a pitfall: {order}")
+    if cs.get("checks", 0) < 1:
+        errors.append(f"{html}: no checks listed")
+    return errors
+
+
+def check_page(browser, html, runs, certify, want=None, contract=False):
     errors = []
     session, target, dom, console = browser.load(html)
     m = re.search(r'<pre id="selftest">(.*?)</pre>', dom, re.S)
@@ -198,31 +246,36 @@ def check_page(browser, html, runs, certify):
     errors += [f"{html}: console: {line}" for line in console]
     errors += [f"{html}: script error: {e}" for e in st["errors"]]
     charts = {c["id"]: c for c in st["charts"]}
-    for cid, (xlabel, ylabel) in CHARTS.items():
+    if sorted(charts) != sorted(CONTRACT_CHARTS if contract else CHARTS):
+        errors.append(f"{html}: charts {sorted(charts)}")
+    for cid, (xlabel, ylabel) in (CONTRACT_CHARTS if contract else CHARTS).items():
         c = charts.get(cid)
         if not c:
             errors.append(f"{html}: chart {cid} missing")
             continue
         if c["axes"] != [xlabel, ylabel]:
             errors.append(f"{html}: chart {cid} axis labels {c['axes']} != {[xlabel, ylabel]}")
-        want = [r for r in runs if not (cid == "dist" and r == "reference")]
+        series = [r for r in runs if not (cid == "dist" and r == "reference")]
         if cid in ("lr", "gnorm"):
-            want = [r for r in want if r in runs_that_step]
-        if sorted(c["series"]) != sorted(want):
-            errors.append(f"{html}: chart {cid} series {c['series']} != {want}")
-        for s in want:
+            series = [r for r in series if r in runs_that_step]
+        if contract:
+            series = ["trainer"]
+        if sorted(c["series"]) != sorted(series):
+            errors.append(f"{html}: chart {cid} series {c['series']} != {series}")
+        for s in series:
             if s not in c["legend"]:
                 errors.append(f"{html}: chart {cid}: series {s} not drawn in the legend {c['legend']}")
         if not isinstance(c["points"], list) or any(p == 0 for p in c["points"]):
             errors.append(f"{html}: chart {cid}: a series without points: {c['points']}")
     if certify:
         cs = st.get("certify") or {}
-        if cs.get("heat_rows", 0) < 2:
+        if not contract and cs.get("heat_rows", 0) < 2:
             errors.append(f"{html}: heat strip has {cs.get('heat_rows')} rows")
-        if cs.get("ranking_rows", 0) < 1:
-            errors.append(f"{html}: ranking has no rows")
-        if not cs.get("first_fail"):
-            errors.append(f"{html}: no first failing check")
+        errors += check_certify(html, cs, want)
+    if contract:
+        steps = (st.get("contract") or {}).get("step_rows", 0)
+        if steps != contract:
+            errors.append(f"{html}: {steps} optimizer steps in the table, the trace has {contract}")
     png = html[:-5] + ".png"
     browser.screenshot(session, png)
     browser.call("Target.closeTarget", targetId=target)
@@ -257,12 +310,17 @@ def main():
     ap.add_argument("--accumcheck", required=True)
     ap.add_argument("--scenarios", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--contract", action="store_true",
+                    help="the contract tier's pages (needs --python)")
+    ap.add_argument("--python", help="a Python with torch and accumcheck_torch")
     a = ap.parse_args()
     exe = chromium()
     if not exe:
         print("SKIP: chromium is not installed (scripts/setup.sh installs Debian's chromium)")
         return 77
     os.makedirs(a.work, exist_ok=True)
+    if a.contract:
+        return render(exe, a, contract_pages(a))
     pages = []
     for name in ("zero-grad-every-micro-step", "scheduler-per-micro-step",
                  "step-every-micro-step"):
@@ -270,7 +328,7 @@ def main():
         html = os.path.join(a.work, name + ".html")
         subprocess.run([a.accumcheck, "run", os.path.join(a.scenarios, name + ".toml"),
                         "--quiet", "--out", trace, "--html", html], check=True)
-        pages.append((html, trace, False))
+        pages.append((html, trace, None, False))
     name = "zero-grad-every-micro-step"
     trace = os.path.join(a.work, "certify-trace")
     html = os.path.join(a.work, "certify-" + name + ".html")
@@ -282,10 +340,47 @@ def main():
     if rc != 1:
         print(f"certify of the buggy trainer exited {rc}, expected 1 (FAIL)")
         return 1
-    pages.append((html, trace, True))
+    pages.append((html, trace, ("FAIL", name), False))
+    return render(exe, a, pages)
+
+
+def contract_pages(a):
+    """The contract tier's pages: (html, trace, want, steps)."""
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                            "examples", "contract", "train.py")
+    pages = []
+    for name, args, kind, want in (
+            ("inert-clip", ["--loop", "clip_per_micro_step", "--clip", "1000"], "certify",
+             ("FAIL", "clip-per-micro-step")),
+            ("first-alone", ["--loop", "step_first_alone"], "certify", ("FAIL", None)),
+            ("correct", ["--loop", "transformers"], "report", ("PASS", ""))):
+        trace = os.path.join(a.work, "contract-" + name)
+        html = os.path.join(a.work, "contract-" + name + ".html")
+        if os.path.exists(html):
+            os.remove(html)  # the page must be this run's
+        subprocess.run([a.python, examples, "--model", "gpt", "--out", trace, "--quiet"] + args,
+                       check=True)
+        if kind == "certify":
+            cmd = [a.accumcheck, "certify", "--contract", "--trace", trace, "--quiet",
+                   "--html", html]
+        else:
+            cmd = [a.accumcheck, "report", trace, "--out", html]
+        rc = subprocess.run(cmd).returncode
+        if rc != (1 if want[0] == "FAIL" and kind == "certify" else 0):
+            raise SystemExit(f"{' '.join(cmd)} exited {rc}")
+        if not os.path.exists(html):
+            raise SystemExit(f"{' '.join(cmd)} wrote no {html}")
+        with open(os.path.join(trace, "contract.csv")) as f:
+            steps = sum(1 for line in f if line.startswith("step,"))
+        pages.append((html, trace, want, steps))
+    return pages
+
+
+def render(exe, a, pages):
     errors = []
     browser = None
-    for html, trace, certify in pages:
+    for html, trace, want, contract in pages:
+        certify = want is not None
         # The runs and which of them step, from the trace itself.
         runs = []
         runs_that_step.clear()
@@ -307,7 +402,7 @@ def main():
             continue
         if browser is None:
             browser = Browser(exe, os.path.join(a.work, ".chromium-profile"))
-        e = check_page(browser, html, runs, certify)
+        e = check_page(browser, html, runs, certify, want, contract)
         print(f"{os.path.basename(html)}: {len(runs)} runs, "
               f"{'ok' if not e else str(len(e)) + ' problems'}")
         errors += e

@@ -194,10 +194,44 @@ def clip_per_micro_step(m, opt, load, K, epochs, mean, items, summed):
             opt.zero_grad()
 
 
+def double_count_last(m, opt, load, K, epochs, mean, items, summed):
+    """The first micro-batch of each epoch's last window backwarded twice
+    (a retry at the epoch's end): the windows before it are correct."""
+    for _ in range(epochs):
+        ws = list(windows(load(), K))
+        for w, window in enumerate(ws):
+            n = sum(items(b) for b in window)
+            for k, b in enumerate(window):
+                loss = summed(m, b) / n
+                twice = w + 1 == len(ws) and k == 0
+                loss.backward(retain_graph=twice)
+                if twice:
+                    loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def step_first_alone(m, opt, load, K, epochs, mean, items, summed):
+    """An extra optimizer.step() after each window's first backward (a
+    logging hook that steps): that micro-batch is stepped alone, the rest of
+    the window at the window's end."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(items(b) for b in window)
+            for k, b in enumerate(window):
+                (summed(m, b) / n).backward()
+                if k == 0:
+                    opt.step()
+                    opt.zero_grad()
+            opt.step()
+            opt.zero_grad()
+
+
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   zero_grad_inside, step_outside_if, rescaled_accumulator,
                                   off_by_one, leak, skip_short, double_count,
-                                  clip_per_micro_step)}
+                                  clip_per_micro_step, double_count_last,
+                                  step_first_alone)}
 
 
 def parse(argv=None):

@@ -118,14 +118,14 @@ std::string weight_text(double w, int64_t Nw, int64_t K, int64_t bk,
 
 }  // namespace
 
-WindowFit fit_window(const EvidenceInput& in, int64_t step) {
+WindowFit fit_window(const EvidenceInput& in, int64_t step, int64_t window) {
   WindowFit fit;
   fit.step = step;
   if (step < 0 || size_t(step) >= in.trace.size()) return fit;
   const std::vector<StepRecord<double>> steps = step_windows(in);
-  if (size_t(step) >= steps.size()) return fit;
+  if (window < 0 && size_t(step) >= steps.size()) return fit;
   const std::optional<Window> found =
-      window_at(in.plan, steps[size_t(step)].window);
+      window_at(in.plan, window >= 0 ? window : steps[size_t(step)].window);
   if (!found) return fit;
   const Window& w = *found;
 
@@ -135,7 +135,8 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step) {
     theta.assign(in.init.begin(), in.init.end());
   else
     theta = in.trace[size_t(step) - 1].param.vector();
-  o.set_epoch(steps[size_t(step)].epoch);
+  o.set_epoch(size_t(step) < steps.size() ? steps[size_t(step)].epoch
+                                          : steps.back().epoch);
   std::vector<std::vector<double>> g;
   for (const MicroBatch& m : w.micro) {
     o.params() = theta;
@@ -209,6 +210,36 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
       std::string weights;
       int64_t first_k = -1;
       bool all_k_b = true;
+      // A micro-batch that weighs 0 in step t: the later steps of the
+      // trace (as many as the window has micro-batches) fitted over the
+      // same window say where it was stepped instead (alone: a window of
+      // one micro-batch); "skipped" only when none holds it.
+      const auto elsewhere = [&](size_t k) -> std::string {
+        const int64_t n = int64_t(fit.weight.size());
+        for (int64_t s = t + 1; s <= t + n && size_t(s) < in.trace.size();
+             ++s) {
+          const WindowFit o = fit_window(in, s, steps[size_t(t)].window);
+          if (!o.fitted || o.residual > max_residual ||
+              std::fabs(o.weight[k]) * double(o.items) <= rel)
+            continue;
+          std::vector<size_t> with;
+          for (size_t i = 0; i < o.weight.size(); ++i)
+            if (i != k && std::fabs(o.weight[i]) * double(o.items) > rel)
+              with.push_back(i);
+          std::string others;
+          for (size_t i : with)
+            others += fmt::format("{}{}", others.empty() ? "" : ", ", i);
+          return fmt::format(
+              "is not in step {}: stepped at step {} {}, weighing {:.4g}/N_w "
+              "there",
+              t, s,
+              with.empty() ? std::string("alone")
+                           : fmt::format("with micro-batch{} {}",
+                                         with.size() > 1 ? "es" : "", others),
+              o.weight[k] * double(o.items));
+        }
+        return "weighs 0: in no optimizer step (skipped)";
+      };
       for (size_t k = 0; k < fit.weight.size(); ++k) {
         const int64_t bk = fit.micro_items[k];
         const double want = accepted_weight(in, w, k, fit.items, bk);
@@ -217,9 +248,12 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
         all_k_b = all_k_b &&
                   std::fabs(fit.weight[k] * double(in.plan.accumulation * bk) -
                             1) <= rel;
-        weights.append(fmt::format("{}micro-batch {} {}", k ? "; " : "", k,
-                                   weight_text(fit.weight[k], fit.items,
-                                               in.plan.accumulation, bk, rel)));
+        weights.append(
+            fmt::format("{}micro-batch {} {}", k ? "; " : "", k,
+                        std::fabs(fit.weight[k] * double(fit.items)) <= rel
+                            ? elsewhere(k)
+                            : weight_text(fit.weight[k], fit.items,
+                                          in.plan.accumulation, bk, rel)));
       }
       if (first_k >= 0)
         first.append(

@@ -58,7 +58,11 @@ struct WindowFit {
   double clip_coef = 1;  // the step's clip factor, undone before the fit
 };
 
-WindowFit fit_window(const EvidenceInput& in, int64_t step);
+// `window` >= 0: fit the step's gradient over that window's micro-batches
+// instead of the one the accepted semantics gives the step (where a
+// micro-batch of an earlier window was stepped).
+WindowFit fit_window(const EvidenceInput& in, int64_t step,
+                     int64_t window = -1);
 
 // The evidence lines, each without a trailing newline.
 std::vector<std::string> unexplained_evidence(const EvidenceInput& in);

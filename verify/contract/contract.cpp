@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "oracle/error_model.hpp"
@@ -287,6 +289,29 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const bool shard_clips = std::any_of(
       c.clips.begin(), c.clips.end(),
       [](const ContractClip& cl) { return !std::isnan(cl.shard_norm); });
+  // The trace's clip_grad_norm_ calls per (rank, parameter version): a
+  // declared clip's call pattern is each candidate's own (clip after every
+  // backward calls it K times a step), judged even where a clip that never
+  // engages leaves the weights the same.
+  std::map<std::pair<int64_t, int64_t>, int64_t> trace_clips;
+  for (const ContractClip& cl : c.clips) ++trace_clips[{cl.rank, cl.version}];
+  const auto clips_differ = [&](const Prediction& p) -> std::string {
+    if (!s.clip.enabled || p.clips == trace_clips) return "";
+    const auto n_at = [](const auto& m, const auto& k) {
+      const auto it = m.find(k);
+      return it == m.end() ? int64_t(0) : it->second;
+    };
+    std::set<std::pair<int64_t, int64_t>> at;
+    for (const auto& [k, n] : p.clips) at.insert(k);
+    for (const auto& [k, n] : trace_clips) at.insert(k);
+    for (const auto& k : at)
+      if (n_at(p.clips, k) != n_at(trace_clips, k))
+        return fmt::format(
+            "clip: {}step {}: {} clip_grad_norm_ call(s), predicted {}",
+            c.ranks() > 1 ? fmt::format("rank {} ", k.first) : std::string(),
+            k.second, n_at(trace_clips, k), n_at(p.clips, k));
+    return "";
+  };
   bool clip_ok = true;
   if (judge_clip) {
     const CertifyCheck ck =
@@ -404,6 +429,10 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       d.d = kInf;
       d.why = reduce_why;
     }
+    if (const std::string why = clips_differ(p); !why.empty()) {
+      d.d = kInf;
+      d.why = why;
+    }
     // The clip symbols take the trace's factors: which norm gave them is
     // the candidate's clip rule, judged here.
     if (shard_clips && judge_clip) {
@@ -425,6 +454,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       if (preds[k].P == p.P && preds[k].version == p.version &&
           lowps[k] == sem_lowp && lrs[k] == lr.accepted_lr &&
           (!shard_clips || shard_rules[k] == sem_shard) &&
+          (!s.clip.enabled || preds[k].clips == p.clips) &&
           (!reduces_seen || preds[k].reduces == p.reduces)) {
         r.ranking[k].aliases.push_back(semantics_name(sem));
         merged = true;

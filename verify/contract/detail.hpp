@@ -26,6 +26,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/pitfalls.hpp"
@@ -102,6 +103,8 @@ struct Prediction {
   // [rank][step]: micro-batch -> the parameter version of its g_j
   std::vector<std::vector<std::map<int64_t, int64_t>>> version;
   Reduces reduces;  // step -> the micro-steps of its gradient all-reduces
+  // (rank, parameter version) -> its clip_grad_norm_ calls
+  std::map<std::pair<int64_t, int64_t>, int64_t> clips;
 };
 
 // The gradient all-reduces of a contract trace's events.
@@ -196,10 +199,14 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
 
 // ---- evidence.cpp
 
-// Model-free evidence: the first step whose weights leave correct's.
+// Model-free evidence: the first step whose weights leave the accepted
+// semantics' (`correct`, named `accepted`) by more than their uncertainty
+// U, as the verdict judges them.
 std::vector<std::string> contract_evidence(const ContractSection& c,
                                            const std::vector<Weights>& W,
+                                           const std::vector<Weights>& U,
                                            const std::vector<Weights>& correct,
-                                           int64_t K);
+                                           int64_t K,
+                                           const std::string& accepted);
 
 }  // namespace accumcheck::contract_detail

@@ -135,7 +135,10 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
               : fmt::format("diagnosis: matches {} ({})\nevidence: {}",
                             f.ema_pitfall, weights, ema_msg);
       r.ranking.clear();
-    } else if (best.distance <= 1) {
+    } else if (best.distance <= 1 && best.pitfalls != accept) {
+      // (The accepted semantics itself within its distance on a FAIL: the
+      // failing check is one no candidate's distance holds, so nothing is
+      // named; the evidence below says what fails.)
       r.diagnosis = fmt::format(
           "diagnosis: matches {} (max {} of the uncertainty)\nmargin: next is "
           "{} at {} "
@@ -159,15 +162,18 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
           f.lr_correct.evidence);
     } else {
       r.diagnosis = "diagnosis: no modelled pitfall explains this trace\n";
+      std::string failing;  // the failing checks, by name
+      for (const auto& ck : r.checks)
+        if (!ck.ok && ck.name != "weights")
+          failing += (failing.empty() ? "" : ", ") + ck.name;
       if (f.structure_ok)
         r.diagnosis += fmt::format(
             "evidence: the weights are {}'s (max {} of the uncertainty); "
-            "the lr "
-            "is not\n",
-            r.accepted, fmt_ratio(f.correct_weights.d));
+            "what fails: {}\n",
+            r.accepted, fmt_ratio(f.correct_weights.d), failing);
       else
-        for (const auto& line :
-             contract_evidence(c, meas.W[0], accepted.P[0], K))
+        for (const auto& line : contract_evidence(c, meas.W[0], meas.U[0],
+                                                  accepted.P[0], K, r.accepted))
           r.diagnosis += "evidence: " + line + "\n";
       if (!f.lr_correct.ok)
         r.diagnosis += "evidence: " + f.lr_correct.evidence + "\n";
@@ -192,7 +198,9 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
       }
       r.diagnosis += fmt::format(
           "closest (not matching): {} at {} of the uncertainty ({})", names,
-          fmt_ratio(best.distance), best.first_out_what);
+          fmt_ratio(best.distance),
+          best.distance <= 1 ? "its weights match; what fails: " + failing
+                             : best.first_out_what);
     }
     if (!horizon_note.empty()) r.diagnosis += "\n" + horizon_note;
   }

@@ -191,6 +191,7 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
   const std::vector<double> sym = clip_symbols(e, c);
   Prediction p;
   p.reduces = all_reduces(run.events);
+  for (const auto& clip : e.clips()) ++p.clips[{clip.rank, clip.version}];
   p.P.resize(size_t(cp.plan.ranks));
   p.version.resize(size_t(cp.plan.ranks));
   for (const auto& st : e.steps()) {

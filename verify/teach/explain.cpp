@@ -4,6 +4,7 @@
 // names `accumcheck check --list` prints.
 #include "verify/teach/explain.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "sim/pitfalls.hpp"
@@ -1094,6 +1095,52 @@ std::string explain_text(const ExplainEntry& e) {
   }
   o.append("\nField reports: ").append(e.field).append("\n");
   o.append("Guarded by: ").append(e.properties).append("\n");
+  return o;
+}
+
+std::vector<const ExplainEntry*> find_explain_parts(std::string_view id,
+                                                    std::string& unknown) {
+  const auto trim = [](std::string_view v) {
+    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+    while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+    return v;
+  };
+  std::vector<const ExplainEntry*> out;
+  if (const ExplainEntry* e = find_explain(trim(id))) return {e};
+  if (id.find('+') == std::string_view::npos) {
+    unknown = std::string(trim(id));
+    return {};
+  }
+  while (true) {
+    const size_t plus = id.find('+');
+    const std::string_view part = trim(id.substr(0, plus));
+    const ExplainEntry* e = part.empty() ? nullptr : find_explain(part);
+    if (!e) {
+      unknown = std::string(part);
+      return {};
+    }
+    if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(e);
+    if (plus == std::string_view::npos) break;
+    id.remove_prefix(plus + 1);
+  }
+  return out;
+}
+
+std::string explain_parts_text(const std::vector<const ExplainEntry*>& parts) {
+  if (parts.size() == 1) return explain_text(*parts.front());
+  std::string o;
+  std::string names;
+  for (const ExplainEntry* e : parts)
+    names.append(names.empty() ? "" : "+").append(e->id);
+  o.append(names).append(": ").append(std::to_string(parts.size()));
+  o.append(
+      " pitfalls at once. certify ranks each combination as one candidate: "
+      "the one trainer loop with every one of these mistakes, so a trace that "
+      "matches it makes them all; fix each (below, in order).\n");
+  for (size_t i = 0; i < parts.size(); ++i)
+    o.append("\n[" + std::to_string(i + 1) + " of " +
+             std::to_string(parts.size()) + "] ")
+        .append(explain_text(*parts[i]));
   return o;
 }
 

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace accumcheck {
 
@@ -32,5 +33,16 @@ std::span<const ExplainEntry> explain_entries();
 const ExplainEntry* find_explain(std::string_view id);
 // The entry as text, for the terminal.
 std::string explain_text(const ExplainEntry& e);
+
+// Every id certify prints: one entry's id (or a scenario or lesson
+// name, as find_explain), or a combination of pitfalls joined by '+'
+// ("token-mean-of-means+partial-cycle-scale-by-k", a candidate certify
+// ranks), each part an entry.  The entries in order; empty when a part
+// names none, with that part in `unknown`.
+std::vector<const ExplainEntry*> find_explain_parts(std::string_view id,
+                                                    std::string& unknown);
+// The text of what find_explain_parts found: one entry's explain_text, or a
+// combination's line saying what it is, then each part's.
+std::string explain_parts_text(const std::vector<const ExplainEntry*>& parts);
 
 }  // namespace accumcheck

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -136,6 +137,70 @@ ReportData report_data(const Trace& t, const Scenario& s) {
       rr.window_dist[w] = distance(a->second, b->second);
     }
   }
+  return d;
+}
+
+ReportData contract_report_data(const Trace& t, const ContractSection& c) {
+  if (t.meta_value("tier") != "contract")
+    throw InputError(t.meta_path(), 0, 0, "tier",
+                     "not a contract-tier trace (meta.csv has no "
+                     "'tier,contract')");
+  ReportData d;
+  ReportContract rc;
+  try {
+    rc.accumulation = std::stoll(t.meta_value("accumulation"));
+  } catch (...) {
+    throw InputError(t.meta_path(), 0, 0, "accumulation",
+                     "expected an integer >= 1");
+  }
+  rc.ranks = c.ranks();
+  rc.micro_batches = int64_t(c.micro.size());
+  d.scenario = "contract-tier trace";
+  d.story =
+      "Recorded by accumcheck_torch's ContractRecorder around the real "
+      "trainer: which micro-batch gradients g_j enter each optimizer step, "
+      "with which weights, the lr of each step and each clip factor.";
+  const std::string items = t.meta_value("items");
+  std::string settings = fmt::format(
+      "K={} items={} parameters={} ranks={} micro-batches={} steps={}",
+      rc.accumulation, items.empty() ? "samples" : items,
+      t.meta_value("parameters"), rc.ranks, rc.micro_batches,
+      c.steps.front().size());
+  for (const char* key : {"lr", "schedule_kind", "clip", "accept", "ema"})
+    if (const std::string v = t.meta_value(key); !v.empty())
+      settings += fmt::format(" {}={}", key, v);
+  d.settings = settings;
+  d.engine = t.meta_value("engine");
+  d.precision = t.meta_value("precision");
+  // Rank 0's steps: W_t = a_prev * W_{t-1} + sum_b a_b w_b e_{micro(b)}.
+  std::map<int64_t, double> prev;
+  for (size_t i = 0; i < c.steps.front().size(); ++i) {
+    const ContractStep& st = c.steps.front()[i];
+    std::map<int64_t, double> w;
+    for (const ContractStep::Coef& k : st.coefs)
+      if (k.backward < 0) {
+        for (const auto& [j, x] : prev) w[j] += k.a * x;
+      } else if (size_t(k.backward) < c.backward.size()) {
+        const ContractBackward& b = c.backward[size_t(k.backward)];
+        w[b.micro] += k.a * b.weight;
+      }
+    double top = 0;
+    for (const auto& [j, x] : w) top = std::max(top, std::abs(x));
+    ReportContractStep rs;
+    rs.lr = st.lr;
+    for (const auto& [j, x] : w)
+      if (std::abs(x) > 1e-3 * top && j >= 0 && j < rc.micro_batches) {
+        rs.micro.push_back(j);
+        rs.items += c.micro[size_t(j)].items;
+      }
+    for (int64_t j : rs.micro) rs.weight_n.push_back(w[j] * double(rs.items));
+    for (const ContractClip& cl : c.clips)
+      if (cl.rank == 0 && cl.version == int64_t(i))
+        rs.clip.push_back(cl.factor);
+    rc.steps.push_back(std::move(rs));
+    prev = std::move(w);
+  }
+  d.contract = std::move(rc);
   return d;
 }
 

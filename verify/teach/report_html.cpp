@@ -8,7 +8,10 @@
 // DOM dump can be checked (tests/report_chromium.py).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string_view>
+#include <vector>
 
 #include "verify/certify/markup.hpp"
 #include "verify/teach/explain.hpp"
@@ -47,9 +50,77 @@ std::string json_nums(const std::vector<double>& v) {
   return o + "]";
 }
 
+// The catalog ids a FAIL's diagnosis names as what the run behaves like:
+// "matches X", "matches, tied (...): X (...) | Y", "matches X (weights,
+// ...) and Y (lr)"; none for "no modelled pitfall".
+std::vector<std::string> named_in_diagnosis(std::string_view d) {
+  d = d.substr(0, d.find('\n'));
+  if (d.starts_with("diagnosis: ")) d.remove_prefix(11);
+  std::vector<std::string> out;
+  const auto id_at = [&](size_t at) {
+    size_t e = at;
+    while (e < d.size() && d[e] != ' ' && d[e] != ',' && d[e] != ')') ++e;
+    return std::string(d.substr(at, e - at));
+  };
+  if (d.starts_with("matches, tied")) {
+    const size_t colon = d.find(": ");
+    if (colon != std::string_view::npos) out.push_back(id_at(colon + 2));
+  } else if (d.starts_with("matches ")) {
+    out.push_back(id_at(8));
+    const size_t and_at = d.find(") and ");
+    if (d.find("(weights, ") != std::string_view::npos &&
+        and_at != std::string_view::npos &&
+        d.substr(and_at + 6).starts_with("no modelled") == false)
+      out.push_back(id_at(and_at + 6));
+  }
+  return out;
+}
+
+// What a FAIL behaves like, each id (a pitfall or a combination) with its
+// parts' explain entries: the text `accumcheck explain ID` gives.
+std::string behaves_json(const CertifyReport& r) {
+  std::string o = "[";
+  if (r.pass) return o + "]";
+  bool first = true;
+  for (const std::string& id : named_in_diagnosis(r.diagnosis)) {
+    std::string unknown;
+    const std::vector<const ExplainEntry*> parts =
+        find_explain_parts(id, unknown);
+    if (parts.empty()) continue;
+    o += std::string(first ? "" : ",") + "{\"id\":" + json_str(id) +
+         ",\"parts\":[";
+    first = false;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const ExplainEntry& e = *parts[i];
+      o += fmt::format(
+          "{}{{\"id\":{},\"title\":{},\"story\":{},\"diff\":{},"
+          "\"formula\":{}}}",
+          i ? "," : "", json_str(e.id), json_str(e.title), json_str(e.story),
+          json_str(e.diff), json_str(e.formula));
+    }
+    o += "]}";
+  }
+  return o + "]";
+}
+
 std::string certify_json(const CertifyReport& r) {
   std::string o = "{";
   o += "\"verdict\":" + json_str(r.verdict);
+  o += ",\"behaves_like\":" + behaves_json(r);
+  // The checks of the whole trace (a step's own checks are the heat strip).
+  o += ",\"checks\":[";
+  bool any = false;
+  for (const CertifyCheck& c : r.checks) {
+    if (c.step >= 0) continue;
+    o += fmt::format("{}{{\"name\":{},\"ok\":{},\"message\":{}}}",
+                     any ? "," : "", json_str(c.name), c.ok ? "true" : "false",
+                     json_str(c.message));
+    any = true;
+  }
+  o += "]";
+  std::string notes;
+  for (const std::string& n : r.notes) notes += (notes.empty() ? "" : "\n") + n;
+  o += ",\"notes\":" + json_str(notes);
   o += fmt::format(",\"pass\":{}", r.pass ? "true" : "false");
   o += ",\"accepted\":" + json_str(r.accepted);
   o += ",\"diagnosis\":" + json_str(r.diagnosis);
@@ -108,14 +179,36 @@ std::string data_json(const ReportData& d) {
          ",\"gnorm\":" + json_nums(r.step_grad_norm) + "}";
   }
   o += "],\"certify\":" + (d.certify ? certify_json(*d.certify) : "null");
-  return o + "}";
+  o += ",\"contract\":";
+  if (!d.contract) return o + "null}";
+  const ReportContract& c = *d.contract;
+  o += fmt::format("{{\"K\":{},\"ranks\":{},\"micro\":{},\"steps\":[",
+                   c.accumulation, c.ranks, c.micro_batches);
+  for (size_t t = 0; t < c.steps.size(); ++t) {
+    const ReportContractStep& st = c.steps[t];
+    std::string micro = "[";
+    for (size_t i = 0; i < st.micro.size(); ++i)
+      micro += (i ? "," : "") + std::to_string(st.micro[i]);
+    o += fmt::format(
+        "{}{{\"lr\":{},\"items\":{},\"micro\":{}],\"w\":{},"
+        "\"clip\":{}}}",
+        t ? "," : "", json_num(st.lr), st.items, micro, json_nums(st.weight_n),
+        json_nums(st.clip));
+  }
+  return o + "]}}";
 }
 
 std::string explain_html(const ReportData& d) {
+  // A certify FAIL's own section explains what the run behaves like: the
+  // scenario's pitfall is not repeated above it.
+  const std::vector<std::string> named =
+      d.certify && !d.certify->pass ? named_in_diagnosis(d.certify->diagnosis)
+                                    : std::vector<std::string>{};
   std::string o;
   for (const std::string& id : d.pitfalls) {
     const ExplainEntry* e = find_explain(id);
-    if (!e) continue;
+    if (!e || std::find(named.begin(), named.end(), id) != named.end())
+      continue;
     o += fmt::format(
         "<section class=\"explain\"><h2>{}: {}</h2><p>{}</p>"
         "<pre class=\"diff\">{}</pre><p><b>The oracle predicts:</b> {}</p>"
@@ -200,40 +293,104 @@ function heat(v) {
   const t = Math.max(0, Math.min(1, Math.log10(v) / 8));
   return `hsl(0, 75%, ${70 - 40 * t}%)`;
 }
+const TOP = 5;  // candidates shown before the full list (collapsed)
 function certifyTables() {
   const c = DATA.certify, box = document.getElementById("certify");
   if (!c) { box.remove(); return; }
   const h = [];
+  const contract = !!DATA.contract;
+  const unit = contract ? "of the uncertainty" : "of bound";
   h.push(`<h2>certify: <span class="${c.pass ? "pass" : "fail"}">${c.pass ? "PASS" : "FAIL"}</span></h2>`);
-  h.push(`<p>${esc(c.verdict)}</p>`);
-  if (c.first_fail) h.push(`<p><b>First failing check</b> (${esc(c.first_fail.name)}): <span id="first-fail">${esc(c.first_fail.message)}</span></p>`);
-  if (c.diagnosis) h.push(`<pre>${esc(c.diagnosis)}</pre>`);
-  h.push(`<h3>Error / bound per optimizer step and tensor</h3><p class="small">green: inside the bound (darker: closer to it); red: outside (darker: further, log scale up to 1e8); grey: not judged.</p>`);
-  h.push(`<table id="heat" class="heat"><tr><th>step</th>${Array.from({length: c.heat.steps}, (_, i) => `<th>${i}</th>`).join("")}</tr>`);
-  for (const row of c.heat.rows)
-    h.push(`<tr><th>${esc(row.label)}</th>${row.cells.map((v, i) => `<td style="background:${heat(v)}" title="step ${i}: ${cell(v)} of bound"></td>`).join("")}</tr>`);
-  h.push(`</table>`);
-  if (c.ranking.length) {
-    h.push(`<h3>Candidates ranked by distance to the trace</h3><table id="ranking" class="rank"><tr><th>#</th><th>semantics</th><th>max error / bound</th><th>first step out</th><th>call pattern</th></tr>`);
-    c.ranking.forEach((r, i) => h.push(`<tr><td>${i + 1}</td><td>${esc(r.name)}</td><td>${r.distance === null ? "inf" : cell(r.distance)}${r.tracked ? "" : " (proxy)"}</td><td>${r.first_out < 0 ? "-" : r.first_out + " " + esc(r.first_out_what)}</td><td>${r.pattern ? "matches" : ""}</td></tr>`));
+  h.push(`<p id="verdict">${esc(c.verdict).replace(/\n/g, "<br>")}</p>`);
+  // What the run behaves like first: each pitfall's story and fix, the
+  // text of `accumcheck explain`.
+  if (c.behaves_like.length) {
+    h.push(`<section id="behaves"><h3>The run behaves like ${c.behaves_like.map(b => `<code>${esc(b.id)}</code>`).join(" and ")}</h3>`);
+    for (const b of c.behaves_like) {
+      if (b.parts.length > 1)
+        h.push(`<p><code>${esc(b.id)}</code>: ${b.parts.length} pitfalls at once (certify ranks the combination as one candidate: the loop with each of these mistakes); fix each.</p>`);
+      for (const p of b.parts)
+        h.push(`<div class="explain"><h4>${esc(p.id)}: ${esc(p.title)}</h4><p>${esc(p.story)}</p>` +
+               `<p><b>The fix</b>, the loop wrong (-) and right (+):</p><pre class="diff">${esc(p.diff)}</pre>` +
+               `<p><b>What the oracle predicts:</b> ${esc(p.formula)}</p></div>`);
+      h.push(`<p class="small">The same in a terminal: <code>accumcheck explain ${esc(b.id)}</code></p>`);
+    }
+    h.push(`</section>`);
+  } else if (!c.pass) {
+    h.push(`<section id="behaves"><h3>No modelled pitfall explains this run</h3><p>No catalog pitfall (or combination of them) stays within its bound; the evidence below is model-free.</p></section>`);
+  }
+  if (!c.pass) {
+    h.push(`<h3>Evidence</h3>`);
+    if (c.first_fail) h.push(`<p><b>First failing check</b> (${esc(c.first_fail.name)}): <span id="first-fail">${esc(c.first_fail.message)}</span></p>`);
+    const lines = c.diagnosis.split("\n").map(l => l.replace(/^diagnosis: /, "")).filter(l => l);
+    h.push(`<ul id="evidence">${lines.map((l, i) => `<li>${i === 0 ? "<b>diagnosis:</b> " : ""}${esc(l)}</li>`).join("")}</ul>`);
+  }
+  if (c.checks.length) {
+    h.push(`<h3>Checks</h3><ul id="checks">${c.checks.map(k => `<li><span class="${k.ok ? "pass" : "fail"}">${k.ok ? "ok" : "FAIL"}</span> ${esc(k.name)}: ${esc(k.message)}</li>`).join("")}</ul>`);
+  }
+  if (c.notes) h.push(`<p class="small">${esc(c.notes).replace(/\n/g, "<br>")}</p>`);
+  if (c.heat.rows.length) {
+    h.push(`<h3>Error / bound per optimizer step and tensor</h3><p class="small">green: inside the bound (darker: closer to it); red: outside (darker: further, log scale up to 1e8); grey: not judged.</p>`);
+    h.push(`<table id="heat" class="heat"><tr><th>step</th>${Array.from({length: c.heat.steps}, (_, i) => `<th>${i}</th>`).join("")}</tr>`);
+    for (const row of c.heat.rows)
+      h.push(`<tr><th>${esc(row.label)}</th>${row.cells.map((v, i) => `<td style="background:${heat(v)}" title="step ${i}: ${cell(v)} of bound"></td>`).join("")}</tr>`);
     h.push(`</table>`);
   }
+  if (c.ranking.length) {
+    const head = `<tr><th>#</th><th>semantics</th><th>distance (${unit})</th><th>${contract ? "where" : "first step out"}</th>${contract ? "" : "<th>call pattern</th>"}</tr>`;
+    const row = (r, i) => `<tr><td>${i + 1}</td><td>${esc(r.name)}</td><td>${r.distance === null ? "inf" : cell(r.distance)}${r.tracked ? "" : " (proxy)"}${r.distance !== null && r.distance <= 1 ? "" : " (not matching)"}</td><td>${contract ? esc(r.first_out_what) : (r.first_out < 0 ? "-" : r.first_out + " " + esc(r.first_out_what))}</td>${contract ? "" : `<td>${r.pattern ? "matches" : ""}</td>`}</tr>`;
+    h.push(`<h3>Closest candidates</h3><table id="ranking" class="rank">${head}${c.ranking.slice(0, TOP).map(row).join("")}</table>`);
+    if (c.ranking.length > TOP)
+      h.push(`<details id="ranking-all"><summary>all ${c.ranking.length} candidates</summary><table class="rank">${head}${c.ranking.map(row).join("")}</table></details>`);
+  }
+  box.innerHTML = h.join("\n");
+}
+function contractTables() {
+  const k = DATA.contract, box = document.getElementById("contract");
+  if (!k) { box.remove(); return; }
+  const h = [`<h3>Per optimizer step (rank 0)</h3><p class="small">The micro-batches each step holds, each with its measured weight × N (N: the items of the micro-batches the step holds; 1 each under correct accumulation), the step's lr and its clip factors. K = ${k.K}, ${k.ranks} rank(s), ${k.micro} micro-batches drawn.</p>`];
+  h.push(`<table id="contract-steps" class="rank"><tr><th>step</th><th>lr</th><th>clip factors</th><th>items N</th><th>micro-batch: weight × N</th></tr>`);
+  k.steps.forEach((st, t) => h.push(`<tr><td>${t}</td><td>${cell(st.lr)}</td><td>${st.clip.length ? st.clip.map(cell).join(", ") : "-"}</td><td>${st.items}</td><td>${st.micro.map((j, i) => `${j}: ${cell(st.w[i])}`).join("; ")}</td></tr>`));
+  h.push(`</table>`);
   box.innerHTML = h.join("\n");
 }
 function esc(s) { return String(s).replace(/[&<>"]/g, ch => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[ch])); }
 try {
-  chart("loss", "Loss per window", "window", "mean loss", DATA.windows, runSeries("loss"), false);
-  chart("dist", "Relative distance to the large batch |θ − θ_ref| / |θ_ref|", "window", "relative distance (log)", DATA.windows,
-        runSeries("dist").filter(s => s.label !== "reference"), true);
-  chart("lr", "Learning rate per optimizer step", "optimizer step", "lr", longest("lr"), runSeries("lr"), false);
-  chart("gnorm", "Gradient norm per optimizer step", "optimizer step", "|G|", longest("gnorm"), runSeries("gnorm"), false);
+  if (DATA.contract) {
+    const k = DATA.contract;
+    chart("lr", "Learning rate per optimizer step", "optimizer step", "lr", k.steps.length,
+          [{label: "trainer", values: k.steps.map(s => s.lr), color: TRAINER_COLORS[0]}], false);
+    // Fitted weights read to 6 digits: a float32 fit's last digits would
+    // give uPlot a y range of 1e-7 around 1 to split.
+    const w = Array.from({length: k.micro}, () => null);
+    k.steps.forEach(s => s.micro.forEach((j, i) => { if (j < w.length) w[j] = Number(s.w[i].toPrecision(6)); }));
+    chart("weights", "Each micro-batch's weight × N in the step that holds it (1: correct accumulation)", "micro-batch",
+          "weight × N", k.micro, [{label: "trainer", values: w, color: TRAINER_COLORS[0]}], false);
+  } else {
+    chart("loss", "Loss per window", "window", "mean loss", DATA.windows, runSeries("loss"), false);
+    chart("dist", "Relative distance to the large batch |θ − θ_ref| / |θ_ref|", "window", "relative distance (log)", DATA.windows,
+          runSeries("dist").filter(s => s.label !== "reference"), true);
+    chart("lr", "Learning rate per optimizer step", "optimizer step", "lr", longest("lr"), runSeries("lr"), false);
+    chart("gnorm", "Gradient norm per optimizer step", "optimizer step", "|G|", longest("gnorm"), runSeries("gnorm"), false);
+  }
   certifyTables();
+  contractTables();
 } catch (e) { ERRORS.push(String(e && e.stack || e)); }
+const rows = sel => Math.max(0, document.querySelectorAll(sel).length - 1);
 const st = document.getElementById("selftest");
 st.textContent = JSON.stringify({charts: CHARTS, errors: ERRORS,
-  certify: DATA.certify ? {heat_rows: document.querySelectorAll("#heat tr").length - 1,
-                           ranking_rows: Math.max(0, document.querySelectorAll("#ranking tr").length - 1),
-                           first_fail: !!document.getElementById("first-fail")} : null});
+  certify: DATA.certify ? {heat_rows: rows("#heat tr"),
+                           ranking_rows: rows("#ranking tr"),
+                           ranking_all_rows: rows("#ranking-all tr"),
+                           first_fail: !!document.getElementById("first-fail"),
+                           behaves: Array.from(document.querySelectorAll("#behaves h4")).map(e => e.textContent),
+                           behaves_title: (document.querySelector("#behaves h3") || {}).textContent || "",
+                           evidence_rows: document.querySelectorAll("#evidence li").length,
+                           checks: document.querySelectorAll("#checks li").length,
+                           // The order of the sections, as the page shows them.
+                           order: Array.from(document.querySelectorAll("#certify > h2, #certify > h3, #certify > section > h3"))
+                             .map(e => e.textContent)} : null,
+  contract: DATA.contract ? {step_rows: rows("#contract-steps tr")} : null});
 )js";
 
 constexpr const char* kPageCss = R"css(
@@ -242,6 +399,8 @@ h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; } h3 { fo
 .settings { font-family: monospace; background: #f4f4f4; padding: 6px 10px; }
 .small { font-size: 0.85em; color: #555; }
 #certify pre { white-space: pre-wrap; font-size: 0.85em; }
+#evidence li, #checks li { margin: 2px 0; }
+details summary { cursor: pointer; margin: 6px 0; }
 pre.diff { background: #f8f8f8; padding: 6px 10px; border-left: 3px solid #ccc; }
 .explain { border: 1px solid #ddd; padding: 4px 14px; margin: 10px 0; border-radius: 4px; }
 .chart { margin: 18px 0; }
@@ -269,11 +428,21 @@ std::string report_html(const ReportData& d) {
        "</p>\n";
   o += explain_html(d);
   o += "<section id=\"certify\"></section>\n";
-  for (const char* id : {"loss", "dist", "lr", "gnorm"})
+  const std::vector<const char*> charts =
+      d.contract ? std::vector<const char*>{"lr", "weights"}
+                 : std::vector<const char*>{"loss", "dist", "lr", "gnorm"};
+  for (const char* id : charts)
     o += fmt::format("<div class=\"chart\" id=\"{}\"></div>\n", id);
-  o += "<p class=\"small\">Windows are the large-batch reference's optimizer "
-       "steps; a run is cut where it has consumed as many samples. Made by "
-       "accumcheck report; charts by uPlot 1.6.32 (MIT, inlined).</p>\n";
+  o += "<section id=\"contract\"></section>\n";
+  o += d.contract
+           ? "<p class=\"small\">The contract tier judges which micro-batch "
+             "gradients enter each step with which weights, not the model's "
+             "numerics. Made by accumcheck; charts by uPlot 1.6.32 (MIT, "
+             "inlined).</p>\n"
+           : "<p class=\"small\">Windows are the large-batch reference's "
+             "optimizer steps; a run is cut where it has consumed as many "
+             "samples. Made by accumcheck report; charts by uPlot 1.6.32 "
+             "(MIT, inlined).</p>\n";
   o += "<pre id=\"selftest\"></pre>\n";
   o += "<script>/* uPlot license:\n" +
        std::string(report_assets::kUplotLicense) + "*/\n" +

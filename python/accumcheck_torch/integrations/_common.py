@@ -187,8 +187,13 @@ class Semantics:
                               "got %r" % (epochs,))
             self.steps = int(epochs) * self.steps_per_epoch
         if schedule not in SCHEDULE_KINDS:
-            raise Refused("lr schedule %r: the contract tier judges %s; pass accept_lr=False to "
-                          "leave the lr unjudged" % (schedule, ", ".join(SCHEDULE_KINDS)))
+            raise Refused("lr schedule %r: this integration declares schedule=%s (with warmup= "
+                          "optimizer steps) and no other; a loop with another schedule is "
+                          "recorded with accumcheck_torch.ContractRecorder, which takes the "
+                          "scheduler itself (schedule=your scheduler, not yet stepped, an "
+                          "lr_lambda or a factory of the optimizer: docs/tiers.md, 'Declaring "
+                          "the lr schedule')"
+                          % (schedule, " | ".join(repr(k) for k in SCHEDULE_KINDS)))
         self.kind = schedule
         self.warmup = int(warmup) if warmup else int(math.ceil(self.steps * float(warmup_ratio or 0)))
         self.lr = None if lr is None else float(lr)

@@ -43,6 +43,25 @@ def test_refusals(kw, says, capsys):
     assert e.value.code == 2 and says in str(e.value)
 
 
+def test_schedule_refusal_names_only_options_that_exist():
+    # Issue 44: the refusal told users to pass accept_lr=False, which no
+    # integration takes.  Every `name=` it names is a parameter of the
+    # integrations' Semantics or of the ContractRecorder it points to.
+    import inspect
+    import re
+
+    from accumcheck_torch import ContractRecorder
+
+    with pytest.raises(Refused) as e:
+        Semantics(accumulation=4, micro_batch=2, dataset=22, epochs=1, schedule="polynomial")
+    msg = str(e.value)
+    exist = (set(inspect.signature(Semantics.__init__).parameters)
+             | set(inspect.signature(ContractRecorder.__init__).parameters))
+    named = re.findall(r"\b(\w+)=", msg)
+    assert named and all(n in exist for n in named), (named, msg)
+    assert "ContractRecorder" in msg and "'linear'" in msg
+
+
 class Head(torch.nn.Module):
     def __init__(self):
         super().__init__()
