@@ -1,96 +1,83 @@
 #include "gpu/emulated.hpp"
 
-#include <cblas.h>
-
-#include <limits>
-#include <mutex>
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "gpu/device_impl.hpp"
-#include "gpu/shared_library.hpp"
 
 namespace accumcheck {
 
 namespace {
 
-blasint to_blas(int64_t v) {
-  if (v < 0 || v > std::numeric_limits<blasint>::max())
-    throw std::length_error("EmulatedExecutor::gemm: dimension " +
-                            std::to_string(v) + " out of BLAS range");
-  return blasint(v);
-}
-
-CBLAS_TRANSPOSE to_blas(Trans t) {
-  return t == Trans::yes ? CblasTrans : CblasNoTrans;
-}
-
-// OpenBLAS is loaded with dlopen when the first EmulatedExecutor is made,
-// not linked: a process that links it maps and relocates 36 MB of library
-// and starts a server thread per core, each spinning (sched_yield) for
-// about 2^28 cycles waiting for work before it sleeps -- about 7 ms of CPU
-// at every start of every accumcheck command and test process, and 0.1 s
-// more per extra core in any that lives that long, whether it calls BLAS
-// or not (`certify`, the oracle, the contract tier never do; on a small
-// trace the threads were half of certify's CPU time).  accumcheck runs its
-// own threads and calls BLAS on one, so the library is set to one thread
-// and its servers are stopped (blas_thread_shutdown_, OpenBLAS's exported
-// stop; absent from builds without threads) as soon as it is loaded.
-// cblas.h still declares every function, so each pointer has the exact
-// type of the function it names.
-#define ACCUMCHECK_OPENBLAS_FUNCTIONS(X) \
-  X(cblas_sgemm)                         \
-  X(openblas_set_num_threads)            \
-  X(openblas_get_num_threads) X(openblas_get_config) X(openblas_get_corename)
-
-ACCUMCHECK_LIBRARY_API(BlasApi, ACCUMCHECK_OPENBLAS_FUNCTIONS);
-
-// libopenblas.so.0 looked up the way the linker would (ld.so.cache: the
-// system's chosen OpenBLAS), then in the folder pkg-config named at
-// configure time.
-const BlasApi& blas() {
-  static BlasApi api;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const std::string soname = "libopenblas.so.0";
-    void* lib = gpu_detail::load_library(
-        api, soname, ACCUMCHECK_OPENBLAS_LIBRARY_DIR, [&](void* lib) {
-          ACCUMCHECK_OPENBLAS_FUNCTIONS(ACCUMCHECK_LIBRARY_RESOLVE)
-        });
-    if (!lib) return;
-    api.openblas_set_num_threads(1);
-    using Shutdown = int (*)();
-    if (auto stop =
-            reinterpret_cast<Shutdown>(dlsym(lib, "blas_thread_shutdown_")))
-      stop();
-  });
-  return api;
-}
+// The product is computed kRows rows of C by kCols columns at a time: each
+// op(B) row segment, loaded once, serves kRows rows, and the kRows x kCols
+// partial sums stay in the L1 cache.  Within a block, p runs 0, 1, ..., k-1
+// for every output and each step is one fmaf, so every output is exactly
+// the sum kern::MatMul's thread forms; the loop over j (independent
+// outputs) is what vectorizes.
+constexpr int64_t kRows = 4, kCols = 256;
 
 }  // namespace
 
-EmulatedExecutor::EmulatedExecutor() {
-  if (!blas().error.empty())
-    throw std::runtime_error("emulated executor: OpenBLAS: " + blas().error);
-}
-
-void EmulatedExecutor::gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
-                            float alpha, const float* a, int64_t lda,
-                            const float* b, int64_t ldb, float beta, float* c,
-                            int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  blas().cblas_sgemm(CblasRowMajor, to_blas(ta), to_blas(tb), to_blas(m),
-                     to_blas(n), to_blas(k), alpha, a, to_blas(lda), b,
-                     to_blas(ldb), beta, c, to_blas(ldc));
+void EmulatedExecutor::launch(int64_t n, const kern::MatMul& mm) {
+  if (mm.m < 0 || mm.n < 0 || mm.k < 0 || n != mm.m * mm.n)
+    throw std::invalid_argument("EmulatedExecutor: MatMul launched over " +
+                                std::to_string(n) + " threads for a " +
+                                std::to_string(mm.m) + " x " +
+                                std::to_string(mm.n) + " product");
+  if (n == 0) return;
+  const int64_t m = mm.m, cols = mm.n, k = mm.k;
+  // op(B) as k rows of `cols` contiguous floats: B itself, or its
+  // transpose copied (a copy changes no value).
+  const float* b = mm.b;
+  int64_t ldb = mm.ldb;
+  if (mm.tb) {
+    packed_.resize(size_t(k * cols));
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t p = 0; p < k; ++p)
+        packed_[size_t(p * cols + j)] = mm.b[j * mm.ldb + p];
+    b = packed_.data();
+    ldb = cols;
+  }
+  alignas(64) float acc[kRows][kCols];
+  for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+    const int64_t rows = std::min(kRows, m - i0);
+    for (int64_t j0 = 0; j0 < cols; j0 += kCols) {
+      const int64_t w = std::min(kCols, cols - j0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < w; ++j) acc[r][j] = 0.0f;
+      for (int64_t p = 0; p < k; ++p) {
+        const float* brow = b + p * ldb + j0;
+        if (rows == kRows) {
+          const float a0 = mm.a_at(i0, p), a1 = mm.a_at(i0 + 1, p),
+                      a2 = mm.a_at(i0 + 2, p), a3 = mm.a_at(i0 + 3, p);
+          for (int64_t j = 0; j < w; ++j) {
+            const float bj = brow[j];
+            acc[0][j] = dm::fma(a0, bj, acc[0][j]);
+            acc[1][j] = dm::fma(a1, bj, acc[1][j]);
+            acc[2][j] = dm::fma(a2, bj, acc[2][j]);
+            acc[3][j] = dm::fma(a3, bj, acc[3][j]);
+          }
+        } else {
+          for (int64_t r = 0; r < rows; ++r) {
+            const float ar = mm.a_at(i0 + r, p);
+            for (int64_t j = 0; j < w; ++j)
+              acc[r][j] = dm::fma(ar, brow[j], acc[r][j]);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy(acc[r], acc[r] + w, mm.c + (i0 + r) * mm.ldc + j0);
+    }
+  }
 }
 
 std::string EmulatedExecutor::describe() const {
-  std::string s = "emulated executor: ";
-  s += blas().openblas_get_config();
-  s += " (core ";
-  s += blas().openblas_get_corename();
-  s += "), " + std::to_string(blas().openblas_get_num_threads()) + " thread(s)";
-  return s;
+  return std::string(
+             "emulated executor: kernel bodies on the CPU, 1 thread "
+             "(gpu/kernels.hpp sha256 ") +
+         std::string(kern::kKernelSourceDigest).substr(0, 16) + ")";
 }
 
 const char* emulated_kernel_source_digest() {

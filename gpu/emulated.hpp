@@ -1,7 +1,8 @@
 // The emulated executor: the kernel bodies of gpu/kernels.hpp run in plain
-// loops on the CPU, matrix products in single-threaded OpenBLAS (loaded
-// when the first executor is made).  Always
-// built; it is the float32 engine every CI run exercises.
+// loops on the CPU, one thread, no library (the matrix product is the
+// kern::MatMul body, run many outputs at a time; gpu/emulated.cpp).  Always
+// built; it is the float32 engine every CI run exercises.  Its bits are the
+// same on every x86-64 CPU, and the CUDA executor's.
 //
 //   EmulatedExecutor ex;
 //   Device<EmulatedExecutor> dev(spec, dataset, initial_params, ex);
@@ -33,10 +34,6 @@ class EmulatedExecutor {
     std::vector<T> v_;
   };
 
-  // Loads OpenBLAS (once per process: dlopen, one thread; gpu/emulated.cpp
-  // says why); throws std::runtime_error where it cannot be loaded.
-  EmulatedExecutor();
-
   template <class T>
   Buffer<T> alloc(int64_t n) {
     return Buffer<T>(n);
@@ -62,12 +59,16 @@ class EmulatedExecutor {
 #endif
     for (int64_t i = 0; i < n; ++i) body(i);
   }
-  void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-            const float* a, int64_t lda, const float* b, int64_t ldb,
-            float beta, float* c, int64_t ldc);
+  // The matrix product: the same sums as kern::MatMul's threads, each in
+  // its order, computed a block of outputs at a time (vectorized across
+  // outputs).  n must be mm.m * mm.n (std::invalid_argument otherwise).
+  void launch(int64_t n, const kern::MatMul& mm);
   void synchronize() {}
-  // "emulated: OpenBLAS 0.3.21 ... (core Haswell), 1 thread"
+  // "emulated executor: kernel bodies on the CPU, 1 thread"
   std::string describe() const;
+
+ private:
+  std::vector<float> packed_;  // op(B) laid out k x n, when tb
 };
 
 static_assert(Executor<EmulatedExecutor>);
