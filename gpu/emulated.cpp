@@ -1,8 +1,15 @@
 #include "gpu/emulated.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "gpu/device_impl.hpp"
 
@@ -10,13 +17,200 @@ namespace accumcheck {
 
 namespace {
 
-// The product is computed kRows rows of C by kCols columns at a time: each
-// op(B) row segment, loaded once, serves kRows rows, and the kRows x kCols
-// partial sums stay in the L1 cache.  Within a block, p runs 0, 1, ..., k-1
-// for every output and each step is one fmaf, so every output is exactly
-// the sum kern::MatMul's thread forms; the loop over j (independent
-// outputs) is what vectorizes.
-constexpr int64_t kRows = 4, kCols = 256;
+// The emulated matrix product.  kern::MatMul's thread (i, j) forms
+//   s = 0;  s = fmaf(op(A)[i, p], op(B)[p, j], s)  for p = 0, 1, ..., k-1.
+// Here many outputs are formed at once, each with exactly those steps: a
+// block of R rows by V columns of sums is kept in registers while p runs
+// from 0 to k-1, and the V columns (independent outputs) are what
+// vectorizes.  Nothing is reordered within one output's sum, so the bits
+// are the thread's.
+//
+// The loop wants the operand it vectorizes over contiguous: Rows(p) below
+// is a pointer to V consecutive columns.  The product is computed either
+// as C = op(A) op(B) (vectorized over C's columns j; op(B) must be
+// k rows of n) or as C^T = op(B)^T op(A)^T (vectorized over C's rows i;
+// op(A)^T must be k rows of m), whichever needs the smaller transposed
+// copy (a copy changes no value; fmaf(x, y, s) = fmaf(y, x, s)).
+struct Core {
+  const float* a;  // X(r, p) = a[r * ar + p * ap]: the broadcast operand
+  int64_t ar, ap;
+  const float* b;  // Y(p, v) = b[p * ldb + v]: the vectorized operand
+  int64_t ldb;
+  float* c;  // out(r, v) = c[r * cr + v * cv]
+  int64_t cr, cv;
+  int64_t rows, cols, k;
+};
+
+// The portable block: R x V sums, each one fmaf per p.  (GCC does not keep
+// these in vector registers by itself; the x86 blocks below do.)
+template <int R, int V>
+void block_generic(const Core& x, int64_t r0, int64_t v0) {
+  float acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = 0.0f;
+  const float* ap = x.a + r0 * x.ar;
+  const float* bp = x.b + v0;
+  for (int64_t p = 0; p < x.k; ++p, ap += x.ap, bp += x.ldb)
+    for (int r = 0; r < R; ++r) {
+      const float av = ap[r * x.ar];
+      for (int v = 0; v < V; ++v) acc[r][v] = dm::fma(av, bp[v], acc[r][v]);
+    }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v)
+      x.c[(r0 + r) * x.cr + (v0 + v) * x.cv] = acc[r][v];
+}
+
+#if defined(__x86_64__)
+// The same sums with the vector FMA instructions: lane v of
+// _mm512_fmadd_ps(a, b, s) is fmaf(a_v, b_v, s_v), one rounding, IEEE (no
+// flush to zero: the process keeps MXCSR's default).  2 vectors of 16
+// (AVX-512) or of 8 (AVX2) columns by R rows.
+template <int R>
+__attribute__((target("avx512f"))) void block_avx512(const Core& x, int64_t r0,
+                                                     int64_t v0) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const float* ap = x.a + r0 * x.ar;
+  const float* bp = x.b + v0;
+  for (int64_t p = 0; p < x.k; ++p, ap += x.ap, bp += x.ldb) {
+    const __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(ap[r * x.ar]);
+      acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  alignas(64) float out[32];
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(out, acc[r][0]);
+    _mm512_store_ps(out + 16, acc[r][1]);
+    for (int v = 0; v < 32; ++v)
+      x.c[(r0 + r) * x.cr + (v0 + v) * x.cv] = out[v];
+  }
+}
+
+template <int R>
+__attribute__((target("avx2,fma"))) void block_avx2(const Core& x, int64_t r0,
+                                                    int64_t v0) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const float* ap = x.a + r0 * x.ar;
+  const float* bp = x.b + v0;
+  for (int64_t p = 0; p < x.k; ++p, ap += x.ap, bp += x.ldb) {
+    const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(ap + r * x.ar);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  alignas(32) float out[16];
+  for (int r = 0; r < R; ++r) {
+    _mm256_store_ps(out, acc[r][0]);
+    _mm256_store_ps(out + 8, acc[r][1]);
+    for (int v = 0; v < 16; ++v)
+      x.c[(r0 + r) * x.cr + (v0 + v) * x.cv] = out[v];
+  }
+}
+#endif
+
+// Columns [v0, cols) of rows [r0, r0 + R): scalar sums, R of them at a
+// time so that their fmaf chains overlap, each still p = 0, 1, ..., k-1.
+template <int R>
+void tail(const Core& x, int64_t r0, int64_t v0) {
+  for (int64_t v = v0; v < x.cols; ++v) {
+    float acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    const float* ap = x.a + r0 * x.ar;
+    for (int64_t p = 0; p < x.k; ++p, ap += x.ap) {
+      const float b = x.b[p * x.ldb + v];
+      for (int r = 0; r < R; ++r) acc[r] = dm::fma(ap[r * x.ar], b, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) x.c[(r0 + r) * x.cr + v * x.cv] = acc[r];
+  }
+}
+
+// The vector path (a choice of speed only: every path computes the same
+// bits): the widest this CPU runs, or the one ACCUMCHECK_MATMUL_PATH names
+// (read at the first product; tests compare the paths).
+enum class Isa { generic, avx2, avx512 };
+constexpr const char* kIsaNames[] = {"generic", "avx2", "avx512"};
+
+bool supported(Isa i) {
+#if defined(__x86_64__)
+  if (i == Isa::avx512) return __builtin_cpu_supports("avx512f");
+  if (i == Isa::avx2)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return true;
+#else
+  return i == Isa::generic;
+#endif
+}
+
+Isa parse_isa(const std::string& name) {
+  for (int i = 0; i < 3; ++i)
+    if (name == kIsaNames[i]) {
+      if (!supported(Isa(i)))
+        throw std::invalid_argument("matrix-product path '" + name +
+                                    "': this CPU cannot run it");
+      return Isa(i);
+    }
+  throw std::invalid_argument("matrix-product path '" + name +
+                              "': not one of generic, avx2, avx512");
+}
+
+std::atomic<int> chosen{-1};
+
+Isa isa() {
+  int c = chosen.load(std::memory_order_relaxed);
+  if (c < 0) {
+    Isa best = Isa::generic;
+    for (Isa i : {Isa::avx2, Isa::avx512})
+      if (supported(i)) best = i;
+    if (const char* env = std::getenv("ACCUMCHECK_MATMUL_PATH"); env && *env)
+      best = parse_isa(env);
+    c = int(best);
+    chosen.store(c, std::memory_order_relaxed);
+  }
+  return Isa(c);
+}
+
+int64_t width(Isa i) { return i == Isa::avx512 ? 32 : 16; }
+
+template <int R>
+void block(Isa i, const Core& x, int64_t r0, int64_t v0) {
+#if defined(__x86_64__)
+  if (i == Isa::avx512) return block_avx512<R>(x, r0, v0);
+  if (i == Isa::avx2) return block_avx2<R>(x, r0, v0);
+#endif
+  block_generic<R, 16>(x, r0, v0);
+}
+
+void run(const Core& x) {
+  const Isa i = isa();
+  const int64_t V = width(i);
+  const int64_t full = x.cols - x.cols % V;
+  for (int64_t v0 = 0; v0 < full; v0 += V) {
+    int64_t r0 = 0;
+    if (i == Isa::avx512)  // 32 vector registers: 16 sums of 16
+      for (; r0 + 8 <= x.rows; r0 += 8) block<8>(i, x, r0, v0);
+    for (; r0 + 4 <= x.rows; r0 += 4) block<4>(i, x, r0, v0);
+    for (; r0 < x.rows; ++r0) block<1>(i, x, r0, v0);
+  }
+  if (full < x.cols) {
+    int64_t r0 = 0;
+    for (; r0 + 8 <= x.rows; r0 += 8) tail<8>(x, r0, full);
+    for (; r0 < x.rows; ++r0) tail<1>(x, r0, full);
+  }
+}
+
+// A rough cost in cycles, only to choose an orientation (the bits are the
+// same either way): a vectorized term 1/V, a scalar (tail) term 1, a
+// copied element 2.
+int64_t cost(int64_t rows, int64_t cols, int64_t k, int64_t copied) {
+  const int64_t V = width(isa()), full = cols - cols % V;
+  return 2 * copied + k * rows * (full / V + (cols - full));
+}
 
 }  // namespace
 
@@ -28,49 +222,49 @@ void EmulatedExecutor::launch(int64_t n, const kern::MatMul& mm) {
                                 std::to_string(mm.n) + " product");
   if (n == 0) return;
   const int64_t m = mm.m, cols = mm.n, k = mm.k;
-  // op(B) as k rows of `cols` contiguous floats: B itself, or its
-  // transpose copied (a copy changes no value).
-  const float* b = mm.b;
-  int64_t ldb = mm.ldb;
-  if (mm.tb) {
-    packed_.resize(size_t(k * cols));
-    for (int64_t j = 0; j < cols; ++j)
-      for (int64_t p = 0; p < k; ++p)
-        packed_[size_t(p * cols + j)] = mm.b[j * mm.ldb + p];
-    b = packed_.data();
-    ldb = cols;
+  // Copies `rows` x `k` elements at(r, p) into packed_ as k rows of `rows`.
+  // (In 16 x 16 tiles, so that reads and writes both stay in cache.)
+  auto pack = [&](int64_t rows, auto at) {
+    packed_.resize(size_t(k * rows));
+    constexpr int64_t kTile = 16;
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+      for (int64_t p0 = 0; p0 < k; p0 += kTile)
+        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+          for (int64_t p = p0; p < std::min(k, p0 + kTile); ++p)
+            packed_[size_t(p * rows + r)] = at(r, p);
+    return packed_.data();
+  };
+  const bool by_cols = cost(m, cols, k, mm.tb ? k * cols : 0) <=
+                       cost(cols, m, k, mm.ta ? 0 : m * k);
+  Core x{};
+  x.k = k;
+  if (by_cols) {  // C = op(A) op(B), vectorized over j
+    x.a = mm.a;
+    x.ar = mm.ta ? 1 : mm.lda;
+    x.ap = mm.ta ? mm.lda : 1;
+    x.b = mm.tb
+              ? pack(cols, [&](int64_t j, int64_t p) { return mm.b_at(p, j); })
+              : mm.b;
+    x.ldb = mm.tb ? cols : mm.ldb;
+    x.c = mm.c;
+    x.cr = mm.ldc;
+    x.cv = 1;
+    x.rows = m;
+    x.cols = cols;
+  } else {  // C^T = op(B)^T op(A)^T, vectorized over i
+    x.a = mm.b;
+    x.ar = mm.tb ? mm.ldb : 1;
+    x.ap = mm.tb ? 1 : mm.ldb;
+    x.b = mm.ta ? mm.a
+                : pack(m, [&](int64_t i, int64_t p) { return mm.a_at(i, p); });
+    x.ldb = mm.ta ? mm.lda : m;
+    x.c = mm.c;
+    x.cr = 1;
+    x.cv = mm.ldc;
+    x.rows = cols;
+    x.cols = m;
   }
-  alignas(64) float acc[kRows][kCols];
-  for (int64_t i0 = 0; i0 < m; i0 += kRows) {
-    const int64_t rows = std::min(kRows, m - i0);
-    for (int64_t j0 = 0; j0 < cols; j0 += kCols) {
-      const int64_t w = std::min(kCols, cols - j0);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < w; ++j) acc[r][j] = 0.0f;
-      for (int64_t p = 0; p < k; ++p) {
-        const float* brow = b + p * ldb + j0;
-        if (rows == kRows) {
-          const float a0 = mm.a_at(i0, p), a1 = mm.a_at(i0 + 1, p),
-                      a2 = mm.a_at(i0 + 2, p), a3 = mm.a_at(i0 + 3, p);
-          for (int64_t j = 0; j < w; ++j) {
-            const float bj = brow[j];
-            acc[0][j] = dm::fma(a0, bj, acc[0][j]);
-            acc[1][j] = dm::fma(a1, bj, acc[1][j]);
-            acc[2][j] = dm::fma(a2, bj, acc[2][j]);
-            acc[3][j] = dm::fma(a3, bj, acc[3][j]);
-          }
-        } else {
-          for (int64_t r = 0; r < rows; ++r) {
-            const float ar = mm.a_at(i0 + r, p);
-            for (int64_t j = 0; j < w; ++j)
-              acc[r][j] = dm::fma(ar, brow[j], acc[r][j]);
-          }
-        }
-      }
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy(acc[r], acc[r] + w, mm.c + (i0 + r) * mm.ldc + j0);
-    }
-  }
+  run(x);
 }
 
 std::string EmulatedExecutor::describe() const {
@@ -83,6 +277,23 @@ std::string EmulatedExecutor::describe() const {
 const char* emulated_kernel_source_digest() {
   return kern::kKernelSourceDigest;
 }
+
+namespace emulated_detail {
+
+std::string matmul_path() { return kIsaNames[int(isa())]; }
+
+std::vector<std::string> matmul_paths() {
+  std::vector<std::string> out;
+  for (int i = 0; i < 3; ++i)
+    if (supported(Isa(i))) out.push_back(kIsaNames[i]);
+  return out;
+}
+
+void use_matmul_path(const std::string& name) {
+  chosen.store(int(parse_isa(name)), std::memory_order_relaxed);
+}
+
+}  // namespace emulated_detail
 
 template class Device<EmulatedExecutor>;
 

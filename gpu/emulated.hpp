@@ -81,4 +81,18 @@ static_assert(Engine<EmulatedDevice>);
 // (computed by CMake; tests compare it with the CUDA library's).
 const char* emulated_kernel_source_digest();
 
+namespace emulated_detail {
+// The emulated matrix product's vector path: "avx512", "avx2" or
+// "generic".  Every path computes the same bits (each output's sum as
+// kern::MatMul writes it); the widest this CPU runs is used unless the
+// environment variable ACCUMCHECK_MATMUL_PATH names another, so that tests
+// can compare them.
+std::string matmul_path();
+// The paths this CPU can run.
+std::vector<std::string> matmul_paths();
+// Switches the path (std::invalid_argument for a name that is not one or
+// that this CPU cannot run).
+void use_matmul_path(const std::string& name);
+}  // namespace emulated_detail
+
 }  // namespace accumcheck

@@ -427,17 +427,16 @@ TEST(MatMul, SumsInTheWrittenOrder) {
   EXPECT_EQ(c, 0.0f);
 }
 
-// The emulated executor runs MatMul a block of outputs at a time
-// (vectorized across outputs): every output must be the bits its thread
-// computes alone, for every transpose, for shapes that leave partial row
-// and column blocks (m % 4, n past the 256-column block), k = 0 and 1, and
-// inputs with signed zeros, subnormals, infinities and NaN.
-TEST(MatMul, EmulatedBlocksAreTheThreadsBits) {
+// Every output of the emulated launch is the bits its thread computes
+// alone (the test below runs it on each vector path).
+void check_blocks_against_threads() {
   struct Shape {
     int64_t m, n, k;
   };
-  const Shape shapes[] = {{1, 1, 1},  {1, 300, 7},  {4, 256, 5},  {5, 257, 3},
-                          {7, 13, 0}, {9, 520, 33}, {32, 10, 64}, {3, 2, 300}};
+  const Shape shapes[] = {{1, 1, 1},    {1, 300, 7},  {4, 256, 5},
+                          {5, 257, 3},  {7, 13, 0},   {9, 520, 33},
+                          {32, 10, 64}, {3, 2, 300},  {13, 47, 9},
+                          {17, 33, 2},  {40, 64, 17}, {64, 40, 17}};
   EmulatedExecutor ex;
   Rng r;
   const float specials[] = {0.0f,
@@ -490,6 +489,30 @@ TEST(MatMul, EmulatedBlocksAreTheThreadsBits) {
           ++checked;
         }
   EXPECT_EQ(checked, int64_t(std::size(shapes)) * 8);
+}
+
+// The emulated executor runs MatMul a block of outputs at a time
+// (vectorized across outputs, on each vector path this CPU has: generic,
+// avx2, avx512): every output must be the bits its thread computes alone,
+// for every transpose, for shapes that leave partial row and column blocks
+// (rows not a multiple of 8 or 4, columns not of 16 or 32), shapes where
+// either orientation wins, k = 0 and 1, and inputs with signed zeros,
+// subnormals, infinities and NaN.
+TEST(MatMul, EmulatedBlocksAreTheThreadsBits) {
+  const std::string path = emulated_detail::matmul_path();
+  const std::vector<std::string> paths = emulated_detail::matmul_paths();
+  ASSERT_FALSE(paths.empty());
+  EXPECT_EQ(paths.front(), "generic");
+  for (const std::string& p : paths) {
+    SCOPED_TRACE("path " + p);
+    emulated_detail::use_matmul_path(p);
+    ASSERT_EQ(emulated_detail::matmul_path(), p);
+    check_blocks_against_threads();
+  }
+  emulated_detail::use_matmul_path(path);
+  EXPECT_THROW(emulated_detail::use_matmul_path("avx1024"),
+               std::invalid_argument);
+  EmulatedExecutor ex;
   float c = 0;
   const float one = 1;
   EXPECT_THROW(ex.launch(2, kern::MatMul{.a = &one,
