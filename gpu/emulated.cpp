@@ -80,6 +80,14 @@ __attribute__((target("avx512f"))) void block_avx512(const Core& x, int64_t r0,
       acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
     }
   }
+  if (x.cv == 1) {
+    for (int r = 0; r < R; ++r) {
+      float* c = x.c + (r0 + r) * x.cr + v0;
+      _mm512_storeu_ps(c, acc[r][0]);
+      _mm512_storeu_ps(c + 16, acc[r][1]);
+    }
+    return;
+  }
   alignas(64) float out[32];
   for (int r = 0; r < R; ++r) {
     _mm512_store_ps(out, acc[r][0]);
@@ -103,6 +111,14 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Core& x, int64_t r0,
       acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
     }
+  }
+  if (x.cv == 1) {
+    for (int r = 0; r < R; ++r) {
+      float* c = x.c + (r0 + r) * x.cr + v0;
+      _mm256_storeu_ps(c, acc[r][0]);
+      _mm256_storeu_ps(c + 8, acc[r][1]);
+    }
+    return;
   }
   alignas(32) float out[16];
   for (int r = 0; r < R; ++r) {
@@ -194,6 +210,8 @@ void run(const Core& x) {
     int64_t r0 = 0;
     if (i == Isa::avx512)  // 32 vector registers: 16 sums of 16
       for (; r0 + 8 <= x.rows; r0 += 8) block<8>(i, x, r0, v0);
+    if (i == Isa::avx2)  // 16 vector registers: 12 sums of 8
+      for (; r0 + 6 <= x.rows; r0 += 6) block<6>(i, x, r0, v0);
     for (; r0 + 4 <= x.rows; r0 += 4) block<4>(i, x, r0, v0);
     for (; r0 < x.rows; ++r0) block<1>(i, x, r0, v0);
   }
