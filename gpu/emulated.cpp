@@ -25,8 +25,8 @@ namespace {
 // vectorizes.  Nothing is reordered within one output's sum, so the bits
 // are the thread's.
 //
-// The loop wants the operand it vectorizes over contiguous: Rows(p) below
-// is a pointer to V consecutive columns.  The product is computed either
+// The loop wants the operand it vectorizes over contiguous (Core's Y: row
+// p holds the columns side by side).  The product is computed either
 // as C = op(A) op(B) (vectorized over C's columns j; op(B) must be
 // k rows of n) or as C^T = op(B)^T op(A)^T (vectorized over C's rows i;
 // op(A)^T must be k rows of m), whichever needs the smaller transposed
