@@ -1,6 +1,7 @@
 // One float32 training step of the device engine: forward_backward on a
 // micro-batch of 32 plus an Adam step, MLP 256-512-10 (tanh or relu),
-// cross-entropy.  Emulated executor with single-threaded OpenBLAS, and
+// cross-entropy.  Emulated executor (the kernels' own matrix product on
+// the CPU's widest vector path; ACCUMCHECK_MATMUL_PATH picks another), and
 // the CUDA executor when a GPU is present (reported skipped otherwise).
 //
 // BM_EmulatedStepSize: the same step at several sizes (issue 14: MLP

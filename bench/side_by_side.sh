@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: the device engine's training step (tanh MLP,
-# cross-entropy, Adam; emulated executor, OpenBLAS, one thread) beside the
+# cross-entropy, Adam; emulated executor, one thread) beside the
 # same step in PyTorch 2.13 (the project's .venv, one thread; its wheel brings
 # its own BLAS); then the step at several sizes
 # (issue 14) as a fraction of this core's float32 peak, and what bounds
@@ -30,7 +30,7 @@ ours=$(json 'BM_EmulatedAdamStep/1$' "$seconds" |
 torch_openblas=$($py bench/pytorch_step.py "$seconds" | awk '{print $2}')
 ratio() { $py -c "print(f'{$1 / $2:.2f}')"; }
 printf '%-44s %12s\n' "training step, MLP 256-512-10, b=32, Adam" "steps/s"
-printf '%-44s %12s\n' "accumcheck device engine (emulated, OpenBLAS)" "$ours"
+printf '%-44s %12s\n' "accumcheck device engine (emulated)" "$ours"
 printf '%-44s %12s   ratio %s\n' "PyTorch $($py -c 'import torch; print(torch.__version__)')" "$torch_openblas" "$(ratio "$ours" "$torch_openblas")"
 
 # ------------------------------------------------ sizes and the peak

@@ -2,26 +2,26 @@
 //
 // Parameters, gradients and optimizer state live in flat float32 arenas
 // laid out by sim/layout.hpp (PyTorch names and layouts).  Every
-// elementwise step is a kernel body from gpu/kernels.hpp launched by the
-// executor; matrix products go to the executor's gemm (OpenBLAS on the
-// CPU, cuBLAS on the GPU).  The whole dataset is uploaded once; a
-// micro-batch is gathered by id on the device.
+// step, the matrix products included (kern::MatMul: each output's sum in
+// one written order, no BLAS), is a kernel body from gpu/kernels.hpp
+// launched by the executor, so every executor on every machine computes
+// the same bits.  The whole dataset is uploaded once; a micro-batch is
+// gathered by id on the device.
 //
 // Per micro-batch (forward_backward(ids, den)), for layers l = 1..L
 // (layer l maps a_{l-1} [b x w_{l-1}] to z_l, a_l [b x w_l]):
-//   forward   z_l = a_{l-1} W_l^T            gemm, beta 0        (set)
+//   forward   z_l = a_{l-1} W_l^T            MatMul              (set)
 //             z_l += b_l; a_l = f(z_l)        BiasActivationForward (set)
 //             (no activation after the last layer: a_L = z_L = y)
 //   loss      loss_r per sample, summed in row order     (returned)
 //             dy = (1/den) * dloss_r/dy                    (set)
 //   backward  dz_l = da_l * f'(z_l)           ActivationBackward  (set)
-//             tmp  = dz_l^T a_{l-1}           gemm, beta 0        (set)
+//             tmp  = dz_l^T a_{l-1}           MatMul              (set)
 //             dW_l += tmp                     AccumulateGrad   (accumulate)
 //             db_l += colsum(dz_l)            BiasGradColSum   (accumulate)
-//             da_{l-1} = dz_l W_l             gemm, beta 0 (set; l > 1)
+//             da_{l-1} = dz_l W_l             MatMul       (set; l > 1)
 // Each weight gradient is computed in full and then added once, as
-// PyTorch's AccumulateGrad does, so the "+=" never depends on how the BLAS
-// blocks its inner dimension: a second identical backward doubles the
+// PyTorch's AccumulateGrad does: a second identical backward doubles the
 // gradient exactly.
 //
 // Optimizer state follows PyTorch's lazy creation: state().exp_avg is

@@ -259,8 +259,18 @@ float Device<Exec>::forward_and_loss(const std::vector<int64_t>& ids,
     const TensorView& W = layout_.weight(l - 1);
     const TensorView& B = layout_.bias(l - 1);
     const int64_t in = spec_.widths[l - 1], out = spec_.widths[l];
-    ex.gemm(Trans::no, Trans::yes, b, out, in, 1.0f, a_[l - 1].data(), in,
-            params_.data() + W.offset, in, 0.0f, z_[l].data(), out);
+    // z_l = a_{l-1} W_l^T
+    ex.launch(b * out, kern::MatMul{.a = a_[l - 1].data(),
+                                    .b = params_.data() + W.offset,
+                                    .c = z_[l].data(),
+                                    .m = b,
+                                    .n = out,
+                                    .k = in,
+                                    .lda = in,
+                                    .ldb = in,
+                                    .ldc = out,
+                                    .ta = false,
+                                    .tb = true});
     const bool plain = l == L || (!norm && !drop);
     ex.launch(b * out,
               kern::BiasActivationForward{
@@ -344,16 +354,34 @@ void Device<Exec>::backward(int64_t b, float w) {
     const int64_t in = spec_.widths[l - 1], out = spec_.widths[l];
     if (l < L) hidden_backward(l, b, act);
     // dW_l += dz_l^T a_{l-1}: the product in full, then one add.
-    ex.gemm(Trans::yes, Trans::no, out, in, b, 1.0f, dz_.data(), out,
-            a_[l - 1].data(), in, 0.0f, wtmp_.data(), in);
+    ex.launch(out * in, kern::MatMul{.a = dz_.data(),
+                                     .b = a_[l - 1].data(),
+                                     .c = wtmp_.data(),
+                                     .m = out,
+                                     .n = in,
+                                     .k = b,
+                                     .lda = out,
+                                     .ldb = in,
+                                     .ldc = in,
+                                     .ta = true,
+                                     .tb = false});
     ex.launch(W.size(),
               kern::AccumulateGrad{grad_target() + W.offset, wtmp_.data()});
     ex.launch(out, kern::BiasGradColSum{dz_.data(), grad_target() + B.offset, b,
                                         out});
     // da_{l-1} = dz_l W_l (the token model: into the embedding's rows).
     if (l > 1 || spec_.kind == ModelKind::token)
-      ex.gemm(Trans::no, Trans::no, b, in, out, 1.0f, dz_.data(), out,
-              params_.data() + W.offset, in, 0.0f, da_.data(), in);
+      ex.launch(b * in, kern::MatMul{.a = dz_.data(),
+                                     .b = params_.data() + W.offset,
+                                     .c = da_.data(),
+                                     .m = b,
+                                     .n = in,
+                                     .k = out,
+                                     .lda = out,
+                                     .ldb = in,
+                                     .ldc = in,
+                                     .ta = false,
+                                     .tb = false});
   }
   if (spec_.kind == ModelKind::token) {
     const TensorView& E = layout_.tensors[size_t(layout_.embedding)];

@@ -1,101 +1,317 @@
 #include "gpu/emulated.hpp"
 
-#include <cblas.h>
-
-#include <limits>
-#include <mutex>
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "gpu/device_impl.hpp"
-#include "gpu/shared_library.hpp"
 
 namespace accumcheck {
 
 namespace {
 
-blasint to_blas(int64_t v) {
-  if (v < 0 || v > std::numeric_limits<blasint>::max())
-    throw std::length_error("EmulatedExecutor::gemm: dimension " +
-                            std::to_string(v) + " out of BLAS range");
-  return blasint(v);
+// The emulated matrix product.  kern::MatMul's thread (i, j) forms
+//   s = 0;  s = fmaf(op(A)[i, p], op(B)[p, j], s)  for p = 0, 1, ..., k-1.
+// Here many outputs are formed at once, each with exactly those steps: a
+// block of R rows by V columns of sums is kept in registers while p runs
+// from 0 to k-1, and the V columns (independent outputs) are what
+// vectorizes.  Nothing is reordered within one output's sum, so the bits
+// are the thread's.
+//
+// The loop wants the operand it vectorizes over contiguous (Core's Y: row
+// p holds the columns side by side).  The product is computed either
+// as C = op(A) op(B) (vectorized over C's columns j; op(B) must be
+// k rows of n) or as C^T = op(B)^T op(A)^T (vectorized over C's rows i;
+// op(A)^T must be k rows of m), whichever needs the smaller transposed
+// copy (a copy changes no value; fmaf(x, y, s) = fmaf(y, x, s)).
+struct Core {
+  const float* a;  // X(r, p) = a[r * ar + p * ap]: the broadcast operand
+  int64_t ar, ap;
+  const float* b;  // Y(p, v) = b[p * ldb + v]: the vectorized operand
+  int64_t ldb;
+  float* c;  // out(r, v) = c[r * cr + v * cv]
+  int64_t cr, cv;
+  int64_t rows, cols, k;
+};
+
+// The portable block: R x V sums, each one fmaf per p.  (GCC does not keep
+// these in vector registers by itself; the x86 blocks below do.)
+template <int R, int V>
+void block_generic(const Core& x, int64_t r0, int64_t v0) {
+  float acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = 0.0f;
+  const float* ap = x.a + r0 * x.ar;
+  const float* bp = x.b + v0;
+  for (int64_t p = 0; p < x.k; ++p, ap += x.ap, bp += x.ldb)
+    for (int r = 0; r < R; ++r) {
+      const float av = ap[r * x.ar];
+      for (int v = 0; v < V; ++v) acc[r][v] = dm::fma(av, bp[v], acc[r][v]);
+    }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v)
+      x.c[(r0 + r) * x.cr + (v0 + v) * x.cv] = acc[r][v];
 }
 
-CBLAS_TRANSPOSE to_blas(Trans t) {
-  return t == Trans::yes ? CblasTrans : CblasNoTrans;
+#if defined(__x86_64__)
+// The same sums with the vector FMA instructions: lane v of
+// _mm512_fmadd_ps(a, b, s) is fmaf(a_v, b_v, s_v), one rounding, IEEE (no
+// flush to zero: the process keeps MXCSR's default).  2 vectors of 16
+// (AVX-512) or of 8 (AVX2) columns by R rows.
+template <int R>
+__attribute__((target("avx512f"))) void block_avx512(const Core& x, int64_t r0,
+                                                     int64_t v0) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const float* ap = x.a + r0 * x.ar;
+  const float* bp = x.b + v0;
+  for (int64_t p = 0; p < x.k; ++p, ap += x.ap, bp += x.ldb) {
+    const __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(ap[r * x.ar]);
+      acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  if (x.cv == 1) {
+    for (int r = 0; r < R; ++r) {
+      float* c = x.c + (r0 + r) * x.cr + v0;
+      _mm512_storeu_ps(c, acc[r][0]);
+      _mm512_storeu_ps(c + 16, acc[r][1]);
+    }
+    return;
+  }
+  alignas(64) float out[32];
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(out, acc[r][0]);
+    _mm512_store_ps(out + 16, acc[r][1]);
+    for (int v = 0; v < 32; ++v)
+      x.c[(r0 + r) * x.cr + (v0 + v) * x.cv] = out[v];
+  }
 }
 
-// OpenBLAS is loaded with dlopen when the first EmulatedExecutor is made,
-// not linked: a process that links it maps and relocates 36 MB of library
-// and starts a server thread per core, each spinning (sched_yield) for
-// about 2^28 cycles waiting for work before it sleeps -- about 7 ms of CPU
-// at every start of every accumcheck command and test process, and 0.1 s
-// more per extra core in any that lives that long, whether it calls BLAS
-// or not (`certify`, the oracle, the contract tier never do; on a small
-// trace the threads were half of certify's CPU time).  accumcheck runs its
-// own threads and calls BLAS on one, so the library is set to one thread
-// and its servers are stopped (blas_thread_shutdown_, OpenBLAS's exported
-// stop; absent from builds without threads) as soon as it is loaded.
-// cblas.h still declares every function, so each pointer has the exact
-// type of the function it names.
-#define ACCUMCHECK_OPENBLAS_FUNCTIONS(X) \
-  X(cblas_sgemm)                         \
-  X(openblas_set_num_threads)            \
-  X(openblas_get_num_threads) X(openblas_get_config) X(openblas_get_corename)
+template <int R>
+__attribute__((target("avx2,fma"))) void block_avx2(const Core& x, int64_t r0,
+                                                    int64_t v0) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const float* ap = x.a + r0 * x.ar;
+  const float* bp = x.b + v0;
+  for (int64_t p = 0; p < x.k; ++p, ap += x.ap, bp += x.ldb) {
+    const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(ap + r * x.ar);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  if (x.cv == 1) {
+    for (int r = 0; r < R; ++r) {
+      float* c = x.c + (r0 + r) * x.cr + v0;
+      _mm256_storeu_ps(c, acc[r][0]);
+      _mm256_storeu_ps(c + 8, acc[r][1]);
+    }
+    return;
+  }
+  alignas(32) float out[16];
+  for (int r = 0; r < R; ++r) {
+    _mm256_store_ps(out, acc[r][0]);
+    _mm256_store_ps(out + 8, acc[r][1]);
+    for (int v = 0; v < 16; ++v)
+      x.c[(r0 + r) * x.cr + (v0 + v) * x.cv] = out[v];
+  }
+}
+#endif
 
-ACCUMCHECK_LIBRARY_API(BlasApi, ACCUMCHECK_OPENBLAS_FUNCTIONS);
+// Columns [v0, cols) of rows [r0, r0 + R): scalar sums, R of them at a
+// time so that their fmaf chains overlap, each still p = 0, 1, ..., k-1.
+template <int R>
+void tail(const Core& x, int64_t r0, int64_t v0) {
+  for (int64_t v = v0; v < x.cols; ++v) {
+    float acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    const float* ap = x.a + r0 * x.ar;
+    for (int64_t p = 0; p < x.k; ++p, ap += x.ap) {
+      const float b = x.b[p * x.ldb + v];
+      for (int r = 0; r < R; ++r) acc[r] = dm::fma(ap[r * x.ar], b, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) x.c[(r0 + r) * x.cr + v * x.cv] = acc[r];
+  }
+}
 
-// libopenblas.so.0 looked up the way the linker would (ld.so.cache: the
-// system's chosen OpenBLAS), then in the folder pkg-config named at
-// configure time.
-const BlasApi& blas() {
-  static BlasApi api;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const std::string soname = "libopenblas.so.0";
-    void* lib = gpu_detail::load_library(
-        api, soname, ACCUMCHECK_OPENBLAS_LIBRARY_DIR, [&](void* lib) {
-          ACCUMCHECK_OPENBLAS_FUNCTIONS(ACCUMCHECK_LIBRARY_RESOLVE)
-        });
-    if (!lib) return;
-    api.openblas_set_num_threads(1);
-    using Shutdown = int (*)();
-    if (auto stop =
-            reinterpret_cast<Shutdown>(dlsym(lib, "blas_thread_shutdown_")))
-      stop();
-  });
-  return api;
+// The vector path (a choice of speed only: every path computes the same
+// bits): the widest this CPU runs, or the one ACCUMCHECK_MATMUL_PATH names
+// (read at the first product; tests compare the paths).
+enum class Isa { generic, avx2, avx512 };
+constexpr const char* kIsaNames[] = {"generic", "avx2", "avx512"};
+
+bool supported(Isa i) {
+#if defined(__x86_64__)
+  if (i == Isa::avx512) return __builtin_cpu_supports("avx512f");
+  if (i == Isa::avx2)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return true;
+#else
+  return i == Isa::generic;
+#endif
+}
+
+Isa parse_isa(const std::string& name) {
+  for (int i = 0; i < 3; ++i)
+    if (name == kIsaNames[i]) {
+      if (!supported(Isa(i)))
+        throw std::invalid_argument("matrix-product path '" + name +
+                                    "': this CPU cannot run it");
+      return Isa(i);
+    }
+  throw std::invalid_argument("matrix-product path '" + name +
+                              "': not one of generic, avx2, avx512");
+}
+
+std::atomic<int> chosen{-1};
+
+Isa isa() {
+  int c = chosen.load(std::memory_order_relaxed);
+  if (c < 0) {
+    Isa best = Isa::generic;
+    for (Isa i : {Isa::avx2, Isa::avx512})
+      if (supported(i)) best = i;
+    if (const char* env = std::getenv("ACCUMCHECK_MATMUL_PATH"); env && *env)
+      best = parse_isa(env);
+    c = int(best);
+    chosen.store(c, std::memory_order_relaxed);
+  }
+  return Isa(c);
+}
+
+int64_t width(Isa i) { return i == Isa::avx512 ? 32 : 16; }
+
+template <int R>
+void block(Isa i, const Core& x, int64_t r0, int64_t v0) {
+#if defined(__x86_64__)
+  if (i == Isa::avx512) return block_avx512<R>(x, r0, v0);
+  if (i == Isa::avx2) return block_avx2<R>(x, r0, v0);
+#endif
+  block_generic<R, 16>(x, r0, v0);
+}
+
+void run(const Core& x) {
+  const Isa i = isa();
+  const int64_t V = width(i);
+  const int64_t full = x.cols - x.cols % V;
+  for (int64_t v0 = 0; v0 < full; v0 += V) {
+    int64_t r0 = 0;
+    if (i == Isa::avx512)  // 32 vector registers: 16 sums of 16
+      for (; r0 + 8 <= x.rows; r0 += 8) block<8>(i, x, r0, v0);
+    if (i == Isa::avx2)  // 16 vector registers: 12 sums of 8
+      for (; r0 + 6 <= x.rows; r0 += 6) block<6>(i, x, r0, v0);
+    for (; r0 + 4 <= x.rows; r0 += 4) block<4>(i, x, r0, v0);
+    for (; r0 < x.rows; ++r0) block<1>(i, x, r0, v0);
+  }
+  if (full < x.cols) {
+    int64_t r0 = 0;
+    for (; r0 + 8 <= x.rows; r0 += 8) tail<8>(x, r0, full);
+    for (; r0 < x.rows; ++r0) tail<1>(x, r0, full);
+  }
+}
+
+// A rough cost in cycles, only to choose an orientation (the bits are the
+// same either way): a vectorized term 1/V, a scalar (tail) term 1, a
+// copied element 2.
+int64_t cost(int64_t rows, int64_t cols, int64_t k, int64_t copied) {
+  const int64_t V = width(isa()), full = cols - cols % V;
+  return 2 * copied + k * rows * (full / V + (cols - full));
 }
 
 }  // namespace
 
-EmulatedExecutor::EmulatedExecutor() {
-  if (!blas().error.empty())
-    throw std::runtime_error("emulated executor: OpenBLAS: " + blas().error);
-}
-
-void EmulatedExecutor::gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
-                            float alpha, const float* a, int64_t lda,
-                            const float* b, int64_t ldb, float beta, float* c,
-                            int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  blas().cblas_sgemm(CblasRowMajor, to_blas(ta), to_blas(tb), to_blas(m),
-                     to_blas(n), to_blas(k), alpha, a, to_blas(lda), b,
-                     to_blas(ldb), beta, c, to_blas(ldc));
+void EmulatedExecutor::launch(int64_t n, const kern::MatMul& mm) {
+  if (mm.m < 0 || mm.n < 0 || mm.k < 0 || n != mm.m * mm.n)
+    throw std::invalid_argument("EmulatedExecutor: MatMul launched over " +
+                                std::to_string(n) + " threads for a " +
+                                std::to_string(mm.m) + " x " +
+                                std::to_string(mm.n) + " product");
+  if (n == 0) return;
+  const int64_t m = mm.m, cols = mm.n, k = mm.k;
+  // Copies `rows` x `k` elements at(r, p) into packed_ as k rows of `rows`.
+  // (In 16 x 16 tiles, so that reads and writes both stay in cache.)
+  auto pack = [&](int64_t rows, auto at) {
+    packed_.resize(size_t(k * rows));
+    constexpr int64_t kTile = 16;
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+      for (int64_t p0 = 0; p0 < k; p0 += kTile)
+        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+          for (int64_t p = p0; p < std::min(k, p0 + kTile); ++p)
+            packed_[size_t(p * rows + r)] = at(r, p);
+    return packed_.data();
+  };
+  const bool by_cols = cost(m, cols, k, mm.tb ? k * cols : 0) <=
+                       cost(cols, m, k, mm.ta ? 0 : m * k);
+  Core x{};
+  x.k = k;
+  if (by_cols) {  // C = op(A) op(B), vectorized over j
+    x.a = mm.a;
+    x.ar = mm.ta ? 1 : mm.lda;
+    x.ap = mm.ta ? mm.lda : 1;
+    x.b = mm.tb
+              ? pack(cols, [&](int64_t j, int64_t p) { return mm.b_at(p, j); })
+              : mm.b;
+    x.ldb = mm.tb ? cols : mm.ldb;
+    x.c = mm.c;
+    x.cr = mm.ldc;
+    x.cv = 1;
+    x.rows = m;
+    x.cols = cols;
+  } else {  // C^T = op(B)^T op(A)^T, vectorized over i
+    x.a = mm.b;
+    x.ar = mm.tb ? mm.ldb : 1;
+    x.ap = mm.tb ? 1 : mm.ldb;
+    x.b = mm.ta ? mm.a
+                : pack(m, [&](int64_t i, int64_t p) { return mm.a_at(i, p); });
+    x.ldb = mm.ta ? mm.lda : m;
+    x.c = mm.c;
+    x.cr = 1;
+    x.cv = mm.ldc;
+    x.rows = cols;
+    x.cols = m;
+  }
+  run(x);
 }
 
 std::string EmulatedExecutor::describe() const {
-  std::string s = "emulated executor: ";
-  s += blas().openblas_get_config();
-  s += " (core ";
-  s += blas().openblas_get_corename();
-  s += "), " + std::to_string(blas().openblas_get_num_threads()) + " thread(s)";
-  return s;
+  return std::string(
+             "emulated executor: kernel bodies on the CPU, 1 thread "
+             "(gpu/kernels.hpp sha256 ") +
+         std::string(kern::kKernelSourceDigest).substr(0, 16) + ")";
 }
 
 const char* emulated_kernel_source_digest() {
   return kern::kKernelSourceDigest;
 }
+
+namespace emulated_detail {
+
+std::string matmul_path() { return kIsaNames[int(isa())]; }
+
+std::vector<std::string> matmul_paths() {
+  std::vector<std::string> out;
+  for (int i = 0; i < 3; ++i)
+    if (supported(Isa(i))) out.push_back(kIsaNames[i]);
+  return out;
+}
+
+void use_matmul_path(const std::string& name) {
+  chosen.store(int(parse_isa(name)), std::memory_order_relaxed);
+}
+
+}  // namespace emulated_detail
 
 template class Device<EmulatedExecutor>;
 

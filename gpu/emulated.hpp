@@ -1,7 +1,8 @@
 // The emulated executor: the kernel bodies of gpu/kernels.hpp run in plain
-// loops on the CPU, matrix products in single-threaded OpenBLAS (loaded
-// when the first executor is made).  Always
-// built; it is the float32 engine every CI run exercises.
+// loops on the CPU, one thread, no library (the matrix product is the
+// kern::MatMul body, run many outputs at a time; gpu/emulated.cpp).  Always
+// built; it is the float32 engine every CI run exercises.  Its bits are the
+// same on every x86-64 CPU, and the CUDA executor's.
 //
 //   EmulatedExecutor ex;
 //   Device<EmulatedExecutor> dev(spec, dataset, initial_params, ex);
@@ -33,10 +34,6 @@ class EmulatedExecutor {
     std::vector<T> v_;
   };
 
-  // Loads OpenBLAS (once per process: dlopen, one thread; gpu/emulated.cpp
-  // says why); throws std::runtime_error where it cannot be loaded.
-  EmulatedExecutor();
-
   template <class T>
   Buffer<T> alloc(int64_t n) {
     return Buffer<T>(n);
@@ -62,12 +59,16 @@ class EmulatedExecutor {
 #endif
     for (int64_t i = 0; i < n; ++i) body(i);
   }
-  void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-            const float* a, int64_t lda, const float* b, int64_t ldb,
-            float beta, float* c, int64_t ldc);
+  // The matrix product: the same sums as kern::MatMul's threads, each in
+  // its order, computed a block of outputs at a time (vectorized across
+  // outputs).  n must be mm.m * mm.n (std::invalid_argument otherwise).
+  void launch(int64_t n, const kern::MatMul& mm);
   void synchronize() {}
-  // "emulated: OpenBLAS 0.3.21 ... (core Haswell), 1 thread"
+  // "emulated executor: kernel bodies on the CPU, 1 thread"
   std::string describe() const;
+
+ private:
+  std::vector<float> packed_;  // op(B) laid out k x n, when tb
 };
 
 static_assert(Executor<EmulatedExecutor>);
@@ -79,5 +80,19 @@ static_assert(Engine<EmulatedDevice>);
 // The SHA-256 of gpu/kernels.hpp this library was compiled against
 // (computed by CMake; tests compare it with the CUDA library's).
 const char* emulated_kernel_source_digest();
+
+namespace emulated_detail {
+// The emulated matrix product's vector path: "avx512", "avx2" or
+// "generic".  Every path computes the same bits (each output's sum as
+// kern::MatMul writes it); the widest this CPU runs is used unless the
+// environment variable ACCUMCHECK_MATMUL_PATH names another, so that tests
+// can compare them.
+std::string matmul_path();
+// The paths this CPU can run.
+std::vector<std::string> matmul_paths();
+// Switches the path (std::invalid_argument for a name that is not one or
+// that this CPU cannot run).
+void use_matmul_path(const std::string& name);
+}  // namespace emulated_detail
 
 }  // namespace accumcheck

@@ -10,12 +10,11 @@
 //                                                 (blocks until done)
 //   template <class Body> void launch(int64_t n, const Body& body)
 //       runs body(i) for every i in [0, n), each i once, in any order or
-//       concurrently: bodies (gpu/kernels.hpp) never share an output
-//   void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
-//             float alpha, const float* a, int64_t lda, const float* b,
-//             int64_t ldb, float beta, float* c, int64_t ldc)
-//       row-major C[m x n] = alpha * op(A)[m x k] op(B)[k x n] + beta * C
-//       (BLAS semantics: beta = 0 ignores C's old contents, NaN included)
+//       concurrently: bodies (gpu/kernels.hpp) never share an output.
+//       Every computation is a body, the matrix product included
+//       (kern::MatMul): an executor may run a body's threads in another
+//       arrangement (several outputs at once, vectorized) only where each
+//       output gets exactly the operations the body writes, in its order.
 //   std::string describe() const     one line for a trace header
 #pragma once
 
@@ -23,18 +22,17 @@
 #include <cstdint>
 #include <string>
 
+#include "gpu/kernels.hpp"
+
 namespace accumcheck {
 
-enum class Trans { no, yes };
-
 template <class X>
-concept Executor = requires(X x, const X cx, int64_t n, float* p,
-                            const float* cp) {
+concept Executor = requires(X x, const X cx, int64_t n) {
   typename X::template Buffer<float>;
   {
     x.template alloc<float>(n)
     } -> std::same_as<typename X::template Buffer<float>>;
-  {x.gemm(Trans::no, Trans::no, n, n, n, 1.0f, cp, n, cp, n, 0.0f, p, n)};
+  {x.launch(n, kern::MatMul{})};
   { cx.describe() } -> std::convertible_to<std::string>;
 };
 

@@ -73,6 +73,40 @@ ACCUMCHECK_HD inline float activation_derivative(Act act, float z, float a) {
   return 1.0f;
 }
 
+// The matrix product, row-major:
+//   c[i * ldc + j] = sum_{p = 0}^{k-1} op(A)[i, p] * op(B)[p, j]   (set)
+//   op(A)[i, p] = ta ? a[p * lda + i] : a[i * lda + p]          (m x k)
+//   op(B)[p, j] = tb ? b[j * ldb + p] : b[p * ldb + j]          (k x n)
+// One thread per output element (i, j) = (t / n, t % n); its sum is formed
+// in the one order written here, with one rounding per term:
+//   s = 0;  for p = 0, 1, ..., k-1:  s = fmaf(op(A)[i, p], op(B)[p, j], s)
+//   c = s                               (k = 0: c = 0)
+// No BLAS: the order, and so every bit, is the same on every CPU and GPU
+// (a BLAS picks its blocking and summation order by the machine).  An
+// executor may run the threads in any arrangement (the emulated one
+// computes many outputs at once, gpu/emulated.cpp) as long as each output
+// is this sum in this order.  threads: m * n.
+struct MatMul {
+  const float* a;
+  const float* b;
+  float* c;
+  int64_t m, n, k;
+  int64_t lda, ldb, ldc;
+  bool ta, tb;
+  ACCUMCHECK_HD float a_at(int64_t i, int64_t p) const {
+    return ta ? a[p * lda + i] : a[i * lda + p];
+  }
+  ACCUMCHECK_HD float b_at(int64_t p, int64_t j) const {
+    return tb ? b[j * ldb + p] : b[p * ldb + j];
+  }
+  ACCUMCHECK_HD void operator()(int64_t t) const {
+    const int64_t i = t / n, j = t - i * n;
+    float s = 0.0f;
+    for (int64_t p = 0; p < k; ++p) s = dm::fma(a_at(i, p), b_at(p, j), s);
+    c[i * ldc + j] = s;
+  }
+};
+
 // dst[r, c] = src[ids[r], c]: gathers a micro-batch's rows.
 // threads: rows * cols.
 template <class T>

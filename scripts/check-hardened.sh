@@ -66,6 +66,6 @@ if [ -d build/pytorch-certify ] || [ -d build/tests/pytorch/contract ]; then
   export ACCUMCHECK_THIS_BUILD=$PWD/build-asan ACCUMCHECK_RECORDED_BUILD=$PWD/build
 fi
 seed_test_order build-asan tests/ctest-costs/sanitized.txt
-ctest --test-dir build-asan --output-on-failure -j"$((3 * jobs))"
+ctest --test-dir build-asan --output-on-failure --output-junit ctest-junit.xml -j"$((3 * jobs))"
 echo "check-hardened: tests ($mode) took $((SECONDS - t0)) s"
 bash scripts/fuzz.sh "$fuzz_seconds"

@@ -11,7 +11,7 @@ packages=(
   ccache  # scripts/build-quiet.sh: a rebuild or a second clone compiles only what changed
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libgtest-dev libfccp-dev libtomlplusplus-dev
-  libcli11-dev libfmt-dev libbenchmark-dev libopenblas-dev
+  libcli11-dev libfmt-dev libbenchmark-dev
   libqd-dev  # bench/bound_bench: qd's dd_real beside our double-double
   # scripts/check-hardened.sh: clang 14 with its sanitizer and libFuzzer
   # runtimes (Debian 12 ships libFuzzer in libclang-rt-14-dev).
@@ -31,7 +31,6 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
   bash "$(dirname "$0")/vendor_js.sh"
-  bash "$(dirname "$0")/cublas_headers.sh"
   bash "$(dirname "$0")/venv.sh"
   exit 0
 fi
@@ -42,5 +41,4 @@ sudo_cmd=()
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "setup: done"
 bash "$(dirname "$0")/vendor_js.sh"
-bash "$(dirname "$0")/cublas_headers.sh"
 bash "$(dirname "$0")/venv.sh"

@@ -47,4 +47,4 @@ if [ "$deepspeed" = 1 ]; then
   build_quiet build "$jobs"  # a no-op unless the second configure changed it
 fi
 seed_test_order build tests/ctest-costs/gcc.txt
-ctest --test-dir build --output-on-failure -j"$jobs" "$@"
+ctest --test-dir build --output-on-failure --output-junit ctest-junit.xml -j"$jobs" "$@"

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <bit>
-#include <cctype>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -75,18 +74,7 @@ TEST(CudaExecutor, ReportsMissingGpuClearly) {
   const std::string header = cuda_trace_header();
   EXPECT_NE(header.find("CUDA toolkit"), std::string::npos) << header;
   EXPECT_NE(header.find("no CUDA device"), std::string::npos) << header;
-  // cuBLAS is loaded on demand (dlopen), GPU or not: the header names its
-  // version, which only the loaded library can tell, or, where the machine
-  // has no libcublas (a toolkit assembled from pip wheels without it), why
-  // it could not be loaded.
-  const size_t at = header.find(", cuBLAS ");
-  ASSERT_NE(at, std::string::npos) << header;
-  const std::string rest = header.substr(at + 9);
-  if (rest.rfind("not loaded (cannot load libcublas.so.", 0) != 0) {
-    EXPECT_TRUE(!rest.empty() &&
-                std::isdigit(static_cast<unsigned char>(rest[0])))
-        << header;
-  }
+  EXPECT_NE(header.find(", compiled for sm "), std::string::npos) << header;
 }
 
 class CudaGpu : public ::testing::Test {
@@ -140,6 +128,11 @@ TEST_F(CudaGpu, MathBitsEqualTheEmulatedExecutor) {
 // On the bitwise tier every product is exact, so cuBLAS and OpenBLAS agree
 // too: the whole engine matches bit for bit.  On both tiers the optimizer,
 // elementwise, gives the same bits from the same state.
+// Every step, the matrix products included, is a kernel body with its
+// order written down (gpu/kernels.hpp), so the whole engine is the
+// emulated executor's bits: the loss, every gradient, parameter and
+// optimizer state element, on data that makes every product exact and on
+// data that rounds, over several optimizer steps.
 TEST_F(CudaGpu, EngineMatchesEmulated) {
   for (bool dyadic : {true, false}) {
     ModelSpec m{{4, 8, 4},
@@ -155,41 +148,43 @@ TEST_F(CudaGpu, EngineMatchesEmulated) {
       s = s * 1103515245u + 12345u;
       return int((s >> 16) % 9) - 4;
     };
-    for (int i = 0; i < 64; ++i) d.x.push_back(float(next()) / 8);
+    const float scale = dyadic ? 0.125f : 0.1f;  // 0.1: products round
+    for (int i = 0; i < 64; ++i) d.x.push_back(float(next()) * scale);
     if (dyadic)
-      for (int i = 0; i < 64; ++i) d.y.push_back(float(next()) / 8);
+      for (int i = 0; i < 64; ++i) d.y.push_back(float(next()) * scale);
     else
       for (int i = 0; i < 16; ++i) d.label.push_back((next() + 4) % 4);
     std::vector<float> p(size_t(layout_of(m).total));
-    for (float& v : p) v = float(next()) / 8;
+    for (float& v : p) v = float(next()) * scale;
     EmulatedDevice cpu(m, d, p);
     CudaDevice gpu(m, d, p);
     OptimizerSpec opt;
     opt.kind = OptimizerKind::adam;
-    const std::vector<int64_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};
-    const float lc = cpu.forward_backward(ids, 8);
-    const float lg = gpu.forward_backward(ids, 8);
-    const auto sc = cpu.state(), sg = gpu.state();
-    if (dyadic) {
-      EXPECT_EQ(lc, lg);
-      for (size_t i = 0; i < sc.grads.size(); ++i)
-        EXPECT_EQ(std::bit_cast<uint32_t>(sc.grads[i]),
-                  std::bit_cast<uint32_t>(sg.grads[i]))
-            << i;
+    auto bits = [](const std::vector<float>& v) {
+      std::vector<uint32_t> b;
+      for (float x : v) b.push_back(std::bit_cast<uint32_t>(x));
+      return b;
+    };
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<int64_t> ids = {2 * step,     2 * step + 1,
+                                        2 * step + 5, 2 * step + 6,
+                                        2 * step + 7, 15 - step};
+      const float lc = cpu.forward_backward(ids, 6);
+      const float lg = gpu.forward_backward(ids, 6);
+      EXPECT_EQ(std::bit_cast<uint32_t>(lc), std::bit_cast<uint32_t>(lg))
+          << "step " << step;
+      EXPECT_EQ(std::bit_cast<uint32_t>(cpu.grad_norm()),
+                std::bit_cast<uint32_t>(gpu.grad_norm()));
+      cpu.optimizer_step(opt, 1e-2);
+      gpu.optimizer_step(opt, 1e-2);
+      const auto sc = cpu.state(), sg = gpu.state();
+      EXPECT_EQ(bits(sc.grads), bits(sg.grads)) << "step " << step;
+      EXPECT_EQ(bits(sc.params), bits(sg.params)) << "step " << step;
+      EXPECT_EQ(bits(sc.exp_avg), bits(sg.exp_avg)) << "step " << step;
+      EXPECT_EQ(bits(sc.exp_avg_sq), bits(sg.exp_avg_sq)) << "step " << step;
+      cpu.zero_grad();
+      gpu.zero_grad();
     }
-    // Off the bitwise tier cuBLAS and OpenBLAS sum in different orders:
-    // both engines are judged against the error model's bound by the
-    // properties equivalence.cuda and difference.cuda, not by a tolerance
-    // picked here.
-    // The optimizer is elementwise: from the same state, the same bits.
-    gpu.set_state(sc);
-    cpu.optimizer_step(opt, 1e-2);
-    gpu.optimizer_step(opt, 1e-2);
-    const auto tc = cpu.state(), tg = gpu.state();
-    for (size_t i = 0; i < tc.params.size(); ++i)
-      EXPECT_EQ(std::bit_cast<uint32_t>(tc.params[i]),
-                std::bit_cast<uint32_t>(tg.params[i]));
-    EXPECT_EQ(cpu.grad_norm(), gpu.grad_norm());
   }
 }
 

@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -355,6 +358,175 @@ TEST(KernelCoverage, EmbeddingGrad) {
                  kern::EmbeddingGrad{dh.data(), tok.data(), dE.data(), rows, D},
                  {out("dE", dE)});
   expect_finite("EmbeddingGrad", dE);
+}
+
+// op(X) of a rows x cols operand stored with leading dimension ld (the
+// transpose: cols x rows): the elements MatMul reads hold values, the
+// padding between rows keeps the guard NaN, so a read off the operand
+// shows up as a NaN output.
+Guarded<float> operand(int64_t rows, int64_t cols, bool trans, int64_t ld,
+                       Rng& r) {
+  const int64_t outer = trans ? cols : rows, inner = trans ? rows : cols;
+  Guarded<float> g(outer * ld);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) g.data()[o * ld + i] = r.next();
+  return g;
+}
+
+TEST(KernelCoverage, MatMul) {
+  constexpr int64_t K = 3, kPad = 2;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Rng r;
+      const int64_t lda = (ta ? R : K) + kPad, ldb = (tb ? K : C) + kPad;
+      auto a = operand(R, K, ta, lda, r);
+      auto b = operand(K, C, tb, ldb, r);
+      Guarded<float> c(R * C, true);
+      const kern::MatMul mm{.a = a.data(),
+                            .b = b.data(),
+                            .c = c.data(),
+                            .m = R,
+                            .n = C,
+                            .k = K,
+                            .lda = lda,
+                            .ldb = ldb,
+                            .ldc = C,
+                            .ta = ta,
+                            .tb = tb};
+      const std::string name = std::string("MatMul ta=") + (ta ? "1" : "0") +
+                               " tb=" + (tb ? "1" : "0");
+      check_coverage(name.c_str(), R * C, mm, {out("c", c)});
+      expect_finite(name.c_str(), c);
+    }
+}
+
+// The order MatMul writes down, p = 0, 1, ..., k-1, each term one fmaf:
+// 2^24 + 1 rounds back to 2^24 (a tie, to even) before -2^24 cancels it,
+// so the result is 0; summed from the other end (or any order that adds
+// the 1 after the cancellation) it would be 1.
+TEST(MatMul, SumsInTheWrittenOrder) {
+  const float a[3] = {1.0f, 1.0f, 1.0f};
+  const float b[3] = {16777216.0f, 1.0f, -16777216.0f};
+  float c = -1.0f;
+  const kern::MatMul mm{.a = a,
+                        .b = b,
+                        .c = &c,
+                        .m = 1,
+                        .n = 1,
+                        .k = 3,
+                        .lda = 3,
+                        .ldb = 1,
+                        .ldc = 1,
+                        .ta = false,
+                        .tb = false};
+  mm(0);
+  EXPECT_EQ(c, 0.0f);
+  c = -1.0f;
+  EmulatedExecutor ex;
+  ex.launch(1, mm);
+  EXPECT_EQ(c, 0.0f);
+}
+
+// Every output of the emulated launch is the bits its thread computes
+// alone (the test below runs it on each vector path).
+void check_blocks_against_threads() {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {{1, 1, 1},    {1, 300, 7},  {4, 256, 5},
+                          {5, 257, 3},  {7, 13, 0},   {9, 520, 33},
+                          {32, 10, 64}, {3, 2, 300},  {13, 47, 9},
+                          {17, 33, 2},  {40, 64, 17}, {64, 40, 17}};
+  EmulatedExecutor ex;
+  Rng r;
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1e-40f,
+                            -3e-39f,
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            3.0e38f,
+                            -3.0e38f};
+  int64_t checked = 0;
+  for (const Shape& sh : shapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool special : {false, true}) {
+          const int64_t lda = (ta ? sh.m : sh.k) + 1;
+          const int64_t ldb = (tb ? sh.k : sh.n) + 3;
+          std::vector<float> a(size_t((ta ? sh.k : sh.m) * lda) + 1),
+              b(size_t((tb ? sh.n : sh.k) * ldb) + 1);
+          for (float& v : a) v = r.next();
+          for (float& v : b) v = r.next() * 1e-3f;
+          if (special)
+            for (size_t i = 0; i < a.size(); i += 5)
+              a[i] = specials[(i / 5) % std::size(specials)];
+          const int64_t ldc = sh.n + 2;
+          std::vector<float> want(size_t(sh.m * ldc), 7.0f), got = want;
+          kern::MatMul mm{.a = a.data(),
+                          .b = b.data(),
+                          .c = want.data(),
+                          .m = sh.m,
+                          .n = sh.n,
+                          .k = sh.k,
+                          .lda = lda,
+                          .ldb = ldb,
+                          .ldc = ldc,
+                          .ta = ta,
+                          .tb = tb};
+          for (int64_t t = 0; t < sh.m * sh.n; ++t) mm(t);
+          mm.c = got.data();
+          ex.launch(sh.m * sh.n, mm);
+          for (size_t i = 0; i < want.size(); ++i) {
+            // NaN payloads are not part of the contract (x86 keeps an
+            // operand's, a GPU makes the canonical one): NaN is NaN.
+            if (std::isnan(want[i]) && std::isnan(got[i])) continue;
+            ASSERT_EQ(std::bit_cast<uint32_t>(want[i]),
+                      std::bit_cast<uint32_t>(got[i]))
+                << sh.m << "x" << sh.n << "x" << sh.k << " ta=" << ta
+                << " tb=" << tb << " special=" << special << " at " << i;
+          }
+          ++checked;
+        }
+  EXPECT_EQ(checked, int64_t(std::size(shapes)) * 8);
+}
+
+// The emulated executor runs MatMul a block of outputs at a time
+// (vectorized across outputs, on each vector path this CPU has: generic,
+// avx2, avx512): every output must be the bits its thread computes alone,
+// for every transpose, for shapes that leave partial row and column blocks
+// (rows not a multiple of 8 or 4, columns not of 16 or 32), shapes where
+// either orientation wins, k = 0 and 1, and inputs with signed zeros,
+// subnormals, infinities and NaN.
+TEST(MatMul, EmulatedBlocksAreTheThreadsBits) {
+  const std::string path = emulated_detail::matmul_path();
+  const std::vector<std::string> paths = emulated_detail::matmul_paths();
+  ASSERT_FALSE(paths.empty());
+  EXPECT_EQ(paths.front(), "generic");
+  for (const std::string& p : paths) {
+    SCOPED_TRACE("path " + p);
+    emulated_detail::use_matmul_path(p);
+    ASSERT_EQ(emulated_detail::matmul_path(), p);
+    check_blocks_against_threads();
+  }
+  emulated_detail::use_matmul_path(path);
+  EXPECT_THROW(emulated_detail::use_matmul_path("avx1024"),
+               std::invalid_argument);
+  EmulatedExecutor ex;
+  float c = 0;
+  const float one = 1;
+  EXPECT_THROW(ex.launch(2, kern::MatMul{.a = &one,
+                                         .b = &one,
+                                         .c = &c,
+                                         .m = 1,
+                                         .n = 1,
+                                         .k = 1,
+                                         .lda = 1,
+                                         .ldb = 1,
+                                         .ldc = 1,
+                                         .ta = false,
+                                         .tb = false}),
+               std::invalid_argument);
 }
 
 }  // namespace

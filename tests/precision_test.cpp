@@ -218,8 +218,8 @@ TEST(PrecisionBuffer, Bf16DiffersFromFp32) {
 
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
 // The buffer kernels (AccumulateGradRounded, ScaleGrads with a format,
-// CountNonFinite) on the GPU: the emulated executor's bits.  Dyadic data
-// keeps every matrix product exact, so cuBLAS and OpenBLAS agree.
+// CountNonFinite) on the GPU: the emulated executor's bits (the matrix
+// products are kernel bodies too, so any data would do; these are dyadic).
 TEST(PrecisionCuda, BufferKernelsMatchEmulated) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << why;

@@ -1,11 +1,10 @@
 // The CUDA executor (gpu/cuda/cuda_executor.hpp) and Device<CudaExecutor>,
 // compiled by nvcc with --fmad=false from the same kernel bodies
-// (gpu/kernels.hpp, via gpu/device_impl.hpp) as the emulated executor.
-#include <cublas_v2.h>
+// (gpu/kernels.hpp, via gpu/device_impl.hpp), the matrix product
+// included, as the emulated executor: no cuBLAS.
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -13,13 +12,10 @@
 #include "gpu/cuda/cuda_executor.hpp"
 #include "gpu/device_impl.hpp"
 #include "gpu/kernels.hpp"
-#include "gpu/shared_library.hpp"
 
 namespace accumcheck {
 
 namespace {
-
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
 std::string cuda_error(const char* what, cudaError_t e) {
   return std::string(what) + " returned error " + std::to_string(int(e)) +
@@ -31,75 +27,7 @@ void check(cudaError_t e, const char* what) {
     throw std::runtime_error("CUDA: " + cuda_error(what, e));
 }
 
-// cuBLAS is loaded with dlopen when the first CudaExecutor needs it, not
-// linked: libcublasLt alone is 540 MB, and mapping and relocating it cost
-// about 0.5 s of CPU at every start of every program that links it (every
-// `accumcheck` command and every test process, GPU or not; measured with
-// `perf stat`: 512 ms for `accumcheck --help` linked, 17 ms without).
-// cudart (0.7 MB, about 0 ms) stays linked: nvcc's kernel registration
-// needs it at start.  The header still declares every function, so each
-// pointer has the exact type of the function it names.
-// One function a line (clang-format 14 reflows this list differently on
-// each pass).
-// clang-format off
-#define ACCUMCHECK_CUBLAS_FUNCTIONS(X) \
-  X(cublasCreate) \
-  X(cublasDestroy) \
-  X(cublasSetStream) \
-  X(cublasSetMathMode) \
-  X(cublasSetAtomicsMode) \
-  X(cublasSetWorkspace) \
-  X(cublasSgemm) \
-  X(cublasGetProperty) \
-  X(cublasGetStatusName) \
-  X(cublasGetStatusString)
-// clang-format on
-
-ACCUMCHECK_LIBRARY_API(CublasApi, ACCUMCHECK_CUBLAS_FUNCTIONS);
-
-// The soname of the toolkit compiled against (libcublas.so.13), looked up
-// the way the linker would (RUNPATH, LD_LIBRARY_PATH, ld.so.cache), then in
-// the toolkit's library folder found at configure time.
-const CublasApi& cublas() {
-  static CublasApi api;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const std::string soname =
-        "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-    gpu_detail::load_library(
-        api, soname, ACCUMCHECK_CUDA_LIBRARY_DIR, [&](void* lib) {
-          ACCUMCHECK_CUBLAS_FUNCTIONS(ACCUMCHECK_LIBRARY_RESOLVE)
-        });
-  });
-  return api;
-}
-
-const CublasApi& cublas_or_throw() {
-  const CublasApi& api = cublas();
-  if (!api.error.empty()) throw std::runtime_error("cuBLAS: " + api.error);
-  return api;
-}
-
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("cuBLAS: ") + what + " returned " +
-                             cublas().cublasGetStatusName(s) + " (" +
-                             cublas().cublasGetStatusString(s) + ")");
-}
-
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-cublasHandle_t as_blas(void* h) { return static_cast<cublasHandle_t>(h); }
-
-cublasOperation_t op(Trans t) {
-  return t == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
-}
-
-int to_int(int64_t v) {
-  if (v < 0 || v > int64_t(2147483647))
-    throw std::length_error("CudaExecutor::gemm: dimension " +
-                            std::to_string(v) + " out of cuBLAS range");
-  return int(v);
-}
 
 std::string version_string(int v) {  // 13000 -> "13.0"
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
@@ -130,16 +58,6 @@ std::string cuda_trace_header() {
     s += ", runtime " + version_string(rt);
   if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0)
     s += ", driver " + version_string(drv);
-  if (const CublasApi& blas = cublas(); blas.error.empty()) {
-    int major = 0, minor = 0, patch = 0;
-    blas.cublasGetProperty(MAJOR_VERSION, &major);
-    blas.cublasGetProperty(MINOR_VERSION, &minor);
-    blas.cublasGetProperty(PATCH_LEVEL, &patch);
-    s += ", cuBLAS " + std::to_string(major) + "." + std::to_string(minor) +
-         "." + std::to_string(patch);
-  } else {
-    s += ", cuBLAS not loaded (" + blas.error + ")";
-  }
   s += ", compiled for " ACCUMCHECK_CUDA_ARCHS_STRING;
   std::string why;
   if (!cuda_available(&why)) return s + "; " + why;
@@ -262,42 +180,15 @@ std::vector<float> cuda_eval_math(int which, const std::vector<float>& xs) {
 CudaExecutor::CudaExecutor() {
   std::string why;
   if (!cuda_available(&why)) throw std::runtime_error(why);
-  const CublasApi& blas = cublas_or_throw();
   check(cudaSetDevice(0), "cudaSetDevice");
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
         "cudaStreamCreate");
   stream_ = stream;
-  cublasHandle_t h = nullptr;
-  const cublasStatus_t st = blas.cublasCreate(&h);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    cudaStreamDestroy(stream);
-    check(st, "cublasCreate");
-  }
-  blas_ = h;
-  try {
-    check(blas.cublasSetStream(h, stream), "cublasSetStream");
-    // No TF32 or other reduced-precision paths, no atomics, a fixed
-    // workspace: cuBLAS results are then reproducible run to run on one
-    // GPU architecture and toolkit.
-    check(blas.cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
-    check(blas.cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED),
-          "cublasSetAtomicsMode");
-    check(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc(workspace)");
-    check(blas.cublasSetWorkspace(h, workspace_, kWorkspaceBytes),
-          "cublasSetWorkspace");
-  } catch (...) {
-    blas.cublasDestroy(h);
-    cudaStreamDestroy(stream);
-    if (workspace_) cudaFree(workspace_);
-    throw;
-  }
 }
 
 CudaExecutor::~CudaExecutor() {
   if (stream_) (void)cudaStreamSynchronize(as_stream(stream_));
-  if (blas_) cublas().cublasDestroy(as_blas(blas_));
-  if (workspace_) cudaFree(workspace_);
   if (stream_) cudaStreamDestroy(as_stream(stream_));
 }
 
@@ -324,20 +215,6 @@ void CudaExecutor::check_launch(const char* what) {
 
 void CudaExecutor::synchronize() {
   check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize");
-}
-
-void CudaExecutor::gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
-                        float alpha, const float* a, int64_t lda,
-                        const float* b, int64_t ldb, float beta, float* c,
-                        int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
-  // row-major buffers read as column-major are the transposes, so the
-  // operands swap places and keep their op flags.
-  check(cublas().cublasSgemm(as_blas(blas_), op(tb), op(ta), to_int(n),
-                             to_int(m), to_int(k), &alpha, b, to_int(ldb), a,
-                             to_int(lda), &beta, c, to_int(ldc)),
-        "cublasSgemm");
 }
 
 std::string CudaExecutor::describe() const {

@@ -1,8 +1,8 @@
-// The CUDA executor: the kernel bodies of gpu/kernels.hpp launched on the
-// GPU through one generic __global__ function (one thread per output
-// element, one stream), matrix products in cuBLAS with TF32 off
-// (CUBLAS_PEDANTIC_MATH), atomics not allowed and a fixed workspace.
-// Built when nvcc is found (ACCUMCHECK_CUDA); usable from any C++ file.
+// The CUDA executor: the kernel bodies of gpu/kernels.hpp, the matrix
+// product (kern::MatMul) included, launched on the GPU through one generic
+// __global__ function (one thread per output element, one stream): the
+// emulated executor's bits, no cuBLAS.  Built when nvcc is found
+// (ACCUMCHECK_CUDA); usable from any C++ file.
 //
 //   std::string why;
 //   if (!cuda_available(&why)) { /* skip, print why */ }
@@ -33,8 +33,8 @@ namespace accumcheck {
 bool cuda_available(std::string* why = nullptr);
 
 // One line for a trace header: toolkit (compile time and runtime), driver,
-// device name, architecture, SM count, cuBLAS version and the compiled
-// architectures; or the toolkit and why no device is usable.
+// device name, architecture, SM count and the compiled architectures; or
+// the toolkit and why no device is usable.
 std::string cuda_trace_header();
 
 // The SHA-256 of gpu/kernels.hpp this library was compiled against.
@@ -94,9 +94,8 @@ class CudaExecutor {
     int64_t n_ = 0;
   };
 
-  // Device 0, a stream, a cuBLAS handle (pedantic math, no atomics, fixed
-  // workspace).  Throws std::runtime_error("no CUDA device: ...") when no
-  // GPU can be used.
+  // Device 0 and a stream.  Throws std::runtime_error("no CUDA device:
+  // ...") when no GPU can be used.
   CudaExecutor();
   ~CudaExecutor();
   CudaExecutor(const CudaExecutor&) = delete;
@@ -116,9 +115,6 @@ class CudaExecutor {
   }
   template <class Body>
   void launch(int64_t n, const Body& body);  // nvcc only (below)
-  void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-            const float* a, int64_t lda, const float* b, int64_t ldb,
-            float beta, float* c, int64_t ldc);
   void synchronize();
   std::string describe() const;
 
@@ -128,8 +124,6 @@ class CudaExecutor {
   void check_launch(const char* what);
 
   void* stream_ = nullptr;  // cudaStream_t
-  void* blas_ = nullptr;    // cublasHandle_t
-  void* workspace_ = nullptr;
 };
 
 #ifdef __CUDACC__

@@ -26,6 +26,16 @@ OPTIONS, space separated:
               reported as not run and counted, and the test fails unless
               --allow-missing-venv is given
   timeout=S   seconds per command (default 60)
+  approx=R    numbers that depend on PyTorch's CPU kernels: in this block
+              every number the doc shows with a decimal point or an
+              exponent (0.928, 1.73e+04) matches the number printed at its
+              place when they differ by at most R relative (|printed -
+              shown| <= R * |shown|); everything else (words, verdicts,
+              pitfall names, integers such as step counts) and the exit
+              status must match exactly.  The doc must say so where a
+              reader sees it: a line of the paragraph right before the
+              mark (the 6 lines above it) must give the tolerance as a
+              percentage, R * 100 followed by " %" ("within 2 %")
   run="CMD"   run CMD instead of the block's one shown command (for a
               shown command that cannot run inside the test suite, e.g.
               `bash scripts/demo.sh`, whose last step CMD is)
@@ -80,7 +90,7 @@ def parse_options(text: str | None, where: str) -> dict[str, str]:
     options: dict[str, str] = {}
     for word in shlex.split(text or ""):
         key, eq, value = word.partition("=")
-        if key not in ("venv", "timeout", "run"):
+        if key not in ("venv", "timeout", "run", "approx"):
             raise SystemExit(f"{where}: unknown doctest option '{key}'")
         options[key] = value if eq else "1"
     return options
@@ -145,6 +155,17 @@ def parse_blocks(path: str) -> list[Block]:
             raise SystemExit(f"{where}: a doctest block without a `$ ` command")
         if "run" in options and len(commands) != 1:
             raise SystemExit(f"{where}: run= needs a block of one command")
+        if "approx" in options:
+            try:
+                rel = float(options["approx"])
+            except ValueError:
+                raise SystemExit(f"{where}: approx= takes a relative tolerance, e.g. approx=0.02")
+            if not 0 < rel < 1:
+                raise SystemExit(f"{where}: approx={options['approx']}: a relative tolerance in (0, 1)")
+            stated = f"{rel * 100:g} %"
+            if not any(stated in line for line in lines[max(0, i - 6):i]):
+                raise SystemExit(f"{where}: approx={options['approx']} is not stated where a reader "
+                                 f"sees it: the 6 lines above the mark must say \"{stated}\"")
         blocks.append(Block(path, i + 1, options, commands))
         i = j + 1
     return blocks
@@ -157,19 +178,49 @@ def normalize(lines: list[str]) -> list[str]:
     return out
 
 
-def pattern_for(expected: list[str]) -> re.Pattern:
+# A number shown with a decimal point or an exponent (not part of a name or
+# of a dotted version such as 2.13.0); approx= blocks compare these within
+# their tolerance.
+SHOWN_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)(?![\d.])")
+PRINTED_NUMBER = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+
+
+def literal(text: str, shown: list[float] | None) -> str:
+    """The regex for literal expected text; with `shown`, its numbers become
+    groups and their values are appended to `shown`."""
+    if shown is None:
+        return re.escape(text)
+    out, at = [], 0
+    for m in SHOWN_NUMBER.finditer(text):
+        out.append(re.escape(text[at:m.start()]))
+        out.append(PRINTED_NUMBER)
+        shown.append(float(m.group(0)))
+        at = m.end()
+    out.append(re.escape(text[at:]))
+    return "".join(out)
+
+
+def pattern_for(expected: list[str], shown: list[float] | None = None) -> re.Pattern:
     parts = []
     for line in expected:
         if line.strip() == ELLIPSIS:
             parts.append(r"(?:[^\n]*\n)*?")
         else:
-            parts.append("[^\n]*?".join(re.escape(p) for p in line.split(ELLIPSIS)) + "\n")
+            parts.append("[^\n]*?".join(literal(p, shown) for p in line.split(ELLIPSIS)) + "\n")
     return re.compile("".join(parts), re.DOTALL)
 
 
-def matches(expected: list[str], actual: list[str]) -> bool:
+def matches(expected: list[str], actual: list[str], rel: float | None = None) -> bool:
+    """Exact but for `…`; with `rel`, the shown decimal numbers within rel."""
     text = "".join(line + "\n" for line in actual)
-    return pattern_for(normalize(expected)).fullmatch(text) is not None
+    shown: list[float] | None = [] if rel is not None else None
+    m = pattern_for(normalize(expected), shown).fullmatch(text)
+    if m is None:
+        return False
+    for want, got in zip(shown or [], m.groups()):
+        if abs(float(got) - want) > rel * abs(want):
+            return False
+    return True
 
 
 def make_scratch(repo: str, work: str | None, name: str) -> str:
@@ -244,8 +295,10 @@ def run_file(path: str, args) -> tuple[int, int, int]:
                 problems.append(f"timed out after {timeout:g} s")
             elif code != cmd.exit:
                 problems.append(f"exit {code}, the doc says {cmd.exit}")
-            if not matches(cmd.expected, actual):
-                problems.append("output differs from the doc")
+            rel = float(block.options["approx"]) if "approx" in block.options else None
+            if not matches(cmd.expected, actual, rel):
+                problems.append("output differs from the doc"
+                                + (f" (numbers compared within {rel:g} relative)" if rel else ""))
             if problems:
                 ok = False
                 print(f"{os.path.relpath(path, args.repo)}:{cmd.line}: FAIL: $ {shown}: "
