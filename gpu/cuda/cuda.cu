@@ -36,8 +36,10 @@ void check(cudaError_t e, const char* what) {
 // about 0.5 s of CPU at every start of every program that links it (every
 // `accumcheck` command and every test process, GPU or not; measured with
 // `perf stat`: 512 ms for `accumcheck --help` linked, 17 ms without).
-// cudart (0.7 MB, about 0 ms) stays linked: nvcc's kernel registration
-// needs it at start.  The header still declares every function, so each
+// The CUDA runtime is linked statically (nvcc's kernel registration needs it
+// at start; gpu/cuda/CMakeLists.txt), and loads the driver, libcuda.so.1,
+// itself at the first CUDA call: no GPU, driver or libcudart.so is needed
+// to start.  The header still declares every function, so each
 // pointer has the exact type of the function it names.
 // One function a line (clang-format 14 reflows this list differently on
 // each pass).
@@ -112,7 +114,16 @@ bool cuda_available(std::string* why) {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    if (why) *why = "no CUDA device: " + cuda_error("cudaGetDeviceCount", e);
+    // The runtime reports a driver it cannot load (none installed: a
+    // machine without a GPU) as an insufficient one: say which.
+    std::string what = "no CUDA device: ";
+    if (e == cudaErrorInsufficientDriver) {
+      if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL))
+        dlclose(driver);
+      else
+        what += "no CUDA driver (libcuda.so.1 not found): ";
+    }
+    if (why) *why = what + cuda_error("cudaGetDeviceCount", e);
     return false;
   }
   if (n == 0) {
