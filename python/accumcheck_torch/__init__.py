@@ -14,12 +14,13 @@ What the recorder hooks: see recorder.py (autograd gradient hooks, not
 Tensor.backward).  The attributes of a bundle: docs/python.md.
 """
 
+from ._version import __version__
 from .bundle import Bundle, SampleDataset, load_bundle, map_parameters
 from .contract import ContractRecorder
 from .recorder import Recorder
 from .trace import TRACE_SCHEMA, VERSION, Refused
 
-__all__ = ["Bundle", "SampleDataset", "load_bundle", "map_parameters", "Recorder", "ContractRecorder",
+__all__ = ["__version__", "Bundle", "SampleDataset", "load_bundle", "map_parameters", "Recorder", "ContractRecorder",
            "TRACE_SCHEMA", "VERSION", "Refused", "example_session"]
 
 
