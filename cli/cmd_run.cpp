@@ -72,8 +72,9 @@ void require_cuda() {
 #else
   throw InputError(
       "", 0, 0, "--engine cuda",
-      "this build has no CUDA executor (nvcc was not found when it "
-      "was configured)");
+      "this build has no CUDA executor (it was configured without nvcc "
+      "or cuBLAS's header cublas_v2.h, or with -DACCUMCHECK_CUDA=OFF; the "
+      "configure step's `accumcheck: no CUDA executor` line says which)");
 #endif
 }
 

@@ -27,6 +27,11 @@ void check(cudaError_t e, const char* what) {
     throw std::runtime_error("CUDA: " + cuda_error(what, e));
 }
 
+// The CUDA runtime is linked statically (nvcc's kernel registration needs it
+// at start; gpu/cuda/CMakeLists.txt) and loads the driver, libcuda.so.1,
+// itself at the first CUDA call: no GPU, driver or libcudart.so is needed
+// to start.
+
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 std::string version_string(int v) {  // 13000 -> "13.0"
@@ -40,7 +45,16 @@ bool cuda_available(std::string* why) {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    if (why) *why = "no CUDA device: " + cuda_error("cudaGetDeviceCount", e);
+    // The runtime reports a driver it cannot load (none installed: a
+    // machine without a GPU) as an insufficient one: say which.
+    std::string what = "no CUDA device: ";
+    if (e == cudaErrorInsufficientDriver) {
+      if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL))
+        dlclose(driver);
+      else
+        what += "no CUDA driver (libcuda.so.1 not found): ";
+    }
+    if (why) *why = what + cuda_error("cudaGetDeviceCount", e);
     return false;
   }
   if (n == 0) {

@@ -14,13 +14,15 @@ What the recorder hooks: see recorder.py (autograd gradient hooks, not
 Tensor.backward).  The attributes of a bundle: docs/python.md.
 """
 
+from ._version import __version__
 from .bundle import Bundle, SampleDataset, load_bundle, map_parameters
 from .contract import ContractRecorder
 from .recorder import Recorder
 from .trace import TRACE_SCHEMA, VERSION, Refused, exit_on_refusal
 
-__all__ = ["Bundle", "SampleDataset", "load_bundle", "map_parameters", "Recorder", "ContractRecorder",
-           "TRACE_SCHEMA", "VERSION", "Refused", "exit_on_refusal", "example_session"]
+__all__ = ["__version__", "Bundle", "SampleDataset", "load_bundle", "map_parameters", "Recorder",
+           "ContractRecorder", "TRACE_SCHEMA", "VERSION", "Refused", "exit_on_refusal",
+           "example_session"]
 
 
 def example_session(doc, model=None):
