@@ -3,6 +3,7 @@
 // (gpu/kernels.hpp, via gpu/device_impl.hpp), the matrix product
 // included, as the emulated executor: no cuBLAS.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <atomic>
 #include <stdexcept>
