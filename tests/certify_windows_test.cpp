@@ -35,8 +35,8 @@ TEST(WindowsK, NamesTheOneSizeOfEveryEpochsWindows) {
   EXPECT_EQ(windows_k(w), 2);
   const std::string line = windows_evidence(w, "the recorder was told");
   EXPECT_EQ(line,
-            "windows: each of the 8 optimizer steps holds the backward "
-            "passes of a window of 2 (each epoch's last at most 2), and the "
+            "windows: each of the 8 optimizer steps closes a window of 2 "
+            "micro-batches (each epoch's last at most 2), and the "
             "recorder was told K = 4: the run looks like K = 2");
   // The declared K itself: nothing to say.
   for (auto& x : w) x.declared = 2;
@@ -70,6 +70,34 @@ TEST(WindowsK, ARampsDeclaredKPerEpoch) {
       << windows_evidence(w, "the scenario declares");
 }
 
+// A micro-batch backwarded twice (its sample ids again) is one micro-batch
+// of its window: a double count is not a larger K (examples/oracle/
+// train_double_count.py); a backward with no ids is one each.
+TEST(WindowsK, ADoubleCountIsOneMicroBatch) {
+  TraceRun run;
+  auto ev = [&](EventKind k, std::vector<int64_t> ids) {
+    Event e;
+    e.kind = k;
+    e.sample_ids = std::move(ids);
+    run.events.push_back({e, 0});
+  };
+  for (int w = 0; w < 2; ++w) {
+    ev(EventKind::forward_backward, {0, 1});
+    ev(EventKind::forward_backward, {0, 1});
+    ev(EventKind::forward_backward, {2, 3});
+    ev(EventKind::forward_backward, {});
+    ev(EventKind::forward_backward, {});
+    ev(EventKind::optimizer_step, {});
+  }
+  Plan plan;
+  plan.accumulation = 4;
+  const std::vector<RunWindow> w = trace_windows(run, plan, 2);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[0].backward, 4);
+  EXPECT_EQ(w[1].backward, 4);
+  EXPECT_EQ(windows_k(w), 0);
+}
+
 // The float32 engine's run of certify-mlp at K = 2, written as a trace
 // of the scenario as exported (K = 4, its digest): a trainer that read
 // the bundle and used its own K.
@@ -100,8 +128,8 @@ TEST(CertifyWindows, OracleTierNamesTheRunsK) {
   EXPECT_NE(
       r.diagnosis.find(
           "no modelled pitfall explains this trace\nevidence: windows: each "
-          "of the 15 optimizer steps holds the "
-          "backward passes of a window of 2 (each epoch's last at most 2), "
+          "of the 15 optimizer steps closes a window of 2 micro-batches "
+          "(each epoch's last at most 2), "
           "and the scenario declares K = 4: the run looks like K = 2\n"),
       std::string::npos)
       << text;
@@ -131,8 +159,8 @@ TEST(CertifyWindows, ContractTierNamesTheRunsK) {
   ASSERT_FALSE(r.pass) << text;
   EXPECT_NE(r.diagnosis.find("no modelled pitfall"), std::string::npos) << text;
   EXPECT_NE(r.diagnosis.find(
-                "evidence: windows: each of the 8 optimizer steps holds the "
-                "backward passes of a window of 2 (each epoch's last at most "
+                "evidence: windows: each of the 8 optimizer steps closes a "
+                "window of 2 micro-batches (each epoch's last at most "
                 "2), and the recorder was told K = 4: the run looks like K = "
                 "2\n"),
             std::string::npos)

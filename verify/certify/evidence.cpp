@@ -319,8 +319,8 @@ std::string windows_evidence(const std::vector<RunWindow>& windows,
           ? fmt::format("K = {}", *declared.begin())
           : fmt::format("K per epoch {}", fmt::join(per_epoch, ", "));
   return fmt::format(
-      "windows: each of the {} optimizer steps holds the backward passes of "
-      "a window of {} (each epoch's last at most {}), and {} {}: the run "
+      "windows: each of the {} optimizer steps closes a window of {} "
+      "micro-batches (each epoch's last at most {}), and {} {}: the run "
       "looks like K = {}",
       windows.size(), k, k, declared_by, said, k);
 }
@@ -336,16 +336,25 @@ std::vector<RunWindow> trace_windows(const TraceRun& run, const Plan& plan,
       it = k_of_epoch.emplace(epoch, plan.epoch(epoch).accumulation).first;
     return it->second;
   };
+  // A micro-batch backwarded twice (its sample ids again) is one of the
+  // window's micro-batches; a backward with no ids recorded is one each.
   std::vector<RunWindow> out;
-  int64_t backward = 0;
+  std::set<std::vector<int64_t>> micro;
+  int64_t unnamed = 0;
   for (const TraceEvent& te : run.events) {
     const Event& e = te.event;
     if (e.rank != 0) continue;
-    if (e.kind == EventKind::forward_backward) ++backward;
+    if (e.kind == EventKind::forward_backward) {
+      if (e.sample_ids.empty())
+        ++unnamed;
+      else
+        micro.insert(e.sample_ids);
+    }
     if (e.kind != EventKind::optimizer_step) continue;
     if (int64_t(out.size()) >= steps) break;
-    out.push_back({e.epoch, backward, k_of(e.epoch)});
-    backward = 0;
+    out.push_back({e.epoch, int64_t(micro.size()) + unnamed, k_of(e.epoch)});
+    micro.clear();
+    unnamed = 0;
   }
   return out;
 }

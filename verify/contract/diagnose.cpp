@@ -47,23 +47,24 @@ std::string step_count_evidence(const ContractSection& c,
   return out + "\n";
 }
 
-// Rank 0's windows as the trace recorded them: per optimizer step, the
-// backward passes of its own micro-batches the step's fit ran over (those
-// since the step before it) and the epoch of the last of them.
+// Rank 0's windows as the trace recorded them: per optimizer step, its
+// own micro-batches whose backward passes the step's fit ran over (those
+// since the step before it; one backwarded twice counts once) and the
+// epoch of the last of them.
 std::vector<RunWindow> contract_windows(const ContractSection& c, int64_t K) {
   std::vector<RunWindow> out;
   int64_t epoch = 0;
   for (const ContractStep& st : c.steps[0]) {
-    int64_t n = 0;
+    std::set<int64_t> micro;
     for (const auto& k : st.coefs) {
       if (k.backward < 0) continue;
-      const ContractMicro& m =
-          c.micro[size_t(c.backward[size_t(k.backward)].micro)];
+      const int64_t j = c.backward[size_t(k.backward)].micro;
+      const ContractMicro& m = c.micro[size_t(j)];
       if (m.rank != 0) continue;
-      ++n;
+      micro.insert(j);
       epoch = m.epoch;
     }
-    out.push_back({epoch, n, K});
+    out.push_back({epoch, int64_t(micro.size()), K});
   }
   return out;
 }
