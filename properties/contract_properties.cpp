@@ -69,7 +69,8 @@ double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
     }
     return cache.emplace(t, std::move(v)).first->second;
   };
-  const std::vector<R> sym = contract::clip_values<R>(ce.clips(), vec, n);
+  const std::vector<R> sym =
+      contract::clip_values<R>(ce.clips(), vec, n, ce.symbols());
   double worst = 0;
   for (size_t t = 0; t < run.steps.size(); ++t) {
     contract::Buffer buf = steps[t].grad;

@@ -127,6 +127,45 @@ TEST(Contract, ShardClipIsTheRanksOwnSymbol) {
                    0.5 / (13 + 1e-6));
 }
 
+// zero-grad-never with clip-per-micro-step under DDP: every rank's clip
+// multiplies its own buffer by its own symbol, and each all-reduce sums
+// the ranks' products.  Expanded, a g_j's coefficient would hold R^W
+// monomials after W windows (3^6 here; 12.6 GB in the property battery);
+// kept as mean symbols, each coefficient is one monomial and each mean R
+// of them.  The values are the expanded polynomials' (the property
+// contract.coefficients checks them against the oracle).
+TEST(Contract, AllReducedClipSymbolsStayMeans) {
+  Scenario s = small(36, 1, 2);  // 12 micro-batches a rank: 6 windows
+  s.clip.enabled = true;
+  s.clip.max_norm = 0.5;
+  s.batching.ranks = 3;
+  CoefficientEngine e(
+      [](const std::vector<int64_t>& ids) { return int64_t(ids.size()); });
+  Trainer<CoefficientEngine> t(
+      e, s,
+      behavior_of({Pitfall::zero_grad_never, Pitfall::clip_per_micro_step}),
+      s.optimizer.lr);
+  t.run(make_plan(s), "x");
+  ASSERT_EQ(e.steps().size(), 18u);  // 6 steps x 3 ranks
+  size_t monomials = 0, degree = 0;
+  for (const auto& st : e.steps())
+    for (const auto& [term, c] : st.grad) {
+      monomials = std::max(monomials, c.terms.size());
+      for (const auto& [m, q] : c.terms) degree = std::max(degree, m.size());
+    }
+  // One monomial a coefficient, of at most the clips since the last
+  // all-reduce (2) and one mean.
+  EXPECT_EQ(monomials, 1u);
+  EXPECT_LE(degree, 3u);
+  size_t means = 0;
+  for (const auto& sym : e.symbols())
+    if (sym.clip < 0) {
+      ++means;
+      EXPECT_LE(sym.mean.terms.size(), 3u) << sym.mean.str();
+    }
+  EXPECT_GT(means, 0u);
+}
+
 TEST(Contract, ExactRationalOfADouble) {
   EXPECT_EQ(contract::exact_rational(0.375), Rational(3, 8));
   EXPECT_EQ(contract::exact_rational(-6.0), Rational(-6));

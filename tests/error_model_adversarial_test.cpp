@@ -20,8 +20,7 @@
 namespace accumcheck {
 namespace {
 
-using R = OracleReal;
-using TR = Tracked<R>;
+using TR = Tracked<OracleReal>;
 namespace em = error_model;
 
 struct Adversary {

@@ -239,6 +239,8 @@ def parse(argv=None):
     ap.add_argument("--model", choices=["gpt", "cnn"], default="gpt")
     ap.add_argument("--loop", choices=sorted(LOOPS), default="transformers")
     ap.add_argument("--K", type=int, default=4)
+    ap.add_argument("--told-K", type=int, default=None,
+                    help="tell the recorder this K instead of --K (a recorder told the wrong K)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--micro-batch", type=int, default=4)
@@ -339,7 +341,7 @@ def run(a):
         schedule = {"kind": "linear", "warmup": 2, "total": 12}
     rec = None
     if not a.no_record:
-        rec = ContractRecorder(model, opt, summed, items, accumulation=a.K,
+        rec = ContractRecorder(model, opt, summed, items, accumulation=a.told_K or a.K,
                                out=a.out or "trace", items=kind, lr=lr, schedule=schedule,
                                clip=None if a.undeclared_clip else a.clip)
     stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",

@@ -2,10 +2,13 @@
 #include "verify/certify/evidence.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "oracle/error_model.hpp"
 #include "oracle/oracle.hpp"
@@ -197,6 +200,11 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step, int64_t window) {
 
 std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
   std::vector<std::string> lines;
+  // Windows of another size than the scenario's K first: what follows
+  // (weights, step count) is read against the declared K.
+  const std::string windows = windows_evidence(
+      trace_windows(in.run, in.plan, in.trace_steps), "the scenario declares");
+  if (!windows.empty()) lines.push_back(windows);
   const double rel = error_model::tolerance("evidence_weight_rel");
   const double max_residual = error_model::tolerance("evidence_fit_residual");
   const int64_t t = in.first_out;
@@ -303,6 +311,86 @@ std::vector<std::string> unexplained_evidence(const EvidenceInput& in) {
                         in.trace_steps, in.accepted_name, in.expected_steps,
                         in.trace_steps - in.expected_steps));
   return lines;
+}
+
+int64_t windows_k(const std::vector<RunWindow>& windows) {
+  // Each epoch's windows, in order (a step's epoch never decreases).
+  std::set<int64_t> sizes;  // the epochs' K' (those that say one)
+  bool declared_differs = false;
+  for (size_t a = 0; a < windows.size();) {
+    size_t b = a;
+    while (b < windows.size() && windows[b].epoch == windows[a].epoch) ++b;
+    if (b - a >= 2) {
+      const int64_t k = windows[a].backward;
+      for (size_t i = a; i < b; ++i) {
+        const int64_t n = windows[i].backward;
+        // Every window but the last holds k, the last 1..k.
+        if (i + 1 < b ? n != k : (n < 1 || n > k)) return 0;
+      }
+      if (k < 1) return 0;
+      sizes.insert(k);
+      declared_differs = declared_differs || windows[a].declared != k;
+    }
+    a = b;
+  }
+  if (sizes.size() != 1 || !declared_differs) return 0;
+  return *sizes.begin();
+}
+
+std::string windows_evidence(const std::vector<RunWindow>& windows,
+                             const std::string& declared_by) {
+  const int64_t k = windows_k(windows);
+  if (k == 0) return "";
+  std::set<int64_t> declared;
+  std::vector<int64_t> per_epoch;
+  for (size_t i = 0; i < windows.size(); ++i) {
+    declared.insert(windows[i].declared);
+    if (i == 0 || windows[i].epoch != windows[i - 1].epoch)
+      per_epoch.push_back(windows[i].declared);
+  }
+  const std::string said =
+      declared.size() == 1
+          ? fmt::format("K = {}", *declared.begin())
+          : fmt::format("K per epoch {}", fmt::join(per_epoch, ", "));
+  return fmt::format(
+      "windows: each of the {} optimizer steps closes a window of {} "
+      "micro-batches (each epoch's last at most {}), and {} {}: the run "
+      "looks like K = {}",
+      windows.size(), k, k, declared_by, said, k);
+}
+
+std::vector<RunWindow> trace_windows(const TraceRun& run, const Plan& plan,
+                                     int64_t steps) {
+  // The plan's K of each epoch the steps reach (each built once).
+  std::map<int64_t, int64_t> k_of_epoch;
+  auto k_of = [&](int64_t epoch) {
+    if (epoch < 0 || epoch >= plan.epoch_count()) return plan.accumulation;
+    auto it = k_of_epoch.find(epoch);
+    if (it == k_of_epoch.end())
+      it = k_of_epoch.emplace(epoch, plan.epoch(epoch).accumulation).first;
+    return it->second;
+  };
+  // A micro-batch backwarded twice (its sample ids again) is one of the
+  // window's micro-batches; a backward with no ids recorded is one each.
+  std::vector<RunWindow> out;
+  std::set<std::vector<int64_t>> micro;
+  int64_t unnamed = 0;
+  for (const TraceEvent& te : run.events) {
+    const Event& e = te.event;
+    if (e.rank != 0) continue;
+    if (e.kind == EventKind::forward_backward) {
+      if (e.sample_ids.empty())
+        ++unnamed;
+      else
+        micro.insert(e.sample_ids);
+    }
+    if (e.kind != EventKind::optimizer_step) continue;
+    if (int64_t(out.size()) >= steps) break;
+    out.push_back({e.epoch, int64_t(micro.size()) + unnamed, k_of(e.epoch)});
+    micro.clear();
+    unnamed = 0;
+  }
+  return out;
 }
 
 }  // namespace accumcheck

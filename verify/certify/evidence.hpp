@@ -67,4 +67,36 @@ WindowFit fit_window(const EvidenceInput& in, int64_t step,
 // The evidence lines, each without a trailing newline.
 std::vector<std::string> unexplained_evidence(const EvidenceInput& in);
 
+// One optimizer step's window as the run recorded it: the epoch of the
+// step, the micro-batches rank 0 backwarded since the step before it (one
+// backwarded twice counts once: a double count is not a larger K), and
+// the K declared for that epoch (the scenario's, or the contract
+// recorder's `accumulation`).
+struct RunWindow {
+  int64_t epoch = 0;
+  int64_t backward = 0;
+  int64_t declared = 1;
+};
+
+// When the run's windows are not the declared K's: "" when they are (or
+// when they have no one size the evidence can name), else the line
+// "windows: ...: the run looks like K = K'".  An epoch's windows have one
+// size K' when every window but the epoch's last holds K' micro-batches
+// and the last at most K' (a partial window); an epoch of one window says
+// nothing of its K.  Named when every epoch that says something has the
+// same K' and the declared K differs in one of them.  `declared_by` says
+// who declared it ("the scenario declares": "... K = 4").
+std::string windows_evidence(const std::vector<RunWindow>& windows,
+                             const std::string& declared_by);
+
+// The K the run's windows look like (windows_evidence's K'), 0 when
+// they have none or it is the declared one.
+int64_t windows_k(const std::vector<RunWindow>& windows);
+
+// The oracle tier's windows: rank 0's micro-batches (forward_backward
+// events, by their sample ids) before each of its optimizer steps (the
+// first `steps`), each step's epoch and the plan's K of that epoch.
+std::vector<RunWindow> trace_windows(const TraceRun& run, const Plan& plan,
+                                     int64_t steps);
+
 }  // namespace accumcheck

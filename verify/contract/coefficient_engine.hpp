@@ -35,9 +35,20 @@
 //                                 EngineState, the buffer here); DDP's
 //                                 all-reduce replaces every rank's buffer
 //                                 by sum_r (1/R) buffer_r, exactly.
-// Coefficients are polynomials in the clip symbols with exact
+// Coefficients are polynomials in the symbols with exact
 // Boost.Multiprecision cpp_rational coefficients.  Losses and norms are
 // unknown here and returned as NaN (the engine's Real is double).
+//
+// A symbol is a clip's factor, or a mean: an all-reduce's average of a
+// coefficient that holds other ranks' clip factors (each rank's clip
+// multiplies its own buffer by its own symbol) is itself a sum of several
+// products of symbols, and expanding it where the buffer is never zeroed
+// (zero-grad-never with clip-per-micro-step under DDP, say) multiplies the
+// monomials by R at every all-reduce: R^W after W windows (3^12 = 531441
+// monomials a term, GBs for one buffer).  Such an average is kept as a new
+// symbol defined by that sum (of earlier symbols: R monomials), so every
+// coefficient stays as small as the loop's own operations; the value is
+// the same, exactly (symbols()).
 #pragma once
 
 #include <algorithm>
@@ -130,13 +141,20 @@ struct MicroGrad {
   int64_t items = 0;         // loss-bearing items (Engine::items)
 };
 
-// One clip_grad_norm_ call: symbol s_m, the buffer it saw.
+// One clip_grad_norm_ call: its symbol, the buffer it saw.
 struct ClipRecord {
   int64_t rank = 0;
   int64_t version = 0;
   double max_norm = 0;
   Buffer before;
   int64_t shards = 0;  // > 0: the norm of chunk `rank` of `shards`
+};
+
+// Symbol s_i: clip `clip`'s factor, or (clip < 0) the mean `mean`, a
+// polynomial of the symbols before it (an all-reduce's average).
+struct Symbol {
+  int64_t clip = -1;
+  Coef mean;
 };
 
 // One optimizer step: the gradient it consumed.
@@ -183,7 +201,8 @@ class CoefficientEngine {
   // The trainer's clip (sim/trainer.hpp calls this instead of its own
   // formula when an engine offers it): the factor stays a symbol.
   double clip_grad_norm(double max_norm) {
-    const int32_t s = int32_t(clips_.size());
+    const int32_t s = int32_t(symbols_.size());
+    symbols_.push_back({int64_t(clips_.size()), {}});
     clips_.push_back({rank_, version_, max_norm, buf_});
     for (auto& [t, c] : buf_) c.times_symbol(s);
     return nan();
@@ -216,8 +235,21 @@ class CoefficientEngine {
     for (int64_t r = 0; r < R; ++r)
       for (const auto& [t, c] : rank_buf_[size_t(r)])
         for (const auto& [m, q] : c.terms) avg[t].add(m, q * inv);
-    for (auto it = avg.begin(); it != avg.end();)
-      it = it->second.zero() ? avg.erase(it) : std::next(it);
+    for (auto it = avg.begin(); it != avg.end();) {
+      if (it->second.zero()) {
+        it = avg.erase(it);
+        continue;
+      }
+      // A sum of several products of symbols: a mean symbol of its own.
+      Coef& c = it->second;
+      if (c.terms.size() > 1 && !c.terms.rbegin()->first.empty()) {
+        const int32_t s = int32_t(symbols_.size());
+        symbols_.push_back({-1, std::move(c)});
+        c = Coef{};
+        c.add({s}, Rational(1));
+      }
+      ++it;
+    }
     for (int64_t r = 0; r < R; ++r) rank_buf_[size_t(r)] = avg;
     buf_ = std::move(rank_buf_[size_t(rank_)]);
   }
@@ -233,6 +265,8 @@ class CoefficientEngine {
 
   const std::vector<MicroGrad>& micro() const { return micro_; }
   const std::vector<ClipRecord>& clips() const { return clips_; }
+  // Every symbol in order (each clip's, each mean's).
+  const std::vector<Symbol>& symbols() const { return symbols_; }
   const std::vector<StepPrediction>& steps() const { return steps_; }
   const Buffer& buffer() const { return buf_; }
 
@@ -249,6 +283,7 @@ class CoefficientEngine {
   int64_t rank_ = 0;
   std::vector<MicroGrad> micro_;
   std::vector<ClipRecord> clips_;
+  std::vector<Symbol> symbols_;
   std::vector<StepPrediction> steps_;
   int64_t version_ = 0;
   int64_t epoch_ = 0;
@@ -306,29 +341,54 @@ std::vector<T> evaluate(const Buffer& b, const std::vector<T>& sym,
   return out;
 }
 
-// The clip symbols' values, in order: s_m = min(1, c / (|G_m| + 1e-6))
-// with G_m the buffer clip m saw, evaluated with the earlier symbols (a
-// shard clip: the norm of its rank's chunk of ceil(n/R) elements).
+// One clip's factor s = min(1, c / (|G| + 1e-6)), G the buffer it saw
+// evaluated with the symbols before it (`sym`); a shard clip: the norm of
+// its rank's chunk of ceil(n/R) elements.
+template <class T>
+T clip_value(const ClipRecord& c, const std::vector<T>& sym,
+             const std::function<const std::vector<T>&(Term)>& vec, size_t n) {
+  const std::vector<T> g = evaluate(c.before, sym, vec, n);
+  size_t lo = 0, hi = n;
+  if (c.shards > 0) {
+    const size_t chunk = (n + size_t(c.shards) - 1) / size_t(c.shards);
+    lo = std::min(n, size_t(c.rank) * chunk);
+    hi = std::min(n, lo + chunk);
+  }
+  T sq = T(0);
+  for (size_t i = lo; i < hi; ++i) sq += g[i] * g[i];
+  using std::sqrt;
+  const T coef = T(c.max_norm) / (T(sqrt(sq)) + T(1e-6));
+  return coef < T(1) ? coef : T(1);
+}
+
+// Every symbol's value, in order: a clip's from clip_value(its index,
+// the symbols before it), a mean's from its polynomial.
+template <class T>
+std::vector<T> symbol_values(
+    const std::vector<Symbol>& symbols,
+    const std::function<T(size_t, const std::vector<T>&)>& clip_value) {
+  std::vector<T> sym;
+  for (const Symbol& s : symbols)
+    sym.push_back(s.clip >= 0 ? clip_value(size_t(s.clip), sym)
+                              : s.mean.value(sym));
+  return sym;
+}
+
+// The symbols' values (symbols: the engine's symbols(); empty: each clip
+// is the symbol of its index): a clip's s = min(1, c / (|G| + 1e-6)) with
+// G the buffer it saw, evaluated with the earlier symbols (a shard clip:
+// the norm of its rank's chunk of ceil(n/R) elements).
 template <class T>
 std::vector<T> clip_values(
     const std::vector<ClipRecord>& clips,
-    const std::function<const std::vector<T>&(Term)>& vec, size_t n) {
-  std::vector<T> sym;
-  for (const ClipRecord& c : clips) {
-    const std::vector<T> g = evaluate(c.before, sym, vec, n);
-    size_t lo = 0, hi = n;
-    if (c.shards > 0) {
-      const size_t chunk = (n + size_t(c.shards) - 1) / size_t(c.shards);
-      lo = std::min(n, size_t(c.rank) * chunk);
-      hi = std::min(n, lo + chunk);
-    }
-    T sq = T(0);
-    for (size_t i = lo; i < hi; ++i) sq += g[i] * g[i];
-    using std::sqrt;
-    const T coef = T(c.max_norm) / (T(sqrt(sq)) + T(1e-6));
-    sym.push_back(coef < T(1) ? coef : T(1));
-  }
-  return sym;
+    const std::function<const std::vector<T>&(Term)>& vec, size_t n,
+    const std::vector<Symbol>& symbols = {}) {
+  std::vector<Symbol> table = symbols;
+  if (table.empty())
+    for (size_t m = 0; m < clips.size(); ++m) table.push_back({int64_t(m), {}});
+  return symbol_values<T>(table, [&](size_t m, const std::vector<T>& sym) {
+    return clip_value(clips[m], sym, vec, n);
+  });
 }
 
 }  // namespace accumcheck::contract

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "verify/certify/evidence.hpp"
 #include "verify/contract/detail.hpp"
 #include "verify/trace/unseen.hpp"
 
@@ -44,6 +45,28 @@ std::string step_count_evidence(const ContractSection& c,
   out += fmt::format(" {} never drawn{}", never,
                      c.ranks() > 1 ? " (all ranks)" : "");
   return out + "\n";
+}
+
+// Rank 0's windows as the trace recorded them: per optimizer step, its
+// own micro-batches whose backward passes the step's fit ran over (those
+// since the step before it; one backwarded twice counts once) and the
+// epoch of the last of them.
+std::vector<RunWindow> contract_windows(const ContractSection& c, int64_t K) {
+  std::vector<RunWindow> out;
+  int64_t epoch = 0;
+  for (const ContractStep& st : c.steps[0]) {
+    std::set<int64_t> micro;
+    for (const auto& k : st.coefs) {
+      if (k.backward < 0) continue;
+      const int64_t j = c.backward[size_t(k.backward)].micro;
+      const ContractMicro& m = c.micro[size_t(j)];
+      if (m.rank != 0) continue;
+      micro.insert(j);
+      epoch = m.epoch;
+    }
+    out.push_back({epoch, int64_t(micro.size()), K});
+  }
+  return out;
 }
 
 }  // namespace
@@ -162,6 +185,29 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
           f.lr_correct.evidence);
     } else {
       r.diagnosis = "diagnosis: no modelled pitfall explains this trace\n";
+      // Windows of another size than the recorder's K: the K they look
+      // like, and the weights judged with it.
+      // When they are the accepted weights at that K, the weights read
+      // against the recorder's K (counted twice, skipped) are not said.
+      bool explained_by_k = false;
+      const std::vector<RunWindow> windows = contract_windows(c, K);
+      if (const int64_t k = windows_k(windows); k > 0) {
+        r.diagnosis +=
+            "evidence: " + windows_evidence(windows, "the recorder was told") +
+            "\n";
+        Scenario sk = s;
+        const ContractPlan cpk = contract_plan(c, k, tr.dir + "/contract.csv");
+        sk.batching.accumulation = k;
+        sk.batching.micro_batch = cpk.micro_batch;
+        sk.batching.epochs = int64_t(cpk.plan.epochs.size());
+        const Distance d =
+            distance(meas, predict(cpk, sk, behavior_of(accept), c), c);
+        r.diagnosis += fmt::format(
+            "evidence: with accumulation={} told to the recorder, the weights "
+            "are {}{}'s (max {} of the uncertainty)\n",
+            k, d.d <= 1 ? "" : "still not ", r.accepted, fmt_ratio(d.d));
+        explained_by_k = d.d <= 1;
+      }
       std::string failing;  // the failing checks, by name
       for (const auto& ck : r.checks)
         if (!ck.ok && ck.name != "weights")
@@ -171,7 +217,7 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
             "evidence: the weights are {}'s (max {} of the uncertainty); "
             "what fails: {}\n",
             r.accepted, fmt_ratio(f.correct_weights.d), failing);
-      else
+      else if (!explained_by_k)
         for (const auto& line : contract_evidence(c, meas.W[0], meas.U[0],
                                                   accepted.P[0], K, r.accepted))
           r.diagnosis += "evidence: " + line + "\n";

@@ -26,13 +26,13 @@ Reduces all_reduces(const std::vector<Event>& events) {
   return out;
 }
 
-// The clip symbols' values of a predicted run: the factor the trainer's
-// k-th clip_grad_norm_ call at the same parameter version applied (1 where
-// the trainer made no such call: then the accepted loop's clip is judged
-// by the clip check, not here).
+// The symbols' values of a predicted run: a clip's, the factor the
+// trainer's k-th clip_grad_norm_ call at the same parameter version applied
+// (1 where the trainer made no such call: then the accepted loop's clip is
+// judged by the clip check, not here); a mean's, from the clips'.
 std::vector<double> clip_symbols(const contract::CoefficientEngine& e,
                                  const ContractSection& c) {
-  std::vector<double> sym;
+  std::vector<double> factor;
   // (rank, version) -> calls so far
   std::map<std::pair<int64_t, int64_t>, int64_t> seen;
   for (const auto& clip : e.clips()) {
@@ -44,9 +44,11 @@ std::vector<double> clip_symbols(const contract::CoefficientEngine& e,
         v = tc.factor;
         break;
       }
-    sym.push_back(v);
+    factor.push_back(v);
   }
-  return sym;
+  return contract::symbol_values<double>(
+      e.symbols(),
+      [&](size_t m, const std::vector<double>&) { return factor[m]; });
 }
 
 }  // namespace
