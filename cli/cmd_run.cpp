@@ -73,8 +73,8 @@ void require_cuda() {
   throw InputError(
       "", 0, 0, "--engine cuda",
       "this build has no CUDA executor (it was configured without nvcc "
-      "or cuBLAS's header cublas_v2.h, or with -DACCUMCHECK_CUDA=OFF; the "
-      "configure step's `accumcheck: no CUDA executor` line says which)");
+      "or with -DACCUMCHECK_CUDA=OFF; the configure step's "
+      "`accumcheck: no CUDA executor` line says which)");
 #endif
 }
 

@@ -37,13 +37,11 @@ if [ ! -x $tools/bin/python ] || [ "$(cat $tools/.requirements.sha256 2>/dev/nul
   echo "$want" > $tools/.requirements.sha256
 fi
 
-# What the build takes from the network into the checkout (both pinned,
-# both kept once there): the report's uPlot, and cuBLAS's headers where the
-# toolkit lacks them.  The release wheel has the CUDA executor
-# (ACCUMCHECK_CUDA=ON: an error, not a wheel without it, where nvcc or the
-# headers are missing).
+# What the build takes from the network into the checkout (pinned, kept
+# once there): the report's uPlot.  The release wheel has the CUDA executor
+# (ACCUMCHECK_CUDA=ON: an error, not a wheel without it, where nvcc is
+# missing).
 bash scripts/vendor_js.sh
-bash scripts/cublas_headers.sh
 
 # The wheel, in build-wheel/ (as tests/package/wheel_install.sh builds it:
 # ccache then hits build/'s objects).

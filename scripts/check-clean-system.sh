@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # The release wheel on a system that has nothing but Python: a Debian 12
 # root filesystem made by debootstrap (--variant=minbase plus python3-venv:
-# no compiler, no MPFR, fmt, toml++, OpenBLAS or CUDA), entered with chroot.
+# no compiler, no MPFR, fmt, toml++ or CUDA), entered with chroot.
 # There, as a user would:
 #   pip install accumcheck-*.whl torch==2.13.0   into a fresh venv
 #   ldd of the installed command: only the C library, libm, libstdc++,
 #     libgcc_s and the wheel's own libraries (ENV/lib/accumcheck/)
 #   accumcheck --version equals accumcheck_torch.__version__
-#   --engine device (the emulated executor: the wheel's OpenBLAS, loaded
-#     with dlopen) runs a scenario; --engine cuda is refused, exit 2, saying
-#     why (no driver, no GPU)
+#   --engine device (the emulated executor) runs a scenario; --engine cuda
+#     is refused, exit 2, saying why (no driver, no GPU)
 #   an example trainer (examples/oracle/train_correct.py) on an exported
 #     bundle, certified: PASS
 #   pipx install of the wheel puts `accumcheck` on PATH
@@ -131,10 +130,10 @@ wheel=$(ls /tmp/check/accumcheck-*.whl)
 quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
 fail() { echo "FAIL: $*"; exit 1; }
 echo "inside: $(. /etc/os-release; echo "$PRETTY_NAME"), $(python3 --version), $(dpkg-query -W -f='${binary:Package}\n' | wc -l) packages installed"
-for lib in libmpfr.so.6 libfmt.so.9 libtomlplusplus.so.3 libopenblas.so.0 libgfortran.so.5 libcudart.so.13 libcuda.so.1; do
+for lib in libmpfr.so.6 libfmt.so.9 libtomlplusplus.so.3 libcudart.so.13 libcuda.so.1; do
   if ldconfig -p | grep -q "$lib"; then fail "$lib is on this system: not a clean one"; fi
 done
-echo "inside: none of MPFR, fmt, toml++, OpenBLAS, libgfortran, the CUDA runtime or driver is installed"
+echo "inside: none of MPFR, fmt, toml++, the CUDA runtime or driver is installed"
 
 t0=$SECONDS
 python3 -m venv /root/venv

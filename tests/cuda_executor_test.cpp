@@ -125,9 +125,6 @@ TEST_F(CudaGpu, MathBitsEqualTheEmulatedExecutor) {
   }
 }
 
-// On the bitwise tier every product is exact, so cuBLAS and OpenBLAS agree
-// too: the whole engine matches bit for bit.  On both tiers the optimizer,
-// elementwise, gives the same bits from the same state.
 // Every step, the matrix products included, is a kernel body with its
 // order written down (gpu/kernels.hpp), so the whole engine is the
 // emulated executor's bits: the loss, every gradient, parameter and
