@@ -12,6 +12,7 @@
 #endif
 
 #include "gpu/device_impl.hpp"
+#include "sim/errors.hpp"
 
 namespace accumcheck {
 
@@ -167,12 +168,12 @@ Isa parse_isa(const std::string& name) {
   for (int i = 0; i < 3; ++i)
     if (name == kIsaNames[i]) {
       if (!supported(Isa(i)))
-        throw std::invalid_argument("matrix-product path '" + name +
-                                    "': this CPU cannot run it");
+        throw InputError("", 0, 0, "ACCUMCHECK_MATMUL_PATH",
+                         "'" + name + "': this CPU cannot run that path");
       return Isa(i);
     }
-  throw std::invalid_argument("matrix-product path '" + name +
-                              "': not one of generic, avx2, avx512");
+  throw InputError("", 0, 0, "ACCUMCHECK_MATMUL_PATH",
+                   "'" + name + "': expected one of generic, avx2, avx512");
 }
 
 std::atomic<int> chosen{-1};

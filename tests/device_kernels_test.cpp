@@ -18,6 +18,7 @@
 
 #include "gpu/emulated.hpp"
 #include "gpu/kernels.hpp"
+#include "sim/errors.hpp"
 #include "sim/layout.hpp"
 
 namespace accumcheck {
@@ -510,8 +511,7 @@ TEST(MatMul, EmulatedBlocksAreTheThreadsBits) {
     check_blocks_against_threads();
   }
   emulated_detail::use_matmul_path(path);
-  EXPECT_THROW(emulated_detail::use_matmul_path("avx1024"),
-               std::invalid_argument);
+  EXPECT_THROW(emulated_detail::use_matmul_path("avx1024"), InputError);
   EmulatedExecutor ex;
   float c = 0;
   const float one = 1;
