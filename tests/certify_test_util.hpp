@@ -34,6 +34,26 @@ inline std::string temp_dir(const std::string& name) {
   return d;
 }
 
+// The device engine's trainer run of `run`, written as a trace of `as`
+// (its name and digest): `as` is `run` itself, or the scenario a trainer
+// was handed when it ran something else (its own K, say).
+inline std::string device_trace_as(const Scenario& run, const Scenario& as,
+                                   const std::string& name) {
+  const Dataset data = make_dataset(run);
+  const ParamLayout layout = layout_of(run.model);
+  const std::vector<float> init = initial_parameters(run, layout);
+  EmulatedExecutor exec;
+  const auto x = run_experiment(run, [&] {
+    return std::make_unique<Device<EmulatedExecutor>>(run.model, data, init,
+                                                      exec);
+  });
+  TraceWriter w(as.name, as.digest, "device-emulated", "float32");
+  add_run(w, x.trainer, layout);
+  const std::string dir = temp_dir(name);
+  write_trace(dir, w);
+  return dir;
+}
+
 // The device engine's trainer run of `s` (with `pitfalls`), as a trace of
 // that one run, the way `accumcheck run --engine device` writes it.
 inline std::string device_trace(const std::string& name,
@@ -41,19 +61,7 @@ inline std::string device_trace(const std::string& name,
                                 const std::string& file = kScenario) {
   Scenario s = parse_scenario_file(file);
   s.trainer.pitfalls = pitfalls;
-  const Dataset data = make_dataset(s);
-  const ParamLayout layout = layout_of(s.model);
-  const std::vector<float> init = initial_parameters(s, layout);
-  EmulatedExecutor exec;
-  const auto x = run_experiment(s, [&] {
-    return std::make_unique<Device<EmulatedExecutor>>(s.model, data, init,
-                                                      exec);
-  });
-  TraceWriter w(s.name, s.digest, "device-emulated", "float32");
-  add_run(w, x.trainer, layout);
-  const std::string dir = temp_dir(name);
-  write_trace(dir, w);
-  return dir;
+  return device_trace_as(s, s, name);
 }
 
 inline const Scenario& scenario() {

@@ -25,7 +25,6 @@ namespace accumcheck {
 namespace {
 
 using certify_test::scenario;
-using certify_test::temp_dir;
 
 TEST(WindowsK, NamesTheOneSizeOfEveryEpochsWindows) {
   // Two epochs of windows 2, 2, 2, 1 (a partial last window), declared 4.
@@ -102,22 +101,10 @@ TEST(WindowsK, ADoubleCountIsOneMicroBatch) {
 // of the scenario as exported (K = 4, its digest): a trainer that read
 // the bundle and used its own K.
 std::string run_at_k(int64_t K) {
-  const Scenario& s = scenario();
-  Scenario run = s;
+  Scenario run = scenario();
   run.batching.accumulation = K;
-  const Dataset data = make_dataset(run);
-  const ParamLayout layout = layout_of(run.model);
-  const std::vector<float> init = initial_parameters(run, layout);
-  EmulatedExecutor exec;
-  const auto x = run_experiment(run, [&] {
-    return std::make_unique<Device<EmulatedExecutor>>(run.model, data, init,
-                                                      exec);
-  });
-  TraceWriter w(s.name, s.digest, "device-emulated", "float32");
-  add_run(w, x.trainer, layout);
-  const std::string dir = temp_dir("k" + std::to_string(K));
-  write_trace(dir, w);
-  return dir;
+  return certify_test::device_trace_as(run, scenario(),
+                                       "k" + std::to_string(K));
 }
 
 TEST(CertifyWindows, OracleTierNamesTheRunsK) {
