@@ -17,9 +17,11 @@
 // Oracle tier: a float32 run of scenarios/certify-mlp.toml: the gradient
 // (1.01x / 0.99x), the parameters (one or two ulps a bound: the float32
 // either side of the edge), the recorded clip norm (1.01x / 0.99x).
-// Not here: the oracle tier's Adam moments, loss scale, EMA, BatchNorm
-// statistics and logged loss (verify/certify/state_check.cpp), whose
-// traces come from PyTorch (tests/state_check_test.cpp).
+// The oracle tier's state (verify/certify/state_check.cpp), a state.csv
+// written beside a device-engine trace as tests/state_check_test.cpp
+// writes it: Adam's moments (scenarios/certify-adamw.toml), the EMA and
+// the logged loss (1.01x / 0.99x); the loss scale's constancy within a
+// window and state['step'] are judged exactly: any change fails.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -34,7 +36,11 @@
 
 #include "certify_test_util.hpp"
 #include "oracle/error_model.hpp"
+#include "oracle/oracle.hpp"
+#include "sim/data.hpp"
 #include "sim/errors.hpp"
+#include "sim/layout.hpp"
+#include "sim/scenario_parse.hpp"
 #include "tests/source_dir.hpp"
 #include "verify/certify/certify.hpp"
 #include "verify/contract/contract.hpp"
@@ -480,6 +486,258 @@ TEST(OracleSharpness, ClipNorm) {
     t.set_norm(3, x);
     const CertifyReport r = t.certify();
     EXPECT_EQ(r.pass, f < 1) << "moved to " << f << "x: " << certify_text(r);
+  }
+}
+
+// ------------------------------------------------------ oracle tier: state
+
+// A device-engine trace of `file` with a state.csv of `rows` beside it
+// (and `meta` rows appended to meta.csv), sealed as its writer would.
+class StateTrace {
+ public:
+  StateTrace(const std::string& name, const std::string& file)
+      : s_(parse_scenario_file(file)),
+        layout_(layout_of(s_.model)),
+        dir_(certify_test::device_trace("sharpness_state_" + name, {}, file)) {}
+  const Scenario& scenario() const { return s_; }
+  const ParamLayout& layout() const { return layout_; }
+  const std::string& dir() const { return dir_; }
+  void meta(const std::string& rows) {
+    std::ofstream(dir_ + "/meta.csv", std::ios::app) << rows;
+  }
+  // values.csv's `kind` values of optimizer step `step`, flat.
+  std::vector<double> values(int64_t step, const std::string& kind) const {
+    std::vector<double> out(size_t(layout_.total), NAN);
+    std::ifstream in(dir_ + "/values.csv");
+    std::string l;
+    std::getline(in, l);
+    while (std::getline(in, l)) {
+      const Row r = split(l);
+      if (r[1] != std::to_string(step) || r[2] != kind) continue;
+      for (const TensorView& v : layout_.tensors)
+        if (v.name == r[3])
+          out[size_t(v.offset + std::stoll(r[4]))] = val(r[5]);
+    }
+    return out;
+  }
+  // The rank-0 backward passes of optimizer step `t`: their sample ids.
+  std::vector<std::vector<int64_t>> window(int64_t t) const {
+    std::vector<std::vector<int64_t>> out;
+    const auto trace = read_trace(dir_);  // alive through the loop
+    for (const TraceEvent& te : trace.runs.back().events)
+      if (te.event.kind == EventKind::forward_backward && te.event.rank == 0 &&
+          te.event.step == t)
+        out.push_back(te.event.sample_ids);
+    return out;
+  }
+  // state.csv rows "kind,step,tensor,index,value" of flat values `x`.
+  std::string rows(const std::string& kind, int64_t step,
+                   const std::vector<double>& x) const {
+    std::string o;
+    for (const TensorView& v : layout_.tensors)
+      for (int64_t i = 0; i < v.size(); ++i)
+        o += fmt::format("{},{},{},{},{}\n", kind, step, v.name, i,
+                         num(x[size_t(v.offset + i)]));
+    return o;
+  }
+  CertifyReport certify(const std::string& state) const {
+    {
+      std::ofstream(dir_ + "/state.csv", std::ios::trunc)
+          << "kind,step,tensor,index,value\n"
+          << state;
+    }
+    seal_trace(dir_);
+    return accumcheck::certify(s_, dir_);
+  }
+
+ private:
+  Scenario s_;
+  ParamLayout layout_;
+  std::string dir_;
+};
+
+const CertifyCheck* check_of(const CertifyReport& r, const std::string& name) {
+  for (const CertifyCheck& c : r.checks)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+// Adam's moments after step 0 (forced from none: m = (1 - b1) g, v =
+// (1 - b2) g^2 of the recorded gradient, in float32), element 1 of
+// 0.weight moved far to read the oracle's value v and bound e from the
+// comparison (as expect_value_sharp does), then to the float32 nearest
+// v + 1.01 e (v + 0.99 e): FAIL (PASS).
+void expect_moment_sharp(const std::string& moment) {
+  StateTrace t("adam_" + moment,
+               testing_util::source_dir() + "/scenarios/certify-adamw.toml");
+  const std::vector<double> g = t.values(0, "grad");
+  std::vector<double> m(g.size()), v(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    m[i] = double(float(0.1 * g[i]));
+    v[i] = double(float(0.001 * g[i] * g[i]));
+  }
+  auto state = [&] {
+    return t.rows("exp_avg", 0, m) + t.rows("exp_avg_sq", 0, v);
+  };
+  std::vector<double>& x = moment == "exp_avg" ? m : v;
+  const std::string tensor = t.layout().tensors[0].name;
+  {
+    const CertifyReport r = t.certify(state());
+    ASSERT_TRUE(r.pass) << certify_text(r);
+    ASSERT_NE(check_of(r, "step 0 " + moment), nullptr) << certify_text(r);
+  }
+  // The first element of the tensor where float32 resolves 1% of its
+  // bound (elements where it does not are passed over).
+  for (int64_t el = 0; el < t.layout().tensors[0].size(); ++el) {
+    const size_t at = size_t(t.layout().tensors[0].offset + el);
+    const double x0 = x[at];
+    const double far = double(float(x0 + 1e-2 * (std::abs(x0) + 1e-6)));
+    x[at] = far;
+    const Bound b = bound_of(t.certify(state()), "step 0 " + moment, tensor,
+                             tensor + "[" + std::to_string(el) + "]", far);
+    ASSERT_GT(b.e, 0);
+    bool resolved = true;
+    for (const double f : {0.99, 1.01}) {
+      const double y = double(float(b.v + f * b.e));
+      resolved = resolved && std::abs((y - b.v) / b.e - f) <= 0.004;
+    }
+    if (!resolved) {
+      x[at] = x0;
+      continue;
+    }
+    for (const double f : {0.99, 1.01}) {
+      x[at] = double(float(b.v + f * b.e));
+      const double ratio = (x[at] - b.v) / b.e;
+      const CertifyReport r = t.certify(state());
+      EXPECT_EQ(r.pass, f < 1) << tensor << "[" << el << "] moved to " << ratio
+                               << "x: " << certify_text(r);
+    }
+    return;
+  }
+  ADD_FAILURE() << "no element of " << tensor << " where float32 resolves "
+                << "1% of its bound";
+}
+
+// exp_avg_sq only: exp_avg's bound after step 0 is below a float32 ulp at
+// every element of 0.weight, so no float32 lies at 0.99x or 1.01x of it
+// (it would take the Parameters test's nearest float32 inside and outside).
+TEST(StateSharpness, AdamExpAvgSq) { expect_moment_sharp("exp_avg_sq"); }
+
+// One EMA update after optimizer step 0 (decay 0.9, started from the
+// initial parameters): ema = d init + (1 - d) p (p: step 0's recorded
+// parameters), its bound state_ema_ulps u32 (d |init| + (1 - d) |p|),
+// computed here; the EMA's values are doubles in state.csv, which resolve
+// 1% of the bound.
+TEST(StateSharpness, Ema) {
+  StateTrace t("ema", certify_test::kScenario);
+  t.meta("ema_decay,0.9\n");
+  const double d = 0.9;
+  const std::vector<float> init0 = initial_parameters(t.scenario(), t.layout());
+  const std::vector<double> p = t.values(0, "param");
+  std::vector<double> ema(p.size());
+  for (size_t i = 0; i < p.size(); ++i)
+    ema[i] = d * double(init0[i]) + (1 - d) * p[i];
+  const std::string update = "ema_update,0,,1,0\n";
+  {
+    const CertifyReport r = t.certify(update + t.rows("ema", 0, ema));
+    ASSERT_TRUE(r.pass) << certify_text(r);
+    ASSERT_NE(check_of(r, "EMA"), nullptr);
+    EXPECT_TRUE(check_of(r, "EMA")->ok) << check_of(r, "EMA")->message;
+  }
+  const size_t at = 3;
+  const double bound =
+      error_model::tolerance("state_ema_ulps") * kU *
+      (d * std::abs(double(init0[at])) + (1 - d) * std::abs(p[at]));
+  ASSERT_GT(bound, 0);
+  for (const double f : {0.99, 1.01}) {
+    std::vector<double> moved = ema;
+    moved[at] = ema[at] + f * bound;
+    ASSERT_NEAR((moved[at] - ema[at]) / bound, f, 1e-6);
+    const CertifyReport r = t.certify(update + t.rows("ema", 0, moved));
+    ASSERT_NE(check_of(r, "EMA"), nullptr);
+    EXPECT_EQ(check_of(r, "EMA")->ok, f < 1)
+        << "moved to " << f << "x: " << check_of(r, "EMA")->message;
+    EXPECT_EQ(r.pass, f < 1) << "moved to " << f << "x: " << certify_text(r);
+  }
+}
+
+// The logged loss of window 0: the mean item loss of its micro-batches at
+// the initial parameters, from the oracle here (each micro-batch's loss
+// sum v with bound e), its bound sum_j (e_j + logged_loss_ulps u32 |v_j|)
+// / N_w (float32 forwards: the forward scale is 1).  A check of its own
+// (not training's verdict): its ok is what moves.
+TEST(StateSharpness, LoggedLoss) {
+  StateTrace t("logged_loss", certify_test::kScenario);
+  const Dataset data = make_dataset(t.scenario());
+  const std::vector<float> init0 = initial_parameters(t.scenario(), t.layout());
+  Oracle<Tracked<DD>> o(t.scenario().model, data, init0);
+  const double ulps = error_model::tolerance("logged_loss_ulps");
+  const auto ids = t.window(0);
+  ASSERT_FALSE(ids.empty());
+  int64_t items = 0;
+  std::vector<std::pair<double, double>> ve;
+  for (const auto& b : ids) {
+    const Tracked<DD> l = o.loss(b);
+    ve.emplace_back(double(l.v), double(l.e));
+    items += o.items(b);
+  }
+  double want = 0, bound = 0;
+  for (const auto& [v, e] : ve) {
+    want += v / double(items);
+    bound += e / double(items) + ulps * kU * std::abs(v) / double(items);
+  }
+  auto logged = [&](double x) {
+    const CertifyReport r = t.certify("logged_loss,0,,0," + num(x) + "\n");
+    const CertifyCheck* c = check_of(r, "logged loss");
+    EXPECT_NE(c, nullptr);
+    EXPECT_TRUE(r.pass) << certify_text(r);  // training's verdict stays
+    return c && c->ok;
+  };
+  EXPECT_TRUE(logged(want));
+  for (const double f : {0.99, 1.01}) {
+    const double x = want + f * bound;
+    ASSERT_NEAR((x - want) / bound, f, 1e-6);
+    EXPECT_EQ(logged(x), f < 1) << "moved to " << f << "x";
+  }
+}
+
+// Judged exactly, not against a bound: the loss scale's constancy within
+// a window (a scale one double away at one backward pass of a window
+// fails) and state['step'] = t + 1 (one double away fails).
+TEST(StateSharpness, ExactLossScaleAndOptimizerStep) {
+  StateTrace t("exact", certify_test::kScenario);
+  std::vector<int64_t> steps;  // each backward pass's optimizer step
+  const auto trace = read_trace(t.dir());
+  for (const TraceEvent& te : trace.runs.back().events)
+    if (te.event.kind == EventKind::forward_backward && te.event.rank == 0)
+      steps.push_back(te.event.step);
+  auto scales = [&](int64_t odd) {
+    std::string o;
+    for (size_t b = 0; b < steps.size(); ++b)
+      o += fmt::format(
+          "loss_scale,{},,{},{}\n", steps[b], b,
+          num(int64_t(b) == odd ? std::nextafter(65536.0, 1e9) : 65536.0));
+    return o;
+  };
+  auto opt = [&](double step0) {
+    return fmt::format("opt_step,0,{},0,{}\nopt_step,1,{},0,2\n",
+                       t.layout().tensors[0].name, num(step0),
+                       t.layout().tensors[0].name);
+  };
+  const CertifyReport ok = t.certify(scales(-1) + opt(1));
+  EXPECT_TRUE(ok.pass) << certify_text(ok);
+  ASSERT_NE(check_of(ok, "loss scale"), nullptr);
+  ASSERT_NE(check_of(ok, "optimizer state"), nullptr);
+  // Backward 1: inside window 0 (K = 4).
+  const CertifyReport scale = t.certify(scales(1) + opt(1));
+  ASSERT_NE(check_of(scale, "loss scale"), nullptr);
+  EXPECT_FALSE(check_of(scale, "loss scale")->ok);
+  EXPECT_FALSE(scale.pass);
+  for (const double x : {std::nextafter(1.0, 0.0), std::nextafter(1.0, 2.0)}) {
+    const CertifyReport r = t.certify(scales(-1) + opt(x));
+    ASSERT_NE(check_of(r, "optimizer state"), nullptr);
+    EXPECT_FALSE(check_of(r, "optimizer state")->ok) << num(x);
+    EXPECT_FALSE(r.pass) << num(x);
   }
 }
 
