@@ -68,6 +68,7 @@ import torch._inductor.config as _inductor_config
 import torch.utils.checkpoint
 
 from .recorder import at_backward_end, eager, swap_clip
+from .sample import PER_TENSOR, SEED, Coordinates, sumsq64
 from .schedule import Schedule
 from .trace import (TRACE_SCHEMA, VERSION, Recording, Refused, real, stopped_by, unseen_meta,
                     write_trace)
@@ -85,6 +86,12 @@ EVIDENCE_WEIGHT_REL = 1e-3
 SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
 # sim/limits.cpp schedule_rows: the most rows certify reads of schedule.csv.
 SCHEDULE_ROWS = 10_000_000
+# PyTorch's optimizers whose update of an element reads only that element's
+# parameter, gradient and state (and scalars): replayed on the sampled
+# coordinates (_replay_step).  Exact classes: a subclass may not be.
+ELEMENTWISE = frozenset(getattr(torch.optim, name) for name in (
+    "SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta",
+    "ASGD", "Rprop") if hasattr(torch.optim, name))
 
 
 def _to(batch, dtype):
@@ -224,17 +231,18 @@ class _Rows:
     """The float64 vectors the fits use, in one preallocated matrix that
     grows by doubling: row 0 the previous step's gradient, rows 1.. the
     backward passes since it, then spare rows for the consumed gradient, the
-    recomputed g_j and scratch.  Every n-long vector is written in place: on
-    a loaded machine a fresh 1 MB tensor costs more (page faults) than the
-    arithmetic on it."""
+    recomputed g_j and scratch.  A row holds the recorder's coordinates of
+    every parameter (sample.Coordinates: a fixed sample of each tensor's
+    elements; all of them where coords is None), so its length d does not
+    grow with the model beyond the number of tensors.  Every row is written
+    in place: on a loaded machine a fresh vector costs more (page faults)
+    than the arithmetic on it."""
 
-    def __init__(self, params, rows):
-        self.slices, at = [], 0
-        for p in params:
-            self.slices.append((at, at + p.numel()))
-            at += p.numel()
-        self.n = at
-        self.m = torch.zeros((rows, at), dtype=torch.float64)
+    def __init__(self, params, rows, coords=None):
+        self.coords = coords if coords is not None else Coordinates(params, sampled=False)
+        self.slices = self.coords.slices
+        self.n = self.coords.d
+        self.m = torch.zeros((rows, self.n), dtype=torch.float64)
         self.views = {}  # row -> its per-parameter slices (the gradient hooks' destinations)
 
     def row(self, i):
@@ -253,13 +261,22 @@ class _Rows:
             v = self.views[i] = [self.m[i, a:b] for a, b in self.slices]
         return v
 
+    def views_of(self, v):
+        """A row-long vector cut into the parameters' slices."""
+        return [v[a:b] for a, b in self.slices]
+
+    def take(self, i, t):
+        """Parameter i's coordinates of t (a gradient or parameter shaped
+        like it)."""
+        return self.coords.take(i, t)
+
     def fill(self, dst, tensors):
-        """dst <- the tensors flattened, zeros where one is None."""
-        for (a, b), t in zip(self.slices, tensors):
+        """dst <- the tensors' coordinates, zeros where one is None."""
+        for i, ((a, b), t) in enumerate(zip(self.slices, tensors)):
             if t is None:
                 dst[a:b].zero_()
             else:
-                dst[a:b].copy_(t.detach().reshape(-1))
+                dst[a:b].copy_(self.coords.take(i, t))
         return dst
 
 
@@ -283,6 +300,40 @@ class _Output:
 
 class _NotTheForward(Exception):
     pass
+
+
+def _out_tensors(output, depth=0):
+    """The floating tensors of a forward's output: a tensor, a tuple or
+    list, a dict (a Transformers ModelOutput is one), nested."""
+    if torch.is_tensor(output):
+        return [output] if output.is_floating_point() else []
+    if depth > 4:
+        return []
+    if isinstance(output, dict):
+        items = list(output.values())
+    elif isinstance(output, (list, tuple)):
+        items = list(output)
+    else:
+        return []
+    return [t for x in items for t in _out_tensors(x, depth + 1)]
+
+
+class _Functional:
+    """The model as the recompute calls it: its forward with the given
+    parameter and buffer tensors in place of its own
+    (torch.func.functional_call), so nothing of yours is touched (its
+    parameters' .grad, its BatchNorm running statistics) and nothing is
+    copied: the recompute's leaves are your parameters' storage, detached.
+    Any attribute is the model's."""
+
+    def __init__(self, model, tensors):
+        self._model, self._tensors = model, tensors
+
+    def __call__(self, *a, **k):
+        return torch.func.functional_call(self._model, self._tensors, a, k)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
 
 
 def _tensors(args, kwargs):
@@ -339,9 +390,14 @@ class ContractRecorder:
     (a framework's documented semantics, e.g. "partial-cycle-scale-by-k"):
     certify then judges against that loop and says so."""
 
+    # Rows of sampled coordinates (sample.Coordinates); a sharding recorder
+    # whose fits run on shard ranges of whole vectors keeps every one.
+    _sampled = True
+
     def __init__(self, model, optimizer=None, loss_fn=None, count_fn=None, accumulation=None,
                  out="trace", items="samples", run="trainer", quiet=False, calibrate_every=None,
-                 lr=None, schedule=None, clip=None, accept=()):
+                 lr=None, schedule=None, clip=None, accept=(), coordinates=PER_TENSOR,
+                 sample_seed=SEED):
         self.abandoned = None  # why the run ended without its trace (see _abandon)
         if loss_fn is None or count_fn is None or accumulation is None:
             raise Refused("ContractRecorder: pass loss_fn= (the summed loss of a batch), "
@@ -380,12 +436,18 @@ class ContractRecorder:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.n = sum(p.numel() for p in self.params)
         self.dtype = self.params[0].dtype
-        # The copies the recomputes run on: the model's precision (g_j) and
-        # float64 (calibration).
-        self.mref = self._replica(model).train()
-        self.m64 = self._replica(model).double().train()
-        self.pref = [p for p in self.mref.parameters() if p.requires_grad]
-        self.p64 = [p for p in self.m64.parameters() if p.requires_grad]
+        # The precision the model computes in: its parameters', or lower
+        # where its outputs are (autocast).
+        self.compute_dtype = self.dtype
+        # A recorder class that recomputes on copies of its own (FSDP's
+        # gathered replica, a pipeline's whole model) makes them here; this
+        # one recomputes on the model itself (_recompute_on), no copy.
+        self.mref = self.m64 = self.pref = self.p64 = None
+        if type(self)._replica is not ContractRecorder._replica:
+            self.mref = self._replica(model).train()
+            self.m64 = self._replica(model).double().train()
+            self.pref = [p for p in self.mref.parameters() if p.requires_grad]
+            self.p64 = [p for p in self.m64.parameters() if p.requires_grad]
         self.first, self.forwarded, self.current = [], [], -1
         self.micro = []        # [epoch, version, items, samples, rng, batch, done, cal]
         self.backwards = []    # [micro, version, row of c in self.buf, fit]
@@ -398,12 +460,22 @@ class ContractRecorder:
         self.since_step = []   # backward indices since the last step
         self.has_prev = False  # rows row 0: the gradient the last step consumed
         # Rows: 0 previous G, 1..B the backward passes since it; four spare
-        # vectors (consumed G, g_j, g64, scratch) live outside the matrix.
-        self.buf = _Rows(self.params, self.K + 2)
-        self.vec = [torch.zeros(self.n, dtype=torch.float64) for _ in range(4)]
+        # vectors (consumed G, g_j, g64, scratch) live outside the matrix;
+        # each holds the sampled coordinates (sample.py).
+        self.coords = Coordinates(self.params, coordinates, sample_seed, sampled=self._sampled)
+        self.buf = _Rows(self.params, self.K + 2, self.coords)
+        self.vec = [torch.zeros(self.coords.d, dtype=torch.float64) for _ in range(4)]
         self.seen = [False] * len(self.params)
-        self.gfwd = {}         # micro-batch -> g_j taken from your forward
-        self.no_take = False   # taking it failed on an eager forward: not tried again
+        # The output-gradient path (_take_from_forward): micro-batch -> its
+        # forward's outputs and the summed loss's gradient at them, and
+        # g_j's coordinates where calibrated; what the outputs' hooks saw
+        # since the last backward pass ended.
+        self.outs = {}
+        self.out_fired = []
+        self.no_take = False   # the output path does not hold: every g_j recomputed
+        self.recomputing = False  # inside the recorder's own forward of the model
+        self.sample_into = None   # the calibration backward's destination (per parameter)
+        self.sample_seen = []
         self.spare = []        # free n-long float64 vectors
         self.pending = None    # (micro-batch, input) of the forward running
         self.taking = False    # inside our own autograd.grad: hooks ignore it
@@ -538,6 +610,9 @@ class ContractRecorder:
         d = float(decay)
         if not 0.0 <= d <= 1.0:
             self._refuse("ContractRecorder.ema: decay must be in [0, 1], got %r" % (decay,))
+        # The EMA is judged on the recorder's sample of coordinates too.
+        self.ema_coords = Coordinates(ours, self.coords.per_tensor, self.coords.seed,
+                                      sampled=self._sampled)
         self.emas = {"kind": kind, "decay": d, "tensors": tensors, "params": ours,
                      "version": self._ema_version(tensors),
                      "prev": self._flat64(tensors)}
@@ -547,10 +622,10 @@ class ContractRecorder:
     def _ema_version(tensors):
         return sum(t._version for t in tensors)
 
-    @staticmethod
-    def _flat64(tensors):
+    def _flat64(self, tensors):
+        """The EMA's (or the parameters') sampled coordinates, float64."""
         with torch.no_grad():
-            return torch.cat([t.detach().reshape(-1).double() for t in tensors])
+            return torch.cat([self.ema_coords.take(i, t).double() for i, t in enumerate(tensors)])
 
     def _ema_poll(self, at_step=False):
         """An EMA update since the last look (its tensors' version counters
@@ -681,7 +756,7 @@ class ContractRecorder:
         its window draws every batch before the first forward): the RNG
         state its dropout will draw from, and the parameter version it
         sees."""
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or self.recomputing:
             return
         self._ema_poll()
         for t in _tensors(args, kwargs):
@@ -719,6 +794,8 @@ class ContractRecorder:
         so your backward still runs), at the same parameters, with the same
         dropout masks and BatchNorm statistics by construction.  Otherwise
         (or on any error) the micro-batch is recomputed on the copy."""
+        if self.recomputing:
+            return
         pending, self.pending = self.pending, None
         if pending is None or not any(t is pending[1] for t in _tensors(args, kwargs)):
             return
@@ -729,32 +806,82 @@ class ContractRecorder:
             self.after_fwd = (j, torch.get_rng_state())
 
     def _take_from_forward(self, j, pending, output):
-        if j in self.gfwd or not torch.is_grad_enabled() or self.no_take:
+        """The output-gradient path: g_j without a second backward.  The
+        parameters reach your loss through this forward's outputs, so the
+        gradient your backward adds, c_b = J^T u_b (u_b: your loss's
+        gradient at the outputs, caught by a hook on them), is w_b * g_j
+        exactly when u_b = w_b * s_j, s_j the summed loss's gradient at the
+        same outputs (taken here through the loss alone, the size of the
+        outputs): the weight and its residual are read at the outputs.
+        Every calibrate_every-th micro-batch (the first included) checks
+        the premise on the parameters: g_j's coordinates from one backward
+        of s_j through your graph (retained; the hooks keep the coordinates
+        and hand autograd an empty gradient, so nothing parameter-sized is
+        made), against c_b; where it fails (the loss reaches parameters by
+        another path than the outputs), every micro-batch from then on is
+        recomputed (_recompute_pending)."""
+        if j in self.outs or not torch.is_grad_enabled() or self.no_take:
             return
         self.taking = True
         try:
             loss = self.loss_fn(_Output(self.model, pending[1], output), self.micro[j][5])
-            grads = torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True)
-        except Exception as e:  # noqa: BLE001 -- the copy's recompute stands in
+            outs = [t for t in _out_tensors(output) if t.requires_grad]
+            s = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True) \
+                if outs else []
+            pairs = [(t, g.detach()) for t, g in zip(outs, s) if g is not None]
+            if not pairs:
+                raise _NotTheForward()
+            g = None
+            if j % self.calibrate_every == 0:
+                g = self.spare.pop() if self.spare else torch.empty(self.coords.d,
+                                                                    dtype=torch.float64)
+                self.sample_into = self.buf.views_of(g)
+                self.sample_seen = [False] * len(self.params)
+                torch.autograd.grad([t for t, _ in pairs], self.params,
+                                    grad_outputs=[sg for _, sg in pairs], retain_graph=True,
+                                    allow_unused=True)
+                for dst, seen in zip(self.sample_into, self.sample_seen):
+                    if not seen:
+                        dst.zero_()
+        except Exception as e:  # noqa: BLE001 -- the recompute stands in
+            self.sample_into = None
             if _compiled(output):
-                # A recompute on the eager copy is no stand-in for compiled
+                # A recompute on the eager model is no stand-in for compiled
                 # code (its rounding, and its dropout masks: inductor draws
                 # its own random numbers).
                 self.unseen.append(
                     "micro-batch %d: its forward ran under torch.compile and its gradient could not "
                     "be taken from that forward (%s); an eager recompute cannot stand in for it"
                     % (j, str(e).split(". ")[0]))
-            else:
-                # The same forward fails the same way (reentrant activation
-                # checkpointing refuses autograd.grad): the copy recomputes
-                # every micro-batch, without trying each (a tenth of the
-                # recorder's cost on a small checkpointed model).
+            elif not isinstance(e, _NotTheForward):
+                # The same forward fails the same way: every micro-batch
+                # recomputed, without trying each.
                 self.no_take = True
             return
         finally:
             self.taking = False
-        g = self.spare.pop() if self.spare else torch.empty(self.n, dtype=torch.float64)
-        self.gfwd[j] = self.buf.fill(g, grads)
+            self.sample_into = None
+        for t, sg in pairs:
+            if t.dtype in (torch.bfloat16, torch.float16) and t.dtype != self.dtype:
+                self.compute_dtype = t.dtype  # autocast: the model computes lower
+        self.outs[j] = {"s": [sg for _, sg in pairs], "g": g}
+        for k, (t, _) in enumerate(pairs):
+            t.register_hook(self._out_hook(j, k))
+
+    def _out_hook(self, j, k):
+        def hook(u):
+            o = self.outs.get(j)
+            if o is None or self.taking:
+                return None
+            s = o["s"][k]
+            with torch.no_grad():
+                s64, u64 = s.double(), u.detach().double()
+                ss, us = float(s64.pow(2).sum()), float((u64 * s64).sum())
+                wt = us / ss if ss > 0 else 0.0
+                rr = float((u64 - wt * s64).pow(2).sum())
+            self.out_fired.append((j, k, us, ss, rr))
+            return None
+        return hook
 
     # ---- hooks
 
@@ -832,8 +959,8 @@ class ContractRecorder:
         """The float64 norm of the gradient a clip sees (whole: a shard
         gathered) and of this rank's shard of it (None: not sharded)."""
         with torch.no_grad():
-            return float(sum(float(self._full(p.grad.detach()).double().pow(2).sum())
-                             for p in parameters if p.grad is not None)) ** 0.5, None
+            return sum(sumsq64(self._full(p.grad)) for p in parameters
+                       if p.grad is not None) ** 0.5, None
 
     def _clipped(self, factor, norm, shard, max_norm):
         """A clip seen: the factor it applied, the norms of the gradient it
@@ -845,7 +972,17 @@ class ContractRecorder:
     def _grad_hook(self, i):
         def hook(grad):
             if self.taking:
-                return None
+                if self.sample_into is None:
+                    return None
+                # The calibration's backward of s_j (_take_from_forward):
+                # the coordinates kept, an empty gradient handed on.
+                dst = self.sample_into[i]
+                if self.sample_seen[i]:
+                    dst.add_(self.buf.take(i, grad))
+                else:
+                    dst.copy_(self.buf.take(i, grad))
+                    self.sample_seen[i] = True
+                return grad.new_zeros(()).expand(grad.shape)
             if not self.in_backward:
                 self.in_backward = True
                 self.pass_row = 1 + len(self.since_step)
@@ -854,9 +991,9 @@ class ContractRecorder:
                 self.seen = [False] * len(self.params)
                 at_backward_end(self._end_backward)
             dst = self.pass_views[i]
-            g = grad.detach().reshape(-1)
+            g = self.buf.take(i, grad)
             if self.seen[i]:
-                dst.add_(g.double())
+                dst.add_(g)
             else:
                 dst.copy_(g)  # a copy: .grad may take the incoming tensor
                 self.seen[i] = True
@@ -877,10 +1014,61 @@ class ContractRecorder:
                 self.rng_in_backward.append(self.current)
             self.after_fwd = None
         self._ema_poll()
+        micro, fit = self._fit_from_outputs()
         self.since_step.append(len(self.backwards))
-        self.backwards.append([self.current, self.steps, self.pass_row, None])
+        self.backwards.append([micro, self.steps, self.pass_row, fit])
         self.events.append(("forward_backward", self.steps, self.current, None))
         self._progress(write=False)
+
+    def _fit_from_outputs(self):
+        """The micro-batch of the backward pass that just ended and its
+        weight fit (w_b, relative residual) read at the outputs of its
+        forward (_take_from_forward), or None: recomputed later."""
+        fired, self.out_fired = self.out_fired, []
+        js = {f[0] for f in fired}
+        if len(js) != 1:
+            return self.current, None  # no output path, or two forwards in one pass
+        j = js.pop()
+        us = sum(f[2] for f in fired)
+        ss = sum(f[3] for f in fired)
+        if ss <= 0:
+            return j, None
+        w = us / ss
+        # |u - w s|^2 over the outputs: each output's own residual plus its
+        # weight's distance from the common one (u - w s = (u - w_k s) +
+        # (w_k - w) s, the first orthogonal to s).
+        rr = sum(f[4] + (f[2] / f[3] - w) ** 2 * f[3] for f in fired if f[3] > 0)
+        wn = abs(w) * ss ** 0.5
+        resid = rr ** 0.5 / wn if wn > 0 else (0.0 if rr == 0 else float("inf"))
+        o = self.outs[j]
+        g, o["g"] = o["g"], None
+        if g is not None:
+            self.spare.append(g)
+            c = self.buf.m[self.pass_row]
+            gn = float(g.norm())
+            lin = float(torch.dist(c, g * w)) / (abs(w) * gn) if w != 0 and gn > 0 else 0.0
+            if lin > self._premise_bound():
+                # The loss reaches the parameters by another path than the
+                # outputs (a penalty on the weights, a second forward):
+                # recomputed from here on (the batch is still held).
+                self.no_take = True
+                self.notes.append(
+                    "micro-batch %d: the gradient of its backward is not the outputs' gradient "
+                    "carried back (%.3g of its norm apart): the loss reaches the parameters by "
+                    "another path; every micro-batch from it on is recomputed" % (j, lin))
+                return j, None
+            if j not in self.rng_in_backward:
+                self.micro[j][7] = lin
+        return j, (w, resid)
+
+    def _premise_bound(self):
+        """How far g_j's coordinates from the outputs' gradient may stray
+        from c_b / w_b before the loss is taken to reach the parameters by
+        another path: the precision at which certify reads a weight
+        (evidence_weight_rel), or 16 units of the precision the model
+        computes in where that is coarser (autocast in bfloat16)."""
+        unit = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}.get(self.compute_dtype, U32)
+        return max(EVIDENCE_WEIGHT_REL, 16 * unit)
 
     # ---- recompute and fit
 
@@ -904,44 +1092,83 @@ class ContractRecorder:
             p.grad = None
         return dst
 
+    def _recompute_on(self, batch, dtype, dst):
+        """g_j recomputed on the model itself in `dtype`
+        (_Functional: your parameters' storage, detached, cast where dtype
+        differs; copies of the buffers), by autograd.grad of the summed
+        loss, so no .grad of yours and no BatchNorm statistic moves.  A
+        recorder class with copies of its own (self.mref) runs on them."""
+        if self.mref is not None:
+            copy_, params = (self.mref, self.pref) if dtype == self.dtype else (self.m64, self.p64)
+            return self._grad_of(copy_, params, batch, dtype, dst)
+        tensors, mine = {}, []
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                t = p.detach()
+                if t.is_floating_point() and t.dtype != dtype:
+                    t = t.to(dtype)
+                tensors[name] = t.requires_grad_(p.requires_grad)
+                if p.requires_grad:
+                    mine.append(tensors[name])
+            for name, b in self.model.named_buffers():
+                tensors[name] = b.detach().to(dtype) if b.is_floating_point() and \
+                    b.dtype != dtype else b.detach().clone()
+        self.recomputing = self.taking = True
+        try:
+            with torch.enable_grad(), _checkpoints_run_plain():
+                loss = self.loss_fn(_Functional(self.model, tensors), _to(batch, dtype))
+                # One draw between the forward and its backward (_grad_of).
+                torch.rand(1)
+                grads = torch.autograd.grad(loss, mine, allow_unused=True)
+        finally:
+            self.recomputing = self.taking = False
+        return self.buf.fill(dst, grads)
+
     def _recompute_pending(self):
         """g_j (in the model's precision; float64 on the calibration sample)
-        for every micro-batch that had a backward pass and no recompute yet,
-        at the current parameters (those of its forward: called before any
-        step), then the weight fit of each of its backward passes."""
-        unrecomputed = sorted({b[0] for b in self.backwards if self.micro[b[0]][6] is None})
-        if not unrecomputed:
+        for every micro-batch with a backward pass not yet fitted (its
+        gradient not read at its forward's outputs), at the current
+        parameters (those of its forward: called before any step), then
+        the weight fit of each of those backward passes.  Batches whose
+        passes are all fitted are released."""
+        todo = sorted({b[0] for b in self.backwards
+                       if b[3] is None and self.micro[b[0]][5] is not None})
+        for b in self.backwards:
+            if b[3] is not None and self.micro[b[0]][5] is not None and b[0] not in todo:
+                self.micro[b[0]][5], self.micro[b[0]][6] = None, True
+        if not todo:
             return
         # A micro-batch whose backward drew random numbers has no one
         # gradient to calibrate against (the note says why).
-        calibrate = [j for j in unrecomputed
+        calibrate = [j for j in todo
                      if j % self.calibrate_every == 0 and j not in self.rng_in_backward]
-        with torch.no_grad():
-            if any(j not in self.gfwd for j in unrecomputed):
+        if self.mref is not None:
+            with torch.no_grad():
                 for dst, src in zip(self.pref, self._source()):
                     dst.copy_(src)
-            if calibrate:
-                for dst, src in zip(self.p64, self._source()):
-                    dst.copy_(src)
+                if calibrate:
+                    for dst, src in zip(self.p64, self._source()):
+                        dst.copy_(src)
         keep = torch.get_rng_state()
-        g64, tmp = self.vec[2], self.vec[3]
-        for j in unrecomputed:
+        g, g64, tmp = self.vec[1], self.vec[2], self.vec[3]
+        for j in todo:
             m = self.micro[j]
             if m[1] != self.steps:
                 self._refuse("micro-batch %d: an optimizer step between its forward and its "
                              "recompute" % j)
-            if j in self.gfwd:
-                g = self.gfwd.pop(j)
-                self.spare.append(g)
-            else:
-                g = self.vec[1]
-                torch.set_rng_state(m[4])
-                self._grad_of(self.mref, self.pref, m[5], self.dtype, g)
+            torch.set_rng_state(m[4])
+            self._recompute_on(m[5], self.dtype, g)
             if j in calibrate:
                 torch.set_rng_state(m[4])
-                self._grad_of(self.m64, self.p64, m[5], torch.float64, g64)
-                n64 = float(g64.norm())
-                m[7] = float(torch.dist(g, g64)) / n64 if n64 > 0 else 0.0
+                try:
+                    self._recompute_on(m[5], torch.float64, g64)
+                except Exception as e:  # noqa: BLE001 -- a model that cannot run in float64
+                    self.notes.append("micro-batch %d: the float64 calibration could not run "
+                                      "(%s): the run's other calibrations stand for it"
+                                      % (j, str(e).split("\n")[0][:200]))
+                else:
+                    n64 = float(g64.norm())
+                    m[7] = float(torch.dist(g, g64)) / n64 if n64 > 0 else 0.0
             m[5], m[6] = None, True  # the batch is no longer needed
             gg = float(g.dot(g))
             for rec in self.backwards:
@@ -1038,21 +1265,39 @@ class ContractRecorder:
     def _replay_step(self, grads):
         """PyTorch's own optimizer class, built once on copies of the
         parameters, stepped from this step's parameters, state and gradient
-        (before your step runs): what your step must give.  The copies are
-        views of one flat buffer (the parameters' dtype; float64 if they
-        mix dtypes), so the comparison is a few whole-vector operations and
-        nothing is allocated per step."""
+        (before your step runs): what your step must give.  For an
+        optimizer whose update is elementwise (ELEMENTWISE: every state
+        shaped like its parameter) the copies hold the recorder's sampled
+        coordinates only (flat), each element stepped exactly as in the
+        whole tensor; any other optimizer is replayed on whole copies.  The
+        copies are views of one flat buffer (the parameters' dtype; float64
+        if they mix dtypes), so the comparison is a few whole-vector
+        operations and nothing is allocated per step."""
         keys = [p for g in self.optimizer.param_groups for p in g["params"]]
         ours = [self._local(p) for p in keys]
         if self.replay is None:
+            index = {id(p): i for i, p in enumerate(self.params)}
+            sampled = type(self.optimizer) in ELEMENTWISE
+            # Per key: how its coordinates are taken (a recorded parameter's
+            # sample; everything of a tensor the model does not have, such
+            # as DeepSpeed's flat partitions).
+            def taker(key, q):
+                i = index.get(id(key))
+                if not sampled:
+                    return lambda t: t
+                if i is None or q.shape != self.params[i].shape:
+                    return lambda t: t.reshape(-1)
+                return lambda t, i=i: self.buf.take(i, t)
+            takes = [taker(k, q) for k, q in zip(keys, ours)]
+            shapes = [take(q).shape for take, q in zip(takes, ours)]
             dts = {p.dtype for p in ours}
             dt = dts.pop() if len(dts) == 1 else torch.float64
-            total = sum(p.numel() for p in ours)
-            flat = torch.zeros(total, dtype=dt)
+            total = sum(sh.numel() for sh in shapes)
+            flat = torch.zeros(total, dtype=dt, device=ours[0].device if ours else "cpu")
             params, at = [], 0
-            for q in ours:
-                params.append(flat[at:at + q.numel()].view(q.shape).requires_grad_(True))
-                at += q.numel()
+            for sh in shapes:
+                params.append(flat[at:at + sh.numel()].view(sh).requires_grad_(True))
+                at += sh.numel()
             groups, at = [], 0
             for g in self.optimizer.param_groups:
                 h = {k: v for k, v in g.items() if k != "params"}
@@ -1060,14 +1305,14 @@ class ContractRecorder:
                 at += len(g["params"])
             self.replay = (type(self.optimizer)(groups), params, flat,
                            torch.zeros_like(flat), torch.zeros_like(flat), torch.zeros_like(flat),
-                           [torch.zeros_like(p) for p in params])
-        opt, params, flat, before, now, tmp, gbuf = self.replay
+                           [torch.zeros_like(p) for p in params], takes)
+        opt, params, flat, before, now, tmp, gbuf, takes = self.replay
         for g, mine in zip(opt.param_groups, self.optimizer.param_groups):
             for k, v in mine.items():
                 if k != "params":
                     g[k] = v
         dsts, srcs = [], []  # copied in one foreach call
-        for p, key in zip(params, keys):
+        for p, key, q, take in zip(params, keys, ours, takes):
             st = self.optimizer.state.get(key)
             if not st:
                 opt.state.pop(p, None)
@@ -1078,6 +1323,9 @@ class ContractRecorder:
             for k, v in st.items():
                 if torch.is_tensor(v):
                     v = self._local(v)
+                    # A state shaped like its parameter is taken as it is;
+                    # a scalar (Adam's step) whole.
+                    v = take(v) if v.shape == q.shape else v
                     if k in mine and torch.is_tensor(mine[k]) and mine[k].shape == v.shape \
                             and mine[k].dtype == v.dtype:
                         dsts.append(mine[k])
@@ -1092,16 +1340,16 @@ class ContractRecorder:
             # flat float32 partitions) is replayed on their own gradients.
             got.setdefault(id(key), key.grad)
         with torch.no_grad():
-            for p, key, q, b in zip(params, keys, ours, gbuf):
+            for p, key, q, b, take in zip(params, keys, ours, gbuf, takes):
                 dsts.append(p)
-                srcs.append(q)
+                srcs.append(take(q))
                 g = got.get(id(key))
                 g = None if g is None else self._local(g)
                 if g is None:
                     p.grad = None
                 else:
                     dsts.append(b)
-                    srcs.append(g)
+                    srcs.append(take(g))
                     p.grad = b
             torch._foreach_copy_(dsts, srcs)
             before.copy_(flat)
@@ -1112,13 +1360,14 @@ class ContractRecorder:
         |p_replay| + |update| (error model: contract_replay_ulps), in the
         parameters' precision: |p - p_replay| is exact there (Sterbenz) and
         the bound needs no more than a few digits."""
-        opt, params, flat, before, now, tmp, gbuf = self.replay
+        opt, params, flat, before, now, tmp, gbuf, takes = self.replay
         ours = [self._local(p) for g in self.optimizer.param_groups for p in g["params"]]
         at = 0
         with torch.no_grad():
-            for q in ours:
-                now[at:at + q.numel()].copy_(q.reshape(-1))
-                at += q.numel()
+            for q, take in zip(ours, takes):
+                t = take(q)
+                now[at:at + t.numel()].copy_(t.reshape(-1))
+                at += t.numel()
             torch.sub(flat, before, out=tmp).abs_().add_(flat.abs()).mul_(REPLAY_ULPS * U32)
             now.sub_(flat).abs_()
             hit = now > 0
@@ -1171,14 +1420,14 @@ class ContractRecorder:
                 i, version, "" if shard is None else real(shard), real(factor), real(norm),
                 real(max_norm)))
         precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
-                     torch.float16: "float16"}.get(self.dtype, str(self.dtype))
+                     torch.float16: "float16"}.get(self.compute_dtype, str(self.compute_dtype))
         meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),
                 ("scenario_digest", "contract"), ("engine", "pytorch"),
                 ("precision", precision),
                 ("tool_version", "accumcheck_torch-%s torch-%s" % (VERSION, torch.__version__)),
                 ("tier", "contract"), ("accumulation", str(self.K)),
                 ("items", self.items_kind), ("parameters", str(self.n)),
-                ("lr", real(self.lr0))]
+                ("lr", real(self.lr0))] + self.coords.meta()
         meta += [("schedule_" + k, str(self.schedule[k])) for k in SCHEDULE_KEYS
                  if k in self.schedule]
         if self.clip_max is not None:
