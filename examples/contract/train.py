@@ -11,6 +11,8 @@ an lr scheduler and clip_grad_norm_ around the step (declared to the recorder
 unless --undeclared-clip)."""
 
 import argparse
+import contextlib
+import hashlib
 import itertools
 import time
 
@@ -263,6 +265,14 @@ def parse(argv=None):
     ap.add_argument("--compile-backend", default="inductor",
                     help="torch.compile's backend (inductor, or aot_eager: the same graph capture and "
                          "compiled backward without inductor's code generation)")
+    ap.add_argument("--autocast", choices=["bf16", "fp16"], default=None,
+                    help="the loop under torch.autocast('cpu', dtype) (mixed precision)")
+    ap.add_argument("--scaler", action="store_true",
+                    help="torch.amp.GradScaler('cpu'): scaler.scale(loss).backward(), "
+                         "unscale_ before the clip, scaler.step(opt), scaler.update()")
+    ap.add_argument("--digest", default=None, metavar="FILE",
+                    help="write the SHA-256 of the trained parameters to FILE (the run "
+                         "recorded and not must give the same)")
     ap.add_argument("--out", default=None, help="trace folder (contract tier)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
@@ -286,8 +296,9 @@ class Stepping:
     scheduler and the clip of the chosen variant around step."""
 
     def __init__(self, opt, model, scheduler=None, early=False, clip=None, max_norm=None,
-                 interrupt_after=None):
+                 interrupt_after=None, scaler=None):
         self.opt, self.model, self.scheduler, self.early, self.clip = opt, model, scheduler, early, clip
+        self.scaler = scaler
         self.max_norm = max_norm  # for a loop that clips by itself
         self.steps, self.interrupt_after = 0, interrupt_after
 
@@ -295,11 +306,17 @@ class Stepping:
         self.opt.zero_grad()
 
     def step(self):
+        if self.scaler is not None and self.clip is not None:
+            self.scaler.unscale_(self.opt)
         if self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         if self.scheduler is not None and self.early:
             self.scheduler.step()
-        self.opt.step()
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
         if self.scheduler is not None and not self.early:
             self.scheduler.step()
         self.steps += 1
@@ -344,9 +361,16 @@ def run(a):
         rec = ContractRecorder(model, opt, summed, items, accumulation=a.told_K or a.K,
                                out=a.out or "trace", items=kind, lr=lr, schedule=schedule,
                                clip=None if a.undeclared_clip else a.clip)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if a.scaler else None
     stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",
                         None if a.loop == "clip_per_micro_step" else a.clip, a.clip,
-                        a.interrupt_after)
+                        a.interrupt_after, scaler)
+    if scaler is not None:
+        # The loop backwards the scaled loss; the recorder keeps the summed one.
+        summed_loop = (lambda f: lambda m, b: scaler.scale(f(m, b)))(summed)
+        mean = (lambda f: lambda m, b: scaler.scale(f(m, b)))(mean)
+    else:
+        summed_loop = summed
     shuffler = torch.Generator().manual_seed(1)
 
     def load(drop_last=False):
@@ -355,11 +379,26 @@ def run(a):
         return rec.watch(loader) if rec else loader
 
     trained = torch.compile(model, backend=a.compile_backend) if a.compile else model
+    amp = contextlib.nullcontext() if a.autocast is None else torch.autocast(
+        "cpu", dtype=torch.bfloat16 if a.autocast == "bf16" else torch.float16)
     t0, c0 = time.perf_counter(), time.process_time()
-    LOOPS[a.loop](trained, stepping, load, a.K, a.epochs, mean, items, summed)
+    with amp:
+        LOOPS[a.loop](trained, stepping, load, a.K, a.epochs, mean, items, summed_loop)
     if rec:
         rec.close()
+    if a.digest:
+        with open(a.digest, "w") as f:
+            f.write(digest(model) + "\n")
     return time.perf_counter() - t0, time.process_time() - c0
+
+
+def digest(model):
+    """SHA-256 of the model's parameters and buffers, bit for bit."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def main():

@@ -83,7 +83,12 @@ class _ShardFit:
     reported (p.grad.to_local().mul_(factor) after a norm of your own) is
     recorded as the loop's clip, with the factor it applied: the ratio of
     the consumed shard to the one the backward left (the step fit checks
-    that it is one factor: anything else fails it)."""
+    that it is one factor: anything else fails it).
+
+    The fits run on each rank's shard ranges of whole vectors: every
+    coordinate is kept (no sample)."""
+
+    _sampled = False
 
     def _setup_shards(self):
         parts, self.local_sizes = [], []

@@ -41,8 +41,14 @@ def main():
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "contract")
     script = opt.get("--script") or os.path.join(os.path.normpath(examples),
                                                  opt.get("--trainer", "train.py"))
-    argv = trainer_argv([script, "--out", out] + train, int(opt.get("--ranks", 1)),
-                        opt.get("--launcher", "spawn"))
+    # train.py's runs are also run without the recorder: the trained
+    # parameters must be the same bits (the recorder never changes the run).
+    unchanged = os.path.basename(script) == "train.py" and not trainer_exit and \
+        int(opt.get("--ranks", 1)) == 1
+    digests = (out + ".recorded.sha256", out + ".plain.sha256")
+    argv = trainer_argv([script, "--out", out] + train +
+                        (["--digest", digests[0]] if unchanged else []),
+                        int(opt.get("--ranks", 1)), opt.get("--launcher", "spawn"))
     recorded = recorded_run(out)
     if recorded:
         # The recorded trace (ctest_driver.recorded_run) already carries
@@ -66,6 +72,8 @@ def main():
     if r.returncode != trainer_exit:
         print("ctest_contract: the trainer exited %d, expected %d" % (r.returncode, trainer_exit))
         return 1
+    if unchanged and not same_without_recorder(script, train, digests):
+        return 1
     for sub in [head[i + 1] for i, a in enumerate(head) if a == "--contract-sub"]:
         old, new = sub.split("=", 1)
         path = os.path.join(out, "contract.csv")
@@ -84,6 +92,26 @@ def main():
     if metas or "--contract-sub" in head:
         reseal(out)  # the edited trace as a writer of its own would seal it
     return judge_all(tool, out, code, texts, int(opt.get("--stages", 0)))
+
+
+def same_without_recorder(script, train, digests):
+    """The trainer run again without the recorder gives the same trained
+    parameters, bit for bit."""
+    plain = trainer_argv([script, "--no-record", "--quiet", "--digest", digests[1]] + train, 1,
+                         "spawn")
+    r = warm_python.run(plain, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stdout.write(r.stdout + r.stderr)
+        print("ctest_contract: the trainer without the recorder exited %d" % r.returncode)
+        return False
+    a, b = (open(d).read().strip() for d in digests)
+    if a != b:
+        print("ctest_contract: the trained parameters differ with the recorder (sha256 %s) "
+              "and without it (%s): the recorder changed the run" % (a[:16], b[:16]))
+        return False
+    print("ctest_contract: trained parameters bit-identical with and without the recorder "
+          "(sha256 %s)" % a[:16])
+    return True
 
 
 def judge_all(tool, out, code, texts, stages):

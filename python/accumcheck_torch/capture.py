@@ -1,0 +1,574 @@
+"""What the contract recorder captures from your run (ContractRecorder's
+capture part): the batches drawn, each forward, the gradient each backward
+pass adds (at the sampled coordinates, sample.py), each micro-batch's
+weight read at its forward's outputs, the recompute where that reading
+does not hold, and the clip calls.  docs/tiers.md "What the recorder
+keeps" says why this is enough."""
+
+import contextlib
+import functools
+
+import torch
+import torch._functorch.config as _functorch_config
+import torch._inductor.config as _inductor_config
+import torch.utils.checkpoint
+
+from .fit import EVIDENCE_WEIGHT_REL, U32
+from .guard import _never_raises
+from .recorder import at_backward_end, eager, swap_clip
+from .sample import sumsq64
+
+
+def _to(batch, dtype):
+    """The batch with its floating tensors in `dtype` (indices untouched)."""
+    if torch.is_tensor(batch):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to(b, dtype) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to(v, dtype) for k, v in batch.items()}
+    return batch
+
+
+def _compiled(output):
+    """The output of a torch.compile'd graph (its autograd node is
+    AOTAutograd's CompiledFunction)."""
+    try:
+        t = _first(output)
+    except (TypeError, IndexError, StopIteration, KeyError):
+        return False
+    return t.grad_fn is not None and "Compiled" in type(t.grad_fn).__name__
+
+
+def _first(batch):
+    t = batch
+    while not torch.is_tensor(t):
+        t = next(iter(t.values())) if isinstance(t, dict) else t[0]
+    return t
+
+
+def _same_values(t, drawn):
+    """t holds the drawn tensor's values: equal, or its cast to t's
+    floating dtype (a bf16 model's loop casts each batch)."""
+    if t.dtype == drawn.dtype:
+        return torch.equal(t, drawn)
+    return t.is_floating_point() and drawn.is_floating_point() and torch.equal(t, drawn.to(t.dtype))
+
+
+class _PlainReentrant:
+    """Stands in for torch.utils.checkpoint.CheckpointFunction: the
+    checkpointed function run once, its activations kept."""
+
+    @staticmethod
+    def apply(function, preserve_rng_state, *args):
+        return function(*args)
+
+
+def _plain_generator(fn, preserve_rng_state=True, context_fn=None, *rest, **kw):
+    """Stands in for torch.utils.checkpoint's non-reentrant generator:
+    checkpoint() runs the function after its one yield, plainly."""
+    yield
+
+
+@contextlib.contextmanager
+def _checkpoints_run_plain():
+    """torch.utils.checkpoint.checkpoint runs its function plainly (once,
+    its activations kept) inside: the recorder's copy computes the
+    reference gradient without the recomputation, so a checkpointed
+    trainer's gradients are compared with the model's own, uncheckpointed
+    ones (what checkpointing must not change), at the cost of one forward
+    and one backward.  checkpoint() looks both names up when called; a
+    torch without them keeps its checkpointing (the same gradient, dearer)."""
+    mod = torch.utils.checkpoint
+    swaps = [(name, new) for name, new in (("CheckpointFunction", _PlainReentrant),
+                                           ("_checkpoint_without_reentrant_generator",
+                                            _plain_generator))
+             if hasattr(mod, name)]
+    saved = [(name, getattr(mod, name)) for name, _ in swaps]
+    for name, new in swaps:
+        setattr(mod, name, new)
+    try:
+        yield
+    finally:
+        for name, old in saved:
+            setattr(mod, name, old)
+
+
+class _Output:
+    """The model as summed_loss sees it when g_j is taken from the forward
+    your loop just ran: calling it returns that forward's output (once, for
+    the same input); any attribute is the model's."""
+
+    def __init__(self, model, inp, out):
+        self._model, self._inp, self._out, self.calls = model, inp, out, 0
+
+    def __call__(self, *a, **k):
+        self.calls += 1
+        if self.calls > 1 or not any(t is self._inp for t in _tensors(a, k)):
+            raise _NotTheForward()
+        return self._out
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class _NotTheForward(Exception):
+    pass
+
+
+def _out_tensors(output, depth=0):
+    """The floating tensors of a forward's output: a tensor, a tuple or
+    list, a dict (a Transformers ModelOutput is one), nested."""
+    if torch.is_tensor(output):
+        return [output] if output.is_floating_point() else []
+    if depth > 4:
+        return []
+    if isinstance(output, dict):
+        items = list(output.values())
+    elif isinstance(output, (list, tuple)):
+        items = list(output)
+    else:
+        return []
+    return [t for x in items for t in _out_tensors(x, depth + 1)]
+
+
+class _LossOf(torch.nn.Module):
+    """summed_loss(model, batch) as a module over the model, so that
+    torch.func.functional_call puts the recompute's tensors in place of the
+    model's own for the whole loss: its forward and any parameter the loss
+    reads by attribute (a penalty on the weights).  Holding the model as a
+    submodule changes nothing of it."""
+
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, batch):
+        return self.loss_fn(self.model, batch)
+
+
+def _tensors(args, kwargs):
+    """The tensors a forward was called with, positional or keyword (a
+    Transformers model is called as model(**batch))."""
+    return [t for t in list(args) + list(kwargs.values()) if torch.is_tensor(t)]
+
+
+class Capture:
+    """The hooks and recomputes of ContractRecorder (a mixin: the state
+    lives on the recorder, made by its __init__)."""
+
+    @_never_raises
+    def _drawn(self, batch):
+        self._ema_poll()
+        self._recompute_pending()
+        with torch.no_grad():
+            items = int(self.count_fn(batch))
+        first = _first(batch)
+        self.micro.append([len(self.epochs) - 1, self.steps, items, int(first.shape[0]),
+                           torch.get_rng_state(), batch, None, float("nan")])
+        self.first.append(first.data_ptr())
+        self.forwarded.append(False)
+        self.current = len(self.micro) - 1
+
+    @_never_raises
+    def _forward_hook(self, module, args, kwargs):
+        """The forward of a drawn batch (matched by its first tensor's
+        storage, passed positionally or by keyword; a loop that prefetches
+        its window draws every batch before the first forward): the RNG
+        state its dropout will draw from, and the parameter version it
+        sees."""
+        if not torch.is_grad_enabled() or self.recomputing:
+            return
+        self._ema_poll()
+        for t in _tensors(args, kwargs):
+            ptr = t.data_ptr()
+            for j in range(len(self.micro) - 1, -1, -1):
+                # A released batch's storage may hold another tensor now
+                # (a cast copy of a later batch): only batches still held.
+                if self.first[j] == ptr and not self.forwarded[j] and self.micro[j][5] is not None:
+                    self.forwarded[j] = True
+                    self.micro[j][4] = torch.get_rng_state()
+                    self.micro[j][1] = self.steps
+                    self.current = j
+                    self.pending = (j, t)
+                    return
+        # No storage matched: the inputs are copies of a drawn batch (a
+        # data-parallel wrapper or a device move copies them, as
+        # Transformers' Trainer does under DDP; a bf16 model's loop casts
+        # them): the oldest unforwarded micro-batch whose first tensor has
+        # the same values (in the input's dtype).
+        for j, done in enumerate(self.forwarded):
+            if done or self.micro[j][5] is None:
+                continue
+            mine = _first(self.micro[j][5])
+            for t in _tensors(args, kwargs):
+                if t.shape == mine.shape and _same_values(t, mine):
+                    self.forwarded[j] = True
+                    self.micro[j][4] = torch.get_rng_state()
+                    self.micro[j][1] = self.steps
+                    self.current = j
+                    return
+
+    @_never_raises
+    def _forward_done(self, module, args, kwargs, output):
+        """g_j from the forward your loop just ran, when summed_loss calls
+        the model once on the same input: its backward only (retain_graph,
+        so your backward still runs), at the same parameters, with the same
+        dropout masks and BatchNorm statistics by construction.  Otherwise
+        (or on any error) the micro-batch is recomputed on the copy."""
+        if self.recomputing:
+            return
+        pending, self.pending = self.pending, None
+        if pending is None or not any(t is pending[1] for t in _tensors(args, kwargs)):
+            return
+        j = pending[0]
+        try:
+            self._take_from_forward(j, pending, output)
+        finally:
+            self.after_fwd = (j, torch.get_rng_state())
+
+    def _take_from_forward(self, j, pending, output):
+        """The output-gradient path: g_j without a second backward.  The
+        parameters reach your loss through this forward's outputs, so the
+        gradient your backward adds, c_b = J^T u_b (u_b: your loss's
+        gradient at the outputs, caught by a hook on them), is w_b * g_j
+        exactly when u_b = w_b * s_j, s_j the summed loss's gradient at the
+        same outputs (taken here through the loss alone, the size of the
+        outputs): the weight and its residual are read at the outputs.
+        Every calibrate_every-th micro-batch (the first included) checks
+        the premise on the parameters: g_j's coordinates from one backward
+        of s_j through your graph (retained; the hooks keep the coordinates
+        and hand autograd an empty gradient, so nothing parameter-sized is
+        made), against c_b; where it fails (the loss reaches parameters by
+        another path than the outputs), every micro-batch from then on is
+        recomputed (_recompute_pending)."""
+        if j in self.outs or not torch.is_grad_enabled() or self.no_take:
+            return
+        self.taking = True
+        try:
+            loss = self.loss_fn(_Output(self.model, pending[1], output), self.micro[j][5])
+            outs = [t for t in _out_tensors(output) if t.requires_grad]
+            s = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True) \
+                if outs else []
+            pairs = [(t, g.detach()) for t, g in zip(outs, s) if g is not None]
+            if not pairs:
+                raise _NotTheForward()
+            g = None
+            if j % self.calibrate_every == 0:
+                g = self.spare.pop() if self.spare else torch.empty(self.coords.d,
+                                                                    dtype=torch.float64)
+                self.sample_into = self.buf.views_of(g)
+                self.sample_seen = [False] * len(self.params)
+                torch.autograd.grad([t for t, _ in pairs], self.params,
+                                    grad_outputs=[sg for _, sg in pairs], retain_graph=True,
+                                    allow_unused=True)
+                for dst, seen in zip(self.sample_into, self.sample_seen):
+                    if not seen:
+                        dst.zero_()
+        except Exception as e:  # noqa: BLE001 -- the recompute stands in
+            self.sample_into = None
+            if _compiled(output):
+                # A recompute on the eager model is no stand-in for compiled
+                # code (its rounding, and its dropout masks: inductor draws
+                # its own random numbers).
+                self.unseen.append(
+                    "micro-batch %d: its forward ran under torch.compile and its gradient could not "
+                    "be taken from that forward (%s); an eager recompute cannot stand in for it"
+                    % (j, str(e).split(". ")[0]))
+            elif not isinstance(e, _NotTheForward):
+                # The same forward fails the same way: every micro-batch
+                # recomputed, without trying each.
+                self.no_take = True
+            return
+        finally:
+            self.taking = False
+            self.sample_into = None
+        for t, sg in pairs:
+            if t.dtype in (torch.bfloat16, torch.float16) and t.dtype != self.dtype:
+                self.compute_dtype = t.dtype  # autocast: the model computes lower
+        self.outs[j] = {"s": [sg for _, sg in pairs], "g": g}
+        for k, (t, _) in enumerate(pairs):
+            t.register_hook(self._out_hook(j, k))
+
+    def _out_hook(self, j, k):
+        @_never_raises
+        def hook(self, u):
+            o = self.outs.get(j)
+            if o is None or self.taking:
+                return None
+            s = o["s"][k]
+            with torch.no_grad():
+                s64, u64 = s.double(), u.detach().double()
+                ss, us = float(s64.pow(2).sum()), float((u64 * s64).sum())
+                wt = us / ss if ss > 0 else 0.0
+                rr = float((u64 - wt * s64).pow(2).sum())
+            self.out_fired.append((j, k, us, ss, rr))
+            return None
+        return functools.partial(hook, self)
+
+    def _patch_model(self):
+        rec = self
+        self._hooks += [p.register_hook(self._grad_hook(i)) for i, p in enumerate(self.params)]
+        # A torch.compile'd model, compiled while this recorder lives: its
+        # backward keeps its buffers (AOTAutograd donates them by default,
+        # and then refuses the retain_graph that takes g_j from your
+        # forward), and inductor draws dropout's random numbers as eager
+        # PyTorch does (fallback_random), so the float64 recompute replays
+        # the same masks from the captured RNG state.
+        self._compile_config = (_functorch_config.donated_buffer, _inductor_config.fallback_random)
+        _functorch_config.donated_buffer = False
+        _inductor_config.fallback_random = True
+        # Under torch.compile the module hooks run eagerly (a graph break
+        # around each), never traced into the graph: what they record (the
+        # input, the RNG state, the output) is the forward's own.
+        self._hooks.append(self.model.register_forward_pre_hook(eager(self._forward_hook),
+                                                                with_kwargs=True))
+        self._hooks.append(self.model.register_forward_hook(eager(self._forward_done),
+                                                            with_kwargs=True))
+        # clip_grad_norm_, also when imported by name before the recorder
+        # existed: its code swapped for a call to the recorder (as the
+        # oracle tier's Recorder does; one recorder at a time).
+        def make_clip(saved):
+            def clip(parameters, max_norm, *a, **k):
+                if torch.is_tensor(parameters):
+                    parameters = [parameters]
+                parameters = list(parameters)
+                norm, shard = rec._clip_norms(parameters)
+                total = saved(parameters, max_norm, *a, **k)
+                rec._clipped(min(1.0, float(max_norm) / (float(total) + 1e-6)), norm, shard,
+                             float(max_norm))
+                return total
+            return clip
+        self._restore_clip = swap_clip(make_clip)
+
+    def _clip_norms(self, parameters):
+        """The float64 norm of the gradient a clip sees (whole: a shard
+        gathered) and of this rank's shard of it (None: not sharded)."""
+        with torch.no_grad():
+            return sum(sumsq64(self._full(p.grad)) for p in parameters
+                       if p.grad is not None) ** 0.5, None
+
+    def _clipped(self, factor, norm, shard, max_norm):
+        """A clip seen: the factor it applied, the norms of the gradient it
+        saw (whole, and this rank's shard: None where not sharded) and its
+        max_norm (nan: a scaling seen on .grad, no clip function called)."""
+        self.clips.append([self.steps, factor, norm, max_norm, shard])
+        self.events.append(("clip", self.steps, -1, None))
+
+    def _grad_hook(self, i):
+        @_never_raises
+        def hook(self, grad):
+            if self.taking:
+                if self.sample_into is None:
+                    return None
+                # The calibration's backward of s_j (_take_from_forward):
+                # the coordinates kept, an empty gradient handed on.
+                dst = self.sample_into[i]
+                if self.sample_seen[i]:
+                    dst.add_(self.buf.take(i, grad))
+                else:
+                    dst.copy_(self.buf.take(i, grad))
+                    self.sample_seen[i] = True
+                return grad.new_zeros(()).expand(grad.shape)
+            if not self.in_backward:
+                self.in_backward = True
+                self.pass_row = 1 + len(self.since_step)
+                self.buf.row(self.pass_row).zero_()
+                self.pass_views = self.buf.row_views(self.pass_row)
+                self.seen = [False] * len(self.params)
+                at_backward_end(self._end_backward)
+            dst = self.pass_views[i]
+            g = self.buf.take(i, grad)
+            if self.seen[i]:
+                dst.add_(g)
+            else:
+                dst.copy_(g)  # a copy: .grad may take the incoming tensor
+                self.seen[i] = True
+            return None
+        return functools.partial(hook, self)
+
+    @_never_raises
+    def _end_backward(self):
+        self.in_backward = False
+        if not self.micro:
+            self._refuse("a backward pass before any batch was drawn: iterate over "
+                         "rec.watch(loader), or call rec.mark(batch) before each forward")
+        if self.after_fwd is not None and self.after_fwd[0] == self.current:
+            # The CPU RNG moved between the forward's end and its backward's
+            # end: the backward drew random numbers (a recomputation that
+            # does not replay the forward's, e.g. torch.utils.checkpoint
+            # with preserve_rng_state=False around dropout).
+            if not torch.equal(torch.get_rng_state(), self.after_fwd[1]):
+                self.rng_in_backward.append(self.current)
+            self.after_fwd = None
+        self._ema_poll()
+        micro, fit = self._fit_from_outputs()
+        self.since_step.append(len(self.backwards))
+        self.backwards.append([micro, self.steps, self.pass_row, fit])
+        self.events.append(("forward_backward", self.steps, self.current, None))
+        self._progress(write=False)
+
+    def _fit_from_outputs(self):
+        """The micro-batch of the backward pass that just ended and its
+        weight fit (w_b, relative residual) read at the outputs of its
+        forward (_take_from_forward), or None: recomputed later."""
+        fired, self.out_fired = self.out_fired, []
+        js = {f[0] for f in fired}
+        if len(js) != 1:
+            return self.current, None  # no output path, or two forwards in one pass
+        j = js.pop()
+        us = sum(f[2] for f in fired)
+        ss = sum(f[3] for f in fired)
+        if ss <= 0:
+            return j, None
+        w = us / ss
+        # |u - w s|^2 over the outputs: each output's own residual plus its
+        # weight's distance from the common one (u - w s = (u - w_k s) +
+        # (w_k - w) s, the first orthogonal to s).
+        rr = sum(f[4] + (f[2] / f[3] - w) ** 2 * f[3] for f in fired if f[3] > 0)
+        wn = abs(w) * ss ** 0.5
+        resid = rr ** 0.5 / wn if wn > 0 else (0.0 if rr == 0 else float("inf"))
+        o = self.outs[j]
+        g, o["g"] = o["g"], None
+        if g is not None:
+            self.spare.append(g)
+            c = self.buf.m[self.pass_row]
+            gn = float(g.norm())
+            lin = float(torch.dist(c, g * w)) / (abs(w) * gn) if w != 0 and gn > 0 else 0.0
+            if lin > self._premise_bound():
+                # The loss reaches the parameters by another path than the
+                # outputs (a penalty on the weights, a second forward):
+                # recomputed from here on (the batch is still held).
+                self.no_take = True
+                self.notes.append(
+                    "micro-batch %d: the gradient of its backward is not the outputs' gradient "
+                    "carried back (%.3g of its norm apart): the loss reaches the parameters by "
+                    "another path; every micro-batch from it on is recomputed" % (j, lin))
+                return j, None
+            if j not in self.rng_in_backward:
+                self.micro[j][7] = lin
+        return j, (w, resid)
+
+    def _premise_bound(self):
+        """How far g_j's coordinates from the outputs' gradient may stray
+        from c_b / w_b before the loss is taken to reach the parameters by
+        another path: the precision at which certify reads a weight
+        (evidence_weight_rel), or 16 units of the precision the model
+        computes in where that is coarser (autocast in bfloat16)."""
+        unit = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}.get(self.compute_dtype, U32)
+        return max(EVIDENCE_WEIGHT_REL, 16 * unit)
+
+    def _grad_of(self, model, params, batch, dtype, dst):
+        """The copy's gradient by backward() into its own .grad (a copy's
+        .grad is nobody else's), its activation checkpoints run plainly
+        (_checkpoints_run_plain)."""
+        for p in params:
+            p.grad = None
+        # Grad mode on: the recompute may run inside a step that an
+        # optimizer wrapper runs under no_grad (DeepSpeed's bf16 optimizer).
+        with torch.enable_grad(), _checkpoints_run_plain():
+            loss = self.loss_fn(model, _to(batch, dtype))
+            # One draw between the forward and its backward: a backward that
+            # draws random numbers of its own (a recomputation that does not
+            # replay the forward's RNG) cannot coincide with yours by accident.
+            torch.rand(1)
+            loss.backward()
+        self.buf.fill(dst, [p.grad for p in params])
+        for p in params:
+            p.grad = None
+        return dst
+
+    def _recompute_on(self, batch, dtype, dst):
+        """g_j recomputed on the model itself in `dtype`
+        (_LossOf under functional_call: your parameters' storage, detached,
+        cast where dtype differs; copies of the buffers), by autograd.grad of the summed
+        loss, so no .grad of yours and no BatchNorm statistic moves.  A
+        recorder class with copies of its own (self.mref) runs on them."""
+        if self.mref is not None:
+            copy_, params = (self.mref, self.pref) if dtype == self.dtype else (self.m64, self.p64)
+            return self._grad_of(copy_, params, batch, dtype, dst)
+        if self.loss_of is None:
+            self.loss_of = _LossOf(self.model, self.loss_fn)
+        tensors, mine = {}, []
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                t = p.detach()
+                if t.is_floating_point() and t.dtype != dtype:
+                    t = t.to(dtype)
+                tensors["model." + name] = t.requires_grad_(p.requires_grad)
+                if p.requires_grad:
+                    mine.append(tensors["model." + name])
+            for name, b in self.model.named_buffers():
+                tensors["model." + name] = b.detach().to(dtype) if b.is_floating_point() and \
+                    b.dtype != dtype else b.detach().clone()
+        self.recomputing = self.taking = True
+        try:
+            with torch.enable_grad(), _checkpoints_run_plain():
+                loss = torch.func.functional_call(self.loss_of, tensors, (_to(batch, dtype),))
+                # One draw between the forward and its backward (_grad_of).
+                torch.rand(1)
+                grads = torch.autograd.grad(loss, mine, allow_unused=True)
+        finally:
+            self.recomputing = self.taking = False
+        return self.buf.fill(dst, grads)
+
+    def _recompute_pending(self):
+        """g_j (in the model's precision; float64 on the calibration sample)
+        for every micro-batch with a backward pass not yet fitted (its
+        gradient not read at its forward's outputs), at the current
+        parameters (those of its forward: called before any step), then
+        the weight fit of each of those backward passes.  Batches whose
+        passes are all fitted are released."""
+        todo = sorted({b[0] for b in self.backwards
+                       if b[3] is None and self.micro[b[0]][5] is not None})
+        for b in self.backwards:
+            if b[3] is not None and self.micro[b[0]][5] is not None and b[0] not in todo:
+                self.micro[b[0]][5], self.micro[b[0]][6] = None, True
+        if not todo:
+            return
+        # A micro-batch whose backward drew random numbers has no one
+        # gradient to calibrate against (the note says why).
+        calibrate = [j for j in todo
+                     if j % self.calibrate_every == 0 and j not in self.rng_in_backward]
+        if self.mref is not None:
+            with torch.no_grad():
+                for dst, src in zip(self.pref, self._source()):
+                    dst.copy_(src)
+                if calibrate:
+                    for dst, src in zip(self.p64, self._source()):
+                        dst.copy_(src)
+        keep = torch.get_rng_state()
+        g, g64, tmp = self.vec[1], self.vec[2], self.vec[3]
+        for j in todo:
+            m = self.micro[j]
+            if m[1] != self.steps:
+                self._refuse("micro-batch %d: an optimizer step between its forward and its "
+                             "recompute" % j)
+            torch.set_rng_state(m[4])
+            self._recompute_on(m[5], self.dtype, g)
+            if j in calibrate:
+                torch.set_rng_state(m[4])
+                try:
+                    self._recompute_on(m[5], torch.float64, g64)
+                except Exception as e:  # noqa: BLE001 -- a model that cannot run in float64
+                    self.notes.append("micro-batch %d: the float64 calibration could not run "
+                                      "(%s): the run's other calibrations stand for it"
+                                      % (j, str(e).split("\n")[0][:200]))
+                else:
+                    n64 = float(g64.norm())
+                    m[7] = float(torch.dist(g, g64)) / n64 if n64 > 0 else 0.0
+            m[5], m[6] = None, True  # the batch is no longer needed
+            gg = float(g.dot(g))
+            for rec in self.backwards:
+                if rec[0] != j or rec[3] is not None:
+                    continue
+                c = self.buf.m[rec[2]]
+                w = float(c.dot(g)) / gg if gg > 0 else 0.0
+                wn = abs(w) * gg ** 0.5
+                if wn > 0:
+                    torch.mul(g, w, out=tmp)
+                    resid = float(torch.dist(c, tmp)) / wn
+                else:
+                    resid = 0.0 if float(c.norm()) == 0 else float("inf")
+                rec[3] = (w, resid)
+        torch.set_rng_state(keep)

@@ -1,0 +1,205 @@
+"""The contract recorder's fits (ContractRecorder's fit part): the rows of
+sampled coordinates, and each optimizer step's consumed gradient fitted as
+a combination of the backward passes since the previous step."""
+
+import torch
+
+from .guard import _never_raises
+from .sample import Coordinates
+from .trace import real
+
+U32 = 2.0 ** -24
+# oracle/error_model.hpp contract_sum_ulps and evidence_weight_rel: which
+# directions of a step fit the step does not fix (_indistinct).
+SUM_ULPS = 2.0
+EVIDENCE_WEIGHT_REL = 1e-3
+
+
+def _worst(err, base):
+    """max err/base (inf where base is 0 and err is not)."""
+    hit = err > 0
+    if not bool(hit.any()):
+        return 0.0
+    return float((err[hit] / base[hit]).max())
+
+
+def _fit_terms(gram, rhs, norms, backward, tau):
+    """The step fit's coefficients: the least-squares solution of
+    sum_i a_i A_i = G from the Gram matrix of the unit-scaled rows (gram),
+    their products with G over their norms (rhs) and the norms.
+
+    A combination of terms whose unit rows differ by less than tau (an
+    eigenvalue of gram below tau^2) is one gradient evaluated twice: the
+    same batch backwarded twice at the same parameters (a batch drawn again
+    in the next epoch before its window stepped, a sampler drawing with
+    replacement), here with different loss weights.  G fixes only the sum
+    over such a group, never how it splits (solving for the split divides
+    float32 rounding by that eigenvalue: coefficients like 1.009 and 0.960
+    and a residual thousands of times the float32 bound).  There the
+    recorder takes, of all the splits that fit G equally, the one whose
+    backward passes' coefficients differ least from one another (backward:
+    which terms are backward passes; the previous step's gradient is not):
+    a change of the whole accumulated gradient (a / K, an unscale, a clip, a
+    mean over ranks) scales every coefficient alike, and no step can show
+    more of the split than that."""
+    lam, V = torch.linalg.eigh(gram)
+    keep = lam > tau * tau
+    Vk = V[:, keep]
+    y = Vk @ ((Vk.t() @ rhs) / lam[keep])
+    sol = y / norms
+    if bool(keep.all()):
+        return sol
+    # sol + Z z, z chosen so the backward coefficients are closest to their
+    # mean (a least-squares problem in the few null directions).
+    Z = V[:, ~keep] / norms[:, None]
+    b = torch.tensor(backward, dtype=torch.bool)
+    if int(b.sum()) == 0:
+        return sol
+    C = torch.zeros((len(backward), len(backward)), dtype=gram.dtype)
+    idx = b.nonzero().flatten()
+    C[idx.unsqueeze(1), idx.unsqueeze(0)] = -1.0 / len(idx)
+    C[idx, idx] += 1.0
+    z = torch.linalg.pinv(C @ Z) @ -(C @ sol)
+    return sol + Z @ z
+
+
+class _Rows:
+    """The float64 vectors the fits use, in one preallocated matrix that
+    grows by doubling: row 0 the previous step's gradient, rows 1.. the
+    backward passes since it, then spare rows for the consumed gradient, the
+    recomputed g_j and scratch.  A row holds the recorder's coordinates of
+    every parameter (sample.Coordinates: a fixed sample of each tensor's
+    elements; all of them where coords is None), so its length d does not
+    grow with the model beyond the number of tensors.  Every row is written
+    in place: on a loaded machine a fresh vector costs more (page faults)
+    than the arithmetic on it."""
+
+    def __init__(self, params, rows, coords=None):
+        self.coords = coords if coords is not None else Coordinates(params, sampled=False)
+        self.slices = self.coords.slices
+        self.n = self.coords.d
+        self.m = torch.zeros((rows, self.n), dtype=torch.float64)
+        self.views = {}  # row -> its per-parameter slices (the gradient hooks' destinations)
+
+    def row(self, i):
+        if i >= self.m.shape[0]:
+            grown = torch.zeros((2 * i, self.n), dtype=torch.float64)
+            grown[:self.m.shape[0]] = self.m
+            self.m = grown
+            self.views = {}
+        return self.m[i]
+
+    def row_views(self, i):
+        """Row i cut into the parameters' slices (views, made once)."""
+        self.row(i)
+        v = self.views.get(i)
+        if v is None:
+            v = self.views[i] = [self.m[i, a:b] for a, b in self.slices]
+        return v
+
+    def views_of(self, v):
+        """A row-long vector cut into the parameters' slices."""
+        return [v[a:b] for a, b in self.slices]
+
+    def take(self, i, t):
+        """Parameter i's coordinates of t (a gradient or parameter shaped
+        like it)."""
+        return self.coords.take(i, t)
+
+    def fill(self, dst, tensors):
+        """dst <- the tensors' coordinates, zeros where one is None."""
+        for i, ((a, b), t) in enumerate(zip(self.slices, tensors)):
+            if t is None:
+                dst[a:b].zero_()
+            else:
+                dst[a:b].copy_(self.coords.take(i, t))
+        return dst
+
+
+class StepFit:
+    """Each optimizer step's fit (a mixin of ContractRecorder)."""
+
+    def _indistinct(self, terms):
+        """Below which singular value a direction of the unit-scaled terms
+        is not fixed by the step (terms: the step's, every rank's backward
+        passes under DDP): the consumed gradient is known to the step's
+        float32 accumulation bound, (terms + contract_sum_ulps) u32 of its
+        scale, which moves the coefficients along a direction of singular
+        value s by that over s; where that exceeds evidence_weight_rel (the
+        precision at which certify reads a weight: error model) the
+        direction is one gradient evaluated twice, whatever its float32
+        evaluations' rounding (two backward passes of one batch differ by
+        ~1e-7 of their norm in float32, ~1e-2 in bfloat16: the latter the
+        step resolves).  Far below any two distinct batches' gradients."""
+        return (terms + SUM_ULPS) * U32 / EVIDENCE_WEIGHT_REL
+
+    def _step_terms(self):
+        """The vectors a step's consumed gradient is fitted over, as rows
+        of one matrix, and their refs for the coef rows: the previous
+        step's gradient (-1) and the backward passes since it."""
+        first = 0 if self.has_prev else 1
+        refs = ([-1] if self.has_prev else []) + list(self.since_step)
+        return self.buf.m[first:1 + len(self.since_step)], refs
+
+    def _consumed(self):
+        """The gradient the optimizer consumes, per recorded parameter."""
+        return [p.grad for p in self.params]
+
+    def _consumed_vector(self, grads):
+        """The consumed gradient as one float64 vector of the whole
+        parameters (self.vec[0])."""
+        return self.buf.fill(self.vec[0], [None if g is None else self._full(g) for g in grads])
+
+    def _fit_space(self, A, G, terms):
+        """The rows and the consumed gradient restricted to what the step
+        fit solves for: everything here (a sharding recorder: its shard)."""
+        return A, G
+
+    @_never_raises
+    def _before_step(self):
+        self._ema_poll(at_step=True)
+        self._recompute_pending()
+        grads = self._consumed()
+        G = self._consumed_vector(grads)
+        if not bool(torch.isfinite(G).all()):
+            # Nothing to fit from here on (a loss scaler would have skipped
+            # this step; an unscaled run steps on inf or NaN).
+            self._abandon("step %d: the gradient the optimizer consumed holds non-finite values "
+                          "(inf or NaN, first seen at the recorder's sampled coordinates); the "
+                          "training went on unrecorded" % self.steps)
+            return
+        A, refs = self._step_terms()
+        # The part of the gradient this rank's optimizer consumes (all of
+        # it, or a sharding recorder's shard) is what the fit solves for.
+        Gfull = G
+        A, G = self._fit_space(A, G, len(refs))
+        t = self.steps
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if refs:
+            # Least squares through the normal equations of the unit-scaled
+            # rows (m is a handful).  A is a view of the rows, the products
+            # run at BLAS speed, and the one n-long temporary is a
+            # preallocated vector.
+            gram = A @ A.t()
+            norms = gram.diagonal().sqrt().clamp_min(1e-300)  # one pass over A fewer
+            gram = gram / torch.outer(norms, norms)
+            sol = _fit_terms(gram, (A @ G) / norms, norms, [r != -1 for r in refs],
+                             self._indistinct(len(refs)))
+            coef = sol.tolist()
+            tmp = torch.mv(A.t(), sol, out=self.vec[3][:G.numel()])
+            resid = float(torch.dist(tmp, G))
+            vnorms = norms.tolist()
+            scale = sum(abs(a) * v for a, v in zip(coef, vnorms))
+        else:
+            coef, resid, scale, vnorms = [], float(G.norm()), 0.0, []
+        # How many of the consumed gradient's elements bfloat16 cannot hold
+        # (0: a bf16 gradient buffer; certify's low-precision-grad-buffer).
+        off_bf16 = int((G.to(torch.bfloat16).double() != G).sum())
+        self.rows.append("step,%d,%d,,,%d,,%s,%s,%s\n" % (t, len(refs), off_bf16, real(lr),
+                                                          real(resid), real(scale)))
+        for ref, a, v in zip(refs, coef, vnorms):
+            self.rows.append("coef,%d,%s,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
+        self.buf.row(0).copy_(Gfull)
+        self.has_prev = True
+        self.events.append(("optimizer_step", t, -1, lr))
+        self._replay_step(grads)
