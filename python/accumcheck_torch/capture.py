@@ -298,10 +298,15 @@ class Capture:
                 return None
             s = o["s"][k]
             with torch.no_grad():
-                s64, u64 = s.double(), u.detach().double()
-                ss, us = float(s64.pow(2).sum()), float((u64 * s64).sum())
+                # Products in float32 (each rounded once), their sums in
+                # float64: the outputs are as large as the logits.
+                f = torch.float32
+                s32, u32 = s.reshape(-1).to(f), u.detach().reshape(-1).to(f)
+                ss = float(torch.sum(s32 * s32, dtype=torch.float64))
+                us = float(torch.sum(u32 * s32, dtype=torch.float64))
                 wt = us / ss if ss > 0 else 0.0
-                rr = float((u64 - wt * s64).pow(2).sum())
+                r = u32 - s32 * wt
+                rr = float(torch.sum(r * r, dtype=torch.float64))
             self.out_fired.append((j, k, us, ss, rr))
             return None
         return functools.partial(hook, self)

@@ -68,11 +68,11 @@ class Coordinates:
                 ("sample_seed", str(self.seed))] if self.d < self.n else []
 
 
-def sumsq64(t, chunk=1 << 20):
-    """The float64 sum of squares of t, cast a chunk at a time (no float64
-    copy of a whole tensor)."""
+def sumsq64(t):
+    """The square of t's norm as a float64 number: the norm taken as
+    clip_grad_norm_ takes it (in the gradient's precision, float32 for a
+    lower one), squared in float64 (a float64 copy of a whole tensor would
+    cost more than the step it measures)."""
     flat = t.detach().reshape(-1)
-    s = 0.0
-    for a in range(0, flat.numel(), chunk):
-        s += float(flat[a:a + chunk].double().pow(2).sum())
-    return s
+    dt = torch.float32 if flat.dtype in (torch.bfloat16, torch.float16) else None
+    return float(torch.linalg.vector_norm(flat, dtype=dt)) ** 2
