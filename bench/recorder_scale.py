@@ -19,7 +19,7 @@ recorder must leave training bit-identical.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/recorder_scale.py --build build \\
         [--sizes 1M,10M,40M,124M,350M] [--ks 4,16,64] [--steps 2] [--repeats 3] \\
-        [--budget-gb 20] [--law '(16*K+88)*P'] [--out results.csv|results.md]
+        [--budget-gb 20] [--law auto|'(16*K+88)*P'] [--out results.csv|results.md]
 
 Progress goes to stderr, the table (markdown) to stdout.  Exit 1 when a
 case was not bit-identical, certify did not PASS, or a run failed."""
@@ -54,6 +54,7 @@ SEQ, MICRO_BATCH, DROPOUT, LR, WARMUP = 64, 2, 0.1, 3e-4, 2
 # The current recorder's host memory (issue 43): (16K + 88) bytes per
 # parameter beyond the plain run's.
 LAW = "(16*K + 88) * P"
+MEASURED = {}  # K -> (P, bytes the recorded run needed beyond the plain run's), --law auto
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -70,7 +71,17 @@ def plain_estimate(P):
 
 
 def law_bytes(law, P, K):
-    return float(eval(law, {"__builtins__": {}}, {"P": P, "K": K}))
+    """The recorder's predicted memory beyond the plain run's, and how it
+    was predicted.  auto: the largest smaller model measured at this K,
+    its extra bytes per parameter times P (a recorder whose memory grows
+    slower than P is over-predicted: the safe side); none measured yet:
+    the current recorder's law."""
+    if law == "auto":
+        P0, extra = max((m for k, m in MEASURED.items() if k == K and m[0] < P), default=(0, 0))
+        if P0:
+            return extra / P0 * P, "%.0f B/parameter measured at %d parameters" % (extra / P0, P0)
+        law = LAW
+    return float(eval(law, {"__builtins__": {}}, {"P": P, "K": K})), law
 
 
 # ---- the child: one run
@@ -240,12 +251,13 @@ def case(a, size, K, tool, budget):
     for rep in range(a.repeats):
         for record in (False, True):
             if record and rep == 0:
-                need = min(x["maxrss"] for x in plain) + law_bytes(a.law, P, K)
+                extra, how = law_bytes(a.law, P, K)
+                need = min(x["maxrss"] for x in plain) + extra
                 row["predicted_rec_MB"] = round(need / 1e6)
                 if need > budget:
                     row["skipped"] = ("recorded: predicted %.1f GB (plain %.1f GB + %s) exceeds "
                                       "--budget-gb %.1f" % (need / 1e9, plain[0]["maxrss"] / 1e9,
-                                                            a.law, budget / 1e9))
+                                                            how, budget / 1e9))
                     say("%s K=%d: recorded run skipped: %s" % (size, K, row["skipped"]))
                     break
             say("%s K=%d %s run %d/%d ..." % (size, K, "recorded" if record else "plain",
@@ -271,6 +283,7 @@ def case(a, size, K, tool, budget):
         row["rec_MB"] = min(x["maxrss"] for x in recorded) / 1e6
         row["cpu_x"] = row["rec_cpu"] / row["plain_cpu"]
         row["mem_x"] = row["rec_MB"] / row["plain_MB"]
+        MEASURED[K] = (P, max(0.0, (row["rec_MB"] - row["plain_MB"]) * 1e6))
         hashes = {x["hash"] for x in plain + recorded}
         row["identical"] = "yes" if len(hashes) == 1 else "NO (%d distinct)" % len(hashes)
         say("%s K=%d: trained parameters %s with and without the recorder" % (
@@ -322,10 +335,12 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps timed, after one warm-up step")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each, the least reported")
     ap.add_argument("--budget-gb", type=float, default=None,
-                    help="skip a run predicted to need more (default: MemAvailable now)")
-    ap.add_argument("--law", default=LAW,
-                    help="the recorder's memory beyond the plain run's, in bytes, a formula of P "
-                         "(parameters) and K (default: the current recorder's, issue 43: %s)" % LAW)
+                    help="skip a run predicted to need more (default: 80%% of MemAvailable now)")
+    ap.add_argument("--law", default="auto",
+                    help="the recorder's memory beyond the plain run's, in bytes: a formula of P "
+                         "(parameters) and K, e.g. the current recorder's (issue 43) '%s'; or "
+                         "auto (default): per parameter as measured at the largest smaller size "
+                         "with the same K, that formula before any" % LAW)
     ap.add_argument("--dry-run", action="store_true",
                     help="print each case's parameters and predicted memory, run nothing")
     ap.add_argument("--out", help="also write the rows: FILE.csv (all columns) or FILE.md (the table)")
@@ -344,16 +359,17 @@ def main():
     if a.budget_gb is None:
         with open("/proc/meminfo") as f:
             avail = [ln for ln in f if ln.startswith("MemAvailable:")][0]
-        budget = int(avail.split()[1]) * 1024
+        budget = 0.8 * int(avail.split()[1]) * 1024
     else:
         budget = a.budget_gb * 1e9
     if a.dry_run:
         for size in sizes:
             P = parameters(size)
             for K in ks:
-                need = plain_estimate(P) + law_bytes(a.law, P, K)
+                extra, how = law_bytes(a.law, P, K)
+                need = plain_estimate(P) + extra
                 print("%-5s %11d parameters K=%-3d plain ~%.1f GB, recorded ~%.1f GB (%s)%s" % (
-                    size, P, K, plain_estimate(P) / 1e9, need / 1e9, a.law,
+                    size, P, K, plain_estimate(P) / 1e9, need / 1e9, how,
                     "" if need <= budget else ": over the budget %.1f GB" % (budget / 1e9)))
         return 0
     say("recorder_scale: budget %.1f GB, load average %s" % (
