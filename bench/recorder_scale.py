@@ -39,8 +39,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, HERE)
-import contract_bench  # noqa: E402  (certify's cost, examples/contract on sys.path)
+sys.path.insert(0, os.path.join(ROOT, "examples", "contract"))
 
 # name -> (n_layer, n_head, d_model, vocab, n_positions)
 CONFIGS = {
@@ -93,8 +92,7 @@ def child(size, K, steps, record, trace):
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
-    import models
-    import train
+    import models  # knows no accumcheck: a plain run imports none
 
     torch.set_num_threads(1)
 
@@ -179,7 +177,7 @@ def child(size, K, steps, record, trace):
                         batch_size=MICRO_BATCH, shuffle=True, collate_fn=pad,
                         generator=torch.Generator().manual_seed(2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train.warmup_linear(WARMUP, 100))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, models.warmup_linear(WARMUP, 100))
     summed_loss, items = models.gpt_summed_loss, models.gpt_items
     rec = None
     c_setup = time.process_time()
@@ -192,7 +190,7 @@ def child(size, K, steps, record, trace):
         loader = rec.watch(loader)
     c_setup = time.process_time() - c_setup
     c0 = c1 = None
-    for s, window in enumerate(train.windows(loader, K)):  # Transformers' _inner_training_loop
+    for s, window in enumerate(models.windows(loader, K)):  # Transformers' _inner_training_loop
         if s == 1:
             c0 = time.process_time()
         num_items_in_batch = sum(items(b) for b in window)
@@ -289,6 +287,8 @@ def case(a, size, K, tool, budget):
         say("%s K=%d: trained parameters %s with and without the recorder" % (
             size, K, "bit-identical" if len(hashes) == 1 else "DIFFER"))
         say("%s K=%d: accumcheck certify --contract ..." % (size, K))
+        sys.path.insert(0, HERE)
+        import contract_bench  # its certify(): accumcheck_torch imported here, in the parent only
         c, cpu, _ = contract_bench.certify(tool, trace)
         verdict = [ln for ln in c.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
         row["certify"] = "exit %d %s" % (c.returncode, verdict[-1].split(":")[0] if verdict else
