@@ -298,10 +298,11 @@ def case(a, size, K, tool, budget):
                                          (c.stderr.strip().splitlines() or ["?"])[-1][:80])
         row["certify_cpu"] = cpu
         say("  %s, %.3f s CPU" % (row["certify"], cpu))
-    if row.get("certify", "").startswith("exit 0 PASS") and row["identical"] == "yes":
-        shutil.rmtree(work)
-    else:
+    if os.path.isdir(trace) and not (row.get("certify", "").startswith("exit 0 PASS") and
+                                     row["identical"] == "yes"):
         say("%s K=%d: the last trace kept: %s" % (size, K, trace))
+    else:
+        shutil.rmtree(work)
     return row
 
 
