@@ -30,6 +30,17 @@ DEFAULT = "gpt:transformers:1,gpt:transformers:4,gpt:transformers:8,gpt:transfor
           "gpt:lightning:4,cnn:transformers:4"
 
 
+def certify(tool, trace, *extra):
+    """`accumcheck certify --contract` on a trace: (the finished process,
+    its CPU seconds from getrusage of the children, its wall seconds)."""
+    t0, u0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    c = subprocess.run([tool, "certify", "--contract", "--trace", trace, *extra],
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    u1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return c, (u1.ru_utime - u0.ru_utime) + (u1.ru_stime - u0.ru_stime), wall
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("build")
@@ -52,12 +63,7 @@ def main():
         for _ in range(a.repeats):
             plain.append(train.run(plain_a))
             rec.append(train.run(rec_a))
-        t0, u0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        c = subprocess.run([tool, "certify", "--contract", "--trace", os.path.join(out, "t"),
-                            "--quiet"], capture_output=True, text=True)
-        cert = time.perf_counter() - t0
-        u1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cert_cpu = (u1.ru_utime - u0.ru_utime) + (u1.ru_stime - u0.ru_stime)
+        c, cert_cpu, cert = certify(tool, os.path.join(out, "t"), "--quiet")
         rows = open(os.path.join(out, "t", "contract.csv")).read().splitlines()
         steps = sum(r.startswith("step,") for r in rows)
         micro = sum(r.startswith("micro,") for r in rows)

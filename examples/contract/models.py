@@ -1,7 +1,10 @@
 """Real models for the contract tier's examples: a small GPT-style decoder
-and a small CNN with BatchNorm2d, their data, and the two functions a user
-writes (summed item loss, item count).  Nothing here knows accumcheck."""
+and a small CNN with BatchNorm2d, their data, the two functions a user
+writes (summed item loss, item count), and the two pieces of Transformers'
+loop the trainers use (its windows, its linear warmup).  Nothing here knows
+accumcheck (bench/recorder_scale.py's plain runs import no accumcheck)."""
 
+import itertools
 import math
 
 import torch
@@ -115,3 +118,24 @@ def cnn_summed_loss(model, batch):
 
 def cnn_items(batch):
     return int(batch[1].shape[0])
+
+
+def windows(loader, K):
+    """Transformers' _inner_training_loop: each window's batches are drawn
+    first, so num_items_in_batch is known before the first backward; the
+    epoch's last window may be short."""
+    it = iter(loader)
+    while True:
+        batch = list(itertools.islice(it, K))
+        if not batch:
+            return
+        yield batch
+
+
+def warmup_linear(warmup, total):
+    """Transformers' get_linear_schedule_with_warmup's lambda."""
+    def f(n):
+        if n < warmup:
+            return n / max(1, warmup)
+        return max(0.0, (total - n) / max(1, total - warmup))
+    return f

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 import models
 from accumcheck_torch import ContractRecorder, exit_on_refusal
-from train import windows
+from models import windows
 
 DECAY = 0.9
 

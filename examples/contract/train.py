@@ -13,7 +13,6 @@ unless --undeclared-clip)."""
 import argparse
 import contextlib
 import hashlib
-import itertools
 import time
 
 import torch
@@ -22,18 +21,7 @@ from torch.utils.data import DataLoader
 
 import models
 from accumcheck_torch import ContractRecorder, exit_on_refusal
-
-
-def windows(loader, K):
-    """Transformers' _inner_training_loop: each window's batches are drawn
-    first, so num_items_in_batch is known before the first backward; the
-    epoch's last window may be short."""
-    it = iter(loader)
-    while True:
-        batch = list(itertools.islice(it, K))
-        if not batch:
-            return
-        yield batch
+from models import warmup_linear, windows
 
 
 # ---- correct loops
@@ -280,15 +268,6 @@ def parse(argv=None):
                     help="a KeyboardInterrupt after the N-th optimizer step, as Ctrl-C would "
                          "raise (the recorder then writes no trace: docs/trace-format.md)")
     return ap.parse_args(argv)
-
-
-def warmup_linear(warmup, total):
-    """Transformers' get_linear_schedule_with_warmup's lambda."""
-    def f(n):
-        if n < warmup:
-            return n / max(1, warmup)
-        return max(0.0, (total - n) / max(1, total - warmup))
-    return f
 
 
 class Stepping:

@@ -60,7 +60,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 
 import models
-from train import warmup_linear
+from models import warmup_linear
 from accumcheck_torch import exit_on_refusal
 from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks
 
