@@ -445,10 +445,12 @@ class Capture:
                 # outputs (a penalty on the weights, a second forward):
                 # recomputed from here on (the batch is still held).
                 self.no_take = True
-                self.notes.append(
-                    "micro-batch %d: the gradient of its backward is not the outputs' gradient "
-                    "carried back (%.3g of its norm apart): the loss reaches the parameters by "
-                    "another path; every micro-batch from it on is recomputed" % (j, lin))
+                if j not in self.rng_in_backward:  # else the randomness note says why
+                    self.notes.append(
+                        "micro-batch %d: the gradient of its backward is not the outputs' "
+                        "gradient carried back (%.3g of its norm apart): the loss reaches the "
+                        "parameters by another path; every micro-batch from it on is recomputed"
+                        % (j, lin))
                 return j, None
             if j not in self.rng_in_backward:
                 self.micro[j][7] = lin
