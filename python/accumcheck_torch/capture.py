@@ -296,6 +296,11 @@ class Capture:
             o = self.outs.get(j)
             if o is None or self.taking:
                 return None
+            if o["s"] is None:
+                # A second backward through this forward (retain_graph): its
+                # s_j is gone; the pass is recomputed (_fit_from_outputs).
+                self.out_fired.append((j, k, None, None, None))
+                return None
             s = o["s"][k]
             with torch.no_grad():
                 # Products in float32 (each rounded once), their sums in
@@ -422,6 +427,12 @@ class Capture:
         if len(js) != 1:
             return self.current, None  # no output path, or two forwards in one pass
         j = js.pop()
+        o = self.outs[j]
+        if any(f[2] is None for f in fired):
+            return j, None
+        # The outputs' gradients are as large as the logits: held from the
+        # forward to its first backward pass only.
+        o["s"] = None
         us = sum(f[2] for f in fired)
         ss = sum(f[3] for f in fired)
         if ss <= 0:
@@ -433,7 +444,6 @@ class Capture:
         rr = sum(f[4] + (f[2] / f[3] - w) ** 2 * f[3] for f in fired if f[3] > 0)
         wn = abs(w) * ss ** 0.5
         resid = rr ** 0.5 / wn if wn > 0 else (0.0 if rr == 0 else float("inf"))
-        o = self.outs[j]
         g, o["g"] = o["g"], None
         if g is not None:
             self.spare.append(g)
@@ -531,6 +541,7 @@ class Capture:
         for b in self.backwards:
             if b[3] is not None and self.micro[b[0]][5] is not None and b[0] not in todo:
                 self.micro[b[0]][5], self.micro[b[0]][6] = None, True
+                self.outs.pop(b[0], None)
         if not todo:
             return
         # A micro-batch whose backward drew random numbers has no one
