@@ -415,6 +415,7 @@ class Capture:
         micro, fit = self._fit_from_outputs()
         self.since_step.append(len(self.backwards))
         self.backwards.append([micro, self.steps, self.pass_row, fit])
+        self.open_passes.append(len(self.backwards) - 1)
         self.events.append(("forward_backward", self.steps, self.current, None))
         self._progress(write=False)
 
@@ -536,9 +537,13 @@ class Capture:
         parameters (those of its forward: called before any step), then
         the weight fit of each of those backward passes.  Batches whose
         passes are all fitted are released."""
-        todo = sorted({b[0] for b in self.backwards
-                       if b[3] is None and self.micro[b[0]][5] is not None})
-        for b in self.backwards:
+        # Only the passes since the last call (open_passes): a scan of every
+        # pass of the run at every draw would grow with the run's length.
+        passes = [self.backwards[b] for b in self.open_passes
+                  if self.micro[self.backwards[b][0]][5] is not None]
+        self.open_passes = []
+        todo = sorted({b[0] for b in passes if b[3] is None})
+        for b in passes:
             if b[3] is not None and self.micro[b[0]][5] is not None and b[0] not in todo:
                 self.micro[b[0]][5], self.micro[b[0]][6] = None, True
                 self.outs.pop(b[0], None)
@@ -577,7 +582,7 @@ class Capture:
                     m[7] = float(torch.dist(g, g64)) / n64 if n64 > 0 else 0.0
             m[5], m[6] = None, True  # the batch is no longer needed
             gg = float(g.dot(g))
-            for rec in self.backwards:
+            for rec in passes:
                 if rec[0] != j or rec[3] is not None:
                     continue
                 c = self.buf.m[rec[2]]

@@ -197,6 +197,7 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
         self.first, self.forwarded, self.current = [], [], -1
         self.micro = []        # [epoch, version, items, samples, rng, batch, done, cal]
         self.backwards = []    # [micro, version, row of c in self.buf, fit]
+        self.open_passes = []  # backward passes whose micro-batch is still held
         self.epochs = []       # [dataset items, batch size] per watched epoch
         self.loader_lengths = []  # len(loader) per watched epoch (0: none)
         self.rows = []         # contract.csv rows
