@@ -67,11 +67,14 @@ CertifyCheck ema_check(const Trace& tr, const ContractSection& c,
     double u = std::isnan(e.decay_u) ? kInf : e.decay_u;
     if (i == 0 && !std::isnan(e.copy_u)) u = std::min(u, e.copy_u);
     const double ratio = u / ulps;
+    // The fitted decay to 3 digits: its last digits are float32 rounding
+    // over the step's small change of the parameters (and the recorder's
+    // sample of coordinates).
     if (ratio > 1 && value_bad.empty())
       value_bad = fmt::format(
           "EMA update {} (after {} optimizer steps): {:.3g} u32 of "
           "d|ema| + (1-d)|p| from ema = d*ema + (1-d)*p with the declared "
-          "decay {:.6g} (bound {:g} u32); it moved as decay {:.6g}",
+          "decay {:.6g} (bound {:g} u32); it moved as decay {:.3g}",
           i, e.version, u, d, ulps, e.fitted);
     worst = std::max(worst, ratio);
   }
