@@ -114,3 +114,30 @@ def test_recorder_states_the_base_lr(tmp_path):
     with open(os.path.join(str(tmp_path / "t"), "schedule.csv")) as f:
         rows = list(csv.DictReader(f))
     assert [float(r["lr"]) for r in rows[:3]] == [0.1, 0.05, 0.025]
+
+
+def test_integrations_take_declarations_and_lightning_configs():
+    """_common.Semantics passes a declaration through to the recorder; a
+    Lightning config becomes a Cadence over the configured epoch's steps;
+    what cannot be declared is refused (exit 2)."""
+    from accumcheck_torch.integrations._common import Semantics, declaration
+    make = MAKERS["step"]
+    # 22 samples, micro-batches of 2: 11 per epoch, 3 optimizer steps.
+    sem = Semantics(accumulation=4, micro_batch=2, dataset=22, epochs=2, schedule=make, lr=0.1)
+    assert sem.recorder_kwargs()["schedule"] is make and sem.recorder_kwargs()["lr"] == 0.1
+    c = Semantics(accumulation=4, micro_batch=2, dataset=22, epochs=2,
+                  schedule={"scheduler": make, "frequency": 2}).schedule()
+    assert isinstance(c, Cadence) and (c.interval, c.frequency, c.steps_per_epoch) == ("epoch", 2, 3)
+    assert [c.calls(n) for n in range(7)] == [0, 0, 0, 0, 0, 0, 1]
+    opt = _opt(0.1)
+    plateau = L.ReduceLROnPlateau(opt)
+    for bad, text in (({"kind": "linear"}, "expected the key 'scheduler'"),
+                      ({"scheduler": make, "every": 2}, "unknown lr_scheduler config key(s) every"),
+                      ({"scheduler": plateau}, "ReduceLROnPlateau follows a metric"),
+                      ({"scheduler": make, "interval": "batch"}, "expected 'step' or 'epoch'")):
+        with pytest.raises(act.Refused) as e:
+            declaration(bad, 3)
+        assert e.value.code == 2 and text in str(e.value), str(e.value)
+    with pytest.raises(act.Refused) as e:
+        Semantics(accumulation=4, micro_batch=2, dataset=22, epochs=2, schedule=make, warmup=2)
+    assert "the warmup is the scheduler's own" in str(e.value)
