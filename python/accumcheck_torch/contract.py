@@ -127,9 +127,13 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
       - None: constant.
     The recorder steps its own copy (never yours) and writes the lr it
     gives after every count of scheduler.step() calls certify can need
-    (schedule.csv).  lr: the base lr of a named kind (default: the
-    optimizer's lr now, or its initial_lr when a scheduler already wraps
-    it); a scheduler declaration gives its own lrs.
+    (schedule.csv).  lr: the base lr you mean (default: the optimizer's
+    lr now, or its initial_lr when a scheduler already wraps it): a named
+    kind's base; with a scheduler declaration, the lr the optimizer was
+    meant to be built with (the table is the scheduler's as if built over
+    it), so an `lr * K` written into the optimizer before the scheduler
+    was built shows (schedule.Schedule).  A schedule.Cadence around a
+    declaration steps it every f optimizer steps or epochs.
     clip: the accepted clip_grad_norm_ max_norm once per step before
     optimizer.step() (default None: no clipping accepted).
     accept: pitfall ids (sim/pitfalls.cpp) the user accepts as their loop
@@ -165,9 +169,6 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
         # schedule.csv by a Schedule made when the optimizer is attached.
         self.declared, self.schedule_declared = None, None
         if schedule is not None and not isinstance(schedule, dict):
-            if lr is not None:
-                raise Refused("lr: a scheduler declaration gives its own lr; pass lr only with "
-                              "a named schedule kind")
             self.schedule_declared = schedule
             schedule = {"kind": "table"}
         schedule = dict(schedule or {"kind": "constant"})
@@ -283,7 +284,8 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
                           "rec.attach(optimizer) at train begin)" % len(self.backwards))
         if self.schedule_declared is not None:
             try:
-                self.declared = Schedule(self.schedule_declared, optimizer, self.K)
+                self.declared = Schedule(self.schedule_declared, optimizer, self.K,
+                                         lr=self.lr_declared)
             except Refused as e:
                 # Nothing left patched by a refused declaration, the marker
                 # (once recording) saying so.

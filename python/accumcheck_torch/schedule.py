@@ -27,10 +27,20 @@ class Schedule:
     scale) -> scheduler whose every length (warmup, horizon, step size) is
     multiplied by scale: the recorder builds it with scale 1 (the accepted
     schedule) and K (schedule-horizon-in-micro-steps, otherwise not
-    judged)."""
+    judged); or any of these in a Cadence (stepped every f optimizer
+    steps or every f epochs, as Lightning's lr_scheduler config says).
 
-    def __init__(self, declared, optimizer, K):
+    lr: the base lr you meant the optimizer to be built with (group 0's;
+    every group scaled by the same ratio), when the optimizer holds
+    another (an `lr * K` written into it before the scheduler was built):
+    the table is the scheduler's as if built over an optimizer at that lr.
+    None: the optimizer's own."""
+
+    def __init__(self, declared, optimizer, K, lr=None):
         from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+        self.cadence = None
+        if isinstance(declared, Cadence):
+            self.cadence, declared = declared, declared.declared
         # A wrapper (Accelerate's AcceleratedOptimizer / Scheduler) holds
         # the torch optimizer or scheduler as .optimizer / .scheduler.
         inner = getattr(optimizer, "optimizer", None)
@@ -43,6 +53,17 @@ class Schedule:
         # Your groups' hyperparameters now (before training moves them).
         self.groups = [copy.deepcopy({k: v for k, v in g.items() if k != "params"})
                        for g in optimizer.param_groups]
+        # The stated base lr: every lr of the groups (as before any
+        # scheduler: initial_lr where one is built) scaled by lr / group 0's.
+        self.ratio = 1.0
+        if lr is not None:
+            g0 = self.groups[0]
+            base = float(g0.get("initial_lr", g0["lr"]))
+            if not lr > 0 or base <= 0:
+                raise Refused("schedule: lr=%r with an optimizer whose group-0 lr is %r: expected "
+                              "both > 0 (lr: the base lr you meant the optimizer to have)"
+                              % (lr, base))
+            self.ratio = float(lr) / base
         if isinstance(declared, LRScheduler):
             if declared.optimizer is not optimizer and \
                     getattr(declared.optimizer, "optimizer", None) is not optimizer:
@@ -56,6 +77,8 @@ class Schedule:
             # in place of yours (its state and lr as the scheduler left
             # them); each table steps a copy of that copy.
             snapshot = copy.deepcopy(declared, {id(declared.optimizer): self._proxy(fresh=False)})
+            if self.ratio != 1.0:
+                self._rescale(snapshot)
             self.build = lambda scale: copy.deepcopy(snapshot)
             self.what = "a %s object" % type(declared).__name__
         elif callable(declared):
@@ -89,15 +112,48 @@ class Schedule:
             raise Refused("schedule: %s returned %r, expected a torch.optim.lr_scheduler "
                           "scheduler" % (self.what, first))
 
+    def _rescale(self, sched):
+        """The snapshot of a scheduler object as if it had been built over
+        an optimizer at the stated lr: every lr it derived from the
+        optimizer's (the groups' lr and initial_lr, its base_lrs and last
+        lrs, those of the schedulers it chains) times the ratio; what it
+        holds in absolute terms (CosineAnnealingLR's eta_min) stays."""
+        from torch.optim.lr_scheduler import CyclicLR, OneCycleLR
+        if isinstance(sched, (OneCycleLR, CyclicLR)):
+            raise Refused("schedule: a %s sets the lr from its own max_lr / base_lr arguments "
+                          "and never reads the optimizer's, so an lr written into the optimizer "
+                          "before it is overwritten: lr= has nothing to state; give the lr in "
+                          "the scheduler's arguments" % type(sched).__name__)
+        r = self.ratio
+        for g in sched.optimizer.param_groups:
+            for k in ("lr", "initial_lr"):
+                if k in g:
+                    g[k] = g[k] * r
+        seen = set()
+
+        def scale(s):
+            if id(s) in seen:
+                return
+            seen.add(id(s))
+            for k in ("base_lrs", "_last_lr"):
+                if isinstance(getattr(s, k, None), list):
+                    setattr(s, k, [x * r for x in getattr(s, k)])
+            for child in getattr(s, "_schedulers", ()):
+                scale(child)
+        scale(sched)
+
     def _proxy(self, fresh):
         """An optimizer of your optimizer's class over one stand-in
         parameter per group, with your groups' hyperparameters (fresh: as
-        before any scheduler: lr its initial_lr)."""
+        before any scheduler: lr its initial_lr, times the stated lr's
+        ratio)."""
         groups = []
         for g in self.groups:
             h = copy.deepcopy(g)
             if fresh and "initial_lr" in h:
                 h["lr"] = h.pop("initial_lr")
+            if fresh:
+                h["lr"] = h["lr"] * self.ratio
             groups.append(dict(h, params=[torch.zeros(1, requires_grad=True)]))
         try:
             return self.cls(groups)
@@ -107,7 +163,15 @@ class Schedule:
     def table(self, rows, scale):
         """The group-0 lr after 0 .. rows-1 scheduler.step() calls (fewer
         where the scheduler refuses to step further, as OneCycleLR past
-        its total_steps)."""
+        its total_steps); under a Cadence, after 0 .. rows-1 optimizer
+        steps (the scheduler stepped as the cadence says)."""
+        if self.cadence is None:
+            return self._calls(rows, scale)
+        calls = [self.cadence.calls(n) for n in range(rows)]
+        lr = self._calls(calls[-1] + 1, scale)
+        return [lr[c] for c in calls if c < len(lr)]
+
+    def _calls(self, rows, scale):
         import warnings
         sched = self.build(scale)
         out = [float(sched.optimizer.param_groups[0]["lr"])]
@@ -127,3 +191,37 @@ class Schedule:
         n = min(len(lr), len(st)) if st else len(lr)
         return SCHEDULE_HEADER + "\n" + "".join(
             "%d,%s,%s\n" % (i, real(lr[i]), real(st[i]) if st else "") for i in range(n))
+
+
+class Cadence:
+    """A scheduler declaration (any form Schedule takes) stepped every
+    `frequency` optimizer steps (interval="step") or every `frequency`
+    epochs (interval="epoch", an epoch being `steps_per_epoch` optimizer
+    steps), as Lightning's lr_scheduler config {"scheduler", "interval",
+    "frequency"} says it: the lr of optimizer step n is the scheduler's
+    after calls(n) scheduler.step() calls.  The steps are counted across
+    epochs (a frequency of 3 steps over epochs of 2 steps still steps
+    every 3)."""
+
+    def __init__(self, declared, interval="step", frequency=1, steps_per_epoch=None):
+        if interval not in ("step", "epoch"):
+            raise Refused("schedule: interval %r: expected 'step' or 'epoch'" % (interval,))
+        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 1:
+            raise Refused("schedule: frequency %r: expected a whole number >= 1" % (frequency,))
+        if interval == "epoch" and (steps_per_epoch is None or steps_per_epoch < 1):
+            raise Refused("schedule: interval 'epoch' needs the optimizer steps of an epoch")
+        if isinstance(declared, Cadence):
+            raise Refused("schedule: a cadence of a cadence")
+        self.declared, self.interval, self.frequency = declared, interval, frequency
+        self.steps_per_epoch = steps_per_epoch
+
+    def calls(self, n):
+        """scheduler.step() calls before optimizer step n (0-based): the
+        scheduler steps after every frequency-th step (or epoch)."""
+        if self.interval == "epoch":
+            return (n // self.steps_per_epoch) // self.frequency
+        return n // self.frequency
+
+    def __repr__(self):
+        return "Cadence(%r, interval=%r, frequency=%d)" % (self.declared, self.interval,
+                                                           self.frequency)

@@ -14,16 +14,20 @@ from _tiny import VariableTokens, collate
 
 def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
           warmup=0, clip=0.0, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
-          **recorder):
+          blind=False, attach=False, **recorder):
     """Trainer(model, TrainingArguments(gradient_accumulation_steps=K, ...))
     on n variable-length sequences, micro-batches of `batch`.  optim 'sgd':
     torch.optim.SGD(lr) without momentum passed as optimizers=(sgd, None);
     'adamw': the Trainer's own (optim='adamw_torch'); gradient_checkpointing
-    and its kwargs: TrainingArguments'.  Returns the CPU seconds of
-    trainer.train()."""
+    and its kwargs: TrainingArguments'.  blind: the Trainer's callback
+    handler passes its callbacks no model, optimizer or train DataLoader (a
+    release that does not: blind_handler); attach: the callback attached with
+    integrations.transformers.attach(trainer) instead of callbacks=[...].
+    Returns the CPU seconds of trainer.train()."""
     from transformers import Trainer, TrainingArguments
 
-    from accumcheck_torch.integrations.transformers import AccumcheckCallback
+    from accumcheck_torch.integrations import transformers as integration
+    AccumcheckCallback = integration.AccumcheckCallback
 
     with tempfile.TemporaryDirectory() as tmp:
         targs = TrainingArguments(
@@ -38,11 +42,27 @@ def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedu
         opts = (None, None)
         if optim == "sgd":
             opts = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0), None)
-        callbacks = [] if args.no_record else [AccumcheckCallback(out=args.out, **recorder)]
+        callbacks = [] if args.no_record or attach else [AccumcheckCallback(out=args.out,
+                                                                            **recorder)]
         trainer = Trainer(model=model, args=targs, train_dataset=VariableTokens(n),
                           data_collator=collate, optimizers=opts, callbacks=callbacks)
+        if blind:
+            blind_handler(trainer.callback_handler)
+        if attach and not args.no_record:
+            integration.attach(trainer, out=args.out, **recorder)
         t0 = time.process_time()
         trainer.train()
         cpu = time.process_time() - t0
     print("trainer.train: %.3f s CPU" % cpu, file=sys.stderr)
     return cpu
+
+
+def blind_handler(handler):
+    """Makes the Trainer's CallbackHandler pass every callback model=None,
+    optimizer=None and train_dataloader=None (what it hands them are its
+    attributes: here properties that keep nothing), as a release whose
+    callbacks do not receive them would."""
+    none = property(lambda self: None, lambda self, value: None)
+    cls = type("Blind" + type(handler).__name__, (type(handler),),
+               {"model": none, "optimizer": none, "train_dataloader": none})
+    handler.__class__ = cls

@@ -186,20 +186,36 @@ class Semantics:
                 raise Refused("epochs: expected a whole number of epochs > 0 (or max_steps > 0), "
                               "got %r" % (epochs,))
             self.steps = int(epochs) * self.steps_per_epoch
-        if schedule not in SCHEDULE_KINDS:
-            raise Refused("lr schedule %r: this integration declares schedule=%s (with warmup= "
-                          "optimizer steps) and no other; a loop with another schedule is "
-                          "recorded with accumcheck_torch.ContractRecorder, which takes the "
-                          "scheduler itself (schedule=your scheduler, not yet stepped, an "
-                          "lr_lambda or a factory of the optimizer: docs/tiers.md, 'Declaring "
-                          "the lr schedule')"
-                          % (schedule, " | ".join(repr(k) for k in SCHEDULE_KINDS)))
+        # The schedule: a named kind (its warmup and horizon computed here
+        # in optimizer steps), or a declaration in the form the trainer has
+        # it (schedule.Schedule tabulates it on the recorder's own copy).
+        self.declared = None
+        if isinstance(schedule, str) or schedule is None:
+            schedule = schedule or "constant"
+            if schedule not in SCHEDULE_KINDS:
+                raise Refused(
+                    "lr schedule %r: a named schedule is %s (with warmup= optimizer steps); any "
+                    "other is declared as your trainer has it: schedule=your scheduler object "
+                    "(not yet stepped), an lr_lambda, a factory of the optimizer, or a Lightning "
+                    "lr_scheduler config {'scheduler': ..., 'interval': 'step' | 'epoch', "
+                    "'frequency': n} (docs/frameworks.md; the same forms as "
+                    "ContractRecorder(schedule=...), docs/tiers.md 'Declaring the lr schedule')"
+                    % (schedule, " | ".join(repr(k) for k in SCHEDULE_KINDS)))
+        else:
+            if warmup or warmup_ratio:
+                raise Refused("warmup=%r, warmup_ratio=%r beside a scheduler declaration: the "
+                              "warmup is the scheduler's own; pass warmup= with a named kind "
+                              "only" % (warmup, warmup_ratio))
+            self.declared = declaration(schedule, self.steps_per_epoch)
+            schedule = "declared"
         self.kind = schedule
         self.warmup = int(warmup) if warmup else int(math.ceil(self.steps * float(warmup_ratio or 0)))
         self.lr = None if lr is None else float(lr)
         self.clip = None if clip is None or float(clip) <= 0 else float(clip)
 
     def schedule(self):
+        if self.declared is not None:
+            return self.declared
         if self.kind == "constant":
             return {"kind": "constant"}
         return {"kind": self.kind, "warmup": self.warmup, "total": max(self.steps, self.warmup + 1)}
@@ -213,6 +229,39 @@ class Semantics:
                 "%d optimizer steps, lr %s %s, clip %s)" % (
                     self.K, self.micro_batch, self.world, self.micro_per_epoch, self.steps,
                     self.lr, self.schedule(), self.clip))
+
+
+LIGHTNING_CONFIG_KEYS = ("scheduler", "interval", "frequency", "name", "monitor", "strict",
+                         "reduce_on_plateau")
+
+
+def declaration(schedule, steps_per_epoch):
+    """What ContractRecorder(schedule=) takes for a scheduler declared as
+    the trainer has it: a Lightning lr_scheduler config (a dict with
+    'scheduler', or Lightning's LRSchedulerConfig) becomes a
+    schedule.Cadence stepping its scheduler every `frequency` optimizer
+    steps ('step') or epochs of `steps_per_epoch` steps ('epoch', Lightning's
+    default); anything else (a scheduler object, an lr_lambda, a factory,
+    a Cadence) goes as it is."""
+    from ..schedule import Cadence
+
+    if isinstance(schedule, dict) and "scheduler" not in schedule:
+        raise Refused("schedule: a dict is a Lightning lr_scheduler config here, expected the key "
+                      "'scheduler' (with 'interval': 'step' | 'epoch' and 'frequency': n), got "
+                      "%r; a named kind is schedule='linear' | 'cosine' | 'constant'"
+                      % (sorted(schedule),))
+    if isinstance(schedule, dict) or type(schedule).__name__ == "LRSchedulerConfig":
+        cfg = schedule if isinstance(schedule, dict) else vars(schedule)
+        bad = sorted(set(cfg) - set(LIGHTNING_CONFIG_KEYS))
+        if bad:
+            raise Refused("schedule: unknown lr_scheduler config key(s) %s: expected %s"
+                          % (", ".join(bad), ", ".join(LIGHTNING_CONFIG_KEYS)))
+        if cfg.get("reduce_on_plateau") or type(cfg["scheduler"]).__name__ == "ReduceLROnPlateau":
+            raise Refused("schedule: ReduceLROnPlateau follows a metric, not the step count: its "
+                          "lr cannot be declared ahead of the run")
+        return Cadence(cfg["scheduler"], cfg.get("interval", "epoch"), cfg.get("frequency", 1),
+                       steps_per_epoch=steps_per_epoch)
+    return schedule
 
 
 def recorder(model, optimizer, loss_fn, count_fn, world, ddp=None, **kw):

@@ -18,11 +18,17 @@ Accelerate's AcceleratedOptimizer; nothing in the loop changes.
 
 What it is judged against comes from what you configured: K =
 `Accelerator(gradient_accumulation_steps=K)`, the lr = the optimizer's
-initial lr (or `lr=`), the schedule = the kind and warmup you declare
+initial lr (or `lr=`: the base lr you meant, so an `lr * K` written into
+the optimizer shows), the schedule = what you declare: the scheduler as
+your loop has it (`schedule=scheduler`, any torch.optim.lr_scheduler
+scheduler not yet stepped: StepLR, MultiStepLR, LambdaLR, OneCycleLR,
+what transformers.get_*_schedule_with_warmup returns; an lr_lambda; a
+factory of the optimizer: the forms of ContractRecorder(schedule=),
+tabulated by schedule.Schedule on its own copy) or a named kind
 (`schedule="linear" | "cosine" | "constant"`, `warmup=` optimizer steps;
 its horizon computed by accumcheck from `epochs=` or `max_steps=`, the
-loader and K: _common.Semantics; a scheduler passed without it is
-refused), the clip = `clip=` (the
+loader and K: _common.Semantics); a scheduler passed without `schedule=`
+is refused; the clip = `clip=` (the
 max_norm you pass to accelerator.clip_grad_norm_), never a value
 Accelerate derives.  `accelerator.backward` divides every micro-batch's
 loss by K, the short window at the end of the loader included (its
@@ -68,12 +74,15 @@ class Recording:
             raise Refused("pass both loss_fn=(model, batch) -> summed item loss and "
                           "count_fn=(batch) -> items, or neither (standard heads)")
         if scheduler is not None and schedule is None:
-            raise Refused("a scheduler is passed: declare the schedule it is meant to follow, "
-                          "record(..., schedule='linear' | 'cosine' | 'constant', "
-                          "warmup=optimizer steps, epochs=your epochs)")
-        schedule = schedule or "constant"
-        if schedule == "constant" and epochs is None and max_steps is None:
-            epochs = 1  # the horizon of a constant schedule is never read
+            raise Refused("a scheduler is passed: declare the schedule it is meant to follow: "
+                          "record(..., schedule=scheduler) (the one you pass, not yet stepped; "
+                          "lr= the base lr you meant the optimizer to have), another scheduler, "
+                          "lr_lambda or factory, or schedule='linear' | 'cosine' | 'constant' "
+                          "with warmup=optimizer steps and epochs=your epochs")
+        schedule = "constant" if schedule is None else schedule
+        named = isinstance(schedule, str)
+        if (not named or schedule == "constant") and epochs is None and max_steps is None:
+            epochs = 1  # the horizon is read by linear and cosine only
         try:
             dataset = len(loader.dataset)
         except TypeError:

@@ -9,12 +9,19 @@ a real `Trainer.fit` (accumcheck certify --contract judges it).
 
 What it is judged against comes from what you configured: K =
 `accumulate_grad_batches`, the clip = `gradient_clip_val` (norm clipping),
-the lr = the optimizer's lr at the start (or `lr=`), the schedule = the
-kind and warmup you declare (`schedule="linear" | "cosine" | "constant"`,
-`warmup=` optimizer steps; its horizon computed by accumcheck from
-max_epochs or max_steps, the loader's length and K: _common.Semantics; a
-scheduler in configure_optimizers without `schedule=` is refused before
-training starts), never from a value Lightning derives.  Lightning divides every
+the lr = the optimizer's lr at the start (or `lr=`: the base lr you
+meant, so an `lr * K` written into the optimizer before its scheduler was
+built shows), the schedule = what you declare: `schedule="trainer"` (the
+scheduler configure_optimizers returns, stepped as its config's
+`interval` and `frequency` say, frequency counted in optimizer steps
+across epochs), a scheduler factory, lr_lambda or a
+{"scheduler": ..., "interval": "step" | "epoch", "frequency": n} config
+around one (_common.declaration, schedule.Cadence), or a named kind
+(`schedule="linear" | "cosine" | "constant"`, `warmup=` optimizer steps;
+its horizon computed by accumcheck from max_epochs or max_steps, the
+loader's length and K: _common.Semantics); a scheduler in
+configure_optimizers without `schedule=` is refused before training
+starts.  Nothing is taken from a value Lightning derives.  Lightning divides every
 micro-batch's loss by K, the epoch's short last window included (#19987):
 certify names that `partial-cycle-scale-by-k` (with a mean loss over
 unequal item counts, `token-mean-of-means` or its pair); `accept=[...]`
@@ -84,10 +91,21 @@ class AccumcheckCallback(pl.Callback):
         if len(trainer.optimizers) != 1:
             raise Refused("%d optimizers: the callback records exactly one"
                           % len(trainer.optimizers))
-        if trainer.lr_scheduler_configs and self.schedule is None:
+        schedule = self.schedule
+        if isinstance(schedule, str) and schedule == "trainer":
+            configs = trainer.lr_scheduler_configs
+            if len(configs) != 1:
+                raise Refused("schedule='trainer': configure_optimizers returns %d lr schedulers, "
+                              "the callback declares exactly one" % len(configs))
+            schedule = configs[0]
+        elif trainer.lr_scheduler_configs and schedule is None:
             raise Refused("configure_optimizers returns an lr scheduler: declare the schedule it "
-                          "is meant to follow, AccumcheckCallback(schedule='linear' | 'cosine' | "
-                          "'constant', warmup=optimizer steps)")
+                          "is meant to follow: AccumcheckCallback(schedule='trainer') (that "
+                          "scheduler with its interval and frequency; lr= the base lr you meant "
+                          "the optimizer to have), a scheduler factory or lr_lambda (stepped "
+                          "every optimizer step; in a {'scheduler': ..., 'interval': 'step' | "
+                          "'epoch', 'frequency': n} config for another cadence), or "
+                          "schedule='linear' | 'cosine' | 'constant' with warmup=optimizer steps")
         clip = trainer.gradient_clip_val or None
         if clip is not None and trainer.gradient_clip_algorithm not in (None, "norm"):
             raise Refused("gradient_clip_algorithm=%r: the contract tier judges norm clipping "
@@ -104,7 +122,7 @@ class AccumcheckCallback(pl.Callback):
             dataset=dataset, epochs=trainer.max_epochs if max_steps is None else None,
             max_steps=max_steps, world=self._world(trainer),
             drop_last=bool(getattr(loader, "drop_last", False)), lr=self.lr,
-            schedule=self.schedule or "constant", warmup=self.warmup, clip=clip)
+            schedule=schedule, warmup=self.warmup, clip=clip)
         self.trainer_model = pl_module
         self.optimizer = _raw(trainer.optimizers[0])
 

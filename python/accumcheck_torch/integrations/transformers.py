@@ -6,6 +6,10 @@
     trainer.train()
     accumcheck certify --contract --trace trace/
 
+A release whose callbacks receive no model, optimizer or train DataLoader
+is refused at on_train_begin unless the callback is attached with
+attach(trainer, ...) (below), which takes them from the Trainer itself.
+
 At on_train_begin the callback builds a ContractRecorder (one rank) or a
 ContractDistributedRecorder (torch.distributed initialised) on the
 Trainer's model and the torch optimizer under its wrapper, and makes the
@@ -122,9 +126,26 @@ class AccumcheckCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None:
+            # attach(): what the callback did not receive, from the Trainer
+            # itself (its model and optimizer as it holds them now, the
+            # loader its get_train_dataloader returned for this train()).
+            model = model if model is not None else trainer.model
+            optimizer = optimizer if optimizer is not None else trainer.optimizer
+            if train_dataloader is None:
+                train_dataloader = self._loader
         if model is None or optimizer is None or train_dataloader is None:
-            raise Refused("the Trainer passed no model, optimizer or train_dataloader to "
-                          "on_train_begin: this Transformers version is not supported")
+            missing = [n for n, v in (("model", model), ("optimizer", optimizer),
+                                      ("train_dataloader", train_dataloader)) if v is None]
+            said = missing[0] if len(missing) == 1 else "%s or %s" % (", ".join(missing[:-1]),
+                                                                       missing[-1])
+            raise Refused("the Trainer passed no %s to on_train_begin (this Transformers "
+                          "release's callbacks do not receive %s): attach the callback to the "
+                          "Trainer instead of callbacks=[...]: "
+                          "accumcheck_torch.integrations.transformers.attach(trainer, out=...) "
+                          "before trainer.train() (docs/frameworks.md)"
+                          % (said, "it" if len(missing) == 1 else "them"))
         dataset = getattr(train_dataloader, "dataset", None)
         try:
             n = len(dataset)
@@ -160,3 +181,37 @@ class AccumcheckCallback(TrainerCallback):
         self.rec.close()
         if self.do_certify and (not dist.is_initialized() or dist.get_rank() == 0):
             self.returncode, self.report = certify(self.out, self.command)
+
+
+def attach(trainer, callback=None, **kwargs):
+    """The callback attached to a Trainer whose callbacks do not receive the
+    model, optimizer and train DataLoader (a release that passes them no
+    more, or not yet): adds `callback` (default AccumcheckCallback(**kwargs))
+    with trainer.add_callback, and hooks the Trainer's get_train_dataloader
+    (an instance attribute wrapping its own method) so the loader each
+    train() builds is known; at on_train_begin the callback takes what it
+    did not receive from the Trainer (trainer.model, trainer.optimizer as
+    the Trainer holds them then, that loader).  Returns the callback.
+
+        trainer = Trainer(model, args, train_dataset=ds, data_collator=collate)
+        callback = attach(trainer, out="trace/")
+        trainer.train()"""
+    if callback is None:
+        callback = AccumcheckCallback(**kwargs)
+    elif kwargs:
+        raise Refused("attach(trainer, callback, ...): pass the callback's options to "
+                      "AccumcheckCallback(...) or to attach without a callback, not both")
+    if not callable(getattr(trainer, "get_train_dataloader", None)) or \
+            not callable(getattr(trainer, "add_callback", None)):
+        raise Refused("attach: expected a transformers Trainer (with get_train_dataloader and "
+                      "add_callback), got %s" % type(trainer).__name__)
+    own = trainer.get_train_dataloader
+    callback._trainer, callback._loader = trainer, None
+
+    def get_train_dataloader(*args, **kw):
+        callback._loader = own(*args, **kw)
+        return callback._loader
+
+    trainer.get_train_dataloader = get_train_dataloader
+    trainer.add_callback(callback)
+    return callback

@@ -285,8 +285,8 @@ def test_contract_schedule_forms_tabulate_the_same_lr(tmp_path):
 
 def test_contract_schedule_scaled_factory_and_refusals(tmp_path):
     """A factory of (optimizer, scale) gives the stretched table too; a
-    scheduler already stepped, or one over another optimizer, and lr= with
-    a scheduler are refused (exit 2); OneCycleLR's table ends where
+    scheduler already stepped, or one over another optimizer, is refused
+    (exit 2; lr= beside a scheduler: test_schedule.py); OneCycleLR's table ends where
     PyTorch refuses to step it."""
     from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
     _contract_run(tmp_path / "s", lambda opt, scale: LambdaLR(opt, lambda s: s / (4 * scale)))
@@ -300,7 +300,6 @@ def test_contract_schedule_scaled_factory_and_refusals(tmp_path):
     for bad, kw, text in ((stepped, {}, "stepped 1 times already"),
                           (LambdaLR(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1),
                                     lambda s: 1.0), {}, "another optimizer"),
-                          (lambda s: 1.0, {"lr": 0.1}, "gives its own lr"),
                           (3, {}, "expected a dict of a named kind")):
         with pytest.raises(act.Refused) as e:
             act.ContractRecorder(model, opt, loss_fn=lambda m, b: m(b).sum(), count_fn=len,
