@@ -335,6 +335,15 @@ class Capture:
                                                                 with_kwargs=True))
         self._hooks.append(self.model.register_forward_hook(eager(self._forward_done),
                                                             with_kwargs=True))
+        # The precision the forward computes in, seen inside it (a wrapper
+        # may enter autocast inside the model's forward and cast the outputs
+        # back to float32, as Accelerate's mixed precision does): autocast's
+        # state at the first module that holds parameters.
+        inner = next((m for m in self.model.modules()
+                      if m is not self.model and any(True for _ in m.parameters(recurse=False))),
+                     None)
+        if inner is not None:
+            self._hooks.append(inner.register_forward_pre_hook(eager(self._autocast_probe)))
         # clip_grad_norm_, also when imported by name before the recorder
         # existed: its code swapped for a call to the recorder (as the
         # oracle tier's Recorder does; one recorder at a time).
@@ -350,6 +359,17 @@ class Capture:
                 return total
             return clip
         self._restore_clip = swap_clip(make_clip)
+
+    def _autocast_probe(self, module, args):
+        """Autocast's dtype, where the forward runs under it at a precision
+        below the parameters': the precision the weights are read in."""
+        if self.recomputing or self.compute_dtype != self.dtype:
+            return
+        for device in {p.device.type for p in module.parameters(recurse=False)}:
+            if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+                dt = torch.get_autocast_dtype(device)
+                if dt in (torch.bfloat16, torch.float16) and dt != self.dtype:
+                    self.compute_dtype = dt
 
     def _clip_norms(self, parameters):
         """The float64 norm of the gradient a clip sees (whole: a shard

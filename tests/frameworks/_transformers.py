@@ -14,7 +14,7 @@ from _tiny import VariableTokens, collate
 
 def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
           warmup=0, clip=0.0, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
-          blind=False, attach=False, **recorder):
+          blind=False, attach=False, bf16=False, **recorder):
     """Trainer(model, TrainingArguments(gradient_accumulation_steps=K, ...))
     on n variable-length sequences, micro-batches of `batch`.  optim 'sgd':
     torch.optim.SGD(lr) without momentum passed as optimizers=(sgd, None);
@@ -22,7 +22,8 @@ def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedu
     and its kwargs: TrainingArguments'.  blind: the Trainer's callback
     handler passes its callbacks no model, optimizer or train DataLoader (a
     release that does not: blind_handler); attach: the callback attached with
-    integrations.transformers.attach(trainer) instead of callbacks=[...].
+    integrations.transformers.attach(trainer) instead of callbacks=[...];
+    bf16: TrainingArguments(bf16=True), the forward under bfloat16 autocast.
     Returns the CPU seconds of trainer.train()."""
     from transformers import Trainer, TrainingArguments
 
@@ -36,7 +37,7 @@ def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedu
             warmup_steps=warmup, max_grad_norm=clip, weight_decay=0.0, optim="adamw_torch",
             report_to="none", save_strategy="no", logging_strategy="no", use_cpu=True,
             disable_tqdm=True, seed=0, dataloader_num_workers=0,
-            gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing=gradient_checkpointing, bf16=bf16,
             gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
             ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None)
         opts = (None, None)

@@ -20,6 +20,8 @@ Variants:
         rank draws 6 micro-batches an epoch (windows of 4 and 2), each
         micro-batch's token mean / K, DDP's average:
         partial-cycle-scale-by-k+token-mean-of-means
+  sum_bf16  sum under Accelerator(mixed_precision="bf16"): the forward in
+        bfloat16 autocast, the weights read in bfloat16's precision: PASS
   prefetch_accumulate  the same window drawn first, each micro-batch inside
         `with accelerator.accumulate(model)` with step/zero_grad in it: the
         loader flags its end when the last batch is DRAWN, so accumulate()
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 
 import _tiny
 
-VARIANTS = ["mean", "sum", "prefetch_accumulate"]
+VARIANTS = ["mean", "sum", "prefetch_accumulate", "sum_bf16"]
 K, EPOCHS, BATCH = 4, 2, 4
 
 
@@ -46,7 +48,8 @@ def main(argv=None):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
+    accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True,
+                              mixed_precision="bf16" if a.variant == "sum_bf16" else "no")
     model = _tiny.TinyCausal()
     loader = torch.utils.data.DataLoader(_tiny.VariableTokens(48), batch_size=BATCH, shuffle=True,
                                          collate_fn=_tiny.collate,
@@ -79,7 +82,7 @@ def main(argv=None):
                                              batch["labels"][:, 1:].flatten(),
                                              ignore_index=-100, reduction="sum")
                     accelerator.backward(summed * scale)
-                if a.variant == "sum":
+                if a.variant in ("sum", "sum_bf16"):
                     if i + 1 < len(window):
                         with accelerator.no_sync(model):
                             micro()
@@ -90,7 +93,7 @@ def main(argv=None):
                     micro()
                     optimizer.step()
                     optimizer.zero_grad()
-            if a.variant == "sum":
+            if a.variant in ("sum", "sum_bf16"):
                 optimizer.step()
                 optimizer.zero_grad()
     if rec is not None:

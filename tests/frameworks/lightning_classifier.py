@@ -25,7 +25,10 @@ Variants:
                partial-cycle-scale-by-k
   div_k        as sgd, the user's training_step returns loss / K on top of
                Lightning's own / K: every weight 1/K of what it was,
-               partial-cycle-scale-by-k+loss-divided-by-k-twice"""
+               partial-cycle-scale-by-k+loss-divided-by-k-twice
+  sgd_bf16     as sgd under Trainer(precision="bf16-mixed") (bfloat16
+               autocast): the same partial-cycle-scale-by-k, read in
+               bfloat16's precision"""
 
 import sys
 
@@ -33,7 +36,7 @@ import torch
 
 import _tiny
 
-VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch", "sgd_2ranks", "div_k"]
+VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch", "sgd_2ranks", "div_k", "sgd_bf16"]
 K, EPOCHS, BATCH = 4, 2, 4
 WARMUP, TOTAL = 2, 6  # optimizer steps: 3 per epoch
 
@@ -78,7 +81,8 @@ def main(argv=None):
                                          generator=torch.Generator().manual_seed(1))
     callbacks = []
     if not a.no_record:
-        accept = [] if a.variant in ("sgd", "sgd_2ranks", "div_k") else ["partial-cycle-scale-by-k"]
+        accept = [] if a.variant in ("sgd", "sgd_2ranks", "div_k", "sgd_bf16") \
+            else ["partial-cycle-scale-by-k"]
         schedule = "linear" if a.variant.startswith("sched") else None
         callbacks.append(AccumcheckCallback(out=a.out, accept=accept, schedule=schedule,
                                             warmup=WARMUP))
@@ -87,6 +91,7 @@ def main(argv=None):
                          logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          gradient_clip_val=0.5 if a.variant == "clip" else None,
+                         precision="bf16-mixed" if a.variant == "sgd_bf16" else None,
                          callbacks=callbacks)
     trainer.fit(module, loader)
     return 0
