@@ -169,6 +169,14 @@ class StepFit:
                           "training went on unrecorded" % self.steps)
             return
         A, refs = self._step_terms()
+        if refs and not bool(torch.isfinite(A).all()):
+            # A backward pass since the last step overflowed and no step
+            # consumed it (a loss scaler skipped that window).
+            self._abandon("step %d: a backward pass since the previous step holds non-finite "
+                          "values (inf or NaN: a window a loss scaler skipped for overflow?); "
+                          "the contract tier does not judge skipped windows; the training went "
+                          "on unrecorded" % self.steps)
+            return
         # The part of the gradient this rank's optimizer consumes (all of
         # it, or a sharding recorder's shard) is what the fit solves for.
         Gfull = G
