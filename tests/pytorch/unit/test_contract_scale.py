@@ -161,3 +161,41 @@ def test_a_non_finite_gradient_never_reaches_the_training(tmp_path):
     judged = _certify(tmp_path / "trace")
     if judged is not None:
         assert judged[0] == 2 and "non-finite" in judged[1], judged[1]
+
+
+def test_a_window_a_loss_scaler_skips_ends_the_recording_not_the_training(tmp_path):
+    """float16 autocast under a GradScaler whose first scale overflows: the
+    scaler skips that window, the run goes on as unrecorded, and the
+    recording ends at the next step saying why."""
+    def run(record):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20)  # window 0 overflows
+        g = torch.Generator().manual_seed(1)
+        data = [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+                for _ in range(8)]
+
+        def summed(m, b):
+            return torch.nn.functional.cross_entropy(m(b[0]), b[1], reduction="sum")
+        rec = act.ContractRecorder(model, opt, summed, lambda b: len(b[1]), accumulation=2,
+                                   out=str(tmp_path / "trace"), quiet=True) if record else None
+        it = iter(rec.watch(data) if rec else data)
+        with torch.autocast("cpu", dtype=torch.float16):
+            for window in iter(lambda: list(itertools.islice(it, 2)), []):
+                n = sum(len(b[1]) for b in window)
+                for b in window:
+                    scaler.scale(summed(model, b) / n).backward()
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+        if rec:
+            rec.close()
+        return model, rec
+    plain, _ = run(False)
+    model, rec = run(True)
+    assert _digest(plain) == _digest(model)
+    assert rec.abandoned and "skipped for overflow" in rec.abandoned, rec.abandoned
+    judged = _certify(tmp_path / "trace")
+    if judged is not None:
+        assert judged[0] == 2 and "skipped for overflow" in judged[1], judged[1]
