@@ -126,6 +126,49 @@ BENCHMARK(BM_EmulatedStepSize)
     ->Args({1024, 4096, 1024, 32})
     ->Unit(benchmark::kMicrosecond);
 
+// One matrix product of the 1024-4096-1024 b=32 step alone (the emulated
+// executor's, on its vector path): args m, n, k, ta, tb as
+// gpu/device_impl.hpp launches them (forward z = a W^T, weight gradient
+// dz^T a, input gradient dz W).
+void BM_EmulatedMatMul(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool ta = state.range(3) != 0, tb = state.range(4) != 0;
+  std::vector<float> a(size_t(m * k)), b(size_t(k * n)), c(size_t(m * n));
+  uint32_t s = 3;
+  for (std::vector<float>* v : {&a, &b})
+    for (float& x : *v) {
+      s = s * 1664525u + 1013904223u;
+      x = float(s >> 8) / 8388608.0f - 1.0f;
+    }
+  EmulatedExecutor ex;
+  const kern::MatMul mm{.a = a.data(),
+                        .b = b.data(),
+                        .c = c.data(),
+                        .m = m,
+                        .n = n,
+                        .k = k,
+                        .lda = ta ? m : k,
+                        .ldb = tb ? k : n,
+                        .ldc = n,
+                        .ta = ta,
+                        .tb = tb};
+  for (auto _ : state) {
+    ex.launch(m * n, mm);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.SetLabel(emulated_detail::matmul_path());
+  state.counters["flops/s"] =
+      benchmark::Counter(2.0 * double(m * n * k) * double(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_EmulatedMatMul)
+    ->Args({32, 4096, 1024, 0, 1})  // forward, layer 1
+    ->Args({32, 1024, 4096, 0, 1})  // forward, layer 2
+    ->Args({1024, 4096, 32, 1, 0})  // weight gradient, layer 2
+    ->Args({4096, 1024, 32, 1, 0})  // weight gradient, layer 1
+    ->Args({32, 4096, 1024, 0, 0})  // input gradient, layer 2
+    ->Unit(benchmark::kMicrosecond);
+
 // 16 independent accumulators: FMA latency (4 cycles) x pipes (2) x a
 // margin, so the loop is throughput-bound.  Intrinsics: the compiler must
 // not split the FMA into a multiply and an add (ISO C++ does not contract).
