@@ -126,10 +126,10 @@ BENCHMARK(BM_EmulatedStepSize)
     ->Args({1024, 4096, 1024, 32})
     ->Unit(benchmark::kMicrosecond);
 
-// One matrix product of the 1024-4096-1024 b=32 step alone (the emulated
-// executor's, on its vector path): args m, n, k, ta, tb as
-// gpu/device_impl.hpp launches them (forward z = a W^T, weight gradient
-// dz^T a, input gradient dz W).
+// One matrix product of the 1024-4096-1024 b=32 step, or of the 256-512-10
+// b=256 step, alone (the emulated executor's, on its vector path): args m, n,
+// k, ta, tb as gpu/device_impl.hpp launches them (forward z = a W^T, weight
+// gradient dz^T a, input gradient dz W).
 void BM_EmulatedMatMul(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const bool ta = state.range(3) != 0, tb = state.range(4) != 0;
@@ -167,6 +167,11 @@ BENCHMARK(BM_EmulatedMatMul)
     ->Args({1024, 4096, 32, 1, 0})  // weight gradient, layer 2
     ->Args({4096, 1024, 32, 1, 0})  // weight gradient, layer 1
     ->Args({32, 4096, 1024, 0, 0})  // input gradient, layer 2
+    ->Args({256, 512, 256, 0, 1})   // MLP 256-512-10 b=256: forward
+    ->Args({256, 10, 512, 0, 1})
+    ->Args({512, 256, 256, 1, 0})  // weight gradients
+    ->Args({10, 512, 256, 1, 0})
+    ->Args({256, 512, 10, 0, 0})  // input gradient
     ->Unit(benchmark::kMicrosecond);
 
 // 16 independent accumulators: FMA latency (4 cycles) x pipes (2) x a
