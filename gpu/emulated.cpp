@@ -239,22 +239,23 @@ void block_of(int rows, Isa i, const Core& x, int64_t r0, int64_t v0) {
   }
 }
 
-// Copies only (no value changes, so no bit changes): the blocks read both
-// operands from contiguous memory.  Unpacked, a panel of V columns of Y
-// over k rows is k lines ldb floats apart, and with ldb a multiple of
-// 1024 (4 KiB) every one of them falls in the same L1 set (and a few L2
-// sets): each block reread them from L3.  Packed:
-//  - Y's panel of columns [v0, v0 + V): k rows of V, once per panel,
-//    shared by every block of rows;
+// Y's packed columns: at most this many floats (512 KiB, a quarter of a
+// 2 MiB L2).
+constexpr int64_t kPackedY = int64_t(1) << 17;
+
+// The blocks read both operands from contiguous copies (copies change no
+// value, so no bit).  Unpacked, a panel of V columns of Y over k rows is
+// k lines ldb floats apart, and with ldb a multiple of 1024 (4 KiB) all of
+// them fall in one L1 set, so every block of rows fetched them again from
+// beyond L1 (the input gradient 32 x 4096 x 1024, whose Y is a 1024 x 4096
+// weight, is the case; development.md has its times).  Packed:
+//  - Y's panels of columns [v0, v0 + V): k rows of V each, shared by every
+//    block of rows;
 //  - X, where its p runs with a stride (ap != 1): block by block, each
 //    block's R rows side by side for each p (k rows of R), once.
 // The rows go in blocks of at most max_rows, as even as they can be (32
 // rows in AVX2's blocks of 6: 6, 6, 5, 5, 5, 5, not 6 x 5 + 1 + 1, whose
 // one-row blocks wait on one FMA chain per vector).
-// Y's packed columns: at most this many floats (512 KiB, a quarter of a
-// 2 MiB L2).
-constexpr int64_t kPackedY = int64_t(1) << 17;
-
 void run(const Core& x) {
   const Isa i = isa();
   const int64_t V = width(i);
