@@ -8,6 +8,8 @@
 // 256-512-10 at batch 1, 32 and 256; 1024-4096-1024 at batch 32), with
 // its matrix-product FLOPs per second (forward 2 B sum(in*out), weight
 // gradients the same, input gradients for every layer but the first).
+// BM_EmulatedMatMul: the matrix products of the 1024-4096-1024 b=32 and
+// the 256-512-10 b=256 steps alone, with their FLOPs per second.
 // BM_FmaPeak: this core's float32 FMA throughput, measured with 16
 // independent chains of 512-bit (AVX-512) or 256-bit (AVX2) FMAs, the
 // peak the side-by-side script divides by.
