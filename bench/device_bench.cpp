@@ -8,6 +8,8 @@
 // 256-512-10 at batch 1, 32 and 256; 1024-4096-1024 at batch 32), with
 // its matrix-product FLOPs per second (forward 2 B sum(in*out), weight
 // gradients the same, input gradients for every layer but the first).
+// BM_EmulatedMatMul: the matrix products of the 1024-4096-1024 b=32 and
+// the 256-512-10 b=256 steps alone, with their FLOPs per second.
 // BM_FmaPeak: this core's float32 FMA throughput, measured with 16
 // independent chains of 512-bit (AVX-512) or 256-bit (AVX2) FMAs, the
 // peak the side-by-side script divides by.
@@ -124,6 +126,54 @@ BENCHMARK(BM_EmulatedStepSize)
     ->Args({256, 512, 10, 32})
     ->Args({256, 512, 10, 256})
     ->Args({1024, 4096, 1024, 32})
+    ->Unit(benchmark::kMicrosecond);
+
+// One matrix product of the 1024-4096-1024 b=32 step, or of the 256-512-10
+// b=256 step, alone (the emulated executor's, on its vector path): args m, n,
+// k, ta, tb as gpu/device_impl.hpp launches them (forward z = a W^T, weight
+// gradient dz^T a, input gradient dz W).
+void BM_EmulatedMatMul(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool ta = state.range(3) != 0, tb = state.range(4) != 0;
+  std::vector<float> a(size_t(m * k)), b(size_t(k * n)), c(size_t(m * n));
+  uint32_t s = 3;
+  for (std::vector<float>* v : {&a, &b})
+    for (float& x : *v) {
+      s = s * 1664525u + 1013904223u;
+      x = float(s >> 8) / 8388608.0f - 1.0f;
+    }
+  EmulatedExecutor ex;
+  const kern::MatMul mm{.a = a.data(),
+                        .b = b.data(),
+                        .c = c.data(),
+                        .m = m,
+                        .n = n,
+                        .k = k,
+                        .lda = ta ? m : k,
+                        .ldb = tb ? k : n,
+                        .ldc = n,
+                        .ta = ta,
+                        .tb = tb};
+  for (auto _ : state) {
+    ex.launch(m * n, mm);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.SetLabel(emulated_detail::matmul_path());
+  state.counters["flops/s"] =
+      benchmark::Counter(2.0 * double(m * n * k) * double(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_EmulatedMatMul)
+    ->Args({32, 4096, 1024, 0, 1})  // forward, layer 1
+    ->Args({32, 1024, 4096, 0, 1})  // forward, layer 2
+    ->Args({1024, 4096, 32, 1, 0})  // weight gradient, layer 2
+    ->Args({4096, 1024, 32, 1, 0})  // weight gradient, layer 1
+    ->Args({32, 4096, 1024, 0, 0})  // input gradient, layer 2
+    ->Args({256, 512, 256, 0, 1})   // MLP 256-512-10 b=256: forward
+    ->Args({256, 10, 512, 0, 1})
+    ->Args({512, 256, 256, 1, 0})  // weight gradients
+    ->Args({10, 512, 256, 1, 0})
+    ->Args({256, 512, 10, 0, 0})  // input gradient
     ->Unit(benchmark::kMicrosecond);
 
 // 16 independent accumulators: FMA latency (4 cycles) x pipes (2) x a

@@ -65,16 +65,20 @@ void block_generic(const Core& x, int64_t r0, int64_t v0) {
 // The same sums with the vector FMA instructions: lane v of
 // _mm512_fmadd_ps(a, b, s) is fmaf(a_v, b_v, s_v), one rounding, IEEE (no
 // flush to zero: the process keeps MXCSR's default).  2 vectors of 16
-// (AVX-512) or of 8 (AVX2) columns by R rows.
+// (AVX-512) or of 8 (AVX2) columns by R rows.  The loops over r are
+// unrolled (GCC kept AVX2's acc array in memory as well as in registers
+// and stored all 12 sums at every p: half the speed).
 template <int R>
 __attribute__((target("avx512f"))) void block_avx512(const Core& x, int64_t r0,
                                                      int64_t v0) {
   __m512 acc[R][2];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const float* ap = x.a + r0 * x.ar;
   const float* bp = x.b + v0;
   for (int64_t p = 0; p < x.k; ++p, ap += x.ap, bp += x.ldb) {
     const __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_set1_ps(ap[r * x.ar]);
       acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
@@ -82,6 +86,7 @@ __attribute__((target("avx512f"))) void block_avx512(const Core& x, int64_t r0,
     }
   }
   if (x.cv == 1) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       float* c = x.c + (r0 + r) * x.cr + v0;
       _mm512_storeu_ps(c, acc[r][0]);
@@ -90,6 +95,7 @@ __attribute__((target("avx512f"))) void block_avx512(const Core& x, int64_t r0,
     return;
   }
   alignas(64) float out[32];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     _mm512_store_ps(out, acc[r][0]);
     _mm512_store_ps(out + 16, acc[r][1]);
@@ -102,11 +108,13 @@ template <int R>
 __attribute__((target("avx2,fma"))) void block_avx2(const Core& x, int64_t r0,
                                                     int64_t v0) {
   __m256 acc[R][2];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const float* ap = x.a + r0 * x.ar;
   const float* bp = x.b + v0;
   for (int64_t p = 0; p < x.k; ++p, ap += x.ap, bp += x.ldb) {
     const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 av = _mm256_broadcast_ss(ap + r * x.ar);
       acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
@@ -114,6 +122,7 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Core& x, int64_t r0,
     }
   }
   if (x.cv == 1) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       float* c = x.c + (r0 + r) * x.cr + v0;
       _mm256_storeu_ps(c, acc[r][0]);
@@ -122,6 +131,7 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Core& x, int64_t r0,
     return;
   }
   alignas(32) float out[16];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     _mm256_store_ps(out, acc[r][0]);
     _mm256_store_ps(out + 8, acc[r][1]);
@@ -194,6 +204,11 @@ Isa isa() {
 
 int64_t width(Isa i) { return i == Isa::avx512 ? 32 : 16; }
 
+// The most rows a block holds in registers: AVX-512's 32 vector registers
+// hold 8 x 2 sums of 16, AVX2's 16 hold 6 x 2 sums of 8 (and the two
+// vectors of B and a broadcast).
+int max_rows(Isa i) { return i == Isa::avx512 ? 8 : i == Isa::avx2 ? 6 : 4; }
+
 template <int R>
 void block(Isa i, const Core& x, int64_t r0, int64_t v0) {
 #if defined(__x86_64__)
@@ -203,18 +218,105 @@ void block(Isa i, const Core& x, int64_t r0, int64_t v0) {
   block_generic<R, 16>(x, r0, v0);
 }
 
+void block_of(int rows, Isa i, const Core& x, int64_t r0, int64_t v0) {
+  switch (rows) {
+    case 8:
+      return block<8>(i, x, r0, v0);
+    case 7:
+      return block<7>(i, x, r0, v0);
+    case 6:
+      return block<6>(i, x, r0, v0);
+    case 5:
+      return block<5>(i, x, r0, v0);
+    case 4:
+      return block<4>(i, x, r0, v0);
+    case 3:
+      return block<3>(i, x, r0, v0);
+    case 2:
+      return block<2>(i, x, r0, v0);
+    default:
+      return block<1>(i, x, r0, v0);
+  }
+}
+
+// Y's packed columns: at most this many floats (512 KiB, a quarter of a
+// 2 MiB L2).
+constexpr int64_t kPackedY = int64_t(1) << 17;
+
+// The blocks read both operands from contiguous copies (copies change no
+// value, so no bit).  Unpacked, a panel of V columns of Y over k rows is
+// k lines ldb floats apart, and with ldb a multiple of 1024 (4 KiB) all of
+// them fall in one L1 set, so every block of rows fetched them again from
+// beyond L1 (the input gradient 32 x 4096 x 1024, whose Y is a 1024 x 4096
+// weight, is the case; development.md has its times).  Packed:
+//  - Y's panels of columns [v0, v0 + V): k rows of V each, shared by every
+//    block of rows;
+//  - X, where its p runs with a stride (ap != 1): block by block, each
+//    block's R rows side by side for each p (k rows of R), once.
+// The rows go in blocks of at most max_rows, as even as they can be (32
+// rows in AVX2's blocks of 6: 6, 6, 5, 5, 5, 5, not 6 x 5 + 1 + 1, whose
+// one-row blocks wait on one FMA chain per vector).
 void run(const Core& x) {
   const Isa i = isa();
   const int64_t V = width(i);
   const int64_t full = x.cols - x.cols % V;
-  for (int64_t v0 = 0; v0 < full; v0 += V) {
-    int64_t r0 = 0;
-    if (i == Isa::avx512)  // 32 vector registers: 16 sums of 16
-      for (; r0 + 8 <= x.rows; r0 += 8) block<8>(i, x, r0, v0);
-    if (i == Isa::avx2)  // 16 vector registers: 12 sums of 8
-      for (; r0 + 6 <= x.rows; r0 += 6) block<6>(i, x, r0, v0);
-    for (; r0 + 4 <= x.rows; r0 += 4) block<4>(i, x, r0, v0);
-    for (; r0 < x.rows; ++r0) block<1>(i, x, r0, v0);
+  const int64_t nb = (x.rows + max_rows(i) - 1) / max_rows(i);
+  auto rows_of = [&](int64_t b) {  // block b's first row and its rows
+    const int64_t base = x.rows / nb, extra = x.rows % nb;
+    return std::pair<int64_t, int>(b * base + std::min(b, extra),
+                                   int(base + (b < extra)));
+  };
+  thread_local std::vector<float> xpack, ypack;
+  const bool pack_x = full > 0 && x.ap != 1 && x.k > 1;
+  if (pack_x) {
+    xpack.resize(size_t(x.rows * x.k));
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto [r0, R] = rows_of(b);
+      float* dst = xpack.data() + r0 * x.k;
+      for (int64_t p = 0; p < x.k; ++p)
+        for (int r = 0; r < R; ++r)
+          dst[p * R + r] = x.a[(r0 + r) * x.ar + p * x.ap];
+    }
+  }
+  // A block's sums for columns [v0, v0 + V) of its rows, from Y's rows at
+  // `y` (V apart when packed, ldb apart when not).
+  auto one = [&](int64_t b, int64_t v0, const float* y, int64_t ldy) {
+    const auto [r0, R] = rows_of(b);
+    Core z = x;
+    if (pack_x) {
+      z.a = xpack.data() + r0 * x.k;
+      z.ar = 1;
+      z.ap = R;
+    } else {
+      z.a = x.a + r0 * x.ar;
+    }
+    z.b = y;
+    z.ldb = ldy;
+    z.c = x.c + r0 * x.cr + v0 * x.cv;
+    block_of(R, i, z, 0, 0);
+  };
+  if (nb == 1) {
+    for (int64_t v0 = 0; v0 < full; v0 += V) one(0, v0, x.b + v0, x.ldb);
+  } else {
+    // Y packed panel after panel (k rows of V each), as many columns at a
+    // time as kPackedY floats hold (all of them, when they fit); then
+    // each block of rows over every panel of the chunk: its X stays in
+    // L1 and its C is written along its rows.
+    const int64_t nc =
+        x.k * full <= kPackedY
+            ? full
+            : std::max(V, kPackedY / std::max<int64_t>(x.k, 1) / V * V);
+    ypack.resize(size_t(x.k * std::min(nc, full)));
+    for (int64_t c0 = 0; c0 < full; c0 += nc) {
+      const int64_t c1 = std::min(full, c0 + nc);
+      for (int64_t p = 0; p < x.k; ++p)
+        for (int64_t v0 = c0; v0 < c1; v0 += V)
+          std::copy_n(x.b + p * x.ldb + v0, V,
+                      ypack.data() + (v0 - c0) * x.k + p * V);
+      for (int64_t b = 0; b < nb; ++b)
+        for (int64_t v0 = c0; v0 < c1; v0 += V)
+          one(b, v0, ypack.data() + (v0 - c0) * x.k, V);
+    }
   }
   if (full < x.cols) {
     int64_t r0 = 0;

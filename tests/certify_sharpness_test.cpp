@@ -19,9 +19,12 @@
 // either side of the edge), the recorded clip norm (1.01x / 0.99x).
 // The oracle tier's state (verify/certify/state_check.cpp), a state.csv
 // written beside a device-engine trace as tests/state_check_test.cpp
-// writes it: Adam's moments (scenarios/certify-adamw.toml), the EMA and
-// the logged loss (1.01x / 0.99x); the loss scale's constancy within a
-// window and state['step'] are judged exactly: any change fails.
+// writes it: Adam's exp_avg_sq (scenarios/certify-adamw.toml), the EMA
+// and the logged loss (1.01x / 0.99x); exp_avg and BatchNorm's running
+// statistics (scenarios/certify-batchnorm.toml), whose bounds are about an
+// ulp, at the float32 either side of the edge; the loss scale's constancy
+// within a window, state['step'] and num_batches_tracked are judged
+// exactly: any change fails.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -618,10 +621,220 @@ void expect_moment_sharp(const std::string& moment) {
                 << "1% of its bound";
 }
 
-// exp_avg_sq only: exp_avg's bound after step 0 is below a float32 ulp at
-// every element of 0.weight, so no float32 lies at 0.99x or 1.01x of it
-// (it would take the Parameters test's nearest float32 inside and outside).
 TEST(StateSharpness, AdamExpAvgSq) { expect_moment_sharp("exp_avg_sq"); }
+
+// The last float32 within `bound` of v (from `from`, a float32 within it)
+// and the first past it, on one side.
+struct FloatEdge {
+  float in = 0, out = 0;
+  double r_in = 0, r_out = 0;  // |x - v| / bound
+};
+FloatEdge float_edge(double v, double bound, float from, double side) {
+  FloatEdge e;
+  float in = from;
+  for (float nx = std::nextafter(in, side > 0 ? INFINITY : -INFINITY);
+       std::abs(double(nx) - v) <= bound;
+       nx = std::nextafter(nx, side > 0 ? INFINITY : -INFINITY))
+    in = nx;
+  e.in = in;
+  e.out = std::nextafter(in, side > 0 ? INFINITY : -INFINITY);
+  e.r_in = std::abs(double(e.in) - v) / bound;
+  e.r_out = std::abs(double(e.out) - v) / bound;
+  return e;
+}
+
+// exp_avg after step 0: its bound (bound_slack x the oracle's e) is below
+// one float32 ulp at every element, so no float32 lies at 0.99x or 1.01x
+// of it.  As for the parameters: of 0.weight's elements and both sides,
+// the one where the first float32 past the bound is nearest it; that
+// float32 FAILs, the last one within PASSes (the recorded value where it
+// is the only one), and the first lies within 1.02x of the bound (a
+// comparison loosened by 2% passes it: the test fails).
+TEST(StateSharpness, AdamExpAvg) {
+  StateTrace t("adam_exp_avg",
+               testing_util::source_dir() + "/scenarios/certify-adamw.toml");
+  const std::vector<double> g = t.values(0, "grad");
+  std::vector<double> m(g.size()), v(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    m[i] = double(float(0.1 * g[i]));
+    v[i] = double(float(0.001 * g[i] * g[i]));
+  }
+  auto state = [&] {
+    return t.rows("exp_avg", 0, m) + t.rows("exp_avg_sq", 0, v);
+  };
+  {
+    const CertifyReport r = t.certify(state());
+    ASSERT_TRUE(r.pass) << certify_text(r);
+    ASSERT_NE(check_of(r, "step 0 exp_avg"), nullptr) << certify_text(r);
+  }
+  const TensorView& w = t.layout().tensors[0];
+  const double slack = error_model::tolerance("bound_slack");
+  struct Best {
+    size_t at = 0;
+    int64_t el = -1;
+    FloatEdge e;
+  } best;
+  for (int64_t el = 0; el < w.size(); ++el) {
+    const size_t at = size_t(w.offset + el);
+    const double x0 = m[at];
+    const double far = double(float(x0 + 1e-2 * (std::abs(x0) + 1e-6)));
+    m[at] = far;
+    const Bound b = bound_of(t.certify(state()), "step 0 exp_avg", w.name,
+                             w.name + "[" + std::to_string(el) + "]", far);
+    m[at] = x0;
+    ASSERT_GT(b.e, 0);
+    const double bound = slack * b.e;
+    ASSERT_LE(std::abs(x0 - b.v), bound) << "the recorded value is outside";
+    for (const double side : {1.0, -1.0}) {
+      const FloatEdge e = float_edge(b.v, bound, float(x0), side);
+      if (best.el < 0 || e.r_out < best.e.r_out) best = {at, el, e};
+    }
+  }
+  ASSERT_GE(best.el, 0);
+  EXPECT_LE(best.e.r_out, 1.02) << "no element's bound lies within 2% below "
+                                   "a float32";
+  const double x0 = m[best.at];
+  m[best.at] = double(best.e.in);
+  {
+    const CertifyReport r = t.certify(state());
+    EXPECT_TRUE(r.pass) << best.e.r_in << "x: " << certify_text(r);
+  }
+  m[best.at] = double(best.e.out);
+  {
+    const CertifyReport r = t.certify(state());
+    const CertifyCheck* c = check_of(r, "step 0 exp_avg");
+    EXPECT_TRUE(c == nullptr || !c->ok) << best.e.r_out << "x";
+    EXPECT_FALSE(r.pass) << best.e.r_out << "x: " << certify_text(r);
+  }
+  m[best.at] = x0;
+  std::printf("exp_avg %s[%lld]: %.4fx passes, %.4fx fails\n", w.name.c_str(),
+              (long long)best.el, best.e.r_in, best.e.r_out);
+}
+
+// BatchNorm's running statistics after optimizer step 0 of
+// scenarios/certify-batchnorm.toml (K = 3 micro-batches of 3), replayed
+// here on the oracle from the initial state over window 0's micro-batches
+// (as the judge replays them): each recorded value the float32 nearest the
+// oracle's v, its bound bound_slack x the oracle's e (the forward scale
+// is 1 in float32).  Of every element of running_mean and running_var and
+// both sides, the one where the first float32 past the bound is nearest
+// it: that float32 FAILs, the last one within PASSes, and the first lies
+// within 1.02x of the bound.
+// num_batches_tracked is exact (the training forwards so far, 3): one
+// more or less, or the next double either side, fails.
+class BatchNormState {
+ public:
+  BatchNormState()
+      : t_("batchnorm",
+           testing_util::source_dir() + "/scenarios/certify-batchnorm.toml") {
+    const Dataset data = make_dataset(t_.scenario());
+    const std::vector<float> init0 =
+        initial_parameters(t_.scenario(), t_.layout());
+    Oracle<Tracked<DD>> o(t_.scenario().model, data, init0);
+    for (const auto& ids : t_.window(0)) o.forward_backward(ids, LossWeight{1});
+    for (const Tracked<DD>& b : o.buffers()) {
+      v_.push_back(double(b.v));
+      e_.push_back(double(b.e));
+      rec_.push_back(float(double(b.v)));
+    }
+    forwards_ = double(t_.window(0).size());
+  }
+  const ParamLayout& layout() const { return t_.layout(); }
+  double v(size_t at) const { return v_[at]; }
+  double e(size_t at) const { return e_[at]; }
+  float& recorded(size_t at) { return rec_[at]; }
+  CertifyReport certify(double nbt) const {
+    std::string o;
+    for (const TensorView& b : t_.layout().buffers)
+      for (int64_t i = 0; i < b.size(); ++i) {
+        const std::string kind =
+            b.name.substr(b.name.rfind('.') + 1);  // running_mean / _var
+        o += fmt::format("{},0,{},{},{}\n", kind, b.name, i,
+                         num(double(rec_[size_t(b.offset + i)])));
+      }
+    const std::string prefix = t_.layout().buffers[0].name.substr(
+        0, t_.layout().buffers[0].name.rfind('.'));
+    o += fmt::format("num_batches_tracked,0,{}.num_batches_tracked,0,{}\n",
+                     prefix, num(nbt));
+    return t_.certify(o);
+  }
+  double forwards() const { return forwards_; }
+
+ private:
+  StateTrace t_;
+  std::vector<double> v_, e_;
+  std::vector<float> rec_;
+  double forwards_ = 0;
+};
+
+bool batchnorm_ok(const CertifyReport& r) {
+  const CertifyCheck* c = check_of(r, "BatchNorm statistics");
+  EXPECT_NE(c, nullptr) << certify_text(r);
+  return c && c->ok;
+}
+
+TEST(StateSharpness, BatchNormRunningStatistics) {
+  BatchNormState s;
+  {
+    const CertifyReport r = s.certify(s.forwards());
+    ASSERT_TRUE(batchnorm_ok(r)) << certify_text(r);
+    ASSERT_TRUE(r.pass) << certify_text(r);
+    ASSERT_NE(check_of(r, "BatchNorm statistics")->message.find("replayed"),
+              std::string::npos)
+        << check_of(r, "BatchNorm statistics")->message;
+  }
+  const double slack = error_model::tolerance("bound_slack");
+  struct Best {
+    size_t at = 0;
+    std::string name;
+    FloatEdge e;
+  } best;
+  for (const TensorView& b : s.layout().buffers)
+    for (int64_t i = 0; i < b.size(); ++i) {
+      const size_t at = size_t(b.offset + i);
+      const double bound = slack * s.e(at);
+      ASSERT_GT(bound, 0) << b.name << "[" << i << "]";
+      ASSERT_LE(std::abs(double(s.recorded(at)) - s.v(at)), bound)
+          << b.name << "[" << i << "]: float32 cannot hold it within its bound";
+      for (const double side : {1.0, -1.0}) {
+        const FloatEdge e = float_edge(s.v(at), bound, s.recorded(at), side);
+        if (best.name.empty() || e.r_out < best.e.r_out)
+          best = {at, b.name + "[" + std::to_string(i) + "]", e};
+      }
+    }
+  ASSERT_FALSE(best.name.empty());
+  EXPECT_LE(best.e.r_out, 1.02) << "no element's bound lies within 2% below "
+                                   "a float32";
+  const float x0 = s.recorded(best.at);
+  s.recorded(best.at) = best.e.in;
+  {
+    const CertifyReport r = s.certify(s.forwards());
+    EXPECT_TRUE(batchnorm_ok(r)) << best.name << " at " << best.e.r_in << "x";
+    EXPECT_TRUE(r.pass) << certify_text(r);
+  }
+  s.recorded(best.at) = best.e.out;
+  {
+    const CertifyReport r = s.certify(s.forwards());
+    EXPECT_FALSE(batchnorm_ok(r)) << best.name << " at " << best.e.r_out << "x";
+    EXPECT_FALSE(r.pass) << certify_text(r);
+  }
+  s.recorded(best.at) = x0;
+  std::printf("%s: %.4fx passes, %.4fx fails\n", best.name.c_str(), best.e.r_in,
+              best.e.r_out);
+}
+
+TEST(StateSharpness, BatchNormNumBatchesTracked) {
+  BatchNormState s;
+  const double n = s.forwards();
+  ASSERT_EQ(n, 3);
+  EXPECT_TRUE(batchnorm_ok(s.certify(n)));
+  for (const double x :
+       {n - 1, n + 1, std::nextafter(n, 0.0), std::nextafter(n, 1e9)}) {
+    const CertifyReport r = s.certify(x);
+    EXPECT_FALSE(batchnorm_ok(r)) << num(x);
+    EXPECT_FALSE(r.pass) << num(x) << ": " << certify_text(r);
+  }
+}
 
 // One EMA update after optimizer step 0 (decay 0.9, started from the
 // initial parameters): ema = d init + (1 - d) p (p: step 0's recorded
