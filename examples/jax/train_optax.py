@@ -101,21 +101,19 @@ def run(args):
         return run_nnx(args, batches)
     sched = linear(args.lr, total * K if args.loop == "schedule_micro" else total)
     schedule = {"kind": "linear", "warmup": 0, "total": total}
-    inner = optax.inject_hyperparams(optax.adam)(learning_rate=sched)
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=sched)
+    if args.loop == "multisteps":
+        tx = optax.MultiSteps(tx, every_k_schedule=K)
     rec = None
     if args.record:
         rec = ContractRecorder(summed_loss, items, accumulation=K, out=args.out,
                                lr=args.lr, schedule=schedule, quiet=args.quiet)
-        inner = rec.optimizer(inner)
+        tx = rec.optimizer(tx)
     fn = jax.grad(summed_loss if args.loop in ("hand", "schedule_micro") else mean_loss)
     if args.loop == "double_div_k":
         fn = jax.grad(lambda p, b: mean_loss(p, b) / K)
     grad_fn = jax.jit(rec.grad(fn) if rec else fn)
     params = init_params(8, 16, 4)
-    if args.loop == "multisteps":
-        tx = optax.MultiSteps(inner, every_k_schedule=K)
-    else:
-        tx = inner
     state = tx.init(params)
 
     @jax.jit

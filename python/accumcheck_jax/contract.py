@@ -14,8 +14,8 @@ It writes the same contract trace as accumcheck_torch.ContractRecorder
     summed_loss(params, batch) -> the SUM of the item losses of the batch
     items(batch) -> its loss-bearing items (host numpy batch)
 
-optax.MultiSteps: wrap the inner optimizer, optax.MultiSteps(rec.optimizer(
-inner), K).  Flax NNX: ContractRecorder(..., grad=nnx.grad), the micro-batch
+optax.MultiSteps: wrap the whole, rec.optimizer(optax.MultiSteps(inner, K))
+(its inner optimizer built with optax.inject_hyperparams).  Flax NNX: ContractRecorder(..., grad=nnx.grad), the micro-batch
 gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
 nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
 
@@ -105,12 +105,19 @@ class _Leaves:
         return out
 
     def host(self, leaves):
-        """On the host: the kept coordinates as one float64 vector."""
+        """On the host, from whole leaves: the kept coordinates as one
+        float64 vector."""
         parts = []
         for leaf, pick in zip(leaves, self.picks):
             flat = np.asarray(leaf).reshape(-1)
             parts.append(flat if pick is None else flat[pick])
-        return np.concatenate([p.astype(np.float64) for p in parts]) if parts else np.zeros(0)
+        return join(parts)
+
+
+def join(taken):
+    """What take() kept (a callback's arguments) as one float64 vector."""
+    return np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in taken]) \
+        if len(taken) else np.zeros(0)
 
 
 class ContractRecorder:
@@ -229,7 +236,7 @@ class ContractRecorder:
 
     def optimizer(self, tx):
         """An optax GradientTransformation (the one that applies the update:
-        your optimizer, or optax.MultiSteps' inner one) wrapped so that each
+        your optimizer, or an optax.MultiSteps) wrapped so that each
         update call records the gradient handed to it, the update and the
         lr.  Build it with optax.inject_hyperparams so its lr can be read."""
         if not hasattr(tx, "init") or not hasattr(tx, "update"):
@@ -237,6 +244,8 @@ class ContractRecorder:
                           "(init and update), got %s" % type(tx).__name__)
         import optax
         jax, rec = self.jax, self
+        if isinstance(tx, optax.MultiSteps):
+            return self._multi_steps(tx)
 
         def update(grads, state, params=None, **extra):
             updates, new_state = tx.update(grads, state, params, **extra)
@@ -258,6 +267,56 @@ class ContractRecorder:
                                rec.layout.take(jnp, u_leaves), lr, ordered=True)
             return updates, new_state
         return optax.GradientTransformation(tx.init, update)
+
+    def _multi_steps(self, tx):
+        """optax.MultiSteps, recorded from outside: a callback on what it
+        consumes inside (its inner update's input) changes how XLA fuses
+        that update, and so the run's rounding.  Its state going in (the
+        accumulator acc_grads, mini_step, gradient_step) and what comes out
+        are the program's own inputs and outputs: the consumed gradient of
+        the window's last mini-step is that accumulator and the last
+        micro-batch gradient combined by MultiSteps' rule (use_grad_mean:
+        acc + (g - acc) / (mini_step + 1); else acc + g), in the
+        accumulator's precision; a step is a call after which
+        gradient_step moved."""
+        import optax
+        jax, rec = self.jax, self
+        mean = bool(getattr(tx, "_use_grad_mean", True))
+
+        def update(grads, state, params=None, **extra):
+            updates, new_state = tx.update(grads, state, params, **extra)
+            lr = _lr_of(new_state.inner_opt_state)
+            if lr is None:
+                raise Refused("ContractRecorder.optimizer: the lr of MultiSteps' inner optimizer "
+                              "cannot be read: build it with optax.inject_hyperparams, e.g. "
+                              "optax.MultiSteps(optax.inject_hyperparams(optax.adamw)"
+                              "(learning_rate=...), K)")
+            jnp = jax.numpy
+            g_leaves = jax.tree_util.tree_leaves(grads)
+            if rec.layout is None or len(g_leaves) != len(rec.layout.picks):
+                raise Refused("ContractRecorder.optimizer: an update before any recorded gradient "
+                              "(or of another parameter tree): call the function rec.grad(...) "
+                              "returned for every micro-batch")
+            jax.debug.callback(rec._on_multi_step, rec.layout.take(jnp, g_leaves),
+                               rec.layout.take(jnp, jax.tree_util.tree_leaves(state.acc_grads)),
+                               state.mini_step, state.gradient_step, new_state.gradient_step,
+                               rec.layout.take(jnp, jax.tree_util.tree_leaves(updates)), lr,
+                               ordered=True)
+            return updates, new_state
+        self._multi_mean = mean
+        return optax.GradientTransformation(tx.init, update)
+
+    def _on_multi_step(self, g, acc, mini, before, after, u, lr):
+        if int(after) == int(before):
+            return  # a mini-step: accumulated, nothing applied
+        g32 = [np.asarray(x, dtype=np.float32) for x in g]
+        a32 = [np.asarray(x, dtype=np.float32) for x in acc]
+        if self._multi_mean:
+            n = np.float32(int(mini) + 1)
+            G = [a + (x - a) / n for x, a in zip(g32, a32)]
+        else:
+            G = [a + x for x, a in zip(g32, a32)]
+        self._on_update(G, u, lr)
 
     def watch(self, batches, dataset_size=-1, batch_size=-1):
         """Your epoch's batches, the same, in order: one epoch.  Returns an
@@ -340,11 +399,11 @@ class ContractRecorder:
                           "call's (one model per recorder)")
 
     def _on_backward(self, p, g, c, full, batch):
-        p = self.layout.host(p)
+        p = join(p)
         if self.pending is not None:
             self._resolve(p)
         self.p_last = p
-        g, c = self.layout.host(g), self.layout.host(c)
+        g, c = join(g), join(c)
         j = len(self.micro)
         batch = self.jax.tree_util.tree_map(np.asarray, batch)
         try:
@@ -377,7 +436,7 @@ class ContractRecorder:
                          "call the function rec.grad(...) returned for each micro-batch")
         if self.p_last is None:
             self._refuse("an optimizer update before any micro-batch gradient")
-        self.pending = (self.layout.host(g), self.layout.host(u), float(lr), self.p_last)
+        self.pending = (join(g), join(u), float(lr), self.p_last)
 
     def _resolve(self, p_now):
         """The pending update call: a step when the parameters moved."""
