@@ -19,7 +19,7 @@ optax.MultiSteps: wrap the whole, rec.optimizer(optax.MultiSteps(inner, K))
 gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
 nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
 
-What it measures (jax.debug.callback, ordered, so it works under jit):
+What it measures (an ordered io_callback, so it works under jit):
   - per micro-batch j (each call of the wrapped gradient function): g_j =
     grad(summed_loss) at the parameters that call saw, computed in the same
     program, and c_j, the gradient your function returned, fitted as w_j g_j
@@ -190,6 +190,7 @@ class ContractRecorder:
         self.events = []         # (kind, step, micro, lr)
         self.epochs = []         # [dataset size, batch size]
         self.calibrate = []      # (j, full parameter leaves, batch, g32 kept)
+        self._grad64 = None      # the float64 gradient, jitted once
         self.lr0 = None
         self.lr_precision = "float32"  # optax's inject_hyperparams holds it so
         self.dtype = None
@@ -228,7 +229,7 @@ class ContractRecorder:
             rec._layout(p_leaves, treedef, first)
             jnp = jax.numpy
             full = jax.tree_util.tree_leaves(rec._state_of(first))
-            jax.debug.callback(rec._on_backward, rec.layout.take(jnp, p_leaves),
+            _host_call(jax, rec._on_backward, rec.layout.take(jnp, p_leaves),
                                rec.layout.take(jnp, g_leaves), rec.layout.take(jnp, c_leaves),
                                full, batch, ordered=True)
             return out
@@ -263,7 +264,7 @@ class ContractRecorder:
                 raise Refused("ContractRecorder.optimizer: an update before any recorded gradient "
                               "(or of another parameter tree): call the function rec.grad(...) "
                               "returned for every micro-batch")
-            jax.debug.callback(rec._on_update, rec.layout.take(jnp, g_leaves),
+            _host_call(jax, rec._on_update, rec.layout.take(jnp, g_leaves),
                                rec.layout.take(jnp, u_leaves), lr, ordered=True)
             return updates, new_state
         return optax.GradientTransformation(tx.init, update)
@@ -297,7 +298,7 @@ class ContractRecorder:
                 raise Refused("ContractRecorder.optimizer: an update before any recorded gradient "
                               "(or of another parameter tree): call the function rec.grad(...) "
                               "returned for every micro-batch")
-            jax.debug.callback(rec._on_multi_step, rec.layout.take(jnp, g_leaves),
+            _host_call(jax, rec._on_multi_step, rec.layout.take(jnp, g_leaves),
                                rec.layout.take(jnp, jax.tree_util.tree_leaves(state.acc_grads)),
                                state.mini_step, state.gradient_step, new_state.gradient_step,
                                rec.layout.take(jnp, jax.tree_util.tree_leaves(updates)), lr,
@@ -322,9 +323,7 @@ class ContractRecorder:
         """Your epoch's batches, the same, in order: one epoch.  Returns an
         iterator over them."""
         self.epoch(dataset_size, batch_size)
-        for batch in batches:
-            self.sync()
-            yield batch
+        yield from batches
 
     def epoch(self, dataset_size=-1, batch_size=-1):
         """An epoch starts (the alternative to watch())."""
@@ -487,6 +486,12 @@ class ContractRecorder:
         jax = self.jax
         todo, self.calibrate = self.calibrate, []
         with _enable_x64(jax):
+            if self._grad64 is None:
+                if self.nnx_graph is not None:
+                    from flax import nnx
+                    self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
+                else:
+                    self._grad64 = jax.jit(self.grad_transform(self.summed_loss))
             for j, full, batch, g32 in todo:
                 wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
                         for x in full]
@@ -499,7 +504,7 @@ class ContractRecorder:
                 b64 = jax.tree_util.tree_map(
                     lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
                     batch)
-                g64 = self.grad_transform(self.summed_loss)(first, b64)
+                g64 = self._grad64(first, b64)
                 g64 = self.layout.host(jax.tree_util.tree_leaves(g64))
                 n64 = float(np.linalg.norm(g64))
                 self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
@@ -536,7 +541,7 @@ class ContractRecorder:
                                "as optax.apply_updates adds it)"))
         meta.append(("recorder", "accumcheck_jax: the gradient function (rec.grad) and the "
                                  "optimizer's update (rec.optimizer) through ordered "
-                                 "jax.debug.callback; %d coordinates kept of the parameters"
+                                 "io_callback; %d coordinates kept of the parameters"
                      % self.layout.d))
         events, epoch = [], 0
         for kind, step, micro, lr in self.events:
@@ -555,6 +560,14 @@ class ContractRecorder:
         if not self.closed:
             self.closed = True
             self._recording.end(why)
+
+
+def _host_call(jax, fn, *args, ordered=True):
+    """fn(*args) on the host with numpy arrays, in program order (an
+    ordered io_callback: jax.debug.callback would put every argument back
+    on the device first, which cost 3x the run on a small model)."""
+    from jax.experimental import io_callback
+    io_callback(fn, None, *args, ordered=ordered)
 
 
 def _lr_of(state):
