@@ -41,6 +41,7 @@ a seeded sample of that many), in float64 numpy on the host.
 """
 
 import math
+import time
 
 import numpy as np
 
@@ -191,6 +192,8 @@ class ContractRecorder:
         self.epochs = []         # [dataset size, batch size]
         self.calibrate = []      # (j, full parameter leaves, batch, g32 kept)
         self._grad64 = None      # the float64 gradient, jitted once
+        self._probe = None       # the eager path's program (_eager)
+        self._marked = 0.0       # when the marker was last rewritten
         self.lr0 = None
         self.lr_precision = "float32"  # optax's inject_hyperparams holds it so
         self.dtype = None
@@ -209,6 +212,9 @@ class ContractRecorder:
         jax, rec = self.jax, self
 
         def wrapped(first, batch, *a, **k):
+            if not any(isinstance(x, jax.core.Tracer)
+                       for x in jax.tree_util.tree_leaves((rec._state_of(first), batch))):
+                return rec._eager(fn, value_and_grad, first, batch, a, k)
             out = fn(first, batch, *a, **k)
             if value_and_grad:
                 if not isinstance(out, (tuple, list)) or len(out) != 2:
@@ -229,11 +235,53 @@ class ContractRecorder:
             rec._layout(p_leaves, treedef, first)
             jnp = jax.numpy
             full = jax.tree_util.tree_leaves(rec._state_of(first))
-            _host_call(jax, rec._on_backward, rec.layout.take(jnp, p_leaves),
-                               rec.layout.take(jnp, g_leaves), rec.layout.take(jnp, c_leaves),
-                               full, batch, ordered=True)
+            rec.full_shapes = [(tuple(x.shape), x.dtype) for x in full]
+            # Few arguments: each costs the callback a transfer of its own.
+            _host_call(jax, rec._on_backward, _pack(jnp, rec.layout.take(jnp, p_leaves)),
+                       _pack(jnp, rec.layout.take(jnp, g_leaves)),
+                       _pack(jnp, rec.layout.take(jnp, c_leaves)), _pack(jnp, full), batch)
             return out
         return wrapped
+
+    def _eager(self, fn, value_and_grad, first, batch, a, k):
+        """The wrapped gradient function called outside jit (your jitted
+        function wrapped: rec.grad(jax.jit(fn))): your function as it is,
+        then one program of the recorder's own (g_j and the kept
+        coordinates of the parameters, g_j and your gradient), read back
+        at once: no callback in your program, and none of its cost (an
+        io_callback costs about 3 ms a call)."""
+        jax = self.jax
+        out = fn(first, batch, *a, **k)
+        c = out[1] if value_and_grad else out
+        if self._probe is None:
+            rec = self
+
+            def probe(first, batch, c):
+                g = rec.grad_transform(rec.summed_loss)(first, batch)
+                p_leaves, treedef = jax.tree_util.tree_flatten(rec._params_of(first))
+                rec._layout(p_leaves, treedef, first)
+                jnp = jax.numpy
+                return (_pack(jnp, rec.layout.take(jnp, p_leaves)),
+                        _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(g))),
+                        _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(c))))
+            if self.nnx_graph is None and _is_nnx(first):
+                from flax import nnx
+                self._probe = nnx.jit(probe)
+            else:
+                self._probe = jax.jit(probe)
+        p, g, cc = jax.device_get(self._probe(first, batch, c))
+        if len(self.micro) % self.calibrate_every == 0:
+            full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))]
+        else:
+            full = None
+        self.sync_calls()
+        self._on_backward(p, g, cc, full, jax.device_get(batch), packed=False)
+        return out
+
+    def sync_calls(self):
+        """The callbacks of the programs launched so far have run (the
+        optimizer's, before the next micro-batch's record)."""
+        self.jax.effects_barrier()
 
     def optimizer(self, tx):
         """An optax GradientTransformation (the one that applies the update:
@@ -397,12 +445,12 @@ class ContractRecorder:
             raise Refused("ContractRecorder.grad: parameters of other shapes than the first "
                           "call's (one model per recorder)")
 
-    def _on_backward(self, p, g, c, full, batch):
-        p = join(p)
+    def _on_backward(self, p, g, c, full, batch, packed=True):
+        p = join([p])
         if self.pending is not None:
             self._resolve(p)
         self.p_last = p
-        g, c = join(g), join(c)
+        g, c = join([g]), join([c])
         j = len(self.micro)
         batch = self.jax.tree_util.tree_map(np.asarray, batch)
         try:
@@ -415,7 +463,7 @@ class ContractRecorder:
         if not self.epochs:
             self.epochs.append([-1, -1])
         if j % self.calibrate_every == 0:
-            self.calibrate.append((j, [np.array(x) for x in full], batch, g))
+            self.calibrate.append((j, _unpack(full, self.full_shapes) if packed else full, batch, g))
         gg = float(g @ g)
         w = float(c @ g) / gg if gg > 0 else 0.0
         wn = abs(w) * math.sqrt(gg)
@@ -477,7 +525,13 @@ class ContractRecorder:
             del self.c[b]
         self.since = []
         self.steps += 1
-        self._recording.progress(self.steps, len(self.backward), write=True)
+        # The marker (how far a run that dies got) rewritten at most once a
+        # second: a rewrite costs a few ms, a small model's step less.
+        now = time.monotonic()
+        write = now - self._marked >= 1.0
+        if write:
+            self._marked = now
+        self._recording.progress(self.steps, len(self.backward), write=write)
 
     def _calibrate(self):
         """g_j in float64 on the host for the calibration sample."""
@@ -560,6 +614,26 @@ class ContractRecorder:
         if not self.closed:
             self.closed = True
             self._recording.end(why)
+
+
+def _pack(jnp, leaves):
+    """Leaves as one flat vector (float32, or float64 if any leaf is
+    wider): exact for float32, bfloat16, float16 and small integers."""
+    wide = any(jnp.dtype(x.dtype).itemsize > 4 for x in leaves)
+    dt = jnp.float64 if wide else jnp.float32
+    return jnp.concatenate([jnp.reshape(x, (-1,)).astype(dt) for x in leaves]) if leaves \
+        else jnp.zeros(0, dt)
+
+
+def _unpack(flat, shapes):
+    """_pack's leaves again, each in its own shape and dtype."""
+    out, at = [], 0
+    flat = np.asarray(flat)
+    for shape, dtype in shapes:
+        n = int(np.prod(shape)) if len(shape) else 1
+        out.append(flat[at:at + n].reshape(shape).astype(dtype))
+        at += n
+    return out
 
 
 def _host_call(jax, fn, *args, ordered=True):

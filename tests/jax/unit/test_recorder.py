@@ -19,9 +19,13 @@ def leaves(params):
 
 @pytest.mark.parametrize("loop,extra", [("hand", []), ("mean_over_k", []),
                                         ("multisteps", ["--samples", "48"]),
-                                        ("multisteps", ["--sizes", "2,6"]), ("nnx", [])])
+                                        ("multisteps", ["--sizes", "2,6"]), ("nnx", []),
+                                        ("hand", ["--wrap-inside"]),
+                                        ("multisteps", ["--wrap-inside"]),
+                                        ("nnx", ["--wrap-inside"])])
 def test_recording_changes_nothing(tmp_path, loop, extra):
-    plain = train_optax.main(["--loop", loop, "--no-record", "--quiet"] + extra)
+    plain = train_optax.main(["--loop", loop, "--no-record", "--quiet"] +
+                             [a for a in extra if a != "--wrap-inside"])
     recorded = train_optax.main(["--loop", loop, "--out", str(tmp_path / "t"), "--quiet"] + extra)
     a, b = leaves(plain), leaves(recorded)
     assert len(a) == len(b)
@@ -31,8 +35,9 @@ def test_recording_changes_nothing(tmp_path, loop, extra):
     assert (tmp_path / "t" / "complete.csv").exists()
 
 
-def test_trace_is_certified(tmp_path, accumcheck):
-    train_optax.main(["--loop", "hand", "--out", str(tmp_path / "t"), "--quiet"])
+@pytest.mark.parametrize("extra", [[], ["--wrap-inside"]])
+def test_trace_is_certified(tmp_path, accumcheck, extra):
+    train_optax.main(["--loop", "hand", "--out", str(tmp_path / "t"), "--quiet"] + extra)
     r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(tmp_path / "t")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
