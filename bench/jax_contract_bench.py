@@ -16,7 +16,7 @@ import time
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(here, "..", "python"), os.path.join(here, "..", "examples", "jax")]
 
-import train_optax  # noqa: E402
+import train_optax
 
 
 def least(argv, repeats):

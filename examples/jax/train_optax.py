@@ -32,11 +32,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-
-from accumcheck_jax import ContractRecorder, Refused, exit_on_refusal  # noqa: E402
+import jax
+import jax.numpy as jnp
+import optax
+from accumcheck_jax import ContractRecorder, Refused, exit_on_refusal
 
 LOOPS = ("hand", "mean_over_k", "no_div_k", "double_div_k", "drop_partial", "multisteps",
          "schedule_micro", "nnx")

@@ -10,4 +10,4 @@ from .contract import ContractRecorder
 
 exit_on_refusal = exit_on_refusal_as("accumcheck_jax")
 
-__all__ = ["ContractRecorder", "Refused", "TRACE_SCHEMA", "VERSION", "exit_on_refusal"]
+__all__ = ["TRACE_SCHEMA", "VERSION", "ContractRecorder", "Refused", "exit_on_refusal"]

@@ -44,16 +44,23 @@ import math
 import time
 
 import numpy as np
-
-from accumcheck_trace.trace import (TRACE_SCHEMA, VERSION, Recording, Refused, real, stopped_by,
-                                    write_trace)
+from accumcheck_trace.trace import (
+    SCHEDULE_KEYS,
+    VERSION,
+    Recording,
+    Refused,
+    contract_event_rows,
+    contract_meta,
+    real,
+    stopped_by,
+    write_trace,
+)
 
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
 U32 = 2.0 ** -24
 # oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
 # what the trace reports, as accumcheck_torch's recorder does).
 REPLAY_ULPS = 16.0
-SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
 
 
 def _jax():
@@ -308,14 +315,18 @@ class ContractRecorder:
             jnp = jax.numpy
             g_leaves = jax.tree_util.tree_leaves(grads)
             u_leaves = jax.tree_util.tree_leaves(updates)
-            if rec.layout is None or len(g_leaves) != len(rec.layout.picks):
-                raise Refused("ContractRecorder.optimizer: an update before any recorded gradient "
-                              "(or of another parameter tree): call the function rec.grad(...) "
-                              "returned for every micro-batch")
+            rec._same_tree(g_leaves)
             _host_call(jax, rec._on_update, rec.layout.take(jnp, g_leaves),
                                rec.layout.take(jnp, u_leaves), lr, ordered=True)
             return updates, new_state
         return optax.GradientTransformation(tx.init, update)
+
+    def _same_tree(self, g_leaves):
+        """An update's gradient is of the parameters the gradient function saw."""
+        if self.layout is None or len(g_leaves) != len(self.layout.picks):
+            raise Refused("ContractRecorder.optimizer: an update before any recorded gradient "
+                          "(or of another parameter tree): call the function rec.grad(...) "
+                          "returned for every micro-batch")
 
     def _multi_steps(self, tx):
         """optax.MultiSteps, recorded from outside: a callback on what it
@@ -342,10 +353,7 @@ class ContractRecorder:
                               "(learning_rate=...), K)")
             jnp = jax.numpy
             g_leaves = jax.tree_util.tree_leaves(grads)
-            if rec.layout is None or len(g_leaves) != len(rec.layout.picks):
-                raise Refused("ContractRecorder.optimizer: an update before any recorded gradient "
-                              "(or of another parameter tree): call the function rec.grad(...) "
-                              "returned for every micro-batch")
+            rec._same_tree(g_leaves)
             _host_call(jax, rec._on_multi_step, rec.layout.take(jnp, g_leaves),
                                rec.layout.take(jnp, jax.tree_util.tree_leaves(state.acc_grads)),
                                state.mini_step, state.gradient_step, new_state.gradient_step,
@@ -455,7 +463,7 @@ class ContractRecorder:
         batch = self.jax.tree_util.tree_map(np.asarray, batch)
         try:
             items = int(self.count_fn(batch))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (whatever the user's function raised, named)
             self._refuse("count_fn(batch) failed on micro-batch %d: %s" % (j, e))
         first = self.jax.tree_util.tree_leaves(batch)
         samples = int(first[0].shape[0]) if first and np.ndim(first[0]) else 1
@@ -577,32 +585,19 @@ class ContractRecorder:
         rows += self.rows
         precision = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16",
                      "float16": "float16"}.get(self.dtype, str(self.dtype))
-        versions = "accumcheck_jax-%s jax-%s" % (VERSION, self.jax.__version__)
-        meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),
-                ("scenario_digest", "contract"), ("engine", self.engine),
-                ("precision", precision), ("tool_version", versions),
-                ("tier", "contract"), ("accumulation", str(self.K)),
-                ("items", self.items_kind), ("parameters", str(self.layout.d)),
-                ("lr", real(self.lr0 if self.lr0 is not None else float("nan"))),
-                ("lr_precision", self.lr_precision)]
-        meta += [("schedule_" + k, str(self.schedule[k])) for k in SCHEDULE_KEYS
-                 if k in self.schedule]
-        if self.clip_max is not None:
-            meta.append(("clip", real(self.clip_max)))
-        if self.accept:
-            meta.append(("accept", "+".join(self.accept)))
-        meta.append(("replay", "each step's update against the parameters seen next (p + update, "
-                               "as optax.apply_updates adds it)"))
+        meta = contract_meta(
+            engine=self.engine, precision=precision,
+            tool_version="accumcheck_jax-%s jax-%s" % (VERSION, self.jax.__version__),
+            accumulation=self.K, items=self.items_kind, parameters=self.layout.d,
+            lr=self.lr0 if self.lr0 is not None else float("nan"), schedule=self.schedule,
+            clip=self.clip_max, accept=self.accept, lr_precision=self.lr_precision)
+        meta.append(("replay", ("each step's update against the parameters seen next "
+                                "(p + update, as optax.apply_updates adds it)")))
         meta.append(("recorder", "accumcheck_jax: the gradient function (rec.grad) and the "
                                  "optimizer's update (rec.optimizer) through ordered "
                                  "io_callback; %d coordinates kept of the parameters"
                      % self.layout.d))
-        events, epoch = [], 0
-        for kind, step, micro, lr in self.events:
-            if micro >= 0:
-                epoch = self.micro[micro][0]
-            events.append("%s,%d,%d,%d,%s,0,0,,%s,,\n" % (self.run, epoch, step, micro, kind,
-                                                         "" if lr is None else real(lr)))
+        events = contract_event_rows(self.run, self.events, lambda j: self.micro[j][0])
         write_trace(self.out, meta, events, [],
                     extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})
 

@@ -7,5 +7,12 @@ docs/trace-format.md says what any recorder must write."""
 from ._version import __version__
 from .trace import TRACE_SCHEMA, VERSION, Refused, exit_on_refusal_as, seal_trace, write_trace
 
-__all__ = ["__version__", "TRACE_SCHEMA", "VERSION", "Refused", "exit_on_refusal_as",
-           "seal_trace", "write_trace"]
+__all__ = [
+           "TRACE_SCHEMA",
+           "VERSION",
+           "Refused",
+           "__version__",
+           "exit_on_refusal_as",
+           "seal_trace",
+           "write_trace",
+]

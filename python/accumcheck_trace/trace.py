@@ -32,7 +32,8 @@ import threading
 TRACE_SCHEMA = "accumcheck-trace/2"
 EVENTS_HEADER = "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,sample_ids"
 VALUES_HEADER = "run,step,kind,tensor,index,value"
-from ._version import __version__ as VERSION  # noqa: E402,F401  (re-exported)
+from ._version import __version__ as VERSION  # noqa: F401  (re-exported)
+
 VALUES_MAGIC = b"ACVALUES"
 VALUES_VERSION = 2
 # values.bin block kinds: a step's gradient or parameters, and (version 2)
@@ -207,6 +208,45 @@ def _host(t):
     if hasattr(t, "detach"):
         t = t.detach().cpu()
     return numpy.asarray(t).reshape(-1)
+
+
+# A declared lr schedule's keys (a scenario's [schedule] table).
+SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
+
+
+def contract_meta(engine, precision, tool_version, accumulation, items, parameters, lr,
+                  schedule=None, clip=None, accept=(), lr_precision=None):
+    """meta.csv's rows every contract-tier recorder writes
+    (docs/trace-format.md "What any contract recorder writes"), as
+    [(key, value)], in the order certify's readers expect none of: the
+    schema and tier, what the recorder is, K, the items counted, the
+    coordinates the fits use, the declared lr and schedule, the accepted
+    clip, the accepted semantics and the lr's precision."""
+    fixed = {"schema": TRACE_SCHEMA, "scenario": "contract", "scenario_digest": "contract",
+             "engine": engine, "precision": precision, "tool_version": tool_version,
+             "tier": "contract", "accumulation": str(int(accumulation)), "items": items,
+             "parameters": str(int(parameters)), "lr": real(lr)}
+    rows = list(fixed.items())
+    rows.extend(("schedule_" + k, str(v)) for k, v in sorted(
+        (schedule or {}).items(), key=lambda kv: SCHEDULE_KEYS.index(kv[0])))
+    optional = (("clip", None if clip is None else real(clip)),
+                ("accept", "+".join(accept) if accept else None),
+                ("lr_precision", lr_precision))
+    rows.extend((k, v) for k, v in optional if v is not None)
+    return rows
+
+
+def contract_event_rows(run, events, epoch_of):
+    """events.csv's rows of a contract-tier recorder: events, (kind, step,
+    micro (-1: a window-level call), lr or None) in call order;
+    epoch_of(micro): that micro-batch's epoch.  A window-level event is in
+    the epoch of the micro-batch backwarded last."""
+    rows, epoch = [], 0
+    for kind, step, micro, lr in events:
+        epoch = epoch_of(micro) if micro >= 0 else epoch
+        rows.append("%s,%d,%d,%d,%s,0,0,,%s,,\n" % (run, epoch, step, micro, kind,
+                                                   "" if lr is None else real(lr)))
+    return rows
 
 
 # The files of a trace (verify/trace/trace.hpp kTraceFiles) and its
@@ -439,7 +479,7 @@ def _on_stop_signal(signum, frame):
     then the signal's default action (the process ends by the signal, as
     it would without a recorder)."""
     name = signal.Signals(signum).name
-    for rec in list(_LIVE_RECORDINGS):
+    for rec in _LIVE_RECORDINGS:
         if rec.pid == os.getpid():
             rec.end("%s: the process was stopped by a signal" % name)
     _restore_stop_signals()
@@ -453,7 +493,7 @@ def _at_exit():
     interpreter's exit (after an unhandled exception: that exception; else
     without close()), writing no trace.  Runs after the handlers the
     recorder modules registered (atexit runs in reverse order)."""
-    for rec in list(_LIVE_RECORDINGS):
+    for rec in _LIVE_RECORDINGS:
         if rec.pid != os.getpid():
             continue
         why = stopped_by(at_exit=True) or ("the interpreter exited without the recorder's close() "

@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import optax
 import pytest
-
 import train_optax
 from accumcheck_jax import ContractRecorder, Refused
 
@@ -39,7 +38,7 @@ def test_recording_changes_nothing(tmp_path, loop, extra):
 def test_trace_is_certified(tmp_path, accumcheck, extra):
     train_optax.main(["--loop", "hand", "--out", str(tmp_path / "t"), "--quiet"] + extra)
     r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(tmp_path / "t")],
-                       capture_output=True, text=True)
+                       check=False, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS (contract tier)" in r.stdout
 
@@ -89,7 +88,7 @@ def test_close_without_params_refused_and_marker_left(tmp_path):
     params = {"w": jax.numpy.ones(3)}
     tx = rec.optimizer(optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))
     g = rec.grad(jax.grad(loss))(params, jax.numpy.ones(3))
-    u, _ = tx.update(g, tx.init(params), params)
+    tx.update(g, tx.init(params), params)
     with pytest.raises(Refused) as e:
         rec.close()
     assert "rec.close(params)" in str(e.value)
@@ -110,5 +109,5 @@ def test_sampled_coordinates(tmp_path, accumcheck):
     # w1 8x16 and w2 16x4 sampled to 20 each; b1 (16) and b2 (4) whole.
     assert meta["parameters"] == str(20 + 16 + 20 + 4)
     r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(out)],
-                       capture_output=True, text=True)
+                       check=False, capture_output=True, text=True)
     assert "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
