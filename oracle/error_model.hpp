@@ -118,6 +118,13 @@ inline constexpr Tolerance kTolerances[] = {
      "accepted schedule, both double and the same formula (LambdaLR: "
      "base_lr * S(n)); 8 u64 covers a different libm's cos (1 ulp) and the "
      "multiplications, far below any lr mistake (a whole schedule step)"},
+    {"lr_channel_rel_float32", 8.0 / 16777216.0,
+     "certify's lr channel for a trainer that holds its lr in float32 "
+     "(meta.csv lr_precision = float32: optax's inject_hyperparams, a Keras "
+     "optimizer's learning_rate variable): the schedule evaluated in float32 "
+     "(a division, a product, a max: each one rounding) and the lr stored "
+     "rounded once more, against the schedule in double; 8 u32 covers them, "
+     "far below any lr mistake (a whole schedule step)"},
     {"evidence_weight_rel", 1e-3,
      "certify's model-free evidence: a micro-batch weight fitted by least "
      "squares from float32 gradients (relative error ~1e3 u32 at worst) is "

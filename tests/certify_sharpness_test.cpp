@@ -283,16 +283,23 @@ TEST(ContractSharpness, EmaUpdate) {
 // of a double, so 1.01x and 0.99x of it are not both doubles.  With every
 // lr at L = 1.984375 x 2^-9 the bound is 7.94 ulps of L: the first double
 // past it (L + 8 ulps, 1.008x) FAILs, the last within (L + 7 ulps, 0.88x)
-// PASSes; a bound loosened by 2% (8.10 ulps) passes the first.
-TEST(ContractSharpness, Lr) {
+// PASSes; a bound loosened by 2% (8.10 ulps) passes the first.  A trace
+// whose lr is held in float32 (meta.csv lr_precision = float32: optax,
+// Keras) has lr_channel_rel_float32 = 8 u32: the same 7.94 ulps of L, in
+// float32's ulps (L is a float32 number).
+static void lr_sharpness(bool float32) {
   const double L = std::ldexp(1.984375, -9);
-  const double ulp = std::ldexp(1.0, -52 - 9);
-  const double rel = error_model::tolerance("lr_channel_rel");
+  const double ulp = std::ldexp(1.0, (float32 ? -23 : -52) - 9);
+  const double rel = error_model::tolerance(float32 ? "lr_channel_rel_float32"
+                                                    : "lr_channel_rel");
   for (const int k : {7, 8}) {
     Trace t(kEma);
     t.edit("meta.csv", [&](Row& r) {
       if (r[0] == "lr") r[1] = num(L);
     });
+    if (float32)
+      std::ofstream(t.dir() + "/meta.csv", std::ios::app)
+          << "lr_precision,float32\n";
     int64_t step = 0;
     t.edit("events.csv", [&](Row& r) {
       if (r.size() > 8 && r[4] == "optimizer_step")
@@ -309,6 +316,9 @@ TEST(ContractSharpness, Lr) {
     EXPECT_NEAR(ratio, k == 7 ? 0.882 : 1.008, 0.001);
   }
 }
+
+TEST(ContractSharpness, Lr) { lr_sharpness(false); }
+TEST(ContractSharpness, LrFloat32) { lr_sharpness(true); }
 
 // ------------------------------------------------------------ oracle tier
 

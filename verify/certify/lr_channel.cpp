@@ -22,7 +22,7 @@ bool same(double a, double b, double rel) {
 }  // namespace
 
 LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
-                   const Behavior& accepted) {
+                   const Behavior& accepted, bool lr_float32) {
   LrChannel c;
   std::vector<int64_t> epoch_of;
   for (const TraceEvent& te : run.events)
@@ -45,7 +45,8 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
   Trainer<NullEngine> t(null, s, accepted, s.optimizer.lr, opt);
   for (const StepRecord<double>& st : t.run(plan, "lr").steps)
     c.accepted_lr.push_back(st.lr);
-  const double rel = error_model::tolerance("lr_channel_rel");
+  const double rel = error_model::tolerance(
+      lr_float32 ? "lr_channel_rel_float32" : "lr_channel_rel");
   const size_t n = std::min(c.trace_lr.size(), c.accepted_lr.size());
   for (size_t i = 0; i < n && c.first_off < 0; ++i)
     if (!same(c.trace_lr[i], c.accepted_lr[i], rel)) c.first_off = int64_t(i);

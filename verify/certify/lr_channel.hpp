@@ -6,7 +6,9 @@
 // before it under the accepted semantics, computed in double exactly as
 // PyTorch's LambdaLR does (base_lr * lambda(n), both Python floats;
 // sim/lr_schedule.hpp writes the same formulas); the two agree to
-// tolerance("lr_channel_rel") (a different libm's cos).
+// tolerance("lr_channel_rel") (a different libm's cos); a trace whose lr
+// was held in float32 (lr_float32: meta.csv lr_precision = float32, as
+// optax and Keras hold it) to tolerance("lr_channel_rel_float32").
 //
 // When they differ, the channel says what the lr sequence is, with its
 // evidence: K x (or sqrt(K) x, or c x) the schedule at every step (the
@@ -37,6 +39,6 @@ struct LrChannel {
 };
 
 LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
-                   const Behavior& accepted);
+                   const Behavior& accepted, bool lr_float32 = false);
 
 }  // namespace accumcheck

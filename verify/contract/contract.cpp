@@ -131,6 +131,14 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     throw InputError(tr.meta_path(), 0, 0, "accumulation",
                      "expected an integer >= 1");
   const bool tokens = tr.meta_value("items") == "tokens";
+  // The precision the trainer held its lr in (a float32 lr: optax, Keras).
+  const std::string lr_prec = tr.meta_value("lr_precision");
+  if (!lr_prec.empty() && lr_prec != "float32" && lr_prec != "float64")
+    throw InputError(tr.meta_path(), 0, 0, "lr_precision",
+                     "expected float32 or float64 (the precision the trainer "
+                     "holds its lr in), got '" +
+                         lr_prec + "'");
+  const bool lr32 = lr_prec == "float32";
   Scenario s;
   s.name = "contract";
   declared(tr, s);
@@ -274,10 +282,14 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       worst_rep = std::max(
           worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
   rep.ok = worst_rep <= 1;
+  // What the recorder replayed its update against (meta.csv replay: each
+  // recorder says it in its own words; the check is the same).
+  const std::string replayed = tr.meta_value("replay");
   rep.message = fmt::format(
-      "PyTorch's optimizer class replayed from the recorded parameters, state "
-      "and "
-      "gradient: worst {} of the bound ({} u32 of |p| + |update|)",
+      "{}: worst {} of the bound ({} u32 of |p| + |update|)",
+      replayed.empty() ? "the optimizer's update replayed from the recorded "
+                         "parameters, state and gradient"
+                       : replayed,
       fmt_ratio(worst_rep), replay_ulps);
   r.checks.push_back(rep);
 
@@ -412,7 +424,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     // The lr channel: each step's lr against this semantics' schedule.
     LrChannel lr;
     if (!tr.runs.empty())
-      lr = check_lr(s, cp.plan, tr.runs.front(), behavior_of(sem));
+      lr = check_lr(s, cp.plan, tr.runs.front(), behavior_of(sem), lr32);
     const std::string reduce_why =
         reduces_seen ? reduces_differ(trace_reduces, p.reduces) : "";
     if (preds.empty()) {

@@ -156,10 +156,15 @@ ReportData contract_report_data(const Trace& t, const ContractSection& c) {
   rc.ranks = c.ranks();
   rc.micro_batches = int64_t(c.micro.size());
   d.scenario = "contract-tier trace";
-  d.story =
-      "Recorded by accumcheck_torch's ContractRecorder around the real "
-      "trainer: which micro-batch gradients g_j enter each optimizer step, "
-      "with which weights, the lr of each step and each clip factor.";
+  // The recorder as its trace names itself (tool_version's first word:
+  // accumcheck_torch-..., accumcheck_jax-...).
+  std::string recorder = t.meta_value("tool_version");
+  recorder = recorder.substr(0, recorder.find('-'));
+  d.story = fmt::format(
+      "Recorded by {}'s ContractRecorder around the real trainer: which "
+      "micro-batch gradients g_j enter each optimizer step, with which "
+      "weights, the lr of each step and each clip factor.",
+      recorder.empty() ? "a contract recorder" : recorder);
   const std::string items = t.meta_value("items");
   std::string settings = fmt::format(
       "K={} items={} parameters={} ranks={} micro-batches={} steps={}",

@@ -1,6 +1,6 @@
 // The trace's completion record (verify/trace/trace.hpp, complete.csv):
 // written last by every writer (write_trace here, the PyTorch recorders'
-// python/accumcheck_torch/trace.py), checked first by read_trace, so a
+// python/accumcheck_trace/trace.py), checked first by read_trace, so a
 // trace whose run did not finish, or a file of it cut, emptied or
 // replaced after the run, is refused (InputError, exit 2) naming the file
 // and what happened, never judged.

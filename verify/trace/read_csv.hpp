@@ -165,7 +165,7 @@ void read_meta(Trace& t);
 // A recording leaves one marker per rank (a one-process recorder: rank 0
 // of 1), DIR/rank<r>.incomplete (key,value: rank, ranks, state, steps,
 // backward, why, and optionally planned; written by
-// python/accumcheck_torch/trace.py write_rank_marker) from the recorder's
+// python/accumcheck_trace/trace.py write_rank_marker) from the recorder's
 // start until the trace is written and sealed.  A folder holding any is
 // the trace of a run that did not finish: InputError (exit 2) naming each
 // such rank, its marker file, how far it got and how it ended.

@@ -2,7 +2,7 @@
 // verify/trace/complete.cpp): the digest of every file a writer wrote,
 // so a file cut, emptied or replaced after the run is told from the one
 // the run wrote.  Python's hashlib.sha256 writes the same digests
-// (python/accumcheck_torch/trace.py).  Portable C++, no library: the
+// (python/accumcheck_trace/trace.py).  Portable C++, no library: the
 // reader must not depend on what the machine's OpenSSL is.
 #pragma once
 

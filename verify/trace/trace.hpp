@@ -28,7 +28,7 @@
 // written atomically and their bytes depend only on the content.
 //
 // values.bin, the binary alternative to values.csv (a trace holds one or
-// the other; written by adapters/pytorch/accumcheck_torch/trace.py, read
+// the other; written by python/accumcheck_trace/trace.py, read
 // here).  All numbers little-endian:
 //   offset 0   8 bytes  magic "ACVALUES"
 //          8   u32      version (kValuesVersion)
@@ -174,7 +174,7 @@ void write_trace(const std::string& dir, const TraceWriter& w);
 
 // ---- the completion record: complete.csv, the file every writer writes
 // LAST, once the run has finished and every other file of the trace is
-// written (TraceWriter's write_trace; python/accumcheck_torch/trace.py
+// written (TraceWriter's write_trace; python/accumcheck_trace/trace.py
 // write_trace for the recorders):
 //   file,rows,bytes,sha256
 //   meta.csv,9,412,<64 hex digits>      one row per file the writer wrote:

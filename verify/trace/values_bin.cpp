@@ -1,6 +1,6 @@
 // values.bin: the binary values file of a trace (format in
-// verify/trace/trace.hpp; the one writer is adapters/pytorch/accumcheck_torch/
-// trace.py).  Every malformed input is an InputError naming the file and
+// verify/trace/trace.hpp; the one Python writer is
+// python/accumcheck_trace/trace.py).  Every malformed input is an InputError naming the file and
 // the byte offset where the problem starts.
 #include "verify/trace/values_bin.hpp"
 

@@ -1,0 +1,243 @@
+"""Gradient accumulation in JAX with optax, recorded by accumcheck_jax's
+ContractRecorder and judged by `accumcheck certify --contract`.
+
+    python examples/jax/train_optax.py --loop hand --out trace/
+    accumcheck certify --contract --trace trace/
+
+A small MLP classifier on seeded synthetic data; micro-batches of 4 (or
+of the sizes --sizes cycles through); the loops (--loop):
+  hand            correct: the summed loss's gradients summed over the
+                  window, divided by the window's items (the short last
+                  window too)
+  mean_over_k     the mean loss's gradients summed, divided by K (the short
+                  last window too: partial-cycle-scale-by-k)
+  no_div_k        the mean loss's gradients summed, never divided
+  double_div_k    the mean loss divided by K, and the sum divided by K again
+  drop_partial    the short last window never stepped
+  multisteps      optax.MultiSteps(inner, K) on the mean loss's gradients
+                  (the mean of micro-batch means: correct only with equal
+                  micro-batches)
+  schedule_micro  hand, but the lr schedule's horizon counted in micro-batches
+  nnx             Flax NNX: nnx.Optimizer over the model, hand accumulation
+--no-record runs the same loop without the recorder (the bit-identity test
+and the bench compare the two); --wrap-inside jits the recorder's wrapper
+with the gradient function (recorded by a callback in the program).
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+import jax
+import jax.numpy as jnp
+import optax
+from accumcheck_jax import ContractRecorder, Refused, exit_on_refusal
+
+LOOPS = ("hand", "mean_over_k", "no_div_k", "double_div_k", "drop_partial", "multisteps",
+         "schedule_micro", "nnx")
+
+
+def data(samples, features, classes, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples, features)).astype(np.float32)
+    w = rng.standard_normal((features, classes)).astype(np.float32)
+    y = np.argmax(x @ w + 0.5 * rng.standard_normal((samples, classes)), axis=1).astype(np.int32)
+    return x, y
+
+
+def micro_batches(x, y, sizes):
+    out, at, i = [], 0, 0
+    while at < len(x):
+        n = sizes[i % len(sizes)]
+        out.append((x[at:at + n], y[at:at + n]))
+        at, i = at + n, i + 1
+    return out
+
+
+def init_params(features, hidden, classes, seed=0):
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    return {"w1": jax.random.normal(k1, (features, hidden)) / np.sqrt(features),
+            "b1": jnp.zeros(hidden),
+            "w2": jax.random.normal(k2, (hidden, classes)) / np.sqrt(hidden),
+            "b2": jnp.zeros(classes)}
+
+
+def logits_of(params, x):
+    h = jnp.tanh(x @ params["w1"] + params["b1"])
+    return h @ params["w2"] + params["b2"]
+
+
+def summed_loss(params, batch):
+    x, y = batch
+    logp = jax.nn.log_softmax(logits_of(params, x))
+    return -jnp.sum(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+
+def mean_loss(params, batch):
+    return summed_loss(params, batch) / batch[0].shape[0]
+
+
+def items(batch):
+    return len(batch[1])
+
+
+def linear(base, total):
+    """certify's linear kind without warmup: base * max(0, (T - n) / T)
+    after n steps (sim/lr_schedule.hpp)."""
+    return lambda n: base * jnp.maximum(0.0, (total - n) / total)
+
+
+def run(args):
+    x, y = data(args.samples, 8, 4)
+    batches = micro_batches(x, y, [int(s) for s in args.sizes.split(",")])
+    K, epochs = args.K, args.epochs
+    windows = -(-len(batches) // K)
+    total = windows * epochs
+    if args.loop == "nnx":
+        return run_nnx(args, batches)
+    sched = linear(args.lr, total * K if args.loop == "schedule_micro" else total)
+    schedule = {"kind": "linear", "warmup": 0, "total": total}
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=sched)
+    if args.loop == "multisteps":
+        tx = optax.MultiSteps(tx, every_k_schedule=K)
+    rec = None
+    if args.record:
+        rec = ContractRecorder(summed_loss, items, accumulation=K, out=args.out,
+                               lr=args.lr, schedule=schedule, quiet=args.quiet)
+        tx = rec.optimizer(tx)
+    fn = jax.grad(summed_loss if args.loop in ("hand", "schedule_micro") else mean_loss)
+    if args.loop == "double_div_k":
+        fn = jax.grad(lambda p, b: mean_loss(p, b) / K)
+    # Your jitted gradient function, wrapped as it is (a wrapper jitted with
+    # it, jax.jit(rec.grad(fn)), records through a callback: the same
+    # trace, dearer).
+    if rec and args.wrap_inside:
+        grad_fn = jax.jit(rec.grad(fn))
+    else:
+        grad_fn = rec.grad(jax.jit(fn)) if rec else jax.jit(fn)
+    params = init_params(8, 16, 4)
+    state = tx.init(params)
+
+    @jax.jit
+    def apply(params, state, acc, scale):
+        grads = jax.tree_util.tree_map(lambda a: a * scale, acc)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    @jax.jit
+    def multistep(params, state, grads):
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    add = jax.jit(lambda a, g: jax.tree_util.tree_map(jnp.add, a, g))
+    for epoch in range(epochs):
+        drawn = rec.watch(batches) if rec else batches
+        acc, n_items, in_window = None, 0, 0
+        for i, batch in enumerate(drawn):
+            batch = (jnp.asarray(batch[0]), jnp.asarray(batch[1]))
+            g = grad_fn(params, batch)
+            if args.loop == "multisteps":
+                params, state = multistep(params, state, g)
+                continue
+            acc = g if acc is None else add(acc, g)
+            n_items += len(batch[1])
+            in_window += 1
+            last = i == len(batches) - 1
+            if in_window == K or last:
+                if last and in_window < K and args.loop == "drop_partial":
+                    break
+                if args.loop in ("hand", "schedule_micro"):
+                    scale = 1.0 / n_items
+                elif args.loop == "no_div_k":
+                    scale = 1.0
+                else:
+                    scale = 1.0 / K
+                params, state = apply(params, state, acc, jnp.float32(scale))
+                acc, n_items, in_window = None, 0, 0
+    if rec:
+        rec.close(params)
+        if not args.quiet:
+            print("trace written to %s" % args.out)
+    return params
+
+
+def run_nnx(args, batches):
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(8, 16, rngs=rngs)
+            self.l2 = nnx.Linear(16, 4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(jnp.tanh(self.l1(x)))
+
+    def nnx_summed(model, batch):
+        x, y = batch
+        logp = jax.nn.log_softmax(model(x))
+        return -jnp.sum(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    K = args.K
+    model = MLP(nnx.Rngs(0))
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=args.lr)
+    rec = None
+    if args.record:
+        rec = ContractRecorder(nnx_summed, items, accumulation=K, out=args.out, lr=args.lr,
+                               grad=nnx.grad, quiet=args.quiet)
+        tx = rec.optimizer(tx)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    fn = nnx.grad(nnx_summed)
+    if rec and args.wrap_inside:
+        grad_fn = nnx.jit(rec.grad(fn))
+    else:
+        grad_fn = rec.grad(nnx.jit(fn)) if rec else nnx.jit(fn)
+
+    @nnx.jit
+    def apply(model, optimizer, acc, scale):
+        optimizer.update(model, jax.tree_util.tree_map(lambda a: a * scale, acc))
+
+    for epoch in range(args.epochs):
+        drawn = rec.watch(batches) if rec else batches
+        acc, n_items, in_window = None, 0, 0
+        for i, batch in enumerate(drawn):
+            batch = (jnp.asarray(batch[0]), jnp.asarray(batch[1]))
+            g = grad_fn(model, batch)
+            acc = g if acc is None else jax.tree_util.tree_map(jnp.add, acc, g)
+            n_items += len(batch[1])
+            in_window += 1
+            if in_window == K or i == len(batches) - 1:
+                apply(model, optimizer, acc, jnp.float32(1.0 / n_items))
+                acc, n_items, in_window = None, 0, 0
+    params = nnx.state(model, nnx.Param)
+    if rec:
+        rec.close(model)
+    return params
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--loop", default="hand", help="one of: " + ", ".join(LOOPS))
+    p.add_argument("--K", type=int, default=4)
+    p.add_argument("--samples", type=int, default=44)
+    p.add_argument("--sizes", default="4", help="micro-batch sizes, cycled (e.g. 2,6)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--out", default="trace")
+    p.add_argument("--no-record", dest="record", action="store_false")
+    p.add_argument("--wrap-inside", action="store_true",
+                   help="jit the recorder's wrapper with your function (a callback records)")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if args.loop not in LOOPS:
+        raise Refused("--loop: expected one of %s, got %r" % (", ".join(LOOPS), args.loop))
+    if args.K < 1 or args.samples < 1 or args.epochs < 1:
+        raise Refused("--K, --samples and --epochs must be >= 1")
+    return run(args)
+
+
+if __name__ == "__main__":
+    exit_on_refusal(main)

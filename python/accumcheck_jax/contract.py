@@ -1,0 +1,665 @@
+"""The contract tier's recorder for JAX: optax (hand accumulation,
+optax.MultiSteps), Flax NNX (nnx.Optimizer), jitted or not, on the CPU.
+It writes the same contract trace as accumcheck_torch.ContractRecorder
+(docs/trace-format.md), judged by `accumcheck certify --contract`.
+
+    rec = ContractRecorder(summed_loss, items, accumulation=K, out="trace/")
+    grad_fn = rec.grad(jax.grad(mean_loss))          # your micro-batch gradient
+    tx = rec.optimizer(optax.inject_hyperparams(optax.adam)(learning_rate=1e-3))
+    for epoch in range(E):
+        for batch in rec.watch(batches):             # your batches, the same
+            ...                                      # your loop, unchanged
+    rec.close(params)                                # the trained parameters
+
+    summed_loss(params, batch) -> the SUM of the item losses of the batch
+    items(batch) -> its loss-bearing items (host numpy batch)
+
+optax.MultiSteps: wrap the whole, rec.optimizer(optax.MultiSteps(inner, K))
+(its inner optimizer built with optax.inject_hyperparams).  Flax NNX: ContractRecorder(..., grad=nnx.grad), the micro-batch
+gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
+nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
+
+What it measures (an ordered io_callback, so it works under jit):
+  - per micro-batch j (each call of the wrapped gradient function): g_j =
+    grad(summed_loss) at the parameters that call saw, computed in the same
+    program, and c_j, the gradient your function returned, fitted as w_j g_j
+    (the weight and the relative residual); every calibrate_every-th (the
+    first included) g_j again in float64 on the host, which calibrates the
+    fit (|g32 - g64| / |g64|);
+  - per call of the wrapped optimizer's update: the gradient handed to it
+    (what the accumulation consumed), the update it returned and its lr
+    (optax.inject_hyperparams' state, or a Keras optimizer's); a call is an
+    optimizer step when the next parameters seen differ from those before
+    it (optax.MultiSteps runs its inner update at every mini-step and
+    discards all but the window's last), and the step's update is checked
+    against the parameters seen next (p + update, optax.apply_updates);
+  - the consumed gradient fitted by least squares over the previous step's
+    gradient and the micro-batch gradients since it.
+Memory stays small: every vector is kept on d coordinates per parameter
+leaf (all of a leaf of at most `coordinates` elements, default 4096, else
+a seeded sample of that many), in float64 numpy on the host.
+"""
+
+import math
+import time
+
+import numpy as np
+from accumcheck_trace.trace import (
+    SCHEDULE_KEYS,
+    VERSION,
+    Recording,
+    Refused,
+    contract_event_rows,
+    contract_meta,
+    real,
+    stopped_by,
+    write_trace,
+)
+
+CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
+U32 = 2.0 ** -24
+# oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
+# what the trace reports, as accumcheck_torch's recorder does).
+REPLAY_ULPS = 16.0
+
+
+def _jax():
+    try:
+        import jax
+    except ImportError as e:  # pragma: no cover - the venv has it
+        raise Refused("accumcheck_jax needs jax: bash scripts/venv-jax.sh makes .venv-jax/ (%s)" % e)
+    return jax
+
+
+def _enable_x64(jax):
+    """jax's float64 scope (jax.enable_x64 from 0.5 on, else the
+    experimental one): only the recorder's calibration runs inside it."""
+    scope = getattr(jax, "enable_x64", None)
+    if scope is not None:
+        return scope(True)
+    from jax.experimental import enable_x64
+    return enable_x64()
+
+
+def _is_nnx(obj):
+    try:
+        from flax import nnx
+    except ImportError:
+        return False
+    return isinstance(obj, nnx.Module)
+
+
+class _Leaves:
+    """The parameters' layout: which coordinates of each leaf are kept."""
+
+    def __init__(self, shapes, coordinates, seed):
+        self.picks, self.sizes = [], []
+        for i, shape in enumerate(shapes):
+            size = int(np.prod(shape)) if len(shape) else 1
+            self.sizes.append(size)
+            if size <= coordinates:
+                self.picks.append(None)
+            else:
+                rng = np.random.default_rng([seed, i, size])
+                self.picks.append(np.sort(rng.choice(size, coordinates, replace=False)))
+        self.d = sum(s if p is None else len(p) for s, p in zip(self.sizes, self.picks))
+
+    def take(self, jnp, leaves):
+        """In the program: the kept coordinates of each leaf."""
+        out = []
+        for leaf, pick in zip(leaves, self.picks):
+            flat = jnp.reshape(leaf, (-1,))
+            out.append(flat if pick is None else jnp.take(flat, pick))
+        return out
+
+    def host(self, leaves):
+        """On the host, from whole leaves: the kept coordinates as one
+        float64 vector."""
+        parts = []
+        for leaf, pick in zip(leaves, self.picks):
+            flat = np.asarray(leaf).reshape(-1)
+            parts.append(flat if pick is None else flat[pick])
+        return join(parts)
+
+
+def join(taken):
+    """What take() kept (a callback's arguments) as one float64 vector."""
+    return np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in taken]) \
+        if len(taken) else np.zeros(0)
+
+
+class ContractRecorder:
+    """ContractRecorder(summed_loss, count_fn, accumulation, out="trace",
+    items="samples", run="trainer", lr=None, schedule=None, clip=None,
+    accept=(), calibrate_every=16, coordinates=4096, seed=0, grad=None,
+    engine="jax", quiet=False).
+
+    summed_loss(params, batch) (or (model, batch) with grad=nnx.grad): the
+    SUM of the batch's item losses; count_fn(batch): its loss-bearing items,
+    called on the host with numpy arrays; accumulation: K.  lr and
+    schedule: the accepted lr schedule as for accumcheck_torch (lr a float;
+    schedule None (constant) or a named kind {"kind": "constant" | "step" |
+    "linear" | "cosine", "warmup", "total", "step_size", "gamma"}).  grad:
+    the transform taking summed_loss's gradient (default jax.grad)."""
+
+    def __init__(self, summed_loss=None, count_fn=None, accumulation=None, out="trace",
+                 items="samples", run="trainer", lr=None, schedule=None, clip=None, accept=(),
+                 calibrate_every=16, coordinates=4096, seed=0, grad=None, engine="jax",
+                 quiet=False):
+        if summed_loss is None or count_fn is None or accumulation is None:
+            raise Refused("accumcheck_jax.ContractRecorder: pass summed_loss (the SUM of a batch's "
+                          "item losses: summed_loss(params, batch)), count_fn (its loss-bearing "
+                          "items: count_fn(batch)) and accumulation= (K, an integer >= 1)")
+        if not callable(summed_loss) or not callable(count_fn):
+            raise Refused("accumcheck_jax.ContractRecorder: summed_loss and count_fn must be "
+                          "functions, got %s and %s" % (type(summed_loss).__name__,
+                                                        type(count_fn).__name__))
+        if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
+            raise Refused("accumcheck_jax.ContractRecorder: accumulation must be an integer >= 1 "
+                          "(the micro-batches per optimizer step), got %r" % (accumulation,))
+        if items not in ("samples", "tokens"):
+            raise Refused("accumcheck_jax.ContractRecorder: items must be 'samples' or 'tokens', "
+                          "got %r" % (items,))
+        if isinstance(coordinates, bool) or not isinstance(coordinates, int) or coordinates < 1:
+            raise Refused("accumcheck_jax.ContractRecorder: coordinates must be an integer >= 1 "
+                          "(the coordinates kept per parameter leaf), got %r" % (coordinates,))
+        schedule = dict(schedule or {"kind": "constant"}) if isinstance(schedule, (dict, type(None))) \
+            else None
+        if schedule is None or sorted(set(schedule) - set(SCHEDULE_KEYS)) or \
+                schedule.get("kind") not in ("constant", "step", "linear", "cosine"):
+            raise Refused("accumcheck_jax.ContractRecorder: schedule: expected None or {'kind': "
+                          "'constant' | 'step' | 'linear' | 'cosine', 'warmup', 'total', "
+                          "'step_size', 'gamma'} (a scenario's [schedule] table)")
+        if lr is not None and not isinstance(lr, (int, float)):
+            raise Refused("accumcheck_jax.ContractRecorder: lr must be a number (the base lr of "
+                          "the declared schedule), got %s" % type(lr).__name__)
+        self.jax = _jax()
+        self.summed_loss, self.count_fn = summed_loss, count_fn
+        self.K, self.out, self.items_kind, self.run = accumulation, out, items, run
+        self.lr_declared, self.schedule = lr, schedule
+        self.clip_max = None if clip is None else float(clip)
+        self.accept = [accept] if isinstance(accept, str) else list(accept or ())
+        self.calibrate_every = max(1, int(calibrate_every))
+        self.coordinates, self.seed = coordinates, seed
+        self.grad_transform = grad or self.jax.grad
+        self.engine, self.quiet = engine, quiet
+        self.layout = None       # _Leaves, fixed by the first gradient seen
+        self.treedef = None
+        self.nnx_graph = None    # an NNX model's graphdef (calibration rebuilds it)
+        self.micro = []          # [epoch, version, items, samples, calibration]
+        self.backward = []       # (weight, residual)
+        self.c = {}              # backward -> its c (kept coordinates) until its step
+        self.since = []          # backward passes since the last step
+        self.prev = None         # the gradient the last step consumed
+        self.pending = None      # an update call not yet known to be a step
+        self.p_last = None       # the kept coordinates of the parameters last seen
+        self.steps = 0
+        self.rows = []           # step, coef, replay rows
+        self.events = []         # (kind, step, micro, lr)
+        self.epochs = []         # [dataset size, batch size]
+        self.calibrate = []      # (j, full parameter leaves, batch, g32 kept)
+        self._grad64 = None      # the float64 gradient, jitted once
+        self._probe = None       # the eager path's program (_eager)
+        self._marked = 0.0       # when the marker was last rewritten
+        self.lr0 = None
+        self.lr_precision = "float32"  # optax's inject_hyperparams holds it so
+        self.dtype = None
+        self.closed = False
+        self._recording = Recording(out, on_exit=self._abandon)
+
+    # ---- wiring
+
+    def grad(self, fn, value_and_grad=False):
+        """Your micro-batch gradient function fn(params, batch, ...) -> grads
+        (value_and_grad=True: -> (value, grads)), recorded at each call,
+        under jit or not.  Returns the function to call instead."""
+        if not callable(fn):
+            raise Refused("ContractRecorder.grad: expected your gradient function (e.g. "
+                          "jax.grad(loss)), got %s" % type(fn).__name__)
+        jax, rec = self.jax, self
+
+        def wrapped(first, batch, *a, **k):
+            if not any(isinstance(x, jax.core.Tracer)
+                       for x in jax.tree_util.tree_leaves((rec._state_of(first), batch))):
+                return rec._eager(fn, value_and_grad, first, batch, a, k)
+            out = fn(first, batch, *a, **k)
+            if value_and_grad:
+                if not isinstance(out, (tuple, list)) or len(out) != 2:
+                    raise Refused("ContractRecorder.grad(value_and_grad=True): the function "
+                                  "returned %s, expected (value, grads)" % type(out).__name__)
+                c = out[1]
+            else:
+                c = out
+            g = rec.grad_transform(rec.summed_loss)(first, batch)
+            params = rec._params_of(first)
+            p_leaves, treedef = jax.tree_util.tree_flatten(params)
+            g_leaves = jax.tree_util.tree_leaves(g)
+            c_leaves = jax.tree_util.tree_leaves(c)
+            if len(c_leaves) != len(p_leaves) or len(g_leaves) != len(p_leaves):
+                raise Refused("ContractRecorder.grad: the gradient has %d leaves, the parameters "
+                              "%d: the function must return the gradient of the parameters it "
+                              "takes first" % (len(c_leaves), len(p_leaves)))
+            rec._layout(p_leaves, treedef, first)
+            jnp = jax.numpy
+            full = jax.tree_util.tree_leaves(rec._state_of(first))
+            rec.full_shapes = [(tuple(x.shape), x.dtype) for x in full]
+            # Few arguments: each costs the callback a transfer of its own.
+            _host_call(jax, rec._on_backward, _pack(jnp, rec.layout.take(jnp, p_leaves)),
+                       _pack(jnp, rec.layout.take(jnp, g_leaves)),
+                       _pack(jnp, rec.layout.take(jnp, c_leaves)), _pack(jnp, full), batch)
+            return out
+        return wrapped
+
+    def _eager(self, fn, value_and_grad, first, batch, a, k):
+        """The wrapped gradient function called outside jit (your jitted
+        function wrapped: rec.grad(jax.jit(fn))): your function as it is,
+        then one program of the recorder's own (g_j and the kept
+        coordinates of the parameters, g_j and your gradient), read back
+        at once: no callback in your program, and none of its cost (an
+        io_callback costs about 3 ms a call)."""
+        jax = self.jax
+        out = fn(first, batch, *a, **k)
+        c = out[1] if value_and_grad else out
+        if self._probe is None:
+            rec = self
+
+            def probe(first, batch, c):
+                g = rec.grad_transform(rec.summed_loss)(first, batch)
+                p_leaves, treedef = jax.tree_util.tree_flatten(rec._params_of(first))
+                rec._layout(p_leaves, treedef, first)
+                jnp = jax.numpy
+                return (_pack(jnp, rec.layout.take(jnp, p_leaves)),
+                        _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(g))),
+                        _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(c))))
+            if self.nnx_graph is None and _is_nnx(first):
+                from flax import nnx
+                self._probe = nnx.jit(probe)
+            else:
+                self._probe = jax.jit(probe)
+        p, g, cc = jax.device_get(self._probe(first, batch, c))
+        if len(self.micro) % self.calibrate_every == 0:
+            full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))]
+        else:
+            full = None
+        self.sync_calls()
+        self._on_backward(p, g, cc, full, jax.device_get(batch), packed=False)
+        return out
+
+    def sync_calls(self):
+        """The callbacks of the programs launched so far have run (the
+        optimizer's, before the next micro-batch's record)."""
+        self.jax.effects_barrier()
+
+    def optimizer(self, tx):
+        """An optax GradientTransformation (the one that applies the update:
+        your optimizer, or an optax.MultiSteps) wrapped so that each
+        update call records the gradient handed to it, the update and the
+        lr.  Build it with optax.inject_hyperparams so its lr can be read."""
+        if not hasattr(tx, "init") or not hasattr(tx, "update"):
+            raise Refused("ContractRecorder.optimizer: expected an optax GradientTransformation "
+                          "(init and update), got %s" % type(tx).__name__)
+        import optax
+        jax, rec = self.jax, self
+        if isinstance(tx, optax.MultiSteps):
+            return self._multi_steps(tx)
+
+        def update(grads, state, params=None, **extra):
+            updates, new_state = tx.update(grads, state, params, **extra)
+            lr = _lr_of(new_state)
+            rec.lr_precision = "float64" if lr is not None and jax.numpy.asarray(lr).dtype == \
+                jax.numpy.float64 else "float32"
+            if lr is None:
+                raise Refused("ContractRecorder.optimizer: the lr of this optimizer cannot be read: "
+                              "build it with optax.inject_hyperparams, e.g. "
+                              "optax.inject_hyperparams(optax.adamw)(learning_rate=...)")
+            jnp = jax.numpy
+            g_leaves = jax.tree_util.tree_leaves(grads)
+            u_leaves = jax.tree_util.tree_leaves(updates)
+            rec._same_tree(g_leaves)
+            _host_call(jax, rec._on_update, rec.layout.take(jnp, g_leaves),
+                               rec.layout.take(jnp, u_leaves), lr, ordered=True)
+            return updates, new_state
+        return optax.GradientTransformation(tx.init, update)
+
+    def _same_tree(self, g_leaves):
+        """An update's gradient is of the parameters the gradient function saw."""
+        if self.layout is None or len(g_leaves) != len(self.layout.picks):
+            raise Refused("ContractRecorder.optimizer: an update before any recorded gradient "
+                          "(or of another parameter tree): call the function rec.grad(...) "
+                          "returned for every micro-batch")
+
+    def _multi_steps(self, tx):
+        """optax.MultiSteps, recorded from outside: a callback on what it
+        consumes inside (its inner update's input) changes how XLA fuses
+        that update, and so the run's rounding.  Its state going in (the
+        accumulator acc_grads, mini_step, gradient_step) and what comes out
+        are the program's own inputs and outputs: the consumed gradient of
+        the window's last mini-step is that accumulator and the last
+        micro-batch gradient combined by MultiSteps' rule (use_grad_mean:
+        acc + (g - acc) / (mini_step + 1); else acc + g), in the
+        accumulator's precision; a step is a call after which
+        gradient_step moved."""
+        import optax
+        jax, rec = self.jax, self
+        mean = bool(getattr(tx, "_use_grad_mean", True))
+
+        def update(grads, state, params=None, **extra):
+            updates, new_state = tx.update(grads, state, params, **extra)
+            lr = _lr_of(new_state.inner_opt_state)
+            if lr is None:
+                raise Refused("ContractRecorder.optimizer: the lr of MultiSteps' inner optimizer "
+                              "cannot be read: build it with optax.inject_hyperparams, e.g. "
+                              "optax.MultiSteps(optax.inject_hyperparams(optax.adamw)"
+                              "(learning_rate=...), K)")
+            jnp = jax.numpy
+            g_leaves = jax.tree_util.tree_leaves(grads)
+            rec._same_tree(g_leaves)
+            _host_call(jax, rec._on_multi_step, rec.layout.take(jnp, g_leaves),
+                               rec.layout.take(jnp, jax.tree_util.tree_leaves(state.acc_grads)),
+                               state.mini_step, state.gradient_step, new_state.gradient_step,
+                               rec.layout.take(jnp, jax.tree_util.tree_leaves(updates)), lr,
+                               ordered=True)
+            return updates, new_state
+        self._multi_mean = mean
+        return optax.GradientTransformation(tx.init, update)
+
+    def _on_multi_step(self, g, acc, mini, before, after, u, lr):
+        if int(after) == int(before):
+            return  # a mini-step: accumulated, nothing applied
+        g32 = [np.asarray(x, dtype=np.float32) for x in g]
+        a32 = [np.asarray(x, dtype=np.float32) for x in acc]
+        if self._multi_mean:
+            n = np.float32(int(mini) + 1)
+            G = [a + (x - a) / n for x, a in zip(g32, a32)]
+        else:
+            G = [a + x for x, a in zip(g32, a32)]
+        self._on_update(G, u, lr)
+
+    def watch(self, batches, dataset_size=-1, batch_size=-1):
+        """Your epoch's batches, the same, in order: one epoch.  Returns an
+        iterator over them."""
+        self.epoch(dataset_size, batch_size)
+        yield from batches
+
+    def epoch(self, dataset_size=-1, batch_size=-1):
+        """An epoch starts (the alternative to watch())."""
+        self.sync()
+        self.epochs.append([int(dataset_size), int(batch_size)])
+
+    def sync(self):
+        """Every callback of the computations launched so far has run, and
+        the float64 calibrations pending are done."""
+        self.jax.effects_barrier()
+        self._calibrate()
+
+    def close(self, params=None):
+        """Writes the trace.  params (or the NNX model): the trained
+        parameters, which show whether the last update was applied."""
+        if self.closed:
+            return
+        why = stopped_by()
+        if why:
+            self._abandon(why)
+            return
+        self.sync()
+        if self.pending is not None:
+            if params is None:
+                self._refuse("ContractRecorder.close: pass the trained parameters "
+                             "(rec.close(params), or the NNX model): the last update's "
+                             "application is judged from them")
+            leaves = self.jax.tree_util.tree_leaves(self._params_of(params))
+            self._resolve(self.layout.host(leaves))
+        if not self.micro:
+            self._refuse("ContractRecorder.close: no micro-batch gradient was recorded: call the "
+                         "function rec.grad(...) returned for each micro-batch")
+        self.closed = True
+        self._write()
+        self._recording.done()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # ---- what the program tells
+
+    def _params_of(self, first):
+        if _is_nnx(first):
+            from flax import nnx
+            return nnx.state(first, nnx.Param)
+        return first
+
+    def _state_of(self, first):
+        if _is_nnx(first):
+            from flax import nnx
+            return nnx.state(first)
+        return first
+
+    def _layout(self, p_leaves, treedef, first):
+        shapes = [tuple(x.shape) for x in p_leaves]
+        if self.layout is None:
+            self.layout = _Leaves(shapes, self.coordinates, self.seed)
+            self.shapes = shapes
+            self.dtype = str(p_leaves[0].dtype)
+            if _is_nnx(first):
+                from flax import nnx
+                self.nnx_graph = nnx.graphdef(first)
+                self.treedef = self.jax.tree_util.tree_structure(nnx.state(first))
+            else:
+                self.treedef = treedef
+        elif shapes != self.shapes:
+            raise Refused("ContractRecorder.grad: parameters of other shapes than the first "
+                          "call's (one model per recorder)")
+
+    def _on_backward(self, p, g, c, full, batch, packed=True):
+        p = join([p])
+        if self.pending is not None:
+            self._resolve(p)
+        self.p_last = p
+        g, c = join([g]), join([c])
+        j = len(self.micro)
+        batch = self.jax.tree_util.tree_map(np.asarray, batch)
+        try:
+            items = int(self.count_fn(batch))
+        except Exception as e:  # noqa: BLE001  (whatever the user's function raised, named)
+            self._refuse("count_fn(batch) failed on micro-batch %d: %s" % (j, e))
+        first = self.jax.tree_util.tree_leaves(batch)
+        samples = int(first[0].shape[0]) if first and np.ndim(first[0]) else 1
+        self.micro.append([max(len(self.epochs) - 1, 0), self.steps, items, samples, float("nan")])
+        if not self.epochs:
+            self.epochs.append([-1, -1])
+        if j % self.calibrate_every == 0:
+            self.calibrate.append((j, _unpack(full, self.full_shapes) if packed else full, batch, g))
+        gg = float(g @ g)
+        w = float(c @ g) / gg if gg > 0 else 0.0
+        wn = abs(w) * math.sqrt(gg)
+        if wn > 0:
+            resid = float(np.linalg.norm(c - w * g)) / wn
+        else:
+            resid = 0.0 if not c.any() else float("inf")
+        self.backward.append((w, resid))
+        self.c[j] = c
+        self.since.append(j)
+        self.events.append(("forward_backward", self.steps, j, None))
+        self._recording.progress(self.steps, len(self.backward), write=False)
+
+    def _on_update(self, g, u, lr):
+        if self.pending is not None:
+            self._refuse("two optimizer updates with no micro-batch gradient between them: "
+                         "call the function rec.grad(...) returned for each micro-batch")
+        if self.p_last is None:
+            self._refuse("an optimizer update before any micro-batch gradient")
+        self.pending = (join(g), join(u), float(lr), self.p_last)
+
+    def _resolve(self, p_now):
+        """The pending update call: a step when the parameters moved."""
+        G, u, lr, p_before = self.pending
+        self.pending = None
+        if np.array_equal(p_now, p_before):
+            return  # computed and discarded (MultiSteps' mini-steps)
+        t = self.steps
+        if self.lr0 is None:
+            self.lr0 = float(self.lr_declared) if self.lr_declared is not None else lr
+        refs = ([-1] if self.prev is not None else []) + list(self.since)
+        terms = ([self.prev] if self.prev is not None else []) + [self.c[b] for b in self.since]
+        if terms:
+            A = np.stack(terms)
+            norms = np.linalg.norm(A, axis=1)
+            safe = np.where(norms > 0, norms, 1.0)
+            sol, *_ = np.linalg.lstsq((A / safe[:, None]).T, G, rcond=None)
+            coef = sol / safe
+            resid = float(np.linalg.norm(A.T @ coef - G))
+            scale = float(np.sum(np.abs(coef) * norms))
+        else:
+            coef, norms, resid, scale = np.zeros(0), np.zeros(0), float(np.linalg.norm(G)), 0.0
+        self.rows.append("step,%d,%d,,,%s,,%s,%s,%s\n" % (t, len(refs), _off_bf16(G), real(lr),
+                                                          real(resid), real(scale)))
+        for ref, a, v in zip(refs, coef, norms):
+            self.rows.append("coef,%d,%s,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
+        # The update against the parameters seen next: p + update in the
+        # parameters' precision (optax.apply_updates).
+        r = (p_before.astype(np.float32) + u.astype(np.float32)).astype(np.float64)
+        bound = REPLAY_ULPS * U32 * (np.abs(u) + np.abs(r))
+        err = np.abs(p_now - r)
+        hit = err > 0
+        worst = float(np.max(np.where(bound[hit] > 0, err[hit] / np.where(bound[hit] > 0, bound[hit], 1),
+                                      np.inf))) if hit.any() else 0.0
+        self.rows.append("replay,%d,,,,,,%s,,\n" % (t, real(worst * REPLAY_ULPS)))
+        self.events.append(("optimizer_step", t, -1, lr))
+        self.prev = G
+        for b in self.since:
+            del self.c[b]
+        self.since = []
+        self.steps += 1
+        # The marker (how far a run that dies got) rewritten at most once a
+        # second: a rewrite costs a few ms, a small model's step less.
+        now = time.monotonic()
+        write = now - self._marked >= 1.0
+        if write:
+            self._marked = now
+        self._recording.progress(self.steps, len(self.backward), write=write)
+
+    def _calibrate(self):
+        """g_j in float64 on the host for the calibration sample."""
+        if not self.calibrate:
+            return
+        jax = self.jax
+        todo, self.calibrate = self.calibrate, []
+        with _enable_x64(jax):
+            if self._grad64 is None:
+                if self.nnx_graph is not None:
+                    from flax import nnx
+                    self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
+                else:
+                    self._grad64 = jax.jit(self.grad_transform(self.summed_loss))
+            for j, full, batch, g32 in todo:
+                wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
+                        for x in full]
+                state = jax.tree_util.tree_unflatten(self.treedef, wide)
+                if self.nnx_graph is not None:
+                    from flax import nnx
+                    first = nnx.merge(self.nnx_graph, state)
+                else:
+                    first = state
+                b64 = jax.tree_util.tree_map(
+                    lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
+                    batch)
+                g64 = self._grad64(first, b64)
+                g64 = self.layout.host(jax.tree_util.tree_leaves(g64))
+                n64 = float(np.linalg.norm(g64))
+                self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
+
+    # ---- output
+
+    def _write(self):
+        rows = []
+        for j, m in enumerate(self.micro):
+            rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[4])))
+        for b, (w, resid) in enumerate(self.backward):
+            rows.append("backward,%d,%d,,%d,,,%s,%s,\n" % (b, b, self.micro[b][1], real(w),
+                                                           real(resid)))
+        for e, (n, bs) in enumerate(self.epochs):
+            rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
+        rows += self.rows
+        precision = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16",
+                     "float16": "float16"}.get(self.dtype, str(self.dtype))
+        meta = contract_meta(
+            engine=self.engine, precision=precision,
+            tool_version="accumcheck_jax-%s jax-%s" % (VERSION, self.jax.__version__),
+            accumulation=self.K, items=self.items_kind, parameters=self.layout.d,
+            lr=self.lr0 if self.lr0 is not None else float("nan"), schedule=self.schedule,
+            clip=self.clip_max, accept=self.accept, lr_precision=self.lr_precision)
+        meta.append(("replay", ("each step's update against the parameters seen next "
+                                "(p + update, as optax.apply_updates adds it)")))
+        meta.append(("recorder", "accumcheck_jax: the gradient function (rec.grad) and the "
+                                 "optimizer's update (rec.optimizer) through ordered "
+                                 "io_callback; %d coordinates kept of the parameters"
+                     % self.layout.d))
+        events = contract_event_rows(self.run, self.events, lambda j: self.micro[j][0])
+        write_trace(self.out, meta, events, [],
+                    extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})
+
+    def _refuse(self, message):
+        self._abandon("the recorder refused: " + message)
+        raise Refused(message)
+
+    def _abandon(self, why):
+        if not self.closed:
+            self.closed = True
+            self._recording.end(why)
+
+
+def _pack(jnp, leaves):
+    """Leaves as one flat vector (float32, or float64 if any leaf is
+    wider): exact for float32, bfloat16, float16 and small integers."""
+    wide = any(jnp.dtype(x.dtype).itemsize > 4 for x in leaves)
+    dt = jnp.float64 if wide else jnp.float32
+    return jnp.concatenate([jnp.reshape(x, (-1,)).astype(dt) for x in leaves]) if leaves \
+        else jnp.zeros(0, dt)
+
+
+def _unpack(flat, shapes):
+    """_pack's leaves again, each in its own shape and dtype."""
+    out, at = [], 0
+    flat = np.asarray(flat)
+    for shape, dtype in shapes:
+        n = int(np.prod(shape)) if len(shape) else 1
+        out.append(flat[at:at + n].reshape(shape).astype(dtype))
+        at += n
+    return out
+
+
+def _host_call(jax, fn, *args, ordered=True):
+    """fn(*args) on the host with numpy arrays, in program order (an
+    ordered io_callback: jax.debug.callback would put every argument back
+    on the device first, which cost 3x the run on a small model)."""
+    from jax.experimental import io_callback
+    io_callback(fn, None, *args, ordered=ordered)
+
+
+def _lr_of(state):
+    """The lr an optax state says its update used: optax.inject_hyperparams'
+    hyperparams (found anywhere in the state tree), else None."""
+    seen = [state]
+    while seen:
+        s = seen.pop()
+        hp = getattr(s, "hyperparams", None)
+        if isinstance(hp, dict) and "learning_rate" in hp:
+            return hp["learning_rate"]
+        if isinstance(s, (tuple, list)):
+            seen.extend(s)
+        elif hasattr(s, "_fields"):
+            seen.extend(getattr(s, f) for f in s._fields)
+    return None
+
+
+def _off_bf16(G):
+    """Elements of the consumed gradient bfloat16 cannot hold ('' when
+    ml_dtypes, jax's own dependency, is missing)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return ""
+    return str(int(np.sum(G.astype(ml_dtypes.bfloat16).astype(np.float64) != G)))

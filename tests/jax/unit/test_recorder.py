@@ -1,0 +1,113 @@
+"""accumcheck_jax's ContractRecorder: recording never changes the run
+(the trained parameters bit-identical with and without it), and bad input
+is refused with what to pass."""
+
+import subprocess
+
+import jax
+import numpy as np
+import optax
+import pytest
+import train_optax
+from accumcheck_jax import ContractRecorder, Refused
+
+
+def leaves(params):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(params)]
+
+
+@pytest.mark.parametrize("loop,extra", [("hand", []), ("mean_over_k", []),
+                                        ("multisteps", ["--samples", "48"]),
+                                        ("multisteps", ["--sizes", "2,6"]), ("nnx", []),
+                                        ("hand", ["--wrap-inside"]),
+                                        ("multisteps", ["--wrap-inside"]),
+                                        ("nnx", ["--wrap-inside"])])
+def test_recording_changes_nothing(tmp_path, loop, extra):
+    plain = train_optax.main(["--loop", loop, "--no-record", "--quiet"] +
+                             [a for a in extra if a != "--wrap-inside"])
+    recorded = train_optax.main(["--loop", loop, "--out", str(tmp_path / "t"), "--quiet"] + extra)
+    a, b = leaves(plain), leaves(recorded)
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), loop
+    assert (tmp_path / "t" / "complete.csv").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--wrap-inside"]])
+def test_trace_is_certified(tmp_path, accumcheck, extra):
+    train_optax.main(["--loop", "hand", "--out", str(tmp_path / "t"), "--quiet"] + extra)
+    r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(tmp_path / "t")],
+                       check=False, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS (contract tier)" in r.stdout
+
+
+def loss(p, b):
+    return (p["w"] * b).sum()
+
+
+def items(b):
+    return len(b)
+
+
+@pytest.mark.parametrize("kwargs,said", [
+    ({}, "pass summed_loss"),
+    ({"summed_loss": loss, "count_fn": items, "accumulation": 0}, "accumulation must be an integer >= 1"),
+    ({"summed_loss": loss, "count_fn": items, "accumulation": 2.0}, "accumulation must be an integer"),
+    ({"summed_loss": loss, "count_fn": items, "accumulation": 2, "items": "rows"},
+     "items must be 'samples' or 'tokens'"),
+    ({"summed_loss": loss, "count_fn": items, "accumulation": 2, "schedule": {"kind": "warp"}},
+     "schedule: expected None or {'kind'"),
+    ({"summed_loss": loss, "count_fn": items, "accumulation": 2, "coordinates": 0},
+     "coordinates must be an integer >= 1"),
+    ({"summed_loss": "loss", "count_fn": items, "accumulation": 2}, "must be functions"),
+])
+def test_bad_arguments_refused(tmp_path, kwargs, said):
+    with pytest.raises(Refused) as e:
+        ContractRecorder(out=str(tmp_path / "t"), **kwargs)
+    assert said in str(e.value)
+
+
+def test_optimizer_without_readable_lr_refused(tmp_path):
+    rec = ContractRecorder(loss, items, accumulation=1, out=str(tmp_path / "t"))
+    params = {"w": jax.numpy.ones(3)}
+    g = rec.grad(jax.grad(loss))(params, jax.numpy.ones(3))
+    tx = rec.optimizer(optax.sgd(0.1))
+    with pytest.raises(Refused) as e:
+        tx.update(g, tx.init(params), params)
+    assert "optax.inject_hyperparams" in str(e.value)
+    with pytest.raises(Refused) as e:
+        rec.optimizer(object())
+    assert "expected an optax GradientTransformation" in str(e.value)
+
+
+def test_close_without_params_refused_and_marker_left(tmp_path):
+    out = tmp_path / "t"
+    rec = ContractRecorder(loss, items, accumulation=1, out=str(out), lr=0.1)
+    params = {"w": jax.numpy.ones(3)}
+    tx = rec.optimizer(optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))
+    g = rec.grad(jax.grad(loss))(params, jax.numpy.ones(3))
+    tx.update(g, tx.init(params), params)
+    with pytest.raises(Refused) as e:
+        rec.close()
+    assert "rec.close(params)" in str(e.value)
+    assert not (out / "complete.csv").exists()
+    assert (out / "rank0.incomplete").exists()
+
+
+def test_sampled_coordinates(tmp_path, accumcheck):
+    """A leaf larger than `coordinates` is kept on a seeded sample: the
+    trace says how many coordinates, and still PASSes."""
+    out = tmp_path / "t"
+    train_optax.ContractRecorder = lambda *a, **k: ContractRecorder(*a, coordinates=20, **k)
+    try:
+        train_optax.main(["--loop", "hand", "--out", str(out), "--quiet"])
+    finally:
+        train_optax.ContractRecorder = ContractRecorder
+    meta = dict(line.split(",", 1) for line in (out / "meta.csv").read_text().splitlines()[1:])
+    # w1 8x16 and w2 16x4 sampled to 20 each; b1 (16) and b2 (4) whole.
+    assert meta["parameters"] == str(20 + 16 + 20 + 4)
+    r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(out)],
+                       check=False, capture_output=True, text=True)
+    assert "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
