@@ -15,7 +15,8 @@ It writes the same contract trace as accumcheck_torch.ContractRecorder
     items(batch) -> its loss-bearing items (host numpy batch)
 
 optax.MultiSteps: wrap the whole, rec.optimizer(optax.MultiSteps(inner, K))
-(its inner optimizer built with optax.inject_hyperparams).  Flax NNX: ContractRecorder(..., grad=nnx.grad), the micro-batch
+(its inner optimizer built with optax.inject_hyperparams).  Flax NNX:
+ContractRecorder(..., grad=nnx.grad), the micro-batch
 gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
 nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
 
@@ -45,6 +46,7 @@ import time
 
 import numpy as np
 from accumcheck_trace.trace import (
+    CONTRACT_HEADER,
     SCHEDULE_KEYS,
     VERSION,
     Recording,
@@ -56,7 +58,6 @@ from accumcheck_trace.trace import (
     write_trace,
 )
 
-CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
 U32 = 2.0 ** -24
 # oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
 # what the trace reports, as accumcheck_torch's recorder does).

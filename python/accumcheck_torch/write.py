@@ -2,12 +2,14 @@
 and the files it writes through the one trace writer (trace.py)."""
 
 import torch
+from accumcheck_trace.trace import (  # noqa: F401 -- SCHEDULE_KEYS: contract.py's
+    CONTRACT_HEADER,
+    SCHEDULE_KEYS,
+    contract_event_rows,
+    contract_meta,
+)
 
-from .trace import TRACE_SCHEMA, VERSION, real, stopped_by, unseen_meta, write_trace
-
-CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
-# The declared lr schedule's keys (a scenario's [schedule] table).
-SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
+from .trace import VERSION, real, stopped_by, unseen_meta, write_trace
 
 
 class Write:
@@ -53,19 +55,10 @@ class Write:
                 real(max_norm)))
         precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                      torch.float16: "float16"}.get(self.compute_dtype, str(self.compute_dtype))
-        meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),
-                ("scenario_digest", "contract"), ("engine", "pytorch"),
-                ("precision", precision),
-                ("tool_version", "accumcheck_torch-%s torch-%s" % (VERSION, torch.__version__)),
-                ("tier", "contract"), ("accumulation", str(self.K)),
-                ("items", self.items_kind), ("parameters", str(self.n)),
-                ("lr", real(self.lr0))] + self.coords.meta()
-        meta += [("schedule_" + k, str(self.schedule[k])) for k in SCHEDULE_KEYS
-                 if k in self.schedule]
-        if self.clip_max is not None:
-            meta.append(("clip", real(self.clip_max)))
-        if self.accept:
-            meta.append(("accept", "+".join(self.accept)))
+        meta = contract_meta(
+            "pytorch", precision, "accumcheck_torch-%s torch-%s" % (VERSION, torch.__version__),
+            self.K, self.items_kind, self.n, self.lr0, schedule=self.schedule,
+            clip=self.clip_max, accept=self.accept) + self.coords.meta()
         if self.rng_in_backward:
             self.notes.append(
                 "the backward of %d of %d micro-batches (the first: %d) drew random numbers from "
@@ -81,13 +74,7 @@ class Write:
         if bn:
             meta.append(("batchnorm", str(bn)))
         meta += unseen_meta(self.unseen)
-        # Each event's epoch: that of the last micro-batch backwarded.
-        events, epoch = [], 0
-        for kind, step, micro, lr in self.events:
-            if micro >= 0:
-                epoch = self.micro[micro][0]
-            events.append("%s,%d,%d,%d,%s,0,0,,%s,,\n" % (self.run, epoch, step, micro, kind,
-                                                         "" if lr is None else real(lr)))
+        events = contract_event_rows(self.run, self.events, lambda j: self.micro[j][0])
         self._write(meta, events, rows)
         self._recording.done()
 

@@ -29,10 +29,11 @@ import sys
 import tempfile
 import threading
 
+from ._version import __version__ as VERSION  # noqa: F401  (re-exported)
+
 TRACE_SCHEMA = "accumcheck-trace/2"
 EVENTS_HEADER = "run,epoch,step,micro,event,samples,tokens,loss,lr,grad_norm,sample_ids"
 VALUES_HEADER = "run,step,kind,tensor,index,value"
-from ._version import __version__ as VERSION  # noqa: F401  (re-exported)
 
 VALUES_MAGIC = b"ACVALUES"
 VALUES_VERSION = 2
@@ -212,6 +213,8 @@ def _host(t):
 
 # A declared lr schedule's keys (a scenario's [schedule] table).
 SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
+# contract.csv's header (verify/trace/trace.hpp gives the rows).
+CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
 
 
 def contract_meta(engine, precision, tool_version, accumulation, items, parameters, lr,
