@@ -8,9 +8,14 @@
 // pairs of pitfalls compose (certification ranks pairs).
 #pragma once
 
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace accumcheck {
@@ -324,6 +329,37 @@ struct CandidateScope {
 // as one more pitfall (named after window-counter-across-epochs).
 // Anywhere else it would only alias the candidate without it.
 std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope);
+
+// The pitfalls candidate_semantics composes in this scope, in the
+// catalog's order (items-counted-per-fetch-group left out: never alone).
+std::vector<Pitfall> candidate_catalog(const CandidateScope& scope);
+
+// What a candidate leaves unexplained, for the combination search: how many
+// of the trace's judged values (weights, steps) lie beyond their bound,
+// then by how much in sum.  Less is closer; out == 0 explains the trace.
+struct Residual {
+  int64_t out = 0;
+  double excess = 0;
+  auto operator<=>(const Residual&) const = default;
+};
+
+// Combinations of more pitfalls than candidate_semantics' pairs (issue
+// 44): a beam search, never every subset.  From the `beam` closest of the
+// candidates already judged (`ranked`: each with its residual) that leave
+// something out, each is extended by one pitfall of the scope's catalog at
+// a time, where the pitfall composes with it (no two cutting the windows,
+// none cancelling, none that another overrides: each must change the
+// loop) and the combination's behaviour is not one judged already; an
+// extension is kept only where it leaves less out than the candidate it
+// extends, and the `beam` closest of those are extended again, up to
+// `max_pitfalls` pitfalls (limits table: combination_pitfalls).  `judge`
+// judges one (and records it as the tier ranks candidates); the search ends
+// at the first whose residual is 0.
+void search_combinations(
+    const CandidateScope& scope,
+    const std::vector<std::pair<std::vector<Pitfall>, Residual>>& ranked,
+    const std::function<Residual(const std::vector<Pitfall>&)>& judge,
+    size_t max_pitfalls, size_t beam);
 
 // "correct", or the ids joined by "+".
 std::string semantics_name(const std::vector<Pitfall>& pitfalls);

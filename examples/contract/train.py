@@ -227,11 +227,34 @@ def step_first_alone(m, opt, load, K, epochs, mean, items, summed):
             opt.zero_grad()
 
 
+def across_epochs_k_twice(m, opt, load, K, epochs, mean, items, summed, drop_last=False):
+    """Three mistakes at once (issue 44), as framework releases combine
+    them: each micro-batch's token mean divided by K by the user and again
+    by a framework's backward, stepped on a micro-batch counter that runs
+    across epochs (an epoch's leftovers join the next epoch's first window;
+    the run's are never stepped)."""
+    total = 0
+    for _ in range(epochs):
+        for b in load(drop_last=drop_last):
+            (mean(m, b) / K / K).backward()
+            total += 1
+            if total % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+
+def across_epochs_k_twice_drop_last(m, opt, load, K, epochs, mean, items, summed):
+    """The three above and a fourth: DataLoader(drop_last=True), the short
+    last micro-batch never drawn."""
+    across_epochs_k_twice(m, opt, load, K, epochs, mean, items, summed, drop_last=True)
+
+
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   zero_grad_inside, step_outside_if, rescaled_accumulator,
                                   off_by_one, leak, skip_short, double_count,
                                   clip_per_micro_step, double_count_last,
-                                  step_first_alone)}
+                                  step_first_alone, across_epochs_k_twice,
+                                  across_epochs_k_twice_drop_last)}
 
 
 def parse(argv=None):

@@ -136,6 +136,11 @@ struct Distance {
   double d = 0;
   int64_t step = -1, micro = -1;
   std::string why;
+  // The weights beyond their uncertainty (over the steps both take; each
+  // weight of a step only one takes counts too) and the sum of their
+  // excess ratios (capped at kResidualCap each): the combination search's
+  // measure of what a candidate leaves unexplained.
+  Residual residual;
 };
 
 // A prediction's distance from the measured weights.
