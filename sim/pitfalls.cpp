@@ -152,6 +152,12 @@ constexpr Entry kCatalog[] = {
      "micro-batches are left: the rest is never drawn and the drawn part, "
      "the epoch's end never reached, is neither stepped nor zeroed "
      "(Transformers' Trainer 4.46-4.51, #37777)"},
+    // A hand-written all-reduce (issue 44).
+    {Pitfall::ddp_clip_before_all_reduce, "ddp-clip-before-all-reduce",
+     "clip_grad_norm_ on each rank's local gradient before a hand-written "
+     "all_reduce(SUM) / R (the window under no_sync): each rank's share "
+     "clipped by its own norm, G = (1/R) sum_r s_r g_r, not the averaged "
+     "gradient's one clip"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -318,6 +324,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
       case Pitfall::last_fetch_sized_in_samples:
         b.last_fetch_in_samples = true;
         break;
+      case Pitfall::ddp_clip_before_all_reduce:
+        b.clip_before_all_reduce = true;
+        break;
     }
   }
   return b;
@@ -374,6 +383,8 @@ bool in_scope(const CandidateScope& scope, Pitfall p) {
     // Added beside window-counter-across-epochs below, never alone.
     case Pitfall::items_counted_per_fetch_group:
       return false;
+    case Pitfall::ddp_clip_before_all_reduce:
+      return scope.ranks_clip;
     default:
       return true;
   }
@@ -493,7 +504,8 @@ bool composes(const std::vector<Pitfall>& sem) {
 void search_combinations(
     const CandidateScope& scope,
     const std::vector<std::pair<std::vector<Pitfall>, Residual>>& ranked,
-    const std::function<Residual(const std::vector<Pitfall>&)>& judge,
+    const std::function<std::vector<Residual>(
+        const std::vector<std::vector<Pitfall>>&)>& judge,
     size_t max_pitfalls, size_t beam) {
   std::vector<Pitfall> catalog = candidate_catalog(scope);
   catalog.push_back(Pitfall::items_counted_per_fetch_group);
@@ -511,7 +523,9 @@ void search_combinations(
   };
   closest(front);
   while (!front.empty()) {
-    std::vector<std::pair<std::vector<Pitfall>, Residual>> next;
+    // This size's extensions, each with the residual of the one it extends.
+    std::vector<std::vector<Pitfall>> ext;
+    std::vector<Residual> parent;
     for (const auto& [sem, res] : front) {
       if (sem.size() >= max_pitfalls) continue;
       for (Pitfall p : catalog) {
@@ -523,12 +537,19 @@ void search_combinations(
         const Behavior b = behavior_of(with);
         if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
         seen.push_back(b);
-        const Residual r = judge(with);
-        if (r.out == 0) return;  // it explains the trace: the search ends
-        // Kept only when it explains more of the residual than the
-        // candidate it extends.
-        if (r < res) next.emplace_back(std::move(with), r);
+        ext.push_back(std::move(with));
+        parent.push_back(res);
       }
+    }
+    if (ext.empty()) return;
+    const std::vector<Residual> got = judge(ext);
+    std::vector<std::pair<std::vector<Pitfall>, Residual>> next;
+    for (size_t i = 0; i < ext.size(); ++i) {
+      // One explains the trace: the search ends.
+      if (got[i].out == 0) return;
+      // Kept only when it explains more of the residual than the
+      // candidate it extends.
+      if (got[i] < parent[i]) next.emplace_back(std::move(ext[i]), got[i]);
     }
     closest(next);
     front = std::move(next);

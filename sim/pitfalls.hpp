@@ -70,6 +70,8 @@ enum class Pitfall {
   // epoch's last fetch.
   items_counted_per_fetch_group,
   last_fetch_sized_in_samples,
+  // A hand-written all-reduce after a per-rank clip (issue 44).
+  ddp_clip_before_all_reduce,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -114,6 +116,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::end_of_loader_syncs_every_micro_batch,
     Pitfall::items_counted_per_fetch_group,
     Pitfall::last_fetch_sized_in_samples,
+    Pitfall::ddp_clip_before_all_reduce,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -208,6 +211,10 @@ struct Behavior {
   // ddp-clip-local-norm: the gradient sharded over ranks in R contiguous
   // chunks (ZeRO/FSDP), each chunk clipped by its own norm.
   bool clip_local_norm = false;
+  // ddp-clip-before-all-reduce: each rank clips its own whole local
+  // gradient (by its own norm) at the window's end, before the all-reduce
+  // averages them; no clip after it.
+  bool clip_before_all_reduce = false;
   // ddp-scheduler-per-rank: R scheduler.step() calls per optimizer step.
   bool scheduler_per_rank = false;
   // low-precision-grad-buffer: the micro-batches accumulate in a bf16
@@ -321,6 +328,9 @@ struct CandidateScope {
   // own shard, each clip's norm of the rank's shard recorded):
   // ddp-clip-local-norm is a candidate, its clip symbol the shard's factor.
   bool contract_shard_clip = false;
+  // R > 1 ranks with a clip: ddp-clip-before-all-reduce is a candidate
+  // (anywhere else it changes nothing).
+  bool ranks_clip = false;
 };
 // items-counted-per-fetch-group changes a loop only where its steps are
 // not its fetches (in the catalog: window-counter-across-epochs) and its
@@ -353,12 +363,14 @@ struct Residual {
 // extension is kept only where it leaves less out than the candidate it
 // extends, and the `beam` closest of those are extended again, up to
 // `max_pitfalls` pitfalls (limits table: combination_pitfalls).  `judge`
-// judges one (and records it as the tier ranks candidates); the search ends
-// at the first whose residual is 0.
+// judges one size's extensions together (and records them as the tier
+// ranks candidates), returning their residuals in order; the search ends
+// at the size where one's residual is 0.
 void search_combinations(
     const CandidateScope& scope,
     const std::vector<std::pair<std::vector<Pitfall>, Residual>>& ranked,
-    const std::function<Residual(const std::vector<Pitfall>&)>& judge,
+    const std::function<std::vector<Residual>(
+        const std::vector<std::vector<Pitfall>>&)>& judge,
     size_t max_pitfalls, size_t beam);
 
 // "correct", or the ids joined by "+".

@@ -312,7 +312,8 @@ class _Watched:
 class ContractRecorder:
     """ContractRecorder(model, optimizer, loss_fn, count_fn, accumulation,
     out="trace", items="samples", run="trainer", quiet=False,
-    calibrate_every=None, lr=None, schedule=None, clip=None).
+    calibrate_every=None, lr=None, schedule=None, clip=None,
+    unshifted_count_fn=None).
 
     schedule: the accepted lr schedule, judged by certify's lr channel
     (docs/tiers.md "Declaring the lr schedule"), in the form your trainer
@@ -337,11 +338,18 @@ class ContractRecorder:
     optimizer.step() (default None: no clipping accepted).
     accept: pitfall ids (sim/pitfalls.cpp) the user accepts as their loop
     (a framework's documented semantics, e.g. "partial-cycle-scale-by-k"):
-    certify then judges against that loop and says so."""
+    certify then judges against that loop and says so.
+    unshifted_count_fn: for a causal-LM loss (items="tokens"), batch -> the
+    labels that are not -100 over the UNSHIFTED labels (position 0 of each
+    sequence included), the count a loop that forgets the shift takes:
+    certify's token-count-unshifted-labels then predicts each window's count
+    from it, also where prompts are masked with -100 (default None: each
+    sequence's position 0 assumed counted).  The framework integrations pass
+    it for their causal-LM head."""
 
     def __init__(self, model, optimizer=None, loss_fn=None, count_fn=None, accumulation=None,
                  out="trace", items="samples", run="trainer", quiet=False, calibrate_every=None,
-                 lr=None, schedule=None, clip=None, accept=()):
+                 lr=None, schedule=None, clip=None, accept=(), unshifted_count_fn=None):
         self.abandoned = None  # why the run ended without its trace (see _abandon)
         if loss_fn is None or count_fn is None or accumulation is None:
             raise Refused("ContractRecorder: pass loss_fn= (the summed loss of a batch), "
@@ -352,6 +360,7 @@ class ContractRecorder:
             raise Refused("accumulation must be >= 1, got %r" % (accumulation,))
         self.model, self.optimizer = model, None
         self.loss_fn, self.count_fn = loss_fn, count_fn
+        self.unshifted_count_fn = unshifted_count_fn
         self.K, self.out, self.items_kind, self.run = int(accumulation), out, items, run
         # The float64 calibration recompute on every calibrate_every-th
         # micro-batch (default 16); certify judges the others with the run's
@@ -387,12 +396,14 @@ class ContractRecorder:
         self.pref = [p for p in self.mref.parameters() if p.requires_grad]
         self.p64 = [p for p in self.m64.parameters() if p.requires_grad]
         self.first, self.forwarded, self.current = [], [], -1
-        self.micro = []        # [epoch, version, items, samples, rng, batch, done, cal]
+        # [epoch, version, items, samples, rng, batch, done, cal, unshifted items or None]
+        self.micro = []
         self.backwards = []    # [micro, version, row of c in self.buf, fit]
         self.epochs = []       # [dataset items, batch size] per watched epoch
         self.loader_lengths = []  # len(loader) per watched epoch (0: none)
         self.rows = []         # contract.csv rows
-        self.clips = []        # [version, factor, norm, max_norm, shard norm or None]
+        # [version, factor, norm, max_norm, shard norm or None, off_bf16 or None]
+        self.clips = []
         self.events = []       # (kind, step, micro, lr)
         self.steps = 0
         self.since_step = []   # backward indices since the last step
@@ -668,9 +679,11 @@ class ContractRecorder:
         self._recompute_pending()
         with torch.no_grad():
             items = int(self.count_fn(batch))
+            unshifted = (None if self.unshifted_count_fn is None
+                         else int(self.unshifted_count_fn(batch)))
         first = _first(batch)
         self.micro.append([len(self.epochs) - 1, self.steps, items, int(first.shape[0]),
-                           torch.get_rng_state(), batch, None, float("nan")])
+                           torch.get_rng_state(), batch, None, float("nan"), unshifted])
         self.first.append(first.data_ptr())
         self.forwarded.append(False)
         self.current = len(self.micro) - 1
@@ -821,9 +834,10 @@ class ContractRecorder:
                     parameters = [parameters]
                 parameters = list(parameters)
                 norm, shard = rec._clip_norms(parameters)
+                off = rec._off_bf16(parameters)
                 total = saved(parameters, max_norm, *a, **k)
                 rec._clipped(min(1.0, float(max_norm) / (float(total) + 1e-6)), norm, shard,
-                             float(max_norm))
+                             float(max_norm), off)
                 return total
             return clip
         self._restore_clip = swap_clip(make_clip)
@@ -835,11 +849,21 @@ class ContractRecorder:
             return float(sum(float(self._full(p.grad.detach()).double().pow(2).sum())
                              for p in parameters if p.grad is not None)) ** 0.5, None
 
-    def _clipped(self, factor, norm, shard, max_norm):
+    def _off_bf16(self, parameters):
+        """How many elements of the gradient a clip sees bfloat16 cannot
+        hold (0: a bf16 gradient buffer before the clip, whose factor then
+        makes float32 numbers of it; certify's low-precision-grad-buffer)."""
+        with torch.no_grad():
+            return sum(int((g.to(torch.bfloat16).to(g.dtype) != g).sum())
+                       for g in (p.grad.detach() for p in parameters if p.grad is not None))
+
+    def _clipped(self, factor, norm, shard, max_norm, off_bf16=None):
         """A clip seen: the factor it applied, the norms of the gradient it
-        saw (whole, and this rank's shard: None where not sharded) and its
-        max_norm (nan: a scaling seen on .grad, no clip function called)."""
-        self.clips.append([self.steps, factor, norm, max_norm, shard])
+        saw (whole, and this rank's shard: None where not sharded), its
+        max_norm (nan: a scaling seen on .grad, no clip function called)
+        and the elements of that gradient bfloat16 cannot hold (None: not
+        counted)."""
+        self.clips.append([self.steps, factor, norm, max_norm, shard, off_bf16])
         self.events.append(("clip", self.steps, -1, None))
 
     def _grad_hook(self, i):
@@ -1159,17 +1183,20 @@ class ContractRecorder:
             self.optimizer.step = self._own_step
         rows = []
         for j, m in enumerate(self.micro):
-            rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[7])))
+            # ref: the unshifted label count (unshifted_count_fn), when given.
+            rows.append("micro,%d,%s,%d,%d,%d,%d,,,%s\n" % (j, "" if m[8] is None else m[8],
+                                                             m[0], m[1], m[2], m[3], real(m[7])))
         for b, rec in enumerate(self.backwards):
             w, resid = rec[3] if rec[3] is not None else (float("nan"), float("nan"))
             rows.append("backward,%d,%d,,%d,,,%s,%s,\n" % (b, rec[0], rec[1], real(w), real(resid)))
         for e, (n, bs) in enumerate(self.epochs):
             rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
         rows += self.rows + self.ema_rows
-        for i, (version, factor, norm, max_norm, shard) in enumerate(self.clips):
-            rows.append("clip,%d,%d,,,%s,,%s,%s,%s\n" % (
-                i, version, "" if shard is None else real(shard), real(factor), real(norm),
-                real(max_norm)))
+        for i, (version, factor, norm, max_norm, shard, off) in enumerate(self.clips):
+            # samples: the elements of the gradient it saw bfloat16 cannot hold.
+            rows.append("clip,%d,%d,,,%s,%s,%s,%s,%s\n" % (
+                i, version, "" if shard is None else real(shard), "" if off is None else off,
+                real(factor), real(norm), real(max_norm)))
         precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                      torch.float16: "float16"}.get(self.dtype, str(self.dtype))
         meta = [("schema", TRACE_SCHEMA), ("scenario", "contract"),

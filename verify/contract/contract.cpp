@@ -366,7 +366,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                            .contract_tier = true,
                            .contract_lowp_buffer = lowp,
                            .stopped_short = stopped_short,
-                           .contract_shard_clip = shard_clips});
+                           .contract_shard_clip = shard_clips,
+                           .ranks_clip = c.ranks() > 1 && s.clip.enabled});
   // The accepted semantics first: every check below is against it.
   sems.erase(std::remove(sems.begin(), sems.end(), accept), sems.end());
   sems.insert(sems.begin(), accept);
@@ -528,8 +529,15 @@ CertifyReport certify_contract(const std::string& trace_dir) {
          .contract_tier = true,
          .contract_lowp_buffer = lowp,
          .stopped_short = stopped_short,
-         .contract_shard_clip = shard_clips},
-        ranked, judge, size_t(limit("combination_pitfalls")),
+         .contract_shard_clip = shard_clips,
+                           .ranks_clip = c.ranks() > 1 && s.clip.enabled},
+        ranked,
+        [&](const std::vector<std::vector<Pitfall>>& ext) {
+          std::vector<Residual> out;
+          for (const auto& sem : ext) out.push_back(judge(sem));
+          return out;
+        },
+        size_t(limit("combination_pitfalls")),
         size_t(limit("combination_beam")));
   }
   r.expected_steps = r.ranking.front().steps;

@@ -86,6 +86,8 @@ struct ContractPlan {
   Plan plan;
   int64_t stride = 1;
   std::vector<int64_t> items;  // per micro-batch (drawn, then missing)
+  // Per micro-batch, its items over the unshifted labels; -1: unknown.
+  std::vector<int64_t> unshifted;
   int64_t drawn = 0;
   int64_t micro_batch = 1;
 };
