@@ -1,10 +1,11 @@
-"""MISTAKES, three at once (issue 44), as framework releases combine them:
-each micro-batch's mean loss divided by K by the user and again by a
-framework's backward (loss-divided-by-k-twice), the step decided on a
-micro-batch counter that runs across epochs (window-counter-across-epochs:
-an epoch's leftovers join the next epoch's first window, the run's are never
-stepped), and scheduler.step() after every micro-batch
-(scheduler-per-micro-step).
+"""MISTAKES, four at once (issue 44), as framework releases combine them:
+each micro-batch's mean loss divided by K (sample-mean-of-means) by the
+user and again by a framework's backward (loss-divided-by-k-twice), the
+step decided on a micro-batch counter that runs across epochs
+(window-counter-across-epochs: an epoch's leftovers join the next epoch's
+first window, the run's are never stepped), and scheduler.step() after
+every micro-batch (scheduler-per-micro-step).  Expected diagnosis:
+sample-mean-of-means+scheduler-per-micro-step+window-counter-across-epochs+loss-divided-by-k-twice.
 
     python3 train_across_epochs_k_twice.py --bundle BUNDLE --out TRACE
 """

@@ -1,4 +1,4 @@
-"""MISTAKES, four at once (issue 44): those of
+"""MISTAKES, five at once (issue 44): the four of
 train_across_epochs_k_twice.py and clip_grad_norm_ after every backward
 (clip-per-micro-step).
 

@@ -110,6 +110,53 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
       fingerprints.back().push_back(ev.param.max_ratio);
     }
   }
+  // No candidate within its bound: combinations of more pitfalls, by the
+  // beam search from the closest (sim/pitfalls.hpp), each judged as
+  // cheaply, on every thread; one whose extra pitfall changes nothing here
+  // is folded below like any other.
+  const size_t n = ctx.trace.size();
+  const bool none_matches =
+      std::all_of(r.ranking.begin(), r.ranking.end(),
+                  [](const CertifyCandidate& c) { return !(c.proxy <= 1); });
+  if (none_matches) {
+    std::vector<std::pair<std::vector<Pitfall>, Residual>> ranked;
+    for (size_t i = 0; i < r.ranking.size(); ++i)
+      ranked.emplace_back(r.ranking[i].pitfalls, residual_of(cheap[i], n));
+    search_combinations(
+        scope, ranked,
+        [&](const std::vector<std::vector<Pitfall>>& ext) {
+          std::vector<Forced> runs(ext.size());
+          parallel_for(ext.size(), ctx.threads, [&](size_t i) {
+            try {
+              runs[i] =
+                  forced_run<double>(ctx, behavior_of(ext[i]), ctx.range);
+            } catch (const ScaleRangeError&) {
+              runs[i] = Forced{-1, {}};
+            }
+          });
+          std::vector<Residual> out;
+          for (size_t i = 0; i < ext.size(); ++i) {
+            out.push_back(residual_of(runs[i], n));
+            CertifyCandidate c;
+            c.name = semantics_name(ext[i]);
+            c.pitfalls = ext[i];
+            c.steps = runs[i].steps;
+            c.proxy = distance_of(runs[i], n).value;
+            r.ranking.push_back(c);
+            behaviors.push_back(behavior_of(ext[i]));
+            fingerprints.emplace_back();
+            for (const StepEval& ev : runs[i].eval) {
+              fingerprints.back().push_back(ev.norm.max_ratio);
+              fingerprints.back().push_back(ev.grad.max_ratio);
+              fingerprints.back().push_back(ev.param.max_ratio);
+            }
+            cheap.push_back(std::move(runs[i]));
+          }
+          return out;
+        },
+        size_t(limit("combination_pitfalls")),
+        size_t(limit("combination_beam")));
+  }
   // Fold a candidate into a simpler one (a strict subset of its
   // pitfalls) that gave bitwise the same cheap result: the extra
   // pitfalls are inert on this scenario.
@@ -158,51 +205,6 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
     r.ranking = std::move(kept);
     behaviors = std::move(kept_b);
   }
-  // No candidate within its bound: combinations of more pitfalls, by the
-  // beam search from the closest (sim/pitfalls.hpp), each judged as
-  // cheaply, on every thread.
-  const size_t n = ctx.trace.size();
-  const bool none_matches =
-      std::all_of(r.ranking.begin(), r.ranking.end(),
-                  [](const CertifyCandidate& c) { return !(c.proxy <= 1); });
-  if (!none_matches) return;
-  std::vector<std::pair<std::vector<Pitfall>, Residual>> ranked;
-  {
-    // Every candidate judged (the folded ones too: their behaviour is
-    // judged), by its cheap run.
-    std::vector<Behavior> all;
-    for (const auto& sem : sems) {
-      const Behavior b = behavior_of(sem);
-      if (std::find(all.begin(), all.end(), b) != all.end()) continue;
-      all.push_back(b);
-      ranked.emplace_back(sem, residual_of(cheap[all.size() - 1], n));
-    }
-  }
-  search_combinations(
-      scope, ranked,
-      [&](const std::vector<std::vector<Pitfall>>& ext) {
-        std::vector<Forced> runs(ext.size());
-        parallel_for(ext.size(), ctx.threads, [&](size_t i) {
-          try {
-            runs[i] = forced_run<double>(ctx, behavior_of(ext[i]), ctx.range);
-          } catch (const ScaleRangeError&) {
-            runs[i] = Forced{-1, {}};
-          }
-        });
-        std::vector<Residual> out;
-        for (size_t i = 0; i < ext.size(); ++i) {
-          out.push_back(residual_of(runs[i], n));
-          CertifyCandidate c;
-          c.name = semantics_name(ext[i]);
-          c.pitfalls = ext[i];
-          c.steps = runs[i].steps;
-          c.proxy = distance_of(runs[i], n).value;
-          r.ranking.push_back(c);
-          behaviors.push_back(behavior_of(ext[i]));
-        }
-        return out;
-      },
-      size_t(limit("combination_pitfalls")), size_t(limit("combination_beam")));
 }
 
 // The closest few candidates are judged with the Tracked bound too:
