@@ -291,9 +291,9 @@ def parse(argv=None):
                     "declared; linear-early: the same with scheduler.step() before "
                     "optimizer.step(); linear-x-k: the same with lr x K (the linear "
                     "scaling rule), the schedule declared at the base lr; linear-steps: "
-                    "warmup 2, total = the run's optimizer steps (epochs x "
+                    "no warmup, total = the run's optimizer steps (epochs x "
                     "ceil(len(loader) / K)), declared; linear-micro: declared the same, "
-                    "built with num_training_steps = len(loader) * epochs and warmup 2 * K "
+                    "built with num_training_steps = len(loader) * epochs "
                     "(schedule-horizon-in-micro-steps; len(loader) need not be a multiple "
                     "of K)")
     ap.add_argument("--clip", type=float, default=None,
@@ -389,9 +389,9 @@ def run(a):
         micro = -(-len(data) // a.micro_batch)  # len(loader)
         steps = a.epochs * -(-micro // a.K)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            opt, warmup_linear(2, steps) if a.schedule == "linear-steps"
-            else warmup_linear(2 * a.K, micro * a.epochs))
-        schedule = {"kind": "linear", "warmup": 2, "total": steps}
+            opt, warmup_linear(0, steps) if a.schedule == "linear-steps"
+            else warmup_linear(0, micro * a.epochs))
+        schedule = {"kind": "linear", "warmup": 0, "total": steps}
     elif a.schedule != "constant":
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(2, 12))
         schedule = {"kind": "linear", "warmup": 2, "total": 12}
