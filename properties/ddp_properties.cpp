@@ -336,7 +336,8 @@ void inertness_ddp() {
                                       Pitfall::ddp_uneven_shards,
                                       Pitfall::ddp_no_sync_everywhere,
                                       Pitfall::ddp_clip_local_norm,
-                                      Pitfall::ddp_scheduler_per_rank)
+                                      Pitfall::ddp_scheduler_per_rank,
+                                      Pitfall::ddp_clip_before_all_reduce)
                          .as("pitfall");
   const bool rank_mean = p == Pitfall::ddp_token_mean_across_ranks ||
                          p == Pitfall::ddp_uneven_shards;

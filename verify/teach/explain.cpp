@@ -910,8 +910,9 @@ constexpr ExplainEntry kEntries[] = {
      "ddp-clip-before-all-reduce",
      "issue 44: a DDP battery's loop with a local clip before the "
      "torch.distributed tutorial's average_gradients; CTest "
-     "PyTorch.contract.ddp.clip_then_average",
-     ""},
+     "PyTorch.contract.ddp.clip_then_average, "
+     "PyTorch.ddp.clip_then_average.certify-ddp-2",
+     "inertness.ddp"},
     {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
      "Correct accumulation under DDP (no_sync on every micro-step but the "
      "window's last, each rank weighting its items R/N_w with N_w counted "
