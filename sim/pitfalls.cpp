@@ -458,9 +458,9 @@ int name_rank(Pitfall p) {
   if (p == Pitfall::step_budget_drops_micro_batches) return 2 * n + 1;
   if (p == Pitfall::items_counted_per_fetch_group)
     p = Pitfall::window_counter_across_epochs;
-  const int i = int(std::find(std::begin(kAllPitfalls), std::end(kAllPitfalls),
-                              p) -
-                    std::begin(kAllPitfalls));
+  const int i =
+      int(std::find(std::begin(kAllPitfalls), std::end(kAllPitfalls), p) -
+          std::begin(kAllPitfalls));
   return 2 * i;
 }
 
@@ -504,8 +504,8 @@ bool composes(const std::vector<Pitfall>& sem) {
 void search_combinations(
     const CandidateScope& scope,
     const std::vector<std::pair<std::vector<Pitfall>, Residual>>& ranked,
-    const std::function<std::vector<Residual>(
-        const std::vector<std::vector<Pitfall>>&)>& judge,
+    const std::function<
+        std::vector<Residual>(const std::vector<std::vector<Pitfall>>&)>& judge,
     size_t max_pitfalls, size_t beam) {
   std::vector<Pitfall> catalog = candidate_catalog(scope);
   catalog.push_back(Pitfall::items_counted_per_fetch_group);

@@ -369,8 +369,8 @@ struct Residual {
 void search_combinations(
     const CandidateScope& scope,
     const std::vector<std::pair<std::vector<Pitfall>, Residual>>& ranked,
-    const std::function<std::vector<Residual>(
-        const std::vector<std::vector<Pitfall>>&)>& judge,
+    const std::function<
+        std::vector<Residual>(const std::vector<std::vector<Pitfall>>&)>& judge,
     size_t max_pitfalls, size_t beam);
 
 // "correct", or the ids joined by "+".

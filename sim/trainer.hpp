@@ -807,8 +807,7 @@ class Trainer {
       if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
         if (boundary_schedules() && b_.scheduler_before_optimizer)
           scheduler_step(-1);
-        const bool stepped =
-            step_block(-1, clips_at_step());
+        const bool stepped = step_block(-1, clips_at_step());
         if (schedules_after(stepped)) scheduler_step(-1);
         zero_all();
       }

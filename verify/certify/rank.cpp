@@ -128,8 +128,7 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
           std::vector<Forced> runs(ext.size());
           parallel_for(ext.size(), ctx.threads, [&](size_t i) {
             try {
-              runs[i] =
-                  forced_run<double>(ctx, behavior_of(ext[i]), ctx.range);
+              runs[i] = forced_run<double>(ctx, behavior_of(ext[i]), ctx.range);
             } catch (const ScaleRangeError&) {
               runs[i] = Forced{-1, {}};
             }

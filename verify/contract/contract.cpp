@@ -517,9 +517,9 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   }
   // No candidate explains the trace: combinations of more pitfalls, by
   // the beam search from the closest (sim/pitfalls.hpp).
-  const bool none_matches = std::all_of(
-      r.ranking.begin(), r.ranking.end(),
-      [](const CertifyCandidate& k) { return !(k.distance <= 1); });
+  const bool none_matches =
+      std::all_of(r.ranking.begin(), r.ranking.end(),
+                  [](const CertifyCandidate& k) { return !(k.distance <= 1); });
   if (fit.ok && sfit.ok && rep.ok && none_matches) {
     std::vector<std::pair<std::vector<Pitfall>, Residual>> ranked;
     for (size_t k = 0; k < r.ranking.size(); ++k)
@@ -530,7 +530,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
          .contract_lowp_buffer = lowp,
          .stopped_short = stopped_short,
          .contract_shard_clip = shard_clips,
-                           .ranks_clip = c.ranks() > 1 && s.clip.enabled},
+         .ranks_clip = c.ranks() > 1 && s.clip.enabled},
         ranked,
         [&](const std::vector<std::vector<Pitfall>>& ext) {
           std::vector<Residual> out;

@@ -54,7 +54,7 @@ std::vector<std::vector<double>> bf16_step_bound(
           std::sqrt(double(n)) * (2 * double(st.terms) + 1) * eta +
           (clip_of_bf16 ? u * st.scale : 0.0);
       lowp_bound[size_t(q)].push_back(bound);
-      off = std::max(off, clip_of_bf16 ? 0
+      off = std::max(off, clip_of_bf16      ? 0
                           : st.off_bf16 < 0 ? n + 1
                                             : st.off_bf16);
       const double ratio = step_bound[size_t(q)][t] > 0

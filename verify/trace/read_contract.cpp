@@ -131,9 +131,8 @@ ContractSection read_contract(const std::string& dir) {
       steps.push_back(st);
     } else if (kind == "clip") {
       expect_index(c.clips.size());
-      c.clips.push_back(
-          {rank, integer(2, true), number(7), number(8), number(9), number(5),
-           integer(6, false)});
+      c.clips.push_back({rank, integer(2, true), number(7), number(8),
+                         number(9), number(5), integer(6, false)});
     } else if (kind == "ema") {
       ContractEma e;
       e.rank = rank;
