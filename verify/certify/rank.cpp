@@ -118,6 +118,7 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   const bool none_matches =
       std::all_of(r.ranking.begin(), r.ranking.end(),
                   [](const CertifyCandidate& c) { return !(c.proxy <= 1); });
+  const size_t searched_from = r.ranking.size();
   if (none_matches) {
     std::vector<std::pair<std::vector<Pitfall>, Residual>> ranked;
     for (size_t i = 0; i < r.ranking.size(); ++i)
@@ -190,6 +191,10 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
         kept_i.push_back(i);
         continue;
       }
+      // A searched combination folded into a simpler one: its extras
+      // change nothing here, and the catalog's own inert singles and
+      // pairs already say so.
+      if (i >= searched_from) continue;
       std::string extra;
       for (Pitfall p : x.pitfalls)
         if (std::find(into->pitfalls.begin(), into->pitfalls.end(), p) ==
