@@ -332,12 +332,12 @@ void scheduler_per_rank() {
 // with equal shards (padding) and sample losses.
 void inertness_ddp() {
   const std::string name = "inertness.ddp";
-  const Pitfall p = *rc::gen::element(Pitfall::ddp_token_mean_across_ranks,
-                                      Pitfall::ddp_uneven_shards,
-                                      Pitfall::ddp_no_sync_everywhere,
-                                      Pitfall::ddp_clip_local_norm,
-                                      Pitfall::ddp_scheduler_per_rank)
-                         .as("pitfall");
+  const Pitfall p =
+      *rc::gen::element(
+           Pitfall::ddp_token_mean_across_ranks, Pitfall::ddp_uneven_shards,
+           Pitfall::ddp_no_sync_everywhere, Pitfall::ddp_clip_local_norm,
+           Pitfall::ddp_scheduler_per_rank, Pitfall::ddp_clip_before_all_reduce)
+           .as("pitfall");
   const bool rank_mean = p == Pitfall::ddp_token_mean_across_ranks ||
                          p == Pitfall::ddp_uneven_shards;
   Triggers t;

@@ -374,13 +374,18 @@ void scheduler_drift() {
   }
   const Run<R> slow =
       c.run(c.plan, {Pitfall::schedule_horizon_in_micro_steps}, s.optimizer.lr);
-  const ScheduleSpec stretched_spec = stretched(s.schedule, K);
+  // The horizon in the micro-batches of the real windows (M an epoch,
+  // its last window partial where K does not divide M).
+  const int64_t M = c.plan.epoch(0).micro_steps();
+  const ScheduleSpec stretched_spec = stretched(s.schedule, K, M);
   for (size_t i = 0; i < slow.steps.size(); ++i) {
     RC_ASSERT(slow.steps[i].lr ==
               s.optimizer.lr * lr_multiplier(stretched_spec, int64_t(i)));
-    // K times too slowly, warmup included: S'(K t) = S(t).
-    RC_ASSERT(lr_multiplier(stretched_spec, K * int64_t(i)) ==
-              lr_multiplier(s.schedule, int64_t(i)));
+    // Where K divides M, K times too slowly, warmup included:
+    // S'(K t) = S(t).
+    if (M % K == 0)
+      RC_ASSERT(lr_multiplier(stretched_spec, K * int64_t(i)) ==
+                lr_multiplier(s.schedule, int64_t(i)));
   }
   record_case(name);
 }

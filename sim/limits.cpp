@@ -73,6 +73,14 @@ constexpr Limit kLimits[] = {
      "default --bound-arith dd): 1M parameters x 100 steps of 16 samples "
      "(1.9e10) took 47.5 s of CPU on the reference machine, about 4e8 per "
      "CPU second, so 1e12 is about 40 minutes of CPU"},
+    {"combination_pitfalls", 5, "pitfalls",
+     "certify's diagnosis searches combinations of catalog pitfalls beyond "
+     "pairs up to this size (issue 44: framework releases combine three to "
+     "five); each size adds at most combination_beam x catalog candidates"},
+    {"combination_beam", 4, "candidates",
+     "the closest candidates the combination search extends at each size: "
+     "4 x about 40 catalog pitfalls is about 160 more candidates a size, "
+     "each as cheap as a pair's"},
 };
 
 constexpr std::string_view kEnv = "ACCUMCHECK_LIMITS";

@@ -52,18 +52,28 @@ inline double lr_multiplier(const ScheduleSpec& s, int64_t n) {
   return 1.0;
 }
 
-// schedule-horizon-in-micro-steps: every length counted in micro-batches.
-// A declared table is replaced by its stretched table (an empty one, all
-// NaN, where the declaration could not rebuild it).
-inline ScheduleSpec stretched(ScheduleSpec s, int64_t k) {
+// schedule-horizon-in-micro-steps: every length counted in micro-batches
+// (`num_training_steps = len(loader) * epochs`).  With M micro-batches an
+// epoch (micro_per_epoch > 0) in W = ceil(M / k) windows, the last of
+// M - (W - 1) k, a length of L optimizer steps is the micro-batches of the
+// real windows it spans: (L / W) M + (L mod W) k -- L k only where k
+// divides M.  A declared table is replaced by its stretched table (an
+// empty one, all NaN, where the declaration could not rebuild it).
+inline int64_t micro_length(int64_t L, int64_t k, int64_t micro_per_epoch) {
+  if (micro_per_epoch <= 0 || k <= 0) return L * k;
+  const int64_t W = (micro_per_epoch + k - 1) / k;
+  return (L / W) * micro_per_epoch + (L % W) * k;
+}
+inline ScheduleSpec stretched(ScheduleSpec s, int64_t k,
+                              int64_t micro_per_epoch = 0) {
   if (s.table) {
     s.table = s.stretched_table ? s.stretched_table
                                 : std::make_shared<const std::vector<double>>();
     s.stretched_table = nullptr;
   }
-  s.warmup *= k;
-  s.total *= k;
-  s.step_size *= k;
+  s.warmup = micro_length(s.warmup, k, micro_per_epoch);
+  s.total = micro_length(s.total, k, micro_per_epoch);
+  s.step_size = micro_length(s.step_size, k, micro_per_epoch);
   return s;
 }
 

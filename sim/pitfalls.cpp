@@ -152,6 +152,12 @@ constexpr Entry kCatalog[] = {
      "micro-batches are left: the rest is never drawn and the drawn part, "
      "the epoch's end never reached, is neither stepped nor zeroed "
      "(Transformers' Trainer 4.46-4.51, #37777)"},
+    // A hand-written all-reduce (issue 44).
+    {Pitfall::ddp_clip_before_all_reduce, "ddp-clip-before-all-reduce",
+     "clip_grad_norm_ on each rank's local gradient before a hand-written "
+     "all_reduce(SUM) / R (the window under no_sync): each rank's share "
+     "clipped by its own norm, G = (1/R) sum_r s_r g_r, not the averaged "
+     "gradient's one clip"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -318,6 +324,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
       case Pitfall::last_fetch_sized_in_samples:
         b.last_fetch_in_samples = true;
         break;
+      case Pitfall::ddp_clip_before_all_reduce:
+        b.clip_before_all_reduce = true;
+        break;
     }
   }
   return b;
@@ -345,55 +354,65 @@ bool cancels(Pitfall a, Pitfall b) {
   return is(Pitfall::no_loss_normalization, Pitfall::loss_divided_by_k_twice) ||
          is(Pitfall::loss_divided_by_k_twice, Pitfall::no_loss_normalization);
 }
+
+// Whether p is a candidate of its own in this scope.
+bool in_scope(const CandidateScope& scope, Pitfall p) {
+  switch (p) {
+    case Pitfall::sample_mean_of_means:
+    case Pitfall::ddp_uneven_shards:
+      return !scope.token_loss;
+    case Pitfall::token_mean_of_means:
+    case Pitfall::ddp_token_mean_across_ranks:
+    case Pitfall::token_count_unshifted_labels:
+      return scope.token_loss;
+    case Pitfall::clip_before_unscale:
+    case Pitfall::scaler_update_every_micro_step:
+    case Pitfall::skipped_step_advances_scheduler:
+      return scope.loss_scaling;
+    case Pitfall::ema_every_micro_step:
+      return scope.ema;
+    case Pitfall::low_precision_grad_buffer:
+      return !scope.contract_tier || scope.contract_lowp_buffer;
+    case Pitfall::optimizer_state_every_micro_step:
+      return !scope.contract_tier;
+    // A clip by chunks scales each chunk of the gradient by its own
+    // factor: no combination of whole micro-batch gradients, except
+    // within one rank's shard, which a sharded trace fits on its own.
+    case Pitfall::ddp_clip_local_norm:
+      return !scope.contract_tier || scope.contract_shard_clip;
+    // Added beside window-counter-across-epochs below, never alone.
+    case Pitfall::items_counted_per_fetch_group:
+      return false;
+    case Pitfall::ddp_clip_before_all_reduce:
+      return scope.ranks_clip;
+    default:
+      return true;
+  }
+}
+
+// window-counter-across-epochs cuts the windows itself: no pair with
+// the other loops that cut them (window-boundary-off-by-one*).
+bool cuts_both(Pitfall a, Pitfall b) {
+  auto off_by_one = [](Pitfall p) {
+    return p == Pitfall::window_boundary_off_by_one ||
+           p == Pitfall::window_boundary_off_by_one_max_steps;
+  };
+  const Pitfall across = Pitfall::window_counter_across_epochs;
+  return (a == across && off_by_one(b)) || (b == across && off_by_one(a));
+}
 }  // namespace
 
-std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
-  auto in_scope = [&](Pitfall p) {
-    switch (p) {
-      case Pitfall::sample_mean_of_means:
-      case Pitfall::ddp_uneven_shards:
-        return !scope.token_loss;
-      case Pitfall::token_mean_of_means:
-      case Pitfall::ddp_token_mean_across_ranks:
-      case Pitfall::token_count_unshifted_labels:
-        return scope.token_loss;
-      case Pitfall::clip_before_unscale:
-      case Pitfall::scaler_update_every_micro_step:
-      case Pitfall::skipped_step_advances_scheduler:
-        return scope.loss_scaling;
-      case Pitfall::ema_every_micro_step:
-        return scope.ema;
-      case Pitfall::low_precision_grad_buffer:
-        return !scope.contract_tier || scope.contract_lowp_buffer;
-      case Pitfall::optimizer_state_every_micro_step:
-        return !scope.contract_tier;
-      // A clip by chunks scales each chunk of the gradient by its own
-      // factor: no combination of whole micro-batch gradients, except
-      // within one rank's shard, which a sharded trace fits on its own.
-      case Pitfall::ddp_clip_local_norm:
-        return !scope.contract_tier || scope.contract_shard_clip;
-      // Added beside window-counter-across-epochs below, never alone.
-      case Pitfall::items_counted_per_fetch_group:
-        return false;
-      default:
-        return true;
-    }
-  };
+std::vector<Pitfall> candidate_catalog(const CandidateScope& scope) {
   std::vector<Pitfall> catalog;
   // The mean-of-means pitfalls, and the two DDP ones that are one switch
   // (rank_window_items), are named for the loss: the other is left out.
   for (Pitfall p : kAllPitfalls)
-    if (in_scope(p)) catalog.push_back(p);
-  // window-counter-across-epochs cuts the windows itself: no pair with
-  // the other loops that cut them (window-boundary-off-by-one*).
-  auto cuts_both = [](Pitfall a, Pitfall b) {
-    auto off_by_one = [](Pitfall p) {
-      return p == Pitfall::window_boundary_off_by_one ||
-             p == Pitfall::window_boundary_off_by_one_max_steps;
-    };
-    const Pitfall across = Pitfall::window_counter_across_epochs;
-    return (a == across && off_by_one(b)) || (b == across && off_by_one(a));
-  };
+    if (in_scope(scope, p)) catalog.push_back(p);
+  return catalog;
+}
+
+std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
+  const std::vector<Pitfall> catalog = candidate_catalog(scope);
   std::vector<std::vector<Pitfall>> sems = {{}};
   for (Pitfall p : catalog) sems.push_back({p});
   for (size_t i = 0; i < catalog.size(); ++i)
@@ -427,6 +446,114 @@ std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope) {
     sems.push_back(std::move(with));
   }
   return sems;
+}
+
+namespace {
+// The order candidates are named in: the catalog's, with
+// items-counted-per-fetch-group right after window-counter-across-epochs
+// and step-budget-drops-micro-batches last (as candidate_semantics
+// writes them).
+int name_rank(Pitfall p) {
+  const int n = int(std::size(kAllPitfalls));
+  if (p == Pitfall::step_budget_drops_micro_batches) return 2 * n + 1;
+  if (p == Pitfall::items_counted_per_fetch_group)
+    p = Pitfall::window_counter_across_epochs;
+  const int i =
+      int(std::find(std::begin(kAllPitfalls), std::end(kAllPitfalls), p) -
+          std::begin(kAllPitfalls));
+  return 2 * i;
+}
+
+std::vector<Pitfall> named_order(std::vector<Pitfall> sem) {
+  std::stable_sort(sem.begin(), sem.end(), [](Pitfall a, Pitfall b) {
+    const int ra = name_rank(a), rb = name_rank(b);
+    if (ra != rb) return ra < rb;
+    return a == Pitfall::window_counter_across_epochs &&
+           b == Pitfall::items_counted_per_fetch_group;
+  });
+  return sem;
+}
+
+// Whether a combination is one the catalog composes, each of its pitfalls
+// changing the loop: no two that cut the windows both, none that cancel,
+// none whose switch another overrides (its removal changes nothing), and
+// items-counted-per-fetch-group only beside window-counter-across-epochs
+// on a loop that counts items.
+bool composes(const std::vector<Pitfall>& sem) {
+  for (size_t i = 0; i < sem.size(); ++i)
+    for (size_t j = i + 1; j < sem.size(); ++j)
+      if (sem[i] == sem[j] || cuts_both(sem[i], sem[j]) ||
+          cancels(sem[i], sem[j]))
+        return false;
+  const Behavior all = behavior_of(sem);
+  if (std::find(sem.begin(), sem.end(),
+                Pitfall::items_counted_per_fetch_group) != sem.end() &&
+      (!all.windows_across_epochs ||
+       (all.normalization != Normalization::window_items &&
+        all.normalization != Normalization::rank_window_items)))
+    return false;
+  for (size_t i = 0; i < sem.size(); ++i) {
+    std::vector<Pitfall> without = sem;
+    without.erase(without.begin() + std::ptrdiff_t(i));
+    if (behavior_of(without) == all) return false;
+  }
+  return true;
+}
+}  // namespace
+
+void search_combinations(
+    const CandidateScope& scope,
+    const std::vector<std::pair<std::vector<Pitfall>, Residual>>& ranked,
+    const std::function<
+        std::vector<Residual>(const std::vector<std::vector<Pitfall>>&)>& judge,
+    size_t max_pitfalls, size_t beam) {
+  std::vector<Pitfall> catalog = candidate_catalog(scope);
+  catalog.push_back(Pitfall::items_counted_per_fetch_group);
+  std::vector<Behavior> seen;
+  for (const auto& [sem, res] : ranked) seen.push_back(behavior_of(sem));
+  // The beam: the closest candidates that still leave something out.
+  std::vector<std::pair<std::vector<Pitfall>, Residual>> front;
+  for (const auto& x : ranked)
+    if (x.second.out > 0) front.push_back(x);
+  auto closest = [&](auto& v) {
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+      return a.second < b.second;
+    });
+    if (v.size() > beam) v.resize(beam);
+  };
+  closest(front);
+  while (!front.empty()) {
+    // This size's extensions, each with the residual of the one it extends.
+    std::vector<std::vector<Pitfall>> ext;
+    std::vector<Residual> parent;
+    for (const auto& [sem, res] : front) {
+      if (sem.size() >= max_pitfalls) continue;
+      for (Pitfall p : catalog) {
+        if (std::find(sem.begin(), sem.end(), p) != sem.end()) continue;
+        std::vector<Pitfall> with = sem;
+        with.push_back(p);
+        with = named_order(std::move(with));
+        if (!composes(with)) continue;
+        const Behavior b = behavior_of(with);
+        if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
+        seen.push_back(b);
+        ext.push_back(std::move(with));
+        parent.push_back(res);
+      }
+    }
+    if (ext.empty()) return;
+    const std::vector<Residual> got = judge(ext);
+    std::vector<std::pair<std::vector<Pitfall>, Residual>> next;
+    for (size_t i = 0; i < ext.size(); ++i) {
+      // One explains the trace: the search ends.
+      if (got[i].out == 0) return;
+      // Kept only when it explains more of the residual than the
+      // candidate it extends.
+      if (got[i] < parent[i]) next.emplace_back(std::move(ext[i]), got[i]);
+    }
+    closest(next);
+    front = std::move(next);
+  }
 }
 
 }  // namespace accumcheck

@@ -8,9 +8,14 @@
 // pairs of pitfalls compose (certification ranks pairs).
 #pragma once
 
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace accumcheck {
@@ -65,6 +70,8 @@ enum class Pitfall {
   // epoch's last fetch.
   items_counted_per_fetch_group,
   last_fetch_sized_in_samples,
+  // A hand-written all-reduce after a per-rank clip (issue 44).
+  ddp_clip_before_all_reduce,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -109,6 +116,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::end_of_loader_syncs_every_micro_batch,
     Pitfall::items_counted_per_fetch_group,
     Pitfall::last_fetch_sized_in_samples,
+    Pitfall::ddp_clip_before_all_reduce,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -203,6 +211,10 @@ struct Behavior {
   // ddp-clip-local-norm: the gradient sharded over ranks in R contiguous
   // chunks (ZeRO/FSDP), each chunk clipped by its own norm.
   bool clip_local_norm = false;
+  // ddp-clip-before-all-reduce: each rank clips its own whole local
+  // gradient (by its own norm) at the window's end, before the all-reduce
+  // averages them; no clip after it.
+  bool clip_before_all_reduce = false;
   // ddp-scheduler-per-rank: R scheduler.step() calls per optimizer step.
   bool scheduler_per_rank = false;
   // low-precision-grad-buffer: the micro-batches accumulate in a bf16
@@ -316,6 +328,9 @@ struct CandidateScope {
   // own shard, each clip's norm of the rank's shard recorded):
   // ddp-clip-local-norm is a candidate, its clip symbol the shard's factor.
   bool contract_shard_clip = false;
+  // R > 1 ranks with a clip: ddp-clip-before-all-reduce is a candidate
+  // (anywhere else it changes nothing).
+  bool ranks_clip = false;
 };
 // items-counted-per-fetch-group changes a loop only where its steps are
 // not its fetches (in the catalog: window-counter-across-epochs) and its
@@ -324,6 +339,39 @@ struct CandidateScope {
 // as one more pitfall (named after window-counter-across-epochs).
 // Anywhere else it would only alias the candidate without it.
 std::vector<std::vector<Pitfall>> candidate_semantics(CandidateScope scope);
+
+// The pitfalls candidate_semantics composes in this scope, in the
+// catalog's order (items-counted-per-fetch-group left out: never alone).
+std::vector<Pitfall> candidate_catalog(const CandidateScope& scope);
+
+// What a candidate leaves unexplained, for the combination search: how many
+// of the trace's judged values (weights, steps) lie beyond their bound,
+// then by how much in sum.  Less is closer; out == 0 explains the trace.
+struct Residual {
+  int64_t out = 0;
+  double excess = 0;
+  auto operator<=>(const Residual&) const = default;
+};
+
+// Combinations of more pitfalls than candidate_semantics' pairs (issue
+// 44): a beam search, never every subset.  From the `beam` closest of the
+// candidates already judged (`ranked`: each with its residual) that leave
+// something out, each is extended by one pitfall of the scope's catalog at
+// a time, where the pitfall composes with it (no two cutting the windows,
+// none cancelling, none that another overrides: each must change the
+// loop) and the combination's behaviour is not one judged already; an
+// extension is kept only where it leaves less out than the candidate it
+// extends, and the `beam` closest of those are extended again, up to
+// `max_pitfalls` pitfalls (limits table: combination_pitfalls).  `judge`
+// judges one size's extensions together (and records them as the tier
+// ranks candidates), returning their residuals in order; the search ends
+// at the size where one's residual is 0.
+void search_combinations(
+    const CandidateScope& scope,
+    const std::vector<std::pair<std::vector<Pitfall>, Residual>>& ranked,
+    const std::function<
+        std::vector<Residual>(const std::vector<std::vector<Pitfall>>&)>& judge,
+    size_t max_pitfalls, size_t beam);
 
 // "correct", or the ids joined by "+".
 std::string semantics_name(const std::vector<Pitfall>& pitfalls);

@@ -219,6 +219,12 @@ class Trainer {
     backward_ = since_step_ = 0;
     micro_before_epoch_ = 0;
     floor_budget_ = INT64_MAX;
+    // schedule-horizon-in-micro-steps: the horizon in the micro-batches of
+    // the plan's real windows (an epoch's partial last window included).
+    if (b_.schedule_horizon_in_micro_steps && plan.epoch_count() > 0)
+      schedule_ =
+          stretched(resolved_schedule(s_, b_.horizon_initial_k),
+                    s_.batching.accumulation, plan.epoch(0).micro_steps());
     init_ranks(plan.ranks);
     init_state_beyond_gradients(true);
     // A lazy plan builds each epoch here, when the loop reaches it.
@@ -425,11 +431,15 @@ class Trainer {
   }
 
   // The items a loop counts of a shard: the engine's (samples, or
-  // loss-bearing tokens), plus each sequence's position 0 for
-  // token-count-unshifted-labels.
+  // loss-bearing tokens); for token-count-unshifted-labels those over the
+  // unshifted labels: the engine's own count where it has one (the
+  // contract tier's, recorded: a prompt masked with -100 leaves position 0
+  // uncounted), else each sequence's position 0 too.
   int64_t counted_items(const std::vector<int64_t>& shard) const {
-    return e_.items(shard) +
-           (b_.count_unshifted_labels ? int64_t(shard.size()) : 0);
+    if (!b_.count_unshifted_labels) return e_.items(shard);
+    if constexpr (requires { e_.unshifted_items(shard); })
+      return e_.unshifted_items(shard);
+    return e_.items(shard) + int64_t(shard.size());
   }
 
   // The weight of each item loss of rank r's micro-batch shard.  DDP then
@@ -669,6 +679,13 @@ class Trainer {
     return !found;
   }
 
+  // Whether the clip runs at the optimizer step (not per micro-step, not
+  // on each rank before the all-reduce).
+  bool clips_at_step() const {
+    return s_.clip.enabled && !b_.clip_per_micro_step &&
+           !(b_.clip_before_all_reduce && R_ > 1);
+  }
+
   // clip_grad_norm_: coef = c / (norm + 1e-6), clamped to 1, in the
   // engine's arithmetic (float32 tensors in PyTorch).
   // An engine that keeps the factor symbolic (the contract tier's
@@ -780,7 +797,6 @@ class Trainer {
   // trainer is skipped-step-advances-scheduler.
   void boundary(bool steps_at_boundary, bool last_of_epoch,
                 int64_t epoch_micro_steps) {
-    const bool clipping = s_.clip.enabled;
     auto zero_all = [&] { each_rank([&](int64_t) { zero_grad(-1); }); };
     auto schedules_after = [&](bool stepped) {
       return boundary_schedules() && !b_.scheduler_before_optimizer &&
@@ -791,8 +807,7 @@ class Trainer {
       if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
         if (boundary_schedules() && b_.scheduler_before_optimizer)
           scheduler_step(-1);
-        const bool stepped =
-            step_block(-1, clipping && !b_.clip_per_micro_step);
+        const bool stepped = step_block(-1, clips_at_step());
         if (schedules_after(stepped)) scheduler_step(-1);
         zero_all();
       }
@@ -804,7 +819,7 @@ class Trainer {
         scheduler_step(-1);
       bool stepped = true;
       if (!b_.step_every_micro_step && !done())
-        stepped = step_block(-1, clipping && !b_.clip_per_micro_step);
+        stepped = step_block(-1, clips_at_step());
       if (schedules_after(stepped)) scheduler_step(-1);
       if (b_.zero_grad == ZeroGradTiming::after_step) zero_all();
     }
@@ -886,6 +901,11 @@ class Trainer {
           e_.add_l2(s_.optimizer.l2_in_loss * loss_scale(),
                     b_.l2_unnormalized ? 1 : Kw);
       });
+      // ddp-clip-before-all-reduce: each rank clips its own local gradient
+      // before the window's all-reduce.
+      if (clipping && b_.clip_before_all_reduce && R_ > 1 &&
+          (k + 1 == Kw || steps_each))
+        each_rank([&](int64_t) { clip(k); });
       if (b_.sync == Sync::every_micro_step ||
           (b_.sync == Sync::window_end && (k + 1 == Kw || steps_each) &&
            syncs_at_end))
@@ -905,7 +925,7 @@ class Trainer {
           b_.scheduler_per_micro_step && b_.scheduler_before_optimizer;
       if (schedules_first) scheduler_step(k);
       if (b_.step_every_micro_step && steps_at_boundary && !done())
-        step_block(k, clipping && !b_.clip_per_micro_step);
+        step_block(k, clips_at_step());
       // The boundary's optimizer.step() precedes the micro-step's
       // scheduler.step() (scheduler-per-micro-step: step t uses S(tK+K-1)).
       if (k + 1 == Kw || steps_each)

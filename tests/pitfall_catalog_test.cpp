@@ -150,6 +150,8 @@ const Expected kTable[] = {
      with([](Behavior& b) { b.items_per_fetch_group = true; })},
     {"last-fetch-sized-in-samples",
      with([](Behavior& b) { b.last_fetch_in_samples = true; })},
+    {"ddp-clip-before-all-reduce",
+     with([](Behavior& b) { b.clip_before_all_reduce = true; })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {

@@ -93,6 +93,24 @@ TEST(Schedule, LinearWarmupDecayAndPastHorizon) {
   EXPECT_EQ(lr_multiplier(s, 9), 0.0);  // clamps at 0 past the horizon
 }
 
+// schedule-horizon-in-micro-steps counts lengths in the micro-batches of
+// the real windows (issue 44): 11 micro-batches an epoch at K = 4 are
+// windows of 4, 4, 3, so the run's 6 steps over 2 epochs are 22
+// micro-batches (len(loader) * epochs), not 24; K x L where K divides M.
+TEST(Schedule, HorizonInMicroStepsOfPartialWindows) {
+  ScheduleSpec s;
+  s.kind = ScheduleKind::linear;
+  s.warmup = 2;
+  s.total = 6;
+  const ScheduleSpec m = stretched(s, 4, 11);
+  EXPECT_EQ(m.total, 22);
+  EXPECT_EQ(m.warmup, 8);
+  EXPECT_EQ(micro_length(3, 4, 11), 11);
+  EXPECT_EQ(micro_length(4, 4, 11), 15);
+  EXPECT_EQ(stretched(s, 4, 12).total, 24);  // K divides M
+  EXPECT_EQ(stretched(s, 4).total, 24);      // M unknown: K x L
+}
+
 TEST(Schedule, CosineRisesAgainPastHorizon) {
   ScheduleSpec s;
   s.kind = ScheduleKind::cosine;

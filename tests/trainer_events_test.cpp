@@ -197,6 +197,7 @@ const Pinned kPinned[] = {
      "weights only, and only beside window-counter-across-epochs"},
     {Pitfall::last_fetch_sized_in_samples, kCorrect,
      "N mod K = 5 mod 2 = M mod K: every micro-batch drawn (see Fetches)"},
+    {Pitfall::ddp_clip_before_all_reduce, kCorrect, "one rank"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }

@@ -83,6 +83,48 @@ def gpt_items(batch):
     return int((batch[1] != IGNORE).sum())
 
 
+def sft_data(n=42, ctx=16, vocab=64, seed=0):
+    """Supervised fine-tuning data as Transformers has it: n sequences of
+    lengths 3..ctx (long-tailed), padded; labels UNSHIFTED (the loss shifts
+    them: position i predicts label i+1), the prompt's labels masked with
+    IGNORE (a prompt of 0 to L-2 tokens: some sequences' first label is
+    counted, most are not) and the padding's."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        L = int(3 + (ctx - 3) * float(torch.rand(1, generator=g)) ** 3)
+        seq = torch.randint(1, vocab, (L,), generator=g)
+        prompt = int(torch.randint(0, L - 1, (1,), generator=g))
+        x = torch.full((ctx,), PAD, dtype=torch.long)
+        y = torch.full((ctx,), IGNORE, dtype=torch.long)
+        x[:L], y[prompt:L] = seq, seq[prompt:]
+        out.append((x, y))
+    return out
+
+
+def sft_summed_loss(model, batch):
+    """The sum of the next-token losses: logits at i against labels at i+1."""
+    x, y = batch
+    logits = model(x)[:, :-1]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1),
+                           ignore_index=IGNORE, reduction="sum")
+
+
+def sft_items(batch):
+    """The labels that carry a loss: labels[:, 1:] not IGNORE."""
+    return int((batch[1][:, 1:] != IGNORE).sum())
+
+
+def sft_unshifted_items(batch):
+    """The count over the UNSHIFTED labels (position 0 too): what a loop
+    that forgets the shift divides by (token-count-unshifted-labels)."""
+    return int((batch[1] != IGNORE).sum())
+
+
+def sft_mean_loss(model, batch):
+    return sft_summed_loss(model, batch) / sft_items(batch)
+
+
 def gpt_mean_loss(model, batch):
     """What a Transformers model returns: the mean over the batch's tokens."""
     x, y = batch

@@ -80,8 +80,9 @@ def l2_into_grad(params, wd=0.01):
 
 
 def transformers_loop(model, opt, batches, K, epochs, after_backward=None, after_step=None,
-                      before_step=None):
-    """train.py's Transformers-style loop, with the EMA's call sites."""
+                      before_step=None, clip=None):
+    """train.py's Transformers-style loop, with the EMA's call sites and
+    clip_grad_norm_(clip) before each step."""
     for _ in range(epochs):
         for window in windows(batches(), K):
             n = sum(models.gpt_items(b) for b in window)
@@ -91,6 +92,8 @@ def transformers_loop(model, opt, batches, K, epochs, after_backward=None, after
                     after_backward()
             if before_step:
                 before_step()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             opt.step()
             opt.zero_grad()
             if after_step:
@@ -148,6 +151,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--out", default="trace")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -175,7 +180,7 @@ def main():
     elif a.shape.startswith("hand"):
         ema = HandEma(model, DECAY, swapped=a.shape == "hand_swapped")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    rec = ContractRecorder(model, opt, models.gpt_summed_loss, models.gpt_items, **kw)
+    rec = ContractRecorder(model, opt, models.gpt_summed_loss, models.gpt_items, clip=a.clip, **kw)
     if isinstance(ema, HandEma):
         rec.ema(ema.shadow, decay=DECAY)
     elif ema is not None:
@@ -188,7 +193,7 @@ def main():
                       after_backward=update if a.shape == "ema_micro" else None,
                       before_step=update if a.shape == "ema_early" else None,
                       after_step=update if a.shape in ("ema", "averaged", "hand", "hand_swapped")
-                      else None)
+                      else None, clip=a.clip)
     rec.close()
 
 

@@ -217,16 +217,55 @@ def step_first_alone(m, opt, load, K, epochs, mean, items, summed):
             opt.zero_grad()
 
 
+def unshifted_count(m, opt, load, K, epochs, mean, items, summed):
+    """Transformers 4.47-4.53's num_items_in_batch: the window's labels
+    counted over the UNSHIFTED labels, (labels != -100).sum(), while the
+    loss shifts them: each sequence whose first label is not masked counts
+    once too often (token-count-unshifted-labels)."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            n = sum(int((b[1] != models.IGNORE).sum()) for b in window)
+            for b in window:
+                (summed(m, b) / n).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def across_epochs_k_twice(m, opt, load, K, epochs, mean, items, summed, drop_last=False):
+    """Three mistakes at once (issue 44), as framework releases combine
+    them: each micro-batch's token mean divided by K by the user and again
+    by a framework's backward, stepped on a micro-batch counter that runs
+    across epochs (an epoch's leftovers join the next epoch's first window;
+    the run's are never stepped)."""
+    total = 0
+    for _ in range(epochs):
+        for b in load(drop_last=drop_last):
+            (mean(m, b) / K / K).backward()
+            total += 1
+            if total % K == 0:
+                opt.step()
+                opt.zero_grad()
+
+
+def across_epochs_k_twice_drop_last(m, opt, load, K, epochs, mean, items, summed):
+    """The three above and a fourth: DataLoader(drop_last=True), the short
+    last micro-batch never drawn."""
+    across_epochs_k_twice(m, opt, load, K, epochs, mean, items, summed, drop_last=True)
+
+
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   zero_grad_inside, step_outside_if, rescaled_accumulator,
                                   off_by_one, leak, skip_short, double_count,
                                   clip_per_micro_step, double_count_last,
-                                  step_first_alone)}
+                                  step_first_alone, across_epochs_k_twice, unshifted_count,
+                                  across_epochs_k_twice_drop_last)}
 
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["gpt", "cnn"], default="gpt")
+    ap.add_argument("--model", choices=["gpt", "sft", "cnn"], default="gpt",
+                    help="gpt: the decoder on shifted labels; sft: on unshifted labels with "
+                    "prompts masked with -100 (the recorder given unshifted_count_fn); cnn")
     ap.add_argument("--loop", choices=sorted(LOOPS), default="transformers")
     ap.add_argument("--K", type=int, default=4)
     ap.add_argument("--told-K", type=int, default=None,
@@ -235,12 +274,18 @@ def parse(argv=None):
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    ap.add_argument("--schedule", choices=["constant", "linear", "linear-early", "linear-x-k"],
+    ap.add_argument("--schedule", choices=["constant", "linear", "linear-early", "linear-x-k",
+                                           "linear-steps", "linear-micro"],
                     default="constant",
                     help="linear: get_linear_schedule_with_warmup (warmup 2, total 12), "
                     "declared; linear-early: the same with scheduler.step() before "
                     "optimizer.step(); linear-x-k: the same with lr x K (the linear "
-                    "scaling rule), the schedule declared at the base lr")
+                    "scaling rule), the schedule declared at the base lr; linear-steps: "
+                    "no warmup, total = the run's optimizer steps (epochs x "
+                    "ceil(len(loader) / K)), declared; linear-micro: declared the same, "
+                    "built with num_training_steps = len(loader) * epochs "
+                    "(schedule-horizon-in-micro-steps; len(loader) need not be a multiple "
+                    "of K)")
     ap.add_argument("--clip", type=float, default=None,
                     help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
     ap.add_argument("--undeclared-clip", action="store_true",
@@ -312,6 +357,10 @@ def run(a):
         model, data = models.TinyGPT(), models.gpt_data(n=a.samples or 42)
         summed, items, mean = models.gpt_summed_loss, models.gpt_items, models.gpt_mean_loss
         kind = "tokens"
+    elif a.model == "sft":
+        model, data = models.TinyGPT(), models.sft_data(n=a.samples or 42)
+        summed, items, mean = models.sft_summed_loss, models.sft_items, models.sft_mean_loss
+        kind = "tokens"
     else:
         model, data = models.TinyCNN(), models.cnn_data(n=a.samples or 32)
         summed, items = models.cnn_summed_loss, models.cnn_items
@@ -332,15 +381,28 @@ def run(a):
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr_used, momentum=0.9)
     scheduler, schedule = None, None
-    if a.schedule != "constant":
+    if a.schedule in ("linear-steps", "linear-micro"):
+        micro = -(-len(data) // a.micro_batch)  # len(loader)
+        steps = a.epochs * -(-micro // a.K)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            opt, warmup_linear(0, steps) if a.schedule == "linear-steps"
+            else warmup_linear(0, micro * a.epochs))
+        schedule = {"kind": "linear", "warmup": 0, "total": steps}
+    elif a.schedule != "constant":
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(2, 12))
         schedule = {"kind": "linear", "warmup": 2, "total": 12}
     rec = None
     if not a.no_record:
         rec = ContractRecorder(model, opt, summed, items, accumulation=a.told_K or a.K,
                                out=a.out or "trace", items=kind, lr=lr, schedule=schedule,
+<<<<<<< HEAD
                                clip=None if a.undeclared_clip else a.clip)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if a.scaler else None
+=======
+                               clip=None if a.undeclared_clip else a.clip,
+                               unshifted_count_fn=(models.sft_unshifted_items
+                                                   if a.model == "sft" else None))
+>>>>>>> s22-44
     stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",
                         None if a.loop == "clip_per_micro_step" else a.clip, a.clip,
                         a.interrupt_after, scaler)

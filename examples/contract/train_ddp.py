@@ -39,6 +39,12 @@ Loops (--loop):
                           == K - 1)` set after the forward (DDP read the
                           flag in it): the all-reduce runs at the window's
                           first micro-step, not its last
+  clip_then_average       the plain module, each rank's window accumulated
+                          locally, clip_grad_norm_(--clip) on each rank's
+                          LOCAL gradient, then the tutorial's
+                          average_gradients: each rank's gradient clipped
+                          by its own norm before the average
+                          (ddp-clip-before-all-reduce)
 --clip C: clip_grad_norm_(C) on each rank before optimizer.step() (after
 average_gradients: on the averaged gradient, the same on every rank),
 declared to the recorder.
@@ -66,7 +72,7 @@ from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks
 
 LOOPS = ("correct", "local_mean", "no_sync_everywhere", "sync_every_micro_step",
          "scheduler_per_rank", "average_gradients", "average_gradients_no_div",
-         "late_sync_flag")
+         "late_sync_flag", "clip_then_average")
 
 
 def average_gradients(model, divide=True):
@@ -93,7 +99,7 @@ def train(rank, ranks, a):
     # same on every rank) stay out of DDP's start-up broadcast.
     DDP._set_params_and_buffers_to_ignore_for_model(
         net, [n for n, b in net.named_buffers() if b.dtype == torch.bool])
-    by_hand = a.loop.startswith("average_gradients")
+    by_hand = a.loop.startswith("average_gradients") or a.loop == "clip_then_average"
     model = net if by_hand else DDP(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     scheduler, schedule = None, None
@@ -131,9 +137,11 @@ def train(rank, ranks, a):
                 backward += 1
                 if a.die_after is not None and rank == R - 1 and backward == a.die_after:
                     os.kill(os.getpid(), signal.SIGKILL)  # dies mid-run, no cleanup
+            if a.clip and a.loop == "clip_then_average":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)  # the local gradient
             if by_hand:
-                average_gradients(model, divide=a.loop == "average_gradients")
-            if a.clip:
+                average_gradients(model, divide=a.loop != "average_gradients_no_div")
+            if a.clip and a.loop != "clip_then_average":
                 torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
             opt.step()
             for _ in range(R if a.loop == "scheduler_per_rank" else (1 if scheduler else 0)):

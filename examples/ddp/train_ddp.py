@@ -36,6 +36,9 @@ Loops (--loop):
                           tutorial's average_gradients after the window's
                           last backward (all_reduce(p.grad, SUM), then
                           p.grad /= world_size), before the clip
+  clip_then_average       the same with the clip BEFORE the average: each
+                          rank clips its own local gradient by its own norm
+                          (ddp-clip-before-all-reduce)
 --sharding split: each rank takes order[r::R] by hand (Subset), unequal
 shards (the scenario's sampler = "split"), instead of DistributedSampler.
 --sharding shuffle: DistributedSampler(shuffle=True, seed=1234) with
@@ -56,7 +59,8 @@ from accumcheck_torch import exit_on_refusal, load_bundle
 from accumcheck_torch.distributed import DistributedRecorder, run_ranks
 
 LOOPS = ("correct", "no_sync_everywhere", "sync_every_micro_step", "local_mean",
-         "scheduler_per_rank", "clip_local_norm", "clip_main_only", "average_gradients")
+         "scheduler_per_rank", "clip_local_norm", "clip_main_only", "average_gradients",
+         "clip_then_average")
 
 
 class Net(torch.nn.Module):
@@ -140,7 +144,8 @@ def train(rank, ranks, args):
     bundle = load_bundle(args.bundle)  # this rank's view
     net = Net(bundle)
     bundle.load_initial(net)
-    model = net if args.loop == "average_gradients" else DDP(net)
+    by_hand = args.loop in ("average_gradients", "clip_then_average")
+    model = net if by_hand else DDP(net)
     optimizer = bundle.optimizer(model)
     scheduler = bundle.scheduler(optimizer)
     recorder = DistributedRecorder(bundle, model, optimizer, scheduler, out=args.out)
@@ -157,7 +162,7 @@ def train(rank, ranks, args):
                 dist.all_reduce(n)  # N_w over every rank, before the first backward
             for i, (x, y, _) in enumerate(window):
                 last = i + 1 == len(window)
-                if loop == "average_gradients":
+                if by_hand:
                     sync = contextlib.nullcontext()
                 elif loop == "no_sync_everywhere":
                     sync = model.no_sync()
@@ -172,11 +177,13 @@ def train(rank, ranks, args):
                     else:
                         loss = loss_sum(bundle, out, y) * R / n.item()
                     loss.backward()
-            if loop == "average_gradients":
+            if loop == "clip_then_average" and bundle.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), bundle.max_norm)  # local
+            if by_hand:
                 for p in model.parameters():
                     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
                     p.grad /= R
-            if bundle.clip:
+            if bundle.clip and loop != "clip_then_average":
                 if loop == "clip_local_norm":
                     clip_own_chunk(model, bundle.max_norm)
                 elif loop == "clip_main_only":

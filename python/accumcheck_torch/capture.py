@@ -163,9 +163,11 @@ class Capture:
         self._recompute_pending()
         with torch.no_grad():
             items = int(self.count_fn(batch))
+            unshifted = (None if self.unshifted_count_fn is None
+                         else int(self.unshifted_count_fn(batch)))
         first = _first(batch)
         self.micro.append([len(self.epochs) - 1, self.steps, items, int(first.shape[0]),
-                           torch.get_rng_state(), batch, None, float("nan")])
+                           torch.get_rng_state(), batch, None, float("nan"), unshifted])
         self.first.append(first.data_ptr())
         self.forwarded.append(False)
         self.current = len(self.micro) - 1
@@ -353,9 +355,10 @@ class Capture:
                     parameters = [parameters]
                 parameters = list(parameters)
                 norm, shard = rec._clip_norms(parameters)
+                off = rec._off_bf16(parameters)
                 total = saved(parameters, max_norm, *a, **k)
                 rec._clipped(min(1.0, float(max_norm) / (float(total) + 1e-6)), norm, shard,
-                             float(max_norm))
+                             float(max_norm), off)
                 return total
             return clip
         self._restore_clip = swap_clip(make_clip)
@@ -378,11 +381,31 @@ class Capture:
             return sum(sumsq64(self._full(p.grad)) for p in parameters
                        if p.grad is not None) ** 0.5, None
 
-    def _clipped(self, factor, norm, shard, max_norm):
+    def _off_bf16(self, parameters):
+        """How many elements of the gradient a clip sees bfloat16 cannot
+        hold, on the recorder's coordinates of each recorded parameter (0: a
+        bf16 gradient buffer before the clip, whose factor then makes
+        float32 numbers of it; certify's low-precision-grad-buffer)."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        off = 0
+        with torch.no_grad():
+            for p in parameters:
+                if p.grad is None:
+                    continue
+                i = index.get(id(p))
+                g = p.grad.detach()
+                if self._sampled and i is not None:
+                    g = self.buf.take(i, g)
+                off += int((g.to(torch.bfloat16).to(g.dtype) != g).sum())
+        return off
+
+    def _clipped(self, factor, norm, shard, max_norm, off_bf16=None):
         """A clip seen: the factor it applied, the norms of the gradient it
-        saw (whole, and this rank's shard: None where not sharded) and its
-        max_norm (nan: a scaling seen on .grad, no clip function called)."""
-        self.clips.append([self.steps, factor, norm, max_norm, shard])
+        saw (whole, and this rank's shard: None where not sharded), its
+        max_norm (nan: a scaling seen on .grad, no clip function called)
+        and the elements of that gradient bfloat16 cannot hold (None: not
+        counted)."""
+        self.clips.append([self.steps, factor, norm, max_norm, shard, off_bf16])
         self.events.append(("clip", self.steps, -1, None))
 
     def _grad_hook(self, i):

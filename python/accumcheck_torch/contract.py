@@ -109,7 +109,8 @@ class _Watched:
 class ContractRecorder(Capture, StepFit, Replay, Write):
     """ContractRecorder(model, optimizer, loss_fn, count_fn, accumulation,
     out="trace", items="samples", run="trainer", quiet=False,
-    calibrate_every=None, lr=None, schedule=None, clip=None).
+    calibrate_every=None, lr=None, schedule=None, clip=None,
+    unshifted_count_fn=None, coordinates=1024, sample_seed=...).
 
     schedule: the accepted lr schedule, judged by certify's lr channel
     (docs/tiers.md "Declaring the lr schedule"), in the form your trainer
@@ -138,7 +139,17 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
     optimizer.step() (default None: no clipping accepted).
     accept: pitfall ids (sim/pitfalls.cpp) the user accepts as their loop
     (a framework's documented semantics, e.g. "partial-cycle-scale-by-k"):
-    certify then judges against that loop and says so."""
+    certify then judges against that loop and says so.
+    unshifted_count_fn: for a causal-LM loss (items="tokens"), batch -> the
+    labels that are not -100 over the UNSHIFTED labels (position 0 of each
+    sequence included), the count a loop that forgets the shift takes:
+    certify's token-count-unshifted-labels then predicts each window's count
+    from it, also where prompts are masked with -100 (default None: each
+    sequence's position 0 assumed counted).  The framework integrations pass
+    it for their causal-LM head.
+    coordinates, sample_seed: how many coordinates of each parameter tensor
+    the recorder keeps, and the seed they are drawn from (sample.py; both
+    in meta.csv: docs/tiers.md "What the recorder keeps")."""
 
     # Rows of sampled coordinates (sample.Coordinates); a sharding recorder
     # whose fits run on shard ranges of whole vectors keeps every one.
@@ -146,8 +157,8 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
 
     def __init__(self, model, optimizer=None, loss_fn=None, count_fn=None, accumulation=None,
                  out="trace", items="samples", run="trainer", quiet=False, calibrate_every=None,
-                 lr=None, schedule=None, clip=None, accept=(), coordinates=PER_TENSOR,
-                 sample_seed=SEED):
+                 lr=None, schedule=None, clip=None, accept=(), unshifted_count_fn=None,
+                 coordinates=PER_TENSOR, sample_seed=SEED):
         self.abandoned = None  # why the run ended without its trace (see _abandon)
         if loss_fn is None or count_fn is None or accumulation is None:
             raise Refused("ContractRecorder: pass loss_fn= (the summed loss of a batch), "
@@ -158,6 +169,7 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
             raise Refused("accumulation must be >= 1, got %r" % (accumulation,))
         self.model, self.optimizer = model, None
         self.loss_fn, self.count_fn = loss_fn, count_fn
+        self.unshifted_count_fn = unshifted_count_fn
         self.K, self.out, self.items_kind, self.run = int(accumulation), out, items, run
         # The float64 calibration recompute on every calibrate_every-th
         # micro-batch (default 16); certify judges the others with the run's
@@ -196,13 +208,15 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
             self.pref = [p for p in self.mref.parameters() if p.requires_grad]
             self.p64 = [p for p in self.m64.parameters() if p.requires_grad]
         self.first, self.forwarded, self.current = [], [], -1
-        self.micro = []        # [epoch, version, items, samples, rng, batch, done, cal]
+        # [epoch, version, items, samples, rng, batch, done, cal, unshifted items or None]
+        self.micro = []
         self.backwards = []    # [micro, version, row of c in self.buf, fit]
         self.open_passes = []  # backward passes whose micro-batch is still held
         self.epochs = []       # [dataset items, batch size] per watched epoch
         self.loader_lengths = []  # len(loader) per watched epoch (0: none)
         self.rows = []         # contract.csv rows
-        self.clips = []        # [version, factor, norm, max_norm, shard norm or None]
+        # [version, factor, norm, max_norm, shard norm or None, off_bf16 or None]
+        self.clips = []
         self.events = []       # (kind, step, micro, lr)
         self.steps = 0
         self.since_step = []   # backward indices since the last step

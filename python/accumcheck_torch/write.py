@@ -42,17 +42,20 @@ class Write:
             self.optimizer.step = self._own_step
         rows = []
         for j, m in enumerate(self.micro):
-            rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[7])))
+            # ref: the unshifted label count (unshifted_count_fn), when given.
+            rows.append("micro,%d,%s,%d,%d,%d,%d,,,%s\n" % (j, "" if m[8] is None else m[8],
+                                                             m[0], m[1], m[2], m[3], real(m[7])))
         for b, rec in enumerate(self.backwards):
             w, resid = rec[3] if rec[3] is not None else (float("nan"), float("nan"))
             rows.append("backward,%d,%d,,%d,,,%s,%s,\n" % (b, rec[0], rec[1], real(w), real(resid)))
         for e, (n, bs) in enumerate(self.epochs):
             rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
         rows += self.rows + self.ema_rows
-        for i, (version, factor, norm, max_norm, shard) in enumerate(self.clips):
-            rows.append("clip,%d,%d,,,%s,,%s,%s,%s\n" % (
-                i, version, "" if shard is None else real(shard), real(factor), real(norm),
-                real(max_norm)))
+        for i, (version, factor, norm, max_norm, shard, off) in enumerate(self.clips):
+            # samples: the elements of the gradient it saw bfloat16 cannot hold.
+            rows.append("clip,%d,%d,,,%s,%s,%s,%s,%s\n" % (
+                i, version, "" if shard is None else real(shard), "" if off is None else off,
+                real(factor), real(norm), real(max_norm)))
         precision = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                      torch.float16: "float16"}.get(self.compute_dtype, str(self.compute_dtype))
         meta = contract_meta(

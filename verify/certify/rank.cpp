@@ -7,12 +7,40 @@
 // then judged with Oracle<Tracked<OracleReal>>, whose distances are the
 // ones reported.
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 
 #include "sim/errors.hpp"
+#include "sim/limits.hpp"
 #include "verify/certify/parallel.hpp"
 #include "verify/certify/stages.hpp"
 
 namespace accumcheck::certify_detail {
+
+namespace {
+
+// What a cheap run leaves unexplained (sim/pitfalls.hpp Residual): each
+// step's clip norm, gradient and parameters out of their bound, and every
+// step only one of the trace and the run takes (3 each).
+Residual residual_of(const Forced& f, size_t trace_steps) {
+  constexpr double kCap = 1e3;  // one value's excess counts at most this
+  if (f.steps < 0) return {std::numeric_limits<int64_t>::max(), kInf};
+  Residual res;
+  for (const StepEval& ev : f.eval) {
+    if (!ev.seen) continue;
+    for (const auto* c : {&ev.norm, &ev.grad, &ev.param})
+      if (!c->ok()) {
+        ++res.out;
+        res.excess += std::min(c->max_ratio, kCap);
+      }
+  }
+  const int64_t extra = std::abs(f.steps - int64_t(trace_steps));
+  res.out += 3 * extra;
+  res.excess += 3 * kCap * double(extra);
+  return res;
+}
+
+}  // namespace
 
 void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
                 std::vector<Behavior>& behaviors) {
@@ -23,10 +51,12 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
   // loss; the scenario parser refuses the other).  The loss-scale
   // pitfalls with the scenario's loss scaling or the trainer's own
   // (ctx.scale_exps: the trace's scales, forced on every candidate).
-  std::vector<std::vector<Pitfall>> sems = candidate_semantics(
-      {.token_loss = s.model.kind == ModelKind::token,
-       .loss_scaling = s.precision.loss_scaling || !ctx.scale_exps.empty(),
-       .ema = s.ema.enabled});
+  const CandidateScope scope{
+      .token_loss = s.model.kind == ModelKind::token,
+      .loss_scaling = s.precision.loss_scaling || !ctx.scale_exps.empty(),
+      .ema = s.ema.enabled,
+      .ranks_clip = s.batching.ranks > 1 && s.clip.enabled};
+  std::vector<std::vector<Pitfall>> sems = candidate_semantics(scope);
   sems.push_back(s.trainer.accepted);
   // Per candidate: every step's cheap gradient and parameter ratios.
   std::vector<std::vector<double>> fingerprints;
@@ -80,6 +110,53 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
       fingerprints.back().push_back(ev.param.max_ratio);
     }
   }
+  // No candidate within its bound: combinations of more pitfalls, by the
+  // beam search from the closest (sim/pitfalls.hpp), each judged as
+  // cheaply, on every thread; one whose extra pitfall changes nothing here
+  // is folded below like any other.
+  const size_t n = ctx.trace.size();
+  const bool none_matches =
+      std::all_of(r.ranking.begin(), r.ranking.end(),
+                  [](const CertifyCandidate& c) { return !(c.proxy <= 1); });
+  const size_t searched_from = r.ranking.size();
+  if (none_matches) {
+    std::vector<std::pair<std::vector<Pitfall>, Residual>> ranked;
+    for (size_t i = 0; i < r.ranking.size(); ++i)
+      ranked.emplace_back(r.ranking[i].pitfalls, residual_of(cheap[i], n));
+    search_combinations(
+        scope, ranked,
+        [&](const std::vector<std::vector<Pitfall>>& ext) {
+          std::vector<Forced> runs(ext.size());
+          parallel_for(ext.size(), ctx.threads, [&](size_t i) {
+            try {
+              runs[i] = forced_run<double>(ctx, behavior_of(ext[i]), ctx.range);
+            } catch (const ScaleRangeError&) {
+              runs[i] = Forced{-1, {}};
+            }
+          });
+          std::vector<Residual> out;
+          for (size_t i = 0; i < ext.size(); ++i) {
+            out.push_back(residual_of(runs[i], n));
+            CertifyCandidate c;
+            c.name = semantics_name(ext[i]);
+            c.pitfalls = ext[i];
+            c.steps = runs[i].steps;
+            c.proxy = distance_of(runs[i], n).value;
+            r.ranking.push_back(c);
+            behaviors.push_back(behavior_of(ext[i]));
+            fingerprints.emplace_back();
+            for (const StepEval& ev : runs[i].eval) {
+              fingerprints.back().push_back(ev.norm.max_ratio);
+              fingerprints.back().push_back(ev.grad.max_ratio);
+              fingerprints.back().push_back(ev.param.max_ratio);
+            }
+            cheap.push_back(std::move(runs[i]));
+          }
+          return out;
+        },
+        size_t(limit("combination_pitfalls")),
+        size_t(limit("combination_beam")));
+  }
   // Fold a candidate into a simpler one (a strict subset of its
   // pitfalls) that gave bitwise the same cheap result: the extra
   // pitfalls are inert on this scenario.
@@ -114,6 +191,10 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
         kept_i.push_back(i);
         continue;
       }
+      // A searched combination folded into a simpler one: its extras
+      // change nothing here, and the catalog's own inert singles and
+      // pairs already say so.
+      if (i >= searched_from) continue;
       std::string extra;
       for (Pitfall p : x.pitfalls)
         if (std::find(into->pitfalls.begin(), into->pitfalls.end(), p) ==

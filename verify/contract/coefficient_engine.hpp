@@ -171,12 +171,19 @@ class CoefficientEngine {
 
   // `items` counts a shard's loss-bearing items (samples or tokens), as
   // the engine whose run this predicts would.
+  // `unshifted`, where given, counts them over the unshifted labels
+  // (token-count-unshifted-labels: each sequence's position 0 too, where
+  // its label is not -100).
   explicit CoefficientEngine(
-      std::function<int64_t(const std::vector<int64_t>&)> items)
-      : items_(std::move(items)) {}
+      std::function<int64_t(const std::vector<int64_t>&)> items,
+      std::function<int64_t(const std::vector<int64_t>&)> unshifted = {})
+      : items_(std::move(items)), unshifted_(std::move(unshifted)) {}
 
   void zero_grad() { buf_.clear(); }
   int64_t items(const std::vector<int64_t>& ids) const { return items_(ids); }
+  int64_t unshifted_items(const std::vector<int64_t>& ids) const {
+    return unshifted_ ? unshifted_(ids) : items_(ids) + int64_t(ids.size());
+  }
   double forward_backward(const std::vector<int64_t>& ids, LossWeight w) {
     const int64_t j = int64_t(micro_.size());
     micro_.push_back({ids, rank_, epoch_, version_, items_(ids)});
@@ -277,7 +284,7 @@ class CoefficientEngine {
       it = it->second.zero() ? buf_.erase(it) : std::next(it);
   }
 
-  std::function<int64_t(const std::vector<int64_t>&)> items_;
+  std::function<int64_t(const std::vector<int64_t>&)> items_, unshifted_;
   Buffer buf_;                    // the buffer of the rank held
   std::vector<Buffer> rank_buf_;  // the other ranks' (hold_rank)
   int64_t rank_ = 0;

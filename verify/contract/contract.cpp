@@ -14,6 +14,7 @@
 
 #include "oracle/error_model.hpp"
 #include "sim/errors.hpp"
+#include "sim/limits.hpp"
 #include "verify/certify/lr_channel.hpp"
 #include "verify/contract/detail.hpp"
 #include "verify/trace/trace.hpp"
@@ -68,16 +69,28 @@ Distance distance(const Measured& m, const Prediction& p,
   auto who = [&](size_t r) {
     return R > 1 ? fmt::format("rank {} ", r) : std::string();
   };
+  // The residual: a weight out counts 1, its excess ratio at most this
+  // much (an order past any weight's), so no single step outweighs the
+  // count.
+  constexpr double kResidualCap = 1e3;
+  Residual res;
+  for (size_t r = 0; r < R; ++r) {
+    const auto& longer = p.P[r].size() > m.W[r].size() ? p.P[r] : m.W[r];
+    for (size_t t = std::min(p.P[r].size(), m.W[r].size()); t < longer.size();
+         ++t) {
+      res.out += int64_t(longer[t].size());
+      res.excess += kResidualCap * double(longer[t].size());
+    }
+  }
   for (size_t r = 0; r < R; ++r)
     if (p.P[r].size() != m.W[r].size()) {
       out.d = kInf;
       out.why = fmt::format("{}takes {} optimizer steps, the trace {}", who(r),
                             p.P[r].size(), m.W[r].size());
-      return out;
     }
   const double u = error_model::kUnitRoundoff32;
   for (size_t r = 0; r < R; ++r)
-    for (size_t t = 0; t < p.P[r].size(); ++t) {
+    for (size_t t = 0; t < std::min(p.P[r].size(), m.W[r].size()); ++t) {
       const Weights& P_t = p.P[r][t];
       const Weights& W_t = m.W[r][t];
       double top = 0;
@@ -95,8 +108,12 @@ Distance distance(const Measured& m, const Prediction& p,
               "at {}",
               who(r), j, p.version[r][t].at(j), c.micro[size_t(j)].version);
         }
-        if (rr > out.d) {
-          out = {rr, int64_t(t), j, why};
+        if (rr > 1) {
+          ++res.out;
+          res.excess += std::min(rr, kResidualCap);
+        }
+        if (rr > out.d && !(std::isinf(out.d) && out.step < 0)) {
+          out = {rr, int64_t(t), j, why, {}};
           if (why.empty())
             out.why = fmt::format(
                 "{}step {} micro-batch {}: weight {:.9g}, predicted {:.9g}",
@@ -104,6 +121,7 @@ Distance distance(const Measured& m, const Prediction& p,
         }
       }
     }
+  out.residual = res;
   return out;
 }
 
@@ -360,7 +378,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                            .contract_tier = true,
                            .contract_lowp_buffer = lowp,
                            .stopped_short = stopped_short,
-                           .contract_shard_clip = shard_clips});
+                           .contract_shard_clip = shard_clips,
+                           .ranks_clip = c.ranks() > 1 && s.clip.enabled});
   // The accepted semantics first: every check below is against it.
   sems.erase(std::remove(sems.begin(), sems.end(), accept), sems.end());
   sems.insert(sems.begin(), accept);
@@ -394,19 +413,16 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const bool horizon_unjudged =
       s.schedule.table != nullptr && s.schedule.stretched_table == nullptr;
   const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok && ema_ok;
-  for (const auto& sem : sems) {
-    // When the trace passes (every fit within its bound and correct
-    // within 1, lr included), the ranking is not printed: the other
-    // candidates are not predicted at all.
-    // A low-precision model's every candidate is predicted: its PASS
-    // needs each of them told apart (the "precision" check).
-    if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1 &&
-        !lowp_model)
-      break;
+  // Per candidate (r.ranking's order): what it leaves unexplained (the
+  // combination search's measure).
+  std::vector<Residual> residuals;
+  // Judges one semantics: its distance, lr, all-reduces and clips; a new
+  // candidate, or an alias of one with its very prediction.
+  auto judge = [&](const std::vector<Pitfall>& sem) -> Residual {
     if (horizon_unjudged && sem != accept &&
         std::find(sem.begin(), sem.end(),
                   Pitfall::schedule_horizon_in_micro_steps) != sem.end())
-      continue;
+      return {std::numeric_limits<int64_t>::max(), kInf};
     const Prediction p = predict(cp, s, behavior_of(sem), c);
     const bool sem_lowp = behavior_of(sem).low_precision_grad_buffer;
     const bool sem_shard = behavior_of(sem).clip_local_norm;
@@ -459,6 +475,11 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       d.d = kInf;
       d.why = lr.message;
     }
+    // The weights' residual, and each other channel that fails: one more.
+    Residual res = d_weights.residual;
+    if (lowp && !sem_lowp) ++res.out;
+    if (std::isinf(d.d) && wd <= 1 && !(lowp && !sem_lowp)) ++res.out;
+    if (!lr.ok) ++res.out;
     // Semantics with the same prediction (e.g. scheduler pitfalls: the
     // contract tier sees weights, not the lr) are one candidate.
     bool merged = false;
@@ -472,7 +493,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
         merged = true;
         break;
       }
-    if (merged) continue;
+    if (merged) return res;
     CertifyCandidate cand;
     cand.name = semantics_name(sem);
     cand.pitfalls = sem;
@@ -492,6 +513,44 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     // (the channel compares the steps both have).
     lr_ok.push_back(lr.checked && lr.ok &&
                     lr.accepted_lr.size() == lr.trace_lr.size());
+    residuals.push_back(res);
+    return res;
+  };
+  for (const auto& sem : sems) {
+    // When the trace passes (every fit within its bound and correct
+    // within 1, lr included), the ranking is not printed: the other
+    // candidates are not predicted at all.
+    // A low-precision model's every candidate is predicted: its PASS
+    // needs each of them told apart (the "precision" check).
+    if (!preds.empty() && fits_ok && r.ranking.front().distance <= 1 &&
+        !lowp_model)
+      break;
+    judge(sem);
+  }
+  // No candidate explains the trace: combinations of more pitfalls, by
+  // the beam search from the closest (sim/pitfalls.hpp).
+  const bool none_matches =
+      std::all_of(r.ranking.begin(), r.ranking.end(),
+                  [](const CertifyCandidate& k) { return !(k.distance <= 1); });
+  if (fit.ok && sfit.ok && rep.ok && none_matches) {
+    std::vector<std::pair<std::vector<Pitfall>, Residual>> ranked;
+    for (size_t k = 0; k < r.ranking.size(); ++k)
+      ranked.emplace_back(r.ranking[k].pitfalls, residuals[k]);
+    search_combinations(
+        {.token_loss = tokens,
+         .contract_tier = true,
+         .contract_lowp_buffer = lowp,
+         .stopped_short = stopped_short,
+         .contract_shard_clip = shard_clips,
+         .ranks_clip = c.ranks() > 1 && s.clip.enabled},
+        ranked,
+        [&](const std::vector<std::vector<Pitfall>>& ext) {
+          std::vector<Residual> out;
+          for (const auto& sem : ext) out.push_back(judge(sem));
+          return out;
+        },
+        size_t(limit("combination_pitfalls")),
+        size_t(limit("combination_beam")));
   }
   r.expected_steps = r.ranking.front().steps;
   const bool structure_ok = correct_weights.d <= 1;

@@ -86,6 +86,8 @@ struct ContractPlan {
   Plan plan;
   int64_t stride = 1;
   std::vector<int64_t> items;  // per micro-batch (drawn, then missing)
+  // Per micro-batch, its items over the unshifted labels; -1: unknown.
+  std::vector<int64_t> unshifted;
   int64_t drawn = 0;
   int64_t micro_batch = 1;
 };
@@ -136,6 +138,11 @@ struct Distance {
   double d = 0;
   int64_t step = -1, micro = -1;
   std::string why;
+  // The weights beyond their uncertainty (over the steps both take; each
+  // weight of a step only one takes counts too) and the sum of their
+  // excess ratios (capped at kResidualCap each): the combination search's
+  // measure of what a candidate leaves unexplained.
+  Residual residual;
 };
 
 // A prediction's distance from the measured weights.

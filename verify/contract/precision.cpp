@@ -34,15 +34,29 @@ std::vector<std::vector<double>> bf16_step_bound(
   const double eta = error_model::tolerance("underflow_bf16");
   double worst_lowp = 0;
   int64_t off = 0, worst_t = 0, worst_q = 0;
+  bool clipped_bf16 = false;
   for (int64_t q = 0; q < c.ranks(); ++q)
     for (size_t t = 0; t < c.steps[size_t(q)].size(); ++t) {
       const ContractStep& st = c.steps[size_t(q)][t];
+      // An engaged clip before the step that saw bfloat16 numbers only (the
+      // recorder counted them): the bf16 buffer times its float32 factor,
+      // one more float32 rounding (u32) of each element.
+      bool clip_of_bf16 = false;
+      for (const ContractClip& k : c.clips)
+        if (k.rank == q && k.version == int64_t(t) && k.off_bf16 == 0 &&
+            k.factor < 1)
+          clip_of_bf16 = true;
+      clip_of_bf16 = clip_of_bf16 && st.off_bf16 > 0;
+      clipped_bf16 = clipped_bf16 || clip_of_bf16;
       const double m = double(st.terms) + sum_ulps;
       const double bound =
           (m * ub < 1 ? m * ub / (1 - m * ub) : kInf) * st.scale +
-          std::sqrt(double(n)) * (2 * double(st.terms) + 1) * eta;
+          std::sqrt(double(n)) * (2 * double(st.terms) + 1) * eta +
+          (clip_of_bf16 ? u * st.scale : 0.0);
       lowp_bound[size_t(q)].push_back(bound);
-      off = std::max(off, st.off_bf16 < 0 ? n + 1 : st.off_bf16);
+      off = std::max(off, clip_of_bf16      ? 0
+                          : st.off_bf16 < 0 ? n + 1
+                                            : st.off_bf16);
       const double ratio = step_bound[size_t(q)][t] > 0
                                ? st.residual / step_bound[size_t(q)][t]
                                : kInf;
@@ -57,8 +71,11 @@ std::vector<std::vector<double>> bf16_step_bound(
     sfit.message += fmt::format(
         ": every consumed gradient is made of bfloat16 numbers and each "
         "residual is within the bf16 accumulation bound (max {}): .grad "
-        "accumulates in bfloat16 (or is rounded to it before the step)",
-        fmt_ratio(worst_lowp));
+        "accumulates in bfloat16 (or is rounded to it before the step){}",
+        fmt_ratio(worst_lowp),
+        clipped_bf16 ? "; an engaged clip_grad_norm_ then scaled the bfloat16 "
+                       "numbers it saw by its float32 factor"
+                     : "");
   } else {
     const ContractStep& st = c.steps[size_t(worst_q)][size_t(worst_t)];
     throw InputError(

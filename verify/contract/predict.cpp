@@ -61,6 +61,7 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K,
     p.stride = std::max(p.stride, m.samples + 1);
     p.micro_batch = std::max(p.micro_batch, m.samples);
     p.items.push_back(m.items);
+    p.unshifted.push_back(m.unshifted);
   }
   const int64_t R = c.ranks();
   size_t E = 1;
@@ -94,6 +95,7 @@ ContractPlan contract_plan(const ContractSection& c, int64_t K,
         // Its item count is unknown; its rows stand in (only whether it is
         // weighted at all is judged).
         p.items.push_back(rows);
+        p.unshifted.push_back(-1);
       }
     }
   for (size_t e = 0; e < E; ++e) {
@@ -179,14 +181,26 @@ std::string reduces_differ(const Reduces& trace, const Reduces& pred) {
 
 Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
                    const ContractSection& c) {
-  contract::CoefficientEngine e([&](const std::vector<int64_t>& ids) {
-    int64_t n = 0;
-    std::set<int64_t> seen;
-    for (int64_t id : ids)
-      if (seen.insert(id / cp.stride).second)
-        n += cp.items[size_t(id / cp.stride)];
-    return n;
-  });
+  contract::CoefficientEngine e(
+      [&](const std::vector<int64_t>& ids) {
+        int64_t n = 0;
+        std::set<int64_t> seen;
+        for (int64_t id : ids)
+          if (seen.insert(id / cp.stride).second)
+            n += cp.items[size_t(id / cp.stride)];
+        return n;
+      },
+      // token-count-unshifted-labels: the recorded unshifted count, or
+      // (not recorded) the items and each sequence's position 0.
+      [&](const std::vector<int64_t>& ids) {
+        std::map<int64_t, int64_t> rows;
+        for (int64_t id : ids) ++rows[id / cp.stride];
+        int64_t n = 0;
+        for (const auto& [m, k] : rows)
+          n += cp.unshifted[size_t(m)] >= 0 ? cp.unshifted[size_t(m)]
+                                            : cp.items[size_t(m)] + k;
+        return n;
+      });
   Trainer<contract::CoefficientEngine> t(e, s, b, 1.0,
                                          TrainerOptions::values_unrecorded());
   const Run<double> run = t.run(cp.plan, "prediction");

@@ -889,6 +889,30 @@ constexpr ExplainEntry kEntries[] = {
      "line 2504; FIELD.md (#37777, the epoch's remainder windows); measured "
      "in docs/frameworks.md",
      "window.last-fetch-in-samples"},
+    {"ddp-clip-before-all-reduce",
+     "each rank clips its local gradient before a hand-written all-reduce",
+     "A loop that averages the gradients by hand (the window under no_sync, "
+     "or the plain module, then all_reduce(p.grad, SUM) and / R) and "
+     "calls clip_grad_norm_ before that all-reduce clips each rank's own "
+     "local gradient by its own norm: each rank's share is scaled by a "
+     "different factor, so the averaged gradient is neither the large "
+     "batch's nor clipped to max_norm. Clip after the all-reduce, on the "
+     "averaged gradient (the same on every rank).",
+     " with model.no_sync():\n"
+     "     for batch in window: (loss(batch) / N_w).backward()\n"
+     "-torch.nn.utils.clip_grad_norm_(model.parameters(), c)  # local\n"
+     " for p in model.parameters():\n"
+     "     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM); p.grad /= R\n"
+     "+torch.nn.utils.clip_grad_norm_(model.parameters(), c)  # averaged",
+     "G = (1/R) sum_r s_r g_r with s_r = min(1, c/(|g_r| + 1e-6)) of rank "
+     "r's local window gradient g_r, instead of s (1/R) sum_r g_r with s "
+     "of the averaged gradient",
+     "ddp-clip-before-all-reduce",
+     "issue 44: a DDP battery's loop with a local clip before the "
+     "torch.distributed tutorial's average_gradients; CTest "
+     "PyTorch.contract.ddp.clip_then_average, "
+     "PyTorch.ddp.clip_then_average.certify-ddp-2",
+     "inertness.ddp"},
     {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
      "Correct accumulation under DDP (no_sync on every micro-step but the "
      "window's last, each rank weighting its items R/N_w with N_w counted "

@@ -108,7 +108,8 @@ ContractSection read_contract(const std::string& dir) {
     if (kind == "micro") {
       expect_index(c.micro.size());
       c.micro.push_back({rank, integer(3, true), integer(4, true),
-                         integer(5, true), integer(6, true), number(9)});
+                         integer(5, true), integer(6, true), number(9),
+                         integer(2, false)});
     } else if (kind == "backward") {
       expect_index(c.backward.size());
       const int64_t j = integer(2, true);
@@ -130,8 +131,8 @@ ContractSection read_contract(const std::string& dir) {
       steps.push_back(st);
     } else if (kind == "clip") {
       expect_index(c.clips.size());
-      c.clips.push_back(
-          {rank, integer(2, true), number(7), number(8), number(9), number(5)});
+      c.clips.push_back({rank, integer(2, true), number(7), number(8),
+                         number(9), number(5), integer(6, false)});
     } else if (kind == "ema") {
       ContractEma e;
       e.rank = rank;

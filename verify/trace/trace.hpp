@@ -442,6 +442,11 @@ struct ContractMicro {
   int64_t rank = 0;
   int64_t epoch = 0, version = 0, items = 0, samples = 0;
   double calibration = kNaN;
+  // Its items over the unshifted labels (the `ref` field: the recorder's
+  // unshifted_count_fn, a causal-LM head's labels != -100 position 0
+  // included); -1: not recorded (each sequence's position 0 is taken as
+  // counted).
+  int64_t unshifted = -1;
 };
 struct ContractBackward {
   int64_t micro = 0, version = 0;
@@ -465,6 +470,9 @@ struct ContractClip {
   int64_t version = 0;
   double factor = kNaN, norm = kNaN, max_norm = kNaN;
   double shard_norm = kNaN;  // this rank's shard's (a sharded recorder's)
+  // Elements of the gradient it saw bfloat16 cannot hold (the `samples`
+  // field; 0: a bf16 gradient buffer before the clip); -1: not recorded.
+  int64_t off_bf16 = -1;
 };
 // One EMA update the recorder saw (ContractRecorder.ema), in order: the
 // optimizer steps done before it (version), the backward passes since the

@@ -84,6 +84,20 @@ def causal_lm_items(batch):
     return int((_labels(batch)[..., 1:] != IGNORE_INDEX).sum())
 
 
+def causal_lm_unshifted_items(batch):
+    """The labels that are not -100 over the UNSHIFTED labels (each
+    sequence's position 0 included): the count of a loop that forgets the
+    shift (token-count-unshifted-labels), for ContractRecorder's
+    unshifted_count_fn."""
+    return int((_labels(batch) != IGNORE_INDEX).sum())
+
+
+def unshifted_count_fn(count_fn):
+    """The unshifted count beside a standard head's count_fn (None for
+    any other)."""
+    return causal_lm_unshifted_items if count_fn is causal_lm_items else None
+
+
 def classification_loss(model, batch):
     """The SUM over samples of the cross-entropy of the logits against
     batch['labels'] (sequence classification)."""
@@ -268,7 +282,9 @@ def recorder(model, optimizer, loss_fn, count_fn, world, ddp=None, **kw):
     """The contract recorder of an integration: ContractRecorder in one
     process, ContractDistributedRecorder on each rank when `world` > 1
     (ddp: the DistributedDataParallel module around `model`, when `model`
-    is not DDP's own .module; see ContractDistributedRecorder)."""
+    is not DDP's own .module; see ContractDistributedRecorder).  A
+    causal-LM head's unshifted count goes with it (unshifted_count_fn)."""
+    kw.setdefault("unshifted_count_fn", unshifted_count_fn(count_fn))
     if world > 1:
         from ..distributed import ContractDistributedRecorder
 

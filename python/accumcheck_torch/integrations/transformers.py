@@ -33,7 +33,7 @@ from transformers import TrainerCallback
 from ..contract import ContractRecorder, _Watched
 from ..distributed import ContractDistributedRecorder
 from ..trace import Refused
-from ._common import Semantics, certify, standard_head
+from ._common import Semantics, certify, standard_head, unshifted_count_fn
 
 # lr_scheduler_type values (their .value) and the accepted kind.
 _SCHEDULES = {"constant": "constant", "linear": "linear", "cosine": "cosine"}
@@ -159,8 +159,10 @@ class AccumcheckCallback(TrainerCallback):
         opt = _torch_optimizer(optimizer)
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         cls = ContractDistributedRecorder if distributed else ContractRecorder
+        extra = dict(self.extra)
+        extra.setdefault("unshifted_count_fn", unshifted_count_fn(count_fn))
         self.rec = cls(model, opt, loss_fn, count_fn, out=self.out, items=items,
-                       run="transformers", **self.semantics.recorder_kwargs(), **self.extra)
+                       run="transformers", **self.semantics.recorder_kwargs(), **extra)
         watch_in_place(train_dataloader, self.rec)
 
     def on_train_end(self, args, state, control, **kwargs):

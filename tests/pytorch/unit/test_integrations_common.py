@@ -69,3 +69,15 @@ def test_step_with_a_closure_is_fitted_on_the_gradient_it_consumes(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "PASS (contract tier): 4 steps" in p.stdout
+
+
+def test_causal_lm_unshifted_count_goes_with_the_causal_lm_head_only():
+    """The count over the unshifted labels (token-count-unshifted-labels'):
+    a prompt masked with -100 leaves position 0 uncounted (issue 44)."""
+    labels = torch.tensor([[-100, -100, 5, 6, -100],   # prompt masked: 2 shifted, 2 unshifted
+                           [7, 8, 9, -100, -100]])     # no prompt: 2 shifted, 3 unshifted
+    batch = {"labels": labels}
+    assert _common.causal_lm_items(batch) == 4
+    assert _common.causal_lm_unshifted_items(batch) == 5
+    assert _common.unshifted_count_fn(_common.causal_lm_items) is _common.causal_lm_unshifted_items
+    assert _common.unshifted_count_fn(_common.classification_items) is None
