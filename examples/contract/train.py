@@ -395,14 +395,10 @@ def run(a):
     if not a.no_record:
         rec = ContractRecorder(model, opt, summed, items, accumulation=a.told_K or a.K,
                                out=a.out or "trace", items=kind, lr=lr, schedule=schedule,
-<<<<<<< HEAD
-                               clip=None if a.undeclared_clip else a.clip)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if a.scaler else None
-=======
                                clip=None if a.undeclared_clip else a.clip,
                                unshifted_count_fn=(models.sft_unshifted_items
                                                    if a.model == "sft" else None))
->>>>>>> s22-44
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if a.scaler else None
     stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",
                         None if a.loop == "clip_per_micro_step" else a.clip, a.clip,
                         a.interrupt_after, scaler)

@@ -375,11 +375,19 @@ class Capture:
                     self.compute_dtype = dt
 
     def _clip_norms(self, parameters):
-        """The float64 norm of the gradient a clip sees (whole: a shard
-        gathered) and of this rank's shard of it (None: not sharded)."""
+        """The norm of the gradient a clip sees (whole: a shard gathered)
+        and of this rank's shard of it (None: not sharded): each tensor's
+        norm taken as clip_grad_norm_ takes it (sample.sumsq64), their
+        combination in float64, so the clip's own float32 total differs
+        from it only by that combination's rounding over as many terms as
+        tensors (meta.csv clip_norm_terms; a gradient below float32 keeps
+        the bound over every element)."""
+        grads = [self._full(p.grad) for p in parameters if p.grad is not None]
+        self.clip_terms = max(self.clip_terms, len(grads))
+        self.clip_lowp = self.clip_lowp or any(
+            g.dtype in (torch.bfloat16, torch.float16) for g in grads)
         with torch.no_grad():
-            return sum(sumsq64(self._full(p.grad)) for p in parameters
-                       if p.grad is not None) ** 0.5, None
+            return sum(sumsq64(g) for g in grads) ** 0.5, None
 
     def _off_bf16(self, parameters):
         """How many elements of the gradient a clip sees bfloat16 cannot

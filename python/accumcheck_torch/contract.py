@@ -217,6 +217,7 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
         self.rows = []         # contract.csv rows
         # [version, factor, norm, max_norm, shard norm or None, off_bf16 or None]
         self.clips = []
+        self.clip_terms, self.clip_lowp = 0, False  # _clip_norms: meta.csv clip_norm_terms
         self.events = []       # (kind, step, micro, lr)
         self.steps = 0
         self.since_step = []   # backward indices since the last step

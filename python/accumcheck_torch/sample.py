@@ -69,10 +69,12 @@ class Coordinates:
 
 
 def sumsq64(t):
-    """The square of t's norm as a float64 number: the norm taken as
-    clip_grad_norm_ takes it (in the gradient's precision, float32 for a
-    lower one), squared in float64 (a float64 copy of a whole tensor would
-    cost more than the step it measures)."""
+    """The square of t's norm as a float64 number: a float32 (or float64)
+    tensor's norm taken as clip_grad_norm_ takes it on the CPU
+    (torch.linalg.vector_norm, the same kernel on the same tensor: the same
+    bits), squared in float64, so no float64 copy of a whole tensor is
+    made; a bfloat16 or float16 one's accumulated in float64."""
     flat = t.detach().reshape(-1)
-    dt = torch.float32 if flat.dtype in (torch.bfloat16, torch.float16) else None
-    return float(torch.linalg.vector_norm(flat, dtype=dt)) ** 2
+    if flat.dtype in (torch.bfloat16, torch.float16):
+        return float(torch.linalg.vector_norm(flat, dtype=torch.float64)) ** 2
+    return float(torch.linalg.vector_norm(flat)) ** 2

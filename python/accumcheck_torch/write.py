@@ -62,6 +62,8 @@ class Write:
             "pytorch", precision, "accumcheck_torch-%s torch-%s" % (VERSION, torch.__version__),
             self.K, self.items_kind, self.n, self.lr0, schedule=self.schedule,
             clip=self.clip_max, accept=self.accept) + self.coords.meta()
+        if self.clip_terms and not self.clip_lowp:
+            meta.append(("clip_norm_terms", str(self.clip_terms)))
         if self.rng_in_backward:
             self.notes.append(
                 "the backward of %d of %d micro-batches (the first: %d) drew random numbers from "

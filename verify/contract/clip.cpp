@@ -15,7 +15,8 @@ namespace accumcheck::contract_detail {
 // step, before it, with the declared max_norm, and each factor what
 // clip_grad_norm_'s formula gives on the float64 norm of the gradient it
 // saw, within gamma_{n+2} (float32 norm of n values, Higham 3.1, and the
-// division).  by_shard: the norm of the rank's shard of that gradient
+// division); n: the terms the two norms differ by the rounding of (meta.csv
+// clip_norm_terms, else every element).  by_shard: the norm of the rank's shard of that gradient
 // instead (ddp-clip-local-norm, on a sharded trace).  A clip row without
 // max_norm is a scaling a sharded recorder saw on .grad (no clip function
 // called): the declared max_norm is its.

@@ -149,6 +149,25 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     throw InputError(tr.meta_path(), 0, 0, "accumulation",
                      "expected an integer >= 1");
   const bool tokens = tr.meta_value("items") == "tokens";
+  // How many terms the recorder's clip norm and the clip's own differ by
+  // the rounding of (clip_norm_terms: the tensors whose float32 norms both
+  // combine, each the same computation on the same tensor); else every
+  // element (a norm taken over the elements in float64).
+  int64_t clip_terms = 0;
+  if (const std::string v = tr.meta_value("clip_norm_terms"); !v.empty()) {
+    try {
+      size_t used = 0;
+      clip_terms = std::stoll(v, &used);
+      if (used != v.size()) clip_terms = 0;
+    } catch (...) {
+      clip_terms = 0;
+    }
+    if (clip_terms < 1)
+      throw InputError(tr.meta_path(), 0, 0, "clip_norm_terms",
+                       "expected an integer >= 1 (the tensors a clip's norm "
+                       "combines), got '" +
+                           v + "'");
+  }
   // The precision the trainer held its lr in (a float32 lr: optax, Keras).
   const std::string lr_prec = tr.meta_value("lr_precision");
   if (!lr_prec.empty() && lr_prec != "float32" && lr_prec != "float64")
@@ -345,7 +364,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   bool clip_ok = true;
   if (judge_clip) {
     const CertifyCheck ck =
-        clip_check(c, s, n, behavior_of(accept).clip_local_norm);
+        clip_check(c, s, clip_terms ? clip_terms : n,
+                   behavior_of(accept).clip_local_norm);
     clip_ok = ck.ok;
     r.checks.push_back(ck);
   }
@@ -464,7 +484,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
     // The clip symbols take the trace's factors: which norm gave them is
     // the candidate's clip rule, judged here.
     if (shard_clips && judge_clip) {
-      const CertifyCheck ck = clip_check(c, s, n, sem_shard);
+      const CertifyCheck ck =
+          clip_check(c, s, clip_terms ? clip_terms : n, sem_shard);
       if (!ck.ok) {
         d.d = kInf;
         d.why = "clip: " + ck.message;
