@@ -99,7 +99,9 @@ def run(args):
     total = windows * epochs
     if args.loop == "nnx":
         return run_nnx(args, batches)
-    sched = linear(args.lr, total * K if args.loop == "schedule_micro" else total)
+    # schedule_micro: the horizon sized in micro-batches, as
+    # num_training_steps = len(loader) * epochs sizes it.
+    sched = linear(args.lr, len(batches) * epochs if args.loop == "schedule_micro" else total)
     schedule = {"kind": "linear", "warmup": 0, "total": total}
     tx = optax.inject_hyperparams(optax.adam)(learning_rate=sched)
     if args.loop == "multisteps":
