@@ -273,7 +273,9 @@ def parse(argv=None):
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--optimizer", choices=["adamw", "adamw-fused", "sgd"], default="adamw",
+                    help="adamw-fused: AdamW(fused=True), which unscales a GradScaler's "
+                         "gradient inside its step")
     ap.add_argument("--schedule", choices=["constant", "linear", "linear-early", "linear-x-k",
                                            "linear-steps", "linear-micro"],
                     default="constant",
@@ -374,10 +376,11 @@ def run(a):
             (lambda f: lambda b: f((b["idx"], b["labels"])))(items),
             (lambda f: lambda m, b: f(lambda x: m(idx=x), (b["idx"], b["labels"])))(mean))
     model.train()
-    lr = 1e-3 if a.optimizer == "adamw" else 0.05
+    lr = 1e-3 if a.optimizer.startswith("adamw") else 0.05
     lr_used = lr * a.K if a.schedule == "linear-x-k" else lr
-    if a.optimizer == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=lr_used, weight_decay=0.01)
+    if a.optimizer.startswith("adamw"):
+        opt = torch.optim.AdamW(model.parameters(), lr=lr_used, weight_decay=0.01,
+                                fused=a.optimizer == "adamw-fused")
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr_used, momentum=0.9)
     scheduler, schedule = None, None

@@ -218,6 +218,7 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
         # [version, factor, norm, max_norm, shard norm or None, off_bf16 or None]
         self.clips = []
         self.clip_terms, self.clip_lowp = 0, False  # _clip_norms: meta.csv clip_norm_terms
+        self.step_scale, self.step_found_inf = None, False  # _step_scale
         self.events = []       # (kind, step, micro, lr)
         self.steps = 0
         self.since_step = []   # backward indices since the last step
@@ -276,6 +277,17 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
         rec = getattr(self, "_recording", None)
         if rec is not None:
             rec.progress(self.steps, len(self.backwards), write)
+
+    def _step_scale(self, optimizer):
+        """The loss scale a step unscales by itself (the grad_scale
+        GradScaler.step sets on a fused optimizer for the call), or None; a
+        step whose found_inf is set updates nothing (the scaler's skipped
+        window)."""
+        scale = getattr(optimizer, "grad_scale", None)
+        inf = getattr(optimizer, "found_inf", None)
+        self.step_scale = None if scale is None else float(scale)
+        self.step_found_inf = inf is not None and float(inf) != 0.0
+        return None
 
     def attach(self, optimizer):
         """The optimizer, once your trainer has built it (a framework
@@ -536,7 +548,11 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
         self._own_step = opt.__dict__.get("step")
         opt.step = step
         # optimizer.step through its own step hooks (see Recorder._patch).
-        self._hooks += [opt.register_step_pre_hook(lambda *_: rec._before_step()),
+        # A fused optimizer under torch.amp.GradScaler unscales inside its
+        # step: GradScaler.step sets its grad_scale and found_inf for the
+        # call, and .grad still holds the scaled gradient (_step_scale).
+        self._hooks += [opt.register_step_pre_hook(
+                            lambda o, _args, _kw: rec._step_scale(o) or rec._before_step()),
                         opt.register_step_post_hook(lambda *_: rec._after_step())]
 
     def __enter__(self):

@@ -161,6 +161,14 @@ class StepFit:
         self._recompute_pending()
         grads = self._consumed()
         G = self._consumed_vector(grads)
+        if self.step_found_inf:
+            self._abandon("step %d: the optimizer was told found_inf by its loss scaler and "
+                          "updates nothing (a window skipped for overflow); the contract tier "
+                          "does not judge skipped windows; the training went on unrecorded"
+                          % self.steps)
+            return
+        if self.step_scale is not None:
+            G.div_(self.step_scale)  # what the fused step consumes
         if not bool(torch.isfinite(G).all()):
             # Nothing to fit from here on (a loss scaler would have skipped
             # this step; an unscaled run steps on inf or NaN).

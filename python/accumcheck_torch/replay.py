@@ -114,6 +114,10 @@ class Replay:
                     srcs.append(take(g))
                     p.grad = b
             torch._foreach_copy_(dsts, srcs)
+            if self.step_scale is not None:
+                # The replay is told no scale: it steps the unscaled gradient.
+                for b in gbuf:
+                    b.div_(self.step_scale)
             before.copy_(flat)
         opt.step()
 
