@@ -732,10 +732,12 @@ TEST(StateSharpness, AdamExpAvg) {
 // within 1.02x of the bound.
 // num_batches_tracked is exact (the training forwards so far, 3): one
 // more or less, or the next double either side, fails.
+// `name`: the trace's folder, one per test (CTest runs the tests as
+// processes side by side: a shared folder is rewritten under the other).
 class BatchNormState {
  public:
-  BatchNormState()
-      : t_("batchnorm",
+  explicit BatchNormState(const std::string& name)
+      : t_(name,
            testing_util::source_dir() + "/scenarios/certify-batchnorm.toml") {
     const Dataset data = make_dataset(t_.scenario());
     const std::vector<float> init0 =
@@ -784,7 +786,7 @@ bool batchnorm_ok(const CertifyReport& r) {
 }
 
 TEST(StateSharpness, BatchNormRunningStatistics) {
-  BatchNormState s;
+  BatchNormState s("batchnorm_running");
   {
     const CertifyReport r = s.certify(s.forwards());
     ASSERT_TRUE(batchnorm_ok(r)) << certify_text(r);
@@ -834,7 +836,7 @@ TEST(StateSharpness, BatchNormRunningStatistics) {
 }
 
 TEST(StateSharpness, BatchNormNumBatchesTracked) {
-  BatchNormState s;
+  BatchNormState s("batchnorm_count");
   const double n = s.forwards();
   ASSERT_EQ(n, 3);
   EXPECT_TRUE(batchnorm_ok(s.certify(n)));
