@@ -547,7 +547,7 @@ class ContractRecorder:
         if not self.calibrate:
             return
         jax = self.jax
-        todo, self.calibrate = self.calibrate, []
+        queued, self.calibrate = self.calibrate, []
         with _enable_x64(jax):
             if self._grad64 is None:
                 if self.nnx_graph is not None:
@@ -555,7 +555,7 @@ class ContractRecorder:
                     self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
                 else:
                     self._grad64 = jax.jit(self.grad_transform(self.summed_loss))
-            for j, full, batch, g32 in todo:
+            for j, full, batch, g32 in queued:
                 wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
                         for x in full]
                 state = jax.tree_util.tree_unflatten(self.treedef, wide)

@@ -593,16 +593,16 @@ class Capture:
         passes = [self.backwards[b] for b in self.open_passes
                   if self.micro[self.backwards[b][0]][5] is not None]
         self.open_passes = []
-        todo = sorted({b[0] for b in passes if b[3] is None})
+        unfitted = sorted({b[0] for b in passes if b[3] is None})
         for b in passes:
-            if b[3] is not None and self.micro[b[0]][5] is not None and b[0] not in todo:
+            if b[3] is not None and self.micro[b[0]][5] is not None and b[0] not in unfitted:
                 self.micro[b[0]][5], self.micro[b[0]][6] = None, True
                 self.outs.pop(b[0], None)
-        if not todo:
+        if not unfitted:
             return
         # A micro-batch whose backward drew random numbers has no one
         # gradient to calibrate against (the note says why).
-        calibrate = [j for j in todo
+        calibrate = [j for j in unfitted
                      if j % self.calibrate_every == 0 and j not in self.rng_in_backward]
         if self.mref is not None:
             with torch.no_grad():
@@ -613,7 +613,7 @@ class Capture:
                         dst.copy_(src)
         keep = torch.get_rng_state()
         g, g64, tmp = self.vec[1], self.vec[2], self.vec[3]
-        for j in todo:
+        for j in unfitted:
             m = self.micro[j]
             if m[1] != self.steps:
                 self._refuse("micro-batch %d: an optimizer step between its forward and its "
