@@ -16,8 +16,8 @@ mean); the cases (--case):
   leftover   44 samples: 11 batches per epoch, and the optimizer's window
              counter runs across the epoch's end
   sum_loss   the loss with reduction="sum": each batch's summed loss, / K
-  schedule   a PolynomialDecay lr schedule over the run's optimizer steps:
-             Keras evaluates it at its micro-batch counter
+  schedule   an ExponentialDecay lr schedule (halved every 2 optimizer
+             steps): Keras evaluates it at its micro-batch counter
 --no-record fits the same without the recorder (the bit-identity test and
 the bench compare the two).
 """
@@ -55,16 +55,16 @@ def summed_loss(y_true, y_pred, sample_weight=None):
     return keras.ops.sum(losses)
 
 
-def build(args, steps):
+def build(args):
     keras.utils.set_random_seed(args.seed)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
                               keras.layers.Dense(4)])
     lr = args.lr
     if args.case == "schedule":
-        # A linear decay to 0 over the run's optimizer steps (Keras's
-        # PolynomialDecay with power 1), as certify's `linear` schedule.
-        lr = keras.optimizers.schedules.PolynomialDecay(args.lr, decay_steps=steps,
-                                                        end_learning_rate=0.0, power=1.0)
+        # The lr halved every 2 optimizer steps (Keras's ExponentialDecay,
+        # staircase), as certify's `step` schedule (step_size 2, gamma 0.5).
+        lr = keras.optimizers.schedules.ExponentialDecay(args.lr, decay_steps=2, decay_rate=0.5,
+                                                         staircase=True)
     if args.case == "adamw":
         opt = keras.optimizers.AdamW(lr, weight_decay=0.1, gradient_accumulation_steps=args.K)
     else:
@@ -78,13 +78,11 @@ def build(args, steps):
 def run(args):
     samples = args.samples or SAMPLES[args.case]
     x, y = data(samples, 8, 4)
-    batches = -(-samples // args.batch)
-    steps = (batches * args.epochs) // args.K   # the optimizer steps Keras takes
-    model = build(args, steps)
+    model = build(args)
     callbacks = []
     if args.record:
         from accumcheck_jax import KerasRecorder
-        schedule = {"kind": "linear", "warmup": 0, "total": steps} \
+        schedule = {"kind": "step", "step_size": 2, "gamma": 0.5} \
             if args.case == "schedule" else None
         callbacks.append(KerasRecorder(model, summed_loss, out=args.out, lr=args.lr,
                                        schedule=schedule, quiet=args.quiet))

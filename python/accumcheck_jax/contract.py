@@ -495,10 +495,12 @@ class ContractRecorder:
         self.pending = (join(g), join(u), float(lr), self.p_last)
 
     def _resolve(self, p_now):
-        """The pending update call: a step when the parameters moved."""
-        G, u, lr, p_before = self.pending
+        """The pending update call: a step when the parameters moved (or
+        when the recorder knows it applied: a fifth element True)."""
+        G, u, lr, p_before = self.pending[:4]
+        applied = len(self.pending) > 4 and self.pending[4]
         self.pending = None
-        if np.array_equal(p_now, p_before):
+        if not applied and np.array_equal(p_now, p_before):
             return  # computed and discarded (MultiSteps' mini-steps)
         t = self.steps
         if self.lr0 is None:

@@ -254,7 +254,8 @@ class KerasRecorder(ContractRecorder, _Callback):
         # What the accumulation hands the update on this call: Keras's rule,
         # (c + acc) / K in the parameters' precision on the call its counter
         # makes an update call, nothing on the others.
-        if (int(it) + 1) % self.K == 0:
+        update = (int(it) + 1) % self.K == 0
+        if update:
             c32 = np.asarray(c, dtype=np.float32)
             G = ((c32 + np.asarray(acc, dtype=np.float32)) / np.float32(self.K)) \
                 if self.K > 1 else c32
@@ -262,15 +263,15 @@ class KerasRecorder(ContractRecorder, _Callback):
             G = np.zeros(len(p), dtype=np.float32)
         if self.pending is not None:
             self._refuse("two optimizer updates with no micro-batch between them")
-        self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last)
+        self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last, update)
 
     def _resolve(self, p_now):
         """The pending call: a step when the parameters moved; its update is
         the parameters' change (Keras applies it inside the train step)."""
         if self.pending is not None and self.pending[1] is None:
-            G, _, lr, p_before = self.pending
+            G, _, lr, p_before, update = self.pending
             u = (p_now.astype(np.float32) - p_before.astype(np.float32)).astype(np.float64)
-            self.pending = (G, u, lr, p_before)
+            self.pending = (G, u, lr, p_before, update)
         super()._resolve(p_now)
 
     def _calibrate(self):
