@@ -128,6 +128,7 @@ class KerasRecorder(ContractRecorder, _Callback):
         self._why_uncalibrated = ""
         self._acc_index = None     # per trainable variable: its accumulator's index, or None
         self._iter_index = None    # the optimizer's iteration counter's index
+        self._window_p = None      # the kept parameters the current window started from
 
     # ---- the callback
 
@@ -251,6 +252,8 @@ class KerasRecorder(ContractRecorder, _Callback):
         host = self.jax.tree_util.tree_map(np.asarray,
                                            tuple(self.keras.utils.unpack_x_y_sample_weight(batch)))
         self._on_backward(p, g, c, full, host, packed=False)
+        if len(self.since) == 1:
+            self._window_p = p   # the parameters the window starts from
         # What the accumulation hands the update on this call: Keras's rule,
         # (c + acc) / K in the parameters' precision on the call its counter
         # makes an update call, nothing on the others.
@@ -268,10 +271,17 @@ class KerasRecorder(ContractRecorder, _Callback):
     def _resolve(self, p_now):
         """The pending call: a step when the parameters moved; its update is
         the parameters' change (Keras applies it inside the train step)."""
-        if self.pending is not None and self.pending[1] is None:
-            G, _, lr, p_before, update = self.pending
-            u = (p_now.astype(np.float32) - p_before.astype(np.float32)).astype(np.float64)
-            self.pending = (G, u, lr, p_before, update)
+        if self.pending is None:
+            return
+        G, _, lr, p_before, update = self.pending
+        if not update:
+            self.pending = None  # accumulated: nothing applied (replay sees any move)
+            return
+        u = (p_now.astype(np.float32) - p_before.astype(np.float32)).astype(np.float64)
+        # Replayed from the window's start: the parameters after the
+        # previous step + this call's change = those after it, unless
+        # something else moved them during the window.
+        self.pending = (G, u, lr, self._window_p, True)
         super()._resolve(p_now)
 
     def _calibrate(self):
@@ -323,8 +333,9 @@ class KerasRecorder(ContractRecorder, _Callback):
                                                      self.jax.__version__)
 
     def _recorder_meta(self):
-        rows = [("replay", "not measured: the update is read as the parameters' change "
-                           "(Keras applies it inside its train step)"),
+        rows = [("replay", "the parameters after the previous step + the update call's change "
+                           "against the parameters after it (Keras applies the update inside "
+                           "its train step): nothing else may move them in the window"),
                 ("recorder", "accumcheck_jax.KerasRecorder: a program of its own before each "
                              "train step of fit (the step's state and batch); %d coordinates "
                              "kept of the parameters" % self.layout.d)]
