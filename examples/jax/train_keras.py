@@ -57,7 +57,7 @@ def summed_loss(y_true, y_pred, sample_weight=None):
 
 def build(args):
     keras.utils.set_random_seed(args.seed)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(args.hidden, activation="tanh"),
                               keras.layers.Dense(4)])
     lr = args.lr
     if args.case == "schedule":
@@ -100,6 +100,7 @@ def main(argv=None):
     p.add_argument("--samples", type=int, default=0, help="default: the case's")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--hidden", type=int, default=16, help="the hidden layer's width")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="trace")
     p.add_argument("--no-record", dest="record", action="store_false")
@@ -107,9 +108,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.case not in CASES:
         raise Refused("--case: expected one of %s, got %r" % (", ".join(CASES), args.case))
-    if args.K < 2 or args.batch < 1 or args.samples < 0 or args.epochs < 1:
-        raise Refused("--K must be >= 2 (Keras's gradient_accumulation_steps), --batch and "
-                      "--epochs >= 1, --samples >= 0")
+    if args.K < 2 or args.batch < 1 or args.samples < 0 or args.epochs < 1 or args.hidden < 1:
+        raise Refused("--K must be >= 2 (Keras's gradient_accumulation_steps), --batch, "
+                      "--epochs and --hidden >= 1, --samples >= 0")
     if keras.backend.backend() != "jax":
         raise Refused("KERAS_BACKEND=jax: the recorder records Keras's JAX backend (this "
                       "process runs %r)" % keras.backend.backend())
