@@ -5,6 +5,8 @@ accumcheck_jax's KerasRecorder and judged by `accumcheck certify --contract`.
     KERAS_BACKEND=jax python examples/jax/train_keras.py --case fit --out trace/
     accumcheck certify --contract --trace trace/
 
+(KERAS_BACKEND=torch records Keras's torch backend the same way.)
+
 A small MLP classifier on seeded synthetic data, fit with batch_size 4
 (or --batch), K = 4, 2 epochs, Keras's default loss reduction (the batch
 mean); the cases (--case):
@@ -88,7 +90,7 @@ def run(args):
                                        schedule=schedule, quiet=args.quiet))
     model.fit(x, y, batch_size=args.batch, epochs=args.epochs, shuffle=False, verbose=0,
               callbacks=callbacks)
-    return [np.asarray(v.value) for v in model.trainable_variables]
+    return [keras.ops.convert_to_numpy(v.value) for v in model.trainable_variables]
 
 
 def main(argv=None):
@@ -111,9 +113,9 @@ def main(argv=None):
     if args.K < 2 or args.batch < 1 or args.samples < 0 or args.epochs < 1 or args.hidden < 1:
         raise Refused("--K must be >= 2 (Keras's gradient_accumulation_steps), --batch, "
                       "--epochs and --hidden >= 1, --samples >= 0")
-    if keras.backend.backend() != "jax":
-        raise Refused("KERAS_BACKEND=jax: the recorder records Keras's JAX backend (this "
-                      "process runs %r)" % keras.backend.backend())
+    if keras.backend.backend() not in ("jax", "torch"):
+        raise Refused("KERAS_BACKEND=jax or torch: the recorder records Keras's JAX and torch "
+                      "backends (this process runs %r)" % keras.backend.backend())
     return run(args)
 
 

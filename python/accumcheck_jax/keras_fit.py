@@ -54,9 +54,10 @@ def _keras():
     except ImportError as e:  # pragma: no cover - the venv has it
         raise Refused("accumcheck_jax.KerasRecorder needs keras 3: bash scripts/venv-jax.sh "
                       "makes .venv-jax/ (%s)" % e)
-    if keras.backend.backend() != "jax":
-        raise Refused("accumcheck_jax.KerasRecorder records Keras on its JAX backend: run with "
-                      "KERAS_BACKEND=jax (this process runs %r)" % keras.backend.backend())
+    if keras.backend.backend() not in ("jax", "torch"):
+        raise Refused("accumcheck_jax.KerasRecorder records Keras on its JAX or torch backend: "
+                      "run with KERAS_BACKEND=jax or torch (this process runs %r)"
+                      % keras.backend.backend())
     return keras
 
 
@@ -73,6 +74,21 @@ try:
     _Callback = _keras_module.callbacks.Callback
 except ImportError:  # pragma: no cover - the venv has it; _keras() says what to install
     _Callback = object
+
+
+def _torch_grad(fn):
+    """jax.grad(fn) for the torch backend: fn(tv, ntv, batch)'s gradient
+    with respect to tv (numpy in, numpy out)."""
+    import torch
+
+    def grad(tv, ntv, batch):
+        ts = [torch.tensor(v, requires_grad=True) for v in tv]
+        with torch.enable_grad():
+            out = fn(ts, [torch.tensor(v) for v in ntv],
+                     tuple(None if a is None else torch.tensor(a) for a in batch))
+            gs = torch.autograd.grad(out, ts, allow_unused=True)
+        return [np.zeros(t.shape) if d is None else d.detach().numpy() for t, d in zip(ts, gs)]
+    return grad
 
 
 class KerasRecorder(ContractRecorder, _Callback):
@@ -147,6 +163,23 @@ class KerasRecorder(ContractRecorder, _Callback):
             return
         self._orig = model.train_function
         rec = self
+        if self.keras.backend.backend() == "torch":
+            def train_function(data):
+                if rec.closed:
+                    return rec._orig(data)
+                try:
+                    seen = rec._before_torch(data[0])
+                except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
+                    rec._fail(e)
+                    return rec._orig(data)
+                logs = rec._orig(data)
+                try:
+                    rec._after_torch(*seen)
+                except Exception as e:  # noqa: BLE001
+                    rec._fail(e)
+                return logs
+            model.train_function = train_function
+            return
 
         def train_function(state, data):
             if rec.closed:
@@ -173,7 +206,7 @@ class KerasRecorder(ContractRecorder, _Callback):
         if self.closed:
             return
         try:
-            self.close([np.asarray(v.value) for v in self.net.trainable_variables])
+            self.close([self.keras.ops.convert_to_numpy(v.value) for v in self.net.trainable_variables])
         except Refused:
             pass  # the marker says why; the run is not stopped by the recorder
         except Exception as e:  # noqa: BLE001
@@ -245,12 +278,16 @@ class KerasRecorder(ContractRecorder, _Callback):
             self._probe = self._make_probe()
         p, g, c, acc, it, lr = self.jax.device_get(
             self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch))
-        j = len(self.micro)
         full = None
-        if j % self.calibrate_every == 0:
+        if len(self.micro) % self.calibrate_every == 0:
             full = ([np.asarray(v) for v in trainable], [np.asarray(v) for v in non_trainable])
         host = self.jax.tree_util.tree_map(np.asarray,
                                            tuple(self.keras.utils.unpack_x_y_sample_weight(batch)))
+        self._record(p, g, c, acc, it, lr, full, host)
+
+    def _record(self, p, g, c, acc, it, lr, full, host):
+        """One train step's call, both backends: the micro-batch's fit, and
+        what the accumulation hands the update."""
         self._on_backward(p, g, c, full, host, packed=False)
         if len(self.since) == 1:
             self._window_p = p   # the parameters the window starts from
@@ -267,6 +304,58 @@ class KerasRecorder(ContractRecorder, _Callback):
         if self.pending is not None:
             self._refuse("two optimizer updates with no micro-batch between them")
         self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last, update)
+
+    # ---- the torch backend: a stateful train step (train_step's backward
+    # leaves each variable's .grad, c_j itself, after the step)
+
+    def _before_torch(self, batch):
+        """Before the step: the parameters, the accumulator, the counter and
+        the lr it starts from, and g_j from a forward of the recorder's own
+        (the model's non-trainable state, its seed generators and
+        statistics, put back as it was)."""
+        import torch
+        keras, model, opt = self.keras, self.net, self.opt
+        params = [v.value for v in model.trainable_variables]
+        if self.layout is None:
+            shapes = [tuple(t.shape) for t in params]
+            self.layout = _Leaves(shapes, self.coordinates, self.seed)
+            self.shapes = shapes
+            self.dtype = str(params[0].dtype).replace("torch.", "")
+            self._indices()
+        host = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        p = self.layout.host([host(t) for t in params])
+        x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
+        kept = [v.value.detach().clone() for v in model.non_trainable_variables]
+        try:
+            with torch.enable_grad():
+                kw = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
+                loss = self.summed_loss(y, model(x, **kw), sw)
+                g = torch.autograd.grad(loss, params, allow_unused=True)
+        finally:
+            with torch.no_grad():
+                for v, t in zip(model.non_trainable_variables, kept):
+                    v.value.copy_(t)
+        g = self.layout.host([np.zeros(t.shape, np.float32) if d is None else host(d)
+                              for t, d in zip(params, g)])
+        ov = opt.variables
+        it = int(host(ov[self._iter_index].value))
+        acc = self.layout.host([np.zeros(t.shape, np.float32) if i is None else host(ov[i].value)
+                                for t, i in zip(params, self._acc_index)])
+        lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
+        full = None
+        if len(self.micro) % self.calibrate_every == 0:
+            full = ([host(t).copy() for t in params],
+                    [host(v.value).copy() for v in model.non_trainable_variables])
+        hostb = tuple(None if a is None else self.jax.tree_util.tree_map(
+            lambda t: host(t) if hasattr(t, "detach") else np.asarray(t), a) for a in (x, y, sw))
+        return p, g, acc, it, lr, full, hostb
+
+    def _after_torch(self, p, g, acc, it, lr, full, hostb):
+        """After the step: c_j, the .grad train_step's backward left."""
+        params = [v.value for v in self.net.trainable_variables]
+        c = self.layout.host([np.zeros(t.shape, np.float32) if t.grad is None
+                              else t.grad.detach().cpu().numpy() for t in params])
+        self._record(p, g, c, acc, it, lr, full, hostb)
 
     def _resolve(self, p_now):
         """The pending call: a step when the parameters moved; its update is
@@ -310,13 +399,17 @@ class KerasRecorder(ContractRecorder, _Callback):
                     x, y, sw = unpack(batch)
                     y_pred, _ = clone.stateless_call(tv, ntv, x, **kw)
                     return summed(y, y_pred, sw)
-                self._grad64 = jax.jit(jax.grad(user))
+                if keras.backend.backend() == "torch":
+                    self._grad64 = _torch_grad(user)
+                else:
+                    self._grad64 = jax.jit(jax.grad(user))
             for j, (tv, ntv), batch, g32 in queued:
                 wide = [np.asarray(v, dtype=np.float64) for v in tv]
                 b64 = jax.tree_util.tree_map(
                     lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
                     batch)
-                g64 = self._grad64(wide, [np.asarray(v) for v in ntv], b64)
+                g64 = [np.asarray(x) for x in
+                       self._grad64(wide, [np.asarray(v) for v in ntv], b64)]
                 if any(np.asarray(x).dtype != np.float64 for x in g64):
                     self._clone64 = False
                     self._why_uncalibrated = "the float64 clone's gradient is not float64 " \
@@ -329,8 +422,8 @@ class KerasRecorder(ContractRecorder, _Callback):
     # ---- output and failure
 
     def _tool_version(self):
-        return "accumcheck_jax-%s keras-%s jax-%s" % (VERSION, self.keras.__version__,
-                                                     self.jax.__version__)
+        return "accumcheck_jax-%s keras-%s (%s backend) jax-%s" % (
+            VERSION, self.keras.__version__, self.keras.backend.backend(), self.jax.__version__)
 
     def _recorder_meta(self):
         rows = [("replay", "the parameters after the previous step + the update call's change "

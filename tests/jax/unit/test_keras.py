@@ -50,7 +50,7 @@ def model(**opt):
 def fit(m, callbacks, **kw):
     x, y = train_keras.data(16, 8, 4)
     m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=callbacks, **kw)
-    return [np.asarray(v.value) for v in m.trainable_variables]
+    return [keras.ops.convert_to_numpy(v.value) for v in m.trainable_variables]
 
 
 def test_recorder_error_ends_the_recording_not_the_fit(tmp_path, accumcheck):
