@@ -1,5 +1,5 @@
 """Keras 3 `model.fit` with `optimizer(..., gradient_accumulation_steps=4)`
-on the JAX backend, recorded by accumcheck_jax.KerasRecorder: the cases of
+on the JAX backend (and torch_*: the torch backend), recorded by accumcheck_jax.KerasRecorder: the cases of
 examples/jax/train_keras.py (a small MLP classifier, batch_size 4, 2
 epochs, Keras's default loss reduction, the batch mean), one cell each.
 Run in a venv with keras and a jax of its time (bench/conformance.py's
@@ -17,17 +17,19 @@ Variants:
   leftover  44 samples: the optimizer's window counter runs across epochs
   sum_loss  reduction="sum": each batch's summed loss / K
   schedule  ExponentialDecay(staircase) over optimizer steps, evaluated by
-            Keras at its micro-batch counter: scheduler-per-micro-step"""
+            Keras at its micro-batch counter: scheduler-per-micro-step
+  torch_*   the same on Keras's torch backend (KERAS_BACKEND=torch, the
+            venv's torch 2.13.0)"""
 
 import argparse
 import os
 import sys
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "examples", "jax"))
 
-VARIANTS = ["correct", "adamw", "uneven", "leftover", "sum_loss", "schedule"]
+VARIANTS = ["correct", "adamw", "uneven", "leftover", "sum_loss", "schedule",
+            "torch_correct", "torch_adamw", "torch_uneven", "torch_schedule"]
 
 
 def main(argv=None):
@@ -36,7 +38,10 @@ def main(argv=None):
     ap.add_argument("--variant", choices=VARIANTS + ["default"], default=VARIANTS[0])
     ap.add_argument("--no-record", action="store_true", help="the same run without recording")
     a = ap.parse_args(argv)
-    case = {"correct": "fit", "default": "fit"}.get(a.variant, a.variant)
+    backend = "torch" if a.variant.startswith("torch_") else "jax"
+    os.environ["KERAS_BACKEND"] = backend   # before keras is imported
+    variant = a.variant[len("torch_"):] if backend == "torch" else a.variant
+    case = {"correct": "fit", "default": "fit"}.get(variant, variant)
     import train_keras
     args = ["--case", case, "--out", a.out, "--quiet"] + (["--no-record"] if a.no_record else [])
     train_keras.main(args)
