@@ -20,6 +20,8 @@ mean); the cases (--case):
   sum_loss   the loss with reduction="sum": each batch's summed loss, / K
   schedule   an ExponentialDecay lr schedule (halved every 2 optimizer
              steps): Keras evaluates it at its micro-batch counter
+  dropout    fit, the model with BatchNormalization and Dropout (random
+             masks, running statistics: the recorder must not move them)
 --no-record fits the same without the recorder (the bit-identity test and
 the bench compare the two).
 """
@@ -36,8 +38,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import keras  # noqa: E402
 from accumcheck_jax import Refused, exit_on_refusal  # noqa: E402
 
-CASES = ("fit", "adamw", "uneven", "leftover", "sum_loss", "schedule")
-SAMPLES = {"fit": 48, "adamw": 48, "uneven": 46, "leftover": 44, "sum_loss": 48, "schedule": 48}
+CASES = ("fit", "adamw", "uneven", "leftover", "sum_loss", "schedule", "dropout")
+SAMPLES = {"fit": 48, "adamw": 48, "uneven": 46, "leftover": 44, "sum_loss": 48, "schedule": 48,
+           "dropout": 48}
 
 
 def data(samples, features, classes, seed=0):
@@ -59,8 +62,15 @@ def summed_loss(y_true, y_pred, sample_weight=None):
 
 def build(args):
     keras.utils.set_random_seed(args.seed)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(args.hidden, activation="tanh"),
-                              keras.layers.Dense(4)])
+    if args.case == "dropout":
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(args.hidden),
+                                  keras.layers.BatchNormalization(),
+                                  keras.layers.Activation("tanh"), keras.layers.Dropout(0.3),
+                                  keras.layers.Dense(4)])
+    else:
+        model = keras.Sequential([keras.Input((8,)),
+                                  keras.layers.Dense(args.hidden, activation="tanh"),
+                                  keras.layers.Dense(4)])
     lr = args.lr
     if args.case == "schedule":
         # The lr halved every 2 optimizer steps (Keras's ExponentialDecay,

@@ -76,6 +76,21 @@ except ImportError:  # pragma: no cover - the venv has it; _keras() says what to
     _Callback = object
 
 
+def _torch_rng(torch):
+    """torch's RNG states (CPU, and every CUDA device's once CUDA is up)
+    put back as they were when the block ends."""
+    up = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if up else [])
+
+
+def _draws_random(model):
+    """Whether a layer of the model draws random numbers (Dropout, noise):
+    its float64 recompute would draw others (jax draws float64 uniforms
+    under x64; torch's unseeded dropout draws from its global RNG)."""
+    layers = [model] + list(getattr(model, "_flatten_layers", lambda: [])())
+    return any(getattr(layer, "_seed_generators", None) for layer in layers)
+
+
 def _torch_grad(fn):
     """jax.grad(fn) for the torch backend: fn(tv, ntv, batch)'s gradient
     with respect to tv (numpy in, numpy out)."""
@@ -83,7 +98,7 @@ def _torch_grad(fn):
 
     def grad(tv, ntv, batch):
         ts = [torch.tensor(v, requires_grad=True) for v in tv]
-        with torch.enable_grad():
+        with _torch_rng(torch), torch.enable_grad():
             out = fn(ts, [torch.tensor(v) for v in ntv],
                      tuple(None if a is None else torch.tensor(a) for a in batch))
             gs = torch.autograd.grad(out, ts, allow_unused=True)
@@ -327,7 +342,9 @@ class KerasRecorder(ContractRecorder, _Callback):
         x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
         kept = [v.value.detach().clone() for v in model.non_trainable_variables]
         try:
-            with torch.enable_grad():
+            # torch's own RNG too (an unseeded Dropout draws from it): the
+            # train step then draws what it would have, the same masks.
+            with _torch_rng(torch), torch.enable_grad():
                 kw = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
                 loss = self.summed_loss(y, model(x, **kw), sw)
                 g = torch.autograd.grad(loss, params, allow_unused=True)
@@ -379,6 +396,11 @@ class KerasRecorder(ContractRecorder, _Callback):
         if not queued or self._clone64 is False:
             return
         jax, keras = self.jax, self.keras
+        if self._clone64 is None and _draws_random(self.net):
+            self._clone64 = False
+            self._why_uncalibrated = ("the model draws random numbers (Dropout, noise), which its "
+                                      "float64 recompute would draw otherwise")
+            return
         with _enable_x64(jax):
             if self._clone64 is None:
                 try:

@@ -18,6 +18,8 @@ Variants:
   sum_loss  reduction="sum": each batch's summed loss / K
   schedule  ExponentialDecay(staircase) over optimizer steps, evaluated by
             Keras at its micro-batch counter: scheduler-per-micro-step
+  dropout   correct's fit of a model with BatchNormalization and Dropout:
+            PASS (the fit judged without float64 calibration)
   torch_*   the same on Keras's torch backend (KERAS_BACKEND=torch, the
             venv's torch 2.13.0)"""
 
@@ -28,8 +30,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "examples", "jax"))
 
-VARIANTS = ["correct", "adamw", "uneven", "leftover", "sum_loss", "schedule",
-            "torch_correct", "torch_adamw", "torch_uneven", "torch_schedule"]
+VARIANTS = ["correct", "adamw", "uneven", "leftover", "sum_loss", "schedule", "dropout",
+            "torch_correct", "torch_adamw", "torch_uneven", "torch_schedule", "torch_dropout"]
 
 
 def main(argv=None):
