@@ -1,5 +1,5 @@
-"""The contract tier's recorder for Keras 3 `model.fit` on the JAX backend,
-with the optimizer's own accumulation (`optimizer(...,
+"""The contract tier's recorder for Keras 3 `model.fit` on its JAX backend
+(and its torch backend: below), with the optimizer's own accumulation (`optimizer(...,
 gradient_accumulation_steps=K)`).  It writes the same contract trace as
 accumcheck_jax.ContractRecorder (whose fits, calibration bookkeeping and
 writer it reuses), judged by `accumcheck certify --contract`.
@@ -34,9 +34,15 @@ on d kept coordinates per variable (accumcheck_jax's layout):
     weights) is the update applied: a call is an optimizer step when the
     parameters moved (a Keras release that moves them on calls that
     consume no gradient shows steps that consumed nothing).
+On the torch backend (a stateful train step) the same is read from the
+live variables before the step, g_j from a forward of the recorder's own
+(the model's non-trainable variables and torch's RNG put back as they
+were, so the step draws the masks it would have), and c_j is the .grad
+train_step's backward leaves, read after it.
 Every calibrate_every-th g_j again in float64 on a float64 clone of the
 model (keras.models.clone_model, every layer's dtype float64), which
-calibrates the fit; where the model cannot be cloned the fit is judged
+calibrates the fit; where the model cannot be cloned, or draws random
+numbers (its float64 recompute would draw others), the fit is judged
 without calibration (meta.csv's `calibration` row says so).
 """
 
