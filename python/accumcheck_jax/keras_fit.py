@@ -30,10 +30,12 @@ on d kept coordinates per variable (accumcheck_jax's layout):
     the gradient the accumulation hands the update is then (c_j + acc) / K
     on the call the counter makes an update call ((counter + 1) % K == 0,
     Keras's rule), and nothing on the others;
-  - the parameters, whose change to the next call's (or the trained
-    weights) is the update applied: a call is an optimizer step when the
-    parameters moved (a Keras release that moves them on calls that
-    consume no gradient shows steps that consumed nothing).
+  - the parameters: an update call is an optimizer step, its update the
+    parameters' change across it (to the next call's, or the trained
+    weights); the replay check adds that update to the parameters the
+    window started from, so a Keras release that moves the parameters on
+    calls that apply no update (its weight decay on every micro-step,
+    before 3.5.0) fails it.
 On the torch backend (a stateful train step) the same is read from the
 live variables before the step, g_j from a forward of the recorder's own
 (the model's non-trainable variables and torch's RNG put back as they
