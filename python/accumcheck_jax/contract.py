@@ -85,7 +85,7 @@ def _enable_x64(jax):
 def _is_nnx(obj):
     try:
         from flax import nnx
-    except ImportError:
+    except Exception:  # noqa: BLE001  (no flax, or one this jax cannot import: not NNX)
         return False
     return isinstance(obj, nnx.Module)
 
@@ -495,10 +495,12 @@ class ContractRecorder:
         self.pending = (join(g), join(u), float(lr), self.p_last)
 
     def _resolve(self, p_now):
-        """The pending update call: a step when the parameters moved."""
-        G, u, lr, p_before = self.pending
+        """The pending update call: a step when the parameters moved (or
+        when the recorder knows it applied: a fifth element True)."""
+        G, u, lr, p_before = self.pending[:4]
+        applied = len(self.pending) > 4 and self.pending[4]
         self.pending = None
-        if np.array_equal(p_now, p_before):
+        if not applied and np.array_equal(p_now, p_before):
             return  # computed and discarded (MultiSteps' mini-steps)
         t = self.steps
         if self.lr0 is None:
@@ -574,6 +576,18 @@ class ContractRecorder:
 
     # ---- output
 
+    def _tool_version(self):
+        return "accumcheck_jax-%s jax-%s" % (VERSION, self.jax.__version__)
+
+    def _recorder_meta(self):
+        """meta.csv's rows saying how this recorder measured (replay, recorder)."""
+        return [("replay", ("each step's update against the parameters seen next "
+                            "(p + update, as optax.apply_updates adds it)")),
+                ("recorder", "accumcheck_jax: the gradient function (rec.grad) and the "
+                             "optimizer's update (rec.optimizer) through ordered "
+                             "io_callback; %d coordinates kept of the parameters"
+                 % self.layout.d)]
+
     def _write(self):
         rows = []
         for j, m in enumerate(self.micro):
@@ -588,16 +602,11 @@ class ContractRecorder:
                      "float16": "float16"}.get(self.dtype, str(self.dtype))
         meta = contract_meta(
             engine=self.engine, precision=precision,
-            tool_version="accumcheck_jax-%s jax-%s" % (VERSION, self.jax.__version__),
+            tool_version=self._tool_version(),
             accumulation=self.K, items=self.items_kind, parameters=self.layout.d,
             lr=self.lr0 if self.lr0 is not None else float("nan"), schedule=self.schedule,
             clip=self.clip_max, accept=self.accept, lr_precision=self.lr_precision)
-        meta.append(("replay", ("each step's update against the parameters seen next "
-                                "(p + update, as optax.apply_updates adds it)")))
-        meta.append(("recorder", "accumcheck_jax: the gradient function (rec.grad) and the "
-                                 "optimizer's update (rec.optimizer) through ordered "
-                                 "io_callback; %d coordinates kept of the parameters"
-                     % self.layout.d))
+        meta.extend(self._recorder_meta())
         events = contract_event_rows(self.run, self.events, lambda j: self.micro[j][0])
         write_trace(self.out, meta, events, [],
                     extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})
