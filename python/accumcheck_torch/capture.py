@@ -500,6 +500,10 @@ class Capture:
         if g is not None:
             self.spare.append(g)
             c = self.buf.m[self.pass_row]
+            if not bool(torch.isfinite(c).all()):
+                # An overflowed pass (a window the loss scaler skips): no
+                # premise to check on it.
+                return j, (w, resid)
             gn = float(g.norm())
             lin = float(torch.dist(c, g * w)) / (abs(w) * gn) if w != 0 and gn > 0 else 0.0
             if lin > self._premise_bound():

@@ -127,6 +127,12 @@ class Replay:
         |p_replay| + |update| (error model: contract_replay_ulps), in the
         parameters' precision: |p - p_replay| is exact there (Sterbenz) and
         the bound needs no more than a few digits."""
+        if self.step_found_inf:
+            return  # a fused step GradScaler skipped: scaler.py spends its index
+        if self.overflowed:
+            self.overflowed = False
+            self._window_spent(None)  # stepped on inf/NaN: not replayed
+            return
         opt, params, flat, before, now, tmp, gbuf, takes = self.replay
         ours = [self._local(p) for g in self.optimizer.param_groups for p in g["params"]]
         at = 0
