@@ -235,3 +235,49 @@ def test_a_step_past_the_loss_scaler_fails(tmp_path):
     if judged is not None:
         assert judged[0] == 1 and "FAIL loss scaler: step 0: the optimizer stepped" \
             in judged[1], judged[1]
+
+
+class _StepsThroughFoundInf(torch.optim.SGD):
+    """An optimizer that unscales inside its step, as a fused one does
+    (GradScaler then calls it with found_inf set), but updates anyway."""
+
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None):
+        scale = getattr(self, "grad_scale", None)
+        with torch.no_grad():
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad / (1.0 if scale is None else scale), alpha=-g["lr"])
+
+
+def test_a_skipped_step_that_updates_fails(tmp_path):
+    """A step GradScaler told found_inf that updates the parameters all
+    the same: the skip changed them, FAIL."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = _StepsThroughFoundInf(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(8)]
+
+    def summed(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1], reduction="sum")
+    rec = act.ContractRecorder(model, opt, summed, lambda b: len(b[1]), accumulation=2,
+                               out=str(tmp_path / "trace"), quiet=True)
+    it = iter(rec.watch(data))
+    with torch.autocast("cpu", dtype=torch.float16):
+        for window in iter(lambda: list(itertools.islice(it, 2)), []):
+            n = sum(len(b[1]) for b in window)
+            for b in window:
+                scaler.scale(summed(model, b) / n).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    rec.close()
+    judged = _certify(tmp_path / "trace")
+    if judged is not None:
+        assert judged[0] == 1 and "FAIL loss scaler: step 0: the skipped step changed" \
+            in judged[1], judged[1]
