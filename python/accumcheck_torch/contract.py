@@ -152,8 +152,9 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
     the recorder keeps, and the seed they are drawn from (sample.py; both
     in meta.csv: docs/tiers.md "What the recorder keeps")."""
 
-    # Rows of sampled coordinates (sample.Coordinates); a sharding recorder
-    # whose fits run on shard ranges of whole vectors keeps every one.
+    # Whole-tensor reads (a clip's bfloat16 count, an EMA) on the sampled
+    # coordinates (sample.Coordinates); a sharding recorder reads its
+    # local shards whole there (its rows are sampled all the same).
     _sampled = True
 
     def __init__(self, model, optimizer=None, loss_fn=None, count_fn=None, accumulation=None,
