@@ -305,6 +305,14 @@ def parse(argv=None):
     ap.add_argument("--scaler", action="store_true",
                     help="torch.amp.GradScaler('cpu'): scaler.scale(loss).backward(), "
                          "unscale_ before the clip, scaler.step(opt), scaler.update()")
+    ap.add_argument("--overflow-at", type=int, default=None, metavar="W",
+                    help="with --scaler: window W's first loss times inf, so its gradient "
+                         "overflows and GradScaler skips the window")
+    ap.add_argument("--after-overflow", choices=["skip", "step_anyway", "no_zero"],
+                    default="skip",
+                    help="skip: scaler.step/update, zero_grad (correct); step_anyway: "
+                         "unscale_, optimizer.step() past the scaler, update; no_zero: "
+                         "zero_grad only after a window that stepped")
     ap.add_argument("--digest", default=None, metavar="FILE",
                     help="write the SHA-256 of the trained parameters to FILE (the run "
                          "recorded and not must give the same)")
@@ -328,7 +336,12 @@ class Stepping:
         self.max_norm = max_norm  # for a loop that clips by itself
         self.steps, self.interrupt_after = 0, interrupt_after
 
+    after_overflow = "skip"
+    skipped = False  # the last window's scale went down: GradScaler skipped it
+
     def zero_grad(self):
+        if self.after_overflow == "no_zero" and self.skipped:
+            return  # zeroes only after a window that stepped
         self.opt.zero_grad()
 
     def step(self):
@@ -338,9 +351,15 @@ class Stepping:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         if self.scheduler is not None and self.early:
             self.scheduler.step()
-        if self.scaler is not None:
+        if self.scaler is not None and self.after_overflow == "step_anyway":
+            self.scaler.unscale_(self.opt)
+            self.opt.step()  # past the scaler: inf or NaN stepped
+            self.scaler.update()
+        elif self.scaler is not None:
+            scale = self.scaler.get_scale()
             self.scaler.step(self.opt)
             self.scaler.update()
+            self.skipped = self.scaler.get_scale() < scale
         else:
             self.opt.step()
         if self.scheduler is not None and not self.early:
@@ -405,10 +424,21 @@ def run(a):
     stepping = Stepping(opt, model, scheduler, a.schedule == "linear-early",
                         None if a.loop == "clip_per_micro_step" else a.clip, a.clip,
                         a.interrupt_after, scaler)
+    stepping.after_overflow = a.after_overflow
     if scaler is not None:
-        # The loop backwards the scaled loss; the recorder keeps the summed one.
-        summed_loop = (lambda f: lambda m, b: scaler.scale(f(m, b)))(summed)
-        mean = (lambda f: lambda m, b: scaler.scale(f(m, b)))(mean)
+        # The loop backwards the scaled loss; the recorder keeps the summed
+        # one.  --overflow-at W: window W's first loss times inf.
+        overflow = {"at": a.overflow_at}
+
+        def scaled(f):
+            def loss(m, b):
+                out = scaler.scale(f(m, b))
+                if overflow["at"] is not None and stepping.steps == overflow["at"]:
+                    overflow["at"] = None
+                    out = out * float("inf")
+                return out
+            return loss
+        summed_loop, mean = scaled(summed), scaled(mean)
     else:
         summed_loop = summed
     shuffler = torch.Generator().manual_seed(1)

@@ -15,6 +15,7 @@ import torch.utils.checkpoint
 
 from .fit import EVIDENCE_WEIGHT_REL, U32
 from .guard import _never_raises
+from .outputs import _NotTheForward, _Output, _out_tensors, _output_dots, _tensors
 from .recorder import at_backward_end, eager, swap_clip
 from .sample import sumsq64
 
@@ -94,44 +95,6 @@ def _checkpoints_run_plain():
             setattr(mod, name, old)
 
 
-class _Output:
-    """The model as summed_loss sees it when g_j is taken from the forward
-    your loop just ran: calling it returns that forward's output (once, for
-    the same input); any attribute is the model's."""
-
-    def __init__(self, model, inp, out):
-        self._model, self._inp, self._out, self.calls = model, inp, out, 0
-
-    def __call__(self, *a, **k):
-        self.calls += 1
-        if self.calls > 1 or not any(t is self._inp for t in _tensors(a, k)):
-            raise _NotTheForward()
-        return self._out
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-
-class _NotTheForward(Exception):
-    pass
-
-
-def _out_tensors(output, depth=0):
-    """The floating tensors of a forward's output: a tensor, a tuple or
-    list, a dict (a Transformers ModelOutput is one), nested."""
-    if torch.is_tensor(output):
-        return [output] if output.is_floating_point() else []
-    if depth > 4:
-        return []
-    if isinstance(output, dict):
-        items = list(output.values())
-    elif isinstance(output, (list, tuple)):
-        items = list(output)
-    else:
-        return []
-    return [t for x in items for t in _out_tensors(x, depth + 1)]
-
-
 class _LossOf(torch.nn.Module):
     """summed_loss(model, batch) as a module over the model, so that
     torch.func.functional_call puts the recompute's tensors in place of the
@@ -145,12 +108,6 @@ class _LossOf(torch.nn.Module):
 
     def forward(self, batch):
         return self.loss_fn(self.model, batch)
-
-
-def _tensors(args, kwargs):
-    """The tensors a forward was called with, positional or keyword (a
-    Transformers model is called as model(**batch))."""
-    return [t for t in list(args) + list(kwargs.values()) if torch.is_tensor(t)]
 
 
 class Capture:
@@ -304,16 +261,7 @@ class Capture:
                 self.out_fired.append((j, k, None, None, None))
                 return None
             s = o["s"][k]
-            with torch.no_grad():
-                # Products in float32 (each rounded once), their sums in
-                # float64: the outputs are as large as the logits.
-                f = torch.float32
-                s32, u32 = s.reshape(-1).to(f), u.detach().reshape(-1).to(f)
-                ss = float(torch.sum(s32 * s32, dtype=torch.float64))
-                us = float(torch.sum(u32 * s32, dtype=torch.float64))
-                wt = us / ss if ss > 0 else 0.0
-                r = u32 - s32 * wt
-                rr = float(torch.sum(r * r, dtype=torch.float64))
+            us, ss, rr = _output_dots(s, u)
             self.out_fired.append((j, k, us, ss, rr))
             return None
         return functools.partial(hook, self)
@@ -500,6 +448,10 @@ class Capture:
         if g is not None:
             self.spare.append(g)
             c = self.buf.m[self.pass_row]
+            if not bool(torch.isfinite(c).all()):
+                # An overflowed pass (a window the loss scaler skips): no
+                # premise to check on it.
+                return j, (w, resid)
             gn = float(g.norm())
             lin = float(torch.dist(c, g * w)) / (abs(w) * gn) if w != 0 and gn > 0 else 0.0
             if lin > self._premise_bound():

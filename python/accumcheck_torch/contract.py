@@ -70,6 +70,7 @@ from .fit import EVIDENCE_WEIGHT_REL, SUM_ULPS, U32, StepFit, _Rows, _worst  # n
 from .guard import _never_raises
 from .replay import ELEMENTWISE, REPLAY_ULPS, Replay  # noqa: F401 -- the error model's mirrors
 from .sample import PER_TENSOR, SEED, Coordinates
+from .scaler import Scaler
 from .schedule import Schedule
 from .trace import Recording, Refused, real
 from .write import CONTRACT_HEADER, SCHEDULE_KEYS, Write  # noqa: F401 -- distributed
@@ -106,7 +107,7 @@ class _Watched:
         return len(self.loader)
 
 
-class ContractRecorder(Capture, StepFit, Replay, Write):
+class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
     """ContractRecorder(model, optimizer, loss_fn, count_fn, accumulation,
     out="trace", items="samples", run="trainer", quiet=False,
     calibrate_every=None, lr=None, schedule=None, clip=None,
@@ -151,8 +152,9 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
     the recorder keeps, and the seed they are drawn from (sample.py; both
     in meta.csv: docs/tiers.md "What the recorder keeps")."""
 
-    # Rows of sampled coordinates (sample.Coordinates); a sharding recorder
-    # whose fits run on shard ranges of whole vectors keeps every one.
+    # Whole-tensor reads (a clip's bfloat16 count, an EMA) on the sampled
+    # coordinates (sample.Coordinates); a sharding recorder reads its
+    # local shards whole there (its rows are sampled all the same).
     _sampled = True
 
     def __init__(self, model, optimizer=None, loss_fn=None, count_fn=None, accumulation=None,
@@ -261,6 +263,7 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
         self.versions0 = [p._version for p in self.params]
         self._hooks = []
         self._patch_model()
+        self._patch_scaler()
         if optimizer is not None:
             self.attach(optimizer)
         self._start_recording()
@@ -443,6 +446,7 @@ class ContractRecorder(Capture, StepFit, Replay, Write):
         for h in self._hooks:
             h.remove()
         self._restore_clip()
+        self._unpatch_scaler()
         _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
 
     def _refuse(self, message):

@@ -158,39 +158,37 @@ class StepFit:
     @_never_raises
     def _before_step(self):
         self._ema_poll(at_step=True)
+        self._flush_skip()  # a skipped window whose scaler.update() never came
         self._recompute_pending()
+        if self.step_found_inf:
+            # A fused optimizer told found_inf by GradScaler.step updates
+            # nothing: the scaler's skipped window (scaler.py records it).
+            return
         grads = self._consumed()
         G = self._consumed_vector(grads)
-        if self.step_found_inf:
-            self._abandon("step %d: the optimizer was told found_inf by its loss scaler and "
-                          "updates nothing (a window skipped for overflow); the contract tier "
-                          "does not judge skipped windows; the training went on unrecorded"
-                          % self.steps)
-            return
         if self.step_scale is not None:
             G.div_(self.step_scale)  # what the fused step consumes
+        lr = float(self.optimizer.param_groups[0]["lr"])
         if not bool(torch.isfinite(G).all()):
-            # Nothing to fit from here on (a loss scaler would have skipped
-            # this step; an unscaled run steps on inf or NaN).
-            self._abandon("step %d: the gradient the optimizer consumed holds non-finite values "
-                          "(inf or NaN, first seen at the recorder's sampled coordinates); the "
-                          "training went on unrecorded" % self.steps)
+            # A step on a gradient holding inf or NaN (first seen at the
+            # recorder's sampled coordinates), which a loss scaler would
+            # have skipped: recorded for certify, not fitted (scaler.py).
+            self._overflow_stepped(lr)
             return
         A, refs = self._step_terms()
         if refs and not bool(torch.isfinite(A).all()):
             # A backward pass since the last step overflowed and no step
             # consumed it (a loss scaler skipped that window).
             self._abandon("step %d: a backward pass since the previous step holds non-finite "
-                          "values (inf or NaN: a window a loss scaler skipped for overflow?); "
-                          "the contract tier does not judge skipped windows; the training went "
-                          "on unrecorded" % self.steps)
+                          "values and no step consumed it: a window skipped by a loss scaler "
+                          "other than torch.amp.GradScaler.step (whose skips the recorder "
+                          "records); the training went on unrecorded" % self.steps)
             return
         # The part of the gradient this rank's optimizer consumes (all of
         # it, or a sharding recorder's shard) is what the fit solves for.
         Gfull = G
         A, G = self._fit_space(A, G, len(refs))
         t = self.steps
-        lr = float(self.optimizer.param_groups[0]["lr"])
         if refs:
             # Least squares through the normal equations of the unit-scaled
             # rows (m is a handful).  A is a view of the rows, the products

@@ -27,6 +27,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .distributed import ContractDistributedRecorder
+from .sample import Coordinates
 from .trace import Refused
 
 
@@ -85,15 +86,30 @@ class _ShardFit:
     the consumed shard to the one the backward left (the step fit checks
     that it is one factor: anything else fails it).
 
-    The fits run on each rank's shard ranges of whole vectors: every
-    coordinate is kept (no sample)."""
+    The fits run on the recorder's sampled coordinates (sample.py) that
+    fall in this rank's shard: each row holds every parameter's sample, a
+    rank's step fit the part of it its shard holds (shard_idx: their
+    positions in a row; local_idx: their offsets in the local shard).
+    What else reads whole local tensors (a clip's bfloat16 count, a
+    declared EMA) reads them whole, as before (_sampled)."""
 
     _sampled = False
 
     def _setup_shards(self):
-        parts, self.local_sizes = [], []
-        for (a, b), (start, size) in zip(self.buf.slices, self._shard_ranges()):
-            parts.append(torch.arange(a + start, a + start + size))
+        if not self.coords.sampled:
+            # The rows on the sample of the whole parameters (FSDP2's
+            # DTensors have the whole shapes; FSDP1 made its own).
+            from .contract import _Rows
+            self.coords = Coordinates(self.params, self.coords.per_tensor, self.coords.seed)
+            self.buf = _Rows(self.params, self.K + 2, self.coords)
+            self.vec = [torch.zeros(self.coords.d, dtype=torch.float64) for _ in range(4)]
+        parts, self.local_idx, self.local_sizes = [], [], []
+        for i, ((a, b), (start, size)) in enumerate(zip(self.buf.slices, self._shard_ranges())):
+            idx = self.coords.index[i]
+            flat = torch.arange(b - a) if idx is None else idx.cpu()
+            keep = (flat >= start) & (flat < start + size)
+            parts.append(torch.arange(a, b)[keep])
+            self.local_idx.append(flat[keep] - start)
             self.local_sizes.append(size)
         self.shard_idx = torch.cat(parts)
         self.snap = None     # this rank's shard of .grad when the last backward ended
@@ -106,7 +122,7 @@ class _ShardFit:
         a gradient is not the shard (FSDP1's under no_sync())."""
         out = torch.zeros(self.shard_idx.numel(), dtype=torch.float64)
         at = 0
-        for p, g, size in zip(self.params, grads, self.local_sizes):
+        for g, size, local in zip(grads, self.local_sizes, self.local_idx):
             if g is not None:
                 g = self._local(g).detach().reshape(-1)
                 if g.numel() != size:
@@ -115,9 +131,17 @@ class _ShardFit:
                     self._refuse("rank %d: a gradient of %d elements where the parameter's shard "
                                  "holds %d: not the sharded gradient the optimizer steps"
                                  % (self.rank, g.numel(), size))
-                out[at:at + size].copy_(g)
-            at += size
+                out[at:at + local.numel()].copy_(g.index_select(0, local.to(g.device)))
+            at += local.numel()
         return out
+
+    def _param_take(self, i, q):
+        """The replay's part of tensor i: its sampled coordinates in this
+        rank's shard (q: the local shard)."""
+        local = self.local_idx[i]
+        if q.numel() != self.local_sizes[i]:
+            return lambda t: t.reshape(-1)
+        return lambda t: t.reshape(-1).index_select(0, local.to(t.device))
 
     def _consumed_vector(self, grads):
         G = self.vec[0].zero_()
@@ -144,6 +168,9 @@ class _ShardFit:
         if self.clip_max is not None:
             self.snap = self._local_flat([p.grad for p in self.params], strict=False)
             self.snap_clips = len(self.clips)
+            if self.snap is not None:
+                # The whole shard's norm (the snapshot is its sample).
+                self.snap_norm = self._clip_norms(self.params)[1]
 
     def _before_step(self):
         snap, self.snap = self.snap, None
@@ -159,7 +186,7 @@ class _ShardFit:
                         "optimizer.step() by no clip function the recorder saw (step %d: factor "
                         "%.6g): recorded as the loop's clip (clip=%g declared)"
                         % (self.steps, factor, self.clip_max))
-                self._clipped(factor, float("nan"), ss ** 0.5, float("nan"))
+                self._clipped(factor, float("nan"), self.snap_norm, float("nan"))
         super()._before_step()
 
     def _step_payload(self):
@@ -327,8 +354,9 @@ class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedReco
         # FlatParameters' hooks, not the shards' (which no backward reaches).
         whole = [p for p in self.replica_model.parameters() if p.requires_grad]
         self.n = sum(p.numel() for p in whole)
-        self.buf = _Rows(whole, self.K + 2)
-        self.vec = [torch.zeros(self.n, dtype=torch.float64) for _ in range(4)]
+        self.coords = Coordinates(whole, self.coords.per_tensor, self.coords.seed)
+        self.buf = _Rows(whole, self.K + 2, self.coords)
+        self.vec = [torch.zeros(self.coords.d, dtype=torch.float64) for _ in range(4)]
         index = {id(p): i for i, p in enumerate(self.params)}
         for h in handles:
             hooks = [None if index.get(id(p)) is None else self._grad_hook(index[id(p)])

@@ -47,9 +47,9 @@ class Replay:
                 i = index.get(id(key))
                 if not sampled:
                     return lambda t: t
-                if i is None or q.shape != self.params[i].shape:
+                if i is None:
                     return lambda t: t.reshape(-1)
-                return lambda t, i=i: self.buf.take(i, t)
+                return self._param_take(i, q)
             takes = [taker(k, q) for k, q in zip(keys, ours)]
             shapes = [take(q).shape for take, q in zip(takes, ours)]
             dts = {p.dtype for p in ours}
@@ -121,12 +121,27 @@ class Replay:
             before.copy_(flat)
         opt.step()
 
+    def _param_take(self, i, q):
+        """How the replay takes recorded parameter i's coordinates of a
+        tensor shaped like q (as the optimizer steps it): its sample, or
+        all of a tensor shaped otherwise (a sharding recorder takes the
+        sampled coordinates in its shard)."""
+        if q.shape != self.params[i].shape:
+            return lambda t: t.reshape(-1)
+        return lambda t: self.buf.take(i, t)
+
     @_never_raises
     def _after_step(self):
         """Your update against the replay: |p - p_replay| within 16 u32 of
         |p_replay| + |update| (error model: contract_replay_ulps), in the
         parameters' precision: |p - p_replay| is exact there (Sterbenz) and
         the bound needs no more than a few digits."""
+        if self.step_found_inf:
+            return  # a fused step GradScaler skipped: scaler.py spends its index
+        if self.overflowed:
+            self.overflowed = False
+            self._window_spent(None)  # stepped on inf/NaN: not replayed
+            return
         opt, params, flat, before, now, tmp, gbuf, takes = self.replay
         ours = [self._local(p) for g in self.optimizer.param_groups for p in g["params"]]
         at = 0

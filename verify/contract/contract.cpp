@@ -250,12 +250,21 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   CertifyCheck fit{"weight fit", true, false, ""};
   double worst_fit = 0;
   int64_t worst_b = -1;
+  // A backward pass of a window whose gradient overflowed: in no step, its
+  // fit of inf or NaN not judged (the loss scaler check is its).
+  const auto overflowed = [&](const ContractBackward& bw) {
+    const ContractMicro& m = c.micro[size_t(bw.micro)];
+    const auto& steps = c.steps[size_t(m.rank)];
+    return bw.version >= 0 && bw.version < int64_t(steps.size()) &&
+           steps[size_t(bw.version)].overflow.has_value();
+  };
   for (size_t b = 0; b < c.backward.size(); ++b) {
     const ContractBackward& bw = c.backward[b];
     const double cal = c.micro[size_t(bw.micro)].calibration;
     const double bound =
         fit_cal * (std::isnan(cal) ? cal_max : cal) + fit_ulps * u_model;
     eps.push_back(bound);
+    if (overflowed(bw)) continue;
     const double ratio = std::isnan(bw.residual) ? kInf : bw.residual / bound;
     if (ratio > worst_fit || worst_b < 0) {
       worst_fit = ratio;
@@ -290,6 +299,10 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   double worst_step = 0;
   for (int64_t q = 0; q < c.ranks(); ++q)
     for (const auto& st : c.steps[size_t(q)]) {
+      if (st.overflow) {  // no fit: the loss scaler check judges it
+        step_bound[size_t(q)].push_back(0);
+        continue;
+      }
       const double bound = (double(st.terms) + sum_ulps) * u * st.scale;
       step_bound[size_t(q)].push_back(bound);
       const double ratio =
@@ -316,8 +329,9 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   double worst_rep = 0;
   for (const auto& steps : c.steps)
     for (const auto& st : steps)
-      worst_rep = std::max(
-          worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
+      if (!st.overflow)
+        worst_rep = std::max(
+            worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
   rep.ok = worst_rep <= 1;
   // What the recorder replayed its update against (meta.csv replay: each
   // recorder says it in its own words; the check is the same).
@@ -329,6 +343,13 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                        : replayed,
       fmt_ratio(worst_rep), replay_ulps);
   r.checks.push_back(rep);
+
+  // 3a. The windows whose gradient overflowed: the loss scaler's skips.
+  bool scaler_ok = true;
+  if (const auto ck = scaler_check(c)) {
+    scaler_ok = ck->ok;
+    r.checks.push_back(*ck);
+  }
 
   // 3b. The clip factors, when the loop clips or the recorder declared one
   // (on the norm the accepted loop's clip takes).  A sharded trace (its
@@ -363,9 +384,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   };
   bool clip_ok = true;
   if (judge_clip) {
-    const CertifyCheck ck =
-        clip_check(c, s, clip_terms ? clip_terms : n,
-                   behavior_of(accept).clip_local_norm);
+    const CertifyCheck ck = clip_check(c, s, clip_terms ? clip_terms : n,
+                                       behavior_of(accept).clip_local_norm);
     clip_ok = ck.ok;
     r.checks.push_back(ck);
   }
@@ -432,7 +452,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // horizon: schedule-horizon-in-micro-steps has no lr to judge.
   const bool horizon_unjudged =
       s.schedule.table != nullptr && s.schedule.stretched_table == nullptr;
-  const bool fits_ok = fit.ok && sfit.ok && rep.ok && clip_ok && ema_ok;
+  const bool fits_ok =
+      fit.ok && sfit.ok && rep.ok && clip_ok && ema_ok && scaler_ok;
   // Per candidate (r.ranking's order): what it leaves unexplained (the
   // combination search's measure).
   std::vector<Residual> residuals;
@@ -615,6 +636,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
             .structure_ok = structure_ok,
             .ema_ok = ema_ok,
             .ema_pitfall = ema_pitfall,
+            .scaler_ok = scaler_ok,
             .correct_weights = correct_weights,
             .lr_correct = lr_correct,
             .reduce_correct = reduce_correct,

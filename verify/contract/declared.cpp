@@ -131,7 +131,8 @@ std::string not_judged(const Trace& tr) {
   if (!tr.meta_value("batchnorm").empty())
     out.push_back(fmt::format("BatchNorm running statistics ({} modules)",
                               tr.meta_value("batchnorm")));
-  out.push_back("a loss scaler's scale and skipped steps (GradScaler)");
+  out.push_back(
+      "a loss scaler's scale outside the windows it skipped (GradScaler)");
   std::string s = "not judged: ";
   for (size_t i = 0; i < out.size(); ++i) s += (i ? "; " : "") + out[i];
   return s;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -156,6 +157,13 @@ Distance distance(const Measured& m, const Prediction& p,
 CertifyCheck clip_check(const ContractSection& c, const Scenario& s, int64_t n,
                         bool by_shard = false);
 
+// ---- scaler.cpp
+
+// The windows whose gradient overflowed (the trace's overflow rows): each
+// skipped by the loss scaler, for an overflow of its own, nothing updated,
+// the scale backed off.  nullopt where the trace has none.
+std::optional<CertifyCheck> scaler_check(const ContractSection& c);
+
 // ---- ema.cpp
 
 // The declared EMA; `pitfall` set to the pitfall its updates show.
@@ -185,6 +193,7 @@ struct Findings {
   bool structure_ok = false;  // correct's weights within their uncertainty
   bool ema_ok = true;
   std::string ema_pitfall;     // ema_check's
+  bool scaler_ok = true;       // scaler_check's
   Distance correct_weights;    // correct's weight distance, whatever its lr
   LrChannel lr_correct;        // correct's lr channel
   std::string reduce_correct;  // "" or how correct's all-reduces differ

@@ -91,7 +91,7 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
   }
   const CertifyCandidate correct = r.ranking.front();
   r.pass = f.checks_ok && f.structure_ok && f.lr_correct.ok &&
-           f.reduce_correct.empty() && f.ema_ok;
+           f.reduce_correct.empty() && f.ema_ok && f.scaler_ok;
   r.notes.push_back(not_judged(tr));
   // Their names (by_weights, by_lr index the ranking before sorting).
   const double weights_best =
@@ -141,7 +141,21 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
                (best.aliases.size() > 1 ? ", ..." : "") + ")";
     const bool only_ema = !f.ema_ok && f.checks_ok && f.structure_ok &&
                           f.lr_correct.ok && f.reduce_correct.empty();
-    if (only_ema) {
+    const bool only_scaler = !f.scaler_ok && f.ema_ok && f.checks_ok &&
+                             f.structure_ok && f.lr_correct.ok &&
+                             f.reduce_correct.empty();
+    if (only_scaler) {
+      // The other windows are correct's; the loss scaler's skip is not.
+      std::string msg;
+      for (const auto& ck : r.checks)
+        if (ck.name == "loss scaler") msg = ck.message;
+      r.diagnosis = fmt::format(
+          "diagnosis: no modelled pitfall explains this trace\n"
+          "evidence: {}\nevidence: the other windows' weights are correct's: "
+          "max {} of the uncertainty",
+          msg, fmt_ratio(f.correct_weights.d));
+      r.ranking.clear();
+    } else if (only_ema) {
       // The gradients, steps and lr are correct's; the EMA is not.
       const std::string weights =
           fmt::format("the weights are correct's: max {} of the uncertainty",

@@ -38,6 +38,10 @@ std::vector<std::vector<double>> bf16_step_bound(
   for (int64_t q = 0; q < c.ranks(); ++q)
     for (size_t t = 0; t < c.steps[size_t(q)].size(); ++t) {
       const ContractStep& st = c.steps[size_t(q)][t];
+      if (st.overflow) {  // no fit: the loss scaler check judges it
+        lowp_bound[size_t(q)].push_back(0);
+        continue;
+      }
       // An engaged clip before the step that saw bfloat16 numbers only (the
       // recorder counted them): the bf16 buffer times its float32 factor,
       // one more float32 rounding (u32) of each element.

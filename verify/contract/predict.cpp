@@ -223,6 +223,15 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
     p.P[size_t(st.rank)].push_back(std::move(w));
     p.version[size_t(st.rank)].push_back(std::move(v));
   }
+  // A window the trace's loss scaler skipped (or stepped on inf or NaN):
+  // its micro-batches are in no step of any semantics (the loss scaler
+  // check judges the window itself).
+  for (size_t r = 0; r < p.P.size() && r < c.steps.size(); ++r)
+    for (size_t t = 0; t < p.P[r].size() && t < c.steps[r].size(); ++t)
+      if (c.steps[r][t].overflow) {
+        p.P[r][t].clear();
+        p.version[r][t].clear();
+      }
   return p;
 }
 

@@ -129,6 +129,20 @@ ContractSection read_contract(const std::string& dir) {
       st.residual = number(8);
       st.scale = number(9);
       steps.push_back(st);
+    } else if (kind == "overflow") {
+      expect_index(steps.size());
+      ContractStep st;
+      ContractStep::Overflow o;
+      o.passes = integer(2, true);
+      st.terms = o.passes;
+      o.skipped = integer(4, true) != 0;
+      o.own = integer(5, true);
+      o.changed = integer(6, true);
+      o.scale_before = number(7);
+      o.scale_after = number(8);
+      o.backoff = number(9);
+      st.overflow = o;
+      steps.push_back(st);
     } else if (kind == "clip") {
       expect_index(c.clips.size());
       c.clips.push_back({rank, integer(2, true), number(7), number(8),
@@ -148,6 +162,11 @@ ContractSection read_contract(const std::string& dir) {
         throw InputError(path, ln, 1, "index",
                          fmt::format("unknown step {}", index));
       ContractStep& st = steps[size_t(index)];
+      if (st.overflow)
+        throw InputError(path, ln, 1, "index",
+                         fmt::format("step {} is an overflow row: it has no "
+                                     "coef or replay rows",
+                                     index));
       if (kind == "coef") {
         const int64_t b = integer(2, true);
         if (b < -1 || b >= int64_t(c.backward.size()))
@@ -160,7 +179,7 @@ ContractSection read_contract(const std::string& dir) {
     } else {
       throw InputError(path, ln, 1, "kind",
                        fmt::format("unknown kind '{}' (micro, backward, epoch, "
-                                   "step, coef, replay, clip, ema)",
+                                   "step, overflow, coef, replay, clip, ema)",
                                    kind));
     }
   }

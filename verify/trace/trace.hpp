@@ -427,6 +427,15 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //            ("": a scaling of .grad seen by a sharded recorder, no clip
 //            function called: the declared clip's), items = the float64
 //            norm of this rank's shard of it ("": not sharded)
+//   overflow index t in place of step t's step row: a window whose gradient
+//            held inf or NaN (ContractStep::Overflow): ref = its backward
+//            passes, version = 1 when the optimizer updated nothing (the
+//            loss scaler skipped it), 0 when it stepped anyway, items = its
+//            backward passes holding inf or NaN, samples = the sampled
+//            parameter and optimizer-state coordinates the skipped step
+//            changed (-1: not measured), value / residual = the loss scale
+//            before the step / after scaler.update() ("": none seen),
+//            scale = the scaler's backoff factor
 //   ema      index i (update order), ref = backward passes since the last
 //            step, version = optimizer steps before it, items = 1 when seen
 //            at optimizer.step()'s pre-hook, value / residual = its error
@@ -464,6 +473,16 @@ struct ContractStep {
     double norm = kNaN;     // |term vector|
   };
   std::vector<Coef> coefs;
+  // An overflow row's (a window whose gradient held inf or NaN: no fit, no
+  // replay; its backward passes in no step).
+  struct Overflow {
+    bool skipped = false;  // the optimizer updated nothing
+    int64_t passes = 0;    // the window's backward passes
+    int64_t own = 0;       // of them, holding inf or NaN
+    int64_t changed = -1;  // sampled coordinates the skip changed
+    double scale_before = kNaN, scale_after = kNaN, backoff = kNaN;
+  };
+  std::optional<Overflow> overflow;
 };
 struct ContractClip {
   int64_t rank = 0;

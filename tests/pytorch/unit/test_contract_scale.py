@@ -147,55 +147,137 @@ def test_an_error_inside_the_recorder_ends_the_recording_not_the_training(tmp_pa
         assert judged[0] == 2 and "the recorder failed" in judged[1], judged[1]
 
 
-def test_a_non_finite_gradient_never_reaches_the_training(tmp_path):
-    """A loss that overflows at one micro-batch: the run goes on as it
-    would unrecorded (NaN weights and all), whatever the recorder makes of
-    it."""
+def test_a_step_on_a_non_finite_gradient_is_recorded_and_fails(tmp_path):
+    """A loss that overflows at one micro-batch, stepped without a loss
+    scaler: the run goes on as it would unrecorded (NaN weights and all),
+    and the step on inf or NaN is recorded (an overflow row, not skipped):
+    certify FAILs it."""
     def overflowing(model, batch):
         loss = _summed(model, batch)
         return loss * (float("inf") if int(batch[0][0, 0]) % 7 == 0 else 1.0)
     plain, _ = _train(tmp_path, record=False, loss=overflowing)
     model, rec = _train(tmp_path, loss=overflowing)
     assert _digest(plain) == _digest(model)
-    assert "non-finite values" in rec.abandoned, rec.abandoned
+    assert rec.abandoned is None, rec.abandoned
+    with open(tmp_path / "trace" / "contract.csv") as f:
+        assert any(r.startswith("overflow,") and r.split(",")[4] == "0" for r in f), \
+            "no overflow row of a step taken"
     judged = _certify(tmp_path / "trace")
     if judged is not None:
-        assert judged[0] == 2 and "non-finite" in judged[1], judged[1]
+        assert judged[0] == 1 and "the optimizer stepped on a gradient holding inf or NaN" \
+            in judged[1], judged[1]
 
 
-def test_a_window_a_loss_scaler_skips_ends_the_recording_not_the_training(tmp_path):
-    """float16 autocast under a GradScaler whose first scale overflows: the
-    scaler skips that window, the run goes on as unrecorded, and the
-    recording ends at the next step saying why."""
-    def run(record):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20)  # window 0 overflows
-        g = torch.Generator().manual_seed(1)
-        data = [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
-                for _ in range(8)]
+def _scaled_run(tmp_path, record, fused=False, init_scale=2.0 ** 20, after_skip=None):
+    """float16 autocast under a GradScaler whose first scale overflows:
+    the scaler skips windows until the scale fits.  after_skip: what the
+    loop does instead of scaler.step(opt) ("step_anyway": unscale_ and
+    optimizer.step() past the scaler)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, fused=fused)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(8)]
 
-        def summed(m, b):
-            return torch.nn.functional.cross_entropy(m(b[0]), b[1], reduction="sum")
-        rec = act.ContractRecorder(model, opt, summed, lambda b: len(b[1]), accumulation=2,
-                                   out=str(tmp_path / "trace"), quiet=True) if record else None
-        it = iter(rec.watch(data) if rec else data)
-        with torch.autocast("cpu", dtype=torch.float16):
-            for window in iter(lambda: list(itertools.islice(it, 2)), []):
-                n = sum(len(b[1]) for b in window)
-                for b in window:
-                    scaler.scale(summed(model, b) / n).backward()
+    def summed(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1], reduction="sum")
+    rec = act.ContractRecorder(model, opt, summed, lambda b: len(b[1]), accumulation=2,
+                               out=str(tmp_path / "trace"), quiet=True) if record else None
+    it = iter(rec.watch(data) if rec else data)
+    with torch.autocast("cpu", dtype=torch.float16):
+        for window in iter(lambda: list(itertools.islice(it, 2)), []):
+            n = sum(len(b[1]) for b in window)
+            for b in window:
+                scaler.scale(summed(model, b) / n).backward()
+            if after_skip == "step_anyway":
+                scaler.unscale_(opt)
+                opt.step()
+            else:
                 scaler.step(opt)
-                scaler.update()
-                opt.zero_grad()
-        if rec:
-            rec.close()
-        return model, rec
-    plain, _ = run(False)
-    model, rec = run(True)
+            scaler.update()
+            opt.zero_grad()
+    if rec:
+        rec.close()
+    return model, rec
+
+
+def test_a_window_a_loss_scaler_skips_is_judged(tmp_path):
+    """The windows GradScaler skips for overflow (plain Adam, whose step
+    is not called; fused Adam, called with found_inf): the run goes on
+    untouched, each skip is recorded (nothing updated, the scale halved)
+    and the next windows are fitted: certify PASSes."""
+    for fused in (False, True):
+        plain, _ = _scaled_run(tmp_path, False, fused)
+        model, rec = _scaled_run(tmp_path, True, fused)
+        assert _digest(plain) == _digest(model)
+        assert rec.abandoned is None, rec.abandoned
+        with open(tmp_path / "trace" / "contract.csv") as f:
+            rows = [r.split(",") for r in f if r.startswith(("overflow,", "step,"))]
+        skips = [r for r in rows if r[0] == "overflow"]
+        assert skips and rows[-1][0] == "step", rows  # skipped, then stepped
+        assert all(r[4] == "1" and r[6] == "0" and float(r[8]) == float(r[7]) / 2
+                   for r in skips), skips
+        judged = _certify(tmp_path / "trace")
+        if judged is not None:
+            assert judged[0] == 0 and "window(s) with inf or NaN, each its own overflow" \
+                in judged[1], judged[1]
+
+
+def test_a_step_past_the_loss_scaler_fails(tmp_path):
+    """optimizer.step() after unscale_ on a window that overflowed (the
+    scaler's skip bypassed): recorded as a step on inf or NaN, FAIL."""
+    plain, _ = _scaled_run(tmp_path, False, after_skip="step_anyway")
+    model, rec = _scaled_run(tmp_path, True, after_skip="step_anyway")
     assert _digest(plain) == _digest(model)
-    assert rec.abandoned and "skipped for overflow" in rec.abandoned, rec.abandoned
     judged = _certify(tmp_path / "trace")
     if judged is not None:
-        assert judged[0] == 2 and "skipped for overflow" in judged[1], judged[1]
+        assert judged[0] == 1 and "FAIL loss scaler: step 0: the optimizer stepped" \
+            in judged[1], judged[1]
+
+
+class _StepsThroughFoundInf(torch.optim.SGD):
+    """An optimizer that unscales inside its step, as a fused one does
+    (GradScaler then calls it with found_inf set), but updates anyway."""
+
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None):
+        scale = getattr(self, "grad_scale", None)
+        with torch.no_grad():
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad / (1.0 if scale is None else scale), alpha=-g["lr"])
+
+
+def test_a_skipped_step_that_updates_fails(tmp_path):
+    """A step GradScaler told found_inf that updates the parameters all
+    the same: the skip changed them, FAIL."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = _StepsThroughFoundInf(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(8)]
+
+    def summed(m, b):
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1], reduction="sum")
+    rec = act.ContractRecorder(model, opt, summed, lambda b: len(b[1]), accumulation=2,
+                               out=str(tmp_path / "trace"), quiet=True)
+    it = iter(rec.watch(data))
+    with torch.autocast("cpu", dtype=torch.float16):
+        for window in iter(lambda: list(itertools.islice(it, 2)), []):
+            n = sum(len(b[1]) for b in window)
+            for b in window:
+                scaler.scale(summed(model, b) / n).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    rec.close()
+    judged = _certify(tmp_path / "trace")
+    if judged is not None:
+        assert judged[0] == 1 and "FAIL loss scaler: step 0: the skipped step changed" \
+            in judged[1], judged[1]
