@@ -3,7 +3,8 @@ ContractRecorder, then `accumcheck certify --contract`; passes when the
 exit code is the expected one and the output holds the expected texts.
 
     ctest_contract.py ACCUMCHECK OUTDIR CODE [--text T]... [--meta KEY=VALUE]... [--contract-sub OLD=NEW]...
-        [--trainer FILE | --script PATH] [--ranks R --launcher torchrun|spawn] -- TRAIN ARGS...
+        [--trainer FILE | --script PATH] [--ranks R --launcher torchrun|spawn] [--identity]
+        -- TRAIN ARGS...
 
 --meta sets a meta.csv key of the recorded trace before certify reads it
 (bad input: certify must exit 2 naming the key); --contract-sub OLD=NEW
@@ -15,8 +16,13 @@ beside this one to run (default train.py), --script the path of another
 ranks, under torchrun or with its own --spawn R (train_ddp.py).
 --trainer-exit N: the trainer is expected to exit N (a run a rank does
 not finish; 2: one the recorder refused), in a fresh OUTDIR, and certify
-judges what it left."""
+judges what it left.  --identity: the trainer (examples/systems/, the
+other contract trainers) runs without the recorder and then with it in
+one process (its --identity PATH, examples/contract/identity.py): every
+rank's trained parameters must be the same bits (train.py's runs are
+compared so always, the plain run a second process)."""
 
+import glob
 import os
 import re
 import shutil
@@ -46,8 +52,13 @@ def main():
     unchanged = os.path.basename(script) == "train.py" and not trainer_exit and \
         int(opt.get("--ranks", 1)) == 1
     digests = (out + ".recorded.sha256", out + ".plain.sha256")
+    identity = "--identity" in head and not trainer_exit
+    if identity:
+        for old in glob.glob(out + ".identity.rank*"):
+            os.remove(old)
     argv = trainer_argv([script, "--out", out] + train +
-                        (["--digest", digests[0]] if unchanged else []),
+                        (["--digest", digests[0]] if unchanged else []) +
+                        (["--identity", out + ".identity"] if identity else []),
                         int(opt.get("--ranks", 1)), opt.get("--launcher", "spawn"))
     recorded = recorded_run(out)
     if recorded:
@@ -73,6 +84,8 @@ def main():
         print("ctest_contract: the trainer exited %d, expected %d" % (r.returncode, trainer_exit))
         return 1
     if unchanged and not same_without_recorder(script, train, digests):
+        return 1
+    if identity and not same_in_process(out + ".identity", int(opt.get("--ranks", 1))):
         return 1
     for sub in [head[i + 1] for i, a in enumerate(head) if a == "--contract-sub"]:
         old, new = sub.split("=", 1)
@@ -111,6 +124,29 @@ def same_without_recorder(script, train, digests):
         return False
     print("ctest_contract: trained parameters bit-identical with and without the recorder "
           "(sha256 %s)" % a[:16])
+    return True
+
+
+def same_in_process(path, ranks):
+    """Each rank's path.rank<r> (identity.twice) says the same SHA-256 of
+    its trained parameters without the recorder and with it."""
+    bad = 0
+    for r in range(ranks):
+        try:
+            got = dict(line.split() for line in open("%s.rank%d" % (path, r)).read().splitlines())
+        except (OSError, ValueError) as e:
+            print("ctest_contract: rank %d wrote no digests of its two runs (%s)" % (r, e))
+            return False
+        if set(got) != {"plain", "recorded"} or got["plain"] != got["recorded"]:
+            print("ctest_contract: rank %d: the trained parameters differ with the recorder (sha256 "
+                  "%s) and without it (%s): the recorder changed the run"
+                  % (r, got.get("recorded", "-")[:16], got.get("plain", "-")[:16]))
+            bad += 1
+    if bad:
+        return False
+    print("ctest_contract: trained parameters bit-identical with and without the recorder on "
+          "each of %d rank%s (one process: the plain run, then the recorded one)"
+          % (ranks, "s" if ranks > 1 else ""))
     return True
 
 
