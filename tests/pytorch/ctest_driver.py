@@ -18,8 +18,8 @@ each must agree with the default run (double-double bound, every core):
   parts    --steps 0:m and m: with --part, merged by certify-merge: the
            same exit code, verdict line and JUnit test cases.
 
-With --identity (one rank) the example also runs with its Recorder
-replaced by none (oracle_identity.py): the trained model must be the same
+With --identity the example also runs with its Recorder replaced by none
+(oracle_identity.py): the trained model (each rank's) must be the same
 bits with and without the recorder.
 """
 import re
@@ -79,8 +79,8 @@ def main():
     ap.add_argument("--certify-arg", action="append", default=[],
                     help="passed to every certify (--certify-arg=--precision=bf16)")
     ap.add_argument("--identity", action="store_true",
-                    help="(one rank) the trainer also runs without its Recorder "
-                    "(oracle_identity.py): the trained model must be the same bits")
+                    help="the trainer also runs without its Recorder (oracle_identity.py): "
+                    "each rank's trained model must be the same bits")
     args = ap.parse_args()
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -164,13 +164,16 @@ def same_without_recorder(args, example, digests):
     plain[plain.index("--digest") + 1] = digests[1]
     plain.insert(1, "--plain")
     plain[plain.index("--out", plain.index("--")) + 1] = os.path.join(args.work, "plain-trace")
-    warm_python.run(plain, check=True)
-    a, b = (open(d).read().strip() for d in digests)
-    if a != b:
-        print("driver: the trained model differs with the recorder (sha256 %s) and without it "
-              "(%s): the recorder changed the run" % (a[:16], b[:16]))
-        return False
-    print("driver: trained model bit-identical with and without the recorder (sha256 %s)" % a[:16])
+    warm_python.run(trainer_argv(plain, args.ranks, args.launcher), check=True)
+    ranks = [""] if args.ranks == 1 else [".rank%d" % r for r in range(args.ranks)]
+    for r in ranks:
+        a, b = (open(d + r).read().strip() for d in digests)
+        if a != b:
+            print("driver: %sthe trained model differs with the recorder (sha256 %s) and without "
+                  "it (%s): the recorder changed the run" % (r[1:] + ": " if r else "", a[:16], b[:16]))
+            return False
+    print("driver: trained model bit-identical with and without the recorder (sha256 %s%s)"
+          % (a[:16], ", every one of %d ranks" % args.ranks if args.ranks > 1 else ""))
     return True
 
 

@@ -1,10 +1,13 @@
 """An oracle-tier example trainer (examples/oracle, examples/state: their
-accumcheck_torch.Recorder, made by example_session or by the example) run
-as it is, except that its Recorder writes the SHA-256 of the trained model
-(examples/contract/identity.py digest) to FILE when closed; with --plain
-the Recorder is replaced by one that records nothing and only writes that
-digest: the same run without the recorder.  ctest_driver.py --identity
-runs both and compares the digests (the recorder never changes the run).
+accumcheck_torch.Recorder, made by example_session or by the example;
+examples/ddp: its DistributedRecorder, each rank) run as it is, except
+that its recorder writes the SHA-256 of the trained model
+(examples/contract/identity.py digest) to FILE (a rank's: FILE.rank<r>)
+when closed; with --plain the recorder is replaced by one that records
+nothing and only writes that digest: the same run without the recorder.
+ctest_driver.py --identity runs both and compares the digests (the
+recorder never changes the run).  Ranks: torchrun's workers, or forked
+by the example's --spawn (ACCUMCHECK_START_METHOD=fork, as CTest sets it).
 
     oracle_identity.py [--plain] --digest FILE -- EXAMPLE ARGS..."""
 
@@ -26,20 +29,25 @@ def main():
     plain = "--plain" in head
 
     def write(model):
-        with open(path, "w") as f:
+        import torch.distributed as dist
+
+        ranked = dist.is_available() and dist.is_initialized()
+        with open("%s.rank%d" % (path, dist.get_rank()) if ranked else path, "w") as f:
             f.write(identity.digest(model) + "\n")
 
-    class Digesting(accumcheck_torch.Recorder):
-        """The Recorder, digesting the model it recorded at close()."""
+    def digesting(cls):
+        class Digesting(cls):
+            """The recorder, digesting the model it recorded at close()."""
 
-        def __init__(self, bundle, model, *args, **kwargs):
-            super().__init__(bundle, model, *args, **kwargs)
-            self.digested_model = model
+            def __init__(self, bundle, model, *args, **kwargs):
+                super().__init__(bundle, model, *args, **kwargs)
+                self.digested_model = model
 
-        def close(self, *args, **kwargs):
-            done = super().close(*args, **kwargs)
-            write(self.digested_model)
-            return done
+            def close(self, *args, **kwargs):
+                done = super().close(*args, **kwargs)
+                write(self.digested_model)
+                return done
+        return Digesting
 
     class Unrecorded:
         """No recorder: the model digested at close()."""
@@ -53,7 +61,11 @@ def main():
         def log_loss(self, *args, **kwargs):
             pass
 
-    accumcheck_torch.Recorder = Unrecorded if plain else Digesting
+    import accumcheck_torch.distributed as distributed
+
+    accumcheck_torch.Recorder = Unrecorded if plain else digesting(accumcheck_torch.Recorder)
+    distributed.DistributedRecorder = Unrecorded if plain else digesting(
+        distributed.DistributedRecorder)
     sys.argv = example
     sys.path.insert(0, os.path.dirname(os.path.abspath(example[0])))
     runpy.run_path(example[0], run_name="__main__")
