@@ -201,6 +201,7 @@ def _lightning_digest():
 
         def on_train_end(self, trainer, module):
             digested(self.a, module, trainer.global_rank, trainer.world_size)
+    LightningDigest.__qualname__ = "LightningDigest"  # pickled by name: _tiny.LightningDigest
     globals()["LightningDigest"] = LightningDigest
     return LightningDigest
 
