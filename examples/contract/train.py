@@ -12,6 +12,7 @@ unless --undeclared-clip)."""
 
 import argparse
 import contextlib
+import copy
 import hashlib
 import time
 
@@ -313,6 +314,10 @@ def parse(argv=None):
     ap.add_argument("--digest", default=None, metavar="FILE",
                     help="write the SHA-256 of the trained parameters to FILE (the run "
                          "recorded and not must give the same)")
+    ap.add_argument("--plain-digest", default=None, metavar="FILE",
+                    help="first run the same loop without the recorder in this process and write "
+                    "the SHA-256 of its trained parameters to FILE (with --digest: the run "
+                    "recorded and not, one process)")
     ap.add_argument("--out", default=None, help="trace folder (contract tier)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
@@ -454,6 +459,12 @@ def digest(model):
 
 def main():
     a = parse()
+    if a.plain_digest and not a.no_record:
+        plain = copy.copy(a)
+        plain.no_record, plain.digest, plain.plain_digest = True, a.plain_digest, None
+        run(plain)
+        if a.compile:
+            torch._dynamo.reset()  # the recorded run compiles afresh, as in a process of its own
     dt, dc = run(a)
     if not a.quiet:
         print("%s %s K=%d: %.3f s wall, %.3f s cpu%s" % (a.model, a.loop, a.K, dt, dc,
