@@ -6,7 +6,7 @@ trace certified by build/cli/accumcheck, one cell per case.
 
     bench/conformance.py venv transformers==4.45.2   # make/reuse its venv, print its python
     bench/conformance.py run [--ci] [--only transformers] [--table FILE] [--json FILE]
-    bench/conformance.py check transformers==4.45.2 sgd   # one cell against its expectation (CTest)
+    bench/conformance.py check transformers==4.45.2 sgd [--identity]   # one cell against its expectation (CTest)
 
 A framework venv (build/conformance/venvs/<fw>-<version>/) holds the
 framework and what it needs, layered on the project's .venv (a .pth file
@@ -23,6 +23,13 @@ micro-batch where the weights part from correct (certify's own evidence);
 or 'refused (exit 2)' / 'error' with the message.  Nothing here knows what
 a version should give except the `expect` column (the public reports),
 which only `check` compares against.
+
+Every cell of `run` also runs its case without the recorder first, in the
+case's own process (--identity, tests/frameworks/_tiny.py): its JSON says
+whether each rank's trained parameters are the same bits with and without
+the recorder, and a cell where they differ says so in the table; `check
+--identity` fails on it (the CI cells tests/frameworks/CMakeLists.txt
+names).
 """
 
 import argparse
@@ -269,8 +276,38 @@ def _reap(deadline_s=60):
             time.sleep(0.05)
 
 
-def run_case(row, case, py, variant="default"):
-    """Runs one case in the venv and certifies its trace: a result dict."""
+def identity_of(path):
+    """What the case's --identity PATH digests say (tests/frameworks/
+    _tiny.py digested: each rank's 'plain R SHA' and 'recorded R SHA'):
+    'bit-identical', 'DIFFERS ...' (the recorder changed the run), or
+    'not compared' (no digests: a run that cannot run twice in one
+    process, _tiny.twice)."""
+    files = sorted(glob.glob(path + ".rank*"))
+    if not files:
+        return "not compared"
+    runs = {}
+    for f in files:
+        with open(f) as fh:
+            for line in fh.read().splitlines():
+                kind, ranks, sha = line.split()
+                runs.setdefault(f[len(path) + 5:], {})[kind] = (int(ranks), sha)
+    ranks = max(r for got in runs.values() for r, _ in got.values())
+    for rank in range(ranks):
+        got = runs.get(str(rank), {})
+        if set(got) != {"plain", "recorded"}:
+            return "DIFFERS: rank %d digested %s" % (rank, " and ".join(sorted(got)) or "nothing")
+        if got["plain"][1] != got["recorded"][1]:
+            return "DIFFERS: rank %d's trained parameters (sha256 %s without the recorder, %s " \
+                "with it): the recorder changed the run" % (rank, got["plain"][1][:16],
+                                                          got["recorded"][1][:16])
+    return "bit-identical"
+
+
+def run_case(row, case, py, variant="default", identity=True):
+    """Runs one case in the venv and certifies its trace: a result dict.
+    identity: the case runs without the recorder first, in its process
+    (--identity), and res["identity"] says whether the trained parameters
+    are the same bits (identity_of)."""
     out = os.path.join(WORK, "%s-%s" % (row["framework"], row["version"]), case)
     subprocess.run(["rm", "-rf", out])
     os.makedirs(out)
@@ -283,7 +320,8 @@ def run_case(row, case, py, variant="default"):
     script, _, declared = case.partition(".")  # CASE.VARIANT: a declared variant
     try:
         p = subprocess.run([py, os.path.join(CASES, "%s_%s.py" % (row["framework"], script)),
-                            "--out", os.path.join(out, "trace"), "--variant", declared or variant],
+                            "--out", os.path.join(out, "trace"), "--variant", declared or variant]
+                           + (["--identity", os.path.join(out, "identity")] if identity else []),
                            capture_output=True, text=True, env=env, timeout=CASE_TIMEOUT)
         rc, err = p.returncode, p.stderr
     except subprocess.TimeoutExpired:
@@ -296,6 +334,8 @@ def run_case(row, case, py, variant="default"):
            "wall_s": round(time.time() - t0, 2), "expect": row["expect"].get(case, "PASS")}
     with open(os.path.join(out, "case.log"), "w") as f:
         f.write(err)
+    if identity and rc == 0:
+        res["identity"] = identity_of(os.path.join(out, "identity"))
     if rc != 0:
         lines = [x for x in err.splitlines() if x.strip()]
         said = next((x for x in lines if x.startswith("accumcheck_torch:")), lines[-1] if lines else "")
@@ -340,8 +380,10 @@ def table(results, installs):
              "evidence | public reports say | CPU s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        cell = r["cell"] + (" (the recorder changed the run)"
+                            if r.get("identity", "").startswith("DIFFERS") else "")
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["framework"], r["version"], r["case"], r["cell"], r["margin"], r["where"],
+            r["framework"], r["version"], r["case"], cell, r["margin"], r["where"],
             r["detail"].replace("|", "/"), r["expect"], r["cpu_s"]))
     for spec, err in installs:
         lines.append("| %s | %s | all | cannot run: %s | | | | | |" % (
@@ -368,6 +410,9 @@ def main():
     c.add_argument("spec")
     c.add_argument("case")
     c.add_argument("--variant", default="default")
+    c.add_argument("--identity", action="store_true",
+                   help="also run the case without the recorder (in its process): the trained "
+                   "parameters must be the same bits")
     a = ap.parse_args()
     _adopt_orphans()
     if a.cmd == "venv":
@@ -423,13 +468,20 @@ def main():
             # installed here (no registry, or no release for torch 2.13).
             print("%s: cannot make its venv: %s" % (a.spec, err))
             return 77
-        res = run_case(row, a.case, py, a.variant)
+        res = run_case(row, a.case, py, a.variant, identity=a.identity)
         print(json.dumps(res, indent=1))
         ok = agrees(res)
         print("%s: %s %s: %s (expected %s), venv %.1f s, case %.1f s CPU" % (
             "ok" if ok else "DISAGREES", a.spec, a.case, res["cell"], res["expect"], spent,
             res["cpu_s"]))
-        return 0 if ok else 1
+        # A run that exited 0 must say bit-identical (a refused one has
+        # no recorded run to compare).
+        same = "identity" not in res and res["cell"].startswith("refused") or \
+            res.get("identity") == "bit-identical"
+        if a.identity:
+            print("%s: trained parameters with and without the recorder: %s" % (
+                "ok" if same else "DIFFERS", res.get("identity", "the case did not finish")))
+        return 0 if ok and (same or not a.identity) else 1
     t0 = time.time()
     results, installs = [], []
     for row in read_versions():
@@ -446,11 +498,17 @@ def main():
             res["venv_s"] = round(spent, 1)
             spent = 0
             results.append(res)
-            print("%-28s %-8s %-40s %s %s  [%s s CPU]%s" % (
+            print("%-28s %-8s %-40s %s %s  [%s s CPU, %s]%s" % (
                 row["spec"], case, res["cell"], res["margin"], res["where"], res["cpu_s"],
+                res.get("identity", "no recorded run"),
                 "" if agrees(res) else "  (public reports: %s)" % res["expect"]), file=sys.stderr)
     md = table(results, installs)
     print(md)
+    said = [r.get("identity", "no recorded run") for r in results]
+    print("trained parameters with and without the recorder: %d bit-identical, %d differ, "
+          "%d not compared, %d cells without a finished run" % (
+              said.count("bit-identical"), sum(x.startswith("DIFFERS") for x in said),
+              said.count("not compared"), said.count("no recorded run")), file=sys.stderr)
     if a.table:
         with open(a.table, "w") as f:
             f.write(md)

@@ -13,7 +13,14 @@ prints it ("rank R: S s cpu in the loop").  --process instead times every
 process of the run (getrusage of the children: process start and `import
 torch` in both, which dominate these small runs).
 
-    PYTHONPATH=python python3 bench/systems_bench.py [--repeats 5] [--cases NAME,...] [--process]"""
+    PYTHONPATH=python python3 bench/systems_bench.py [--repeats 5] [--cases NAME,...] [--process]
+    PYTHONPATH=python python3 bench/systems_bench.py --identity [--cases NAME,...]
+
+--identity: no timing; each case once with the trainer's --identity (its
+run without the recorder, then with it, in one process,
+examples/contract/identity.py): whether every rank's trained parameters
+are the same bits (the systems cases CTest does not compare: their plain
+reruns cost CI seconds).  Exits 1 when any differ."""
 
 import argparse
 import os
@@ -35,6 +42,7 @@ CASES = {
                                     "--spawn", "2"],
     "checkpointing.ddp.non_reentrant": ["checkpointing.py", "--ddp", "--samples", "48",
                                         "--spawn", "2"],
+    "checkpointing.no_preserve_rng": ["checkpointing.py", "--no-preserve-rng"],
     # 4 x the samples under DDP (24 micro-batches a rank, 8 steps).
     "checkpointing.ddp.reentrant.samples192": ["checkpointing.py", "--ddp", "--reentrant",
                                                "--samples", "192", "--spawn", "2"],
@@ -44,8 +52,16 @@ CASES = {
     "fsdp2.clip_local_norm": ["fsdp.py", "--spawn", "2", "--loop", "clip_local_norm"],
     "fsdp1.correct": ["fsdp.py", "--fsdp1", "--spawn", "2"],
     "fsdp1.clip_local_norm": ["fsdp.py", "--fsdp1", "--spawn", "2", "--loop", "clip_local_norm"],
+    "fsdp2.sync_every_micro_step": ["fsdp.py", "--spawn", "2", "--loop", "sync_every_micro_step"],
+    "fsdp2.no_sync_at_boundary": ["fsdp.py", "--spawn", "2", "--loop", "no_sync_at_boundary"],
     "pipeline.gpipe.correct": ["pipeline.py", "--schedule", "gpipe", "--spawn", "2"],
     "pipeline.1f1b.correct": ["pipeline.py", "--schedule", "1f1b", "--spawn", "2"],
+    "pipeline.gpipe.scale_grads": ["pipeline.py", "--schedule", "gpipe", "--loop", "scale_grads",
+                                   "--spawn", "2"],
+    "pipeline.1f1b.per_step_mean": ["pipeline.py", "--schedule", "1f1b", "--loop", "per_step_mean",
+                                    "--spawn", "2"],
+    "pipeline.gpipe.boundary": ["pipeline.py", "--schedule", "gpipe", "--loop", "boundary",
+                                "--spawn", "2"],
 }
 
 
@@ -73,13 +89,43 @@ def process_cpu(argv):
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def identical(name, argv, tmp):
+    """Runs argv with --identity: True when every rank's digests of the
+    plain and the recorded run agree (printed)."""
+    path = os.path.join(tmp, "identity")
+    r = subprocess.run(argv + ["--identity", path, "--quiet"], capture_output=True, text=True,
+                       env=_env())
+    ranks = sorted(f for f in os.listdir(tmp) if f.startswith("identity.rank"))
+    runs = [dict(line.split() for line in open(os.path.join(tmp, f)).read().splitlines())
+            for f in ranks]
+    same = r.returncode == 0 and bool(runs) and all(d.get("plain") == d.get("recorded")
+                                                   for d in runs)
+    print("%-40s %s (%d rank%s%s)" % (name, "bit-identical" if same else "DIFFERS", len(runs),
+                                      "" if len(runs) == 1 else "s",
+                                      "" if r.returncode == 0 else ", exit %d: %s"
+                                      % (r.returncode, (r.stderr.strip().splitlines() or [""])[-1])),
+          flush=True)
+    return same
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--process", action="store_true",
                     help="time every process of the run, not the loop")
+    ap.add_argument("--identity", action="store_true",
+                    help="no timing: whether each case's trained parameters are the same bits "
+                    "with and without the recorder")
     a = ap.parse_args()
+    if a.identity:
+        bad = 0
+        for name in a.cases.split(","):
+            script, *args = CASES[name]
+            with tempfile.TemporaryDirectory() as tmp:
+                bad += not identical(name, [sys.executable, os.path.join(systems, script), "--out",
+                                            os.path.join(tmp, "trace")] + args, tmp)
+        return 1 if bad else 0
     measure = process_cpu if a.process else loop_cpu
     for name in a.cases.split(","):
         script, *args = CASES[name]
@@ -95,4 +141,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

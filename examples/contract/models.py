@@ -56,6 +56,51 @@ class TinyGPT(nn.Module):
         return self.ln(x) @ self.tok.weight.t()  # tied head
 
 
+class FusedGPT(TinyGPT):
+    """TinyGPT with a fused head, as Liger's fused linear cross-entropy or a
+    Transformers model given labels has it: forward(idx, labels) returns
+    the summed token loss computed inside the forward, CHUNK positions at
+    a time (the whole logits tensor never exists); forward(idx) the
+    logits."""
+
+    CHUNK = 16
+
+    def forward(self, idx, labels=None):
+        T = idx.shape[1]
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(T)))
+        for b in self.blocks:
+            x = b(x)
+        h = self.ln(x).reshape(-1, x.shape[-1])
+        if labels is None:
+            return (h @ self.tok.weight.t()).view(idx.shape[0], T, -1)
+        y = labels.reshape(-1)
+        return sum(F.cross_entropy(h[i:i + self.CHUNK] @ self.tok.weight.t(), y[i:i + self.CHUNK],
+                                   ignore_index=IGNORE, reduction="sum")
+                   for i in range(0, h.shape[0], self.CHUNK))
+
+
+def fused_summed_loss(model, batch):
+    """The fused head's summed token loss: model(inputs, labels=labels)."""
+    x, y = batch
+    return model(x, labels=y)
+
+
+def fused_mean_loss(model, batch):
+    return fused_summed_loss(model, batch) / gpt_items(batch)
+
+
+def forward_in_closure(model):
+    """model.forward replaced by a function closing over the model's own
+    bound forward (as TRL's SFTTrainer and other wrappers patch it): a
+    deep copy of the model keeps calling THIS model's forward."""
+    inner = model.forward
+
+    def forward(*args, **kwargs):
+        return inner(*args, **kwargs)
+    model.forward = forward
+    return model
+
+
 def gpt_data(n=42, ctx=16, vocab=64, seed=0):
     """n sequences of lengths 3..ctx (long-tailed), padded; (inputs, labels)
     pairs with the padding's labels IGNORE."""

@@ -16,7 +16,9 @@ trainer, attached and each micro-batch marked by callbacks), late_no_div_k
 (the same with the token mean per micro-batch and no / K), bf16_bucket and
 fp32_bucket (.grad rounded to the bucket's dtype after each backward),
 l2_hook (L2 added to .grad after each backward: a change the recorder does
-not see, which certify refuses to judge)."""
+not see, which certify refuses to judge).  --no-record: the same run
+without the recorder; --identity PATH: without it, then with it, in this
+process (the model and its EMA must be the same bits: identity.py)."""
 
 import argparse
 import copy
@@ -25,6 +27,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 
+import identity
 import models
 from accumcheck_torch import ContractRecorder, exit_on_refusal
 from models import windows
@@ -143,7 +146,20 @@ SHAPES = ("ema", "ema_micro", "ema_early", "averaged", "hand", "hand_swapped", "
           "late_no_div_k", "bf16_bucket", "fp32_bucket", "l2_hook")
 
 
-def main():
+class _Unrecorded:
+    """The callbacks of a run without the recorder (--no-record)."""
+
+    def on_train_begin(self, optimizer):
+        pass
+
+    def on_epoch_begin(self, loader):
+        pass
+
+    def on_micro_batch(self, batch):
+        pass
+
+
+def parse():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=SHAPES, default="ema")
@@ -153,17 +169,30 @@ def main():
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--clip", type=float, default=None,
                     help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
-    a = ap.parse_args()
+    ap.add_argument("--no-record", action="store_true", help="the same run without the recorder")
+    ap.add_argument("--identity", metavar="PATH",
+                    help="train without the recorder, then with it, in this process; write "
+                    "both runs' digests (the model and its EMA) to PATH.rank0 (identity.py)")
+    return ap.parse_args()
+
+
+def run(a):
+    """One run of the shape; returns what it trained (the model, and its
+    EMA where it keeps one)."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model, data = models.TinyGPT(), models.gpt_data()
     model.train()
     kw = dict(accumulation=a.K, out=a.out, items="tokens")
     if a.shape.startswith("late"):
+        if a.no_record:
+            framework_fit(model, data, a.K, a.epochs, _Unrecorded(),
+                          no_div_k=a.shape == "late_no_div_k")
+            return model
         with ContractRecorder(model, None, models.gpt_summed_loss, models.gpt_items, **kw) as rec:
             framework_fit(model, data, a.K, a.epochs, Callbacks(rec),
                           no_div_k=a.shape == "late_no_div_k")
-        return
+        return model
     if a.shape.endswith("bucket"):
         grad_bucket(model.parameters(),
                     torch.bfloat16 if a.shape == "bf16_bucket" else torch.float32)
@@ -180,21 +209,37 @@ def main():
     elif a.shape.startswith("hand"):
         ema = HandEma(model, DECAY, swapped=a.shape == "hand_swapped")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    rec = ContractRecorder(model, opt, models.gpt_summed_loss, models.gpt_items, clip=a.clip, **kw)
-    if isinstance(ema, HandEma):
+    rec = None if a.no_record else ContractRecorder(model, opt, models.gpt_summed_loss,
+                                                    models.gpt_items, clip=a.clip, **kw)
+    if rec is None:
+        pass
+    elif isinstance(ema, HandEma):
         rec.ema(ema.shadow, decay=DECAY)
     elif ema is not None:
         rec.ema(ema)
     update = (lambda: ema.update(model)) if ema is not None else None  # noqa: E731
     shuffler = torch.Generator().manual_seed(1)
-    batches = lambda: rec.watch(DataLoader(data, batch_size=4, shuffle=True,  # noqa: E731
-                                           generator=shuffler))
+    watch = rec.watch if rec is not None else (lambda loader: loader)  # noqa: E731
+    batches = lambda: watch(DataLoader(data, batch_size=4, shuffle=True,  # noqa: E731
+                                       generator=shuffler))
     transformers_loop(model, opt, batches, a.K, a.epochs,
                       after_backward=update if a.shape == "ema_micro" else None,
                       before_step=update if a.shape == "ema_early" else None,
                       after_step=update if a.shape in ("ema", "averaged", "hand", "hand_swapped")
                       else None, clip=a.clip)
-    rec.close()
+    if rec is not None:
+        rec.close()
+    kept = {ModelEmaV2: lambda e: e.module, AveragedModel: lambda e: e,
+            HandEma: lambda e: e.shadow}
+    return model if ema is None else [model, kept[type(ema)](ema)]
+
+
+def main():
+    a = parse()
+    if a.identity:
+        identity.twice(lambda rank, ranks, b: run(b), a.identity, 0, 1, a)
+    else:
+        run(a)
 
 
 if __name__ == "__main__":

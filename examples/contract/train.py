@@ -12,6 +12,7 @@ unless --undeclared-clip)."""
 
 import argparse
 import contextlib
+import copy
 import hashlib
 import time
 
@@ -263,9 +264,14 @@ LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["gpt", "sft", "cnn"], default="gpt",
+    ap.add_argument("--patch", choices=["closure"], default=None,
+                    help="closure: model.forward replaced by a function closing over the "
+                    "model's bound forward (as TRL's SFTTrainer patches it: models.py)")
+    ap.add_argument("--model", choices=["gpt", "sft", "cnn", "fused"], default="gpt",
                     help="gpt: the decoder on shifted labels; sft: on unshifted labels with "
-                    "prompts masked with -100 (the recorder given unshifted_count_fn); cnn")
+                    "prompts masked with -100 (the recorder given unshifted_count_fn); cnn; "
+                    "fused: the decoder whose forward(idx, labels) computes the summed loss "
+                    "itself, a chunked fused linear + cross-entropy head (models.FusedGPT)")
     ap.add_argument("--loop", choices=sorted(LOOPS), default="transformers")
     ap.add_argument("--K", type=int, default=4)
     ap.add_argument("--told-K", type=int, default=None,
@@ -316,6 +322,10 @@ def parse(argv=None):
     ap.add_argument("--digest", default=None, metavar="FILE",
                     help="write the SHA-256 of the trained parameters to FILE (the run "
                          "recorded and not must give the same)")
+    ap.add_argument("--plain-digest", default=None, metavar="FILE",
+                    help="first run the same loop without the recorder in this process and write "
+                    "the SHA-256 of its trained parameters to FILE (with --digest: the run "
+                    "recorded and not, one process)")
     ap.add_argument("--out", default=None, help="trace folder (contract tier)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
@@ -378,6 +388,10 @@ def run(a):
         model, data = models.TinyGPT(), models.gpt_data(n=a.samples or 42)
         summed, items, mean = models.gpt_summed_loss, models.gpt_items, models.gpt_mean_loss
         kind = "tokens"
+    elif a.model == "fused":
+        model, data = models.FusedGPT(), models.gpt_data(n=a.samples or 42)
+        summed, items, mean = models.fused_summed_loss, models.gpt_items, models.fused_mean_loss
+        kind = "tokens"
     elif a.model == "sft":
         model, data = models.TinyGPT(), models.sft_data(n=a.samples or 42)
         summed, items, mean = models.sft_summed_loss, models.sft_items, models.sft_mean_loss
@@ -387,6 +401,8 @@ def run(a):
         summed, items = models.cnn_summed_loss, models.cnn_items
         mean = lambda mm, b: summed(mm, b) / items(b)  # noqa: E731
         kind = "samples"
+    if a.patch == "closure":
+        models.forward_in_closure(model)
     if a.kwargs:
         # Dict batches, keyword-only calls of the model.
         data = [{"idx": x, "labels": y} for x, y in data]
@@ -473,6 +489,12 @@ def digest(model):
 
 def main():
     a = parse()
+    if a.plain_digest and not a.no_record:
+        plain = copy.copy(a)
+        plain.no_record, plain.digest, plain.plain_digest = True, a.plain_digest, None
+        run(plain)
+        if a.compile:
+            torch._dynamo.reset()  # the recorded run compiles afresh, as in a process of its own
     dt, dc = run(a)
     if not a.quiet:
         print("%s %s K=%d: %.3f s wall, %.3f s cpu%s" % (a.model, a.loop, a.K, dt, dc,

@@ -52,9 +52,13 @@ declared to the recorder.
 backward, mid-run: the other ranks fail in their next collective, and the
 folder holds the ranks' markers, no trace (certify refuses it: exit 2,
 naming the rank, its marker and how far it got).
+--no-record: the same run without the recorder; --identity PATH: without
+it, then with it, in this process (each rank's trained parameters must be
+the same bits: identity.py).
 """
 import argparse
 import contextlib
+import functools
 import os
 import signal
 
@@ -65,6 +69,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 
+import identity
 import models
 from models import warmup_linear
 from accumcheck_torch import exit_on_refusal
@@ -106,15 +111,16 @@ def train(rank, ranks, a):
     if a.loop == "scheduler_per_rank" or a.schedule:
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(2, 12))
         schedule = {"kind": "linear", "warmup": 2, "total": 12}
-    rec = ContractDistributedRecorder(model, opt, summed, items, accumulation=a.K,
-                                      out=a.out, items=kind, lr=1e-3, schedule=schedule,
-                                      clip=a.clip)
+    rec = None if a.no_record else ContractDistributedRecorder(
+        model, opt, summed, items, accumulation=a.K, out=a.out, items=kind, lr=1e-3,
+        schedule=schedule, clip=a.clip)
+    watch = rec.watch if rec is not None else (lambda loader: loader)
     R, K = dist.get_world_size(), a.K
     backward = 0
     sampler = DistributedSampler(data, shuffle=True, seed=1234)
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
-        batches = list(rec.watch(DataLoader(data, batch_size=a.micro_batch, sampler=sampler)))
+        batches = list(watch(DataLoader(data, batch_size=a.micro_batch, sampler=sampler)))
         for start in range(0, len(batches), K):
             window = batches[start:start + K]
             n = torch.tensor(float(sum(items(b) for b in window)), dtype=torch.float64)
@@ -147,7 +153,9 @@ def train(rank, ranks, a):
             for _ in range(R if a.loop == "scheduler_per_rank" else (1 if scheduler else 0)):
                 scheduler.step()
             opt.zero_grad()
-    rec.close()
+    if rec is not None:
+        rec.close()
+    return net
 
 
 def main():
@@ -166,10 +174,15 @@ def main():
     ap.add_argument("--die-after", type=int, metavar="N",
                     help="the last rank kills itself (SIGKILL) after its N-th backward")
     ap.add_argument("--quiet", action="store_true", help="(prints nothing anyway)")
+    ap.add_argument("--no-record", action="store_true", help="the same run without the recorder")
+    ap.add_argument("--identity", metavar="PATH",
+                    help="train without the recorder, then with it, in this process; each rank "
+                    "writes both runs' parameter digests to PATH.rank<r> (identity.py)")
     ap.add_argument("--spawn", type=int, metavar="R",
                     help="start R ranks with torch.multiprocessing.spawn (not torchrun)")
     a = ap.parse_args()
-    run_ranks(train, a, a.spawn)  # torchrun's environment, or --spawn R
+    run = functools.partial(identity.twice, train, a.identity) if a.identity else train
+    run_ranks(run, a, a.spawn)  # torchrun's environment, or --spawn R
 
 
 if __name__ == "__main__":

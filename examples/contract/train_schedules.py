@@ -11,7 +11,10 @@ The schedules: nanoGPT's get_lr as a LambdaLR factor (linear warmup
 horizon), and PyTorch's OneCycleLR.  The loops: the correct ones, the
 scheduler stepped per micro-step (after the boundary's step, and right
 after each backward, before the step), the 2021 Hugging Face
-run_clm_no_trainer loop, and a loss mistake beside a scheduler mistake."""
+run_clm_no_trainer loop, and a loss mistake beside a scheduler mistake.
+--no-record: the same run without the recorder; --identity PATH: without
+it, then with it, in this process (the trained parameters must be the
+same bits: identity.py)."""
 
 import argparse
 import math
@@ -20,6 +23,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
 from torch.utils.data import DataLoader
 
+import identity
 import models
 from accumcheck_torch import ContractRecorder, exit_on_refusal
 
@@ -141,6 +145,10 @@ def parse(argv=None):
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--out", default="trace")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--no-record", action="store_true", help="the same run without the recorder")
+    ap.add_argument("--identity", metavar="PATH",
+                    help="train without the recorder, then with it, in this process; write "
+                    "both runs' parameter digests to PATH.rank0 (identity.py)")
     return ap.parse_args(argv)
 
 
@@ -173,18 +181,25 @@ def run(a):
                                                           total_steps=steps * scale),
             "object": sched,
         }[a.declare]
-    rec = ContractRecorder(model, opt, models.gpt_summed_loss, models.gpt_items,
-                           accumulation=a.K, out=a.out, items="tokens", schedule=declared)
+    rec = None if a.no_record else ContractRecorder(
+        model, opt, models.gpt_summed_loss, models.gpt_items, accumulation=a.K, out=a.out,
+        items="tokens", schedule=declared)
     shuffler = torch.Generator().manual_seed(1)
 
     def load():
-        return rec.watch(DataLoader(data, batch_size=a.micro_batch, shuffle=True,
-                                    generator=shuffler))
+        loader = DataLoader(data, batch_size=a.micro_batch, shuffle=True, generator=shuffler)
+        return rec.watch(loader) if rec is not None else loader
 
     LOOPS[a.loop](model, opt, sched, load, a.K, a.epochs, models.gpt_mean_loss,
                   models.gpt_items, models.gpt_summed_loss)
-    rec.close()
+    if rec is not None:
+        rec.close()
+    return model
 
 
 if __name__ == "__main__":
-    exit_on_refusal(run, parse())
+    args = parse()
+    if args.identity:
+        exit_on_refusal(identity.twice, lambda rank, ranks, a: run(a), args.identity, 0, 1, args)
+    else:
+        exit_on_refusal(run, args)

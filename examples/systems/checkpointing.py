@@ -11,9 +11,10 @@ The GPT-style decoder of examples/contract/models.py (dropout 0.1) with
 each block checkpointed: its forward runs without keeping activations and
 runs again in the backward.  The loop is the Transformers one (each
 window's token count first, the summed loss divided by it); --no-record
-runs it without the recorder; each rank prints its CPU seconds in the
-loop (the recorder's construction and close() included) unless --quiet
-(bench/systems_bench.py)."""
+runs it without the recorder, --identity PATH without it and then with
+it (the trained parameters must be the same bits: identity.py); each rank
+prints its CPU seconds in the loop (the recorder's construction and
+close() included) unless --quiet (bench/systems_bench.py)."""
 
 import argparse
 import functools
@@ -29,6 +30,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
+import identity  # noqa: E402
 import models  # noqa: E402
 from accumcheck_torch import ContractRecorder, exit_on_refusal  # noqa: E402
 from accumcheck_torch.distributed import ContractDistributedRecorder, run_ranks  # noqa: E402
@@ -91,6 +93,7 @@ def train(rank, ranks, a):
     if not a.quiet:
         print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
                                                     " (not recorded)" if a.no_record else ""))
+    return net
 
 
 class _nothing:
@@ -116,11 +119,15 @@ def main():
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--identity", metavar="PATH",
+                    help="train without the recorder, then with it, in this process; each rank "
+                    "writes both runs' parameter digests to PATH.rank<r> (identity.py)")
     a = ap.parse_args()
+    run = functools.partial(identity.twice, train, a.identity) if a.identity else train
     if a.ddp:
-        run_ranks(train, a, spawn=a.spawn)
+        run_ranks(run, a, spawn=a.spawn)
     else:
-        train(0, 1, a)
+        run(0, 1, a)
 
 
 if __name__ == "__main__":

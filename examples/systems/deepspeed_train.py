@@ -18,9 +18,14 @@ Loops (--loop):
                      call, so it steps once every K*K micro-batches
   bad_batch          train_batch_size that is not micro batch x K x ranks:
                      DeepSpeed refuses it, passed on as bad input (exit 2)
+--no-record: the same loop without the recorder; --identity PATH: without
+it, then with it, in this process (each rank's trained module must be the
+same bits: identity.py).
 """
 import argparse
+import functools
 import os
+import sys
 import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -30,6 +35,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
+import identity  # noqa: E402
 from accumcheck_torch import exit_on_refusal  # noqa: E402
 from accumcheck_torch.deepspeed import DeepSpeedRecorder, initialize  # noqa: E402
 from accumcheck_torch.distributed import run_ranks  # noqa: E402
@@ -115,6 +122,7 @@ def train(rank, ranks, a):
     if not a.quiet:
         print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
                                                     " (not recorded)" if a.no_record else ""))
+    return engine.module
 
 
 def main():
@@ -134,10 +142,14 @@ def main():
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--no-record", action="store_true", help="the same loop without the recorder (timing)")
     ap.add_argument("--quiet", action="store_true", help="print no timing")
+    ap.add_argument("--identity", metavar="PATH",
+                    help="train without the recorder, then with it, in this process; each rank "
+                    "writes both runs' parameter digests to PATH.rank<r> (identity.py)")
     ap.add_argument("--spawn", type=int, metavar="R",
                     help="start R ranks with torch.multiprocessing.spawn (not the deepspeed launcher)")
     a = ap.parse_args()
-    run_ranks(train, a, a.spawn)  # each rank ends through exit_rank (issue 42)
+    run = functools.partial(identity.twice, train, a.identity) if a.identity else train
+    run_ranks(run, a, a.spawn)  # each rank ends through exit_rank (issue 42)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,15 @@ same loops; its correct clip is FSDP1's own model.clip_grad_norm_ (the
 whole gradient's norm), its clip_local_norm torch.nn.utils.clip_grad_norm_
 on FSDP1's parameters (each rank's shard: PyTorch's FSDP1 docs say to use
 the former).
---no-record: without the recorder.  Each rank prints its CPU seconds in
+--no-record: without the recorder; --identity PATH: without it, then with
+it, in this process (each rank's trained shard must be the same bits:
+identity.py).  Each rank prints its CPU seconds in
 the loop (the recorder's construction and close() included) unless
 --quiet (bench/systems_bench.py)."""
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -59,6 +62,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
+import identity  # noqa: E402
 import models  # noqa: E402
 from accumcheck_torch import exit_on_refusal  # noqa: E402
 from accumcheck_torch.distributed import run_ranks  # noqa: E402
@@ -98,6 +102,10 @@ def shard(net, ranks, a):
 def train(rank, ranks, a):
     torch.manual_seed(0)
     net = shard(models.TinyGPT(), ranks, a)
+    # The recorder's replica made before the dropout seed: its initial
+    # draws would move every dropout mask of the run (identity.py).
+    replica = None if a.no_record else {"no_replica": None, "other_replica": models.TinyGPT(layers=1)}.get(
+        a.setup, models.TinyGPT())
     torch.manual_seed(1 + rank)  # each rank's own dropout masks
     data = models.gpt_data(n=a.samples)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
@@ -106,8 +114,6 @@ def train(rank, ranks, a):
     rec = None
     if not a.no_record:
         make = ContractFSDP1Recorder if a.fsdp1 else ContractFSDPRecorder
-        replica = {"no_replica": None, "other_replica": models.TinyGPT(layers=1)}.get(
-            a.setup, models.TinyGPT())
         rec = make(net, opt, models.gpt_summed_loss, models.gpt_items, accumulation=a.K,
                    replica=replica, out=a.out, items="tokens", clip=CLIP)
         loader = rec.watch(loader)
@@ -145,6 +151,7 @@ def train(rank, ranks, a):
     if not a.quiet:
         print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
                                                     " (not recorded)" if a.no_record else ""))
+    return net
 
 
 def main():
@@ -159,12 +166,16 @@ def main():
                     help="FSDP1 (FullyShardedDataParallel, no_sync()) instead of FSDP2")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--identity", metavar="PATH",
+                    help="train without the recorder, then with it, in this process; each rank "
+                    "writes both runs' parameter digests to PATH.rank<r> (identity.py)")
     a = ap.parse_args()
     if a.fsdp1 and (a.loop == "whole_grad" or a.setup == "hsdp"):
         ap.error("--loop whole_grad and --setup hsdp are FSDP2's (DTensor gradients, a device mesh)")
     if a.setup == "no_orig_params" and not a.fsdp1:
         ap.error("--setup no_orig_params is FSDP1's (--fsdp1)")
-    run_ranks(train, a, spawn=a.spawn)
+    run_ranks(functools.partial(identity.twice, train, a.identity) if a.identity else train,
+              a, spawn=a.spawn)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ parameters.  The loops (--loop):
   boundary     optimizer.step when s % K == 0 (the window one step off)
 --no-record: without the recorder (each rank prints its CPU seconds in
 the loop, the recorder's construction and close() included, unless
---quiet: bench/systems_bench.py).  --die-after N: the last stage kills
+--quiet: bench/systems_bench.py); --identity PATH: without it, then with
+it, in this process (each stage's trained parameters must be the same
+bits: identity.py).  --die-after N: the last stage kills
 itself (SIGKILL) at the end of its N-th backward, mid schedule step (a
 stage that dies mid-run: certify refuses what is left).  --n-last M: the
 last stage's schedule takes n_microbatches = M (stages that disagree: the
@@ -32,8 +34,10 @@ recorder refuses them).  --accumulation-last A: the last stage's recorder
 is told accumulation = A."""
 
 import argparse
+import functools
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -41,9 +45,11 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader, TensorDataset
 
-from accumcheck_torch import exit_on_refusal
-from accumcheck_torch.distributed import run_ranks
-from accumcheck_torch.pipelining import ContractPipelineRecorder
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "contract"))
+import identity  # noqa: E402
+from accumcheck_torch import exit_on_refusal  # noqa: E402
+from accumcheck_torch.distributed import run_ranks  # noqa: E402
+from accumcheck_torch.pipelining import ContractPipelineRecorder  # noqa: E402
 
 LOOPS = ("correct", "scale_grads", "per_step_mean", "no_scale", "boundary")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -113,6 +119,7 @@ def train(rank, ranks, a):
     if not a.quiet:
         print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
                                                     " (not recorded)" if a.no_record else ""))
+    return cut
 
 
 def die_at_backward_end(module, n):
@@ -153,8 +160,12 @@ def main():
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--identity", metavar="PATH",
+                    help="train without the recorder, then with it, in this process; each rank "
+                    "writes both runs' parameter digests to PATH.rank<r> (identity.py)")
     a = ap.parse_args()
-    run_ranks(train, a, spawn=a.spawn)
+    run_ranks(functools.partial(identity.twice, train, a.identity) if a.identity else train,
+              a, spawn=a.spawn)
 
 
 if __name__ == "__main__":

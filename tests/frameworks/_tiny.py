@@ -1,11 +1,15 @@
 """What the framework conformance cases share (tests/frameworks/<fw>_<case>.py):
 variable-length token data padded with -100, its collator, a tiny Llama
 built from a config (no hub), a causal-LM nn.Module whose forward takes no
-**kwargs, the case's command line and a free port for gloo ranks."""
+**kwargs, the case's command line, a free port for gloo ranks, and
+--identity PATH: the case run without the recorder, then with it, in one
+process, each run's trained parameters digested by each rank (digested();
+bench/conformance.py compares them)."""
 
 import argparse
 import os
 import socket
+import sys
 
 import torch
 from torch.utils.data import Dataset
@@ -80,13 +84,68 @@ class TinyCausal(torch.nn.Module):
         return out
 
 
+IDENTITY_HELP = ("run the case without the recorder, then with it, in this process; each rank "
+                 "appends each run's parameter digest to PATH.rank<r> (digested())")
+
+
 def case_args(doc):
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--out", required=True, help="trace folder to write")
     ap.add_argument("--variant", default="default")
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--no-record", action="store_true", help="the run without the recorder (bench)")
+    ap.add_argument("--identity", metavar="PATH", help=IDENTITY_HELP)
     return ap.parse_args()
+
+
+def digested(a, trained, rank=None, ranks=None):
+    """The end of one run of a case under --identity PATH: appends
+    '<plain|recorded> RANKS SHA256' (examples/contract/identity.py's
+    digest of what it trained: this rank's parameters and buffers) to
+    PATH.rank<rank> (rank, ranks: torch.distributed's environment unless
+    given)."""
+    if not getattr(a, "identity", None):
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "..", "examples", "contract"))
+    import identity
+
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    ranks = int(os.environ.get("WORLD_SIZE", 1)) if ranks is None else ranks
+    with open("%s.rank%d" % (a.identity, rank), "a") as f:
+        f.write("%s %d %s\n" % ("plain" if a.no_record else "recorded", ranks,
+                                 identity.digest(trained)))
+
+
+def twice(main, argv, rerun=True):
+    """main(argv) (through exit_on_refusal); under --identity first
+    main(argv + ['--no-record']) in this process, the frameworks' process
+    state reset between the two (fresh_state).  rerun=False: a run that
+    cannot run twice in one process (Lightning's strategy="ddp" starts its
+    other ranks as copies of the script at the first fit): once, and
+    --identity dropped (no digests: bench/conformance.py says 'not
+    compared')."""
+    if "--identity" in argv and not rerun:
+        i = argv.index("--identity")
+        argv = argv[:i] + argv[i + 2:]
+    if "--identity" in argv and "--no-record" not in argv:
+        rc = exit_on_refusal(main, argv + ["--no-record"])
+        if rc:
+            return rc
+        fresh_state()
+    return exit_on_refusal(main, argv)
+
+
+def fresh_state():
+    """Accelerate keeps its state in process-wide singletons
+    (AcceleratorState, GradientState: the gradient accumulation step, the
+    active loader): a second Accelerator in the process starts from them
+    reset, as the first did."""
+    if "accelerate" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
 
 
 def free_port():
@@ -110,6 +169,41 @@ def spawn_ranks(main, ranks, *args):
     # importing torch and the framework again.
     mp.start_processes(_ranked, args=(main, ranks, args), nprocs=ranks, join=True,
                        start_method=os.environ.get("ACCUMCHECK_START_METHOD", "spawn"))
+
+
+def lightning_digests(a):
+    """[a LightningDigest callback] under --identity, else []."""
+    return [_lightning_digest()(a)] if getattr(a, "identity", None) else []
+
+
+def __getattr__(name):
+    if name == "LightningDigest":  # ddp_spawn's processes unpickle it by name
+        return _lightning_digest()
+    raise AttributeError(name)
+
+
+def _lightning_digest():
+    """LightningDigest: a Lightning callback whose on_train_end digests each
+    rank's trained LightningModule (digested): every rank runs it, forked,
+    spawned or not.  Made at its first use (the Transformers and
+    Accelerate venvs have no Lightning), a module attribute so that
+    ddp_spawn can pickle it into its processes."""
+    if "LightningDigest" in globals():
+        return globals()["LightningDigest"]
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        import pytorch_lightning as pl
+
+    class LightningDigest(pl.Callback):
+        def __init__(self, a):
+            self.a = a
+
+        def on_train_end(self, trainer, module):
+            digested(self.a, module, trainer.global_rank, trainer.world_size)
+    LightningDigest.__qualname__ = "LightningDigest"  # pickled by name: _tiny.LightningDigest
+    globals()["LightningDigest"] = LightningDigest
+    return LightningDigest
 
 
 def lightning_ddp():
@@ -167,6 +261,7 @@ def variant_args(variants, argv=None):
     ap.add_argument("--variant", choices=variants + ["default"], default=variants[0])
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--no-record", action="store_true", help="the same run without recording")
+    ap.add_argument("--identity", metavar="PATH", help=IDENTITY_HELP)
     a = ap.parse_args(argv)
     if a.variant == "default":
         a.variant = variants[0]
@@ -174,15 +269,16 @@ def variant_args(variants, argv=None):
 
 
 def _argv_rank(rank, ranks, main, argv):
-    if exit_on_refusal(main, argv) != 0:
+    if twice(main, argv) != 0:
         raise SystemExit(1)
 
 
-def spawn(main, argv, ranks):
+def spawn(main, argv, ranks, rerun=True):
     """main(argv) in `ranks` processes with torch.distributed's env://
     rendezvous set (as `accelerate launch` or torchrun would: spawn_ranks),
-    or in this one when ranks is 1 or this already is a rank."""
+    or in this one when ranks is 1 or this already is a rank; each runs
+    it twice under --identity (twice)."""
     if ranks <= 1 or "RANK" in os.environ:
-        return exit_on_refusal(main, argv)
+        return twice(main, argv, rerun)
     spawn_ranks(_argv_rank, ranks, main, argv)
     return 0

@@ -1,7 +1,8 @@
 """The Trainer set-up the Transformers cases share: TrainingArguments on
 the CPU with no hub, no reporting, no saving, no logging; the tiny data;
-AccumcheckCallback recording (unless --no-record)."""
+AccumcheckCallback recording (unless --no-record); --identity (train)."""
 
+import copy
 import os
 import sys
 import tempfile
@@ -9,12 +10,25 @@ import time
 
 import torch
 
+import _tiny
 from _tiny import VariableTokens, collate
 
 
-def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
-          warmup=0, clip=0.0, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
-          blind=False, attach=False, bf16=False, **recorder):
+def train(args, model, **kw):
+    """trained(args, model, **kw); under --identity (_tiny.digested) first
+    on a copy of the model made before either run, without the recorder,
+    in this process (the Trainer seeds itself: TrainingArguments(seed=0)).
+    Returns the CPU seconds of the recorded run's trainer.train()."""
+    if getattr(args, "identity", None) and not args.no_record:
+        plain = copy.copy(args)
+        plain.no_record = True
+        trained(plain, copy.deepcopy(model), **kw)
+    return trained(args, model, **kw)
+
+
+def trained(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
+            warmup=0, clip=0.0, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
+            blind=False, attach=False, bf16=False, **recorder):
     """Trainer(model, TrainingArguments(gradient_accumulation_steps=K, ...))
     on n variable-length sequences, micro-batches of `batch`.  optim 'sgd':
     torch.optim.SGD(lr) without momentum passed as optimizers=(sgd, None);
@@ -55,6 +69,7 @@ def train(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedu
         trainer.train()
         cpu = time.process_time() - t0
     print("trainer.train: %.3f s CPU" % cpu, file=sys.stderr)
+    _tiny.digested(args, model)
     return cpu
 
 

@@ -93,6 +93,8 @@ def main(argv=None):
                 optimizer.zero_grad()
     if rec is not None:
         rec.close()
+    _tiny.digested(a, accelerator.unwrap_model(model), accelerator.process_index,
+                   accelerator.num_processes)
     return 0
 
 

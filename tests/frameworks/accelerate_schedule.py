@@ -59,8 +59,10 @@ def main(argv=None):
                 optimizer.zero_grad()
     if rec is not None:
         rec.close()
+    _tiny.digested(a, accelerator.unwrap_model(model), accelerator.process_index,
+                   accelerator.num_processes)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_tiny.exit_on_refusal(main))
+    sys.exit(_tiny.spawn(main, sys.argv[1:], 1))

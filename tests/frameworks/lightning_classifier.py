@@ -92,10 +92,14 @@ def main(argv=None):
                          enable_progress_bar=False, enable_model_summary=False,
                          gradient_clip_val=0.5 if a.variant == "clip" else None,
                          precision="bf16-mixed" if a.variant == "sgd_bf16" else None,
-                         callbacks=callbacks)
+                         callbacks=callbacks + _tiny.lightning_digests(a))
     trainer.fit(module, loader)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_tiny.exit_on_refusal(main))
+    a = _tiny.variant_args(VARIANTS)
+    # strategy="ddp" runs this script again for its other rank: once only
+    # (no --identity, _tiny.twice).
+    rerun = not a.variant.endswith("2ranks") or _tiny.lightning_ddp() != "ddp"
+    sys.exit(_tiny.spawn(main, sys.argv[1:], 1, rerun=rerun))

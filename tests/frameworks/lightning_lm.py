@@ -101,10 +101,14 @@ def main(argv=None):
                          strategy="ddp_spawn" if a.variant in ("accept_2ranks", "underivable_2ranks") else
                          _tiny.lightning_ddp() if ranks > 1 else "auto",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=callbacks)
+                         enable_model_summary=False, callbacks=callbacks + _tiny.lightning_digests(a))
     trainer.fit(LM(a.variant), loader)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_tiny.exit_on_refusal(main))
+    a = _tiny.variant_args(VARIANTS)
+    # strategy="ddp" runs this script again for its other rank: once only
+    # (no --identity, _tiny.twice).
+    rerun = a.variant != "mean_2ranks" or _tiny.lightning_ddp() != "ddp"
+    sys.exit(_tiny.spawn(main, sys.argv[1:], 1, rerun=rerun))

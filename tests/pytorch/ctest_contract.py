@@ -3,7 +3,8 @@ ContractRecorder, then `accumcheck certify --contract`; passes when the
 exit code is the expected one and the output holds the expected texts.
 
     ctest_contract.py ACCUMCHECK OUTDIR CODE [--text T]... [--meta KEY=VALUE]... [--contract-sub OLD=NEW]...
-        [--trainer FILE | --script PATH] [--ranks R --launcher torchrun|spawn] -- TRAIN ARGS...
+        [--trainer FILE | --script PATH] [--ranks R --launcher torchrun|spawn] [--identity]
+        -- TRAIN ARGS...
 
 --meta sets a meta.csv key of the recorded trace before certify reads it
 (bad input: certify must exit 2 naming the key); --contract-sub OLD=NEW
@@ -15,8 +16,13 @@ beside this one to run (default train.py), --script the path of another
 ranks, under torchrun or with its own --spawn R (train_ddp.py).
 --trainer-exit N: the trainer is expected to exit N (a run a rank does
 not finish; 2: one the recorder refused), in a fresh OUTDIR, and certify
-judges what it left."""
+judges what it left.  --identity: the trainer (examples/systems/, the
+other contract trainers) runs without the recorder and then with it in
+one process (its --identity PATH, examples/contract/identity.py): every
+rank's trained parameters must be the same bits (train.py's runs are
+compared so always, through its --digest and --plain-digest)."""
 
+import glob
 import os
 import re
 import shutil
@@ -41,13 +47,18 @@ def main():
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "contract")
     script = opt.get("--script") or os.path.join(os.path.normpath(examples),
                                                  opt.get("--trainer", "train.py"))
-    # train.py's runs are also run without the recorder: the trained
-    # parameters must be the same bits (the recorder never changes the run).
+    # train.py's runs are also run without the recorder (first, in the same
+    # process: --plain-digest): the trained parameters must be the same bits
+    # (the recorder never changes the run).
     unchanged = os.path.basename(script) == "train.py" and not trainer_exit and \
         int(opt.get("--ranks", 1)) == 1
     digests = (out + ".recorded.sha256", out + ".plain.sha256")
+    identity = "--identity" in head and not trainer_exit
+    for old in glob.glob(out + ".identity.rank*") + [d for d in digests if os.path.exists(d)]:
+        os.remove(old)  # nothing of an earlier run compared
     argv = trainer_argv([script, "--out", out] + train +
-                        (["--digest", digests[0]] if unchanged else []),
+                        (["--digest", digests[0], "--plain-digest", digests[1]] if unchanged else []) +
+                        (["--identity", out + ".identity"] if identity else []),
                         int(opt.get("--ranks", 1)), opt.get("--launcher", "spawn"))
     recorded = recorded_run(out)
     if recorded:
@@ -74,6 +85,8 @@ def main():
         return 1
     if unchanged and not same_without_recorder(script, train, digests):
         return 1
+    if identity and not same_in_process(out + ".identity", int(opt.get("--ranks", 1))):
+        return 1
     for sub in [head[i + 1] for i, a in enumerate(head) if a == "--contract-sub"]:
         old, new = sub.split("=", 1)
         path = os.path.join(out, "contract.csv")
@@ -95,22 +108,43 @@ def main():
 
 
 def same_without_recorder(script, train, digests):
-    """The trainer run again without the recorder gives the same trained
-    parameters, bit for bit."""
-    plain = trainer_argv([script, "--no-record", "--quiet", "--digest", digests[1]] + train, 1,
-                         "spawn")
-    r = warm_python.run(plain, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.stdout.write(r.stdout + r.stderr)
-        print("ctest_contract: the trainer without the recorder exited %d" % r.returncode)
+    """The trainer's run without the recorder (train.py --plain-digest: the
+    same loop first, in its process) gives the same trained parameters,
+    bit for bit."""
+    try:
+        a, b = (open(d).read().strip() for d in digests)
+    except OSError as e:
+        print("ctest_contract: the trainer wrote no digest of its two runs (%s)" % e)
         return False
-    a, b = (open(d).read().strip() for d in digests)
     if a != b:
         print("ctest_contract: the trained parameters differ with the recorder (sha256 %s) "
               "and without it (%s): the recorder changed the run" % (a[:16], b[:16]))
         return False
     print("ctest_contract: trained parameters bit-identical with and without the recorder "
           "(sha256 %s)" % a[:16])
+    return True
+
+
+def same_in_process(path, ranks):
+    """Each rank's path.rank<r> (identity.twice) says the same SHA-256 of
+    its trained parameters without the recorder and with it."""
+    bad = 0
+    for r in range(ranks):
+        try:
+            got = dict(line.split() for line in open("%s.rank%d" % (path, r)).read().splitlines())
+        except (OSError, ValueError) as e:
+            print("ctest_contract: rank %d wrote no digests of its two runs (%s)" % (r, e))
+            return False
+        if set(got) != {"plain", "recorded"} or got["plain"] != got["recorded"]:
+            print("ctest_contract: rank %d: the trained parameters differ with the recorder (sha256 "
+                  "%s) and without it (%s): the recorder changed the run"
+                  % (r, got.get("recorded", "-")[:16], got.get("plain", "-")[:16]))
+            bad += 1
+    if bad:
+        return False
+    print("ctest_contract: trained parameters bit-identical with and without the recorder on "
+          "each of %d rank%s (one process: the plain run, then the recorded one)"
+          % (ranks, "s" if ranks > 1 else ""))
     return True
 
 

@@ -17,6 +17,10 @@ each must agree with the default run (double-double bound, every core):
            (JUnit's time attribute aside);
   parts    --steps 0:m and m: with --part, merged by certify-merge: the
            same exit code, verdict line and JUnit test cases.
+
+With --identity the example also runs with its Recorder replaced by none
+(oracle_identity.py): the trained model (each rank's) must be the same
+bits with and without the recorder.
 """
 import re
 import argparse
@@ -74,6 +78,9 @@ def main():
                     help="an extra argument for the example (repeatable)")
     ap.add_argument("--certify-arg", action="append", default=[],
                     help="passed to every certify (--certify-arg=--precision=bf16)")
+    ap.add_argument("--identity", action="store_true",
+                    help="the trainer also runs without its Recorder (oracle_identity.py): "
+                    "each rank's trained model must be the same bits")
     args = ap.parse_args()
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -92,13 +99,19 @@ def main():
         if recorded:
             print("driver: this build's export differs from %s's bundle: the trainer runs"
                   % recorded)
-        train = trainer_argv([args.example, "--bundle", bundle, "--out", trace] +
-                             args.example_arg, args.ranks, args.launcher)
+        example = [args.example, "--bundle", bundle, "--out", trace] + args.example_arg
+        digests = [os.path.join(args.work, k + ".sha256") for k in ("recorded", "plain")]
+        if args.identity:
+            example = [os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "oracle_identity.py"), "--digest", digests[0], "--"] + example
+        train = trainer_argv(example, args.ranks, args.launcher)
         t0 = time.monotonic()
         warm_python.run(train, check=True)
         print("driver: trainer ran in %.1f s%s" % (
             time.monotonic() - t0, " (%d ranks, %s)" % (args.ranks, args.launcher)
             if args.ranks > 1 else ""))
+        if args.identity and not same_without_recorder(args, example, digests):
+            return 1
     scenario = os.path.join(bundle, "scenario.toml")
 
     def certify(*extra, junit="junit.xml"):
@@ -141,6 +154,27 @@ def main():
             stamp_compared(args.work, cert.stdout)
     print("driver: ok")
     return 0
+
+
+def same_without_recorder(args, example, digests):
+    """The example run again with its Recorder replaced by none
+    (oracle_identity.py --plain, its trace elsewhere) trains the same
+    bits."""
+    plain = list(example)
+    plain[plain.index("--digest") + 1] = digests[1]
+    plain.insert(1, "--plain")
+    plain[plain.index("--out", plain.index("--")) + 1] = os.path.join(args.work, "plain-trace")
+    warm_python.run(trainer_argv(plain, args.ranks, args.launcher), check=True)
+    ranks = [""] if args.ranks == 1 else [".rank%d" % r for r in range(args.ranks)]
+    for r in ranks:
+        a, b = (open(d + r).read().strip() for d in digests)
+        if a != b:
+            print("driver: %sthe trained model differs with the recorder (sha256 %s) and without "
+                  "it (%s): the recorder changed the run" % (r[1:] + ": " if r else "", a[:16], b[:16]))
+            return False
+    print("driver: trained model bit-identical with and without the recorder (sha256 %s%s)"
+          % (a[:16], ", every one of %d ranks" % args.ranks if args.ranks > 1 else ""))
+    return True
 
 
 def in_recorded_build(path):
