@@ -41,7 +41,9 @@ leaf (all of a leaf of at most `coordinates` elements, default 4096, else
 a seeded sample of that many), in float64 numpy on the host.
 """
 
+import functools
 import math
+import threading
 import time
 
 import numpy as np
@@ -62,6 +64,10 @@ U32 = 2.0 ** -24
 # oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
 # what the trace reports, as accumcheck_torch's recorder does).
 REPLAY_ULPS = 16.0
+# The eager path's micro-batches waiting on the device to be read back
+# (their kept coordinates): read back together once they hold this many
+# bytes, or at the epoch's end.
+_INBOX_BYTES = 16 << 20
 
 
 def _jax():
@@ -104,11 +110,19 @@ class _Leaves:
                 rng = np.random.default_rng([seed, i, size])
                 self.picks.append(np.sort(rng.choice(size, coordinates, replace=False)))
         self.d = sum(s if p is None else len(p) for s, p in zip(self.sizes, self.picks))
+        self.on_device = None
 
     def take(self, jnp, leaves):
-        """In the program: the kept coordinates of each leaf."""
+        """In the program: the kept coordinates of each leaf.  The indices
+        are device arrays, made once: a numpy constant would be copied to
+        the device at every call of the program."""
+        if self.on_device is None:
+            import jax
+            with jax.ensure_compile_time_eval():  # concrete, though made while tracing
+                self.on_device = [None if p is None else jax.device_put(p.astype(np.int32))
+                                  for p in self.picks]
         out = []
-        for leaf, pick in zip(leaves, self.picks):
+        for leaf, pick in zip(leaves, self.on_device):
             flat = jnp.reshape(leaf, (-1,))
             out.append(flat if pick is None else jnp.take(flat, pick))
         return out
@@ -206,6 +220,14 @@ class ContractRecorder:
         self.lr_precision = "float32"  # optax's inject_hyperparams holds it so
         self.dtype = None
         self.closed = False
+        # What the programs told, in program order, not yet taken in: the
+        # eager path's micro-batches ("lazy": their probe's vector still
+        # on the device, read back together) and the callbacks that came
+        # after one of them.
+        self.inbox = []
+        self.lazy = 0
+        self.n_backward = 0      # micro-batches told so far (taken in or not)
+        self._lock = threading.Lock()
         self._recording = Recording(out, on_exit=self._abandon)
 
     # ---- wiring
@@ -245,7 +267,8 @@ class ContractRecorder:
             full = jax.tree_util.tree_leaves(rec._state_of(first))
             rec.full_shapes = [(tuple(x.shape), x.dtype) for x in full]
             # Few arguments: each costs the callback a transfer of its own.
-            _host_call(jax, rec._on_backward, _pack(jnp, rec.layout.take(jnp, p_leaves)),
+            _host_call(jax, rec._arriving(rec._on_backward),
+                       _pack(jnp, rec.layout.take(jnp, p_leaves)),
                        _pack(jnp, rec.layout.take(jnp, g_leaves)),
                        _pack(jnp, rec.layout.take(jnp, c_leaves)), _pack(jnp, full), batch)
             return out
@@ -254,11 +277,19 @@ class ContractRecorder:
     def _eager(self, fn, value_and_grad, first, batch, a, k):
         """The wrapped gradient function called outside jit (your jitted
         function wrapped: rec.grad(jax.jit(fn))): your function as it is,
-        then one program of the recorder's own (g_j and the kept
-        coordinates of the parameters, g_j and your gradient), read back
-        at once: no callback in your program, and none of its cost (an
-        io_callback costs about 3 ms a call)."""
+        then one program of the recorder's own (g_j, and the kept
+        coordinates of the parameters, of g_j and of your gradient, as one
+        vector), dispatched asynchronously like yours and read back with
+        the others every few micro-batches: no callback in your program
+        (a program with one leaves jax's fast dispatch path), and no wait
+        for the device per micro-batch."""
         jax = self.jax
+        # The optimizer updates your loop launched before this call have
+        # told (their callbacks, queued behind the micro-batches not yet
+        # read back): the order of what the inbox holds is program order.
+        jax.effects_barrier()
+        if self.lazy and self.lazy * 3 * self.layout.d * 4 >= _INBOX_BYTES:
+            self._drain()
         out = fn(first, batch, *a, **k)
         c = out[1] if value_and_grad else out
         if self._probe is None:
@@ -269,27 +300,66 @@ class ContractRecorder:
                 p_leaves, treedef = jax.tree_util.tree_flatten(rec._params_of(first))
                 rec._layout(p_leaves, treedef, first)
                 jnp = jax.numpy
-                return (_pack(jnp, rec.layout.take(jnp, p_leaves)),
-                        _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(g))),
-                        _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(c))))
+                take = rec.layout.take
+                return _pack(jnp, take(jnp, p_leaves) + take(jnp, jax.tree_util.tree_leaves(g))
+                             + take(jnp, jax.tree_util.tree_leaves(c)))
             if self.nnx_graph is None and _is_nnx(first):
                 from flax import nnx
                 self._probe = nnx.jit(probe)
             else:
                 self._probe = jax.jit(probe)
-        p, g, cc = jax.device_get(self._probe(first, batch, c))
-        if len(self.micro) % self.calibrate_every == 0:
+        vec = self._probe(first, batch, c)
+        copy = getattr(vec, "copy_to_host_async", None)
+        if copy is not None:
+            copy()
+        # The calibration sample's whole state, read now (your next program
+        # may donate its buffers).
+        if self.n_backward % self.calibrate_every == 0:
             full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))]
         else:
             full = None
-        self.sync_calls()
-        self._on_backward(p, g, cc, full, jax.device_get(batch), packed=False)
+        self.n_backward += 1
+        with self._lock:
+            self.inbox.append(("lazy", vec, full, jax.device_get(batch)))
+            self.lazy += 1
         return out
 
     def sync_calls(self):
-        """The callbacks of the programs launched so far have run (the
-        optimizer's, before the next micro-batch's record)."""
+        """The callbacks of the programs launched so far have run, and what
+        they and the micro-batches told is taken in."""
         self.jax.effects_barrier()
+        self._drain()
+
+    def _arriving(self, handler):
+        """handler as a callback's function: taken in at once when nothing
+        told before it waits in the inbox, else queued behind it."""
+        return functools.partial(self._arrive, handler)
+
+    def _arrive(self, handler, *args):
+        with self._lock:
+            if handler == self._on_backward:
+                self.n_backward += 1
+            if not self.inbox:
+                handler(*args)
+            else:
+                self.inbox.append(("now", handler, args))
+
+    def _drain(self):
+        """Takes in what the inbox holds, in order: the micro-batches'
+        vectors read back from the device together.  Only after an
+        effects_barrier (no callback in flight)."""
+        with self._lock:
+            queued, self.inbox, self.lazy = self.inbox, [], 0
+        if not queued:
+            return
+        d = self.layout.d
+        vecs = iter(self.jax.device_get([e[1] for e in queued if e[0] == "lazy"]))
+        for e in queued:
+            if e[0] == "lazy":
+                v = np.asarray(next(vecs))
+                self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
+            else:
+                e[1](*e[2])
 
     def optimizer(self, tx):
         """An optax GradientTransformation (the one that applies the update:
@@ -317,8 +387,9 @@ class ContractRecorder:
             g_leaves = jax.tree_util.tree_leaves(grads)
             u_leaves = jax.tree_util.tree_leaves(updates)
             rec._same_tree(g_leaves)
-            _host_call(jax, rec._on_update, rec.layout.take(jnp, g_leaves),
-                               rec.layout.take(jnp, u_leaves), lr, ordered=True)
+            _host_call(jax, rec._arriving(rec._on_update),
+                       _pack(jnp, rec.layout.take(jnp, g_leaves)),
+                       _pack(jnp, rec.layout.take(jnp, u_leaves)), lr)
             return updates, new_state
         return optax.GradientTransformation(tx.init, update)
 
@@ -355,11 +426,11 @@ class ContractRecorder:
             jnp = jax.numpy
             g_leaves = jax.tree_util.tree_leaves(grads)
             rec._same_tree(g_leaves)
-            _host_call(jax, rec._on_multi_step, rec.layout.take(jnp, g_leaves),
-                               rec.layout.take(jnp, jax.tree_util.tree_leaves(state.acc_grads)),
-                               state.mini_step, state.gradient_step, new_state.gradient_step,
-                               rec.layout.take(jnp, jax.tree_util.tree_leaves(updates)), lr,
-                               ordered=True)
+            take = rec.layout.take
+            _host_call(jax, rec._arriving(rec._on_multi_step), _pack(jnp, take(jnp, g_leaves)),
+                       _pack(jnp, take(jnp, jax.tree_util.tree_leaves(state.acc_grads))),
+                       state.mini_step, state.gradient_step, new_state.gradient_step,
+                       _pack(jnp, take(jnp, jax.tree_util.tree_leaves(updates))), lr)
             return updates, new_state
         self._multi_mean = mean
         return optax.GradientTransformation(tx.init, update)
@@ -367,13 +438,12 @@ class ContractRecorder:
     def _on_multi_step(self, g, acc, mini, before, after, u, lr):
         if int(after) == int(before):
             return  # a mini-step: accumulated, nothing applied
-        g32 = [np.asarray(x, dtype=np.float32) for x in g]
-        a32 = [np.asarray(x, dtype=np.float32) for x in acc]
+        g32 = np.asarray(g, dtype=np.float32)
+        a32 = np.asarray(acc, dtype=np.float32)
         if self._multi_mean:
-            n = np.float32(int(mini) + 1)
-            G = [a + (x - a) / n for x, a in zip(g32, a32)]
+            G = a32 + (g32 - a32) / np.float32(int(mini) + 1)
         else:
-            G = [a + x for x, a in zip(g32, a32)]
+            G = a32 + g32
         self._on_update(G, u, lr)
 
     def watch(self, batches, dataset_size=-1, batch_size=-1):
@@ -390,7 +460,7 @@ class ContractRecorder:
     def sync(self):
         """Every callback of the computations launched so far has run, and
         the float64 calibrations pending are done."""
-        self.jax.effects_barrier()
+        self.sync_calls()
         self._calibrate()
 
     def close(self, params=None):
@@ -492,7 +562,7 @@ class ContractRecorder:
                          "call the function rec.grad(...) returned for each micro-batch")
         if self.p_last is None:
             self._refuse("an optimizer update before any micro-batch gradient")
-        self.pending = (join(g), join(u), float(lr), self.p_last)
+        self.pending = (join([g]), join([u]), float(lr), self.p_last)
 
     def _resolve(self, p_now):
         """The pending update call: a step when the parameters moved."""
