@@ -43,6 +43,7 @@ a seeded sample of that many), in float64 numpy on the host.
 
 import functools
 import math
+import sys
 import threading
 import time
 
@@ -89,11 +90,10 @@ def _enable_x64(jax):
 
 
 def _is_nnx(obj):
-    try:
-        from flax import nnx
-    except ImportError:
-        return False
-    return isinstance(obj, nnx.Module)
+    """obj is a Flax NNX module (flax.nnx never imported here: a run that
+    has not imported it has none, and its import costs half a second)."""
+    nnx = sys.modules.get("flax.nnx")
+    return nnx is not None and isinstance(obj, nnx.Module)
 
 
 class _Leaves:
