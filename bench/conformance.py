@@ -450,6 +450,10 @@ def main():
         return 0
     if a.cmd == "check":
         row = row_of(a.spec)
+        if _jax_based(row) and not os.access(os.path.join(ROOT, ".venv-jax", "bin", "python"), os.X_OK):
+            # Not this cell's failure: the base it is layered on is not made.
+            print("%s: no .venv-jax (bash scripts/venv-jax.sh makes it)" % a.spec)
+            return 77
         py, spent, err = venv(row, quiet=True)
         if err:
             # Not this project's failure: the framework's pins cannot be

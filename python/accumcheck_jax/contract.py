@@ -43,23 +43,21 @@ a seeded sample of that many), in float64 numpy on the host.
 
 import functools
 import math
-import sys
 import threading
 import time
 
 import numpy as np
 from accumcheck_trace.trace import (
-    CONTRACT_HEADER,
     SCHEDULE_KEYS,
-    VERSION,
     Recording,
     Refused,
-    contract_event_rows,
-    contract_meta,
     real,
     stopped_by,
-    write_trace,
 )
+
+from .capture import (_enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told,
+                      _unpack, join)
+from .write import _off_bf16, write
 
 U32 = 2.0 ** -24
 # oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
@@ -69,78 +67,6 @@ REPLAY_ULPS = 16.0
 # (their kept coordinates): read back together once they hold this many
 # bytes, or at the epoch's end.
 _INBOX_BYTES = 16 << 20
-
-
-def _jax():
-    try:
-        import jax
-    except ImportError as e:  # pragma: no cover - the venv has it
-        raise Refused("accumcheck_jax needs jax: bash scripts/venv-jax.sh makes .venv-jax/ (%s)" % e)
-    return jax
-
-
-def _enable_x64(jax):
-    """jax's float64 scope (jax.enable_x64 from 0.5 on, else the
-    experimental one): only the recorder's calibration runs inside it."""
-    scope = getattr(jax, "enable_x64", None)
-    if scope is not None:
-        return scope(True)
-    from jax.experimental import enable_x64
-    return enable_x64()
-
-
-def _is_nnx(obj):
-    """obj is a Flax NNX module (flax.nnx never imported here: a run that
-    has not imported it has none, and its import costs half a second)."""
-    nnx = sys.modules.get("flax.nnx")
-    return nnx is not None and isinstance(obj, nnx.Module)
-
-
-class _Leaves:
-    """The parameters' layout: which coordinates of each leaf are kept."""
-
-    def __init__(self, shapes, coordinates, seed):
-        self.picks, self.sizes = [], []
-        for i, shape in enumerate(shapes):
-            size = int(np.prod(shape)) if len(shape) else 1
-            self.sizes.append(size)
-            if size <= coordinates:
-                self.picks.append(None)
-            else:
-                rng = np.random.default_rng([seed, i, size])
-                self.picks.append(np.sort(rng.choice(size, coordinates, replace=False)))
-        self.d = sum(s if p is None else len(p) for s, p in zip(self.sizes, self.picks))
-        self.on_device = None
-
-    def take(self, jnp, leaves):
-        """In the program: the kept coordinates of each leaf.  The indices
-        are device arrays, made once: a numpy constant would be copied to
-        the device at every call of the program."""
-        if self.on_device is None:
-            import jax
-            with jax.ensure_compile_time_eval():  # concrete, though made while tracing
-                self.on_device = [None if p is None else jax.device_put(p.astype(np.int32))
-                                  for p in self.picks]
-        out = []
-        for leaf, pick in zip(leaves, self.on_device):
-            flat = jnp.reshape(leaf, (-1,))
-            out.append(flat if pick is None else jnp.take(flat, pick))
-        return out
-
-    def host(self, leaves):
-        """On the host, from whole leaves: the kept coordinates as one
-        float64 vector."""
-        parts = []
-        for leaf, pick in zip(leaves, self.picks):
-            flat = np.asarray(leaf).reshape(-1)
-            parts.append(flat if pick is None else flat[pick])
-        return join(parts)
-
-
-def join(taken):
-    """What take() kept (a callback's arguments) as one float64 vector."""
-    return np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in taken]) \
-        if len(taken) else np.zeros(0)
 
 
 class ContractRecorder:
@@ -227,6 +153,7 @@ class ContractRecorder:
         self.inbox = []
         self.lazy = 0
         self.n_backward = 0      # micro-batches told so far (taken in or not)
+        self.draining = False
         self._lock = threading.Lock()
         self._recording = Recording(out, on_exit=self._abandon)
 
@@ -287,6 +214,9 @@ class ContractRecorder:
         # The optimizer updates your loop launched before this call have
         # told (their callbacks, queued behind the micro-batches not yet
         # read back): the order of what the inbox holds is program order.
+        # An update tells from the program that makes the parameters this
+        # call takes (a callback whose result is in its state: see _told).
+        jax.block_until_ready(jax.tree_util.tree_leaves(self._state_of(first)))
         jax.effects_barrier()
         if self.lazy and self.lazy * 3 * self.layout.d * 4 >= _INBOX_BYTES:
             self._drain()
@@ -339,27 +269,34 @@ class ContractRecorder:
         with self._lock:
             if handler == self._on_backward:
                 self.n_backward += 1
-            if not self.inbox:
+            if not self.inbox and not self.draining:
                 handler(*args)
             else:
                 self.inbox.append(("now", handler, args))
 
     def _drain(self):
         """Takes in what the inbox holds, in order: the micro-batches'
-        vectors read back from the device together.  Only after an
-        effects_barrier (no callback in flight)."""
-        with self._lock:
-            queued, self.inbox, self.lazy = self.inbox, [], 0
-        if not queued:
-            return
-        d = self.layout.d
-        vecs = iter(self.jax.device_get([e[1] for e in queued if e[0] == "lazy"]))
-        for e in queued:
-            if e[0] == "lazy":
-                v = np.asarray(next(vecs))
-                self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
-            else:
-                e[1](*e[2])
+        vectors read back from the device together; a callback that
+        arrives meanwhile waits its turn behind them."""
+        while True:
+            with self._lock:
+                queued, self.inbox, self.lazy = self.inbox, [], 0
+                self.draining = bool(queued)
+            if not queued:
+                return
+            try:
+                d = self.layout.d
+                vecs = iter(self.jax.device_get([e[1] for e in queued if e[0] == "lazy"]))
+                for e in queued:
+                    if e[0] == "lazy":
+                        v = np.asarray(next(vecs))
+                        self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
+                    else:
+                        e[1](*e[2])
+            except BaseException:
+                with self._lock:
+                    self.draining = False
+                raise
 
     def optimizer(self, tx):
         """An optax GradientTransformation (the one that applies the update:
@@ -387,9 +324,9 @@ class ContractRecorder:
             g_leaves = jax.tree_util.tree_leaves(grads)
             u_leaves = jax.tree_util.tree_leaves(updates)
             rec._same_tree(g_leaves)
-            _host_call(jax, rec._arriving(rec._on_update),
-                       _pack(jnp, rec.layout.take(jnp, g_leaves)),
-                       _pack(jnp, rec.layout.take(jnp, u_leaves)), lr)
+            new_state = _told(jax, rec._arriving(rec._on_update), new_state,
+                              _pack(jnp, rec.layout.take(jnp, g_leaves)),
+                              _pack(jnp, rec.layout.take(jnp, u_leaves)), lr)
             return updates, new_state
         return optax.GradientTransformation(tx.init, update)
 
@@ -427,10 +364,11 @@ class ContractRecorder:
             g_leaves = jax.tree_util.tree_leaves(grads)
             rec._same_tree(g_leaves)
             take = rec.layout.take
-            _host_call(jax, rec._arriving(rec._on_multi_step), _pack(jnp, take(jnp, g_leaves)),
-                       _pack(jnp, take(jnp, jax.tree_util.tree_leaves(state.acc_grads))),
-                       state.mini_step, state.gradient_step, new_state.gradient_step,
-                       _pack(jnp, take(jnp, jax.tree_util.tree_leaves(updates))), lr)
+            new_state = _told(jax, rec._arriving(rec._on_multi_step), new_state,
+                              _pack(jnp, take(jnp, g_leaves)),
+                              _pack(jnp, take(jnp, jax.tree_util.tree_leaves(state.acc_grads))),
+                              state.mini_step, state.gradient_step, new_state.gradient_step,
+                              _pack(jnp, take(jnp, jax.tree_util.tree_leaves(updates))), lr)
             return updates, new_state
         self._multi_mean = mean
         return optax.GradientTransformation(tx.init, update)
@@ -472,6 +410,8 @@ class ContractRecorder:
         if why:
             self._abandon(why)
             return
+        if params is not None:  # the last update has told (its program made them)
+            self.jax.block_until_ready(self.jax.tree_util.tree_leaves(self._state_of(params)))
         self.sync()
         if self.pending is not None:
             if params is None:
@@ -484,7 +424,7 @@ class ContractRecorder:
             self._refuse("ContractRecorder.close: no micro-batch gradient was recorded: call the "
                          "function rec.grad(...) returned for each micro-batch")
         self.closed = True
-        self._write()
+        write(self)
         self._recording.done()
 
     def __enter__(self):
@@ -644,34 +584,6 @@ class ContractRecorder:
 
     # ---- output
 
-    def _write(self):
-        rows = []
-        for j, m in enumerate(self.micro):
-            rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[4])))
-        for b, (w, resid) in enumerate(self.backward):
-            rows.append("backward,%d,%d,,%d,,,%s,%s,\n" % (b, b, self.micro[b][1], real(w),
-                                                           real(resid)))
-        for e, (n, bs) in enumerate(self.epochs):
-            rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
-        rows += self.rows
-        precision = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16",
-                     "float16": "float16"}.get(self.dtype, str(self.dtype))
-        meta = contract_meta(
-            engine=self.engine, precision=precision,
-            tool_version="accumcheck_jax-%s jax-%s" % (VERSION, self.jax.__version__),
-            accumulation=self.K, items=self.items_kind, parameters=self.layout.d,
-            lr=self.lr0 if self.lr0 is not None else float("nan"), schedule=self.schedule,
-            clip=self.clip_max, accept=self.accept, lr_precision=self.lr_precision)
-        meta.append(("replay", ("each step's update against the parameters seen next "
-                                "(p + update, as optax.apply_updates adds it)")))
-        meta.append(("recorder", "accumcheck_jax: the gradient function (rec.grad) and the "
-                                 "optimizer's update (rec.optimizer) through ordered "
-                                 "io_callback; %d coordinates kept of the parameters"
-                     % self.layout.d))
-        events = contract_event_rows(self.run, self.events, lambda j: self.micro[j][0])
-        write_trace(self.out, meta, events, [],
-                    extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})
-
     def _refuse(self, message):
         self._abandon("the recorder refused: " + message)
         raise Refused(message)
@@ -680,57 +592,3 @@ class ContractRecorder:
         if not self.closed:
             self.closed = True
             self._recording.end(why)
-
-
-def _pack(jnp, leaves):
-    """Leaves as one flat vector (float32, or float64 if any leaf is
-    wider): exact for float32, bfloat16, float16 and small integers."""
-    wide = any(jnp.dtype(x.dtype).itemsize > 4 for x in leaves)
-    dt = jnp.float64 if wide else jnp.float32
-    return jnp.concatenate([jnp.reshape(x, (-1,)).astype(dt) for x in leaves]) if leaves \
-        else jnp.zeros(0, dt)
-
-
-def _unpack(flat, shapes):
-    """_pack's leaves again, each in its own shape and dtype."""
-    out, at = [], 0
-    flat = np.asarray(flat)
-    for shape, dtype in shapes:
-        n = int(np.prod(shape)) if len(shape) else 1
-        out.append(flat[at:at + n].reshape(shape).astype(dtype))
-        at += n
-    return out
-
-
-def _host_call(jax, fn, *args, ordered=True):
-    """fn(*args) on the host with numpy arrays, in program order (an
-    ordered io_callback: jax.debug.callback would put every argument back
-    on the device first, which cost 3x the run on a small model)."""
-    from jax.experimental import io_callback
-    io_callback(fn, None, *args, ordered=ordered)
-
-
-def _lr_of(state):
-    """The lr an optax state says its update used: optax.inject_hyperparams'
-    hyperparams (found anywhere in the state tree), else None."""
-    seen = [state]
-    while seen:
-        s = seen.pop()
-        hp = getattr(s, "hyperparams", None)
-        if isinstance(hp, dict) and "learning_rate" in hp:
-            return hp["learning_rate"]
-        if isinstance(s, (tuple, list)):
-            seen.extend(s)
-        elif hasattr(s, "_fields"):
-            seen.extend(getattr(s, f) for f in s._fields)
-    return None
-
-
-def _off_bf16(G):
-    """Elements of the consumed gradient bfloat16 cannot hold ('' when
-    ml_dtypes, jax's own dependency, is missing)."""
-    try:
-        import ml_dtypes
-    except ImportError:
-        return ""
-    return str(int(np.sum(G.astype(ml_dtypes.bfloat16).astype(np.float64) != G)))
