@@ -7,7 +7,7 @@ compiled in the run they record).  Two models: the example's tiny MLP
 parameters), at K = 4 and 16.  The recorder's budget is 1.5x the plain run.
 
     .venv-jax/bin/python bench/jax_contract_bench.py [--repeats 3] [--loops hand,multisteps,nnx]
-        [--models tiny,wide] [--K 4,16]
+        [--models tiny,wide] [--K 4,16] [--scale 1,4]
 """
 
 import argparse
@@ -41,24 +41,29 @@ def main():
     p.add_argument("--loops", default="hand,multisteps,nnx")
     p.add_argument("--models", default="tiny,wide")
     p.add_argument("--K", default="4,16")
+    p.add_argument("--scale", default="1",
+                   help="run lengths: the model's epochs times each (e.g. 1,4: the curve of "
+                        "the recorder's fixed cost against its cost per micro-batch)")
     args = p.parse_args()
     worst = 0.0
-    print("| model | loop | K | plain CPU s | recorded CPU s | ratio | plain wall s | recorded wall s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | loop | K | micro-batches | plain CPU s | recorded CPU s | ratio "
+          "| plain wall s | recorded wall s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             features, hidden, samples, epochs = MODELS[model]
-            for K in args.K.split(","):
+            for K, scale in [(k, int(x)) for x in args.scale.split(",") for k in args.K.split(",")]:
                 for loop in args.loops.split(","):
                     common = ["--loop", loop, "--samples", str(samples), "--sizes", "16",
-                              "--epochs", str(epochs), "--K", K, "--features", str(features),
+                              "--epochs", str(epochs * scale), "--K", K, "--features", str(features),
                               "--hidden", str(hidden), "--quiet"]
                     plain = least(common + ["--no-record"], args.repeats)
                     recorded = least(common + ["--out", os.path.join(tmp, loop)], args.repeats)
                     ratio = recorded[0] / plain[0]
                     worst = max(worst, ratio)
-                    print("| %s | %s | %s | %.3f | %.3f | %.2fx | %.3f | %.3f |"
-                          % (model, loop, K, plain[0], recorded[0], ratio, plain[1], recorded[1]),
+                    print("| %s | %s | %s | %d | %.3f | %.3f | %.2fx | %.3f | %.3f |"
+                          % (model, loop, K, samples // 16 * epochs * scale, plain[0], recorded[0],
+                             ratio, plain[1], recorded[1]),
                           flush=True)
     print("worst %.2fx of the plain run's CPU time (budget 1.5x)" % worst)
     return 0 if worst <= 1.5 else 1

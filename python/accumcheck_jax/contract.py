@@ -20,14 +20,17 @@ ContractRecorder(..., grad=nnx.grad), the micro-batch
 gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
 nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
 
-What it measures (an ordered io_callback, so it works under jit):
+What it measures (jitted or not):
   - per micro-batch j (each call of the wrapped gradient function): g_j =
-    grad(summed_loss) at the parameters that call saw, computed in the same
-    program, and c_j, the gradient your function returned, fitted as w_j g_j
+    grad(summed_loss) at the parameters that call saw (in a program of the
+    recorder's beside yours, its vector read back with the others every
+    few micro-batches; or, your function jitted with the wrapper, in your
+    program, handed over by an ordered io_callback), and c_j, the gradient your function returned, fitted as w_j g_j
     (the weight and the relative residual); every calibrate_every-th (the
     first included) g_j again in float64 on the host, which calibrates the
     fit (|g32 - g64| / |g64|);
-  - per call of the wrapped optimizer's update: the gradient handed to it
+  - per call of the wrapped optimizer's update (a callback in its program,
+    capture._told): the gradient handed to it
     (what the accumulation consumed), the update it returned and its lr
     (optax.inject_hyperparams' state, or a Keras optimizer's); a call is an
     optimizer step when the next parameters seen differ from those before
