@@ -187,7 +187,8 @@ def venv(row, quiet=False):
     err = None
     if p.returncode == 0 and _jax_based(row):
         chk = subprocess.run([py, "-c", "import jax, %s as m; print(m.__version__)" % row["framework"]],
-                             capture_output=True, text=True, env=dict(os.environ, **JAX_ENV))
+                             capture_output=True, text=True, check=False,
+                             env=dict(os.environ, **JAX_ENV))
         if chk.returncode != 0 or chk.stdout.strip() != row["version"]:
             err = "installed, but it does not import as %s beside jax: %s" % (row["spec"], (
                 chk.stderr.strip().splitlines() or [chk.stdout.strip()])[-1])
