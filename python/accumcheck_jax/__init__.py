@@ -10,4 +10,13 @@ from .contract import ContractRecorder
 
 exit_on_refusal = exit_on_refusal_as("accumcheck_jax")
 
-__all__ = ["TRACE_SCHEMA", "VERSION", "ContractRecorder", "Refused", "exit_on_refusal"]
+__all__ = ["TRACE_SCHEMA", "VERSION", "ContractRecorder", "KerasRecorder", "Refused",
+           "exit_on_refusal"]
+
+
+def __getattr__(name):
+    # KerasRecorder imports keras: only when asked for.
+    if name == "KerasRecorder":
+        from .keras_fit import KerasRecorder
+        return KerasRecorder
+    raise AttributeError("module 'accumcheck_jax' has no attribute %r" % name)

@@ -52,6 +52,7 @@ import time
 import numpy as np
 from accumcheck_trace.trace import (
     SCHEDULE_KEYS,
+    VERSION,
     Recording,
     Refused,
     real,
@@ -507,10 +508,12 @@ class ContractRecorder:
         self.pending = (join([g]), join([u]), float(lr), self.p_last)
 
     def _resolve(self, p_now):
-        """The pending update call: a step when the parameters moved."""
-        G, u, lr, p_before = self.pending
+        """The pending update call: a step when the parameters moved (or
+        when the recorder knows it applied: a fifth element True)."""
+        G, u, lr, p_before = self.pending[:4]
+        applied = len(self.pending) > 4 and self.pending[4]
         self.pending = None
-        if np.array_equal(p_now, p_before):
+        if not applied and np.array_equal(p_now, p_before):
             return  # computed and discarded (MultiSteps' mini-steps)
         t = self.steps
         if self.lr0 is None:
@@ -585,6 +588,20 @@ class ContractRecorder:
                 self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
 
     # ---- output
+
+    # ---- output (write.py)
+
+    def _tool_version(self):
+        return "accumcheck_jax-%s jax-%s" % (VERSION, self.jax.__version__)
+
+    def _recorder_meta(self):
+        """meta.csv's rows saying how this recorder measured (replay, recorder)."""
+        return [("replay", ("each step's update against the parameters seen next "
+                            "(p + update, as optax.apply_updates adds it)")),
+                ("recorder", "accumcheck_jax: the gradient function (rec.grad: a program of "
+                             "the recorder's beside yours, or an ordered io_callback in it) and "
+                             "the optimizer's update (rec.optimizer: a callback in its program); "
+                             "%d coordinates kept of the parameters" % self.layout.d)]
 
     def _refuse(self, message):
         self._abandon("the recorder refused: " + message)

@@ -4,7 +4,6 @@ of what the recorder measured, through accumcheck_trace's writer."""
 import numpy as np
 from accumcheck_trace.trace import (
     CONTRACT_HEADER,
-    VERSION,
     contract_event_rows,
     contract_meta,
     real,
@@ -28,16 +27,11 @@ def write(rec):
                  "float16": "float16"}.get(rec.dtype, str(rec.dtype))
     meta = contract_meta(
         engine=rec.engine, precision=precision,
-        tool_version="accumcheck_jax-%s jax-%s" % (VERSION, rec.jax.__version__),
+        tool_version=rec._tool_version(),
         accumulation=rec.K, items=rec.items_kind, parameters=rec.layout.d,
         lr=rec.lr0 if rec.lr0 is not None else float("nan"), schedule=rec.schedule,
         clip=rec.clip_max, accept=rec.accept, lr_precision=rec.lr_precision)
-    meta.append(("replay", ("each step's update against the parameters seen next "
-                            "(p + update, as optax.apply_updates adds it)")))
-    meta.append(("recorder", "accumcheck_jax: the gradient function (rec.grad: a program of "
-                             "the recorder's beside yours, or an ordered io_callback in it) and "
-                             "the optimizer's update (rec.optimizer: a callback in its program); "
-                             "%d coordinates kept of the parameters" % rec.layout.d))
+    meta += rec._recorder_meta()
     events = contract_event_rows(rec.run, rec.events, lambda j: rec.micro[j][0])
     write_trace(rec.out, meta, events, [],
                 extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})

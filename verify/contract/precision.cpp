@@ -132,8 +132,8 @@ CertifyCheck resolution_check(const CertifyReport& r,
   for (size_t k = 1; k < r.ranking.size(); ++k)
     if (near == 0 || r.ranking[k].distance < r.ranking[near].distance) near = k;
   const std::string read = fmt::format(
-      "{} parameters: each micro-batch gradient read to {:.3g} of its norm "
-      "(its {} backward differs from float64 by {:.3g})",
+      "{} forward and backward: each micro-batch gradient read to {:.3g} of "
+      "its norm (its {} backward differs from float64 by {:.3g})",
       r.precision, eps_max, r.precision, cal_max);
   if (near == 0)
     return {"precision", true, false, read + "; no other candidate"};

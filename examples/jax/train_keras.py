@@ -1,0 +1,133 @@
+"""Gradient accumulation in Keras 3 `model.fit` on the JAX backend
+(`optimizer(..., gradient_accumulation_steps=K)`), recorded by
+accumcheck_jax's KerasRecorder and judged by `accumcheck certify --contract`.
+
+    KERAS_BACKEND=jax python examples/jax/train_keras.py --case fit --out trace/
+    accumcheck certify --contract --trace trace/
+
+(KERAS_BACKEND=torch records Keras's torch backend the same way.)
+
+A small MLP classifier on seeded synthetic data, fit with batch_size 4
+(or --batch), K = 4, 2 epochs, Keras's default loss reduction (the batch
+mean); the cases (--case):
+  fit        correct: 48 samples (every window of 4 equal batches), Adam
+  adamw      fit with AdamW(weight_decay=0.1): the decay is the update's
+             (Keras releases before 3.5 also decayed on every micro-step)
+  uneven     46 samples: the epoch's last batch has 2 samples, weighed as
+             the others (Keras averages its K batch means)
+  leftover   44 samples: 11 batches per epoch, and the optimizer's window
+             counter runs across the epoch's end
+  sum_loss   the loss with reduction="sum": each batch's summed loss, / K
+  schedule   an ExponentialDecay lr schedule (halved every 2 optimizer
+             steps): Keras evaluates it at its micro-batch counter
+  dropout    fit, the model with BatchNormalization and Dropout (random
+             masks, running statistics: the recorder must not move them)
+--no-record fits the same without the recorder (the bit-identity test and
+the bench compare the two).
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+import keras  # noqa: E402
+from accumcheck_jax import Refused, exit_on_refusal  # noqa: E402
+
+CASES = ("fit", "adamw", "uneven", "leftover", "sum_loss", "schedule", "dropout")
+SAMPLES = {"fit": 48, "adamw": 48, "uneven": 46, "leftover": 44, "sum_loss": 48, "schedule": 48,
+           "dropout": 48}
+
+
+def data(samples, features, classes, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples, features)).astype(np.float32)
+    w = rng.standard_normal((features, classes)).astype(np.float32)
+    y = np.argmax(x @ w + 0.5 * rng.standard_normal((samples, classes)), axis=1).astype(np.int32)
+    return x, y
+
+
+def summed_loss(y_true, y_pred, sample_weight=None):
+    """The SUM of the batch's item losses (keras.ops: the recorder's float64
+    calibration runs it on a float64 clone of the model)."""
+    losses = keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+    if sample_weight is not None:
+        losses = losses * sample_weight
+    return keras.ops.sum(losses)
+
+
+def build(args):
+    keras.utils.set_random_seed(args.seed)
+    if args.case == "dropout":
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(args.hidden),
+                                  keras.layers.BatchNormalization(),
+                                  keras.layers.Activation("tanh"), keras.layers.Dropout(0.3),
+                                  keras.layers.Dense(4)])
+    else:
+        model = keras.Sequential([keras.Input((8,)),
+                                  keras.layers.Dense(args.hidden, activation="tanh"),
+                                  keras.layers.Dense(4)])
+    lr = args.lr
+    if args.case == "schedule":
+        # The lr halved every 2 optimizer steps (Keras's ExponentialDecay,
+        # staircase), as certify's `step` schedule (step_size 2, gamma 0.5).
+        lr = keras.optimizers.schedules.ExponentialDecay(args.lr, decay_steps=2, decay_rate=0.5,
+                                                         staircase=True)
+    if args.case == "adamw":
+        opt = keras.optimizers.AdamW(lr, weight_decay=0.1, gradient_accumulation_steps=args.K)
+    else:
+        opt = keras.optimizers.Adam(lr, gradient_accumulation_steps=args.K)
+    reduction = "sum" if args.case == "sum_loss" else "sum_over_batch_size"
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=reduction))
+    return model
+
+
+def run(args):
+    samples = args.samples or SAMPLES[args.case]
+    x, y = data(samples, 8, 4)
+    model = build(args)
+    callbacks = []
+    if args.record:
+        from accumcheck_jax import KerasRecorder
+        schedule = {"kind": "step", "step_size": 2, "gamma": 0.5} \
+            if args.case == "schedule" else None
+        callbacks.append(KerasRecorder(model, summed_loss, out=args.out, lr=args.lr,
+                                       schedule=schedule, quiet=args.quiet))
+    model.fit(x, y, batch_size=args.batch, epochs=args.epochs, shuffle=False, verbose=0,
+              callbacks=callbacks)
+    return [keras.ops.convert_to_numpy(v.value) for v in model.trainable_variables]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", default="fit", help="one of: " + ", ".join(CASES))
+    p.add_argument("--K", type=int, default=4)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--samples", type=int, default=0, help="default: the case's")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--hidden", type=int, default=16, help="the hidden layer's width")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="trace")
+    p.add_argument("--no-record", dest="record", action="store_false")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if args.case not in CASES:
+        raise Refused("--case: expected one of %s, got %r" % (", ".join(CASES), args.case))
+    if args.K < 2 or args.batch < 1 or args.samples < 0 or args.epochs < 1 or args.hidden < 1:
+        raise Refused("--K must be >= 2 (Keras's gradient_accumulation_steps), --batch, "
+                      "--epochs and --hidden >= 1, --samples >= 0")
+    if keras.backend.backend() not in ("jax", "torch"):
+        raise Refused("KERAS_BACKEND=jax or torch: the recorder records Keras's JAX and torch "
+                      "backends (this process runs %r)" % keras.backend.backend())
+    return run(args)
+
+
+if __name__ == "__main__":
+    exit_on_refusal(main)

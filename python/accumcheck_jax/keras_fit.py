@@ -1,0 +1,485 @@
+"""The contract tier's recorder for Keras 3 `model.fit` on its JAX backend
+(and its torch backend: below), with the optimizer's own accumulation (`optimizer(...,
+gradient_accumulation_steps=K)`).  It writes the same contract trace as
+accumcheck_jax.ContractRecorder (whose fits, calibration bookkeeping and
+writer it reuses), judged by `accumcheck certify --contract`.
+
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3, gradient_accumulation_steps=K),
+                  loss=...)
+    rec = KerasRecorder(model, summed_loss, out="trace/")
+    model.fit(x, y, batch_size=B, epochs=E, callbacks=[rec])   # the trace is written at its end
+
+    summed_loss(y_true, y_pred, sample_weight) -> the SUM of the batch's item
+    losses (keras.ops; e.g. ops.sum(keras.losses.sparse_categorical_crossentropy(
+    y_true, y_pred, from_logits=True))); count(batch) -> its loss-bearing
+    items (default: its samples), batch = (x, y, sample_weight) as numpy.
+
+How (a Keras callback; nothing of the run changes): when fit starts, the
+callback wraps the model's train function (made by fit before any
+callback runs) in a Python function that, before each train step, runs one
+program of the recorder's own on the step's input state and batch, read
+back at once, then calls the train step as it was.  The program computes,
+on d kept coordinates per variable (accumcheck_jax's layout):
+  - g_j, the gradient of summed_loss at the parameters the step sees, and
+    c_j, the gradient Keras's train step takes (jax.grad of the model's
+    compute_loss_and_updates, the function train_step differentiates),
+    fitted as w_j g_j;
+  - the optimizer's accumulator going in (its gradient_accumulator
+    variables), its own iteration counter and the lr its update uses (the
+    optimizer's learning_rate read in a StatelessScope of its variables);
+    the gradient the accumulation hands the update is then (c_j + acc) / K
+    on the call the counter makes an update call ((counter + 1) % K == 0,
+    Keras's rule), and nothing on the others;
+  - the parameters: an update call is an optimizer step, its update the
+    parameters' change across it (to the next call's, or the trained
+    weights); the replay check adds that update to the parameters the
+    window started from, so a Keras release that moves the parameters on
+    calls that apply no update (its weight decay on every micro-step,
+    before 3.5.0) fails it.
+On the torch backend (a stateful train step) the same is read from the
+live variables before the step, g_j from a forward of the recorder's own
+(the model's non-trainable variables and torch's RNG put back as they
+were, so the step draws the masks it would have), and c_j is the .grad
+train_step's backward leaves, read after it.
+Every calibrate_every-th g_j again in float64 on a float64 clone of the
+model (keras.models.clone_model, every layer's dtype float64), which
+calibrates the fit; where the model cannot be cloned, or draws random
+numbers (its float64 recompute would draw others), the fit is judged
+without calibration (meta.csv's `calibration` row says so).
+"""
+
+import sys
+
+import numpy as np
+from accumcheck_trace.trace import VERSION, Refused, describe
+
+from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
+
+
+def _keras():
+    try:
+        import keras
+    except ImportError as e:  # pragma: no cover - the venv has it
+        raise Refused("accumcheck_jax.KerasRecorder needs keras 3: bash scripts/venv-jax.sh "
+                      "makes .venv-jax/ (%s)" % e)
+    if keras.backend.backend() not in ("jax", "torch"):
+        raise Refused("accumcheck_jax.KerasRecorder records Keras on its JAX or torch backend: "
+                      "run with KERAS_BACKEND=jax or torch (this process runs %r)"
+                      % keras.backend.backend())
+    return keras
+
+
+def _samples(batch):
+    """The default count: the samples of the batch (its y's, else its x's)."""
+    x, y, _ = batch
+    import jax
+    leaves = jax.tree_util.tree_leaves(y if y is not None else x)
+    return int(np.shape(leaves[0])[0]) if leaves and np.ndim(leaves[0]) else 1
+
+
+try:
+    import keras as _keras_module
+    _Callback = _keras_module.callbacks.Callback
+except ImportError:  # pragma: no cover - the venv has it; _keras() says what to install
+    _Callback = object
+
+
+def _torch_rng(torch):
+    """torch's RNG states (CPU, and every CUDA device's once CUDA is up)
+    put back as they were when the block ends."""
+    up = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if up else [])
+
+
+def _draws_random(model):
+    """Whether a layer of the model draws random numbers (Dropout, noise):
+    its float64 recompute would draw others (jax draws float64 uniforms
+    under x64; torch's unseeded dropout draws from its global RNG)."""
+    layers = [model] + list(getattr(model, "_flatten_layers", lambda: [])())
+    return any(getattr(layer, "_seed_generators", None) for layer in layers)
+
+
+def _torch_grad(fn):
+    """jax.grad(fn) for the torch backend: fn(tv, ntv, batch)'s gradient
+    with respect to tv (numpy in, numpy out)."""
+    import torch
+
+    def grad(tv, ntv, batch):
+        ts = [torch.tensor(v, requires_grad=True) for v in tv]
+        with _torch_rng(torch), torch.enable_grad():
+            out = fn(ts, [torch.tensor(v) for v in ntv],
+                     tuple(None if a is None else torch.tensor(a) for a in batch))
+            gs = torch.autograd.grad(out, ts, allow_unused=True)
+        return [np.zeros(t.shape) if d is None else d.detach().numpy() for t, d in zip(ts, gs)]
+    return grad
+
+
+class KerasRecorder(ContractRecorder, _Callback):
+    """KerasRecorder(model, summed_loss, count=None, out="trace",
+    items="samples", run="trainer", lr=None, schedule=None, accept=(),
+    calibrate_every=16, coordinates=4096, seed=0, quiet=False): a
+    keras.callbacks.Callback.
+
+    model: compiled (model.compile(optimizer=..., loss=...)); K is its
+    optimizer's gradient_accumulation_steps (None: 1).  summed_loss(y_true,
+    y_pred, sample_weight): the SUM of the batch's item losses; count(batch):
+    its loss-bearing items (default: its samples).  lr and schedule: the
+    accepted schedule, as for ContractRecorder.  Pass it to fit:
+    model.fit(..., callbacks=[rec]); the trace is written when fit ends."""
+
+    def __init__(self, model=None, summed_loss=None, count=None, out="trace", items="samples",
+                 run="trainer", lr=None, schedule=None, accept=(), calibrate_every=16,
+                 coordinates=4096, seed=0, quiet=False):
+        keras = _keras()
+        if model is None or summed_loss is None:
+            raise Refused("accumcheck_jax.KerasRecorder: pass the compiled model and summed_loss "
+                          "(the SUM of a batch's item losses: summed_loss(y_true, y_pred, "
+                          "sample_weight))")
+        if not isinstance(model, keras.Model):
+            raise Refused("accumcheck_jax.KerasRecorder: model must be a keras.Model, got %s"
+                          % type(model).__name__)
+        opt = getattr(model, "optimizer", None)
+        if opt is None or not hasattr(opt, "gradient_accumulation_steps"):
+            raise Refused("accumcheck_jax.KerasRecorder: the model has no optimizer: call "
+                          "model.compile(optimizer=..., loss=...) before making the recorder")
+        for what in ("clipnorm", "clipvalue", "global_clipnorm"):
+            if getattr(opt, what, None):
+                raise Refused("accumcheck_jax.KerasRecorder: the optimizer's %s: clipping is not "
+                              "recorded for Keras yet (the consumed gradient is read before "
+                              "it); record without it" % what)
+        if getattr(opt, "loss_scale_factor", None) is not None or \
+                type(opt).__name__ == "LossScaleOptimizer":
+            raise Refused("accumcheck_jax.KerasRecorder: a loss-scaled optimizer is not recorded "
+                          "for Keras yet; record in float32 without loss scaling")
+        if count is not None and not callable(count):
+            raise Refused("accumcheck_jax.KerasRecorder: count must be a function of the batch "
+                          "(x, y, sample_weight) -> its loss-bearing items, got %s"
+                          % type(count).__name__)
+        K = int(opt.gradient_accumulation_steps or 1)
+        _Callback.__init__(self)
+        ContractRecorder.__init__(self, summed_loss, count or _samples, accumulation=K, out=out,
+                                  items=items, run=run, lr=lr, schedule=schedule, accept=accept,
+                                  calibrate_every=calibrate_every, coordinates=coordinates,
+                                  seed=seed, engine="keras", quiet=quiet)
+        self.keras, self.net, self.opt = keras, model, opt
+        self._orig = None          # the train function fit made
+        self._clone64 = None       # the float64 clone (False: none could be made)
+        self._why_uncalibrated = ""
+        self._acc_index = None     # per trainable variable: its accumulator's index, or None
+        self._iter_index = None    # the optimizer's iteration counter's index
+        self._window_p = None      # the kept parameters the current window started from
+
+    # ---- the callback
+
+    def on_train_begin(self, logs=None):
+        if self.closed:
+            return
+        model = self.net
+        if getattr(model, "steps_per_execution", 1) != 1:
+            self._refuse_softly("steps_per_execution=%d: the recorder reads each train step's "
+                                "input; compile with steps_per_execution=1"
+                                % model.steps_per_execution)
+            return
+        if getattr(model, "train_function", None) is None:
+            self._refuse_softly("fit made no train function before its callbacks ran (this "
+                                "Keras release's fit is not one the recorder knows)")
+            return
+        self._orig = model.train_function
+        rec = self
+        if self.keras.backend.backend() == "torch":
+            def train_function(data):
+                if rec.closed:
+                    return rec._orig(data)
+                try:
+                    seen = rec._before_torch(data[0])
+                except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
+                    rec._fail(e)
+                    return rec._orig(data)
+                logs = rec._orig(data)
+                try:
+                    rec._after_torch(*seen)
+                except Exception as e:  # noqa: BLE001
+                    rec._fail(e)
+                return logs
+            model.train_function = train_function
+            return
+
+        def train_function(state, data):
+            if rec.closed:
+                return rec._orig(state, data)
+            if hasattr(data, "__next__"):      # Keras >= 3.6: an iterator of batches
+                batch = next(data)
+                arg = iter([batch])
+            else:                              # earlier: a list of batches
+                batch, arg = data[0], data
+            try:
+                rec._before_step(state, batch)
+            except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
+                rec._fail(e)
+            return rec._orig(state, arg)
+        model.train_function = train_function
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not self.closed:
+            self.epoch()
+
+    def on_train_end(self, logs=None):
+        if self._orig is not None and self.net.train_function is not self._orig:
+            self.net.train_function = self._orig
+        if self.closed:
+            return
+        try:
+            self.close([self.keras.ops.convert_to_numpy(v.value) for v in self.net.trainable_variables])
+        except Refused:
+            pass  # the marker says why; the run is not stopped by the recorder
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+        else:
+            if not self.quiet:
+                sys.stderr.write("accumcheck_jax: trace written to %s\n" % self.out)
+
+    # ---- what each train step sees
+
+    def _indices(self):
+        opt = self.opt
+        ids = {id(v): i for i, v in enumerate(opt.variables)}
+        counter = getattr(opt, "_iterations", None)
+        if counter is None or id(counter) not in ids:
+            counter = opt.iterations
+        if id(counter) not in ids:
+            raise Refused("the optimizer's iteration counter is not among its variables (a "
+                          "Keras release the recorder does not know)")
+        self._iter_index = ids[id(counter)]
+        accs = getattr(opt, "_accumulated_gradients", None) or []
+        self._acc_index = []
+        for v in self.net.trainable_variables:
+            a = accs[opt._get_variable_index(v)] if self.K > 1 and accs else None
+            self._acc_index.append(ids.get(id(a)) if a is not None else None)
+        if self.K > 1 and any(i is None for i in self._acc_index):
+            raise Refused("gradient_accumulation_steps=%d but the optimizer holds no "
+                          "accumulator for some variable" % self.K)
+
+    def _make_probe(self):
+        jax, keras, model, opt = self.jax, self.keras, self.net, self.opt
+        jnp = jax.numpy
+        unpack = keras.utils.unpack_x_y_sample_weight
+        summed = self.summed_loss
+        rec = self
+        kw = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
+
+        def probe(trainable, non_trainable, opt_vars, metrics_vars, batch):
+            x, y, sw = unpack(batch)
+
+            def user(tv):
+                y_pred, _ = model.stateless_call(tv, non_trainable, x, **kw)
+                return summed(y, y_pred, sw)
+
+            def theirs(tv):
+                return model.compute_loss_and_updates(
+                    tv, non_trainable, metrics_vars, x, y, sw, training=True,
+                    optimizer_variables=opt_vars)
+            g = jax.grad(user)(list(trainable))
+            c, _ = jax.grad(theirs, has_aux=True)(list(trainable))
+            with keras.StatelessScope(state_mapping=list(zip(opt.variables, opt_vars))):
+                lr = jnp.asarray(keras.ops.convert_to_tensor(opt.learning_rate), jnp.float32)
+            acc = [jnp.zeros_like(p) if i is None else opt_vars[i]
+                   for p, i in zip(trainable, rec._acc_index)]
+            take = rec.layout.take
+            return (_pack(jnp, take(jnp, list(trainable))), _pack(jnp, take(jnp, g)),
+                    _pack(jnp, take(jnp, c)), _pack(jnp, take(jnp, acc)),
+                    opt_vars[rec._iter_index], lr)
+        return jax.jit(probe)
+
+    def _before_step(self, state, batch):
+        trainable, non_trainable, opt_vars, metrics_vars = state
+        if self.layout is None:
+            shapes = [tuple(v.shape) for v in trainable]
+            self.layout = _Leaves(shapes, self.coordinates, self.seed)
+            self.shapes = shapes
+            self.dtype = str(trainable[0].dtype)
+            self._indices()
+            self._probe = self._make_probe()
+        p, g, c, acc, it, lr = self.jax.device_get(
+            self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch))
+        full = None
+        if len(self.micro) % self.calibrate_every == 0:
+            full = ([np.asarray(v) for v in trainable], [np.asarray(v) for v in non_trainable])
+        host = self.jax.tree_util.tree_map(np.asarray,
+                                           tuple(self.keras.utils.unpack_x_y_sample_weight(batch)))
+        self._record(p, g, c, acc, it, lr, full, host)
+
+    def _record(self, p, g, c, acc, it, lr, full, host):
+        """One train step's call, both backends: the micro-batch's fit, and
+        what the accumulation hands the update."""
+        self._on_backward(p, g, c, full, host, packed=False)
+        if len(self.since) == 1:
+            self._window_p = p   # the parameters the window starts from
+        # What the accumulation hands the update on this call: Keras's rule,
+        # (c + acc) / K in the parameters' precision on the call its counter
+        # makes an update call, nothing on the others.
+        update = (int(it) + 1) % self.K == 0
+        if update:
+            c32 = np.asarray(c, dtype=np.float32)
+            G = ((c32 + np.asarray(acc, dtype=np.float32)) / np.float32(self.K)) \
+                if self.K > 1 else c32
+        else:
+            G = np.zeros(len(p), dtype=np.float32)
+        if self.pending is not None:
+            self._refuse("two optimizer updates with no micro-batch between them")
+        self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last, update)
+
+    # ---- the torch backend: a stateful train step (train_step's backward
+    # leaves each variable's .grad, c_j itself, after the step)
+
+    def _before_torch(self, batch):
+        """Before the step: the parameters, the accumulator, the counter and
+        the lr it starts from, and g_j from a forward of the recorder's own
+        (the model's non-trainable state, its seed generators and
+        statistics, put back as it was)."""
+        import torch
+        keras, model, opt = self.keras, self.net, self.opt
+        params = [v.value for v in model.trainable_variables]
+        if self.layout is None:
+            shapes = [tuple(t.shape) for t in params]
+            self.layout = _Leaves(shapes, self.coordinates, self.seed)
+            self.shapes = shapes
+            self.dtype = str(params[0].dtype).replace("torch.", "")
+            self._indices()
+        host = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        p = self.layout.host([host(t) for t in params])
+        x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
+        kept = [v.value.detach().clone() for v in model.non_trainable_variables]
+        try:
+            # torch's own RNG too (an unseeded Dropout draws from it): the
+            # train step then draws what it would have, the same masks.
+            with _torch_rng(torch), torch.enable_grad():
+                kw = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
+                loss = self.summed_loss(y, model(x, **kw), sw)
+                g = torch.autograd.grad(loss, params, allow_unused=True)
+        finally:
+            with torch.no_grad():
+                for v, t in zip(model.non_trainable_variables, kept):
+                    v.value.copy_(t)
+        g = self.layout.host([np.zeros(t.shape, np.float32) if d is None else host(d)
+                              for t, d in zip(params, g)])
+        ov = opt.variables
+        it = int(host(ov[self._iter_index].value))
+        acc = self.layout.host([np.zeros(t.shape, np.float32) if i is None else host(ov[i].value)
+                                for t, i in zip(params, self._acc_index)])
+        lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
+        full = None
+        if len(self.micro) % self.calibrate_every == 0:
+            full = ([host(t).copy() for t in params],
+                    [host(v.value).copy() for v in model.non_trainable_variables])
+        hostb = tuple(None if a is None else self.jax.tree_util.tree_map(
+            lambda t: host(t) if hasattr(t, "detach") else np.asarray(t), a) for a in (x, y, sw))
+        return p, g, acc, it, lr, full, hostb
+
+    def _after_torch(self, p, g, acc, it, lr, full, hostb):
+        """After the step: c_j, the .grad train_step's backward left."""
+        params = [v.value for v in self.net.trainable_variables]
+        c = self.layout.host([np.zeros(t.shape, np.float32) if t.grad is None
+                              else t.grad.detach().cpu().numpy() for t in params])
+        self._record(p, g, c, acc, it, lr, full, hostb)
+
+    def _resolve(self, p_now):
+        """The pending call: a step when the parameters moved; its update is
+        the parameters' change (Keras applies it inside the train step)."""
+        if self.pending is None:
+            return
+        G, _, lr, p_before, update = self.pending
+        if not update:
+            self.pending = None  # accumulated: nothing applied (replay sees any move)
+            return
+        u = (p_now.astype(np.float32) - p_before.astype(np.float32)).astype(np.float64)
+        # Replayed from the window's start: the parameters after the
+        # previous step + this call's change = those after it, unless
+        # something else moved them during the window.
+        self.pending = (G, u, lr, self._window_p, True)
+        super()._resolve(p_now)
+
+    def _calibrate(self):
+        """g_j in float64, on the float64 clone, for the calibration sample."""
+        queued, self.calibrate = self.calibrate, []
+        if not queued or self._clone64 is False:
+            return
+        jax, keras = self.jax, self.keras
+        if self._clone64 is None and _draws_random(self.net):
+            self._clone64 = False
+            self._why_uncalibrated = ("the model draws random numbers (Dropout, noise), which its "
+                                      "float64 recompute would draw otherwise")
+            return
+        with _enable_x64(jax):
+            if self._clone64 is None:
+                try:
+                    def f64(layer):
+                        config = dict(layer.get_config(), dtype="float64")
+                        return layer.__class__.from_config(config)
+                    self._clone64 = keras.models.clone_model(self.net, clone_function=f64)
+                except Exception as e:  # noqa: BLE001
+                    self._clone64 = False
+                    self._why_uncalibrated = "keras.models.clone_model failed: %s" % describe(e)
+                    return
+                clone, summed = self._clone64, self.summed_loss
+                unpack = keras.utils.unpack_x_y_sample_weight
+                kw = {"training": True} if getattr(self.net, "_call_has_training_arg", True) \
+                    else {}
+
+                def user(tv, ntv, batch):
+                    x, y, sw = unpack(batch)
+                    y_pred, _ = clone.stateless_call(tv, ntv, x, **kw)
+                    return summed(y, y_pred, sw)
+                if keras.backend.backend() == "torch":
+                    self._grad64 = _torch_grad(user)
+                else:
+                    self._grad64 = jax.jit(jax.grad(user))
+            for j, (tv, ntv), batch, g32 in queued:
+                wide = [np.asarray(v, dtype=np.float64) for v in tv]
+                b64 = jax.tree_util.tree_map(
+                    lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
+                    batch)
+                g64 = [np.asarray(x) for x in
+                       self._grad64(wide, [np.asarray(v) for v in ntv], b64)]
+                if any(np.asarray(x).dtype != np.float64 for x in g64):
+                    self._clone64 = False
+                    self._why_uncalibrated = "the float64 clone's gradient is not float64 " \
+                        "(summed_loss casts: write it with keras.ops)"
+                    return
+                g64 = self.layout.host(g64)
+                n64 = float(np.linalg.norm(g64))
+                self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
+
+    # ---- output and failure
+
+    def _tool_version(self):
+        return "accumcheck_jax-%s keras-%s (%s backend) jax-%s" % (
+            VERSION, self.keras.__version__, self.keras.backend.backend(), self.jax.__version__)
+
+    def _recorder_meta(self):
+        rows = [("replay", "the parameters after the previous step + the update call's change "
+                           "against the parameters after it (Keras applies the update inside "
+                           "its train step): nothing else may move them in the window"),
+                ("recorder", "accumcheck_jax.KerasRecorder: a program of its own before each "
+                             "train step of fit (the step's state and batch); %d coordinates "
+                             "kept of the parameters" % self.layout.d)]
+        if self._clone64 is False:
+            rows.append(("calibration", "none: " + self._why_uncalibrated))
+        return rows
+
+    def _refuse_softly(self, message):
+        """Bad input met once fit runs: the recording ends saying so (certify
+        exits 2 naming it); the run goes on unrecorded."""
+        self._abandon("the recorder refused: " + message)
+        sys.stderr.write("accumcheck_jax: not recording: %s\n" % message)
+
+    def _fail(self, e):
+        """An error of the recorder's: the recording ends with it; the run
+        goes on (its train function restored)."""
+        if isinstance(e, Refused):
+            self._refuse_softly(e.message)
+        else:
+            self._abandon("the recorder failed: %s" % describe(e))
+            sys.stderr.write("accumcheck_jax: the recorder failed, not recording: %s\n"
+                             % describe(e))
+        if self._orig is not None:
+            self.net.train_function = self._orig

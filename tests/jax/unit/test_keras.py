@@ -1,0 +1,98 @@
+"""accumcheck_jax's KerasRecorder: recording never changes the fit (the
+trained weights bit-identical with and without it), an error of the
+recorder ends the recording with its reason and never the fit, and bad
+input is refused with what to pass."""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+keras = pytest.importorskip("keras")
+import train_keras  # noqa: E402
+from accumcheck_jax import KerasRecorder, Refused  # noqa: E402
+
+
+def same_bits(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32))
+
+
+# AdamW: the decay inside the update; the trace of a correct fit PASSes.
+# (CI keeps to one case: bench/keras_contract_bench.py asserts the same
+# bit-identity for every case of examples/jax/train_keras.py, on the
+# backend it runs; CTest's JAX.keras.* and the conformance matrix certify
+# every case.)
+def test_recording_changes_nothing(tmp_path, accumcheck):
+    plain = train_keras.main(["--case", "adamw", "--no-record", "--quiet"])
+    recorded = train_keras.main(["--case", "adamw", "--out", str(tmp_path / "t"), "--quiet"])
+    same_bits(plain, recorded)
+    assert not (tmp_path / "t" / "rank0.incomplete").exists()
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok   optimizer replay" in r.stdout
+    assert "PASS (contract tier)" in r.stdout
+
+
+def certify(accumcheck, folder):
+    return subprocess.run([accumcheck, "certify", "--contract", "--trace", str(folder)],
+                          check=False, capture_output=True, text=True)
+
+
+def model(**opt):
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    m.compile(optimizer=keras.optimizers.SGD(0.1, **opt),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
+
+
+def fit(m, callbacks, **kw):
+    x, y = train_keras.data(16, 8, 4)
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=callbacks, **kw)
+    return [keras.ops.convert_to_numpy(v.value) for v in m.trainable_variables]
+
+
+def test_recorder_error_ends_the_recording_not_the_fit(tmp_path, accumcheck):
+    def count(batch):
+        raise ValueError("no items here")
+    plain = fit(model(gradient_accumulation_steps=2), [])
+    rec = KerasRecorder(model(gradient_accumulation_steps=2), train_keras.summed_loss,
+                        count=count, out=str(tmp_path / "t"), quiet=True)
+    same_bits(plain, fit(rec.net, [rec]))
+    marker = (tmp_path / "t" / "rank0.incomplete").read_text()
+    assert "count_fn(batch) failed on micro-batch 0: no items here" in marker
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no items here" in r.stderr
+
+
+def test_steps_per_execution_is_refused_softly(tmp_path):
+    m = model(gradient_accumulation_steps=2)
+    m.compile(optimizer=m.optimizer, loss=m.loss, steps_per_execution=2)
+    rec = KerasRecorder(m, train_keras.summed_loss, out=str(tmp_path / "t"), quiet=True)
+    fit(m, [rec])
+    assert "steps_per_execution=2" in (tmp_path / "t" / "rank0.incomplete").read_text()
+
+
+@pytest.mark.parametrize("make,said", [
+    (lambda: KerasRecorder(), "pass the compiled model and summed_loss"),
+    (lambda: KerasRecorder(object(), train_keras.summed_loss), "must be a keras.Model"),
+    (lambda: KerasRecorder(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]),
+                           train_keras.summed_loss), "call model.compile"),
+    (lambda: KerasRecorder(model(clipnorm=1.0), train_keras.summed_loss),
+     "clipnorm: clipping is not recorded"),
+    (lambda: KerasRecorder(model(), train_keras.summed_loss, count=3),
+     "count must be a function of the batch"),
+    (lambda: KerasRecorder(model(), train_keras.summed_loss, schedule={"kind": "warp"}),
+     "schedule: expected None or"),
+])
+def test_bad_input_says_what_to_pass(tmp_path, monkeypatch, make, said):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Refused) as e:
+        make()
+    assert said in str(e.value)
