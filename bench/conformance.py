@@ -48,6 +48,20 @@ WORK = os.path.join(ROOT, "build", "conformance", "runs")
 CASES = os.path.join(ROOT, "tests", "frameworks")
 BIN = os.environ.get("ACCUMCHECK_BIN", os.path.join(ROOT, "build", "cli", "accumcheck"))
 CASE_TIMEOUT = 600
+# The frameworks whose venvs are layered on .venv-jax (scripts/venv-jax.sh:
+# jax, optax, flax, keras, itself layered on .venv), with
+# requirements-jax.txt's pins as constraints too; the others on .venv.  A
+# row's pins override a base pin (jax==0.4.30 jaxlib==0.4.30 for a release
+# that needs an older jax): its venv holds its own copy, ahead on its path.
+JAX_BASED = ("optax", "flax", "keras")
+
+
+# A JAX-based case's environment: Keras on its JAX backend, on the CPU.
+JAX_ENV = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+
+
+def _jax_based(row):
+    return row["framework"] in JAX_BASED
 
 
 def read_versions(path=VERSIONS):
@@ -92,24 +106,32 @@ def row_of(spec):
     return {"spec": spec, "framework": fw, "version": ver, "pins": [], "ci": False, "expect": {}}
 
 
-def base_site():
-    """The project .venv's site-packages (torch 2.13.0 and the pins)."""
-    py = os.path.join(ROOT, ".venv", "bin", "python")
-    if not os.access(py, os.X_OK):
-        sys.exit("no .venv: run scripts/venv.sh first (the framework venvs are layered on it)")
-    out = subprocess.run([py, "-c", "import site; print(site.getsitepackages()[0])"],
-                         capture_output=True, text=True, check=True)
-    # The real path: a worktree's .venv may be a link to another's, and a
-    # venv made through the link must not name a folder that goes away.
-    return os.path.realpath(out.stdout.strip())
+def base_site(row=None):
+    """The site-packages a framework venv is layered on, one a line: the
+    project .venv's (torch 2.13.0 and the pins), and before it .venv-jax's
+    for a JAX-based framework (a .pth file's folder is put on the path,
+    its own .pth files are not read: both are named)."""
+    venvs = ([(".venv-jax", "scripts/venv-jax.sh")] if row and _jax_based(row) else []) + \
+        [(".venv", "scripts/venv.sh")]
+    sites = []
+    for name, script in venvs:
+        py = os.path.join(ROOT, name, "bin", "python")
+        if not os.access(py, os.X_OK):
+            sys.exit("no %s: run %s first (the framework venvs are layered on it)" % (name, script))
+        out = subprocess.run([py, "-c", "import site; print(site.getsitepackages()[0])"],
+                             capture_output=True, text=True, check=True)
+        # The real path: a worktree's .venv may be a link to another's, and a
+        # venv made through the link must not name a folder that goes away.
+        sites.append(os.path.realpath(out.stdout.strip()))
+    return "\n".join(sites)
 
 
-def relink(d):
+def relink(d, row=None):
     """A reused venv's link to .venv's site-packages (_accumcheck_base.pth)
     made to name this project's: one made from a checkout since removed
     names that checkout's .venv, and every cell would fail on 'No module
     named torch'."""
-    want = base_site() + "\n"
+    want = base_site(row) + "\n"
     for pth in glob.glob(os.path.join(d, "lib", "python*", "site-packages",
                                       "_accumcheck_base.pth")):
         with open(pth) as f:
@@ -129,9 +151,12 @@ def constraints(row, d):
     itself (lightning 2.0 needs an fsspec older than .venv's): the venv then
     holds its own copy, ahead of .venv's on its path.  torch is never
     released: every cell runs torch 2.13.0."""
-    mine = {_name(p) for p in row["pins"]} - {"torch"}
-    with open(os.path.join(ROOT, "requirements.txt")) as f:
-        lines = [x for x in f if not x.strip() or x.lstrip().startswith("#") or _name(x) not in mine]
+    mine = ({_name(p) for p in row["pins"]} | {_name(row["framework"])}) - {"torch"}
+    lines = []
+    for req in ["requirements.txt"] + (["requirements-jax.txt"] if _jax_based(row) else []):
+        with open(os.path.join(ROOT, req)) as f:
+            lines += [x for x in f if not x.strip() or x.lstrip().startswith("#")
+                      or _name(x) not in mine]
     path = os.path.join(d, "constraints.txt")
     with open(path, "w") as f:
         f.writelines(lines)
@@ -151,7 +176,7 @@ def venv(row, quiet=False):
                 said = f.read()
             if said.startswith(want + "\n"):  # made for these pins: reuse
                 if done == ok:
-                    relink(d)
+                    relink(d, row)
                 return py, 0.0, said[len(want) + 1:] if done == failed else None
     t0 = time.time()
     subprocess.run([sys.executable if not os.path.exists(os.path.join(ROOT, ".venv")) else
@@ -160,14 +185,21 @@ def venv(row, quiet=False):
     site = subprocess.run([py, "-c", "import site; print(site.getsitepackages()[0])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     with open(os.path.join(site, "_accumcheck_base.pth"), "w") as f:
-        f.write(base_site() + "\n")
+        f.write(base_site(row) + "\n")
     cmd = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
            "-c", constraints(row, d), row["spec"]] + row["pins"]
     if not quiet:
         print("venv: %s" % " ".join(cmd[3:]), file=sys.stderr)
     p = subprocess.run(cmd, capture_output=True, text=True)
     err = None
-    if p.returncode == 0:
+    if p.returncode == 0 and _jax_based(row):
+        chk = subprocess.run([py, "-c", "import jax, %s as m; print(m.__version__)" % row["framework"]],
+                             capture_output=True, text=True, check=False,
+                             env=dict(os.environ, **JAX_ENV))
+        if chk.returncode != 0 or chk.stdout.strip() != row["version"]:
+            err = "installed, but it does not import as %s beside jax: %s" % (row["spec"], (
+                chk.stderr.strip().splitlines() or [chk.stdout.strip()])[-1])
+    elif p.returncode == 0:
         chk = subprocess.run([py, "-c", "import torch, %s; print(torch.__version__)"
                               % row["framework"].replace("-", "_")],
                              capture_output=True, text=True)
@@ -176,8 +208,9 @@ def venv(row, quiet=False):
                 (chk.stderr.strip().splitlines() or ["torch %s" % chk.stdout.strip()])[-1])
     else:
         lines = [x for x in p.stderr.splitlines() if "is ignored: it is neither" not in x]
-        err = "pip cannot install it beside torch 2.13.0: %s" % " / ".join(
-            x.strip() for x in lines if x.strip())[-600:]
+        err = "pip cannot install it beside %s: %s" % (
+            "jax and requirements-jax.txt's pins" if _jax_based(row) else "torch 2.13.0", " / ".join(
+            x.strip() for x in lines if x.strip())[-600:])
     spent = time.time() - t0
     with open(failed if err else ok, "w") as f:
         f.write(want + "\n" + (err if err else "%.1f\n" % spent))
@@ -314,7 +347,7 @@ def run_case(row, case, py, variant="default", identity=True):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), CASES]),
                PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", **(JAX_ENV if _jax_based(row) else {}))
     t0 = time.time()
     c0 = os.times()
     script, _, declared = case.partition(".")  # CASE.VARIANT: a declared variant
@@ -338,7 +371,8 @@ def run_case(row, case, py, variant="default", identity=True):
         res["identity"] = identity_of(os.path.join(out, "identity"))
     if rc != 0:
         lines = [x for x in err.splitlines() if x.strip()]
-        said = next((x for x in lines if x.startswith("accumcheck_torch:")), lines[-1] if lines else "")
+        said = next((x for x in lines if x.startswith(("accumcheck_torch:", "accumcheck_jax:"))),
+                    lines[-1] if lines else "")
         res.update(cell="refused (exit 2)" if rc == 2 else "case failed (exit %d)" % rc,
                    margin="", where="", detail=said[:300])
         return res
@@ -462,6 +496,10 @@ def main():
         return 0
     if a.cmd == "check":
         row = row_of(a.spec)
+        if _jax_based(row) and not os.access(os.path.join(ROOT, ".venv-jax", "bin", "python"), os.X_OK):
+            # Not this cell's failure: the base it is layered on is not made.
+            print("%s: no .venv-jax (bash scripts/venv-jax.sh makes it)" % a.spec)
+            return 77
         py, spent, err = venv(row, quiet=True)
         if err:
             # Not this project's failure: the framework's pins cannot be

@@ -92,7 +92,7 @@ def linear(base, total):
 
 
 def run(args):
-    x, y = data(args.samples, 8, 4)
+    x, y = data(args.samples, args.features, 4)
     batches = micro_batches(x, y, [int(s) for s in args.sizes.split(",")])
     K, epochs = args.K, args.epochs
     windows = -(-len(batches) // K)
@@ -121,7 +121,7 @@ def run(args):
         grad_fn = jax.jit(rec.grad(fn))
     else:
         grad_fn = rec.grad(jax.jit(fn)) if rec else jax.jit(fn)
-    params = init_params(8, 16, 4)
+    params = init_params(args.features, args.hidden, 4)
     state = tx.init(params)
 
     @jax.jit
@@ -172,8 +172,8 @@ def run_nnx(args, batches):
 
     class MLP(nnx.Module):
         def __init__(self, rngs):
-            self.l1 = nnx.Linear(8, 16, rngs=rngs)
-            self.l2 = nnx.Linear(16, 4, rngs=rngs)
+            self.l1 = nnx.Linear(args.features, args.hidden, rngs=rngs)
+            self.l2 = nnx.Linear(args.hidden, 4, rngs=rngs)
 
         def __call__(self, x):
             return self.l2(jnp.tanh(self.l1(x)))
@@ -228,6 +228,8 @@ def main(argv=None):
     p.add_argument("--sizes", default="4", help="micro-batch sizes, cycled (e.g. 2,6)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--features", type=int, default=8, help="the MLP's inputs")
+    p.add_argument("--hidden", type=int, default=16, help="the MLP's hidden width")
     p.add_argument("--out", default="trace")
     p.add_argument("--no-record", dest="record", action="store_false")
     p.add_argument("--wrap-inside", action="store_true",
@@ -236,8 +238,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.loop not in LOOPS:
         raise Refused("--loop: expected one of %s, got %r" % (", ".join(LOOPS), args.loop))
-    if args.K < 1 or args.samples < 1 or args.epochs < 1:
-        raise Refused("--K, --samples and --epochs must be >= 1")
+    if min(args.K, args.samples, args.epochs, args.features, args.hidden) < 1:
+        raise Refused("--K, --samples, --epochs, --features and --hidden must be >= 1")
     return run(args)
 
 

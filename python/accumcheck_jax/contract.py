@@ -20,14 +20,17 @@ ContractRecorder(..., grad=nnx.grad), the micro-batch
 gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
 nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
 
-What it measures (an ordered io_callback, so it works under jit):
+What it measures (jitted or not):
   - per micro-batch j (each call of the wrapped gradient function): g_j =
-    grad(summed_loss) at the parameters that call saw, computed in the same
-    program, and c_j, the gradient your function returned, fitted as w_j g_j
+    grad(summed_loss) at the parameters that call saw (in a program of the
+    recorder's beside yours, its vector read back with the others every
+    few micro-batches; or, your function jitted with the wrapper, in your
+    program, handed over by an ordered io_callback), and c_j, the gradient your function returned, fitted as w_j g_j
     (the weight and the relative residual); every calibrate_every-th (the
     first included) g_j again in float64 on the host, which calibrates the
     fit (|g32 - g64| / |g64|);
-  - per call of the wrapped optimizer's update: the gradient handed to it
+  - per call of the wrapped optimizer's update (a callback in its program,
+    capture._told): the gradient handed to it
     (what the accumulation consumed), the update it returned and its lr
     (optax.inject_hyperparams' state, or a Keras optimizer's); a call is an
     optimizer step when the next parameters seen differ from those before
@@ -41,92 +44,32 @@ leaf (all of a leaf of at most `coordinates` elements, default 4096, else
 a seeded sample of that many), in float64 numpy on the host.
 """
 
+import functools
 import math
+import threading
 import time
 
 import numpy as np
 from accumcheck_trace.trace import (
-    CONTRACT_HEADER,
     SCHEDULE_KEYS,
     VERSION,
     Recording,
     Refused,
-    contract_event_rows,
-    contract_meta,
     real,
     stopped_by,
-    write_trace,
 )
+
+from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join
+from .write import _off_bf16, write
 
 U32 = 2.0 ** -24
 # oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
 # what the trace reports, as accumcheck_torch's recorder does).
 REPLAY_ULPS = 16.0
-
-
-def _jax():
-    try:
-        import jax
-    except ImportError as e:  # pragma: no cover - the venv has it
-        raise Refused("accumcheck_jax needs jax: bash scripts/venv-jax.sh makes .venv-jax/ (%s)" % e)
-    return jax
-
-
-def _enable_x64(jax):
-    """jax's float64 scope (jax.enable_x64 from 0.5 on, else the
-    experimental one): only the recorder's calibration runs inside it."""
-    scope = getattr(jax, "enable_x64", None)
-    if scope is not None:
-        return scope(True)
-    from jax.experimental import enable_x64
-    return enable_x64()
-
-
-def _is_nnx(obj):
-    try:
-        from flax import nnx
-    except Exception:  # noqa: BLE001  (no flax, or one this jax cannot import: not NNX)
-        return False
-    return isinstance(obj, nnx.Module)
-
-
-class _Leaves:
-    """The parameters' layout: which coordinates of each leaf are kept."""
-
-    def __init__(self, shapes, coordinates, seed):
-        self.picks, self.sizes = [], []
-        for i, shape in enumerate(shapes):
-            size = int(np.prod(shape)) if len(shape) else 1
-            self.sizes.append(size)
-            if size <= coordinates:
-                self.picks.append(None)
-            else:
-                rng = np.random.default_rng([seed, i, size])
-                self.picks.append(np.sort(rng.choice(size, coordinates, replace=False)))
-        self.d = sum(s if p is None else len(p) for s, p in zip(self.sizes, self.picks))
-
-    def take(self, jnp, leaves):
-        """In the program: the kept coordinates of each leaf."""
-        out = []
-        for leaf, pick in zip(leaves, self.picks):
-            flat = jnp.reshape(leaf, (-1,))
-            out.append(flat if pick is None else jnp.take(flat, pick))
-        return out
-
-    def host(self, leaves):
-        """On the host, from whole leaves: the kept coordinates as one
-        float64 vector."""
-        parts = []
-        for leaf, pick in zip(leaves, self.picks):
-            flat = np.asarray(leaf).reshape(-1)
-            parts.append(flat if pick is None else flat[pick])
-        return join(parts)
-
-
-def join(taken):
-    """What take() kept (a callback's arguments) as one float64 vector."""
-    return np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in taken]) \
-        if len(taken) else np.zeros(0)
+# The eager path's micro-batches waiting on the device to be read back
+# (their kept coordinates): read back together once they hold this many
+# bytes, or at the epoch's end.
+_INBOX_BYTES = 16 << 20
 
 
 class ContractRecorder:
@@ -206,6 +149,15 @@ class ContractRecorder:
         self.lr_precision = "float32"  # optax's inject_hyperparams holds it so
         self.dtype = None
         self.closed = False
+        # What the programs told, in program order, not yet taken in: the
+        # eager path's micro-batches ("lazy": their probe's vector still
+        # on the device, read back together) and the callbacks that came
+        # after one of them.
+        self.inbox = []
+        self.lazy = 0
+        self.n_backward = 0      # micro-batches told so far (taken in or not)
+        self.draining = False
+        self._lock = threading.Lock()
         self._recording = Recording(out, on_exit=self._abandon)
 
     # ---- wiring
@@ -245,7 +197,8 @@ class ContractRecorder:
             full = jax.tree_util.tree_leaves(rec._state_of(first))
             rec.full_shapes = [(tuple(x.shape), x.dtype) for x in full]
             # Few arguments: each costs the callback a transfer of its own.
-            _host_call(jax, rec._on_backward, _pack(jnp, rec.layout.take(jnp, p_leaves)),
+            _host_call(jax, rec._arriving(rec._on_backward),
+                       _pack(jnp, rec.layout.take(jnp, p_leaves)),
                        _pack(jnp, rec.layout.take(jnp, g_leaves)),
                        _pack(jnp, rec.layout.take(jnp, c_leaves)), _pack(jnp, full), batch)
             return out
@@ -254,11 +207,22 @@ class ContractRecorder:
     def _eager(self, fn, value_and_grad, first, batch, a, k):
         """The wrapped gradient function called outside jit (your jitted
         function wrapped: rec.grad(jax.jit(fn))): your function as it is,
-        then one program of the recorder's own (g_j and the kept
-        coordinates of the parameters, g_j and your gradient), read back
-        at once: no callback in your program, and none of its cost (an
-        io_callback costs about 3 ms a call)."""
+        then one program of the recorder's own (g_j, and the kept
+        coordinates of the parameters, of g_j and of your gradient, as one
+        vector), dispatched asynchronously like yours and read back with
+        the others every few micro-batches: no callback in your program
+        (a program with one leaves jax's fast dispatch path), and no wait
+        for the device per micro-batch."""
         jax = self.jax
+        # The optimizer updates your loop launched before this call have
+        # told (their callbacks, queued behind the micro-batches not yet
+        # read back): the order of what the inbox holds is program order.
+        # An update tells from the program that makes the parameters this
+        # call takes (a callback whose result is in its state: see _told).
+        jax.block_until_ready(jax.tree_util.tree_leaves(self._state_of(first)))
+        jax.effects_barrier()
+        if self.lazy and self.lazy * 3 * self.layout.d * 4 >= _INBOX_BYTES:
+            self._drain()
         out = fn(first, batch, *a, **k)
         c = out[1] if value_and_grad else out
         if self._probe is None:
@@ -269,27 +233,73 @@ class ContractRecorder:
                 p_leaves, treedef = jax.tree_util.tree_flatten(rec._params_of(first))
                 rec._layout(p_leaves, treedef, first)
                 jnp = jax.numpy
-                return (_pack(jnp, rec.layout.take(jnp, p_leaves)),
-                        _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(g))),
-                        _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(c))))
+                take = rec.layout.take
+                return _pack(jnp, take(jnp, p_leaves) + take(jnp, jax.tree_util.tree_leaves(g))
+                             + take(jnp, jax.tree_util.tree_leaves(c)))
             if self.nnx_graph is None and _is_nnx(first):
                 from flax import nnx
                 self._probe = nnx.jit(probe)
             else:
                 self._probe = jax.jit(probe)
-        p, g, cc = jax.device_get(self._probe(first, batch, c))
-        if len(self.micro) % self.calibrate_every == 0:
+        vec = self._probe(first, batch, c)
+        copy = getattr(vec, "copy_to_host_async", None)
+        if copy is not None:
+            copy()
+        # The calibration sample's whole state, read now (your next program
+        # may donate its buffers).
+        if self.n_backward % self.calibrate_every == 0:
             full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))]
         else:
             full = None
-        self.sync_calls()
-        self._on_backward(p, g, cc, full, jax.device_get(batch), packed=False)
+        self.n_backward += 1
+        with self._lock:
+            self.inbox.append(("lazy", vec, full, jax.device_get(batch)))
+            self.lazy += 1
         return out
 
     def sync_calls(self):
-        """The callbacks of the programs launched so far have run (the
-        optimizer's, before the next micro-batch's record)."""
+        """The callbacks of the programs launched so far have run, and what
+        they and the micro-batches told is taken in."""
         self.jax.effects_barrier()
+        self._drain()
+
+    def _arriving(self, handler):
+        """handler as a callback's function: taken in at once when nothing
+        told before it waits in the inbox, else queued behind it."""
+        return functools.partial(self._arrive, handler)
+
+    def _arrive(self, handler, *args):
+        with self._lock:
+            if handler == self._on_backward:
+                self.n_backward += 1
+            if not self.inbox and not self.draining:
+                handler(*args)
+            else:
+                self.inbox.append(("now", handler, args))
+
+    def _drain(self):
+        """Takes in what the inbox holds, in order: the micro-batches'
+        vectors read back from the device together; a callback that
+        arrives meanwhile waits its turn behind them."""
+        while True:
+            with self._lock:
+                queued, self.inbox, self.lazy = self.inbox, [], 0
+                self.draining = bool(queued)
+            if not queued:
+                return
+            try:
+                d = self.layout.d
+                vecs = iter(self.jax.device_get([e[1] for e in queued if e[0] == "lazy"]))
+                for e in queued:
+                    if e[0] == "lazy":
+                        v = np.asarray(next(vecs))
+                        self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
+                    else:
+                        e[1](*e[2])
+            except BaseException:
+                with self._lock:
+                    self.draining = False
+                raise
 
     def optimizer(self, tx):
         """An optax GradientTransformation (the one that applies the update:
@@ -317,8 +327,9 @@ class ContractRecorder:
             g_leaves = jax.tree_util.tree_leaves(grads)
             u_leaves = jax.tree_util.tree_leaves(updates)
             rec._same_tree(g_leaves)
-            _host_call(jax, rec._on_update, rec.layout.take(jnp, g_leaves),
-                               rec.layout.take(jnp, u_leaves), lr, ordered=True)
+            new_state = _told(jax, rec._arriving(rec._on_update), new_state,
+                              _pack(jnp, rec.layout.take(jnp, g_leaves)),
+                              _pack(jnp, rec.layout.take(jnp, u_leaves)), lr)
             return updates, new_state
         return optax.GradientTransformation(tx.init, update)
 
@@ -355,11 +366,12 @@ class ContractRecorder:
             jnp = jax.numpy
             g_leaves = jax.tree_util.tree_leaves(grads)
             rec._same_tree(g_leaves)
-            _host_call(jax, rec._on_multi_step, rec.layout.take(jnp, g_leaves),
-                               rec.layout.take(jnp, jax.tree_util.tree_leaves(state.acc_grads)),
-                               state.mini_step, state.gradient_step, new_state.gradient_step,
-                               rec.layout.take(jnp, jax.tree_util.tree_leaves(updates)), lr,
-                               ordered=True)
+            take = rec.layout.take
+            new_state = _told(jax, rec._arriving(rec._on_multi_step), new_state,
+                              _pack(jnp, take(jnp, g_leaves)),
+                              _pack(jnp, take(jnp, jax.tree_util.tree_leaves(state.acc_grads))),
+                              state.mini_step, state.gradient_step, new_state.gradient_step,
+                              _pack(jnp, take(jnp, jax.tree_util.tree_leaves(updates))), lr)
             return updates, new_state
         self._multi_mean = mean
         return optax.GradientTransformation(tx.init, update)
@@ -367,13 +379,12 @@ class ContractRecorder:
     def _on_multi_step(self, g, acc, mini, before, after, u, lr):
         if int(after) == int(before):
             return  # a mini-step: accumulated, nothing applied
-        g32 = [np.asarray(x, dtype=np.float32) for x in g]
-        a32 = [np.asarray(x, dtype=np.float32) for x in acc]
+        g32 = np.asarray(g, dtype=np.float32)
+        a32 = np.asarray(acc, dtype=np.float32)
         if self._multi_mean:
-            n = np.float32(int(mini) + 1)
-            G = [a + (x - a) / n for x, a in zip(g32, a32)]
+            G = a32 + (g32 - a32) / np.float32(int(mini) + 1)
         else:
-            G = [a + x for x, a in zip(g32, a32)]
+            G = a32 + g32
         self._on_update(G, u, lr)
 
     def watch(self, batches, dataset_size=-1, batch_size=-1):
@@ -390,7 +401,7 @@ class ContractRecorder:
     def sync(self):
         """Every callback of the computations launched so far has run, and
         the float64 calibrations pending are done."""
-        self.jax.effects_barrier()
+        self.sync_calls()
         self._calibrate()
 
     def close(self, params=None):
@@ -402,6 +413,8 @@ class ContractRecorder:
         if why:
             self._abandon(why)
             return
+        if params is not None:  # the last update has told (its program made them)
+            self.jax.block_until_ready(self.jax.tree_util.tree_leaves(self._state_of(params)))
         self.sync()
         if self.pending is not None:
             if params is None:
@@ -414,7 +427,7 @@ class ContractRecorder:
             self._refuse("ContractRecorder.close: no micro-batch gradient was recorded: call the "
                          "function rec.grad(...) returned for each micro-batch")
         self.closed = True
-        self._write()
+        write(self)
         self._recording.done()
 
     def __enter__(self):
@@ -464,7 +477,7 @@ class ContractRecorder:
         batch = self.jax.tree_util.tree_map(np.asarray, batch)
         try:
             items = int(self.count_fn(batch))
-        except Exception as e:  # noqa: BLE001  (whatever the user's function raised, named)
+        except Exception as e:
             self._refuse("count_fn(batch) failed on micro-batch %d: %s" % (j, e))
         first = self.jax.tree_util.tree_leaves(batch)
         samples = int(first[0].shape[0]) if first and np.ndim(first[0]) else 1
@@ -492,7 +505,7 @@ class ContractRecorder:
                          "call the function rec.grad(...) returned for each micro-batch")
         if self.p_last is None:
             self._refuse("an optimizer update before any micro-batch gradient")
-        self.pending = (join(g), join(u), float(lr), self.p_last)
+        self.pending = (join([g]), join([u]), float(lr), self.p_last)
 
     def _resolve(self, p_now):
         """The pending update call: a step when the parameters moved (or
@@ -576,6 +589,8 @@ class ContractRecorder:
 
     # ---- output
 
+    # ---- output (write.py)
+
     def _tool_version(self):
         return "accumcheck_jax-%s jax-%s" % (VERSION, self.jax.__version__)
 
@@ -583,33 +598,10 @@ class ContractRecorder:
         """meta.csv's rows saying how this recorder measured (replay, recorder)."""
         return [("replay", ("each step's update against the parameters seen next "
                             "(p + update, as optax.apply_updates adds it)")),
-                ("recorder", "accumcheck_jax: the gradient function (rec.grad) and the "
-                             "optimizer's update (rec.optimizer) through ordered "
-                             "io_callback; %d coordinates kept of the parameters"
-                 % self.layout.d)]
-
-    def _write(self):
-        rows = []
-        for j, m in enumerate(self.micro):
-            rows.append("micro,%d,,%d,%d,%d,%d,,,%s\n" % (j, m[0], m[1], m[2], m[3], real(m[4])))
-        for b, (w, resid) in enumerate(self.backward):
-            rows.append("backward,%d,%d,,%d,,,%s,%s,\n" % (b, b, self.micro[b][1], real(w),
-                                                           real(resid)))
-        for e, (n, bs) in enumerate(self.epochs):
-            rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
-        rows += self.rows
-        precision = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16",
-                     "float16": "float16"}.get(self.dtype, str(self.dtype))
-        meta = contract_meta(
-            engine=self.engine, precision=precision,
-            tool_version=self._tool_version(),
-            accumulation=self.K, items=self.items_kind, parameters=self.layout.d,
-            lr=self.lr0 if self.lr0 is not None else float("nan"), schedule=self.schedule,
-            clip=self.clip_max, accept=self.accept, lr_precision=self.lr_precision)
-        meta.extend(self._recorder_meta())
-        events = contract_event_rows(self.run, self.events, lambda j: self.micro[j][0])
-        write_trace(self.out, meta, events, [],
-                    extra={"contract.csv": CONTRACT_HEADER + "\n" + "".join(rows)})
+                ("recorder", "accumcheck_jax: the gradient function (rec.grad: a program of "
+                             "the recorder's beside yours, or an ordered io_callback in it) and "
+                             "the optimizer's update (rec.optimizer: a callback in its program); "
+                             "%d coordinates kept of the parameters" % self.layout.d)]
 
     def _refuse(self, message):
         self._abandon("the recorder refused: " + message)
@@ -619,57 +611,3 @@ class ContractRecorder:
         if not self.closed:
             self.closed = True
             self._recording.end(why)
-
-
-def _pack(jnp, leaves):
-    """Leaves as one flat vector (float32, or float64 if any leaf is
-    wider): exact for float32, bfloat16, float16 and small integers."""
-    wide = any(jnp.dtype(x.dtype).itemsize > 4 for x in leaves)
-    dt = jnp.float64 if wide else jnp.float32
-    return jnp.concatenate([jnp.reshape(x, (-1,)).astype(dt) for x in leaves]) if leaves \
-        else jnp.zeros(0, dt)
-
-
-def _unpack(flat, shapes):
-    """_pack's leaves again, each in its own shape and dtype."""
-    out, at = [], 0
-    flat = np.asarray(flat)
-    for shape, dtype in shapes:
-        n = int(np.prod(shape)) if len(shape) else 1
-        out.append(flat[at:at + n].reshape(shape).astype(dtype))
-        at += n
-    return out
-
-
-def _host_call(jax, fn, *args, ordered=True):
-    """fn(*args) on the host with numpy arrays, in program order (an
-    ordered io_callback: jax.debug.callback would put every argument back
-    on the device first, which cost 3x the run on a small model)."""
-    from jax.experimental import io_callback
-    io_callback(fn, None, *args, ordered=ordered)
-
-
-def _lr_of(state):
-    """The lr an optax state says its update used: optax.inject_hyperparams'
-    hyperparams (found anywhere in the state tree), else None."""
-    seen = [state]
-    while seen:
-        s = seen.pop()
-        hp = getattr(s, "hyperparams", None)
-        if isinstance(hp, dict) and "learning_rate" in hp:
-            return hp["learning_rate"]
-        if isinstance(s, (tuple, list)):
-            seen.extend(s)
-        elif hasattr(s, "_fields"):
-            seen.extend(getattr(s, f) for f in s._fields)
-    return None
-
-
-def _off_bf16(G):
-    """Elements of the consumed gradient bfloat16 cannot hold ('' when
-    ml_dtypes, jax's own dependency, is missing)."""
-    try:
-        import ml_dtypes
-    except ImportError:
-        return ""
-    return str(int(np.sum(G.astype(ml_dtypes.bfloat16).astype(np.float64) != G)))

@@ -1,0 +1,150 @@
+"""What accumcheck_jax's recorder takes from the programs: the kept
+coordinates of each parameter leaf (a fixed seeded sample of a large
+leaf), the vectors the programs hand over (packed, one transfer each) and
+the host callbacks that hand them, and the lr an optax state holds."""
+
+import sys
+
+import numpy as np
+from accumcheck_trace.trace import Refused
+
+
+def _jax():
+    try:
+        import jax
+    except ImportError as e:  # pragma: no cover - the venv has it
+        raise Refused("accumcheck_jax needs jax: bash scripts/venv-jax.sh makes .venv-jax/ (%s)" % e)
+    return jax
+
+
+def _enable_x64(jax):
+    """jax's float64 scope (jax.enable_x64 from 0.5 on, else the
+    experimental one): only the recorder's calibration runs inside it."""
+    scope = getattr(jax, "enable_x64", None)
+    if scope is not None:
+        return scope(True)
+    from jax.experimental import enable_x64
+    return enable_x64()
+
+
+def _is_nnx(obj):
+    """obj is a Flax NNX module (flax.nnx never imported here: a run that
+    has not imported it has none, and its import costs half a second)."""
+    nnx = sys.modules.get("flax.nnx")
+    return nnx is not None and isinstance(obj, nnx.Module)
+
+
+class _Leaves:
+    """The parameters' layout: which coordinates of each leaf are kept."""
+
+    def __init__(self, shapes, coordinates, seed):
+        self.picks, self.sizes = [], []
+        for i, shape in enumerate(shapes):
+            size = int(np.prod(shape)) if len(shape) else 1
+            self.sizes.append(size)
+            if size <= coordinates:
+                self.picks.append(None)
+            else:
+                rng = np.random.default_rng([seed, i, size])
+                self.picks.append(np.sort(rng.choice(size, coordinates, replace=False)))
+        self.d = sum(s if p is None else len(p) for s, p in zip(self.sizes, self.picks))
+        self.on_device = None
+
+    def take(self, jnp, leaves):
+        """In the program: the kept coordinates of each leaf.  The indices
+        are device arrays, made once: a numpy constant would be copied to
+        the device at every call of the program."""
+        if self.on_device is None:
+            import jax
+            with jax.ensure_compile_time_eval():  # concrete, though made while tracing
+                self.on_device = [None if p is None else jax.device_put(p.astype(np.int32))
+                                  for p in self.picks]
+        out = []
+        for leaf, pick in zip(leaves, self.on_device):
+            flat = jnp.reshape(leaf, (-1,))
+            out.append(flat if pick is None else jnp.take(flat, pick))
+        return out
+
+    def host(self, leaves):
+        """On the host, from whole leaves: the kept coordinates as one
+        float64 vector."""
+        parts = []
+        for leaf, pick in zip(leaves, self.picks):
+            flat = np.asarray(leaf).reshape(-1)
+            parts.append(flat if pick is None else flat[pick])
+        return join(parts)
+
+
+def join(taken):
+    """What take() kept (a callback's arguments) as one float64 vector."""
+    return np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in taken]) \
+        if len(taken) else np.zeros(0)
+
+
+def _pack(jnp, leaves):
+    """Leaves as one flat vector (float32, or float64 if any leaf is
+    wider): exact for float32, bfloat16, float16 and small integers."""
+    wide = any(jnp.dtype(x.dtype).itemsize > 4 for x in leaves)
+    dt = jnp.float64 if wide else jnp.float32
+    return jnp.concatenate([jnp.reshape(x, (-1,)).astype(dt) for x in leaves]) if leaves \
+        else jnp.zeros(0, dt)
+
+
+def _unpack(flat, shapes):
+    """_pack's leaves again, each in its own shape and dtype."""
+    out, at = [], 0
+    flat = np.asarray(flat)
+    for shape, dtype in shapes:
+        n = int(np.prod(shape)) if len(shape) else 1
+        out.append(flat[at:at + n].reshape(shape).astype(dtype))
+        at += n
+    return out
+
+
+def _host_call(jax, fn, *args, ordered=True):
+    """fn(*args) on the host with numpy arrays, in program order (an
+    ordered io_callback: jax.debug.callback would put every argument back
+    on the device first, which cost 3x the run on a small model)."""
+    from jax.experimental import io_callback
+    io_callback(fn, None, *args, ordered=ordered)
+
+
+def _told(jax, fn, state, *args):
+    """fn(*args) on the host, in the program that makes `state` (an optax
+    state): a jax.pure_callback whose result, an integer zero, is added to
+    the state's first integer leaf (its step count: exact), so that it
+    runs exactly when the state is made.  A program with an io_callback
+    leaves jax's fast dispatch path (measured: 0.95 ms a call of a small
+    model's optimizer step, 0.08 ms without; 0.28 ms with this).  It runs
+    before the parameters that program makes are ready (the recorder
+    waits for them).  A state with no integer leaf: an ordered
+    io_callback."""
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    at = next((i for i, x in enumerate(leaves)
+               if hasattr(x, "dtype") and jax.numpy.issubdtype(x.dtype, jax.numpy.integer)), None)
+    if at is None:
+        _host_call(jax, fn, *args)
+        return state
+    dtype = leaves[at].dtype
+
+    def told(*a):
+        fn(*a)
+        return np.zeros((), dtype)
+    leaves[at] = leaves[at] + jax.pure_callback(told, jax.ShapeDtypeStruct((), dtype), *args)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _lr_of(state):
+    """The lr an optax state says its update used: optax.inject_hyperparams'
+    hyperparams (found anywhere in the state tree), else None."""
+    seen = [state]
+    while seen:
+        s = seen.pop()
+        hp = getattr(s, "hyperparams", None)
+        if isinstance(hp, dict) and "learning_rate" in hp:
+            return hp["learning_rate"]
+        if isinstance(s, (tuple, list)):
+            seen.extend(s)
+        elif hasattr(s, "_fields"):
+            seen.extend(getattr(s, f) for f in s._fields)
+    return None
