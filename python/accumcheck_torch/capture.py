@@ -110,6 +110,18 @@ class _LossOf(torch.nn.Module):
         return self.loss_fn(self.model, batch)
 
 
+def _rng_states():
+    """The CPU generator's state, and each CUDA device's once CUDA is in use."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_states(states):
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state_all(states[1])
+
+
 class Capture:
     """The hooks and recomputes of ContractRecorder (a mixin: the state
     lives on the recorder, made by its __init__)."""
@@ -181,10 +193,15 @@ class Capture:
         if pending is None or not any(t is pending[1] for t in _tensors(args, kwargs)):
             return
         j = pending[0]
+        # The take's own backward through your graph may draw random numbers
+        # (a checkpoint recomputing its segment without preserve_rng_state):
+        # the generators are put back, so your run draws what it would have.
+        rng = _rng_states()
         try:
             self._take_from_forward(j, pending, output)
         finally:
-            self.after_fwd = (j, torch.get_rng_state())
+            _set_rng_states(rng)
+            self.after_fwd = (j, rng[0])
 
     def _take_from_forward(self, j, pending, output):
         """The output-gradient path: g_j without a second backward.  The
