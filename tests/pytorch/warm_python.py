@@ -194,6 +194,14 @@ def serve(name):
     import torch.distributed  # noqa: F401
     import torch.multiprocessing  # noqa: F401
     import torch.nn  # noqa: F401
+    # What accumcheck_torch imports of torch's own (its capture and recorder
+    # set torch._dynamo's, _inductor's and _functorch's configuration):
+    # importing torch._dynamo costs about as much again as torch itself.
+    # accumcheck_torch is not imported here: each trainer takes it from the
+    # tree it runs in.
+    import torch._dynamo  # noqa: F401
+    import torch._functorch.config  # noqa: F401
+    import torch._inductor.config  # noqa: F401
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     for _ in range(50):  # a server of an earlier run: stop it, take over
         try:
