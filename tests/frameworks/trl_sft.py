@@ -13,9 +13,9 @@ Variants:
           count, the partial window on its own: PASS
   adamw   the optimizer SFTConfig's defaults give (the Trainer's own AdamW,
           lr 0.01): PASS
-  lora    SGD as above with peft_config=LoraConfig(r=4) on the attention
-          projections (SFTTrainer wraps the model in PEFT; only the
-          adapters train): PASS
+  lora    SGD as above over the adapters of get_peft_model(model,
+          LoraConfig(r=4) on q_proj and v_proj), the PeftModel given to
+          SFTTrainer (only the adapters train): PASS
 
 The recorder derives each micro-batch's summed token loss from the
 model's logits itself; SFTTrainer's own loss (1.x: a fused LM head that
@@ -56,7 +56,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(
             output_dir=tmp, gradient_accumulation_steps=K, per_device_train_batch_size=BATCH,
-            num_train_epochs=EPOCHS, learning_rate=0.01 if a.variant == "adamw" else LR, lr_scheduler_type="constant",
+            num_train_epochs=EPOCHS, learning_rate=0.01 if a.variant == "adamw" else LR,
+            lr_scheduler_type="constant",
             max_grad_norm=0.0, weight_decay=0.0, report_to="none", save_strategy="no",
             logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
             dataloader_num_workers=0, completion_only_loss=True, max_length=None)
