@@ -158,6 +158,11 @@ constexpr Entry kCatalog[] = {
      "all_reduce(SUM) / R (the window under no_sync): each rank's share "
      "clipped by its own norm, G = (1/R) sum_r s_r g_r, not the averaged "
      "gradient's one clip"},
+    // The linear scaling rule under accumulation (issue 44).
+    {Pitfall::lr_scaled_by_k, "lr-scaled-by-k",
+     "the optimizer built with lr * K (the linear scaling rule): correct "
+     "accumulation already is the large batch, so every step runs at K "
+     "times the intended lr"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -326,6 +331,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         break;
       case Pitfall::ddp_clip_before_all_reduce:
         b.clip_before_all_reduce = true;
+        break;
+      case Pitfall::lr_scaled_by_k:
+        b.lr_times_k = true;
         break;
     }
   }

@@ -72,6 +72,8 @@ enum class Pitfall {
   last_fetch_sized_in_samples,
   // A hand-written all-reduce after a per-rank clip (issue 44).
   ddp_clip_before_all_reduce,
+  // The linear scaling rule applied to accumulation (issue 44).
+  lr_scaled_by_k,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -117,6 +119,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::items_counted_per_fetch_group,
     Pitfall::last_fetch_sized_in_samples,
     Pitfall::ddp_clip_before_all_reduce,
+    Pitfall::lr_scaled_by_k,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -286,6 +289,10 @@ struct Behavior {
   // its last window is neither stepped nor zeroed (it joins the next
   // window).
   bool last_fetch_in_samples = false;
+  // lr-scaled-by-k: the optimizer built with lr * K (the linear scaling
+  // rule, as if accumulation made a larger batch that needs a larger lr):
+  // every step's lr is K (the scenario's first K) times the schedule's.
+  bool lr_times_k = false;
 
   bool operator==(const Behavior&) const = default;
 };

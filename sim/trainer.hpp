@@ -189,7 +189,10 @@ class Trainer {
       : e_(engine),
         s_(scenario),
         b_(behavior),
-        base_lr_(base_lr),
+        // lr-scaled-by-k: the optimizer was built with lr * K.
+        base_lr_(behavior.lr_times_k
+                     ? base_lr * double(scenario.batching.accumulation)
+                     : base_lr),
         opt_(options),
         scaling_(scenario.precision.loss_scaling ||
                  !options.forced_scale_exp.empty()),

@@ -152,6 +152,7 @@ const Expected kTable[] = {
      with([](Behavior& b) { b.last_fetch_in_samples = true; })},
     {"ddp-clip-before-all-reduce",
      with([](Behavior& b) { b.clip_before_all_reduce = true; })},
+    {"lr-scaled-by-k", with([](Behavior& b) { b.lr_times_k = true; })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {

@@ -198,6 +198,7 @@ const Pinned kPinned[] = {
     {Pitfall::last_fetch_sized_in_samples, kCorrect,
      "N mod K = 5 mod 2 = M mod K: every micro-batch drawn (see Fetches)"},
     {Pitfall::ddp_clip_before_all_reduce, kCorrect, "one rank"},
+    {Pitfall::lr_scaled_by_k, kCorrect, "the lr only"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }

@@ -1,7 +1,8 @@
-"""MISTAKE outside the catalog: the linear scaling rule, lr multiplied by K
-because the effective batch is K times larger (accumcheck example).  The
-accumulation itself is correct.
-Expected: "no modelled pitfall explains this trace", with the lr ratio K.
+"""MISTAKE: the linear scaling rule, lr multiplied by K because the
+effective batch is K times larger (accumcheck example).  The accumulation
+itself is correct.
+Expected: lr-scaled-by-k, the lr channel saying "lr at every step is K x
+the schedule".
 
     python3 train_lr_times_k.py --bundle BUNDLE --out TRACE
 """

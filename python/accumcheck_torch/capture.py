@@ -6,6 +6,7 @@ does not hold, and the clip calls.  docs/tiers.md "What the recorder
 keeps" says why this is enough."""
 
 import contextlib
+import copy
 import functools
 
 import torch
@@ -135,6 +136,12 @@ class Capture:
             unshifted = (None if self.unshifted_count_fn is None
                          else int(self.unshifted_count_fn(batch)))
         first = _first(batch)
+        # The batch as drawn: a dict batch is kept as a shallow copy (the
+        # same tensors), since a loop may take keys out of its own before
+        # the forward (torchtune's recipes pop "labels") and the
+        # recompute needs them all.
+        if isinstance(batch, dict):
+            batch = copy.copy(batch)
         self.micro.append([len(self.epochs) - 1, self.steps, items, int(first.shape[0]),
                            torch.get_rng_state(), batch, None, float("nan"), unshifted])
         self.first.append(first.data_ptr())

@@ -29,7 +29,13 @@ Variants:
            again: every sample weighs 1/(K*N_w): loss-divided-by-k-twice
   div_k_partial  as div_k on 40 samples: the short last window is divided by
            K twice too, each of its samples weighs 1/(K*K*b):
-           loss-divided-by-k-twice+partial-cycle-scale-by-k"""
+           loss-divided-by-k-twice+partial-cycle-scale-by-k
+  clip_local_2ranks  64 samples, 2 gloo ranks, SGD, clip 0.1 declared; the
+           loop averages the gradients by hand: every micro-batch under
+           accelerator.no_sync(model), accelerator.backward, and at the
+           window's end torch's clip_grad_norm_ on each rank's LOCAL
+           gradient, then all_reduce(SUM) / R and the step: each rank's
+           share clipped by its own norm: ddp-clip-before-all-reduce"""
 
 import os
 import sys
@@ -39,8 +45,10 @@ import torch.nn.functional as F
 
 import _tiny
 
-VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks", "div_k", "div_k_partial"]
+VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks", "div_k", "div_k_partial",
+            "clip_local_2ranks"]
 K, EPOCHS, BATCH, CLIP = 4, 2, 4, 0.5
+LOCAL_CLIP = 0.1
 WARMUP = 2
 
 
@@ -73,12 +81,15 @@ def main(argv=None):
     rec = None
     if not a.no_record:
         rec = record(accelerator, model, optimizer, loader, scheduler, out=a.out,
-                     clip=CLIP if a.variant == "clip" else None,
+                     clip=(CLIP if a.variant == "clip" else
+                           LOCAL_CLIP if a.variant == "clip_local_2ranks" else None),
                      schedule="linear" if scheduler is not None else None, warmup=WARMUP,
                      epochs=EPOCHS,
                      accept=["partial-cycle-scale-by-k"] if a.variant == "accept" else ())
     model.train()
-    for _ in range(EPOCHS):
+    if a.variant == "clip_local_2ranks":
+        local_clip_loop(accelerator, model, optimizer, loader)
+    for _ in range(0 if a.variant == "clip_local_2ranks" else EPOCHS):
         for x, y in loader:
             with accelerator.accumulate(model):
                 loss = F.cross_entropy(model(x), y)
@@ -96,6 +107,26 @@ def main(argv=None):
     _tiny.digested(a, accelerator.unwrap_model(model), accelerator.process_index,
                    accelerator.num_processes)
     return 0
+
+
+def local_clip_loop(accelerator, model, optimizer, loader):
+    """The window under no_sync, a clip on each rank's local gradient,
+    then the ranks' average by hand (the torch.distributed tutorial's
+    average_gradients) and the step."""
+    import torch.distributed as dist
+
+    R = accelerator.num_processes
+    for _ in range(EPOCHS):
+        for i, (x, y) in enumerate(loader):
+            with accelerator.no_sync(model):
+                accelerator.backward(F.cross_entropy(model(x), y))  # divided by K
+            if (i + 1) % K == 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), LOCAL_CLIP)  # local
+                for p in model.parameters():
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                    p.grad /= R
+                optimizer.step()
+                optimizer.zero_grad()
 
 
 if __name__ == "__main__":

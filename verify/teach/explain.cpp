@@ -913,6 +913,26 @@ constexpr ExplainEntry kEntries[] = {
      "PyTorch.contract.ddp.clip_then_average, "
      "PyTorch.ddp.clip_then_average.certify-ddp-2",
      "inertness.ddp"},
+    {"lr-scaled-by-k", "the optimizer built with lr * K",
+     "The linear scaling rule (a batch K times larger wants a K times larger "
+     "lr) applied to accumulation: the optimizer is built with lr * K. But "
+     "correct accumulation at the large batch's lr already is the large "
+     "batch, so every step runs at K times the lr you meant, with the "
+     "schedule's shape unchanged. With plain SGD (no momentum, no weight "
+     "decay, no clip) its parameters are those of a missing /K "
+     "(no-loss-normalization); the gradients and the recorded lr tell "
+     "them apart. "
+     "Keep the lr: the one lesson lr-scaling shows.",
+     "-optimizer = SGD(model.parameters(), lr=lr * K)   # seed 003\n"
+     "+optimizer = SGD(model.parameters(), lr=lr)\n"
+     " scheduler = StepLR(optimizer, step_size, gamma)  # built over it",
+     "every step's lr is K x S(t) (S: the schedule over the lr you meant), "
+     "the gradients correct's",
+     "lr-scaled-by-k",
+     "seed 003 (scale the lr by K); issue 44 (an lr * K written into the "
+     "optimizer before the scheduler was built, stated with lr=); CTest "
+     "Frameworks.*.schedule.lr_times_k",
+     "loss-normalization.sgd-at-k-lr"},
     {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
      "Correct accumulation under DDP (no_sync on every micro-step but the "
      "window's last, each rank weighting its items R/N_w with N_w counted "
