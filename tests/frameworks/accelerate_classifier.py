@@ -29,7 +29,16 @@ Variants:
            again: every sample weighs 1/(K*N_w): loss-divided-by-k-twice
   div_k_partial  as div_k on 40 samples: the short last window is divided by
            K twice too, each of its samples weighs 1/(K*K*b):
-           loss-divided-by-k-twice+partial-cycle-scale-by-k"""
+           loss-divided-by-k-twice+partial-cycle-scale-by-k
+  sync_each  48 samples, SGD, Accelerator(gradient_accumulation_plugin=
+           GradientAccumulationPlugin(num_steps=K, sync_each_batch=True)), one
+           process: sync_each_batch asks DDP to all-reduce every micro-batch,
+           which changes no value (PASS).  0.28.0 to 0.30.1 implemented it by
+           setting sync_gradients every micro-batch, which also makes
+           AcceleratedOptimizer step and zero the gradient every micro-batch
+           (accelerate #2531, fixed by #2790 in 0.31.0): each micro-batch is
+           stepped alone on its loss / K.  Before 0.28.0 the plugin has no
+           sync_each_batch: the script fails (TypeError) before training."""
 
 import os
 import sys
@@ -39,7 +48,8 @@ import torch.nn.functional as F
 
 import _tiny
 
-VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks", "div_k", "div_k_partial"]
+VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks", "div_k", "div_k_partial",
+            "sync_each"]
 K, EPOCHS, BATCH, CLIP = 4, 2, 4, 0.5
 WARMUP = 2
 
@@ -51,7 +61,13 @@ def main(argv=None):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
+    if a.variant == "sync_each":
+        from accelerate.utils import GradientAccumulationPlugin
+
+        accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=K, sync_each_batch=True))
+    else:
+        accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
     model = _tiny.MLP()
     ranks = int(os.environ.get("WORLD_SIZE", 1))
     n = 40 if a.variant in ("partial", "accept", "div_k_partial") else 64 if ranks > 1 else 48
