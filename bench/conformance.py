@@ -27,6 +27,7 @@ which only `check` compares against.
 
 import argparse
 import concurrent.futures
+import fcntl
 import glob
 import json
 import os
@@ -41,7 +42,11 @@ VERSIONS = os.path.join(ROOT, "bench", "conformance", "versions.txt")
 VENVS = os.path.join(ROOT, "build", "conformance", "venvs")
 WORK = os.path.join(ROOT, "build", "conformance", "runs")
 CASES = os.path.join(ROOT, "tests", "frameworks")
-WHEELS = os.path.join(ROOT, "build", "conformance", "wheels")
+# The wheels the venvs were made from, kept across checkouts as pip keeps
+# its cache: a venv is made from them without asking the index (3 s of
+# CPU where resolving against the index takes 12).
+WHEELS = os.environ.get("ACCUMCHECK_WHEELS",
+                        os.path.join(os.path.expanduser("~"), ".cache", "accumcheck", "wheels"))
 CELLS = os.path.join(ROOT, "bench", "conformance", "cells.py")
 BIN = os.environ.get("ACCUMCHECK_BIN", os.path.join(ROOT, "build", "cli", "accumcheck"))
 CASE_TIMEOUT = 600
@@ -166,15 +171,24 @@ def venv(row, quiet=False):
         f.write(base_site() + "\n")
     # --no-compile: the modules a cell imports are compiled at its first
     # import (once: the .pyc stays in the venv), not the thousands it never
-    # imports.  WHEELS: wheels fetched before (bench/conformance.py fetch),
-    # found there before the index is asked.
+    # imports.  First from the wheels kept (WHEELS, no index); where one is
+    # missing, pip downloads the row's wheels there (resolving against the
+    # index) and installs from them.
+    cons = constraints(row, d)
+    reqs = [row["spec"]] + row["pins"]
     cmd = [base, "-m", "pip", "--python", py, "install", "-q", "--disable-pip-version-check",
-           "--no-compile", "--find-links", WHEELS, "-c", constraints(row, d),
-           row["spec"]] + row["pins"]
+           "--no-compile", "--no-index", "--find-links", WHEELS, "-c", cons] + reqs
     if not quiet:
-        print("venv: %s" % " ".join(cmd[5:]), file=sys.stderr)
+        print("venv: %s" % " ".join(reqs), file=sys.stderr)
     os.makedirs(WHEELS, exist_ok=True)
     p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        with open(os.path.join(WHEELS, ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one download into WHEELS at a time
+            p = subprocess.run([base, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+                                "-d", WHEELS, "-c", cons] + reqs, capture_output=True, text=True)
+            if p.returncode == 0:
+                p = subprocess.run(cmd, capture_output=True, text=True)
     err = None
     if p.returncode == 0:
         chk = subprocess.run([py, "-c", "import torch, %s; print(torch.__version__)"
