@@ -511,6 +511,7 @@ def main():
         if err:
             with lock:
                 print("%s: %s" % (row["spec"], err), file=sys.stderr)
+                finished.append((row, spent, err, []))
             return row, spent, err, []
         cases = cases_of(row["framework"], a.case)
         if row["cells"]:
@@ -520,7 +521,22 @@ def main():
         got = run_cases(row, cases, py, report=say)
         if got:
             got[0]["venv_s"] = round(spent, 1)
+        with lock:
+            finished.append((row, spent, err, got))
+            if a.json:  # so far: a run stopped early keeps the rows it made
+                write_json(finished, partial=True)
         return row, spent, err, got
+
+    def write_json(rows_done, partial):
+        with open(a.json + ".tmp", "w") as f:
+            json.dump({"results": [r for _, _, _, got in rows_done for r in got],
+                       "cannot_run": [(row["spec"], err) for row, _, err, _ in rows_done if err],
+                       "wall_s": round(time.time() - t0, 1), "jobs": a.jobs,
+                       "venv_s": round(sum(x[1] for x in rows_done), 1),
+                       "load": os.getloadavg(), "partial": partial}, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
+
+    finished = []
 
     # -j rows at a time: one row's pip and another's training overlap.
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
@@ -536,10 +552,7 @@ def main():
         with open(a.table, "w") as f:
             f.write(md)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"results": results, "cannot_run": installs,
-                       "wall_s": round(time.time() - t0, 1), "jobs": a.jobs,
-                       "venv_s": round(venv_s, 1), "load": os.getloadavg()}, f, indent=1)
+        write_json(done, partial=False)
     print("matrix: %.1f s wall, -j %d, %d cells (%.1f s CPU), venvs made in %.1f s, load %s"
           % (time.time() - t0, a.jobs, len(results), sum(r["cpu_s"] for r in results), venv_s,
              " ".join("%.2f" % x for x in os.getloadavg())), file=sys.stderr)
