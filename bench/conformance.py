@@ -296,9 +296,6 @@ def run_cases(row, cases, py, variant="default", report=None):
                PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                OMP_NUM_THREADS="1")
-    # The ranks of a 2-rank cell fork the cell (as CTest has it): the fresh
-    # interpreters of "spawn" would import torch and the framework again.
-    env.setdefault("ACCUMCHECK_START_METHOD", "fork")
     outs, lines = {}, []
     for case in cases:
         out = os.path.join(WORK, "%s-%s" % (row["framework"], row["version"]), case)
