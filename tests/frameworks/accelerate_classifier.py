@@ -35,7 +35,16 @@ Variants:
            accelerator.no_sync(model), accelerator.backward, and at the
            window's end torch's clip_grad_norm_ on each rank's LOCAL
            gradient, then all_reduce(SUM) / R and the step: each rank's
-           share clipped by its own norm: ddp-clip-before-all-reduce"""
+           share clipped by its own norm: ddp-clip-before-all-reduce
+  sync_each  48 samples, SGD, Accelerator(gradient_accumulation_plugin=
+           GradientAccumulationPlugin(num_steps=K, sync_each_batch=True)), one
+           process: sync_each_batch asks DDP to all-reduce every micro-batch,
+           which changes no value (PASS).  0.28.0 to 0.30.1 implemented it by
+           setting sync_gradients every micro-batch, which also makes
+           AcceleratedOptimizer step and zero the gradient every micro-batch
+           (accelerate #2531, fixed by #2790 in 0.31.0): each micro-batch is
+           stepped alone on its loss / K.  Before 0.28.0 the plugin has no
+           sync_each_batch: the script fails (TypeError) before training."""
 
 import os
 import sys
@@ -46,7 +55,7 @@ import torch.nn.functional as F
 import _tiny
 
 VARIANTS = ["full", "partial", "accept", "clip", "sched", "sched_2ranks", "div_k", "div_k_partial",
-            "clip_local_2ranks"]
+            "clip_local_2ranks", "sync_each"]
 K, EPOCHS, BATCH, CLIP = 4, 2, 4, 0.5
 LOCAL_CLIP = 0.1
 WARMUP = 2
@@ -59,7 +68,13 @@ def main(argv=None):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
+    if a.variant == "sync_each":
+        from accelerate.utils import GradientAccumulationPlugin
+
+        accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=K, sync_each_batch=True))
+    else:
+        accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True)
     model = _tiny.MLP()
     ranks = int(os.environ.get("WORLD_SIZE", 1))
     n = 40 if a.variant in ("partial", "accept", "div_k_partial") else 64 if ranks > 1 else 48

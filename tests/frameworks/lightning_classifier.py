@@ -91,7 +91,8 @@ def main(argv=None):
                          logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          gradient_clip_val=0.5 if a.variant == "clip" else None,
-                         precision="bf16-mixed" if a.variant == "sgd_bf16" else None,
+                         # precision only where it is asked: 2.0's Trainer refuses None
+                         precision="bf16-mixed" if a.variant == "sgd_bf16" else "32-true",
                          callbacks=callbacks + _tiny.lightning_digests(a))
     trainer.fit(module, loader)
     return 0

@@ -1,0 +1,176 @@
+"""The cells of one framework venv in one process (bench/conformance.py
+runs it with the venv's python): torch, the framework and accumcheck_torch
+are imported once, then each cell is a fork of this process that runs its
+case file as a script would (runpy, __name__ == "__main__", its own
+sys.argv, stdout and stderr into the cell's case.log) and exits as a
+script does (atexit handlers, files flushed; not the teardown of every
+module).  A
+cell then costs its training, not the 3 to 10 s of CPU of a fresh
+interpreter importing torch and a framework.
+
+    python cells.py CASES_DIR FRAMEWORK TIMEOUT_S < cells.jsonl
+
+Each input line: {"case": CASE, "script": FILE, "argv": [...], "log": FILE}.
+Each output line, as its cell ends: {"case": CASE, "rc": exit status,
+"cpu_s": the cell's CPU seconds (its own and its waited-for children's),
+"wall_s": ...}.  A signal's death reads as rc -SIGNAL (timeout: -14)."""
+
+import atexit
+import gc
+import importlib
+import io
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+
+# What each framework's cases import (more than `import FRAMEWORK` where
+# the framework imports its training loop lazily); an import that fails
+# here is left to the cell, which reports it itself.
+WARM = {
+    "transformers": ["transformers", "transformers.trainer",
+                     "transformers.models.llama.modeling_llama",
+                     "accumcheck_torch.integrations.transformers"],
+    "accelerate": ["accelerate", "accumcheck_torch.integrations.accelerate"],
+    "lightning": ["lightning", "lightning.pytorch", "accumcheck_torch.integrations.lightning"],
+}
+
+
+JAX_BASED = ("optax", "flax", "keras")
+
+
+def warm(framework):
+    """Imports what the framework's cells share, in this (the parent)
+    process: jax and accumcheck_jax for the JAX-side frameworks (their
+    venvs are layered on .venv-jax), torch and accumcheck_torch for the
+    rest."""
+    if framework in JAX_BASED:
+        base = ["jax", "accumcheck_jax"]
+    else:
+        import torch  # noqa: F401
+
+        base = ["accumcheck_torch"]
+    for name in base + WARM.get(framework, [framework.replace("-", "_")]):
+        try:
+            importlib.import_module(name)
+        except Exception:  # the cell meets it again and says so
+            pass
+
+
+def _adopt_orphans():
+    """Adopts descendants' orphans (PR_SET_CHILD_SUBREAPER), as
+    bench/conformance.py does: a rank its framework launched and never
+    waited for is reaped here and counted."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(timeout_s):
+    """Forks one child per input line; returns (in the child) the cell to
+    run, or None (in the parent, when the input ends)."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cell = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        t0 = time.time()
+        pid = os.fork()
+        if pid == 0:
+            return cell
+        _, status, usage = os.wait4(pid, 0)
+        # Orphans adopted from the cell (ranks it started and left): theirs
+        # is the cell's time too.
+        extra = 0.0
+        while True:
+            try:
+                opid, _, ousage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if opid == 0:
+                time.sleep(0.05)
+                if time.time() - t0 > timeout_s + 60:
+                    break
+                continue
+            extra += ousage.ru_utime + ousage.ru_stime
+        rc = os.waitstatus_to_exitcode(status)
+        print(json.dumps({"case": cell["case"], "rc": rc,
+                          "cpu_s": round(usage.ru_utime + usage.ru_stime + extra, 2),
+                          "wall_s": round(time.time() - t0, 2)}), flush=True)
+    return None
+
+
+def run_cell(cell, timeout_s):
+    """In the forked child: the case file as `python FILE ARGV...` would
+    run it; returns its exit status."""
+    fd = os.open(cell["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdin = open(os.devnull)
+    signal.alarm(int(timeout_s))
+    sys.argv = [cell["script"]] + cell["argv"]
+    sys.path[0] = os.path.dirname(cell["script"])
+    try:
+        runpy.run_path(cell["script"], run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    return 0
+
+
+def main():
+    cases, framework, timeout_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    sys.path.insert(0, cases)
+    _adopt_orphans()
+    warm(framework)
+    cell = serve(timeout_s)
+    if cell is None:
+        return 0
+    try:
+        code = run_cell(cell, timeout_s)
+    except BaseException:  # the traceback and exit 1, as a script's
+        traceback.print_exc()
+        code = 1
+    leave(code)
+
+
+def leave(code):
+    """Ends the cell as the interpreter's exit would, minus tearing down
+    every module (a second of CPU with torch loaded, for nothing): the
+    non-daemon threads joined, the atexit handlers run (the recorders
+    close there), every open file flushed, then os._exit."""
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        warnings.simplefilter("ignore")  # isinstance on a deprecated alias warns
+        for f in gc.get_objects():
+            if isinstance(f, io.IOBase):
+                try:
+                    if not f.closed and f.writable():
+                        f.flush()
+                except Exception:  # as the interpreter's own flush at exit
+                    pass
+        for f in (sys.stdout, sys.stderr):
+            if f is not None:
+                f.flush()
+    finally:
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

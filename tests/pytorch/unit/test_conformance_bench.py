@@ -1,0 +1,70 @@
+"""bench/conformance.py's own logic (no framework venv): a cell against its
+expectation (a combination is a set of pitfalls), a row's cells= list, and
+bench/conformance/cells.py running a row's cells as forks of one process
+(each its own exit status, log and CPU time)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _conformance():
+    spec = importlib.util.spec_from_file_location(
+        "conformance", os.path.join(ROOT, "bench", "conformance.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_combination_agrees_in_any_order():
+    c = _conformance()
+    res = {"expect": "a-b+c-d+e", "cell": "c-d+e+a-b (fit 0.02)"}
+    assert c.agrees(res)
+    # One pitfall fewer or more is another answer.
+    assert not c.agrees({"expect": "a-b+c-d", "cell": "c-d+e+a-b (fit 0.02)"})
+    assert not c.agrees({"expect": "a-b+c-d+e+f", "cell": "c-d+e+a-b (fit 0.02)"})
+    assert c.agrees({"expect": "PASS", "cell": "PASS"})
+    assert not c.agrees({"expect": "PASS", "cell": "a-b (fit 0.02)"})
+    assert c.agrees({"expect": "no-modelled-pitfall", "cell": "no modelled pitfall"})
+    assert c.agrees({"expect": "refused", "cell": "refused (exit 2)"})
+    assert c.agrees({"expect": "case-failed", "cell": "case failed (exit 1)"})
+    assert not c.agrees({"expect": "case-failed", "cell": "PASS"})
+
+
+def test_cells_restricts_a_row(tmp_path):
+    c = _conformance()
+    f = tmp_path / "versions.txt"
+    f.write_text("# a comment\nfw==1.0 dep==2.0 cells=sgd,attach sgd=x-y\nfw==2.0 ci=sgd\n")
+    rows = c.read_versions(str(f))
+    assert rows[0]["cells"] == ["sgd", "attach"] and rows[0]["pins"] == ["dep==2.0"]
+    assert rows[0]["expect"] == {"sgd": "x-y"}
+    assert rows[1]["cells"] is None and rows[1]["ci"] == ["sgd"]
+
+
+def test_cells_runs_each_case_as_a_fork(tmp_path):
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "fw_ok.py").write_text(
+        "import sys\nprint('to the log')\nopen(sys.argv[2], 'w').write(__name__)\n")
+    (cases / "fw_refused.py").write_text("import sys\nsys.exit(2)\n")
+    (cases / "fw_raises.py").write_text("raise RuntimeError('the case broke')\n")
+    lines = []
+    for name in ("ok", "refused", "raises"):
+        lines.append(json.dumps({"case": name, "script": str(cases / ("fw_%s.py" % name)),
+                                 "argv": ["--out", str(tmp_path / (name + ".out"))],
+                                 "log": str(tmp_path / (name + ".log"))}))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "conformance", "cells.py"),
+                        str(cases), "fw", "60"], input="\n".join(lines) + "\n",
+                       capture_output=True, text=True, env=env, timeout=240)
+    assert p.returncode == 0, p.stderr
+    got = {r["case"]: r for r in map(json.loads, p.stdout.splitlines())}
+    assert [got[n]["rc"] for n in ("ok", "refused", "raises")] == [0, 2, 1]
+    assert (tmp_path / "ok.out").read_text() == "__main__"
+    assert "to the log" in (tmp_path / "ok.log").read_text()
+    assert "the case broke" in (tmp_path / "raises.log").read_text()
+    assert all(r["cpu_s"] >= 0 for r in got.values())
