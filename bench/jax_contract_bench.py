@@ -19,7 +19,7 @@ import time
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(here, "..", "python"), os.path.join(here, "..", "examples", "jax")]
 
-import train_optax
+import train_optax  # noqa: E402  (from examples/jax, put on the path above)
 
 # name: (features, hidden, samples, epochs); micro-batches of 16.
 MODELS = {"tiny": (8, 16, 2048, 4), "wide": (512, 4096, 1024, 1)}
