@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import copy
 import hashlib
+import os
 import time
 
 import torch
@@ -473,6 +474,9 @@ def run(a):
     if rec:
         rec.close()
     if a.digest:
+        # The plain run (--plain-digest) comes first: its folder may not be
+        # made yet.
+        os.makedirs(os.path.dirname(os.path.abspath(a.digest)), exist_ok=True)
         with open(a.digest, "w") as f:
             f.write(digest(model) + "\n")
     return time.perf_counter() - t0, time.process_time() - c0

@@ -56,6 +56,9 @@ def main():
     identity = "--identity" in head and not trainer_exit
     for old in glob.glob(out + ".identity.rank*") + [d for d in digests if os.path.exists(d)]:
         os.remove(old)  # nothing of an earlier run compared
+    # The folder the digests go to: the plain run (first) writes there
+    # before the recorded run makes the trace's folder in it.
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     argv = trainer_argv([script, "--out", out] + train +
                         (["--digest", digests[0], "--plain-digest", digests[1]] if unchanged else []) +
                         (["--identity", out + ".identity"] if identity else []),
