@@ -51,9 +51,30 @@ without calibration (meta.csv's `calibration` row says so).
 import sys
 
 import numpy as np
-from accumcheck_trace.trace import VERSION, Refused, describe
+from accumcheck_trace.trace import VERSION, Refused, describe, real
 
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
+
+
+def idle_row(i, j, steps, p_before, p_after, state_changed=None):
+    """contract.csv's idle row (docs/trace-format.md) of an optimizer call
+    that applied no update: micro-batch j's call, `steps` optimizer steps
+    before it, the kept parameters before and after it; state_changed: the
+    sampled optimizer-state values it changed (None: not measured)."""
+    d = np.asarray(p_after, dtype=np.float64) - np.asarray(p_before, dtype=np.float64)
+    p = np.asarray(p_before, dtype=np.float64)
+    moved = d != 0
+    rel = moved & (p != 0)   # the largest |change| / |p| (over p != 0)
+    worst = float(np.max(np.abs(d[rel]) / np.abs(p[rel]))) if rel.any() else 0.0
+    lam = resid = ""
+    pp = float(p @ p)
+    if moved.any() and pp > 0:
+        lam_v = -float(d @ p) / pp           # the change fitted as -lambda * p
+        nd = float(np.linalg.norm(d))
+        lam, resid = real(lam_v), real(float(np.linalg.norm(d + lam_v * p)) / nd)
+    state = "" if state_changed is None else "%d" % state_changed
+    return "idle,%d,%d,,%d,%d,%s,%s,%s,%s\n" % (i, j, steps, int(moved.sum()), state, real(worst),
+                                              lam, resid)
 
 
 def _keras():
@@ -168,6 +189,7 @@ class KerasRecorder(ContractRecorder, _Callback):
         self._acc_index = None     # per trainable variable: its accumulator's index, or None
         self._iter_index = None    # the optimizer's iteration counter's index
         self._window_p = None      # the kept parameters the current window started from
+        self._idle = 0             # the idle rows written (calls that applied no update)
 
     # ---- the callback
 
@@ -326,7 +348,8 @@ class KerasRecorder(ContractRecorder, _Callback):
             G = np.zeros(len(p), dtype=np.float32)
         if self.pending is not None:
             self._refuse("two optimizer updates with no micro-batch between them")
-        self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last, update)
+        self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last, update,
+                        len(self.micro) - 1)
 
     # ---- the torch backend: a stateful train step (train_step's backward
     # leaves each variable's .grad, c_j itself, after the step)
@@ -387,9 +410,13 @@ class KerasRecorder(ContractRecorder, _Callback):
         the parameters' change (Keras applies it inside the train step)."""
         if self.pending is None:
             return
-        G, _, lr, p_before, update = self.pending
+        G, _, lr, p_before, update, j = self.pending
         if not update:
-            self.pending = None  # accumulated: nothing applied (replay sees any move)
+            # Accumulated: nothing applied, so nothing may move (an idle
+            # row; the replay from the window's start sees any move too).
+            self.pending = None
+            self.rows.append(idle_row(self._idle, j, self.steps, p_before, p_now))
+            self._idle += 1
             return
         u = (p_now.astype(np.float32) - p_before.astype(np.float32)).astype(np.float64)
         # Replayed from the window's start: the parameters after the
