@@ -280,6 +280,13 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
           best.distance <= 1 ? "its weights match; what fails: " + failing
                              : best.first_out_what);
     }
+    // Calls between steps that moved the optimizer, beside another
+    // finding: said too.
+    if (!f.idle_ok && !only_idle)
+      for (const auto& ck : r.checks)
+        if (ck.name == "calls without an update")
+          r.diagnosis +=
+              fmt::format("\nevidence: {} ({})", ck.message, f.idle_pitfall);
     if (!horizon_note.empty()) r.diagnosis += "\n" + horizon_note;
   }
   // What the recorder saw and reports (meta.csv's `notes`: e.g. a
