@@ -72,7 +72,8 @@ TEST(ContractIdle, MovedStateAloneNamesThePitfall) {
   ASSERT_TRUE(ck.has_value());
   EXPECT_FALSE(ck->ok);
   EXPECT_EQ(pitfall, "optimizer-state-every-micro-step");
-  EXPECT_NE(ck->message.find("4 of its state's values"), std::string::npos)
+  EXPECT_NE(ck->message.find("4 of the optimizer's sampled state values"),
+            std::string::npos)
       << ck->message;
 }
 

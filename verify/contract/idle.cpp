@@ -22,49 +22,50 @@ std::optional<CertifyCheck> idle_check(const ContractSection& c,
   if (c.idle.empty()) return std::nullopt;
   int64_t moved = 0;
   const ContractIdle* first = nullptr;
-  double worst = 0;
   for (const ContractIdle& e : c.idle) {
     if (e.changed == 0 && e.state_changed <= 0) continue;
     ++moved;
     if (!first) first = &e;
-    worst = std::max(worst, e.worst);
   }
   const bool state =
       std::any_of(c.idle.begin(), c.idle.end(),
                   [](const auto& e) { return e.state_changed >= 0; });
-  const std::string what =
-      state ? "the parameters and optimizer state" : "the parameters";
   if (!first)
     return CertifyCheck{
         "calls without an update", true, false,
         fmt::format("{} optimizer call(s) on micro-steps that end no window "
-                    "applied no update and moved nothing ({} unchanged at "
-                    "the recorder's coordinates)",
-                    c.idle.size(), what)};
+                    "applied no update and moved nothing (the parameters{} "
+                    "unchanged at the recorder's coordinates)",
+                    c.idle.size(), state ? " and the optimizer's state" : "")};
   pitfall = std::string(pitfall_id(Pitfall::optimizer_state_every_micro_step));
-  // The change fitted as -lambda * p, said as evidence (no decision is
-  // taken on it): a residual near 0 is a decay of the parameters, as a
-  // decoupled weight decay's p -= lr * wd * p.
-  std::string how;
-  if (!std::isnan(first->lambda))
-    how = fmt::format(
-        ", as -lambda * p with lambda {:.4g} (relative residual {:.2g}; near "
-        "0: a decay, as a decoupled weight decay's p -= lr * wd * p)",
-        first->lambda, first->fit_residual);
+  // What the first such call changed.  The parameters' change fitted as
+  // -lambda * p is said as evidence (no decision is taken on it): a
+  // residual near 0 is a decay, as a decoupled weight decay's
+  // p -= lr * wd * p.
+  std::string changed =
+      fmt::format("{} of the sampled parameters", first->changed);
+  if (first->changed > 0)
+    changed +=
+        fmt::format(" (by up to {:.3g} of |p|{})", first->worst,
+                    std::isnan(first->lambda)
+                        ? std::string()
+                        : fmt::format(", as -lambda * p with lambda {:.4g}, "
+                                      "relative residual {:.2g}: near 0, a "
+                                      "decay, as a decoupled weight decay's "
+                                      "p -= lr * wd * p",
+                                      first->lambda, first->fit_residual));
+  if (first->state_changed >= 0)
+    changed += fmt::format(" and {} of the optimizer's sampled state values",
+                           first->state_changed);
   return CertifyCheck{
       "calls without an update", false, false,
-      fmt::format(
-          "{} of {} optimizer call(s) that applied no update moved {}: "
-          "micro-batch {}'s call (before optimizer step {}) changed {} of "
-          "the sampled parameters{}, by up to {:.3g} of |p|{}: the optimizer "
-          "advanced on micro-steps, not once per window",
-          moved, c.idle.size(), what, first->micro, first->version,
-          first->changed,
-          first->state_changed > 0
-              ? fmt::format(" and {} of its state's values",
-                            first->state_changed)
-              : std::string(),
-          worst, how)};
+      fmt::format("{} of {} optimizer call(s) that applied no update moved "
+                  "the parameters{}: micro-batch {}'s call (before optimizer "
+                  "step {}) changed {}: the optimizer advanced on "
+                  "micro-steps, not once per window",
+                  moved, c.idle.size(),
+                  state ? " or the optimizer's state" : "", first->micro,
+                  first->version, changed)};
 }
 
 }  // namespace accumcheck::contract_detail
