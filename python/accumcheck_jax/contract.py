@@ -509,12 +509,16 @@ class ContractRecorder:
 
     def _resolve(self, p_now):
         """The pending update call: a step when the parameters moved (or
-        when the recorder knows it applied: a fifth element True)."""
+        when the recorder knows it applied: a fifth element True).  An
+        update of zeros (lr 0: a warmup from 0, as
+        optax.warmup_cosine_decay_schedule(0.0, ...) starts) moves nothing
+        whether applied or not; its state went on into the next call, so it
+        is a step, never a discarded call."""
         G, u, lr, p_before = self.pending[:4]
         applied = len(self.pending) > 4 and self.pending[4]
         self.pending = None
-        if not applied and np.array_equal(p_now, p_before):
-            return  # computed and discarded (MultiSteps' mini-steps)
+        if not applied and u.any() and np.array_equal(p_now, p_before):
+            return  # computed and discarded (an inner optimizer's mini-steps)
         t = self.steps
         if self.lr0 is None:
             self.lr0 = float(self.lr_declared) if self.lr_declared is not None else lr

@@ -34,7 +34,9 @@ def test_recording_changes_nothing(tmp_path, loop, extra):
     assert (tmp_path / "t" / "complete.csv").exists()
 
 
-@pytest.mark.parametrize("extra", [[], ["--wrap-inside"]])
+# --warmup 2: lr 0 at the first step, so its update is zero and moves no
+# parameter: still a step (its Adam state goes on), never a discarded call.
+@pytest.mark.parametrize("extra", [[], ["--wrap-inside"], ["--warmup", "2"]])
 def test_trace_is_certified(tmp_path, accumcheck, extra):
     train_optax.main(["--loop", "hand", "--out", str(tmp_path / "t"), "--quiet"] + extra)
     r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(tmp_path / "t")],
