@@ -64,6 +64,8 @@ def items(b):
     ({"summed_loss": loss, "count_fn": items, "accumulation": 2, "coordinates": 0},
      "coordinates must be an integer >= 1"),
     ({"summed_loss": "loss", "count_fn": items, "accumulation": 2}, "must be functions"),
+    ({"summed_loss": loss, "count_fn": items, "accumulation": 2, "clip": 1.0},
+     "clip=1.0: clipping is not recorded for optax yet"),
 ])
 def test_bad_arguments_refused(tmp_path, kwargs, said):
     with pytest.raises(Refused) as e:
