@@ -148,7 +148,10 @@ int main(int argc, char** argv) {
       "Replay a scenario: large-batch reference | correct accumulation | the "
       "scenario's trainer, side by side per window; write the trace CSVs and "
       "check the scenario's [expect] verdict.");
-  run_cmd->add_option("scenario", run.scenario, "scenario file (.toml)")
+  run_cmd
+      ->add_option(
+          "scenario", run.scenario,
+          "scenario file (.toml) or a scenario's name (accumcheck list)")
       ->required();
   run_cmd
       ->add_option("--engine", run.engine,
@@ -181,7 +184,8 @@ int main(int argc, char** argv) {
   auto* list_cmd = app.add_subcommand(
       "list", "List the scenarios with a one-line story each.");
   list_cmd->add_option("--dir", list.dir,
-                       "scenario folder (default: this checkout's scenarios/)");
+                       "scenario folder (default: the installed scenarios, or "
+                       "this checkout's scenarios/)");
 
   auto* limits_cmd = app.add_subcommand(
       "limits",
@@ -237,7 +241,10 @@ int main(int argc, char** argv) {
       "data, initial parameters (PyTorch names), the micro-batch order, "
       "hyperparameters, the lr per step, the scenario and its digest (tidy "
       "CSV). Warns when the scenario cannot tell pitfalls apart.");
-  export_cmd->add_option("scenario", exp.scenario, "scenario file (.toml)")
+  export_cmd
+      ->add_option(
+          "scenario", exp.scenario,
+          "scenario file (.toml) or a scenario's name (accumcheck list)")
       ->required();
   export_cmd->add_option("--out", exp.out, "bundle folder")->required();
   export_cmd->add_flag("--quiet", exp.quiet, "print warnings only");
@@ -252,12 +259,15 @@ int main(int argc, char** argv) {
       "distance to the trace, or say that no modelled pitfall explains it "
       "and give model-free evidence. Exit 0 pass, 1 fail, 2 bad input (or "
       "something the recorder could not see).");
-  certify_cmd->add_option("scenario", cert.scenario,
-                          "scenario file (.toml); not with --contract");
+  certify_cmd->add_option(
+      "scenario", cert.scenario,
+      "scenario file (.toml) or a scenario's name (accumcheck "
+      "list); not with --contract");
   certify_cmd->add_flag(
       "--contract", cert.contract,
-      "the contract tier: judge a trace written by accumcheck_torch's "
-      "ContractRecorder (any model; no scenario)");
+      "the contract tier: judge a trace written by a contract recorder "
+      "(accumcheck_torch's or accumcheck_jax's ContractRecorder, the "
+      "framework integrations: any model; no scenario)");
   certify_cmd->add_option("--trace", cert.trace, "trace folder")->required();
   certify_cmd->add_option("--run", cert.run,
                           "run in the trace (default: its only run, or the "
@@ -360,7 +370,10 @@ int main(int argc, char** argv) {
       "accounting): parameters, gradients, optimizer states, activations and "
       "the peak, for micro-batch sizes b and accumulation K; then the seeds' "
       "memory claims judged with the numbers.");
-  memory_cmd->add_option("scenario", mem.scenario, "scenario file (.toml)")
+  memory_cmd
+      ->add_option(
+          "scenario", mem.scenario,
+          "scenario file (.toml) or a scenario's name (accumcheck list)")
       ->required();
   memory_cmd
       ->add_option("--b", mem.b,
@@ -407,6 +420,11 @@ int main(int argc, char** argv) {
     if (*memory_cmd) return memory_command(mem);
   } catch (const accumcheck::InputError& e) {
     std::fprintf(stderr, "accumcheck: %s\n", e.what());
+    for (const std::string* s : {&run.scenario, &exp.scenario, &cert.scenario,
+                                 &mem.scenario, &rep.scenario}) {
+      const std::string hint = missing_scenario_hint(*s);
+      if (!hint.empty()) std::fprintf(stderr, "accumcheck: %s\n", hint.c_str());
+    }
     return 2;
   } catch (const std::exception& e) {
     // Not the user's input: a fault of accumcheck or of the machine.

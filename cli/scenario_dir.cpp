@@ -34,4 +34,18 @@ std::string resolve_scenario(const std::string& name) {
   return fs::is_regular_file(named, ec) ? named.string() : name;
 }
 
+std::string missing_scenario_hint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path given(path);
+  if (path.empty() || fs::exists(given, ec) || given.extension() != ".toml")
+    return "";
+  const fs::path there = fs::path(default_scenario_dir()) / given.filename();
+  if (!fs::is_regular_file(there, ec)) return "";
+  const std::string name = given.stem().string();
+  return path + " does not exist; accumcheck's scenario " + name + " is at " +
+         there.string() + ": name it (" + name +
+         ") instead of a path to use it from any folder";
+}
+
 }  // namespace accumcheck::cli

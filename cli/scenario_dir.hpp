@@ -16,4 +16,10 @@ const char* default_scenario_dir();
 // else `name` unchanged (the command's own error names it).
 std::string resolve_scenario(const std::string& name);
 
+// For a scenario path that does not exist whose file name is one of the
+// default folder's scenarios (the README's `scenarios/X.toml` typed outside
+// a clone, with the command installed by pip): a line that says how to name
+// it; empty otherwise.
+std::string missing_scenario_hint(const std::string& path);
+
 }  // namespace accumcheck::cli

@@ -156,6 +156,13 @@ at_step = 100'
       "$bin" check --property zero-grad --cases 1 --out "$tmp/file/x"
     [ "$(cat "$tmp/file")" = x ] || fail "the file was overwritten"
     ;;
+  scenario_path_missing)  # the README's scenarios/X.toml outside a clone said only "cannot open file"
+    expect 2 "$tmp/elsewhere/scenarios/correct.toml does not exist; accumcheck's scenario correct is at .*/correct.toml: name it \\(correct\\)" -- \
+      "$bin" run "$tmp/elsewhere/scenarios/correct.toml" --quiet --no-trace
+    expect 2 "name it \\(certify-mlp\\)" -- "$bin" export "$tmp/certify-mlp.toml" --out "$tmp/b"
+    out=$("$bin" run "$tmp/no-such-scenario.toml" 2>&1)
+    echo "$out" | grep -q "name it" && fail "a hint for a file that is no scenario of accumcheck's"
+    ;;
   out_not_writable)
     [ "$(id -u)" = 0 ] && { echo "SKIP: root can write anywhere"; exit 0; }
     mkdir "$tmp/ro" && chmod 555 "$tmp/ro"

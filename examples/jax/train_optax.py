@@ -26,7 +26,8 @@ of the sizes --sizes cycles through); the loops (--loop):
   tokens_mean     the same sequences, each micro-batch's loss the mean
                   over its own tokens, the window's sum divided by K: a
                   mean of micro-batch means (token-mean-of-means)
---no-record runs the same loop without the recorder (the bit-identity test
+--warmup W starts the schedule with W steps of linear warmup from lr 0 (the
+first step's update is zero). --no-record runs the same loop without the recorder (the bit-identity test
 and the bench compare the two); --wrap-inside jits the recorder's wrapper
 with the gradient function (recorded by a callback in the program).
 """
@@ -124,10 +125,14 @@ def tokens(batch):
     return int(np.sum(np.asarray(batch[1]) != IGNORE))
 
 
-def linear(base, total):
-    """certify's linear kind without warmup: base * max(0, (T - n) / T)
-    after n steps (sim/lr_schedule.hpp)."""
-    return lambda n: base * jnp.maximum(0.0, (total - n) / total)
+def linear(base, total, warmup=0):
+    """certify's linear kind: base * n / W while n < W (so lr 0 at the first
+    step), then base * max(0, (T - n) / max(1, T - W)) after n steps
+    (sim/lr_schedule.hpp)."""
+    def at(n):
+        decay = base * jnp.maximum(0.0, (total - n) / max(1, total - warmup))
+        return decay if warmup == 0 else jnp.where(n < warmup, base * n / warmup, decay)
+    return at
 
 
 def run(args):
@@ -144,8 +149,8 @@ def run(args):
         return run_nnx(args, batches)
     # schedule_micro: the horizon sized in micro-batches, as
     # num_training_steps = len(loader) * epochs sizes it.
-    sched = linear(args.lr, len(batches) * epochs if args.loop == "schedule_micro" else total)
-    schedule = {"kind": "linear", "warmup": 0, "total": total}
+    sched = linear(args.lr, len(batches) * epochs if args.loop == "schedule_micro" else total, args.warmup)
+    schedule = {"kind": "linear", "warmup": args.warmup, "total": total}
     tx = optax.inject_hyperparams(optax.adam)(learning_rate=sched)
     if args.loop == "multisteps":
         tx = optax.MultiSteps(tx, every_k_schedule=K)
@@ -275,6 +280,8 @@ def main(argv=None):
     p.add_argument("--sizes", default="4", help="micro-batch sizes, cycled (e.g. 2,6)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--warmup", type=int, default=0,
+                   help="optimizer steps of linear warmup from lr 0 (the first step's update is zero)")
     p.add_argument("--features", type=int, default=8, help="the MLP's inputs")
     p.add_argument("--seq", type=int, default=6,
                    help="the tokens loops' sequence positions (lengths 1..seq)")

@@ -83,7 +83,8 @@ class ContractRecorder:
     called on the host with numpy arrays; accumulation: K.  lr and
     schedule: the accepted lr schedule as for accumcheck_torch (lr a float;
     schedule None (constant) or a named kind {"kind": "constant" | "step" |
-    "linear" | "cosine", "warmup", "total", "step_size", "gamma"}).  grad:
+    "linear" | "cosine", "warmup", "total", "step_size", "gamma"}).  clip:
+    refused (clipping is not recorded for optax yet).  grad:
     the transform taking summed_loss's gradient (default jax.grad)."""
 
     def __init__(self, summed_loss=None, count_fn=None, accumulation=None, out="trace",
@@ -114,6 +115,12 @@ class ContractRecorder:
             raise Refused("accumcheck_jax.ContractRecorder: schedule: expected None or {'kind': "
                           "'constant' | 'step' | 'linear' | 'cosine', 'warmup', 'total', "
                           "'step_size', 'gamma'} (a scenario's [schedule] table)")
+        if clip is not None:
+            raise Refused("accumcheck_jax.ContractRecorder: clip=%r: clipping is not recorded for "
+                          "optax yet (the gradient rec.optimizer(...) reads is the one before an "
+                          "optax.clip_by_global_norm in its chain, and no clip factor is taken): "
+                          "leave clip= out; the weights, lr and update are judged, the clip is "
+                          "not" % (clip,))
         if lr is not None and not isinstance(lr, (int, float)):
             raise Refused("accumcheck_jax.ContractRecorder: lr must be a number (the base lr of "
                           "the declared schedule), got %s" % type(lr).__name__)
@@ -509,12 +516,16 @@ class ContractRecorder:
 
     def _resolve(self, p_now):
         """The pending update call: a step when the parameters moved (or
-        when the recorder knows it applied: a fifth element True)."""
+        when the recorder knows it applied: a fifth element True).  An
+        update of zeros (lr 0: a warmup from 0, as
+        optax.warmup_cosine_decay_schedule(0.0, ...) starts) moves nothing
+        whether applied or not; its state went on into the next call, so it
+        is a step, never a discarded call."""
         G, u, lr, p_before = self.pending[:4]
         applied = len(self.pending) > 4 and self.pending[4]
         self.pending = None
-        if not applied and np.array_equal(p_now, p_before):
-            return  # computed and discarded (MultiSteps' mini-steps)
+        if not applied and u.any() and np.array_equal(p_now, p_before):
+            return  # computed and discarded (an inner optimizer's mini-steps)
         t = self.steps
         if self.lr0 is None:
             self.lr0 = float(self.lr_declared) if self.lr_declared is not None else lr

@@ -34,7 +34,9 @@ def test_recording_changes_nothing(tmp_path, loop, extra):
     assert (tmp_path / "t" / "complete.csv").exists()
 
 
-@pytest.mark.parametrize("extra", [[], ["--wrap-inside"]])
+# --warmup 2: lr 0 at the first step, so its update is zero and moves no
+# parameter: still a step (its Adam state goes on), never a discarded call.
+@pytest.mark.parametrize("extra", [[], ["--wrap-inside"], ["--warmup", "2"]])
 def test_trace_is_certified(tmp_path, accumcheck, extra):
     train_optax.main(["--loop", "hand", "--out", str(tmp_path / "t"), "--quiet"] + extra)
     r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(tmp_path / "t")],
@@ -62,6 +64,8 @@ def items(b):
     ({"summed_loss": loss, "count_fn": items, "accumulation": 2, "coordinates": 0},
      "coordinates must be an integer >= 1"),
     ({"summed_loss": "loss", "count_fn": items, "accumulation": 2}, "must be functions"),
+    ({"summed_loss": loss, "count_fn": items, "accumulation": 2, "clip": 1.0},
+     "clip=1.0: clipping is not recorded for optax yet"),
 ])
 def test_bad_arguments_refused(tmp_path, kwargs, said):
     with pytest.raises(Refused) as e:
