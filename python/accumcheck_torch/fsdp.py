@@ -113,6 +113,21 @@ class _FromOutputs:
     def _all_params(self):
         return list(self.params)
 
+    def _reduces_seen(self):
+        """Each backward that reduce-scatters is seen (the subclass's
+        _end_backward): certify counts them per step."""
+        return True
+
+    def _take_from_forward(self, j, pending, output):
+        """The weight read at the outputs; a loss that reaches a parameter
+        by another path (seen on its graph: the same on every rank) ends
+        the recording here, before its backward's hooks."""
+        super()._take_from_forward(j, pending, output)
+        if self.premise_broken is not None and not self.abandoned:
+            self._abandon("%s; the FSDP recorders read every micro-batch's weight at its "
+                          "forward's outputs and recompute nothing: the training went on "
+                          "unrecorded" % self.premise_broken)
+
     def _end_backward(self):
         super()._end_backward()
         if self.abandoned or not self.backwards:
@@ -130,9 +145,8 @@ class _FromOutputs:
                 "micro-batch %d: its backward's weight could not be read at its forward's "
                 "outputs (summed_loss must call the model once, on the batch's first tensor, "
                 "and each forward be backwarded once)" % b[0])
-        self._abandon("rank %d: %s; the FSDP recorders read every micro-batch's weight at its "
-                      "forward's outputs and recompute nothing: the training went on unrecorded"
-                      % (self.rank, why))
+        self._abandon("%s; the FSDP recorders read every micro-batch's weight at its forward's "
+                      "outputs and recompute nothing: the training went on unrecorded" % why)
 
     def _recompute_on(self, batch, dtype, dst):
         raise RuntimeError("a recompute of g_j under FSDP (a backward pass left unfitted): the "
