@@ -228,7 +228,9 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         # Rows: 0 previous G, 1..B the backward passes since it; four spare
         # vectors (consumed G, g_j, g64, scratch) live outside the matrix;
         # each holds the sampled coordinates (sample.py).
-        self.coords = Coordinates(self.params, coordinates, sample_seed, sampled=self._sampled)
+        # The rows are sampled for every recorder (_sampled says only how
+        # a clip's bfloat16 count and an EMA read tensors).
+        self.coords = Coordinates(self.params, coordinates, sample_seed)
         self.buf = _Rows(self.params, self.K + 2, self.coords)
         self.vec = [torch.zeros(self.coords.d, dtype=torch.float64) for _ in range(4)]
         self.seen = [False] * len(self.params)

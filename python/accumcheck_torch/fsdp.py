@@ -141,7 +141,8 @@ class _FromOutputs:
             why = "another rank's backward pass %d could not be fitted" % (len(self.backwards) - 1)
         else:
             why = self.premise_broken or next(
-                (n for n in reversed(self.notes) if "is not the outputs' gradient" in n),
+                (n.split("; every micro-batch")[0] for n in reversed(self.notes)
+                 if "is not the outputs' gradient" in n),
                 "micro-batch %d: its backward's weight could not be read at its forward's "
                 "outputs (summed_loss must call the model once, on the batch's first tensor, "
                 "and each forward be backwarded once)" % b[0])
@@ -181,13 +182,8 @@ class _ShardFit:
     _sampled = False
 
     def _setup_shards(self):
-        if not self.coords.sampled:
-            # The rows on the sample of the whole parameters (FSDP2's
-            # DTensors have the whole shapes; FSDP1 made its own).
-            from .contract import _Rows
-            self.coords = Coordinates(self.params, self.coords.per_tensor, self.coords.seed)
-            self.buf = _Rows(self.params, self.K + 2, self.coords)
-            self.vec = [torch.zeros(self.coords.d, dtype=torch.float64) for _ in range(4)]
+        # The rows hold the sample of the whole parameters (FSDP2's DTensors
+        # have the whole shapes; FSDP1's recorder made its own).
         parts, self.local_idx, self.local_sizes = [], [], []
         for i, ((a, b), (start, size)) in enumerate(zip(self.buf.slices, self._shard_ranges())):
             idx = self.coords.index[i]
