@@ -3,7 +3,7 @@
     model = fully_shard(MyNet(), mesh=mesh)   # FSDP2 (FSDP1: FullyShardedDataParallel,
                                               # use_orig_params=True, ContractFSDP1Recorder)
     recorder = ContractFSDPRecorder(model, optimizer, summed_loss, items, accumulation=K,
-                                    replica=MyNet(), out="trace/")
+                                    out="trace/")
     for batch in recorder.watch(loader): ...  # your loop, unchanged
     recorder.close()                          # every rank; rank 0 writes trace/
     accumcheck certify --contract --trace trace/
@@ -11,10 +11,11 @@
 The sharding recorders are ContractDistributedRecorder (distributed.py)
 with what FSDP hides seen: each backward's whole local gradient from hooks
 on the unsharded parameters (FSDP2) or FlatParameters (FSDP1), each rank's
-step fit on its own shard of the consumed gradient (_ShardFit), the
-recomputes on a plain replica loaded with the parameters gathered after
-every step (_GatheredReplica), each reduce-scatter counted as the step's
-gradient collective.  docs/memory-systems.md says what each refuses.
+step fit on its own shard of the consumed gradient (_ShardFit), each
+weight read at the forward's outputs with no copy of the model and
+nothing recomputed (_FromOutputs), each reduce-scatter counted as the
+step's gradient collective.  docs/memory-systems.md says what each
+refuses.
 
 These classes lived in accumcheck_torch.distributed, which the docs named;
 `from accumcheck_torch.distributed import ContractFSDPRecorder` (and
@@ -289,10 +290,8 @@ class _ShardFit:
 class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder):
     """The contract tier's recorder for one rank of an FSDP2 trainer
     (torch.distributed.fsdp.fully_shard, gloo on CPU): ContractRecorder's
-    arguments, with `model` the fully_shard'ed root module and `replica` a
-    plain (unsharded) module of the same architecture, with the same
-    parameter names (built again by your own constructor: its values do
-    not matter, the recorder loads the gathered parameters into it).
+    arguments, with `model` the fully_shard'ed root module (`replica`,
+    which older scripts pass: accepted and unused, a FutureWarning).
 
     What FSDP2 hides and how it is seen:
       - each backward's gradient: FSDP2 computes it on the unsharded
@@ -301,14 +300,14 @@ class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder)
         the sharded parameter's .grad; the recorder hooks the unsharded
         parameters after the first forward, so c_b is this rank's whole
         local gradient (as under DDP, before any communication);
-      - the gradient a step consumes: the sharded .grad gathered into the
-        whole tensor (DTensor.full_tensor(), an all-gather per parameter
-        per step: every rank steps together), the same on every rank;
+      - the gradient a step consumes: this rank's shard of the sharded
+        .grad (to_local), fitted over every rank's backward passes
+        restricted to it (_ShardFit);
       - the optimizer steps on shards: the replay steps this rank's shards
         (to_local) with this rank's shard of the optimizer state;
-      - g_j: recomputed on the replica loaded with the parameters gathered
-        after each step (never taken from your forward: FSDP's backward
-        hooks would run inside the recorder's own autograd.grad);
+      - each weight: read at the root's outputs (_FromOutputs), the
+        premise checked on the loss's graph and, every calibrate_every-th
+        micro-batch, by a backward through FSDP's graph (_calibrate);
       - gradient sync: a backward whose FSDP parameter groups reduce
         (set_requires_gradient_sync left on) is a reduce-scatter, recorded
         as the step's gradient collective (an all_reduce event: averaged
@@ -412,9 +411,7 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
     (torch.distributed.fsdp.FullyShardedDataParallel with
     use_orig_params=True; on CPU with device_id=torch.device("cpu") and
     gloo): ContractRecorder's arguments, with `model` the root
-    FullyShardedDataParallel module and `replica` a plain module of the
-    same architecture (the same parameter names, FSDP's wrapper prefixes
-    left out).
+    FullyShardedDataParallel module (`replica`: accepted and unused).
 
     What FSDP1 hides and how it is seen:
       - each backward's gradient: FSDP1 computes it on each FlatParameter
@@ -426,9 +423,9 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
       - the gradient a step consumes: this rank's shard of it (the
         original parameters' local .grad, each a slice of the flattened
         parameter: FSDP's _shard_param_infos), fitted over the backward
-        passes restricted to that slice; the parameters after each step
-        gathered whole (FullyShardedDataParallel.summon_full_params, a
-        collective on every rank at every step) for the replica;
+        passes restricted to that slice;
+      - each weight: read at the outputs, the premise checked on the
+        loss's graph only (_calibrate says why);
       - the optimizer steps the original parameters' local shards: the
         replay steps them with their own .grad and optimizer state;
       - gradient sync: a backward outside no_sync() reduce-scatters (the
