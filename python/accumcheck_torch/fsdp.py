@@ -82,7 +82,7 @@ class _FromOutputs:
         if replica is not None:
             warnings.warn("%s: replica= is no longer used and will be removed (the recorder "
                           "reads each micro-batch's gradient at the forward's outputs, with no "
-                          "copy of the model): leave it out" % who, DeprecationWarning,
+                          "copy of the model): leave it out" % who, FutureWarning,
                           stacklevel=3)
         self.premise_broken = None  # why the loss reaches a parameter by another path
 
