@@ -200,9 +200,9 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         # The precision the model computes in: its parameters', or lower
         # where its outputs are (autocast).
         self.compute_dtype = self.dtype
-        # A recorder class that recomputes on copies of its own (FSDP's
-        # gathered replica, a pipeline's whole model) makes them here; this
-        # one recomputes on the model itself (_recompute_on), no copy.
+        # A recorder class that recomputes on copies of its own (a
+        # pipeline's whole model) makes them here; this one recomputes on
+        # the model itself (_recompute_on), no copy.
         self.mref = self.m64 = self.pref = self.p64 = None
         if type(self)._replica is not ContractRecorder._replica:
             self.mref = self._replica(model).train()
