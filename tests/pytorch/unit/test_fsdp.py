@@ -55,7 +55,7 @@ def test_distributed_imports_none_of_the_recorders_on_top_of_it():
                 and "torch.distributed" not in m], imported
 
 
-def test_fsdp2_reads_each_weight_at_the_outputs_and_checks_the_premise(tmp_path, monkeypatch):
+def test_fsdp2_reads_each_weight_at_the_outputs_and_checks_the_premise(tmp_path):
     """On a 1-rank gloo group (no spawn): FSDP2's recorder keeps no
     replica (replica= accepted, a FutureWarning), reads every backward's
     weight at the outputs, runs the premise's backward through FSDP's
@@ -64,9 +64,11 @@ def test_fsdp2_reads_each_weight_at_the_outputs_and_checks_the_premise(tmp_path,
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29517")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
     try:
         data = [(torch.randn(4, 8, generator=torch.Generator().manual_seed(i)),) for i in range(6)]
 
