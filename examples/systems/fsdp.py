@@ -24,10 +24,10 @@ DTensor gradients).  The loops (--loop):
                         optimizer fails on it, the recorder refuses first (exit 2)
 The set-ups (--setup), the mistakes the recorder refuses (exit 2) when it
 is made:
-  correct               every block and the root sharded, a replica of the same
-                        architecture
-  no_replica            the recorder made without replica=
-  other_replica         a replica of another architecture (one block, not two)
+  correct               every block and the root sharded (no replica: the recorders
+                        read each weight at the forward's outputs)
+  replica               an older script's replica= (a plain module of the same
+                        architecture): accepted, unused, a FutureWarning says so
   hsdp                  FSDP2 over a 2-D mesh (HSDP: replicated across the ranks,
                         sharded within each): placements (Replicate(), Shard(0))
   no_orig_params        --fsdp1 only: FullyShardedDataParallel without
@@ -41,16 +41,23 @@ same loops; its correct clip is FSDP1's own model.clip_grad_norm_ (the
 whole gradient's norm), its clip_local_norm torch.nn.utils.clip_grad_norm_
 on FSDP1's parameters (each rank's shard: PyTorch's FSDP1 docs say to use
 the former).
+--loss penalty (FSDP2): summed_loss adds a penalty on the weights (0.01 x the
+squares of this rank's shard of the first block's first weight): the loss
+reaches a parameter by another path than the outputs, which the FSDP
+recorders cannot read; every rank's recording ends at the first backward,
+the training goes on.
 --no-record: without the recorder; --identity PATH: without it, then with
 it, in this process (each rank's trained shard must be the same bits:
-identity.py).  Each rank prints its CPU seconds in
-the loop (the recorder's construction and close() included) unless
---quiet (bench/systems_bench.py)."""
+identity.py).  --d, --layers: the decoder's width and depth (bench).  Each
+rank prints its CPU seconds in the loop (the recorder's construction and
+close() included) and its peak memory (ru_maxrss) unless --quiet
+(bench/systems_bench.py)."""
 
 import argparse
 import contextlib
 import functools
 import os
+import resource
 import sys
 import time
 
@@ -69,7 +76,7 @@ from accumcheck_torch.distributed import run_ranks  # noqa: E402
 from accumcheck_torch.fsdp import ContractFSDP1Recorder, ContractFSDPRecorder  # noqa: E402
 
 LOOPS = ("correct", "sync_every_micro_step", "no_sync_at_boundary", "clip_local_norm", "whole_grad")
-SETUPS = ("correct", "no_replica", "other_replica", "hsdp", "no_orig_params")
+SETUPS = ("correct", "replica", "hsdp", "no_orig_params")
 CLIP = 1.0
 
 
@@ -99,13 +106,21 @@ def shard(net, ranks, a):
     return fully_shard(net, mesh=mesh)
 
 
+def penalised(model, batch):
+    """summed_loss plus a penalty on the weights (--loss penalty)."""
+    w = model.blocks[0].qkv.weight  # FSDP2: a DTensor (its shard); FSDP1: this rank's shard
+    w = w.to_local() if hasattr(w, "to_local") else w
+    return models.gpt_summed_loss(model, batch) + 0.01 * w.pow(2).sum()
+
+
 def train(rank, ranks, a):
     torch.manual_seed(0)
-    net = shard(models.TinyGPT(), ranks, a)
-    # The recorder's replica made before the dropout seed: its initial
+    net = shard(models.TinyGPT(d=a.d, layers=a.layers), ranks, a)
+    # An older script's replica, made before the dropout seed: its initial
     # draws would move every dropout mask of the run (identity.py).
-    replica = None if a.no_record else {"no_replica": None, "other_replica": models.TinyGPT(layers=1)}.get(
-        a.setup, models.TinyGPT())
+    replica = models.TinyGPT(d=a.d, layers=a.layers) if a.setup == "replica" and \
+        not a.no_record else None
+    summed = penalised if a.loss == "penalty" else models.gpt_summed_loss
     torch.manual_seed(1 + rank)  # each rank's own dropout masks
     data = models.gpt_data(n=a.samples)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
@@ -114,8 +129,9 @@ def train(rank, ranks, a):
     rec = None
     if not a.no_record:
         make = ContractFSDP1Recorder if a.fsdp1 else ContractFSDPRecorder
-        rec = make(net, opt, models.gpt_summed_loss, models.gpt_items, accumulation=a.K,
-                   replica=replica, out=a.out, items="tokens", clip=CLIP)
+        kw = {} if replica is None else {"replica": replica}
+        rec = make(net, opt, summed, models.gpt_items, accumulation=a.K, out=a.out,
+                   items="tokens", clip=CLIP, **kw)
         loader = rec.watch(loader)
     batches = list(loader)
     for w in range(0, len(batches), a.K):
@@ -131,7 +147,7 @@ def train(rank, ranks, a):
                 net.set_requires_gradient_sync(sync)
                 ctx = contextlib.nullcontext()
             with ctx:
-                loss = models.gpt_summed_loss(net, b) * ranks / n
+                loss = summed(net, b) * ranks / n
                 loss.backward()
         if a.fsdp1 and a.loop != "clip_local_norm":
             net.clip_grad_norm_(CLIP)  # FSDP1's own: the whole gradient's norm
@@ -149,8 +165,9 @@ def train(rank, ranks, a):
     if rec is not None:
         rec.close()
     if not a.quiet:
-        print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
-                                                    " (not recorded)" if a.no_record else ""))
+        print("rank %d: %.3f s cpu in the loop%s, peak memory %.0f MB"
+              % (rank, time.process_time() - c0, " (not recorded)" if a.no_record else "",
+                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
     return net
 
 
@@ -159,7 +176,10 @@ def main():
     ap.add_argument("--out", default="trace")
     ap.add_argument("--loop", choices=LOOPS, default="correct")
     ap.add_argument("--setup", choices=SETUPS, default="correct")
+    ap.add_argument("--loss", choices=("summed", "penalty"), default="summed")
     ap.add_argument("--K", type=int, default=3)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
     ap.add_argument("--fsdp1", action="store_true",
@@ -172,6 +192,8 @@ def main():
     a = ap.parse_args()
     if a.fsdp1 and (a.loop == "whole_grad" or a.setup == "hsdp"):
         ap.error("--loop whole_grad and --setup hsdp are FSDP2's (DTensor gradients, a device mesh)")
+    if a.fsdp1 and a.loss == "penalty":
+        ap.error("--loss penalty is FSDP2's (FSDP1's shards are not the weights its forward reads)")
     if a.setup == "no_orig_params" and not a.fsdp1:
         ap.error("--setup no_orig_params is FSDP1's (--fsdp1)")
     run_ranks(functools.partial(identity.twice, train, a.identity) if a.identity else train,

@@ -229,25 +229,28 @@ class Capture:
             return
         self.taking = True
         try:
-            loss = self.loss_fn(_Output(self.model, pending[1], output), self.micro[j][5])
             outs = [t for t in _out_tensors(output) if t.requires_grad]
-            s = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True) \
+            view, leaves = self._loss_view(output, outs)
+            loss = self.loss_fn(_Output(self.model, pending[1], view), self.micro[j][5])
+            s = torch.autograd.grad(loss, leaves, retain_graph=True, allow_unused=True) \
                 if outs else []
             pairs = [(t, g.detach()) for t, g in zip(outs, s) if g is not None]
             if not pairs:
                 raise _NotTheForward()
+            self._premise_structure(loss, j)
             g = None
             if j % self.calibrate_every == 0:
                 g = self.spare.pop() if self.spare else torch.empty(self.coords.d,
                                                                     dtype=torch.float64)
                 self.sample_into = self.buf.views_of(g)
                 self.sample_seen = [False] * len(self.params)
-                torch.autograd.grad([t for t, _ in pairs], self.params,
-                                    grad_outputs=[sg for _, sg in pairs], retain_graph=True,
-                                    allow_unused=True)
-                for dst, seen in zip(self.sample_into, self.sample_seen):
-                    if not seen:
-                        dst.zero_()
+                if self._calibrate(pairs):
+                    for dst, seen in zip(self.sample_into, self.sample_seen):
+                        if not seen:
+                            dst.zero_()
+                else:
+                    self.spare.append(g)
+                    g = None
         except Exception as e:  # noqa: BLE001 -- the recompute stands in
             self.sample_into = None
             if _compiled(output):
@@ -272,6 +275,23 @@ class Capture:
         self.outs[j] = {"s": [sg for _, sg in pairs], "g": g}
         for k, (t, _) in enumerate(pairs):
             t.register_hook(self._out_hook(j, k))
+
+    def _loss_view(self, output, outs):
+        """What summed_loss reads as the forward's output, and the tensors
+        s_j is taken at: the output itself (a sharding recorder: detached
+        copies, so no hook of its wrapper fires in that backward)."""
+        return output, outs
+
+    def _premise_structure(self, loss, j):
+        """A check of the premise on the loss's graph (a sharding recorder's)."""
+
+    def _calibrate(self, pairs):
+        """The premise check's backward of s_j through your graph to the
+        parameters (their hooks keep the coordinates); False: not run."""
+        torch.autograd.grad([t for t, _ in pairs], self.params,
+                            grad_outputs=[sg for _, sg in pairs], retain_graph=True,
+                            allow_unused=True)
+        return True
 
     def _out_hook(self, j, k):
         @_never_raises

@@ -200,9 +200,9 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         # The precision the model computes in: its parameters', or lower
         # where its outputs are (autocast).
         self.compute_dtype = self.dtype
-        # A recorder class that recomputes on copies of its own (FSDP's
-        # gathered replica, a pipeline's whole model) makes them here; this
-        # one recomputes on the model itself (_recompute_on), no copy.
+        # A recorder class that recomputes on copies of its own (a
+        # pipeline's whole model) makes them here; this one recomputes on
+        # the model itself (_recompute_on), no copy.
         self.mref = self.m64 = self.pref = self.p64 = None
         if type(self)._replica is not ContractRecorder._replica:
             self.mref = self._replica(model).train()
@@ -228,7 +228,9 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         # Rows: 0 previous G, 1..B the backward passes since it; four spare
         # vectors (consumed G, g_j, g64, scratch) live outside the matrix;
         # each holds the sampled coordinates (sample.py).
-        self.coords = Coordinates(self.params, coordinates, sample_seed, sampled=self._sampled)
+        # The rows are sampled for every recorder (_sampled says only how
+        # a clip's bfloat16 count and an EMA read tensors).
+        self.coords = Coordinates(self.params, coordinates, sample_seed)
         self.buf = _Rows(self.params, self.K + 2, self.coords)
         self.vec = [torch.zeros(self.coords.d, dtype=torch.float64) for _ in range(4)]
         self.seen = [False] * len(self.params)

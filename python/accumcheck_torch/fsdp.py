@@ -3,7 +3,7 @@
     model = fully_shard(MyNet(), mesh=mesh)   # FSDP2 (FSDP1: FullyShardedDataParallel,
                                               # use_orig_params=True, ContractFSDP1Recorder)
     recorder = ContractFSDPRecorder(model, optimizer, summed_loss, items, accumulation=K,
-                                    replica=MyNet(), out="trace/")
+                                    out="trace/")
     for batch in recorder.watch(loader): ...  # your loop, unchanged
     recorder.close()                          # every rank; rank 0 writes trace/
     accumcheck certify --contract --trace trace/
@@ -11,10 +11,11 @@
 The sharding recorders are ContractDistributedRecorder (distributed.py)
 with what FSDP hides seen: each backward's whole local gradient from hooks
 on the unsharded parameters (FSDP2) or FlatParameters (FSDP1), each rank's
-step fit on its own shard of the consumed gradient (_ShardFit), the
-recomputes on a plain replica loaded with the parameters gathered after
-every step (_GatheredReplica), each reduce-scatter counted as the step's
-gradient collective.  docs/memory-systems.md says what each refuses.
+step fit on its own shard of the consumed gradient (_ShardFit), each
+weight read at the forward's outputs with no copy of the model and
+nothing recomputed (_FromOutputs), each reduce-scatter counted as the
+step's gradient collective.  docs/memory-systems.md says what each
+refuses.
 
 These classes lived in accumcheck_torch.distributed, which the docs named;
 `from accumcheck_torch.distributed import ContractFSDPRecorder` (and
@@ -22,8 +23,10 @@ ContractFSDP1Recorder) keeps working through a lazy re-export there.
 """
 
 import copy
+import warnings
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from .distributed import ContractDistributedRecorder
@@ -31,41 +34,125 @@ from .sample import Coordinates
 from .trace import Refused
 
 
-class _GatheredReplica:
-    """What the FSDP recorders share: `replica`, a plain module the
-    recomputes run on, loaded with the whole parameters gathered at the
-    start and after every step (a collective on every rank)."""
+class _Whole:
+    """A parameter's whole size where only its shard exists (FSDP1's
+    original parameters): what sample.Coordinates reads of a tensor."""
 
-    def _take_replica(self, who, names, replica):
-        if replica is None:
-            raise Refused("%s needs replica=: a plain (unsharded) module of the same "
-                          "architecture, e.g. built by the constructor you sharded" % who)
-        theirs = [n for n, p in replica.named_parameters() if p.requires_grad]
-        if names != theirs:
-            # The first name that differs: the lists' heads are often alike.
-            k = next((i for i, (a, b) in enumerate(zip(names, theirs)) if a != b),
-                     min(len(names), len(theirs)))
-            raise Refused("replica: its %d parameters are not the model's %d (the same names in "
-                          "the same order): the first to differ is #%d, the model's %s where the "
-                          "replica has %s; build the replica with the model's constructor and "
-                          "arguments" % (len(theirs), len(names), k,
-                                         repr(names[k]) if k < len(names) else "none",
-                                         repr(theirs[k]) if k < len(theirs) else "none"))
-        self.replica_model = replica
-        self.full = None
+    def __init__(self, numel):
+        self._numel, self.device = int(numel), torch.device("cpu")
 
-    def _replica(self, model):
-        return copy.deepcopy(self.replica_model)
+    def numel(self):
+        return self._numel
 
-    def _source(self):
-        return self.full
+
+def _swap(output, new, depth=0):
+    """The forward's output with each of its tensors in `new` (by id)
+    replaced by its stand-in: a tensor, a tuple or list, a dict (a
+    Transformers ModelOutput), nested as outputs._out_tensors walks them."""
+    if torch.is_tensor(output):
+        return new.get(id(output), output)
+    if depth > 4:
+        return output
+    if isinstance(output, dict):
+        out = copy.copy(output)
+        for k, v in output.items():
+            out[k] = _swap(v, new, depth + 1)
+        return out
+    if isinstance(output, (list, tuple)):
+        items = [_swap(v, new, depth + 1) for v in output]
+        return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)
+    return output
+
+
+class _FromOutputs:
+    """What the FSDP recorders share: no replica and no copy of the model.
+    Each backward's weight is read at its forward's outputs (capture.py
+    _take_from_forward: u_b = w_b s_j), s_j taken through the loss alone
+    on detached stand-ins of the outputs (so none of FSDP's hooks on them
+    fires); the premise that the loss reaches the parameters only through
+    the outputs is checked on the loss's graph (no parameter in it) at
+    every micro-batch, and, where the recorder class can run it
+    (_calibrate: FSDP2), on the parameters every calibrate_every-th
+    micro-batch.  A backward whose weight cannot be read there ends the
+    recording on every rank (an all-reduce of the verdict after each
+    backward: the ranks end together, so none waits in a collective the
+    others left); nothing is ever recomputed."""
+
+    def _take_replica(self, who, replica):
+        if replica is not None:
+            warnings.warn("%s: replica= is no longer used and will be removed (the recorder "
+                          "reads each micro-batch's gradient at the forward's outputs, with no "
+                          "copy of the model): leave it out" % who, FutureWarning,
+                          stacklevel=3)
+        self.premise_broken = None  # why the loss reaches a parameter by another path
+
+    def _loss_view(self, output, outs):
+        leaves = [t.detach().requires_grad_() for t in outs]
+        return _swap(output, {id(t): d for t, d in zip(outs, leaves)}), leaves
+
+    def _premise_structure(self, loss, j):
+        """The loss, computed on detached outputs, must reach no parameter
+        (a penalty on the weights, a second forward of the model): its
+        graph walked for a parameter's gradient accumulator."""
+        if getattr(self, "param_ids", None) is None:
+            self.param_ids = {id(p) for p in self._all_params()}
+        todo, seen = [loss.grad_fn], set()
+        while todo:
+            fn = todo.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            var = getattr(fn, "variable", None)
+            if var is not None and id(var) in self.param_ids:
+                self.premise_broken = (
+                    "micro-batch %d: summed_loss reaches a parameter (%s) by another path than "
+                    "the forward's outputs (a penalty on the weights, a second forward)"
+                    % (j, tuple(var.shape)))
+                raise RuntimeError(self.premise_broken)
+            todo.extend(f for f, _ in fn.next_functions)
+
+    def _all_params(self):
+        return list(self.params)
 
     def _reduces_seen(self):
+        """Each backward that reduce-scatters is seen (the subclass's
+        _end_backward): certify counts them per step."""
         return True
 
-    def _after_step(self):
-        super()._after_step()
-        self._gather_params()
+    def _take_from_forward(self, j, pending, output):
+        """The weight read at the outputs; a loss that reaches a parameter
+        by another path (seen on its graph: the same on every rank) ends
+        the recording here, before its backward's hooks."""
+        super()._take_from_forward(j, pending, output)
+        if self.premise_broken is not None and not self.abandoned:
+            self._abandon("%s; the FSDP recorders read every micro-batch's weight at its "
+                          "forward's outputs and recompute nothing: the training went on "
+                          "unrecorded" % self.premise_broken)
+
+    def _end_backward(self):
+        super()._end_backward()
+        if self.abandoned or not self.backwards:
+            return
+        b = self.backwards[-1]
+        failed = torch.tensor([0.0 if b[3] is not None else 1.0])
+        dist.distributed_c10d.all_reduce(failed, op=dist.ReduceOp.MAX)
+        if float(failed) == 0:
+            return
+        if b[3] is not None:
+            why = "another rank's backward pass %d could not be fitted" % (len(self.backwards) - 1)
+        else:
+            why = self.premise_broken or next(
+                (n.split("; every micro-batch")[0] for n in reversed(self.notes)
+                 if "is not the outputs' gradient" in n),
+                "micro-batch %d: its backward's weight could not be read at its forward's "
+                "outputs (summed_loss must call the model once, on the batch's first tensor, "
+                "and each forward be backwarded once)" % b[0])
+        self._abandon("%s; the FSDP recorders read every micro-batch's weight at its forward's "
+                      "outputs and recompute nothing: the training went on unrecorded" % why)
+
+    def _recompute_on(self, batch, dtype, dst):
+        raise RuntimeError("a recompute of g_j under FSDP (a backward pass left unfitted): the "
+                           "FSDP recorders recompute nothing")
 
 
 class _ShardFit:
@@ -96,13 +183,8 @@ class _ShardFit:
     _sampled = False
 
     def _setup_shards(self):
-        if not self.coords.sampled:
-            # The rows on the sample of the whole parameters (FSDP2's
-            # DTensors have the whole shapes; FSDP1 made its own).
-            from .contract import _Rows
-            self.coords = Coordinates(self.params, self.coords.per_tensor, self.coords.seed)
-            self.buf = _Rows(self.params, self.K + 2, self.coords)
-            self.vec = [torch.zeros(self.coords.d, dtype=torch.float64) for _ in range(4)]
+        # The rows hold the sample of the whole parameters (FSDP2's DTensors
+        # have the whole shapes; FSDP1's recorder made its own).
         parts, self.local_idx, self.local_sizes = [], [], []
         for i, ((a, b), (start, size)) in enumerate(zip(self.buf.slices, self._shard_ranges())):
             idx = self.coords.index[i]
@@ -205,13 +287,11 @@ class _ShardFit:
             c[2] = sum(p[k] ** 2 for p in payloads) ** 0.5
 
 
-class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecorder):
+class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder):
     """The contract tier's recorder for one rank of an FSDP2 trainer
     (torch.distributed.fsdp.fully_shard, gloo on CPU): ContractRecorder's
-    arguments, with `model` the fully_shard'ed root module and `replica` a
-    plain (unsharded) module of the same architecture, with the same
-    parameter names (built again by your own constructor: its values do
-    not matter, the recorder loads the gathered parameters into it).
+    arguments, with `model` the fully_shard'ed root module (`replica`,
+    which older scripts pass: accepted and unused, a FutureWarning).
 
     What FSDP2 hides and how it is seen:
       - each backward's gradient: FSDP2 computes it on the unsharded
@@ -220,14 +300,14 @@ class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecor
         the sharded parameter's .grad; the recorder hooks the unsharded
         parameters after the first forward, so c_b is this rank's whole
         local gradient (as under DDP, before any communication);
-      - the gradient a step consumes: the sharded .grad gathered into the
-        whole tensor (DTensor.full_tensor(), an all-gather per parameter
-        per step: every rank steps together), the same on every rank;
+      - the gradient a step consumes: this rank's shard of the sharded
+        .grad (to_local), fitted over every rank's backward passes
+        restricted to it (_ShardFit);
       - the optimizer steps on shards: the replay steps this rank's shards
         (to_local) with this rank's shard of the optimizer state;
-      - g_j: recomputed on the replica loaded with the parameters gathered
-        after each step (never taken from your forward: FSDP's backward
-        hooks would run inside the recorder's own autograd.grad);
+      - each weight: read at the root's outputs (_FromOutputs), the
+        premise checked on the loss's graph and, every calibrate_every-th
+        micro-batch, by a backward through FSDP's graph (_calibrate);
       - gradient sync: a backward whose FSDP parameter groups reduce
         (set_requires_gradient_sync left on) is a reduce-scatter, recorded
         as the step's gradient collective (an all_reduce event: averaged
@@ -238,14 +318,13 @@ class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecor
         if not isinstance(model, FSDPModule):
             raise Refused("ContractFSDPRecorder takes the fully_shard'ed root module; got %s"
                           % type(model).__name__)
-        self._take_replica("ContractFSDPRecorder",
-                           [n for n, p in model.named_parameters() if p.requires_grad], replica)
+        self._take_replica("ContractFSDPRecorder", replica)
         self.groups = [g for m in model.modules() if isinstance(m, FSDPModule)
                        for g in m._get_fsdp_state()._fsdp_param_groups]
-        self.unsharded_hooked = False
+        self.state_ctx = model._get_fsdp_state()._state_ctx
+        self.unsharded = None  # each parameter's unsharded nn.Parameter, once made
         super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
         self._setup_shards()
-        self._gather_params()
 
     def _shard_ranges(self):
         """Each parameter's shard on this rank: FSDP2's dim-0 chunk of the
@@ -274,25 +353,52 @@ class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecor
     def _local(self, t):
         return t.to_local() if isinstance(t, DTensor) else t
 
-    def _gather_params(self):
-        """Every parameter gathered whole (a collective: at the start and
-        after every step, on every rank)."""
-        with torch.no_grad():
-            self.full = [self._full(p.detach()) for p in self.params]
-
     def _take_from_forward(self, j, pending, output):
         """Hooks the unsharded parameters once they exist (after the first
-        forward); g_j always comes from the replica."""
-        if self.unsharded_hooked:
-            return
-        index = {id(p): i for i, p in enumerate(self.params)}
-        for g in self.groups:
-            for fp in g.fsdp_params:
-                i = index.get(id(fp.sharded_param))
-                if i is None or getattr(fp, "_unsharded_param", None) is None:
-                    continue
-                self._hooks.append(fp._unsharded_param.register_hook(self._grad_hook(i)))
-        self.unsharded_hooked = True
+        forward), then reads the weight at the outputs (_FromOutputs)."""
+        if self.unsharded is None:
+            self.unsharded = [None] * len(self.params)
+            index = {id(p): i for i, p in enumerate(self.params)}
+            for g in self.groups:
+                for fp in g.fsdp_params:
+                    i = index.get(id(fp.sharded_param))
+                    if i is None or getattr(fp, "_unsharded_param", None) is None:
+                        continue
+                    self.unsharded[i] = fp._unsharded_param
+                    self._hooks.append(fp._unsharded_param.register_hook(self._grad_hook(i)))
+        super()._take_from_forward(j, pending, output)
+
+    def _all_params(self):
+        return list(self.params) + [p for p in self.unsharded or () if p is not None]
+
+    def _calibrate(self, pairs):
+        """The premise check's backward of s_j through your FSDP graph to
+        the unsharded parameters, on every rank at the same micro-batch (j,
+        grad mode and the loss's structure decide it, the same on every
+        rank): its unshards are the all-gathers FSDP's own backward makes,
+        in the same order on every rank.  Around it no parameter group
+        reduces (reduce_grads off: no reduce-scatter, a no_sync window's
+        accumulated gradient untouched) and the backward is not the last
+        (no finalize of FSDP's backward state); both restored.  Nothing
+        is accumulated into any .grad (autograd.grad; the hooks keep the
+        coordinates and hand on an empty gradient)."""
+        inputs = [p for p in self.unsharded or () if p is not None]
+        if not inputs:
+            return False
+        reduce = [g.reduce_grads for g in self.groups]
+        last = self.state_ctx.is_last_backward
+        try:
+            for g in self.groups:
+                g.reduce_grads = False
+            self.state_ctx.is_last_backward = False
+            torch.autograd.grad([t for t, _ in pairs], inputs,
+                                grad_outputs=[sg for _, sg in pairs], retain_graph=True,
+                                allow_unused=True)
+        finally:
+            for g, r in zip(self.groups, reduce):
+                g.reduce_grads = r
+            self.state_ctx.is_last_backward = last
+        return True
 
     def _end_backward(self):
         if any(g.reduce_grads for g in self.groups):
@@ -300,14 +406,12 @@ class ContractFSDPRecorder(_ShardFit, _GatheredReplica, ContractDistributedRecor
         super()._end_backward()
 
 
-class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedRecorder):
+class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder):
     """The contract tier's recorder for one rank of an FSDP1 trainer
     (torch.distributed.fsdp.FullyShardedDataParallel with
     use_orig_params=True; on CPU with device_id=torch.device("cpu") and
     gloo): ContractRecorder's arguments, with `model` the root
-    FullyShardedDataParallel module and `replica` a plain module of the
-    same architecture (the same parameter names, FSDP's wrapper prefixes
-    left out).
+    FullyShardedDataParallel module (`replica`: accepted and unused).
 
     What FSDP1 hides and how it is seen:
       - each backward's gradient: FSDP1 computes it on each FlatParameter
@@ -319,9 +423,9 @@ class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedReco
       - the gradient a step consumes: this rank's shard of it (the
         original parameters' local .grad, each a slice of the flattened
         parameter: FSDP's _shard_param_infos), fitted over the backward
-        passes restricted to that slice; the parameters after each step
-        gathered whole (FullyShardedDataParallel.summon_full_params, a
-        collective on every rank at every step) for the replica;
+        passes restricted to that slice;
+      - each weight: read at the outputs, the premise checked on the
+        loss's graph only (_calibrate says why);
       - the optimizer steps the original parameters' local shards: the
         replay steps them with their own .grad and optimizer state;
       - gradient sync: a backward outside no_sync() reduce-scatters (the
@@ -334,7 +438,6 @@ class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedReco
 
     def __init__(self, model, optimizer, loss_fn, count_fn, accumulation, replica=None, **kw):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp._common_utils import clean_tensor_name
         from .contract import _Rows
         if not isinstance(model, FSDP):
             raise Refused("ContractFSDP1Recorder takes the root FullyShardedDataParallel "
@@ -344,15 +447,16 @@ class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedReco
             raise Refused("ContractFSDP1Recorder needs FullyShardedDataParallel(..., "
                           "use_orig_params=True): the optimizer must step the original "
                           "parameters the recorder replays")
-        self._take_replica("ContractFSDP1Recorder",
-                           [clean_tensor_name(n) for n, p in model.named_parameters()
-                            if p.requires_grad], replica)
-        self.fsdp, self.summon = model, FSDP.summon_full_params
+        self._take_replica("ContractFSDP1Recorder", replica)
+        self.fsdp = model
         super().__init__(model, optimizer, loss_fn, count_fn, accumulation, **kw)
-        # The parameters are local shards: every n-long vector holds the
-        # whole parameters (the replica's shapes), and c_b comes from the
-        # FlatParameters' hooks, not the shards' (which no backward reaches).
-        whole = [p for p in self.replica_model.parameters() if p.requires_grad]
+        # The parameters are local shards: every row holds the whole
+        # parameters' coordinates (their sizes from the FlatParameters), and
+        # c_b comes from the FlatParameters' hooks, not the shards' (which
+        # no backward reaches).
+        numel = {id(p): n for h in handles
+                 for p, n in zip(h.flat_param._params, h.flat_param._numels)}
+        whole = [_Whole(numel[id(p)]) for p in self.params]
         self.n = sum(p.numel() for p in whole)
         self.coords = Coordinates(whole, self.coords.per_tensor, self.coords.seed)
         self.buf = _Rows(whole, self.K + 2, self.coords)
@@ -364,7 +468,6 @@ class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedReco
             self._hooks.append(h.flat_param.register_hook(self._flat_hook(h, hooks)))
         self.handles = handles
         self._setup_shards()
-        self._gather_params()
         orig = model.clip_grad_norm_
 
         def clip_grad_norm_(max_norm, *a, **k):
@@ -402,13 +505,16 @@ class ContractFSDP1Recorder(_ShardFit, _GatheredReplica, ContractDistributedReco
             return None
         return hook
 
-    def _gather_params(self):
-        with torch.no_grad(), self.summon(self.fsdp, writeback=False):
-            self.full = [p.detach().clone() for p in self.params]
+    def _all_params(self):
+        return list(self.params) + [h.flat_param for h in self.handles]
 
-    def _take_from_forward(self, j, pending, output):
-        """g_j always comes from the replica (FSDP's backward hooks would
-        run inside the recorder's own autograd.grad)."""
+    def _calibrate(self, pairs):
+        """Not run under FSDP1: a backward through its graph would end in
+        FSDP1's post-backward callback, which removes the FlatParameters'
+        post-backward hooks this forward registered (_finalize_params), so
+        your own backward would reduce-scatter nothing.  The premise is
+        checked on the loss's graph alone (_premise_structure)."""
+        return False
 
     def _consumed(self):
         if any(p.grad is not None and p.grad.shape != p.shape for p in self.params):

@@ -53,3 +53,57 @@ def test_distributed_imports_none_of_the_recorders_on_top_of_it():
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in imported if m and m.split(".")[-1] in ("fsdp", "pipelining", "deepspeed")
                 and "torch.distributed" not in m], imported
+
+
+def test_fsdp2_reads_each_weight_at_the_outputs_and_checks_the_premise(tmp_path):
+    """On a 1-rank gloo group (no spawn): FSDP2's recorder keeps no
+    replica (replica= accepted, a FutureWarning), reads every backward's
+    weight at the outputs, runs the premise's backward through FSDP's
+    graph on micro-batch 0 (its calibration in the trace) and leaves the
+    training bit-identical to the unrecorded run."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+    try:
+        data = [(torch.randn(4, 8, generator=torch.Generator().manual_seed(i)),) for i in range(6)]
+
+        def run(record):
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+            mesh = init_device_mesh("cpu", (1,))
+            for m in net:
+                if isinstance(m, torch.nn.Linear):
+                    fully_shard(m, mesh=mesh)
+            fully_shard(net, mesh=mesh)
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+            rec = None
+            if record:
+                with pytest.warns(FutureWarning, match="replica= is no longer used"):
+                    rec = fsdp.ContractFSDPRecorder(net, opt, _summed, lambda b: 4, accumulation=3,
+                                                    replica=torch.nn.Linear(1, 1),
+                                                    out=str(tmp_path / "trace"))
+            for w in range(0, 6, 3):
+                for i, b in enumerate(data[w:w + 3]):
+                    net.set_requires_gradient_sync(i == 2)
+                    if rec is not None:
+                        rec.mark(b)
+                    (_summed(net, b) / 12).backward()
+                opt.step()
+                opt.zero_grad()
+            if rec is not None:
+                assert rec.mref is None and rec.abandoned is None
+                assert all(b[3] is not None for b in rec.backwards)  # every weight read
+                rec.close()
+            return torch.cat([p.detach().to_local().reshape(-1) for p in net.parameters()])
+        assert torch.equal(run(False), run(True))
+        rows = (tmp_path / "trace" / "contract.csv").read_text().splitlines()
+        cal = [r.split(",")[9] for r in rows if r.startswith("micro,")]
+        assert cal[0] != "" and float(cal[0]) < 1e-5, cal  # the premise checked on micro-batch 0
+        assert cal[1:] == [""] * 5, cal
+    finally:
+        dist.destroy_process_group()
