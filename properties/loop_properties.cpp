@@ -290,7 +290,9 @@ void skip_short_micro_batch() {
 }
 
 // Exact lr sequences: scheduler-before-optimizer uses S(t+1) at step t;
-// scheduler-per-epoch uses S(e) at every step of epoch e.
+// scheduler-per-epoch uses S(e) at every step of epoch e; a frequency f
+// counted in optimizer steps or (scheduler-frequency-in-micro-batches)
+// in the epoch's micro-batches.
 void scheduler_order() {
   const std::string name = "scheduler.order";
   Triggers t;
@@ -325,6 +327,33 @@ void scheduler_order() {
     }
     RC_ASSERT(steps > 0);
   }
+  // A frequency f: correct steps the scheduler after every f-th
+  // optimizer step (step i uses S(floor(i / f))); scheduler-frequency-
+  // in-micro-batches after the steps whose window ends on the epoch's
+  // micro-batch numbered a multiple of f.
+  Scenario sf = s;
+  sf.schedule.frequency = *rc::gen::inRange<int64_t>(1, 5);
+  const Case cf(sf);
+  const Run<R> every = cf.run(cf.plan, {}, lr);
+  for (size_t i = 0; i < every.steps.size(); ++i)
+    RC_ASSERT(
+        every.steps[i].lr ==
+        lr * lr_multiplier(sf.schedule, int64_t(i) / sf.schedule.frequency));
+  const Run<R> micro =
+      cf.run(cf.plan, {Pitfall::scheduler_frequency_in_micro_batches}, lr);
+  int64_t in_epoch = 0, epoch = -1, calls = 0, steps = 0;
+  for (const Event& ev : micro.events) {
+    if (ev.rank != 0) continue;
+    if (ev.kind == EventKind::forward_backward) {
+      if (ev.epoch != epoch) epoch = ev.epoch, in_epoch = 0;
+      ++in_epoch;
+    }
+    if (ev.kind != EventKind::optimizer_step) continue;
+    RC_ASSERT(ev.lr == lr * lr_multiplier(sf.schedule, calls));
+    if (in_epoch % sf.schedule.frequency == 0) ++calls;
+    ++steps;
+  }
+  RC_ASSERT(steps > 0);
   record_case(name);
 }
 

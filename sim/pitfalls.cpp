@@ -163,6 +163,13 @@ constexpr Entry kCatalog[] = {
      "the optimizer built with lr * K (the linear scaling rule): correct "
      "accumulation already is the large batch, so every step runs at K "
      "times the intended lr"},
+    // A scheduler's frequency under accumulation (issue 44).
+    {Pitfall::scheduler_frequency_in_micro_batches,
+     "scheduler-frequency-in-micro-batches",
+     "a scheduler meant to step every f optimizer steps steps after the "
+     "steps whose window ends on a micro-batch numbered a multiple of f in "
+     "its epoch (Lightning's (batch_idx + 1) % frequency, #17544): with f "
+     "dividing K, after every step"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -335,6 +342,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
       case Pitfall::lr_scaled_by_k:
         b.lr_times_k = true;
         break;
+      case Pitfall::scheduler_frequency_in_micro_batches:
+        b.frequency_in_micro_batches = true;
+        break;
     }
   }
   return b;
@@ -393,6 +403,8 @@ bool in_scope(const CandidateScope& scope, Pitfall p) {
       return false;
     case Pitfall::ddp_clip_before_all_reduce:
       return scope.ranks_clip;
+    case Pitfall::scheduler_frequency_in_micro_batches:
+      return scope.schedule_frequency;
     default:
       return true;
   }

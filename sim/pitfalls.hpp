@@ -74,6 +74,8 @@ enum class Pitfall {
   ddp_clip_before_all_reduce,
   // The linear scaling rule applied to accumulation (issue 44).
   lr_scaled_by_k,
+  // A scheduler's frequency counted in micro-batches (Lightning, issue 44).
+  scheduler_frequency_in_micro_batches,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -120,6 +122,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::last_fetch_sized_in_samples,
     Pitfall::ddp_clip_before_all_reduce,
     Pitfall::lr_scaled_by_k,
+    Pitfall::scheduler_frequency_in_micro_batches,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -293,6 +296,12 @@ struct Behavior {
   // rule, as if accumulation made a larger batch that needs a larger lr):
   // every step's lr is K (the scenario's first K) times the schedule's.
   bool lr_times_k = false;
+  // scheduler-frequency-in-micro-batches: a scheduler declared to step
+  // every f optimizer steps (the schedule's frequency) steps after the
+  // optimizer steps whose window ends on a micro-batch whose number in
+  // the epoch (from 1) is a multiple of f (Lightning's `(batch_idx + 1)
+  // % frequency`): with f dividing K, after every step.
+  bool frequency_in_micro_batches = false;
 
   bool operator==(const Behavior&) const = default;
 };
@@ -338,6 +347,10 @@ struct CandidateScope {
   // R > 1 ranks with a clip: ddp-clip-before-all-reduce is a candidate
   // (anywhere else it changes nothing).
   bool ranks_clip = false;
+  // A schedule stepped every f > 1 optimizer steps (its frequency):
+  // scheduler-frequency-in-micro-batches is a candidate (at f = 1 it
+  // changes nothing).
+  bool schedule_frequency = false;
 };
 // items-counted-per-fetch-group changes a loop only where its steps are
 // not its fetches (in the catalog: window-counter-across-epochs) and its

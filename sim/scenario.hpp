@@ -129,6 +129,10 @@ struct ScheduleSpec {
   double warmup_ratio = -1;
   int64_t step_size = 1;  // step: decay every step_size scheduler steps
   double gamma = 0.1;     // step: decay factor
+  // scheduler.step() after every `frequency`-th optimizer step, counted
+  // across epochs (Lightning's lr_scheduler config {"interval": "step",
+  // "frequency": f}); 1: after every step.
+  int64_t frequency = 1;
   // A declared table (the contract tier: a scheduler the recorder stepped
   // itself, verify/trace schedule.csv): S(n) = (*table)[n], whatever
   // `kind` says; past its end S is NaN (no lr the schedule can give).

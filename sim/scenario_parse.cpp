@@ -409,9 +409,9 @@ Scenario parse_scenario_string(std::string_view text,
   const Section optimizer(p, root, "optimizer",
                           {"kind", "lr", "momentum", "beta1", "beta2", "eps",
                            "weight_decay", "l2_in_loss"});
-  const Section schedule(
-      p, root, "schedule",
-      {"kind", "warmup", "warmup_ratio", "total", "step_size", "gamma"});
+  const Section schedule(p, root, "schedule",
+                         {"kind", "warmup", "warmup_ratio", "total",
+                          "step_size", "gamma", "frequency"});
   const Section clip(p, root, "clip", {"max_norm"});
   const Section trainer(p, root, "trainer",
                         {"pitfalls", "accepted", "lr_scaling"});

@@ -162,6 +162,7 @@ void parse_schedule(const Parser& p, const Section& sec, ScheduleSpec& sc) {
     sc.step_size = sec.integer("step_size", 1).value_or(1);
     sc.gamma = sec.number("gamma", kPositive).value_or(sc.gamma);
   }
+  sc.frequency = sec.integer("frequency", 1).value_or(1);
 }
 
 }  // namespace accumcheck::scenario_reader

@@ -172,6 +172,7 @@ std::string to_toml(const Scenario& s) {
     line("step_size", integer(sc.step_size));
     line("gamma", float_text(sc.gamma));
   }
+  if (sc.frequency != 1) line("frequency", integer(sc.frequency));
 
   if (s.clip.enabled) {
     o += "\n[clip]\n";
@@ -296,6 +297,7 @@ std::string describe(const Scenario& s) {
           sc.total_auto ? std::string("auto") : std::to_string(sc.total));
       break;
   }
+  if (sc.frequency != 1) d += fmt::format(" every {} steps", sc.frequency);
   if (s.clip.enabled) d += fmt::format(" clip={}", s.clip.max_norm);
   if (s.trainer.lr_scaling != LrScaling::none)
     d += fmt::format(" lr-scaling={}",

@@ -801,14 +801,22 @@ class Trainer {
   void boundary(bool steps_at_boundary, bool last_of_epoch,
                 int64_t epoch_micro_steps) {
     auto zero_all = [&] { each_rank([&](int64_t) { zero_grad(-1); }); };
+    // A schedule's frequency f (every f-th optimizer step, counted
+    // across epochs); scheduler-frequency-in-micro-batches: the steps
+    // whose window ends on the epoch's micro-batch numbered a multiple of
+    // f (from 1).
+    const int64_t f = schedule_.frequency;
+    const bool due = f <= 1 || (b_.frequency_in_micro_batches
+                                    ? micro_in_epoch_ % f == 0
+                                    : (c_.optimizer_steps + 1) % f == 0);
     auto schedules_after = [&](bool stepped) {
-      return boundary_schedules() && !b_.scheduler_before_optimizer &&
+      return due && boundary_schedules() && !b_.scheduler_before_optimizer &&
              (stepped || b_.skipped_step_advances_scheduler);
     };
     if (b_.seed_002_loop) {
       // `if (batch_idx + 1) % K == 0:` after the loop, once per epoch.
       if (last_of_epoch && epoch_micro_steps % K_ == 0 && !done()) {
-        if (boundary_schedules() && b_.scheduler_before_optimizer)
+        if (due && boundary_schedules() && b_.scheduler_before_optimizer)
           scheduler_step(-1);
         const bool stepped = step_block(-1, clips_at_step());
         if (schedules_after(stepped)) scheduler_step(-1);
@@ -818,7 +826,7 @@ class Trainer {
       if (b_.partial == PartialWindow::drop) zero_all();
       // leak: neither step nor zero_grad; the sum carries on.
     } else {
-      if (boundary_schedules() && b_.scheduler_before_optimizer)
+      if (due && boundary_schedules() && b_.scheduler_before_optimizer)
         scheduler_step(-1);
       bool stepped = true;
       if (!b_.step_every_micro_step && !done())
@@ -931,8 +939,10 @@ class Trainer {
         step_block(k, clips_at_step());
       // The boundary's optimizer.step() precedes the micro-step's
       // scheduler.step() (scheduler-per-micro-step: step t uses S(tK+K-1)).
-      if (k + 1 == Kw || steps_each)
+      if (k + 1 == Kw || steps_each) {
+        micro_in_epoch_ = window_offset_ + k + 1;
         boundary(steps_at_boundary, last_of_epoch, epoch_micro_steps);
+      }
       if (b_.scheduler_per_micro_step && !schedules_first) scheduler_step(k);
     }
     use_rank(0);
@@ -981,6 +991,8 @@ class Trainer {
   std::vector<int64_t> fetch_items_;
   std::vector<std::vector<int64_t>> fetch_rank_items_;
   int64_t window_offset_ = 0;
+  // The micro-batch (from 1, in its epoch) a boundary ends on.
+  int64_t micro_in_epoch_ = 0;
   int64_t epoch_ = 0;
   int64_t window_items_ = 0;
   // Ranks: R, the rank being run, the rank the engine holds, the others'

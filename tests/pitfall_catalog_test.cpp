@@ -153,6 +153,8 @@ const Expected kTable[] = {
     {"ddp-clip-before-all-reduce",
      with([](Behavior& b) { b.clip_before_all_reduce = true; })},
     {"lr-scaled-by-k", with([](Behavior& b) { b.lr_times_k = true; })},
+    {"scheduler-frequency-in-micro-batches",
+     with([](Behavior& b) { b.frequency_in_micro_batches = true; })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {

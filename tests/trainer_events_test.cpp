@@ -199,6 +199,8 @@ const Pinned kPinned[] = {
      "N mod K = 5 mod 2 = M mod K: every micro-batch drawn (see Fetches)"},
     {Pitfall::ddp_clip_before_all_reduce, kCorrect, "one rank"},
     {Pitfall::lr_scaled_by_k, kCorrect, "the lr only"},
+    {Pitfall::scheduler_frequency_in_micro_batches, kCorrect,
+     "frequency 1: every step schedules"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 import models
 from accumcheck_torch import ContractRecorder, exit_on_refusal
+from accumcheck_torch.schedule import Cadence
 from models import warmup_linear, windows
 
 
@@ -284,7 +285,8 @@ def parse(argv=None):
                     help="adamw-fused: AdamW(fused=True), which unscales a GradScaler's "
                          "gradient inside its step")
     ap.add_argument("--schedule", choices=["constant", "linear", "linear-early", "linear-x-k",
-                                           "linear-steps", "linear-micro"],
+                                           "linear-steps", "linear-micro", "step-freq2",
+                                           "step-freq2-micro"],
                     default="constant",
                     help="linear: get_linear_schedule_with_warmup (warmup 2, total 12), "
                     "declared; linear-early: the same with scheduler.step() before "
@@ -294,7 +296,11 @@ def parse(argv=None):
                     "ceil(len(loader) / K)), declared; linear-micro: declared the same, "
                     "built with num_training_steps = len(loader) * epochs "
                     "(schedule-horizon-in-micro-steps; len(loader) need not be a multiple "
-                    "of K)")
+                    "of K); step-freq2: StepLR(step_size=1, gamma=0.8) stepped after every "
+                    "2nd optimizer step, declared so (Lightning's {'interval': 'step', "
+                    "'frequency': 2}); step-freq2-micro: declared the same, stepped after "
+                    "the steps whose window ends on an even micro-batch of the epoch "
+                    "(Lightning's (batch_idx + 1) % frequency, #17544)")
     ap.add_argument("--clip", type=float, default=None,
                     help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
     ap.add_argument("--undeclared-clip", action="store_true",
@@ -336,6 +342,23 @@ def parse(argv=None):
     return ap.parse_args(argv)
 
 
+class Counted:
+    """An epoch's loader whose iteration tells the Stepping how many
+    micro-batches the epoch has drawn (its `in_epoch`)."""
+
+    def __init__(self, loader, stepping):
+        self.loader, self.stepping = loader, stepping
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        self.stepping.in_epoch = 0
+        for b in self.loader:
+            self.stepping.in_epoch += 1
+            yield b
+
+
 class Stepping:
     """The optimizer as the loops see it: zero_grad, step -- with the
     scheduler and the clip of the chosen variant around step."""
@@ -349,6 +372,10 @@ class Stepping:
 
     after_overflow = "skip"
     skipped = False  # the last window's scale went down: GradScaler skipped it
+    # Whether scheduler.step() follows this optimizer step (None: always);
+    # in_epoch: the micro-batches drawn in the epoch so far (Counted).
+    every = None
+    in_epoch = 0
 
     def zero_grad(self):
         if self.after_overflow == "no_zero" and self.skipped:
@@ -373,7 +400,8 @@ class Stepping:
             self.skipped = self.scaler.get_scale() < scale
         else:
             self.opt.step()
-        if self.scheduler is not None and not self.early:
+        if self.scheduler is not None and not self.early and \
+                (self.every is None or self.every(self)):
             self.scheduler.step()
         self.steps += 1
         if self.steps == self.interrupt_after:
@@ -427,6 +455,9 @@ def run(a):
             opt, warmup_linear(0, steps) if a.schedule == "linear-steps"
             else warmup_linear(0, micro * a.epochs))
         schedule = {"kind": "linear", "warmup": 0, "total": steps}
+    elif a.schedule.startswith("step-freq2"):
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.8)
+        schedule = Cadence(scheduler, "step", 2)
     elif a.schedule != "constant":
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(2, 12))
         schedule = {"kind": "linear", "warmup": 2, "total": 12}
@@ -442,6 +473,10 @@ def run(a):
                         None if a.loop == "clip_per_micro_step" else a.clip, a.clip,
                         a.interrupt_after, scaler)
     stepping.after_overflow = a.after_overflow
+    if a.schedule == "step-freq2":
+        stepping.every = lambda s: (s.steps + 1) % 2 == 0
+    elif a.schedule == "step-freq2-micro":
+        stepping.every = lambda s: s.in_epoch % 2 == 0
     if scaler is not None:
         # The loop backwards the scaled loss; the recorder keeps the summed
         # one.  --overflow-at W: window W's first loss times inf.
@@ -463,7 +498,8 @@ def run(a):
     def load(drop_last=False):
         loader = DataLoader(data, batch_size=a.micro_batch, shuffle=True,
                             generator=shuffler, drop_last=drop_last)
-        return rec.watch(loader) if rec else loader
+        loader = rec.watch(loader) if rec else loader
+        return Counted(loader, stepping) if a.schedule == "step-freq2-micro" else loader
 
     trained = torch.compile(model, backend=a.compile_backend) if a.compile else model
     amp = contextlib.nullcontext() if a.autocast is None else torch.autocast(

@@ -125,7 +125,8 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         scale (then schedule-horizon-in-micro-steps is judged too);
       - a dict of a named kind like a scenario's [schedule] table:
         {"kind": "constant" | "step" | "linear" | "cosine", "warmup",
-        "total", "step_size", "gamma"};
+        "total", "step_size", "gamma", "frequency" (scheduler.step()
+        after every frequency-th optimizer step; default 1)};
       - None: constant.
     The recorder steps its own copy (never yours) and writes the lr it
     gives after every count of scheduler.step() calls certify can need
@@ -190,7 +191,8 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         if bad or schedule.get("kind") not in ("constant", "step", "linear", "cosine") and \
                 self.schedule_declared is None:
             raise Refused("schedule: expected {'kind': 'constant' | 'step' | 'linear' | "
-                          "'cosine', 'warmup', 'total', 'step_size', 'gamma'}, got %r" % (schedule,))
+                          "'cosine', 'warmup', 'total', 'step_size', 'gamma', 'frequency'}, got %r"
+                          % (schedule,))
         self.schedule = schedule
         self.clip_max = None if clip is None else float(clip)
         self.accept = [accept] if isinstance(accept, str) else list(accept or ())
@@ -318,6 +320,8 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
             try:
                 self.declared = Schedule(self.schedule_declared, optimizer, self.K,
                                          lr=self.lr_declared)
+                if self.declared.frequency > 1:
+                    self.schedule["frequency"] = self.declared.frequency
             except Refused as e:
                 # Nothing left patched by a refused declaration, the marker
                 # (once recording) saying so.

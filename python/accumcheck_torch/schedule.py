@@ -160,12 +160,23 @@ class Schedule:
         except Exception:  # noqa: BLE001 -- a class that needs more arguments
             return torch.optim.SGD(groups)
 
+    @property
+    def frequency(self):
+        """The optimizer steps between two scheduler.step() calls (a
+        Cadence of interval "step"; 1 otherwise): meta.csv's
+        schedule_frequency, certify stepping the table's calls as it
+        says (and scheduler-frequency-in-micro-batches as that does)."""
+        c = self.cadence
+        return c.frequency if c is not None and c.interval == "step" else 1
+
     def table(self, rows, scale):
         """The group-0 lr after 0 .. rows-1 scheduler.step() calls (fewer
         where the scheduler refuses to step further, as OneCycleLR past
-        its total_steps); under a Cadence, after 0 .. rows-1 optimizer
-        steps (the scheduler stepped as the cadence says)."""
-        if self.cadence is None:
+        its total_steps); under a Cadence of interval "epoch", after 0 ..
+        rows-1 optimizer steps (the scheduler stepped as the cadence
+        says).  A Cadence of interval "step" keeps the table in calls:
+        when they come is the loop's (its frequency, certify's rule)."""
+        if self.cadence is None or self.cadence.interval == "step":
             return self._calls(rows, scale)
         calls = [self.cadence.calls(n) for n in range(rows)]
         lr = self._calls(calls[-1] + 1, scale)
@@ -201,7 +212,10 @@ class Cadence:
     "frequency"} says it: the lr of optimizer step n is the scheduler's
     after calls(n) scheduler.step() calls.  The steps are counted across
     epochs (a frequency of 3 steps over epochs of 2 steps still steps
-    every 3)."""
+    every 3).  Of interval "step" the table stays in calls and meta.csv
+    says the frequency (Schedule.frequency): certify steps it so, and
+    judges scheduler-frequency-in-micro-batches (Lightning's
+    `(batch_idx + 1) % frequency` at a window's end) against it too."""
 
     def __init__(self, declared, interval="step", frequency=1, steps_per_epoch=None):
         if interval not in ("step", "epoch"):

@@ -212,7 +212,7 @@ def _host(t):
 
 
 # A declared lr schedule's keys (a scenario's [schedule] table).
-SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma")
+SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma", "frequency")
 # contract.csv's header (verify/trace/trace.hpp gives the rows).
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
 

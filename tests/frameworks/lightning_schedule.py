@@ -14,8 +14,8 @@ Variants:
               Lightning counts `frequency` in micro-batches within the epoch
               ((batch_idx + 1) % frequency at each window's end, #17544), and
               every window ends on an even batch: the scheduler steps after
-              every optimizer step, twice as often as declared (FAIL lr; no
-              catalog pitfall models a frequency counted in micro-batches)
+              every optimizer step, twice as often as declared (FAIL lr,
+              "0.5 x the schedule" at step 1): scheduler-frequency-in-micro-batches
   per_epoch   the StepLR with interval "epoch" (Lightning's default) while the
               callback declares it per optimizer step,
               schedule={"scheduler": factory, "interval": "step"}:

@@ -32,8 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _sft  # noqa: E402
 import _tiny  # noqa: E402
 
-VARIANTS = ["sgd", "adamw", "lora"]
+VARIANTS = ["sgd", "adamw", "lora", "packing"]
 K, BATCH, N, EPOCHS, LR = 4, 2, 22, 2, 0.1
+PACK = 16  # packing: the packed rows' max_length
 
 
 def lora_config():
@@ -60,7 +61,9 @@ def main(argv=None):
             lr_scheduler_type="constant",
             max_grad_norm=0.0, weight_decay=0.0, report_to="none", save_strategy="no",
             logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
-            dataloader_num_workers=0, completion_only_loss=True, max_length=None)
+            dataloader_num_workers=0, completion_only_loss=True,
+            **({"packing": True, "max_length": PACK} if a.variant == "packing"
+               else {"max_length": None}))
         lora = lora_config() if a.variant == "lora" else None
         opt = None
         if lora is not None:

@@ -55,7 +55,8 @@ void rank_cheap(const Ctx& ctx, const Behavior& accepted_b, CertifyReport& r,
       .token_loss = s.model.kind == ModelKind::token,
       .loss_scaling = s.precision.loss_scaling || !ctx.scale_exps.empty(),
       .ema = s.ema.enabled,
-      .ranks_clip = s.batching.ranks > 1 && s.clip.enabled};
+      .ranks_clip = s.batching.ranks > 1 && s.clip.enabled,
+      .schedule_frequency = s.schedule.frequency > 1};
   std::vector<std::vector<Pitfall>> sems = candidate_semantics(scope);
   sems.push_back(s.trainer.accepted);
   // Per candidate: every step's cheap gradient and parameter ratios.

@@ -427,7 +427,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                            .contract_lowp_buffer = lowp,
                            .stopped_short = stopped_short,
                            .contract_shard_clip = shard_clips,
-                           .ranks_clip = c.ranks() > 1 && s.clip.enabled});
+                           .ranks_clip = c.ranks() > 1 && s.clip.enabled,
+                           .schedule_frequency = s.schedule.frequency > 1});
   // The accepted semantics first: every check below is against it.
   sems.erase(std::remove(sems.begin(), sems.end(), accept), sems.end());
   sems.insert(sems.begin(), accept);
@@ -592,7 +593,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
          .contract_lowp_buffer = lowp,
          .stopped_short = stopped_short,
          .contract_shard_clip = shard_clips,
-         .ranks_clip = c.ranks() > 1 && s.clip.enabled},
+         .ranks_clip = c.ranks() > 1 && s.clip.enabled,
+         .schedule_frequency = s.schedule.frequency > 1},
         ranked,
         [&](const std::vector<std::vector<Pitfall>>& ext) {
           std::vector<Residual> out;

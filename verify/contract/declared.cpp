@@ -49,8 +49,8 @@ std::vector<Pitfall> accepted_semantics(const Trace& tr) {
 
 // The accepted lr schedule and clip the recorder declared (meta.csv: lr,
 // schedule_kind, schedule_warmup, schedule_total, schedule_step_size,
-// schedule_gamma, clip), as a scenario's [optimizer] lr, [schedule] and
-// [clip] would give them.
+// schedule_gamma, schedule_frequency, clip), as a scenario's [optimizer] lr,
+// [schedule] and [clip] would give them.
 void declared(const Trace& tr, Scenario& s) {
   auto number = [&](const char* key, double fallback) {
     const std::string v = tr.meta_value(key);
@@ -108,6 +108,8 @@ void declared(const Trace& tr, Scenario& s) {
   sc.total = integer("schedule_total", 0);
   sc.step_size = std::max<int64_t>(1, integer("schedule_step_size", 1));
   sc.gamma = number("schedule_gamma", sc.gamma);
+  // Stepped every f optimizer steps (a table of scheduler.step() calls).
+  sc.frequency = std::max<int64_t>(1, integer("schedule_frequency", 1));
   if ((sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) &&
       sc.total <= sc.warmup)
     throw InputError(

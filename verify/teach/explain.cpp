@@ -933,6 +933,34 @@ constexpr ExplainEntry kEntries[] = {
      "optimizer before the scheduler was built, stated with lr=); CTest "
      "Frameworks.*.schedule.lr_times_k",
      "loss-normalization.sgd-at-k-lr"},
+    {"scheduler-frequency-in-micro-batches",
+     "the scheduler's frequency counted in micro-batches",
+     "A scheduler declared to step every f optimizer steps (Lightning's "
+     "lr_scheduler config {\"interval\": \"step\", \"frequency\": f}) is "
+     "stepped after a window only when the number of the window's last "
+     "micro-batch in its epoch is a multiple of f: Lightning tests "
+     "(batch_idx + 1) % frequency, batch_idx counting micro-batches from "
+     "the epoch's start. With f dividing K every window ends on such a "
+     "micro-batch and the scheduler steps after every optimizer step, f "
+     "times too often; otherwise it steps after the windows that happen "
+     "to end on one, a count that starts again each epoch. Count the frequency "
+     "in optimizer steps (a "
+     "scheduler of its own cadence, stepped in on_train_batch_end), or "
+     "fold f into the scheduler's lengths with frequency 1.",
+     " if not accumulating:                      # the window's last "
+     "micro-batch\n"
+     "-    if (batch_idx + 1) % frequency == 0:  # Lightning, #17544\n"
+     "+    if global_step % frequency == 0:      # optimizer steps taken\n"
+     "         scheduler.step()",
+     "step t uses S(c_t), c_t the earlier steps whose window ended on a "
+     "micro-batch numbered a multiple of f in its epoch (correct: "
+     "floor(t / f))",
+     "scheduler-frequency-in-micro-batches",
+     "Lightning #17544 (2.0.9-2.6.6: _update_learning_rates' current_idx "
+     "is batch_idx + 1); issue 44; CTest "
+     "Frameworks.lightning.schedule.freq2_k4.2.6.6, "
+     "PyTorch.contract.gpt.step_freq2_micro",
+     "scheduler.order"},
     {"ddp-lesson", "data parallelism: R ranks x K x b is the batch",
      "Correct accumulation under DDP (no_sync on every micro-step but the "
      "window's last, each rank weighting its items R/N_w with N_w counted "

@@ -64,6 +64,37 @@ def _raw(optimizer):
     return getattr(optimizer, "_optimizer", optimizer)
 
 
+REFUSED_LINE = "\n%s.%s: " % (Refused.__module__, Refused.__qualname__)
+
+
+def _in_spawned_rank():
+    """Whether this process is a rank torch.multiprocessing started
+    (strategy="ddp_spawn", "ddp_fork"): Lightning runs the fit there
+    without its exception handling (no on_exception hook), and torch's
+    wrapper turns any Exception into exit 1 with its traceback."""
+    return multiprocessing.parent_process() is not None
+
+
+def _refusing(hook):
+    """A callback hook that, in a rank torch.multiprocessing started, ends
+    the rank with exit code 2 and the refusal's message (no traceback), as
+    a refused script does; its launcher then exits 2 too (on_exception)."""
+    def wrapped(self, *args, **kwargs):
+        try:
+            return hook(self, *args, **kwargs)
+        except Refused as e:
+            if not _in_spawned_rank():
+                raise
+            if self.recorder is not None and not self.recorder.closed:
+                # No trace: its marker says why.
+                self.recorder._abandon("the recorder refused: " + e.message, say=False)
+            sys.stderr.write("accumcheck_torch: %s\n" % e.message)
+            sys.stderr.flush()
+            raise SystemExit(2) from None
+    wrapped.__name__, wrapped.__doc__ = hook.__name__, hook.__doc__
+    return wrapped
+
+
 class AccumcheckCallback(pl.Callback):
     """AccumcheckCallback(out="trace", loss_fn=None, count_fn=None,
     items=None, head=None, lr=None, schedule=None, warmup=0, accept=(),
@@ -83,6 +114,7 @@ class AccumcheckCallback(pl.Callback):
 
     # ---- the configuration (before the first batch)
 
+    @_refusing
     def on_train_start(self, trainer, pl_module):
         if not pl_module.automatic_optimization:
             raise Refused("manual optimization: record your own loop with ContractRecorder "
@@ -172,6 +204,7 @@ class AccumcheckCallback(pl.Callback):
         self._loader = trainer.train_dataloader
         self._epoch_pending = True
 
+    @_refusing
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.recorder is None:
             self._start(pl_module, batch)
@@ -180,6 +213,7 @@ class AccumcheckCallback(pl.Callback):
             self._epoch_pending = False
         self.recorder._drawn(batch)
 
+    @_refusing
     def on_train_end(self, trainer, pl_module):
         if self.recorder is None:
             raise Refused("the run drew no batch: nothing to certify (check max_steps, "
@@ -195,18 +229,20 @@ class AccumcheckCallback(pl.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if self.recorder is not None and not self.recorder.closed:
             self.recorder.close()  # the run did not finish: no trace, its marker says why
-        # A rank torch.multiprocessing started (strategy="ddp_spawn",
-        # "ddp_fork") that refused exits 2 with the message, as a refused
-        # script does, so its launcher sees exit code 2 (below).
-        if isinstance(exception, Refused) and multiprocessing.parent_process() is not None:
-            sys.stderr.write("accumcheck_torch: %s\n" % exception.message)
-            sys.stderr.flush()
-            raise SystemExit(2) from None
-        # strategy="ddp_spawn": a rank this callback refused in (exit 2, its
-        # message printed there) reaches the launching process as
-        # torch.multiprocessing's ProcessExitedException; that process
-        # exits 2 too, not 1.
-        if getattr(exception, "exit_code", None) == 2 and \
-                type(exception).__name__ == "ProcessExitedException":
+        # strategy="ddp_spawn", "ddp_fork": a rank this callback refused in
+        # (exit 2, its message printed there: _refusing) reaches the
+        # launching process as torch.multiprocessing's
+        # ProcessExitedException; that process exits 2 too, not 1.
+        name = type(exception).__name__
+        if getattr(exception, "exit_code", None) == 2 and name == "ProcessExitedException":
             raise Refused("rank %s refused (exit 2): what to pass is in its message above"
-                          % getattr(exception, "error_index", "?")) from exception
+                          % getattr(exception, "error_index", "?")) from None
+        # A refusal raised in a rank outside the callback's hooks (the
+        # recorder's, inside your forward or backward) reaches it as
+        # ProcessRaisedException, whose message is the rank's traceback:
+        # its last exception, when a Refused, is the message to give.
+        at = str(exception).rfind(REFUSED_LINE) if name == "ProcessRaisedException" else -1
+        if at >= 0:
+            raise Refused("rank %s: %s" % (getattr(exception, "error_index", "?"),
+                                           str(exception)[at + len(REFUSED_LINE):].rstrip())) \
+                from None

@@ -79,10 +79,16 @@ def _torch_optimizer(opt):
     return opt
 
 
-def watch_in_place(loader, rec):
+def watch_in_place(loader, rec, rows=None):
     """Make `loader` (the object the Trainer iterates) draw through
     rec.watch(): its class becomes a subclass whose __iter__ is the
-    recorder's; everything else is the loader's own."""
+    recorder's; everything else is the loader's own.  rows(k): the
+    dataset rows the sampler draws for the epoch's micro-batch k (from 0),
+    the samples recorded for a batch of one row where the sampler drew
+    more: a padding-free collator concatenated them (TRL's packing and
+    padding_free: 1.x with position_ids starting again at each sequence,
+    0.19 without; Transformers' DataCollatorWithFlattening), so its shape
+    counts no rows."""
     base = type(loader)
 
     class _Plain:
@@ -94,7 +100,22 @@ def watch_in_place(loader, rec):
             return base.__iter__(loader)
 
     def __iter__(self):
-        return iter(_Watched(rec, _Plain()))
+        if rows is None:
+            return iter(_Watched(rec, _Plain()))
+        return _rows_of_flattened(_Watched(rec, _Plain()))
+
+    def _rows_of_flattened(watched):
+        it, k = iter(watched), 0
+        while True:
+            drawn = len(rec.micro)
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            if len(rec.micro) == drawn + 1 and rec.micro[-1][3] == 1 < rows(k):
+                rec.micro[-1][3] = rows(k)  # the samples, as the sampler drew them
+            k += 1
+            yield batch
 
     # object's own __class__ setter: Accelerate's DataLoaderAdapter
     # overrides __class__ with a read-only property (its base loader's).
@@ -163,7 +184,10 @@ class AccumcheckCallback(TrainerCallback):
         extra.setdefault("unshifted_count_fn", unshifted_count_fn(count_fn))
         self.rec = cls(model, opt, loss_fn, count_fn, out=self.out, items=items,
                        run="transformers", **self.semantics.recorder_kwargs(), **extra)
-        watch_in_place(train_dataloader, self.rec)
+        sem = self.semantics
+        watch_in_place(train_dataloader, self.rec,
+                       rows=lambda k: max(1, min(sem.micro_batch,
+                                                 sem.rank_samples - k * sem.micro_batch)))
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.rec is None:
