@@ -23,8 +23,9 @@ parameters.  The loops (--loop):
   no_scale     scale_grads=False and the summed loss undivided
   boundary     optimizer.step when s % K == 0 (the window one step off)
 --no-record: without the recorder (each rank prints its CPU seconds in
-the loop, the recorder's construction and close() included, unless
---quiet: bench/systems_bench.py); --identity PATH: without it, then with
+the loop, the recorder's construction and close() included, and its
+process's peak RSS, unless --quiet: bench/systems_bench.py); --width W:
+the hidden layers W wide (default 32); --identity PATH: without it, then with
 it, in this process (each stage's trained parameters must be the same
 bits: identity.py).  --die-after N: the last stage kills
 itself (SIGKILL) at the end of its N-th backward, mid schedule step (a
@@ -36,6 +37,7 @@ is told accumulation = A."""
 import argparse
 import functools
 import os
+import resource
 import signal
 import sys
 import time
@@ -55,10 +57,10 @@ LOOPS = ("correct", "scale_grads", "per_step_mean", "no_scale", "boundary")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-def whole_model():
+def whole_model(width=32):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
-                         nn.Linear(32, 4))
+    return nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
+                         nn.Linear(width, 4))
 
 
 def summed_loss(model, batch):
@@ -72,7 +74,7 @@ def samples(batch):
 
 
 def train(rank, ranks, a):
-    whole = whole_model()
+    whole = whole_model(a.width)
     cut = [whole[0:3], whole[3:]][rank]  # stage `rank`: shares the whole model's parameters
     stage = PipelineStage(cut, rank, ranks, torch.device("cpu"))
     g = torch.Generator().manual_seed(1)
@@ -117,8 +119,9 @@ def train(rank, ranks, a):
     if rec is not None:
         rec.close()
     if not a.quiet:
-        print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
-                                                    " (not recorded)" if a.no_record else ""))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+        print("rank %d: %.3f s cpu in the loop%s, peak RSS %.0f MB"
+              % (rank, time.process_time() - c0, " (not recorded)" if a.no_record else "", peak))
     return cut
 
 
@@ -157,6 +160,8 @@ def main():
                     help="the last stage kills itself (SIGKILL) at the end of its N-th backward")
     ap.add_argument("--K", type=int, default=2, help="schedule steps per optimizer step")
     ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--width", type=int, default=32, help="the hidden layers' width (bench/: a "
+                    "larger model, the recorder's memory seen beside the model's)")
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
