@@ -229,7 +229,7 @@ class Capture:
             return
         self.taking = True
         try:
-            loss = self.loss_fn(_Output(self.model, pending[1], output), self.micro[j][5])
+            loss = self.loss_fn(self._stand_in(pending, output), self.micro[j][5])
             outs = [t for t in _out_tensors(output) if t.requires_grad]
             s = torch.autograd.grad(loss, outs, retain_graph=True, allow_unused=True) \
                 if outs else []
@@ -272,6 +272,11 @@ class Capture:
         self.outs[j] = {"s": [sg for _, sg in pairs], "g": g}
         for k, (t, _) in enumerate(pairs):
             t.register_hook(self._out_hook(j, k))
+
+    def _stand_in(self, pending, output):
+        """What summed_loss is given as the model: the forward's output for
+        its input (a pipeline's last stage: for the micro-batch's)."""
+        return _Output(self.model, pending[1], output)
 
     def _out_hook(self, j, k):
         @_never_raises
