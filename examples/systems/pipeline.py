@@ -22,6 +22,10 @@ parameters.  The loops (--loop):
                pair with scale_grads=True), no / K: right for K = 1 only
   no_scale     scale_grads=False and the summed loss undivided
   boundary     optimizer.step when s % K == 0 (the window one step off)
+  decay_hook   correct's loss, and weight decay added to stage 0's gradient by
+               a tensor hook on its parameters (g + 0.01 p) in every backward:
+               n x K times a window, and no micro-batch's gradient there a
+               multiple of its g_j (stage 1 is correct's)
 --no-record: without the recorder (each rank prints its CPU seconds in
 the loop, the recorder's construction and close() included, and its
 process's peak RSS, unless --quiet: bench/systems_bench.py); --width W:
@@ -53,7 +57,7 @@ from accumcheck_torch import exit_on_refusal  # noqa: E402
 from accumcheck_torch.distributed import run_ranks  # noqa: E402
 from accumcheck_torch.pipelining import ContractPipelineRecorder  # noqa: E402
 
-LOOPS = ("correct", "scale_grads", "per_step_mean", "no_scale", "boundary")
+LOOPS = ("correct", "scale_grads", "per_step_mean", "no_scale", "boundary", "decay_hook")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
@@ -95,6 +99,9 @@ def train(rank, ranks, a):
     n = a.n_last if a.n_last and rank == ranks - 1 else a.n
     schedule = SCHEDULES[a.schedule](stage, n_microbatches=n, loss_fn=loss_fn,
                                      scale_grads=a.loop in ("scale_grads", "per_step_mean"))
+    if a.loop == "decay_hook" and rank == 0:
+        for p in cut.parameters():
+            p.register_hook(functools.partial(decay, p))
     if a.die_after and rank == ranks - 1:
         die_at_backward_end(cut, a.die_after)
     c0 = time.process_time()  # bench/systems_bench.py: the loop's CPU, the recorder's included
@@ -123,6 +130,11 @@ def train(rank, ranks, a):
         print("rank %d: %.3f s cpu in the loop%s, peak RSS %.0f MB"
               % (rank, time.process_time() - c0, " (not recorded)" if a.no_record else "", peak))
     return cut
+
+
+def decay(p, grad):
+    """Weight decay as a gradient hook (--loop decay_hook)."""
+    return grad + 0.01 * p.detach()
 
 
 def die_at_backward_end(module, n):

@@ -15,6 +15,7 @@ schedule hides and how it is seen.  Named after the PyTorch module it
 records (torch.distributed.pipelining).
 """
 
+import math
 import sys
 
 import torch
@@ -239,28 +240,48 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
 
     def _fit_from_outputs(self):
         """The last stage: ContractRecorder's reading at the outputs.  An
-        earlier stage: no weight here (the last stage's, at close()); on a
+        earlier stage: no weight here (the last stage's, at close()).  On a
         calibrated micro-batch, the premise checked on this stage's
-        coordinates (_premise_before)."""
+        coordinates (the last stage: by ContractRecorder; an earlier one:
+        against g_j carried back to it, _premise_before).  Where it fails,
+        the pass is fitted on those coordinates, as a recompute would fit
+        it (a residual far above its bound: certify's weight fit fails),
+        and said; the later micro-batches are read at the outputs still
+        (no copy of the model to recompute them on)."""
         if self.last:
-            return super()._fit_from_outputs()
+            o = self.outs.get(next(iter({f[0] for f in self.out_fired}), None)) or {}
+            g, held, said = o.get("g"), self.no_take, len(self.notes)
+            j, fit = super()._fit_from_outputs()
+            if fit is None and g is not None and self.no_take and not held:
+                self.no_take = False  # the premise failed
+                fit = _fit(self.buf.m[self.pass_row], g)
+                del self.notes[said:]
+                self.notes.append(
+                    "micro-batch %d: on the last stage (%d) the gradient of its backward is not "
+                    "the outputs' gradient carried back (fitted on it: a residual of %.3g of its "
+                    "norm): the loss reaches the parameters by another path; that pass is fitted "
+                    "on g_j carried back" % (j, self.stage.stage_index, fit[1]))
+            return j, fit
         self.out_fired = []
         j = self.current
         w, g = self.cal.pop(j, (None, None))
-        if g is not None:
-            self.spare.append(g)
-            c = self.buf.m[self.pass_row]
-            gn = float(g.norm())
-            if w == w and w != 0 and gn > 0 and bool(torch.isfinite(c).all()):
-                lin = float(torch.dist(c, g * w)) / (abs(w) * gn)
-                self.micro[j][7] = lin
-                if lin > self._premise_bound():
-                    self.unread.append((j, "on stage %d the gradient of its backward is not the "
-                                        "last stage's weight times the summed loss's gradient "
-                                        "carried back to it (%.3g of its norm apart): something "
-                                        "reaches this stage's parameters other than the "
-                                        "activations it sends" % (self.stage.stage_index, lin)))
-        return j, None
+        if g is None:
+            return j, None
+        self.spare.append(g)
+        c = self.buf.m[self.pass_row]
+        gn = float(g.norm())
+        if math.isnan(w) or w == 0 or gn == 0 or not bool(torch.isfinite(c).all()):
+            return j, None
+        lin = float(torch.dist(c, g * w)) / (abs(w) * gn)
+        if lin <= self._premise_bound():
+            self.micro[j][7] = lin
+            return j, None
+        self.notes.append(
+            "micro-batch %d: on stage %d the gradient of its backward is not the last stage's "
+            "weight times the summed loss's gradient carried back to it (%.3g of its norm apart): "
+            "something reaches this stage's parameters other than the activations it sends; "
+            "that pass is fitted on g_j carried back" % (j, self.stage.stage_index, lin))
+        return j, _fit(c, g)
 
     @_never_raises
     def _premise_before(self, j, chunk):
@@ -285,7 +306,7 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
             for t in outs:
                 s.append(msg[at:at + t.numel()].view(t.shape).to(t.dtype))
                 at += t.numel()
-            if w != w:
+            if math.isnan(w):
                 s = None
             else:
                 g = self.spare.pop() if self.spare else torch.empty(self.coords.d,
@@ -345,10 +366,10 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         for b in self.open_passes:
             j, fit = self.backwards[b][0], self.backwards[b][3]
             if self.last and fit is None:
-                self.unread.append((j, "its weight could not be read at the last stage's outputs "
-                                    "(summed_loss does not call the model once on the "
-                                    "micro-batch's tensors, or the loss reaches the parameters by "
-                                    "another path)"))
+                self.unread.append((j, ("its weight could not be read at the last stage's outputs "
+                                        "(summed_loss does not call the model once on the "
+                                        "micro-batch's tensors, or the loss reaches the parameters "
+                                        "by another path)")))
             self.micro[j][5], self.micro[j][6] = None, True
             self.outs.pop(j, None)
         self.open_passes = []
@@ -366,7 +387,7 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
             fits = {}
             for b in self.backwards:
                 fits.setdefault(b[0], []).append(b[3])
-            mine = (fits, {j: m[7] for j, m in enumerate(self.micro) if m[7] == m[7]},
+            mine = (fits, {j: m[7] for j, m in enumerate(self.micro) if not math.isnan(m[7])},
                     self.unread)
         every = [None] * self.world
         dist.all_gather_object(every, mine)
@@ -376,12 +397,14 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
             for b in self.backwards:
                 k = taken[b[0]] = taken.get(b[0], -1) + 1
                 f = fits.get(b[0], [])
-                b[3] = f[k] if k < len(f) else None
+                if b[3] is None:  # else fitted here (the premise failed: _fit_from_outputs)
+                    b[3] = f[k] if k < len(f) else None
                 if b[3] is None and not unread:
-                    self.unread.append((b[0], "no backward pass of it on the last stage to read "
-                                        "its weight from (a backward the schedule did not run)"))
+                    self.unread.append((b[0], ("no backward pass of it on the last stage to read "
+                                               "its weight from (a backward the schedule did not "
+                                               "run)")))
             for j, c in cal.items():
-                if j < len(self.micro) and self.micro[j][7] != self.micro[j][7]:
+                if j < len(self.micro) and math.isnan(self.micro[j][7]):
                     self.micro[j][7] = c
         if unread or self.unread:
             first = (self.unread or unread)[0]
@@ -408,6 +431,16 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
             super(ContractPipelineRecorder, self)._write(meta, events, rows)
             clear_rank_markers(self.out, self.rank)
         self._together(write)
+
+
+def _fit(c, g):
+    """(w, relative residual) of c as w * g (capture.py's recompute fit)."""
+    gg = float(g.dot(g))
+    w = float(c.dot(g)) / gg if gg > 0 else 0.0
+    wn = abs(w) * gg ** 0.5
+    if wn > 0:
+        return w, float(torch.dist(c, g * w)) / wn
+    return w, 0.0 if float(c.norm()) == 0 else float("inf")
 
 
 class _StageOutput(_Output):
