@@ -9,7 +9,7 @@ stage each.
     accumcheck certify --contract --trace trace/stage1
 
 An MLP (Linear-Tanh-Linear-Tanh-Linear, summed squared error) cut into
-two stages; each schedule.step splits a batch of n x b samples into n
+two stages (three with 3 ranks); each schedule.step splits a batch of n x b samples into n
 micro-batches; the optimizer steps every K schedule steps (n x K
 micro-batches a window).  Each stage has its own AdamW on its own
 parameters.  The loops (--loop):
@@ -79,7 +79,8 @@ def samples(batch):
 
 def train(rank, ranks, a):
     whole = whole_model(a.width)
-    cut = [whole[0:3], whole[3:]][rank]  # stage `rank`: shares the whole model's parameters
+    # Stage `rank` (2 or 3 stages): shares the whole model's parameters.
+    cut = {2: [whole[0:3], whole[3:]], 3: [whole[0:2], whole[2:4], whole[4:]]}[ranks][rank]
     stage = PipelineStage(cut, rank, ranks, torch.device("cpu"))
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(a.samples, 8, generator=g), torch.randn(a.samples, 4, generator=g))
@@ -174,7 +175,8 @@ def main():
     ap.add_argument("--samples", type=int, default=24)
     ap.add_argument("--width", type=int, default=32, help="the hidden layers' width (bench/: a "
                     "larger model, the recorder's memory seen beside the model's)")
-    ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
+    ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else "
+                    "torchrun's): R stages, 2 or 3")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--identity", metavar="PATH",

@@ -136,9 +136,10 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         self.drawn = []  # (first micro-batch, data_ptrs of the batch's tensors) per drawn batch
         self.fwd_micro = None  # the micro-batch whose forward the stage runs
         self.cal = {}          # micro-batch -> (w from the last stage, g_j's coordinates)
+        self.checked = 0       # calibrated micro-batches whose premise this stage checked
         self.sends = []        # the premise check's sends in flight (work, buffer)
         self.unread = []       # (micro-batch, why) the last stage read no weight for
-        self.to_send = None    # (micro-batch, the stage's inputs, their gradients)
+        self.to_send = None    # (micro-batch, w_b, the stage's inputs, their gradients)
         super().__init__(stage.submod, optimizer, loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
         orig_fwd, orig_bwd = stage.forward_one_chunk, stage.backward_one_chunk
@@ -273,6 +274,7 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         if math.isnan(w) or w == 0 or gn == 0 or not bool(torch.isfinite(c).all()):
             return j, None
         lin = float(torch.dist(c, g * w)) / (abs(w) * gn)
+        self.checked += 1
         if lin <= self._premise_bound():
             self.micro[j][7] = lin
             return j, None
@@ -331,7 +333,7 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
                         dst.zero_()
                 self.sample_into = None
             grads = list(got[len(got) - len(ins):])
-        self.to_send = (j, ins, grads)
+        self.to_send = (j, self.cal[j][0] if j in self.cal else float("nan"), ins, grads)
 
     @_never_raises
     def _premise_send(self, j):
@@ -339,15 +341,13 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         stage's, read at its outputs; nan where none) and the gradient at
         the stage's inputs to the stage before, which waits for it at its
         backward of j (always sent, so both keep step)."""
+        pending, self.to_send = self.to_send, None
+        if self.prev_rank is None or pending is None or pending[0] != j:
+            return
+        _, w, ins, grads = pending
         if self.last:
             w = self.backwards[-1][3][0] if self.backwards and self.backwards[-1][0] == j \
                 and self.backwards[-1][3] is not None else float("nan")
-        else:
-            w = self.cal.get(j, (float("nan"),))[0]
-        pending, self.to_send = getattr(self, "to_send", None), None
-        if self.prev_rank is None or pending is None or pending[0] != j:
-            return
-        _, ins, grads = pending
         msg = torch.zeros(1 + sum(t.numel() for t in ins), dtype=torch.float64)
         msg[0] = w
         at = 1
@@ -406,6 +406,10 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
             for j, c in cal.items():
                 if j < len(self.micro) and math.isnan(self.micro[j][7]):
                     self.micro[j][7] = c
+            if self.backwards and not self.checked and not unread:
+                self.notes.append("stage %d: no calibrated micro-batch's premise could be checked "
+                                  "here (no gradient carried back to its outputs): its weights "
+                                  "are the last stage's, unchecked" % self.stage.stage_index)
         if unread or self.unread:
             first = (self.unread or unread)[0]
             self.unseen.append(
