@@ -366,10 +366,9 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         for b in self.open_passes:
             j, fit = self.backwards[b][0], self.backwards[b][3]
             if self.last and fit is None:
-                self.unread.append((j, ("its weight could not be read at the last stage's outputs "
-                                        "(summed_loss does not call the model once on the "
+                self.unread.append((j, ("summed_loss does not call the model once on the "
                                         "micro-batch's tensors, or the loss reaches the parameters "
-                                        "by another path)")))
+                                        "by another path")))
             self.micro[j][5], self.micro[j][6] = None, True
             self.outs.pop(j, None)
         self.open_passes = []
@@ -400,9 +399,8 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
                 if b[3] is None:  # else fitted here (the premise failed: _fit_from_outputs)
                     b[3] = f[k] if k < len(f) else None
                 if b[3] is None and not unread:
-                    self.unread.append((b[0], ("no backward pass of it on the last stage to read "
-                                               "its weight from (a backward the schedule did not "
-                                               "run)")))
+                    self.unread.append((b[0], ("no backward pass of it on the last stage (a "
+                                               "backward the schedule did not run)")))
             for j, c in cal.items():
                 if j < len(self.micro) and math.isnan(self.micro[j][7]):
                     self.micro[j][7] = c
