@@ -139,7 +139,7 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         self.checked = 0       # calibrated micro-batches whose premise this stage checked
         self.sends = []        # the premise check's sends in flight (work, buffer)
         self.unread = []       # (micro-batch, why) the last stage read no weight for
-        self.to_send = None    # (micro-batch, w_b, the stage's inputs, their gradients)
+        self.to_send = None    # (micro-batch, w_b, the gradients at the stage's inputs)
         super().__init__(stage.submod, optimizer, loss_fn, count_fn, accumulation, out=out,
                          quiet=(self.rank != 0) if quiet is None else quiet, **kw)
         orig_fwd, orig_bwd = stage.forward_one_chunk, stage.backward_one_chunk
@@ -152,13 +152,30 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
                 self.fwd_micro = None
 
         def backward_one_chunk(bwd_chunk_id, *a, **k):
-            j = self.current = self.step_base + int(bwd_chunk_id)
-            check = j % self.calibrate_every == 0 and not self.abandoned
-            if check:
-                self._premise_before(j, int(bwd_chunk_id))
+            # The premise check's messages go whatever becomes of the
+            # recorder (abandoned, failed: nan), so no stage ever waits on
+            # one that did not come.
+            chunk = int(bwd_chunk_id)
+            j = self.current = self.step_base + chunk
+            talk = j % self.calibrate_every == 0
+            if talk:
+                outs, ins = _stage_tensors(stage, chunk, self.prev_rank is not None)
+                if self.next_rank is not None:
+                    got = torch.empty(1 + sum(t.numel() for t in outs), dtype=torch.float64)
+                    dist.recv(got, self.next_rank, group=self.p2p)
+                else:
+                    got = None
+                self.to_send = None
+                self._premise_before(j, outs, ins, got)
             out = orig_bwd(bwd_chunk_id, *a, **k)
-            if check:
-                self._premise_send(j)
+            if talk and self.prev_rank is not None:
+                msg = self._premise_message(j, ins)
+                if msg is None:
+                    msg = torch.full((1 + sum(t.numel() for t in ins),), float("nan"),
+                                     dtype=torch.float64)
+                for work, _ in self.sends:
+                    work.wait()
+                self.sends = [(dist.isend(msg, self.prev_rank, group=self.p2p), msg)]
             return out
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
@@ -286,27 +303,21 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
         return j, _fit(c, g)
 
     @_never_raises
-    def _premise_before(self, j, chunk):
+    def _premise_before(self, j, outs, ins, got):
         """Before the schedule's backward of calibrated micro-batch j: the
         summed loss's gradient at this stage's outputs (the last stage:
-        s_j; an earlier one: received from the next stage with w_b) carried
+        s_j; an earlier one: `got` from the next stage, after w_b) carried
         back through the stage's retained graph, to its parameters (g_j's
         coordinates, kept by the gradient hooks; nothing parameter-sized is
         made) and to its inputs (what the stage before receives)."""
-        outputs, inputs = self.stage.fwd_cache[chunk]
-        outs = [t for t in _flat(outputs) if t.requires_grad]
-        ins = [t for t in inputs if torch.is_tensor(t) and t.requires_grad] \
-            if self.prev_rank is not None else []
-        g = None
+        g, w = None, float("nan")
         if self.last:
             o = self.outs.get(j)
             s = None if o is None or o["s"] is None or len(o["s"]) != len(outs) else o["s"]
         else:
-            msg = torch.empty(1 + sum(t.numel() for t in outs), dtype=torch.float64)
-            dist.recv(msg, self.next_rank, group=self.p2p)
-            w, at, s = float(msg[0]), 1, []
+            w, at, s = float(got[0]), 1, []
             for t in outs:
-                s.append(msg[at:at + t.numel()].view(t.shape).to(t.dtype))
+                s.append(got[at:at + t.numel()].view(t.shape).to(t.dtype))
                 at += t.numel()
             if math.isnan(w):
                 s = None
@@ -333,18 +344,17 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
                         dst.zero_()
                 self.sample_into = None
             grads = list(got[len(got) - len(ins):])
-        self.to_send = (j, self.cal[j][0] if j in self.cal else float("nan"), ins, grads)
+        self.to_send = (j, w, grads)
 
     @_never_raises
-    def _premise_send(self, j):
-        """After the backward of calibrated micro-batch j: w_b (the last
-        stage's, read at its outputs; nan where none) and the gradient at
-        the stage's inputs to the stage before, which waits for it at its
-        backward of j (always sent, so both keep step)."""
+    def _premise_message(self, j, ins):
+        """After the backward of calibrated micro-batch j, what goes to the
+        stage before: w_b (the last stage's, read at its outputs; nan
+        where none) and the gradient at this stage's inputs, float64."""
         pending, self.to_send = self.to_send, None
-        if self.prev_rank is None or pending is None or pending[0] != j:
-            return
-        _, w, ins, grads = pending
+        if pending is None or pending[0] != j:
+            return None
+        _, w, grads = pending
         if self.last:
             w = self.backwards[-1][3][0] if self.backwards and self.backwards[-1][0] == j \
                 and self.backwards[-1][3] is not None else float("nan")
@@ -355,9 +365,7 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
             if g is not None:
                 msg[at:at + t.numel()] = g.detach().reshape(-1)
             at += t.numel()
-        for work, _ in self.sends:
-            work.wait()
-        self.sends = [(dist.isend(msg, self.prev_rank, group=self.p2p), msg)]
+        return msg
 
     def _recompute_pending(self):
         """No recompute (no copy of the model): each micro-batch's batch is
@@ -418,11 +426,18 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
                     first[1]))
 
     def close(self):
-        if not self.closed:
+        """The stage's wrappers removed and the fits shared (every stage at
+        once), then the trace written.  A recorder that ends alone
+        (abandoned: a failure of its own, a refusal) keeps its wrappers,
+        which go on sending and receiving the premise check's messages
+        (nan: nothing to check), so the other stages never wait on it."""
+        if not self.closed and not self.abandoned:
+            if stopped_by():
+                self._abandon(stopped_by())
+                return
             self._restore_stage()
-            if not self.abandoned and not stopped_by():
-                self._recompute_pending()
-                self._together(self._share_fits)
+            self._recompute_pending()
+            self._together(self._share_fits)
         super().close()
 
     def _write(self, meta, events, rows):
@@ -460,6 +475,14 @@ class _StageOutput(_Output):
         if self.calls > 1 or not any(id(t) in self._ids for t in _tensors(a, k)):
             raise _NotTheForward()
         return self._out
+
+
+def _stage_tensors(stage, chunk, inputs):
+    """The stage's outputs for the chunk that need a gradient, and its
+    inputs that take one (none for the first stage: `inputs` False)."""
+    outputs, values = stage.fwd_cache[chunk]
+    return ([t for t in _flat(outputs) if t.requires_grad],
+            [t for t in values if torch.is_tensor(t) and t.requires_grad] if inputs else [])
 
 
 def _flat(output):
