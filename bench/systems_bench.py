@@ -62,6 +62,15 @@ CASES = {
                                     "--spawn", "2"],
     "pipeline.gpipe.boundary": ["pipeline.py", "--schedule", "gpipe", "--loop", "boundary",
                                 "--spawn", "2"],
+    "pipeline.1f1b.no_scale": ["pipeline.py", "--schedule", "1f1b", "--loop", "no_scale",
+                               "--spawn", "2"],
+    # Three stages (the premise check's gradient through the middle one),
+    # and a 4.2M-parameter MLP (the recorder's memory beside the model's).
+    "pipeline.1f1b.3stages": ["pipeline.py", "--schedule", "1f1b", "--n", "3", "--spawn", "3"],
+    "pipeline.gpipe.width2048": ["pipeline.py", "--schedule", "gpipe", "--width", "2048",
+                                 "--spawn", "2"],
+    "pipeline.1f1b.width2048": ["pipeline.py", "--schedule", "1f1b", "--width", "2048",
+                                "--spawn", "2"],
 }
 
 

@@ -9,7 +9,7 @@ stage each.
     accumcheck certify --contract --trace trace/stage1
 
 An MLP (Linear-Tanh-Linear-Tanh-Linear, summed squared error) cut into
-two stages; each schedule.step splits a batch of n x b samples into n
+two stages (three with 3 ranks); each schedule.step splits a batch of n x b samples into n
 micro-batches; the optimizer steps every K schedule steps (n x K
 micro-batches a window).  Each stage has its own AdamW on its own
 parameters.  The loops (--loop):
@@ -22,9 +22,14 @@ parameters.  The loops (--loop):
                pair with scale_grads=True), no / K: right for K = 1 only
   no_scale     scale_grads=False and the summed loss undivided
   boundary     optimizer.step when s % K == 0 (the window one step off)
+  decay_hook   correct's loss, and weight decay added to stage 0's gradient by
+               a tensor hook on its parameters (g + 0.01 p) in every backward:
+               n x K times a window, and no micro-batch's gradient there a
+               multiple of its g_j (stage 1 is correct's)
 --no-record: without the recorder (each rank prints its CPU seconds in
-the loop, the recorder's construction and close() included, unless
---quiet: bench/systems_bench.py); --identity PATH: without it, then with
+the loop, the recorder's construction and close() included, and its
+process's peak RSS, unless --quiet: bench/systems_bench.py); --width W:
+the hidden layers W wide (default 32); --identity PATH: without it, then with
 it, in this process (each stage's trained parameters must be the same
 bits: identity.py).  --die-after N: the last stage kills
 itself (SIGKILL) at the end of its N-th backward, mid schedule step (a
@@ -36,6 +41,7 @@ is told accumulation = A."""
 import argparse
 import functools
 import os
+import resource
 import signal
 import sys
 import time
@@ -51,14 +57,14 @@ from accumcheck_torch import exit_on_refusal  # noqa: E402
 from accumcheck_torch.distributed import run_ranks  # noqa: E402
 from accumcheck_torch.pipelining import ContractPipelineRecorder  # noqa: E402
 
-LOOPS = ("correct", "scale_grads", "per_step_mean", "no_scale", "boundary")
+LOOPS = ("correct", "scale_grads", "per_step_mean", "no_scale", "boundary", "decay_hook")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-def whole_model():
+def whole_model(width=32):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
-                         nn.Linear(32, 4))
+    return nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
+                         nn.Linear(width, 4))
 
 
 def summed_loss(model, batch):
@@ -67,13 +73,21 @@ def summed_loss(model, batch):
     return ((model(x) - y) ** 2).sum()
 
 
+def summed_loss_on_copy(model, batch):
+    """summed_loss calling the model on a copy of the input (--summed-loss
+    copy): the recorder cannot tell the call is the last stage's forward."""
+    x, y = batch
+    return ((model(x.clone()) - y) ** 2).sum()
+
+
 def samples(batch):
     return int(batch[0].shape[0])
 
 
 def train(rank, ranks, a):
-    whole = whole_model()
-    cut = [whole[0:3], whole[3:]][rank]  # stage `rank`: shares the whole model's parameters
+    whole = whole_model(a.width)
+    # Stage `rank` (2 or 3 stages): shares the whole model's parameters.
+    cut = {2: [whole[0:3], whole[3:]], 3: [whole[0:2], whole[2:4], whole[4:]]}[ranks][rank]
     stage = PipelineStage(cut, rank, ranks, torch.device("cpu"))
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(a.samples, 8, generator=g), torch.randn(a.samples, 4, generator=g))
@@ -93,14 +107,18 @@ def train(rank, ranks, a):
     n = a.n_last if a.n_last and rank == ranks - 1 else a.n
     schedule = SCHEDULES[a.schedule](stage, n_microbatches=n, loss_fn=loss_fn,
                                      scale_grads=a.loop in ("scale_grads", "per_step_mean"))
+    if a.loop == "decay_hook" and rank == 0:
+        for p in cut.parameters():
+            p.register_hook(functools.partial(decay, p))
     if a.die_after and rank == ranks - 1:
         die_at_backward_end(cut, a.die_after)
     c0 = time.process_time()  # bench/systems_bench.py: the loop's CPU, the recorder's included
     rec = None
     if not a.no_record:
         acc = a.accumulation_last if a.accumulation_last and rank == ranks - 1 else a.n * a.K
-        rec = ContractPipelineRecorder(stage, schedule, whole, opt, summed_loss, samples,
-                                       accumulation=acc, out=a.out)
+        rec = ContractPipelineRecorder(stage, schedule, whole, opt,
+                                       summed_loss_on_copy if a.summed_loss == "copy" else summed_loss,
+                                       samples, accumulation=acc, out=a.out)
         loader = rec.watch(loader)
     batches = list(loader)
     for s, (x, y) in enumerate(batches):
@@ -117,9 +135,15 @@ def train(rank, ranks, a):
     if rec is not None:
         rec.close()
     if not a.quiet:
-        print("rank %d: %.3f s cpu in the loop%s" % (rank, time.process_time() - c0,
-                                                    " (not recorded)" if a.no_record else ""))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+        print("rank %d: %.3f s cpu in the loop%s, peak RSS %.0f MB"
+              % (rank, time.process_time() - c0, " (not recorded)" if a.no_record else "", peak))
     return cut
+
+
+def decay(p, grad):
+    """Weight decay as a gradient hook (--loop decay_hook)."""
+    return grad + 0.01 * p.detach()
 
 
 def die_at_backward_end(module, n):
@@ -155,9 +179,15 @@ def main():
                     "accumulation (bad input: stages that disagree)")
     ap.add_argument("--die-after", type=int, metavar="N",
                     help="the last stage kills itself (SIGKILL) at the end of its N-th backward")
+    ap.add_argument("--summed-loss", choices=("plain", "copy"), default="plain",
+                    help="copy: the summed loss given to the recorder calls the model on a copy "
+                    "of the input (the weights cannot be read: certify does not judge the trace)")
     ap.add_argument("--K", type=int, default=2, help="schedule steps per optimizer step")
     ap.add_argument("--samples", type=int, default=24)
-    ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
+    ap.add_argument("--width", type=int, default=32, help="the hidden layers' width (bench/: a "
+                    "larger model, the recorder's memory seen beside the model's)")
+    ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else "
+                    "torchrun's): R stages, 2 or 3")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--identity", metavar="PATH",

@@ -231,7 +231,7 @@ class Capture:
         try:
             outs = [t for t in _out_tensors(output) if t.requires_grad]
             view, leaves = self._loss_view(output, outs)
-            loss = self.loss_fn(_Output(self.model, pending[1], view), self.micro[j][5])
+            loss = self.loss_fn(self._stand_in(pending, view), self.micro[j][5])
             s = torch.autograd.grad(loss, leaves, retain_graph=True, allow_unused=True) \
                 if outs else []
             pairs = [(t, g.detach()) for t, g in zip(outs, s) if g is not None]
@@ -292,6 +292,11 @@ class Capture:
                             grad_outputs=[sg for _, sg in pairs], retain_graph=True,
                             allow_unused=True)
         return True
+
+    def _stand_in(self, pending, output):
+        """What summed_loss is given as the model: the forward's output for
+        its input (a pipeline's last stage: for the micro-batch's)."""
+        return _Output(self.model, pending[1], output)
 
     def _out_hook(self, j, k):
         @_never_raises
