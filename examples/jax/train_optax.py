@@ -21,7 +21,9 @@ of the sizes --sizes cycles through); the loops (--loop):
   nnx             Flax NNX: nnx.Optimizer over the model, hand accumulation
 --no-record runs the same loop without the recorder (the bit-identity test
 and the bench compare the two); --wrap-inside jits the recorder's wrapper
-with the gradient function (recorded by a callback in the program).
+with the gradient function (recorded by a callback in the program);
+--no-apply records without rec.apply (the forward not wrapped: g_j a
+second gradient of the recorder's, not read from your backward).
 """
 
 import argparse
@@ -71,14 +73,20 @@ def logits_of(params, x):
     return h @ params["w2"] + params["b2"]
 
 
-def summed_loss(params, batch):
-    x, y = batch
-    logp = jax.nn.log_softmax(logits_of(params, x))
-    return -jnp.sum(jnp.take_along_axis(logp, y[:, None], axis=1))
+def losses(forward):
+    """The summed and the mean loss of the model's forward `forward` (the
+    recorder's rec.apply(logits_of), or logits_of itself)."""
+    def summed_loss(params, batch):
+        x, y = batch
+        logp = jax.nn.log_softmax(forward(params, x))
+        return -jnp.sum(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    def mean_loss(params, batch):
+        return summed_loss(params, batch) / batch[0].shape[0]
+    return summed_loss, mean_loss
 
 
-def mean_loss(params, batch):
-    return summed_loss(params, batch) / batch[0].shape[0]
+summed_loss, mean_loss = losses(logits_of)
 
 
 def items(batch):
@@ -107,13 +115,21 @@ def run(args):
     if args.loop == "multisteps":
         tx = optax.MultiSteps(tx, every_k_schedule=K)
     rec = None
+    summed, mean = summed_loss, mean_loss
     if args.record:
-        rec = ContractRecorder(summed_loss, items, accumulation=K, out=args.out,
+        # The forward wrapped (rec.apply): g_j read from your own backward
+        # at the outputs, no second gradient (--no-apply: without it).
+        forward = logits_of
+        if args.apply:
+            summed, mean = losses(lambda p, x: forward(p, x))  # forward: read at each call
+        rec = ContractRecorder(summed, items, accumulation=K, out=args.out,
                                lr=args.lr, schedule=schedule, quiet=args.quiet)
+        if args.apply:
+            forward = rec.apply(logits_of)
         tx = rec.optimizer(tx)
-    fn = jax.grad(summed_loss if args.loop in ("hand", "schedule_micro") else mean_loss)
+    fn = jax.grad(summed if args.loop in ("hand", "schedule_micro") else mean)
     if args.loop == "double_div_k":
-        fn = jax.grad(lambda p, b: mean_loss(p, b) / K)
+        fn = jax.grad(lambda p, b: mean(p, b) / K)
     # Your jitted gradient function, wrapped as it is (a wrapper jitted with
     # it, jax.jit(rec.grad(fn)), records through a callback: the same
     # trace, dearer).
@@ -232,6 +248,8 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=16, help="the MLP's hidden width")
     p.add_argument("--out", default="trace")
     p.add_argument("--no-record", dest="record", action="store_false")
+    p.add_argument("--no-apply", dest="apply", action="store_false",
+                   help="record without rec.apply (a second gradient per micro-batch)")
     p.add_argument("--wrap-inside", action="store_true",
                    help="jit the recorder's wrapper with your function (a callback records)")
     p.add_argument("--quiet", action="store_true")

@@ -45,7 +45,6 @@ a seeded sample of that many), in float64 numpy on the host.
 """
 
 import functools
-import math
 import threading
 import time
 
@@ -60,6 +59,7 @@ from accumcheck_trace.trace import (
 )
 
 from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join
+from .outputs import Outputs, _fit_c
 from .write import _off_bf16, write
 
 U32 = 2.0 ** -24
@@ -72,7 +72,7 @@ REPLAY_ULPS = 16.0
 _INBOX_BYTES = 16 << 20
 
 
-class ContractRecorder:
+class ContractRecorder(Outputs):
     """ContractRecorder(summed_loss, count_fn, accumulation, out="trace",
     items="samples", run="trainer", lr=None, schedule=None, clip=None,
     accept=(), calibrate_every=16, coordinates=4096, seed=0, grad=None,
@@ -158,6 +158,7 @@ class ContractRecorder:
         self.n_backward = 0      # micro-batches told so far (taken in or not)
         self.draining = False
         self._lock = threading.Lock()
+        self._outputs_init()
         self._recording = Recording(out, on_exit=self._abandon)
 
     # ---- wiring
@@ -183,7 +184,8 @@ class ContractRecorder:
                 c = out[1]
             else:
                 c = out
-            g = rec.grad_transform(rec.summed_loss)(first, batch)
+            rec.traced_grad = True
+            g = rec._plain(rec.grad_transform(rec.summed_loss), first, batch)
             params = rec._params_of(first)
             p_leaves, treedef = jax.tree_util.tree_flatten(params)
             g_leaves = jax.tree_util.tree_leaves(g)
@@ -225,6 +227,8 @@ class ContractRecorder:
             self._drain()
         out = fn(first, batch, *a, **k)
         c = out[1] if value_and_grad else out
+        if self._output_path(first):
+            return self._eager_outputs(first, batch, out, c)
         if self._probe is None:
             rec = self
 
@@ -241,7 +245,7 @@ class ContractRecorder:
                 self._probe = nnx.jit(probe)
             else:
                 self._probe = jax.jit(probe)
-        vec = self._probe(first, batch, c)
+        vec = self._plain(self._probe, first, batch, c)
         copy = getattr(vec, "copy_to_host_async", None)
         if copy is not None:
             copy()
@@ -289,11 +293,16 @@ class ContractRecorder:
                 return
             try:
                 d = self.layout.d
-                vecs = iter(self.jax.device_get([e[1] for e in queued if e[0] == "lazy"]))
+                vecs = iter(self.jax.device_get([e[1] for e in queued
+                                                 if e[0] in ("lazy", "fast")]))
+                taps = self._taps_for(queued)
                 for e in queued:
                     if e[0] == "lazy":
                         v = np.asarray(next(vecs))
                         self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
+                    elif e[0] == "fast":
+                        v = np.asarray(next(vecs))
+                        self._on_fast(v[:d], v[d:], e[2], e[3], next(taps))
                     else:
                         e[1](*e[2])
             except BaseException:
@@ -456,6 +465,7 @@ class ContractRecorder:
         if self.layout is None:
             self.layout = _Leaves(shapes, self.coordinates, self.seed)
             self.shapes = shapes
+            self.p_dtypes = [x.dtype for x in p_leaves]
             self.dtype = str(p_leaves[0].dtype)
             if _is_nnx(first):
                 from flax import nnx
@@ -467,7 +477,7 @@ class ContractRecorder:
             raise Refused("ContractRecorder.grad: parameters of other shapes than the first "
                           "call's (one model per recorder)")
 
-    def _on_backward(self, p, g, c, full, batch, packed=True):
+    def _on_backward(self, p, g, c, full, batch, packed=True, fit=None, cal=float("nan")):
         p = join([p])
         if self.pending is not None:
             self._resolve(p)
@@ -484,15 +494,14 @@ class ContractRecorder:
         self.micro.append([max(len(self.epochs) - 1, 0), self.steps, items, samples, float("nan")])
         if not self.epochs:
             self.epochs.append([-1, -1])
-        if j % self.calibrate_every == 0:
-            self.calibrate.append((j, _unpack(full, self.full_shapes) if packed else full, batch, g))
-        gg = float(g @ g)
-        w = float(c @ g) / gg if gg > 0 else 0.0
-        wn = abs(w) * math.sqrt(gg)
-        if wn > 0:
-            resid = float(np.linalg.norm(c - w * g)) / wn
+        if fit is not None:  # read at the outputs (outputs.py)
+            w, resid = fit
+            self.micro[j][4] = cal
         else:
-            resid = 0.0 if not c.any() else float("inf")
+            if j % self.calibrate_every == 0:
+                self.calibrate.append((j, _unpack(full, self.full_shapes) if packed else full,
+                                       batch, g))
+            w, resid = _fit_c(c, g)
         self.backward.append((w, resid))
         self.c[j] = c
         self.since.append(j)
@@ -561,8 +570,16 @@ class ContractRecorder:
         """g_j in float64 on the host for the calibration sample."""
         if not self.calibrate:
             return
-        jax = self.jax
         queued, self.calibrate = self.calibrate, []
+        for j, full, batch, g32 in queued:
+            g64 = self._g64(full, batch)
+            n64 = float(np.linalg.norm(g64))
+            self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
+
+    def _g64(self, full, batch):
+        """g_j in float64 (its kept coordinates) from the whole state the
+        micro-batch saw (host numpy leaves) and its batch."""
+        jax = self.jax
         with _enable_x64(jax):
             if self._grad64 is None:
                 if self.nnx_graph is not None:
@@ -570,22 +587,19 @@ class ContractRecorder:
                     self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
                 else:
                     self._grad64 = jax.jit(self.grad_transform(self.summed_loss))
-            for j, full, batch, g32 in queued:
-                wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
-                        for x in full]
-                state = jax.tree_util.tree_unflatten(self.treedef, wide)
-                if self.nnx_graph is not None:
-                    from flax import nnx
-                    first = nnx.merge(self.nnx_graph, state)
-                else:
-                    first = state
-                b64 = jax.tree_util.tree_map(
-                    lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
-                    batch)
-                g64 = self._grad64(first, b64)
-                g64 = self.layout.host(jax.tree_util.tree_leaves(g64))
-                n64 = float(np.linalg.norm(g64))
-                self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
+            wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
+                    for x in full]
+            state = jax.tree_util.tree_unflatten(self.treedef, wide)
+            if self.nnx_graph is not None:
+                from flax import nnx
+                first = nnx.merge(self.nnx_graph, state)
+            else:
+                first = state
+            b64 = jax.tree_util.tree_map(
+                lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
+                batch)
+            g64 = self._plain(self._grad64, first, b64)
+            return self.layout.host(jax.tree_util.tree_leaves(g64))
 
     # ---- output
 
@@ -601,7 +615,10 @@ class ContractRecorder:
                 ("recorder", "accumcheck_jax: the gradient function (rec.grad: a program of "
                              "the recorder's beside yours, or an ordered io_callback in it) and "
                              "the optimizer's update (rec.optimizer: a callback in its program); "
-                             "%d coordinates kept of the parameters" % self.layout.d)]
+                             "%d coordinates kept of the parameters%s" % (
+                                 self.layout.d, "; g_j read at the outputs of the forward "
+                                 "rec.apply wrapped (outputs.py)" if self.tapped else ""))] + \
+            ([("notes", " | ".join(self.notes))] if self.notes else [])
 
     def _refuse(self, message):
         self._abandon("the recorder refused: " + message)
