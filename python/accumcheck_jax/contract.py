@@ -256,8 +256,9 @@ class ContractRecorder(Outputs):
         else:
             full = None
         self.n_backward += 1
+        entry = ("lazy", vec, full, jax.device_get(batch))  # not under the lock: it may wait
         with self._lock:
-            self.inbox.append(("lazy", vec, full, jax.device_get(batch)))
+            self.inbox.append(entry)
             self.lazy += 1
         return out
 

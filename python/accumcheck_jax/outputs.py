@@ -106,10 +106,12 @@ class Outputs:
         self.tapped = True
 
         def tap(dtype, *ou):
-            with rec._lock:
-                if not rec.traced_grad and not rec.no_take:
-                    n = len(ou) // 2
-                    rec.taps.append((ou[:n], ou[n:]))
+            # No lock: the main thread may hold the recorder's while it
+            # waits for the device (a list's append is atomic; the taps are
+            # taken once the programs that made them have run: _taps_for).
+            if not rec.traced_grad and not rec.no_take:
+                n = len(ou) // 2
+                rec.taps.append((ou[:n], ou[n:]))
             return np.zeros((), dtype)
 
         @jax.custom_vjp
@@ -181,8 +183,9 @@ class Outputs:
         full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))] \
             if calibrate else None
         self.n_backward += 1
+        entry = ("fast", vec, full, jax.device_get(batch))
         with self._lock:
-            self.inbox.append(("fast", vec, full, jax.device_get(batch)))
+            self.inbox.append(entry)
             self.lazy += 1
         if calibrate:
             self._drain()
@@ -192,8 +195,7 @@ class Outputs:
         """The taps of the queued micro-batches on the output path, one
         each, in order (their vectors read back: their programs ran)."""
         n = sum(e[0] == "fast" for e in queued)
-        with self._lock:
-            taps, self.taps = self.taps, []
+        taps, self.taps = self.taps, []
         if len(taps) == n:
             return iter(taps)
         why = "the wrapped forward's backward ran %d times in %d micro-batches" % (len(taps), n)
