@@ -58,7 +58,8 @@ from accumcheck_trace.trace import (
     stopped_by,
 )
 
-from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join
+from .calibrate import Calibrate
+from .capture import _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join
 from .outputs import Outputs, _fit_c
 from .write import _off_bf16, write
 
@@ -72,7 +73,7 @@ REPLAY_ULPS = 16.0
 _INBOX_BYTES = 16 << 20
 
 
-class ContractRecorder(Outputs):
+class ContractRecorder(Outputs, Calibrate):
     """ContractRecorder(summed_loss, count_fn, accumulation, out="trace",
     items="samples", run="trainer", lr=None, schedule=None, clip=None,
     accept=(), calibrate_every=16, coordinates=4096, seed=0, grad=None,
@@ -566,41 +567,6 @@ class ContractRecorder(Outputs):
         if write:
             self._marked = now
         self._recording.progress(self.steps, len(self.backward), write=write)
-
-    def _calibrate(self):
-        """g_j in float64 on the host for the calibration sample."""
-        if not self.calibrate:
-            return
-        queued, self.calibrate = self.calibrate, []
-        for j, full, batch, g32 in queued:
-            g64 = self._g64(full, batch)
-            n64 = float(np.linalg.norm(g64))
-            self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
-
-    def _g64(self, full, batch):
-        """g_j in float64 (its kept coordinates) from the whole state the
-        micro-batch saw (host numpy leaves) and its batch."""
-        jax = self.jax
-        with _enable_x64(jax):
-            if self._grad64 is None:
-                if self.nnx_graph is not None:
-                    from flax import nnx
-                    self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
-                else:
-                    self._grad64 = jax.jit(self.grad_transform(self.summed_loss))
-            wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
-                    for x in full]
-            state = jax.tree_util.tree_unflatten(self.treedef, wide)
-            if self.nnx_graph is not None:
-                from flax import nnx
-                first = nnx.merge(self.nnx_graph, state)
-            else:
-                first = state
-            b64 = jax.tree_util.tree_map(
-                lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
-                batch)
-            g64 = self._plain(self._grad64, first, b64)
-            return self.layout.host(jax.tree_util.tree_leaves(g64))
 
     # ---- output
 
