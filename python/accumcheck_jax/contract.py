@@ -59,7 +59,8 @@ from accumcheck_trace.trace import (
 )
 
 from .calibrate import Calibrate
-from .capture import _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join
+# _enable_x64: keras_fit.py imports it from here.
+from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join  # noqa: F401
 from .outputs import Outputs, _fit_c
 from .write import _off_bf16, write
 
