@@ -21,6 +21,8 @@ gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
 nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
 
 What it measures (jitted or not):
+  - with rec.apply(forward) (outputs.py): g_j read from your own backward
+    at the forward's outputs, no second gradient; else
   - per micro-batch j (each call of the wrapped gradient function): g_j =
     grad(summed_loss) at the parameters that call saw (in a program of the
     recorder's beside yours, its vector read back with the others every
@@ -44,6 +46,7 @@ leaf (all of a leaf of at most `coordinates` elements, default 4096, else
 a seeded sample of that many), in float64 numpy on the host.
 """
 
+# keras_fit.py imports _enable_x64 from here (its noqa below).
 import functools
 import threading
 import time
@@ -59,7 +62,6 @@ from accumcheck_trace.trace import (
 )
 
 from .calibrate import Calibrate
-# _enable_x64: keras_fit.py imports it from here.
 from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join  # noqa: F401
 from .outputs import Outputs, _fit_c
 from .write import _off_bf16, write
