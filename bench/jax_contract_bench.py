@@ -9,7 +9,10 @@ recording (--paths): "apply", the forward wrapped by rec.apply (g_j read
 from your own backward at its outputs; Flax NNX takes the full path
 whatever it is asked), and "full", without it (train_optax.py
 --no-apply: g_j a second gradient of the recorder's).  The recorder's
-budget is 1.5x the plain run.
+budget is 1.5x the plain run.  Measured 2026-11-29 (docs/frameworks-jax-keras.md,
+"What recording costs", at a load average of 14-20): through rec.apply
+1.30x-1.59x on the large model, 1.61x-2.07x on the wide one, ~2.5x on the
+tiny one (compilation and dispatch); without it 1.54x-2.76x.
 
     .venv-jax/bin/python bench/jax_contract_bench.py [--repeats 3] [--loops hand,multisteps,nnx]
         [--models tiny,wide,large] [--K 4,16] [--scale 1,4] [--paths apply,full]
