@@ -21,7 +21,6 @@ def leaves(params):
                                         ("multisteps", ["--samples", "48"]),
                                         ("multisteps", ["--sizes", "2,6"]), ("nnx", []),
                                         ("hand", ["--no-apply"]),
-                                        ("multisteps", ["--no-apply", "--sizes", "2,6"]),
                                         ("hand", ["--wrap-inside"]),
                                         ("multisteps", ["--wrap-inside"]),
                                         ("nnx", ["--wrap-inside"])])
