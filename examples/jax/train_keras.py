@@ -13,6 +13,9 @@ mean); the cases (--case):
   fit        correct: 48 samples (every window of 4 equal batches), Adam
   adamw      fit with AdamW(weight_decay=0.1): the decay is the update's
              (Keras releases before 3.5 also decayed on every micro-step)
+  adamw_micro  adamw with AdamW's decoupled weight decay also applied on
+             the micro-steps that only accumulate, as Keras before 3.5.0
+             ran it (keras #19990): optimizer-state-every-micro-step
   uneven     46 samples: the epoch's last batch has 2 samples, weighed as
              the others (Keras averages its K batch means)
   leftover   44 samples: 11 batches per epoch, and the optimizer's window
@@ -38,8 +41,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import keras  # noqa: E402
 from accumcheck_jax import Refused, exit_on_refusal  # noqa: E402
 
-CASES = ("fit", "adamw", "uneven", "leftover", "sum_loss", "schedule", "dropout")
-SAMPLES = {"fit": 48, "adamw": 48, "uneven": 46, "leftover": 44, "sum_loss": 48, "schedule": 48,
+CASES = ("fit", "adamw", "adamw_micro", "uneven", "leftover", "sum_loss", "schedule", "dropout")
+SAMPLES = {"fit": 48, "adamw": 48, "adamw_micro": 48, "uneven": 46, "leftover": 44, "sum_loss": 48, "schedule": 48,
            "dropout": 48}
 
 
@@ -60,6 +63,28 @@ def summed_loss(y_true, y_pred, sample_weight=None):
     return keras.ops.sum(losses)
 
 
+def micro_step_adamw():
+    """AdamW as Keras before 3.5.0 ran it with gradient_accumulation_steps
+    (keras issue #19990, fixed by PR #19998): the decoupled weight decay
+    p -= lr * wd * p applied on every call, the micro-steps that only
+    accumulate included (the update call decays once, as Keras does)."""
+    ops = keras.ops
+
+    class MicroStepAdamW(keras.optimizers.AdamW):
+        def apply(self, grads, trainable_variables=None):
+            if self.built:
+                calls = getattr(self, "_iterations", None)
+                calls = self.iterations if calls is None else calls
+                update = ops.equal((calls + 1) % self.gradient_accumulation_steps, 0)
+                for v in (trainable_variables or self._trainable_variables):
+                    if self._use_weight_decay(v):
+                        lr = ops.cast(self.learning_rate, v.dtype)
+                        wd = ops.cast(self.weight_decay, v.dtype)
+                        v.assign(ops.where(update, v.value, v.value - v.value * wd * lr))
+            return super().apply(grads, trainable_variables)
+    return MicroStepAdamW
+
+
 def build(args):
     keras.utils.set_random_seed(args.seed)
     if args.case == "dropout":
@@ -77,8 +102,9 @@ def build(args):
         # staircase), as certify's `step` schedule (step_size 2, gamma 0.5).
         lr = keras.optimizers.schedules.ExponentialDecay(args.lr, decay_steps=2, decay_rate=0.5,
                                                          staircase=True)
-    if args.case == "adamw":
-        opt = keras.optimizers.AdamW(lr, weight_decay=0.1, gradient_accumulation_steps=args.K)
+    if args.case in ("adamw", "adamw_micro"):
+        cls = micro_step_adamw() if args.case == "adamw_micro" else keras.optimizers.AdamW
+        opt = cls(lr, weight_decay=0.1, gradient_accumulation_steps=args.K)
     else:
         opt = keras.optimizers.Adam(lr, gradient_accumulation_steps=args.K)
     reduction = "sum" if args.case == "sum_loss" else "sum_over_batch_size"

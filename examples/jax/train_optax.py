@@ -19,6 +19,13 @@ of the sizes --sizes cycles through); the loops (--loop):
                   micro-batches)
   schedule_micro  hand, but the lr schedule's horizon counted in micro-batches
   nnx             Flax NNX: nnx.Optimizer over the model, hand accumulation
+  tokens          token-level items: sequences of uneven lengths (--seq
+                  positions, the padding's labels -100, ignored), the
+                  summed token loss's gradients summed over the window,
+                  divided by the window's tokens (recorded items="tokens")
+  tokens_mean     the same sequences, each micro-batch's loss the mean
+                  over its own tokens, the window's sum divided by K: a
+                  mean of micro-batch means (token-mean-of-means)
 --no-record runs the same loop without the recorder (the bit-identity test
 and the bench compare the two); --wrap-inside jits the recorder's wrapper
 with the gradient function (recorded by a callback in the program);
@@ -40,7 +47,8 @@ import optax
 from accumcheck_jax import ContractRecorder, Refused, exit_on_refusal
 
 LOOPS = ("hand", "mean_over_k", "no_div_k", "double_div_k", "drop_partial", "multisteps",
-         "schedule_micro", "nnx")
+         "schedule_micro", "nnx", "tokens", "tokens_mean")
+IGNORE = -100  # a label that carries no loss (padding), as -100 in PyTorch's losses
 
 
 def data(samples, features, classes, seed=0):
@@ -49,6 +57,18 @@ def data(samples, features, classes, seed=0):
     w = rng.standard_normal((features, classes)).astype(np.float32)
     y = np.argmax(x @ w + 0.5 * rng.standard_normal((samples, classes)), axis=1).astype(np.int32)
     return x, y
+
+
+def token_data(samples, seq, features, classes, seed=0):
+    """Sequences of `seq` positions, sample i holding 1 + (a seeded draw
+    below seq) tokens: the labels past its length are IGNORE (padding)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples, seq, features)).astype(np.float32)
+    w = rng.standard_normal((features, classes)).astype(np.float32)
+    y = np.argmax(x @ w + 0.5 * rng.standard_normal((samples, seq, classes)), axis=2)
+    lengths = rng.integers(1, seq + 1, size=samples)
+    y[np.arange(seq)[None, :] >= lengths[:, None]] = IGNORE
+    return x, y.astype(np.int32)
 
 
 def micro_batches(x, y, sizes):
@@ -74,8 +94,9 @@ def logits_of(params, x):
 
 
 def losses(forward):
-    """The summed and the mean loss of the model's forward `forward` (the
-    recorder's rec.apply(logits_of), or logits_of itself)."""
+    """The summed and the mean loss, and the summed and the mean token loss,
+    of the model's forward `forward` (the recorder's rec.apply(logits_of),
+    or logits_of itself)."""
     def summed_loss(params, batch):
         x, y = batch
         logp = jax.nn.log_softmax(forward(params, x))
@@ -83,14 +104,31 @@ def losses(forward):
 
     def mean_loss(params, batch):
         return summed_loss(params, batch) / batch[0].shape[0]
-    return summed_loss, mean_loss
+
+    def summed_token_loss(params, batch):
+        """The SUM of the batch's token losses, the IGNORE labels left out."""
+        x, y = batch
+        logp = jax.nn.log_softmax(forward(params, x))
+        keep = y != IGNORE
+        nll = -jnp.take_along_axis(logp, jnp.where(keep, y, 0)[..., None], axis=-1)[..., 0]
+        return jnp.sum(jnp.where(keep, nll, 0.0))
+
+    def token_mean_loss(params, batch):
+        """The mean over the micro-batch's own tokens."""
+        return summed_token_loss(params, batch) / jnp.maximum(jnp.sum(batch[1] != IGNORE), 1)
+    return summed_loss, mean_loss, summed_token_loss, token_mean_loss
 
 
-summed_loss, mean_loss = losses(logits_of)
+summed_loss, mean_loss, summed_token_loss, token_mean_loss = losses(logits_of)
 
 
 def items(batch):
     return len(batch[1])
+
+
+def tokens(batch):
+    """The batch's loss-bearing tokens (labels not IGNORE)."""
+    return int(np.sum(np.asarray(batch[1]) != IGNORE))
 
 
 def linear(base, total):
@@ -100,7 +138,11 @@ def linear(base, total):
 
 
 def run(args):
-    x, y = data(args.samples, args.features, 4)
+    token_level = args.loop in ("tokens", "tokens_mean")
+    if token_level:
+        x, y = token_data(args.samples, args.seq, args.features, 4)
+    else:
+        x, y = data(args.samples, args.features, 4)
     batches = micro_batches(x, y, [int(s) for s in args.sizes.split(",")])
     K, epochs = args.K, args.epochs
     windows = -(-len(batches) // K)
@@ -115,19 +157,24 @@ def run(args):
     if args.loop == "multisteps":
         tx = optax.MultiSteps(tx, every_k_schedule=K)
     rec = None
-    summed, mean = summed_loss, mean_loss
+    fns = (summed_loss, mean_loss, summed_token_loss, token_mean_loss)
     if args.record:
         # The forward wrapped (rec.apply): g_j read from your own backward
         # at the outputs, no second gradient (--no-apply: without it).
         forward = logits_of
         if args.apply:
-            summed, mean = losses(lambda p, x: forward(p, x))  # forward: read at each call
-        rec = ContractRecorder(summed, items, accumulation=K, out=args.out,
+            fns = losses(lambda p, x: forward(p, x))  # forward: read at each call
+        rec = ContractRecorder(fns[2] if token_level else fns[0],
+                               tokens if token_level else items, accumulation=K, out=args.out,
+                               items="tokens" if token_level else "samples",
                                lr=args.lr, schedule=schedule, quiet=args.quiet)
         if args.apply:
             forward = rec.apply(logits_of)
         tx = rec.optimizer(tx)
+    summed, mean, summed_tok, tok_mean = fns
     fn = jax.grad(summed if args.loop in ("hand", "schedule_micro") else mean)
+    if token_level:
+        fn = jax.grad(summed_tok if args.loop == "tokens" else tok_mean)
     if args.loop == "double_div_k":
         fn = jax.grad(lambda p, b: mean(p, b) / K)
     # Your jitted gradient function, wrapped as it is (a wrapper jitted with
@@ -162,13 +209,13 @@ def run(args):
                 params, state = multistep(params, state, g)
                 continue
             acc = g if acc is None else add(acc, g)
-            n_items += len(batch[1])
+            n_items += tokens(batch) if token_level else len(batch[1])
             in_window += 1
             last = i == len(batches) - 1
             if in_window == K or last:
                 if last and in_window < K and args.loop == "drop_partial":
                     break
-                if args.loop in ("hand", "schedule_micro"):
+                if args.loop in ("hand", "schedule_micro", "tokens"):
                     scale = 1.0 / n_items
                 elif args.loop == "no_div_k":
                     scale = 1.0
@@ -245,6 +292,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--features", type=int, default=8, help="the MLP's inputs")
+    p.add_argument("--seq", type=int, default=6,
+                   help="the tokens loops' sequence positions (lengths 1..seq)")
     p.add_argument("--hidden", type=int, default=16, help="the MLP's hidden width")
     p.add_argument("--out", default="trace")
     p.add_argument("--no-record", dest="record", action="store_false")
@@ -256,8 +305,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.loop not in LOOPS:
         raise Refused("--loop: expected one of %s, got %r" % (", ".join(LOOPS), args.loop))
-    if min(args.K, args.samples, args.epochs, args.features, args.hidden) < 1:
-        raise Refused("--K, --samples, --epochs, --features and --hidden must be >= 1")
+    if min(args.K, args.samples, args.epochs, args.features, args.hidden, args.seq) < 1:
+        raise Refused("--K, --samples, --epochs, --features, --hidden and --seq must be >= 1")
     return run(args)
 
 

@@ -35,7 +35,9 @@ on d kept coordinates per variable (accumcheck_jax's layout):
     weights); the replay check adds that update to the parameters the
     window started from, so a Keras release that moves the parameters on
     calls that apply no update (its weight decay on every micro-step,
-    before 3.5.0) fails it.
+    before 3.5.0) fails it; and each call that applies no update writes
+    an idle row: how many kept parameters and optimizer-state values (its
+    per-weight lists: Adam's moments, SGD's momentum) moved across it.
 On the torch backend (a stateful train step) the same is read from the
 live variables before the step, g_j from a forward of the recorder's own
 (the model's non-trainable variables and torch's RNG put back as they
@@ -51,9 +53,50 @@ without calibration (meta.csv's `calibration` row says so).
 import sys
 
 import numpy as np
-from accumcheck_trace.trace import VERSION, Refused, describe
+from accumcheck_trace.trace import VERSION, Refused, describe, real
 
+from .capture import join
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
+
+
+def idle_row(i, j, steps, p_before, p_after, state_changed=None):
+    """contract.csv's idle row (docs/trace-format.md) of an optimizer call
+    that applied no update: micro-batch j's call, `steps` optimizer steps
+    before it, the kept parameters before and after it; state_changed: the
+    sampled optimizer-state values it changed (None: not measured)."""
+    d = np.asarray(p_after, dtype=np.float64) - np.asarray(p_before, dtype=np.float64)
+    p = np.asarray(p_before, dtype=np.float64)
+    moved = d != 0
+    rel = moved & (p != 0)   # the largest |change| / |p| (over p != 0)
+    worst = float(np.max(np.abs(d[rel]) / np.abs(p[rel]))) if rel.any() else 0.0
+    lam = resid = ""
+    pp = float(p @ p)
+    if moved.any() and pp > 0:
+        lam_v = -float(d @ p) / pp           # the change fitted as -lambda * p
+        nd = float(np.linalg.norm(d))
+        lam, resid = real(lam_v), real(float(np.linalg.norm(d + lam_v * p)) / nd)
+    state = "" if state_changed is None else "%d" % state_changed
+    return "idle,%d,%d,,%d,%d,%s,%s,%s,%s\n" % (i, j, steps, int(moved.sum()), state, real(worst),
+                                              lam, resid)
+
+
+def _slot_lists(opt, trainable, ids, accumulators):
+    """The optimizer's per-variable state (Adam's momentums and velocities,
+    SGD's momentums, ...): each list of its variables, one per trainable
+    variable of its shape, as indices into opt.variables.  Not the
+    gradient accumulators (they move on every call) nor the weights'
+    moving average (an EMA of its own)."""
+    skip = {id(v) for v in accumulators or []}
+    skip |= {id(v) for v in getattr(opt, "_model_variables_moving_average", None) or [] if v is not None}
+    shapes = [tuple(v.shape) for v in trainable]
+    out = []
+    for name, value in sorted(vars(opt).items()):
+        if not isinstance(value, (list, tuple)) or len(value) != len(shapes) or not value:
+            continue
+        if all(id(v) in ids and id(v) not in skip and tuple(v.shape) == shape
+               for v, shape in zip(value, shapes)):
+            out.append([ids[id(v)] for v in value])
+    return out
 
 
 def _keras():
@@ -168,6 +211,9 @@ class KerasRecorder(ContractRecorder, _Callback):
         self._acc_index = None     # per trainable variable: its accumulator's index, or None
         self._iter_index = None    # the optimizer's iteration counter's index
         self._window_p = None      # the kept parameters the current window started from
+        self._idle = 0             # the idle rows written (calls that applied no update)
+        self._slots = []           # the optimizer's per-variable state: lists of indices
+        self._state_now = None     # the kept coordinates of that state, at the last read
 
     # ---- the callback
 
@@ -229,6 +275,8 @@ class KerasRecorder(ContractRecorder, _Callback):
         if self.closed:
             return
         try:
+            if self.layout is not None:
+                self._state_now = self._state_host()  # after the last call
             self.close([self.keras.ops.convert_to_numpy(v.value) for v in self.net.trainable_variables])
         except Refused:
             pass  # the marker says why; the run is not stopped by the recorder
@@ -258,6 +306,7 @@ class KerasRecorder(ContractRecorder, _Callback):
         if self.K > 1 and any(i is None for i in self._acc_index):
             raise Refused("gradient_accumulation_steps=%d but the optimizer holds no "
                           "accumulator for some variable" % self.K)
+        self._slots = _slot_lists(opt, self.net.trainable_variables, ids, accs)
 
     def _make_probe(self):
         jax, keras, model, opt = self.jax, self.keras, self.net, self.opt
@@ -285,9 +334,10 @@ class KerasRecorder(ContractRecorder, _Callback):
             acc = [jnp.zeros_like(p) if i is None else opt_vars[i]
                    for p, i in zip(trainable, rec._acc_index)]
             take = rec.layout.take
+            state = [x for lst in rec._slots for x in take(jnp, [opt_vars[i] for i in lst])]
             return (_pack(jnp, take(jnp, list(trainable))), _pack(jnp, take(jnp, g)),
                     _pack(jnp, take(jnp, c)), _pack(jnp, take(jnp, acc)),
-                    opt_vars[rec._iter_index], lr)
+                    opt_vars[rec._iter_index], lr, _pack(jnp, state))
         return jax.jit(probe)
 
     def _before_step(self, state, batch):
@@ -299,18 +349,20 @@ class KerasRecorder(ContractRecorder, _Callback):
             self.dtype = str(trainable[0].dtype)
             self._indices()
             self._probe = self._make_probe()
-        p, g, c, acc, it, lr = self.jax.device_get(
+        p, g, c, acc, it, lr, st = self.jax.device_get(
             self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch))
         full = None
         if len(self.micro) % self.calibrate_every == 0:
             full = ([np.asarray(v) for v in trainable], [np.asarray(v) for v in non_trainable])
         host = self.jax.tree_util.tree_map(np.asarray,
                                            tuple(self.keras.utils.unpack_x_y_sample_weight(batch)))
-        self._record(p, g, c, acc, it, lr, full, host)
+        self._record(p, g, c, acc, it, lr, full, host, np.asarray(st, dtype=np.float64))
 
-    def _record(self, p, g, c, acc, it, lr, full, host):
+    def _record(self, p, g, c, acc, it, lr, full, host, st):
         """One train step's call, both backends: the micro-batch's fit, and
-        what the accumulation hands the update."""
+        what the accumulation hands the update; st: the kept coordinates
+        of the optimizer's per-variable state before the call."""
+        self._state_now = st
         self._on_backward(p, g, c, full, host, packed=False)
         if len(self.since) == 1:
             self._window_p = p   # the parameters the window starts from
@@ -326,7 +378,8 @@ class KerasRecorder(ContractRecorder, _Callback):
             G = np.zeros(len(p), dtype=np.float32)
         if self.pending is not None:
             self._refuse("two optimizer updates with no micro-batch between them")
-        self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last, update)
+        self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last, update,
+                        len(self.micro) - 1, st)
 
     # ---- the torch backend: a stateful train step (train_step's backward
     # leaves each variable's .grad, c_j itself, after the step)
@@ -367,29 +420,43 @@ class KerasRecorder(ContractRecorder, _Callback):
         acc = self.layout.host([np.zeros(t.shape, np.float32) if i is None else host(ov[i].value)
                                 for t, i in zip(params, self._acc_index)])
         lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
+        st = self._state_host()
         full = None
         if len(self.micro) % self.calibrate_every == 0:
             full = ([host(t).copy() for t in params],
                     [host(v.value).copy() for v in model.non_trainable_variables])
         hostb = tuple(None if a is None else self.jax.tree_util.tree_map(
             lambda t: host(t) if hasattr(t, "detach") else np.asarray(t), a) for a in (x, y, sw))
-        return p, g, acc, it, lr, full, hostb
+        return p, g, acc, it, lr, full, hostb, st
 
-    def _after_torch(self, p, g, acc, it, lr, full, hostb):
+    def _after_torch(self, p, g, acc, it, lr, full, hostb, st):
         """After the step: c_j, the .grad train_step's backward left."""
         params = [v.value for v in self.net.trainable_variables]
         c = self.layout.host([np.zeros(t.shape, np.float32) if t.grad is None
                               else t.grad.detach().cpu().numpy() for t in params])
-        self._record(p, g, c, acc, it, lr, full, hostb)
+        self._record(p, g, c, acc, it, lr, full, hostb, st)
+
+    def _state_host(self):
+        """The kept coordinates of the optimizer's per-variable state, read
+        from its live variables."""
+        ov = self.opt.variables
+        conv = self.keras.ops.convert_to_numpy
+        return join([self.layout.host([conv(ov[i].value) for i in lst]) for lst in self._slots])
 
     def _resolve(self, p_now):
         """The pending call: a step when the parameters moved; its update is
         the parameters' change (Keras applies it inside the train step)."""
         if self.pending is None:
             return
-        G, _, lr, p_before, update = self.pending
+        G, _, lr, p_before, update, j, st = self.pending
         if not update:
-            self.pending = None  # accumulated: nothing applied (replay sees any move)
+            # Accumulated: nothing applied, so nothing may move, the
+            # parameters nor the optimizer's state (an idle row; the replay
+            # from the window's start sees a parameter's move too).
+            self.pending = None
+            moved = int(np.sum(self._state_now != st)) if self._slots else None
+            self.rows.append(idle_row(self._idle, j, self.steps, p_before, p_now, moved))
+            self._idle += 1
             return
         u = (p_now.astype(np.float32) - p_before.astype(np.float32)).astype(np.float64)
         # Replayed from the window's start: the parameters after the

@@ -9,8 +9,9 @@ so the gradient your function returns is c_j = J^T u_j (u_j: the
 cotangent your loss sends into the outputs), and it is w_j g_j exactly
 when u_j = w_j s_j, s_j the summed loss's cotangent at the same outputs.
 The wrapper is a jax.custom_vjp whose backward hands u_j and the outputs
-to the host (a pure_callback whose int zero is added to u_j's bits: the
-values unchanged, the callback kept on the backward's path); the
+to the host (a pure_callback whose int zero is added to the bits of the
+smallest parameter gradient it returns: the values unchanged, the
+callback kept on your gradient's path); the
 recorder takes s_j through the summed loss alone (its forward replaced
 by those outputs: a program the size of the outputs) and fits w_j and
 its residual there.  Every calibrate_every-th micro-batch (the first
@@ -127,20 +128,27 @@ class Outputs:
             o_leaves, treedef = jax.tree_util.tree_flatten(out)
             u_leaves = jax.tree_util.tree_leaves(u)
             rec.out_treedef = treedef
-            at = next((i for i in range(len(u_leaves) - 1, -1, -1)
-                       if jnp.issubdtype(u_leaves[i].dtype, jnp.floating)
-                       and _int_like(jnp, u_leaves[i].dtype) is not None), None)
-            if at is None:
-                return vjp(u)
             # The callback's result (an integer zero) added to the bits of
-            # one cotangent: exact, and the backward waits for the tap.
-            last = u_leaves[at]
+            # the smallest gradient of the first argument (the parameters)
+            # the backward returns: exact, and the tap kept on the path of
+            # your gradient; u_j itself and the backward's own work are
+            # untouched (a tap that changed u_j changed XLA's fusion of the
+            # backward, and its rounding: measured on the token loop).
+            cts = list(vjp(u))
+            leaves, tdef = jax.tree_util.tree_flatten(cts[0])
+            fl = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating)
+                  and _int_like(jnp, x.dtype) is not None]
+            if not fl:
+                return tuple(cts)
+            at = min(fl, key=lambda i: leaves[i].size)
+            last = leaves[at]
             ints = _int_like(jnp, last.dtype)
             zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
                                      jax.ShapeDtypeStruct((), ints), *o_leaves, *u_leaves)
             bits = jax.lax.bitcast_convert_type(last, ints) + zero
-            u_leaves[at] = jax.lax.bitcast_convert_type(bits, last.dtype)
-            return vjp(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(u), u_leaves))
+            leaves[at] = jax.lax.bitcast_convert_type(bits, last.dtype)
+            cts[0] = jax.tree_util.tree_unflatten(tdef, leaves)
+            return tuple(cts)
 
         wrapped.defvjp(fwd, bwd)
 

@@ -9,9 +9,8 @@ Variants:
   correct   48 samples, Adam: PASS
   adamw     48 samples, AdamW(weight_decay=0.1): PASS from keras 3.5.0 on;
             before it (PR #19998, issue #19990) the decay ran on every
-            micro-step: the replay FAILs (the parameters move on calls that
-            apply no update), no contract-tier pitfall named
-            (optimizer-state-every-micro-step is the oracle tier's)
+            micro-step: the parameters move on calls that apply no update
+            (the trace's idle rows): optimizer-state-every-micro-step
   uneven    46 samples: the last batch of 2 weighs as the others:
             sample-mean-of-means
   leftover  44 samples: the optimizer's window counter runs across epochs

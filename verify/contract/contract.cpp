@@ -342,6 +342,14 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                          "parameters, state and gradient"
                        : replayed,
       fmt_ratio(worst_rep), replay_ulps);
+  // 3'. The optimizer calls that applied no update moved nothing (before
+  // the replay: a parameter moved between steps fails the replay too).
+  std::string idle_pitfall;
+  bool idle_ok = true;
+  if (const auto ck = idle_check(c, idle_pitfall)) {
+    idle_ok = ck->ok;
+    r.checks.push_back(*ck);
+  }
   r.checks.push_back(rep);
 
   // 3a. The windows whose gradient overflowed: the loss scaler's skips.
@@ -453,7 +461,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const bool horizon_unjudged =
       s.schedule.table != nullptr && s.schedule.stretched_table == nullptr;
   const bool fits_ok =
-      fit.ok && sfit.ok && rep.ok && clip_ok && ema_ok && scaler_ok;
+      fit.ok && sfit.ok && rep.ok && clip_ok && ema_ok && scaler_ok && idle_ok;
   // Per candidate (r.ranking's order): what it leaves unexplained (the
   // combination search's measure).
   std::vector<Residual> residuals;
@@ -637,6 +645,11 @@ CertifyReport certify_contract(const std::string& trace_dir) {
             .ema_ok = ema_ok,
             .ema_pitfall = ema_pitfall,
             .scaler_ok = scaler_ok,
+            .idle_ok = idle_ok,
+            .idle_pitfall = idle_pitfall,
+            .replay_ok = rep.ok,
+            .idle_rows = !c.idle.empty(),
+            .fits_ok = fit.ok && sfit.ok && clip_ok,
             .correct_weights = correct_weights,
             .lr_correct = lr_correct,
             .reduce_correct = reduce_correct,

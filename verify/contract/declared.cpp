@@ -119,13 +119,16 @@ void declared(const Trace& tr, Scenario& s) {
 
 // What the contract tier did not judge in this run (printed with every
 // verdict, never left out).
-std::string not_judged(const Trace& tr) {
+std::string not_judged(const Trace& tr, bool idle_rows) {
   std::vector<std::string> out = {
       "the model's numerics (each g_j is measured from your forward, not "
       "derived)",
-      "the optimizer's state from step to step (each step is replayed from "
-      "the state it had: optimizer-state-every-micro-step is the oracle "
-      "tier's)"};
+      idle_rows ? "the optimizer's state from step to step (each step is "
+                  "replayed from the state it had; the calls between steps "
+                  "are checked to move nothing)"
+                : "the optimizer's state from step to step (each step is "
+                  "replayed from the state it had: "
+                  "optimizer-state-every-micro-step is the oracle tier's)"};
   if (tr.meta_value("ema").empty())
     out.push_back("EMA: none declared (rec.ema(...))");
   if (!tr.meta_value("batchnorm").empty())

@@ -12,6 +12,7 @@
 //                  the gradient all-reduces
 //   clip.cpp       the clip check
 //   ema.cpp        the EMA check
+//   idle.cpp       the optimizer calls that applied no update
 //   precision.cpp  a bfloat16 .grad's step bound; a low-precision model's
 //                  resolution (the "precision" check)
 //   diagnose.cpp   the verdict and, on FAIL, its diagnosis
@@ -74,7 +75,8 @@ std::vector<Pitfall> accepted_semantics(const Trace& tr);
 void declared(const Trace& tr, Scenario& s);
 
 // What the contract tier did not judge in this run.
-std::string not_judged(const Trace& tr);
+// idle_rows: the trace's calls that applied no update were checked.
+std::string not_judged(const Trace& tr, bool idle_rows = false);
 
 // ---- predict.cpp
 
@@ -164,6 +166,14 @@ CertifyCheck clip_check(const ContractSection& c, const Scenario& s, int64_t n,
 // the scale backed off.  nullopt where the trace has none.
 std::optional<CertifyCheck> scaler_check(const ContractSection& c);
 
+// ---- idle.cpp
+
+// The optimizer calls that applied no update (the trace's idle rows): each
+// moved nothing; `pitfall` set to optimizer-state-every-micro-step where
+// one did.  nullopt where the trace has none.
+std::optional<CertifyCheck> idle_check(const ContractSection& c,
+                                       std::string& pitfall);
+
 // ---- ema.cpp
 
 // The declared EMA; `pitfall` set to the pitfall its updates show.
@@ -194,6 +204,11 @@ struct Findings {
   bool ema_ok = true;
   std::string ema_pitfall;     // ema_check's
   bool scaler_ok = true;       // scaler_check's
+  bool idle_ok = true;         // idle_check's
+  std::string idle_pitfall;    // idle_check's
+  bool replay_ok = true;       // the optimizer replay (in checks_ok)
+  bool idle_rows = false;      // the trace has idle rows
+  bool fits_ok = false;        // weight fit, step fit, clip (no replay)
   Distance correct_weights;    // correct's weight distance, whatever its lr
   LrChannel lr_correct;        // correct's lr channel
   std::string reduce_correct;  // "" or how correct's all-reduces differ

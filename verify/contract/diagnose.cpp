@@ -91,8 +91,8 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
   }
   const CertifyCandidate correct = r.ranking.front();
   r.pass = f.checks_ok && f.structure_ok && f.lr_correct.ok &&
-           f.reduce_correct.empty() && f.ema_ok && f.scaler_ok;
-  r.notes.push_back(not_judged(tr));
+           f.reduce_correct.empty() && f.ema_ok && f.scaler_ok && f.idle_ok;
+  r.notes.push_back(not_judged(tr, f.idle_rows));
   // Their names (by_weights, by_lr index the ranking before sorting).
   const double weights_best =
       by_weights >= 0 ? f.weight_d[size_t(by_weights)] : kInf;
@@ -144,7 +144,25 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
     const bool only_scaler = !f.scaler_ok && f.ema_ok && f.checks_ok &&
                              f.structure_ok && f.lr_correct.ok &&
                              f.reduce_correct.empty();
-    if (only_scaler) {
+    // The calls between steps moved what they must not, and the rest is
+    // correct's (the replay from a window's start fails by the same
+    // moves: not required to hold).
+    const bool others_ok = f.ema_ok && f.scaler_ok && f.structure_ok &&
+                           f.lr_correct.ok && f.reduce_correct.empty();
+    const bool only_idle = !f.idle_ok && others_ok && f.fits_ok;
+    if (only_idle) {
+      std::string msg;
+      for (const auto& ck : r.checks)
+        if (ck.name == "calls without an update") msg = ck.message;
+      r.diagnosis = fmt::format(
+          "diagnosis: matches {} (the weights are correct's: max {} of the "
+          "uncertainty)\nevidence: {}{}",
+          f.idle_pitfall, fmt_ratio(f.correct_weights.d), msg,
+          f.replay_ok ? ""
+                      : "\nevidence: the optimizer replay fails by the "
+                        "same moves (the parameters moved between steps)");
+      r.ranking.clear();
+    } else if (only_scaler) {
       // The other windows are correct's; the loss scaler's skip is not.
       std::string msg;
       for (const auto& ck : r.checks)
@@ -262,6 +280,13 @@ void conclude(CertifyReport& r, const Trace& tr, const ContractSection& c,
           best.distance <= 1 ? "its weights match; what fails: " + failing
                              : best.first_out_what);
     }
+    // Calls between steps that moved the optimizer, beside another
+    // finding: said too.
+    if (!f.idle_ok && !only_idle)
+      for (const auto& ck : r.checks)
+        if (ck.name == "calls without an update")
+          r.diagnosis +=
+              fmt::format("\nevidence: {} ({})", ck.message, f.idle_pitfall);
     if (!horizon_note.empty()) r.diagnosis += "\n" + horizon_note;
   }
   // What the recorder saw and reports (meta.csv's `notes`: e.g. a

@@ -157,6 +157,35 @@ ContractSection read_contract(const std::string& dir) {
       e.copy_u = number(8);
       e.fitted = number(9);
       c.ema.push_back(e);
+    } else if (kind == "idle") {
+      expect_index(c.idle.size());
+      ContractIdle e;
+      e.rank = rank;
+      e.micro = integer(2, true);
+      if (e.micro < 0 || e.micro >= int64_t(c.micro.size()))
+        throw InputError(path, ln, 1, "ref",
+                         fmt::format("unknown micro-batch {}", e.micro));
+      e.version = integer(4, true);
+      e.changed = integer(5, true);
+      e.state_changed = integer(6, false);
+      const auto at_least = [&](int64_t v, int64_t lo, size_t i) {
+        if (v < lo)
+          throw InputError(
+              path, ln, 1, std::string(split_commas(kHeader)[i]),
+              fmt::format("expected an integer >= {}, got {}", lo, v));
+      };
+      at_least(e.version, 0, 4);
+      at_least(e.changed, 0, 5);
+      at_least(e.state_changed, -1, 6);
+      e.worst = number(7);
+      if (!(e.worst >= 0) || std::isinf(e.worst))
+        throw InputError(path, ln, 1, "value",
+                         fmt::format("expected a finite number >= 0 (the "
+                                     "largest relative change), got '{}'",
+                                     f[7]));
+      e.lambda = number(8);
+      e.fit_residual = number(9);
+      c.idle.push_back(e);
     } else if (kind == "coef" || kind == "replay") {
       if (index < 0 || index >= int64_t(steps.size()))
         throw InputError(path, ln, 1, "index",
@@ -177,10 +206,11 @@ ContractSection read_contract(const std::string& dir) {
         st.replay = number(7);
       }
     } else {
-      throw InputError(path, ln, 1, "kind",
-                       fmt::format("unknown kind '{}' (micro, backward, epoch, "
-                                   "step, overflow, coef, replay, clip, ema)",
-                                   kind));
+      throw InputError(
+          path, ln, 1, "kind",
+          fmt::format("unknown kind '{}' (micro, backward, epoch, "
+                      "step, overflow, coef, replay, clip, ema, idle)",
+                      kind));
     }
   }
   return c;

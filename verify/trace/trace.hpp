@@ -441,6 +441,15 @@ std::vector<int64_t> value_ranks(const TraceRun& run);
 //            at optimizer.step()'s pre-hook, value / residual = its error
 //            in u32 against the decay update / a copy (ContractEma), scale
 //            = the decay it moved by (meta.csv: ema, ema_decay)
+//   idle     index i (call order), ref = the micro-batch j whose call it
+//            was: an optimizer call that applied no update (a micro-step
+//            that accumulated only; ContractIdle), version = optimizer
+//            steps before it, items = the recorder's sampled parameter
+//            coordinates that changed across it, samples = the sampled
+//            optimizer-state values that changed ("": not measured), value
+//            = the largest |change| / |p| among them, residual = lambda
+//            of the change fitted as -lambda * p ("": none), scale = that
+//            fit's relative residual
 // A DDP trace (accumcheck_torch.ContractDistributedRecorder, its ranks'
 // parts merged) has an 11th column, rank: the rank that drew a micro-batch,
 // whose loader an epoch row describes, that called clip_grad_norm_, whose
@@ -506,6 +515,18 @@ struct ContractEma {
   bool at_step = false;
   double decay_u = kNaN, copy_u = kNaN, fitted = kNaN;
 };
+// One optimizer call that applied no update (an idle row): a call
+// accumulation makes on a micro-step that does not end its window.  It
+// must move nothing: the sampled parameters (changed) and optimizer state
+// (state_changed, -1: not measured) it changed, the largest relative
+// change, and the change fitted as a decay -lambda * p (lambda; its
+// relative residual fit_residual).
+struct ContractIdle {
+  int64_t rank = 0;
+  int64_t micro = 0, version = 0;
+  int64_t changed = 0, state_changed = -1;
+  double worst = 0, lambda = kNaN, fit_residual = kNaN;
+};
 struct ContractEpoch {
   int64_t dataset = -1, batch_size = -1;
 };
@@ -517,6 +538,7 @@ struct ContractSection {
   std::vector<std::vector<ContractEpoch>> epochs{{}};
   std::vector<ContractClip> clips;
   std::vector<ContractEma> ema;
+  std::vector<ContractIdle> idle;
   int64_t ranks() const { return int64_t(steps.size()); }
 };
 

@@ -35,6 +35,10 @@ def test_recording_changes_nothing(tmp_path, accumcheck):
     r = certify(accumcheck, tmp_path / "t")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok   optimizer replay" in r.stdout
+    # The 18 calls of the micro-steps that only accumulate moved nothing,
+    # the weights nor AdamW's moments (its decay is the update's).
+    assert "ok   calls without an update: 18 optimizer call(s)" in r.stdout
+    assert "(the parameters and the optimizer's state unchanged" in r.stdout
     assert "PASS (contract tier)" in r.stdout
 
 

@@ -20,7 +20,7 @@ def leaves(params):
 @pytest.mark.parametrize("loop,extra", [("hand", []), ("mean_over_k", []),
                                         ("multisteps", ["--samples", "48"]),
                                         ("multisteps", ["--sizes", "2,6"]), ("nnx", []),
-                                        ("hand", ["--no-apply"]),
+                                        ("hand", ["--no-apply"]), ("tokens", []),
                                         ("hand", ["--wrap-inside"]),
                                         ("multisteps", ["--wrap-inside"]),
                                         ("nnx", ["--wrap-inside"])])
