@@ -2,12 +2,20 @@
 loops, each run in this process with and without accumcheck_jax's
 ContractRecorder, the least CPU time (this process, all its threads) of
 several runs each, compilation included (the recorder's programs are
-compiled in the run they record).  Two models: the example's tiny MLP
-(8-16-4, 212 parameters) and a wide one (--wide, 512-4096-4: 2.1M
-parameters), at K = 4 and 16.  The recorder's budget is 1.5x the plain run.
+compiled in the run they record).  Three models: the example's tiny MLP
+(8-16-4, 212 parameters), a wide one (512-4096-4: 2.1M parameters) and a
+large one (1024-10240-4: 10.5M parameters), at K = 4 and 16.  Two ways of
+recording (--paths): "apply", the forward wrapped by rec.apply (g_j read
+from your own backward at its outputs; Flax NNX takes the full path
+whatever it is asked), and "full", without it (train_optax.py
+--no-apply: g_j a second gradient of the recorder's).  The recorder's
+budget is 1.5x the plain run.  Measured 2026-11-29 (docs/frameworks-jax-keras.md,
+"What recording costs", at a load average of 14-20): through rec.apply
+1.30x-1.59x on the large model, 1.61x-2.07x on the wide one, ~2.5x on the
+tiny one (compilation and dispatch); without it 1.54x-2.76x.
 
     .venv-jax/bin/python bench/jax_contract_bench.py [--repeats 3] [--loops hand,multisteps,nnx]
-        [--models tiny,wide] [--K 4,16] [--scale 1,4]
+        [--models tiny,wide,large] [--K 4,16] [--scale 1,4] [--paths apply,full]
 """
 
 import argparse
@@ -22,7 +30,8 @@ sys.path[:0] = [os.path.join(here, "..", "python"), os.path.join(here, "..", "ex
 import train_optax  # noqa: E402  (from examples/jax, put on the path above)
 
 # name: (features, hidden, samples, epochs); micro-batches of 16.
-MODELS = {"tiny": (8, 16, 2048, 4), "wide": (512, 4096, 1024, 1)}
+MODELS = {"tiny": (8, 16, 2048, 4), "wide": (512, 4096, 1024, 1),
+          "large": (1024, 10240, 512, 1)}
 
 
 def least(argv, repeats):
@@ -39,16 +48,17 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--loops", default="hand,multisteps,nnx")
-    p.add_argument("--models", default="tiny,wide")
+    p.add_argument("--models", default="tiny,wide,large")
+    p.add_argument("--paths", default="apply,full")
     p.add_argument("--K", default="4,16")
     p.add_argument("--scale", default="1",
                    help="run lengths: the model's epochs times each (e.g. 1,4: the curve of "
                         "the recorder's fixed cost against its cost per micro-batch)")
     args = p.parse_args()
     worst = 0.0
-    print("| model | loop | K | micro-batches | plain CPU s | recorded CPU s | ratio "
+    print("| model | loop | path | K | micro-batches | plain CPU s | recorded CPU s | ratio "
           "| plain wall s | recorded wall s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             features, hidden, samples, epochs = MODELS[model]
@@ -58,13 +68,16 @@ def main():
                               "--epochs", str(epochs * scale), "--K", K, "--features", str(features),
                               "--hidden", str(hidden), "--quiet"]
                     plain = least(common + ["--no-record"], args.repeats)
-                    recorded = least(common + ["--out", os.path.join(tmp, loop)], args.repeats)
-                    ratio = recorded[0] / plain[0]
-                    worst = max(worst, ratio)
-                    print("| %s | %s | %s | %d | %.3f | %.3f | %.2fx | %.3f | %.3f |"
-                          % (model, loop, K, samples // 16 * epochs * scale, plain[0], recorded[0],
-                             ratio, plain[1], recorded[1]),
-                          flush=True)
+                    for path in args.paths.split(","):
+                        how = [] if path == "apply" else ["--no-apply"]
+                        recorded = least(common + how + ["--out", os.path.join(tmp, loop)],
+                                         args.repeats)
+                        ratio = recorded[0] / plain[0]
+                        worst = max(worst, ratio)
+                        print("| %s | %s | %s | %s | %d | %.3f | %.3f | %.2fx | %.3f | %.3f |"
+                              % (model, loop, path, K, samples // 16 * epochs * scale, plain[0],
+                                 recorded[0], ratio, plain[1], recorded[1]),
+                              flush=True)
     print("worst %.2fx of the plain run's CPU time (budget 1.5x)" % worst)
     return 0 if worst <= 1.5 else 1
 

@@ -29,7 +29,9 @@ of the sizes --sizes cycles through); the loops (--loop):
 --warmup W starts the schedule with W steps of linear warmup from lr 0 (the
 first step's update is zero). --no-record runs the same loop without the recorder (the bit-identity test
 and the bench compare the two); --wrap-inside jits the recorder's wrapper
-with the gradient function (recorded by a callback in the program).
+with the gradient function (recorded by a callback in the program);
+--no-apply records without rec.apply (the forward not wrapped: g_j a
+second gradient of the recorder's, not read from your backward).
 """
 
 import argparse
@@ -92,32 +94,37 @@ def logits_of(params, x):
     return h @ params["w2"] + params["b2"]
 
 
-def summed_loss(params, batch):
-    x, y = batch
-    logp = jax.nn.log_softmax(logits_of(params, x))
-    return -jnp.sum(jnp.take_along_axis(logp, y[:, None], axis=1))
+def losses(forward):
+    """The summed and the mean loss, and the summed and the mean token loss,
+    of the model's forward `forward` (the recorder's rec.apply(logits_of),
+    or logits_of itself)."""
+    def summed_loss(params, batch):
+        x, y = batch
+        logp = jax.nn.log_softmax(forward(params, x))
+        return -jnp.sum(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    def mean_loss(params, batch):
+        return summed_loss(params, batch) / batch[0].shape[0]
+
+    def summed_token_loss(params, batch):
+        """The SUM of the batch's token losses, the IGNORE labels left out."""
+        x, y = batch
+        logp = jax.nn.log_softmax(forward(params, x))
+        keep = y != IGNORE
+        nll = -jnp.take_along_axis(logp, jnp.where(keep, y, 0)[..., None], axis=-1)[..., 0]
+        return jnp.sum(jnp.where(keep, nll, 0.0))
+
+    def token_mean_loss(params, batch):
+        """The mean over the micro-batch's own tokens."""
+        return summed_token_loss(params, batch) / jnp.maximum(jnp.sum(batch[1] != IGNORE), 1)
+    return summed_loss, mean_loss, summed_token_loss, token_mean_loss
 
 
-def mean_loss(params, batch):
-    return summed_loss(params, batch) / batch[0].shape[0]
+summed_loss, mean_loss, summed_token_loss, token_mean_loss = losses(logits_of)
 
 
 def items(batch):
     return len(batch[1])
-
-
-def summed_token_loss(params, batch):
-    """The SUM of the batch's token losses, the IGNORE labels left out."""
-    x, y = batch
-    logp = jax.nn.log_softmax(logits_of(params, x))
-    keep = y != IGNORE
-    nll = -jnp.take_along_axis(logp, jnp.where(keep, y, 0)[..., None], axis=-1)[..., 0]
-    return jnp.sum(jnp.where(keep, nll, 0.0))
-
-
-def token_mean_loss(params, batch):
-    """The mean over the micro-batch's own tokens."""
-    return summed_token_loss(params, batch) / jnp.maximum(jnp.sum(batch[1] != IGNORE), 1)
 
 
 def tokens(batch):
@@ -155,17 +162,26 @@ def run(args):
     if args.loop == "multisteps":
         tx = optax.MultiSteps(tx, every_k_schedule=K)
     rec = None
+    fns = (summed_loss, mean_loss, summed_token_loss, token_mean_loss)
     if args.record:
-        rec = ContractRecorder(summed_token_loss if token_level else summed_loss,
+        # The forward wrapped (rec.apply): g_j read from your own backward
+        # at the outputs, no second gradient (--no-apply: without it).
+        forward = logits_of
+        if args.apply:
+            fns = losses(lambda p, x: forward(p, x))  # forward: read at each call
+        rec = ContractRecorder(fns[2] if token_level else fns[0],
                                tokens if token_level else items, accumulation=K, out=args.out,
                                items="tokens" if token_level else "samples",
                                lr=args.lr, schedule=schedule, quiet=args.quiet)
+        if args.apply:
+            forward = rec.apply(logits_of)
         tx = rec.optimizer(tx)
-    fn = jax.grad(summed_loss if args.loop in ("hand", "schedule_micro") else mean_loss)
+    summed, mean, summed_tok, tok_mean = fns
+    fn = jax.grad(summed if args.loop in ("hand", "schedule_micro") else mean)
     if token_level:
-        fn = jax.grad(summed_token_loss if args.loop == "tokens" else token_mean_loss)
+        fn = jax.grad(summed_tok if args.loop == "tokens" else tok_mean)
     if args.loop == "double_div_k":
-        fn = jax.grad(lambda p, b: mean_loss(p, b) / K)
+        fn = jax.grad(lambda p, b: mean(p, b) / K)
     # Your jitted gradient function, wrapped as it is (a wrapper jitted with
     # it, jax.jit(rec.grad(fn)), records through a callback: the same
     # trace, dearer).
@@ -288,6 +304,8 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=16, help="the MLP's hidden width")
     p.add_argument("--out", default="trace")
     p.add_argument("--no-record", dest="record", action="store_false")
+    p.add_argument("--no-apply", dest="apply", action="store_false",
+                   help="record without rec.apply (a second gradient per micro-batch)")
     p.add_argument("--wrap-inside", action="store_true",
                    help="jit the recorder's wrapper with your function (a callback records)")
     p.add_argument("--quiet", action="store_true")

@@ -21,6 +21,8 @@ gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
 nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
 
 What it measures (jitted or not):
+  - with rec.apply(forward) (outputs.py): g_j read from your own backward
+    at the forward's outputs, no second gradient; else
   - per micro-batch j (each call of the wrapped gradient function): g_j =
     grad(summed_loss) at the parameters that call saw (in a program of the
     recorder's beside yours, its vector read back with the others every
@@ -44,8 +46,8 @@ leaf (all of a leaf of at most `coordinates` elements, default 4096, else
 a seeded sample of that many), in float64 numpy on the host.
 """
 
+# keras_fit.py imports _enable_x64 from here (its noqa below).
 import functools
-import math
 import threading
 import time
 
@@ -59,7 +61,9 @@ from accumcheck_trace.trace import (
     stopped_by,
 )
 
-from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join
+from .calibrate import Calibrate
+from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join  # noqa: F401
+from .outputs import Outputs, _fit_c
 from .write import _off_bf16, write
 
 U32 = 2.0 ** -24
@@ -72,7 +76,7 @@ REPLAY_ULPS = 16.0
 _INBOX_BYTES = 16 << 20
 
 
-class ContractRecorder:
+class ContractRecorder(Outputs, Calibrate):
     """ContractRecorder(summed_loss, count_fn, accumulation, out="trace",
     items="samples", run="trainer", lr=None, schedule=None, clip=None,
     accept=(), calibrate_every=16, coordinates=4096, seed=0, grad=None,
@@ -165,6 +169,7 @@ class ContractRecorder:
         self.n_backward = 0      # micro-batches told so far (taken in or not)
         self.draining = False
         self._lock = threading.Lock()
+        self._outputs_init()
         self._recording = Recording(out, on_exit=self._abandon)
 
     # ---- wiring
@@ -190,7 +195,8 @@ class ContractRecorder:
                 c = out[1]
             else:
                 c = out
-            g = rec.grad_transform(rec.summed_loss)(first, batch)
+            rec.traced_grad = True
+            g = rec._plain(rec.grad_transform(rec.summed_loss), first, batch)
             params = rec._params_of(first)
             p_leaves, treedef = jax.tree_util.tree_flatten(params)
             g_leaves = jax.tree_util.tree_leaves(g)
@@ -232,6 +238,8 @@ class ContractRecorder:
             self._drain()
         out = fn(first, batch, *a, **k)
         c = out[1] if value_and_grad else out
+        if self._output_path(first):
+            return self._eager_outputs(first, batch, out, c)
         if self._probe is None:
             rec = self
 
@@ -248,7 +256,7 @@ class ContractRecorder:
                 self._probe = nnx.jit(probe)
             else:
                 self._probe = jax.jit(probe)
-        vec = self._probe(first, batch, c)
+        vec = self._plain(self._probe, first, batch, c)
         copy = getattr(vec, "copy_to_host_async", None)
         if copy is not None:
             copy()
@@ -259,8 +267,9 @@ class ContractRecorder:
         else:
             full = None
         self.n_backward += 1
+        entry = ("lazy", vec, full, jax.device_get(batch))  # not under the lock: it may wait
         with self._lock:
-            self.inbox.append(("lazy", vec, full, jax.device_get(batch)))
+            self.inbox.append(entry)
             self.lazy += 1
         return out
 
@@ -296,11 +305,16 @@ class ContractRecorder:
                 return
             try:
                 d = self.layout.d
-                vecs = iter(self.jax.device_get([e[1] for e in queued if e[0] == "lazy"]))
+                vecs = iter(self.jax.device_get([e[1] for e in queued
+                                                 if e[0] in ("lazy", "fast")]))
+                taps = self._taps_for(queued)
                 for e in queued:
                     if e[0] == "lazy":
                         v = np.asarray(next(vecs))
                         self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
+                    elif e[0] == "fast":
+                        v = np.asarray(next(vecs))
+                        self._on_fast(v[:d], v[d:], e[2], e[3], next(taps))
                     else:
                         e[1](*e[2])
             except BaseException:
@@ -463,6 +477,7 @@ class ContractRecorder:
         if self.layout is None:
             self.layout = _Leaves(shapes, self.coordinates, self.seed)
             self.shapes = shapes
+            self.p_dtypes = [x.dtype for x in p_leaves]
             self.dtype = str(p_leaves[0].dtype)
             if _is_nnx(first):
                 from flax import nnx
@@ -474,7 +489,7 @@ class ContractRecorder:
             raise Refused("ContractRecorder.grad: parameters of other shapes than the first "
                           "call's (one model per recorder)")
 
-    def _on_backward(self, p, g, c, full, batch, packed=True):
+    def _on_backward(self, p, g, c, full, batch, packed=True, fit=None, cal=float("nan")):
         p = join([p])
         if self.pending is not None:
             self._resolve(p)
@@ -491,15 +506,14 @@ class ContractRecorder:
         self.micro.append([max(len(self.epochs) - 1, 0), self.steps, items, samples, float("nan")])
         if not self.epochs:
             self.epochs.append([-1, -1])
-        if j % self.calibrate_every == 0:
-            self.calibrate.append((j, _unpack(full, self.full_shapes) if packed else full, batch, g))
-        gg = float(g @ g)
-        w = float(c @ g) / gg if gg > 0 else 0.0
-        wn = abs(w) * math.sqrt(gg)
-        if wn > 0:
-            resid = float(np.linalg.norm(c - w * g)) / wn
+        if fit is not None:  # read at the outputs (outputs.py)
+            w, resid = fit
+            self.micro[j][4] = cal
         else:
-            resid = 0.0 if not c.any() else float("inf")
+            if j % self.calibrate_every == 0:
+                self.calibrate.append((j, _unpack(full, self.full_shapes) if packed else full,
+                                       batch, g))
+            w, resid = _fit_c(c, g)
         self.backward.append((w, resid))
         self.c[j] = c
         self.since.append(j)
@@ -568,36 +582,6 @@ class ContractRecorder:
             self._marked = now
         self._recording.progress(self.steps, len(self.backward), write=write)
 
-    def _calibrate(self):
-        """g_j in float64 on the host for the calibration sample."""
-        if not self.calibrate:
-            return
-        jax = self.jax
-        queued, self.calibrate = self.calibrate, []
-        with _enable_x64(jax):
-            if self._grad64 is None:
-                if self.nnx_graph is not None:
-                    from flax import nnx
-                    self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
-                else:
-                    self._grad64 = jax.jit(self.grad_transform(self.summed_loss))
-            for j, full, batch, g32 in queued:
-                wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
-                        for x in full]
-                state = jax.tree_util.tree_unflatten(self.treedef, wide)
-                if self.nnx_graph is not None:
-                    from flax import nnx
-                    first = nnx.merge(self.nnx_graph, state)
-                else:
-                    first = state
-                b64 = jax.tree_util.tree_map(
-                    lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
-                    batch)
-                g64 = self._grad64(first, b64)
-                g64 = self.layout.host(jax.tree_util.tree_leaves(g64))
-                n64 = float(np.linalg.norm(g64))
-                self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
-
     # ---- output
 
     # ---- output (write.py)
@@ -612,7 +596,10 @@ class ContractRecorder:
                 ("recorder", "accumcheck_jax: the gradient function (rec.grad: a program of "
                              "the recorder's beside yours, or an ordered io_callback in it) and "
                              "the optimizer's update (rec.optimizer: a callback in its program); "
-                             "%d coordinates kept of the parameters" % self.layout.d)]
+                             "%d coordinates kept of the parameters%s" % (
+                                 self.layout.d, "; g_j read at the outputs of the forward "
+                                 "rec.apply wrapped (outputs.py)" if self.tapped else ""))] + \
+            ([("notes", " | ".join(self.notes))] if self.notes else [])
 
     def _refuse(self, message):
         self._abandon("the recorder refused: " + message)

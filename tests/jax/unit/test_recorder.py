@@ -1,6 +1,7 @@
 """accumcheck_jax's ContractRecorder: recording never changes the run
-(the trained parameters bit-identical with and without it), and bad input
-is refused with what to pass."""
+(the trained parameters bit-identical with and without it, through
+rec.apply's output path, train_optax.py's default, and without it,
+--no-apply), and bad input is refused with what to pass."""
 
 import subprocess
 
@@ -19,12 +20,13 @@ def leaves(params):
 @pytest.mark.parametrize("loop,extra", [("hand", []), ("mean_over_k", []),
                                         ("multisteps", ["--samples", "48"]),
                                         ("multisteps", ["--sizes", "2,6"]), ("nnx", []),
+                                        ("hand", ["--no-apply"]), ("tokens", []),
                                         ("hand", ["--wrap-inside"]),
                                         ("multisteps", ["--wrap-inside"]),
                                         ("nnx", ["--wrap-inside"])])
 def test_recording_changes_nothing(tmp_path, loop, extra):
     plain = train_optax.main(["--loop", loop, "--no-record", "--quiet"] +
-                             [a for a in extra if a != "--wrap-inside"])
+                             [a for a in extra if a not in ("--wrap-inside", "--no-apply")])
     recorded = train_optax.main(["--loop", loop, "--out", str(tmp_path / "t"), "--quiet"] + extra)
     a, b = leaves(plain), leaves(recorded)
     assert len(a) == len(b)

@@ -1,0 +1,44 @@
+"""accumcheck_jax's float64 calibration: g_j again in float64 on the
+host for the calibration sample (every calibrate_every-th micro-batch),
+from the whole state that micro-batch saw (a mixin of ContractRecorder)."""
+
+import numpy as np
+
+from .capture import _enable_x64
+
+
+class Calibrate:
+    def _calibrate(self):
+        """g_j in float64 on the host for the calibration sample."""
+        if not self.calibrate:
+            return
+        queued, self.calibrate = self.calibrate, []
+        for j, full, batch, g32 in queued:
+            g64 = self._g64(full, batch)
+            n64 = float(np.linalg.norm(g64))
+            self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
+
+    def _g64(self, full, batch):
+        """g_j in float64 (its kept coordinates) from the whole state the
+        micro-batch saw (host numpy leaves) and its batch."""
+        jax = self.jax
+        with _enable_x64(jax):
+            if self._grad64 is None:
+                if self.nnx_graph is not None:
+                    from flax import nnx
+                    self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
+                else:
+                    self._grad64 = jax.jit(self.grad_transform(self.summed_loss))
+            wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
+                    for x in full]
+            state = jax.tree_util.tree_unflatten(self.treedef, wide)
+            if self.nnx_graph is not None:
+                from flax import nnx
+                first = nnx.merge(self.nnx_graph, state)
+            else:
+                first = state
+            b64 = jax.tree_util.tree_map(
+                lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
+                batch)
+            g64 = self._plain(self._grad64, first, b64)
+            return self.layout.host(jax.tree_util.tree_leaves(g64))

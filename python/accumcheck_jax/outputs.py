@@ -1,0 +1,319 @@
+"""accumcheck_jax's output path: g_j taken from your own backward instead
+of a second gradient (issue 46: recording at most 1.5x the plain run).
+
+    apply = rec.apply(model_apply)    # your forward, wrapped: use it in
+                                      # summed_loss and in your own loss
+
+Your loss reaches the parameters through the wrapped forward's outputs,
+so the gradient your function returns is c_j = J^T u_j (u_j: the
+cotangent your loss sends into the outputs), and it is w_j g_j exactly
+when u_j = w_j s_j, s_j the summed loss's cotangent at the same outputs.
+The wrapper is a jax.custom_vjp whose backward hands u_j and the outputs
+to the host (a pure_callback whose int zero is added to the bits of the
+smallest parameter gradient it returns: the values unchanged, the
+callback kept on your gradient's path); the
+recorder takes s_j through the summed loss alone (its forward replaced
+by those outputs: a program the size of the outputs) and fits w_j and
+its residual there.  Every calibrate_every-th micro-batch (the first
+included) checks the premise on the parameters, against g_j in float64:
+|c_j / w_j - g64| / |g64| is that micro-batch's calibration; over the
+bound (the loss reaches the parameters by another path: a penalty on the
+weights, a second forward) every micro-batch from it on takes the full
+path (a second gradient), with a note in meta.csv."""
+
+import functools
+import math
+
+import numpy as np
+from accumcheck_trace.trace import Refused
+
+from .capture import _is_nnx, _pack
+
+# oracle/error_model.hpp evidence_weight_rel (certify reads a weight to
+# this precision): how far c_j / w_j may stray from g_j before the loss
+# is taken to reach the parameters by another path than the outputs
+# (accumcheck_torch's _premise_bound, float32 models).
+EVIDENCE_WEIGHT_REL = 1e-3
+U32 = 2.0 ** -24
+
+
+def _int_like(jnp, dtype):
+    return {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}.get(jnp.dtype(dtype).itemsize)
+
+
+def _output_dots(s, u):
+    """u.s, s.s and |u - w s|^2 (w = u.s / s.s) over one output, in float64."""
+    s = np.asarray(s, dtype=np.float64).reshape(-1)
+    u = np.asarray(u, dtype=np.float64).reshape(-1)
+    ss, us = float(s @ s), float(u @ s)
+    w = us / ss if ss > 0 else 0.0
+    r = u - w * s
+    return us, ss, float(r @ r)
+
+
+def fit_outputs(s_leaves, u_leaves):
+    """(w, relative residual) of u = w s over every output, or None where
+    s is zero (no weight to read)."""
+    dots = [_output_dots(s, u) for s, u in zip(s_leaves, u_leaves)]
+    us = sum(d[0] for d in dots)
+    ss = sum(d[1] for d in dots)
+    if not ss > 0:
+        return None
+    w = us / ss
+    # Each output's own residual plus its weight's distance from the common one.
+    rr = sum(d[2] + (d[0] / d[1] - w) ** 2 * d[1] for d in dots if d[1] > 0)
+    wn = abs(w) * ss ** 0.5
+    return w, (rr ** 0.5 / wn if wn > 0 else (0.0 if rr == 0 else float("inf")))
+
+
+def _fit_c(c, g):
+    """(w, relative residual) of c = w g by least squares."""
+    gg = float(g @ g)
+    w = float(c @ g) / gg if gg > 0 else 0.0
+    wn = abs(w) * math.sqrt(gg)
+    if wn > 0:
+        return w, float(np.linalg.norm(c - w * g)) / wn
+    return w, 0.0 if not c.any() else float("inf")
+
+
+class Outputs:
+    """ContractRecorder's output path (a mixin: the state lives on the
+    recorder, made by _outputs_init)."""
+
+    def _outputs_init(self):
+        self.tapped = False      # rec.apply was called: the output path is on
+        self.no_take = False     # the premise failed: the full path from here on
+        self.taps = []           # (outputs, cotangents) as the backward handed them
+        self.tap_mode = "tap"    # while tracing: "tap", "plain" or "substitute"
+        self.subst = None        # the outputs the substitute mode returns
+        self.substituted = 0
+        self.out_treedef = None
+        self.notes = []
+        self._take_prog = None   # the kept coordinates of the parameters and of c_j
+        self._s_prog = None      # s_j from the outputs
+        self.traced_grad = False
+
+    def apply(self, fn):
+        """Your model's forward fn(params, inputs, ...) -> outputs, wrapped:
+        call it in summed_loss and in the loss your gradient function
+        differentiates (rec.grad(jax.jit(jax.grad(loss)))), once per
+        micro-batch.  The run's values are unchanged (the outputs and their
+        gradient are your forward's and backward's own)."""
+        if not callable(fn):
+            raise Refused("ContractRecorder.apply: expected your model's forward function "
+                          "fn(params, inputs) -> outputs, got %s" % type(fn).__name__)
+        jax, rec = self.jax, self
+        jnp = jax.numpy
+        self.tapped = True
+
+        def tap(dtype, *ou):
+            # No lock: the main thread may hold the recorder's while it
+            # waits for the device (a list's append is atomic; the taps are
+            # taken once the programs that made them have run: _taps_for).
+            if not rec.traced_grad and not rec.no_take:
+                n = len(ou) // 2
+                rec.taps.append((ou[:n], ou[n:]))
+            return np.zeros((), dtype)
+
+        @jax.custom_vjp
+        def wrapped(*args):
+            return fn(*args)
+
+        def fwd(*args):
+            out, vjp = jax.vjp(fn, *args)
+            return out, (vjp, out)
+
+        def bwd(res, u):
+            vjp, out = res
+            o_leaves, treedef = jax.tree_util.tree_flatten(out)
+            u_leaves = jax.tree_util.tree_leaves(u)
+            rec.out_treedef = treedef
+            # The callback's result (an integer zero) added to the bits of
+            # the smallest gradient of the first argument (the parameters)
+            # the backward returns: exact, and the tap kept on the path of
+            # your gradient; u_j itself and the backward's own work are
+            # untouched (a tap that changed u_j changed XLA's fusion of the
+            # backward, and its rounding: measured on the token loop).
+            cts = list(vjp(u))
+            leaves, tdef = jax.tree_util.tree_flatten(cts[0])
+            fl = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating)
+                  and _int_like(jnp, x.dtype) is not None]
+            if not fl:
+                return tuple(cts)
+            at = min(fl, key=lambda i: leaves[i].size)
+            last = leaves[at]
+            ints = _int_like(jnp, last.dtype)
+            zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
+                                     jax.ShapeDtypeStruct((), ints), *o_leaves, *u_leaves)
+            bits = jax.lax.bitcast_convert_type(last, ints) + zero
+            leaves[at] = jax.lax.bitcast_convert_type(bits, last.dtype)
+            cts[0] = jax.tree_util.tree_unflatten(tdef, leaves)
+            return tuple(cts)
+
+        wrapped.defvjp(fwd, bwd)
+
+        def call(*args):
+            if rec.tap_mode == "plain":
+                return fn(*args)
+            if rec.tap_mode == "substitute":
+                rec.substituted += 1
+                return rec.subst
+            return wrapped(*args)
+        return call
+
+    # ---- the eager path's micro-batch on the output path
+
+    def _output_path(self, first):
+        if self.tapped and not self.no_take and _is_nnx(first):
+            self._off("a Flax NNX model (its forward is the module's call, not rec.apply's)")
+        return self.tapped and not self.no_take
+
+    def _plain(self, prog, *args):
+        """prog(*args), the wrapped forward plain (no tap) where it is traced."""
+        mode, self.tap_mode = self.tap_mode, "plain"
+        try:
+            return prog(*args)
+        finally:
+            self.tap_mode = mode
+
+    def _eager_outputs(self, first, batch, out, c):
+        """The eager path's micro-batch on the output path: only the kept
+        coordinates of the parameters and of c_j taken on the device (read
+        back with the others every few micro-batches); the calibration
+        sample's whole state read now, and taken in at once (its premise
+        decides the path of the micro-batches after it)."""
+        jax = self.jax
+        vec = self._take(first, c)
+        copy = getattr(vec, "copy_to_host_async", None)
+        if copy is not None:
+            copy()
+        calibrate = self.n_backward % self.calibrate_every == 0
+        full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))] \
+            if calibrate else None
+        self.n_backward += 1
+        entry = ("fast", vec, full, jax.device_get(batch))
+        with self._lock:
+            self.inbox.append(entry)
+            self.lazy += 1
+        if calibrate:
+            self._drain()
+        return out
+
+    def _taps_for(self, queued):
+        """The taps of the queued micro-batches on the output path, one
+        each, in order (their vectors read back: their programs ran)."""
+        n = sum(e[0] == "fast" for e in queued)
+        taps, self.taps = self.taps, []
+        if len(taps) == n:
+            return iter(taps)
+        why = "the wrapped forward's backward ran %d times in %d micro-batches" % (len(taps), n)
+        if not all(e[2] is not None for e in queued if e[0] == "fast"):
+            self._refuse(why + ": call the function rec.apply returned once per micro-batch, in "
+                         "the loss your gradient function differentiates (or record without "
+                         "rec.apply)")
+        self._off(why + " (once each is the output path's premise)")
+        return iter([None] * n)
+
+    def _on_fast(self, p, c, full, batch, tap):
+        """A micro-batch on the output path taken in: its weight read at
+        the outputs; a calibration sample's premise checked on the
+        parameters (where it fails, fitted against g_j in float64)."""
+        j = len(self.micro)
+        fit = None if tap is None else self._fast_fit(j, tap, batch)
+        cal = float("nan")
+        if fit == "zero":  # s_j = 0: g_j = J^T s_j = 0
+            fit = _fit_c(c, np.zeros_like(c))
+        if full is not None:
+            g64 = self._g64(full, batch)
+            cal = None if fit is None else self._premise(j, c, fit, g64)
+            if cal is None:
+                fit, cal = _fit_c(c, g64), float("nan")
+        elif fit is None:
+            self._refuse("micro-batch %d: its weight could not be read at the outputs of the "
+                         "forward rec.apply wrapped" % j)
+        self._on_backward(p, None, c, None, batch, packed=False, fit=fit, cal=cal)
+
+    def _take(self, first, c):
+        """The kept coordinates of the parameters and of c_j as one vector
+        (a program of the recorder's, dispatched like yours)."""
+        jax = self.jax
+        if self._take_prog is None:
+            rec = self
+
+            def take(first, c):
+                jnp = jax.numpy
+                p_leaves, treedef = jax.tree_util.tree_flatten(rec._params_of(first))
+                rec._layout(p_leaves, treedef, first)
+                return _pack(jnp, rec.layout.take(jnp, p_leaves)
+                             + rec.layout.take(jnp, jax.tree_util.tree_leaves(c)))
+            if self.nnx_graph is None and _is_nnx(first):
+                from flax import nnx
+                self._take_prog = nnx.jit(take)
+            else:
+                self._take_prog = jax.jit(take)
+        return self._take_prog(first, c)
+
+    def _s_of(self, outputs, batch):
+        """s_j: the summed loss's gradient at the outputs, the forward
+        replaced by them (its parameters zeros: read only through it)."""
+        jax = self.jax
+        if self._s_prog is None:
+            rec = self
+            shapes, dtypes = self.shapes, self.p_dtypes
+
+            def s_of(outputs, batch):
+                jnp = jax.numpy
+                params = jax.tree_util.tree_unflatten(
+                    rec.treedef, [jnp.zeros(s, d) for s, d in zip(shapes, dtypes)])
+
+                def loss(o):
+                    mode = rec.tap_mode
+                    rec.tap_mode, rec.subst, rec.substituted = "substitute", o, 0
+                    try:
+                        value = rec.summed_loss(params, batch)
+                    finally:
+                        rec.tap_mode, rec.subst = mode, None
+                    if rec.substituted != 1:
+                        raise _NotOneForward(rec.substituted)
+                    return value
+                return jax.grad(loss)(outputs)
+            self._s_prog = jax.jit(s_of)
+        outputs = jax.tree_util.tree_unflatten(self.out_treedef, list(outputs))
+        return [np.asarray(x) for x in jax.tree_util.tree_leaves(self._s_prog(outputs, batch))]
+
+    def _fast_fit(self, j, tap, batch):
+        """(w, residual) of micro-batch j read at its outputs; "zero" where
+        s_j is zero; None where it cannot be read."""
+        try:
+            s = self._s_of(tap[0], batch)
+        except _NotOneForward as e:
+            self._off("summed_loss called the wrapped forward %d times (once is the output "
+                      "path's premise)" % e.args[0])
+            return None
+        fit = fit_outputs(s, tap[1])
+        return "zero" if fit is None else fit
+
+    def _off(self, why):
+        if not self.no_take:
+            self.no_take = True
+            self.notes.append("%s: every micro-batch from micro-batch %d on takes the full path "
+                              "(a second gradient)" % (why, len(self.micro)))
+
+    def _premise(self, j, c, fit, g64):
+        """The calibration sample on the output path: c_j / w_j against g_j
+        in float64.  Returns the calibration, or None (the premise failed)."""
+        n64 = float(np.linalg.norm(g64))
+        if fit is None or fit[0] == 0 or n64 == 0:
+            lin = float("inf") if n64 > 0 else 0.0
+        else:
+            lin = float(np.linalg.norm(c / fit[0] - g64)) / n64
+        if lin > max(EVIDENCE_WEIGHT_REL, 16 * U32):
+            self._off("micro-batch %d: the gradient of its backward is not the outputs' "
+                      "gradient carried back (%.3g of its norm apart): the loss reaches the "
+                      "parameters by another path" % (j, lin))
+            return None
+        return lin
+
+
+class _NotOneForward(Exception):
+    pass

@@ -1,0 +1,124 @@
+"""accumcheck_jax's output path (rec.apply, outputs.py): the weights read
+at the forward's outputs are the loop's own (1 / b_j for the mean loss),
+and where its premise fails (the loss reaches the
+parameters by another path, or the wrapped forward runs twice) the
+recorder says so in meta.csv and takes the full path."""
+
+import csv
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import train_optax
+from accumcheck_jax import ContractRecorder
+
+
+def rows(out, kind):
+    with open(out / "contract.csv") as f:
+        return [r for r in csv.DictReader(f) if r["kind"] == kind]
+
+
+def meta(out):
+    with open(out / "meta.csv") as f:
+        return {r[0]: r[1] for r in csv.reader(f)}
+
+
+def test_weights_read_at_the_outputs(tmp_path):
+    """Every micro-batch's weight and residual read at the outputs: the mean
+    loss over micro-batches of 2 and 6 has w_j = 1 / b_j exactly (to
+    float32's rounding of u_j = s_j / b_j), and the calibration samples'
+    premise holds within its bound."""
+    out = tmp_path / "apply"
+    train_optax.main(["--loop", "mean_over_k", "--quiet", "--sizes", "2,6", "--out", str(out)])
+    samples = {int(r["index"]): int(r["samples"]) for r in rows(out, "micro")}
+    back = rows(out, "backward")
+    assert len(back) == len(samples) > 0 and set(samples.values()) == {2, 6}
+    for r in back:
+        b = samples[int(r["ref"])]
+        assert abs(float(r["value"]) * b - 1.0) <= 1e-6, r
+        assert float(r["residual"]) <= 1e-6
+    cal = [float(r["scale"]) for r in rows(out, "micro") if r["scale"]]
+    assert cal and max(cal) <= 1e-3
+    assert "notes" not in meta(out)
+    assert "rec.apply" in meta(out)["recorder"]
+
+
+def logits(params, x):
+    return jnp.tanh(x @ params["w1"]) @ params["w2"]
+
+
+def run(out, summed_of, grad_of, steps=6, K=2):
+    """A hand loop recorded through rec.apply: summed_of(forward) is the
+    summed loss, grad_of(forward) the gradient function's loss."""
+    box = {"forward": logits}
+    fwd = lambda p, x: box["forward"](p, x)  # read at each call
+    rec = ContractRecorder(summed_of(fwd), lambda b: len(b[1]), accumulation=K, out=str(out),
+                           lr=1e-2)
+    box["forward"] = rec.apply(logits)
+    tx = rec.optimizer(optax.inject_hyperparams(optax.sgd)(learning_rate=1e-2))
+    grad_fn = rec.grad(jax.jit(jax.grad(grad_of(fwd))))
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    params = {"w1": jax.random.normal(k1, (6, 8)), "w2": jax.random.normal(k2, (8, 3))}
+    state = tx.init(params)
+    rng = np.random.default_rng(0)
+    for _ in rec.watch(range(1)):
+        for _ in range(steps):
+            acc = None
+            for _ in range(K):
+                batch = (jnp.asarray(rng.standard_normal((4, 6)), jnp.float32),
+                         jnp.asarray(rng.integers(0, 3, 4), jnp.int32))
+                g = grad_fn(params, batch)
+                acc = g if acc is None else jax.tree_util.tree_map(jnp.add, acc, g)
+            acc = jax.tree_util.tree_map(lambda a: a / (4 * K), acc)
+            updates, state = tx.update(acc, state, params)
+            params = optax.apply_updates(params, updates)
+    rec.close(params)
+    return params
+
+
+def ce(forward, penalty=0.0, twice=False):
+    def summed(params, batch):
+        x, y = batch
+        logp = jax.nn.log_softmax(forward(params, x))
+        if twice:
+            logp = 0.5 * (logp + jax.nn.log_softmax(forward(params, x)))
+        loss = -jnp.sum(jnp.take_along_axis(logp, y[:, None], axis=1))
+        return loss + penalty * jnp.sum(params["w1"] ** 2)
+    return summed
+
+
+def test_penalty_premise_fails_full_path_taken(tmp_path):
+    """Your loss the batch mean plus a weight penalty, the summed loss the
+    sum plus the same penalty: at the outputs u_j = s_j / 4 exactly, but
+    c_j is no multiple of g_j.  The first calibration sample sees it: the
+    note, and every backward pass fitted against g_j (residuals far from
+    the output path's zero)."""
+    def mine(f):
+        return lambda p, b: ce(f)(p, b) / 4 + 0.5 * jnp.sum(p["w1"] ** 2)
+    run(tmp_path / "t", lambda f: ce(f, penalty=0.5), mine)
+    notes = meta(tmp_path / "t").get("notes", "")
+    assert "micro-batch 0: the gradient of its backward is not the outputs' gradient" in notes
+    assert "takes the full path" in notes
+    assert min(float(r["residual"]) for r in rows(tmp_path / "t", "backward")) > 1e-3
+
+
+def test_forward_twice_full_path_taken(tmp_path, accumcheck):
+    """The wrapped forward run twice per micro-batch: no one output to read
+    the weight at; the note, the full path, and the correct loop PASSes."""
+    run(tmp_path / "t", lambda f: ce(f, twice=True), lambda f: ce(f, twice=True))
+    notes = meta(tmp_path / "t").get("notes", "")
+    assert "the wrapped forward's backward ran 2 times in 1 micro-batches" in notes, notes
+    r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(tmp_path / "t")],
+                       check=False, capture_output=True, text=True)
+    assert "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
+
+
+def test_apply_refuses_what_is_no_function(tmp_path):
+    rec = ContractRecorder(ce(logits), lambda b: len(b[1]), accumulation=1,
+                           out=str(tmp_path / "t"))
+    with pytest.raises(Exception) as e:
+        rec.apply("logits")
+    assert "expected your model's forward function" in str(e.value)
