@@ -103,24 +103,37 @@ const CertifyCheck* check_of(const CertifyReport& r, const std::string& name) {
   return nullptr;
 }
 
-// Adam's moments after step 0 (forced from none: m = (1 - b1) g, v =
-// (1 - b2) g^2 of the recorded gradient, in float32), element 1 of
-// 0.weight moved far to read the oracle's value v and bound e from the
-// comparison (as expect_value_sharp does), then to the float32 nearest
-// v + 1.01 e (v + 0.99 e): FAIL (PASS).
-void expect_moment_sharp(const std::string& moment) {
-  StateTrace t("adam_" + moment,
-               testing_util::source_dir() + "/scenarios/certify-adamw.toml");
-  const std::vector<double> g = t.values(0, "grad");
-  std::vector<double> m(g.size()), v(g.size());
-  for (size_t i = 0; i < g.size(); ++i) {
-    m[i] = double(float(0.1 * g[i]));
-    v[i] = double(float(0.001 * g[i] * g[i]));
+// Adam's moments after step 0 of a device trace of
+// scenarios/certify-adamw.toml (folder `name`), forced from none: m =
+// (1 - b1) g, v = (1 - b2) g^2 of the recorded gradient, in float32;
+// state() their state.csv rows.
+struct AdamStep0 {
+  explicit AdamStep0(const std::string& name)
+      : t(name, testing_util::source_dir() + "/scenarios/certify-adamw.toml") {
+    const std::vector<double> g = t.values(0, "grad");
+    m.resize(g.size());
+    v.resize(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      m[i] = double(float(0.1 * g[i]));
+      v[i] = double(float(0.001 * g[i] * g[i]));
+    }
   }
-  auto state = [&] {
+  std::string state() const {
     return t.rows("exp_avg", 0, m) + t.rows("exp_avg_sq", 0, v);
-  };
-  std::vector<double>& x = moment == "exp_avg" ? m : v;
+  }
+  StateTrace t;
+  std::vector<double> m, v;
+};
+
+// Adam's moments after step 0 (AdamStep0), element 1 of 0.weight moved far to
+// read the oracle's value v and bound e from the comparison (as
+// expect_value_sharp does), then to the float32 nearest v + 1.01 e (v + 0.99
+// e): FAIL (PASS).
+void expect_moment_sharp(const std::string& moment) {
+  AdamStep0 adam("adam_" + moment);
+  const StateTrace& t = adam.t;
+  auto state = [&] { return adam.state(); };
+  std::vector<double>& x = moment == "exp_avg" ? adam.m : adam.v;
   const std::string tensor = t.layout().tensors[0].name;
   {
     const CertifyReport r = t.certify(state());
@@ -189,17 +202,10 @@ FloatEdge float_edge(double v, double bound, float from, double side) {
 // is the only one), and the first lies within 1.02x of the bound (a
 // comparison loosened by 2% passes it: the test fails).
 TEST(StateSharpness, AdamExpAvg) {
-  StateTrace t("adam_exp_avg",
-               testing_util::source_dir() + "/scenarios/certify-adamw.toml");
-  const std::vector<double> g = t.values(0, "grad");
-  std::vector<double> m(g.size()), v(g.size());
-  for (size_t i = 0; i < g.size(); ++i) {
-    m[i] = double(float(0.1 * g[i]));
-    v[i] = double(float(0.001 * g[i] * g[i]));
-  }
-  auto state = [&] {
-    return t.rows("exp_avg", 0, m) + t.rows("exp_avg_sq", 0, v);
-  };
+  AdamStep0 adam("adam_exp_avg");
+  const StateTrace& t = adam.t;
+  std::vector<double>& m = adam.m;
+  auto state = [&] { return adam.state(); };
   {
     const CertifyReport r = t.certify(state());
     ASSERT_TRUE(r.pass) << certify_text(r);
