@@ -1,7 +1,7 @@
 // `accumcheck explain` covers every pitfall and every scenario, and its
 // entries name only scenarios and properties that exist.  A pitfall added
 // to sim/pitfalls.hpp, or a scenario added to scenarios/, fails here until
-// verify/teach/explain.cpp has its entry.
+// the catalog (verify/teach/explain_catalog.hpp) has its entry.
 #include "verify/teach/explain.hpp"
 
 #include <gtest/gtest.h>
@@ -41,7 +41,8 @@ TEST(Explain, EveryPitfallHasAnEntry) {
   for (Pitfall p : kAllPitfalls) {
     const ExplainEntry* e = find_explain(pitfall_id(p));
     ASSERT_NE(e, nullptr) << "no explain entry for pitfall " << pitfall_id(p)
-                          << ": add one to verify/teach/explain.cpp";
+                          << ": add one to the catalog "
+                          << "(verify/teach/explain_catalog.hpp)";
     EXPECT_EQ(e->id, pitfall_id(p));
   }
 }

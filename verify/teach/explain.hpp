@@ -4,9 +4,9 @@
 // lesson: the story, the wrong and the right loop as a short PyTorch diff,
 // the formula the oracle predicts, the scenarios to run, the field reports
 // it comes from (FIELD.md issue numbers, seed documents) and the
-// properties (properties/) that guard it.  The entries are data (a table in
-// verify/teach/explain.cpp); tests/explain_test.cpp checks that every pitfall
-// and every scenario in scenarios/ is covered.
+// properties (properties/) that guard it.  The entries are data (tables in
+// parts: verify/teach/explain_catalog.hpp); tests/explain_test.cpp checks that
+// every pitfall and every scenario in scenarios/ is covered.
 #pragma once
 
 #include <span>
