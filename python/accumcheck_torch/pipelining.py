@@ -21,7 +21,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from .capture import _rng_states, _set_rng_states
+from .recompute import _rng_states, _set_rng_states
 from .contract import ContractRecorder, _tensors
 from .distributed import _process_group, _RankLife
 from .guard import _never_raises
