@@ -13,10 +13,10 @@
 #include "gpu/device_math.hpp"
 #include "gpu/emulated.hpp"
 #include "gpu/kernels.hpp"
+#include "tests/source_dir.hpp"
 
 #ifdef ACCUMCHECK_HAVE_CUDA_TARGET
 #include "gpu/cuda/cuda_executor.hpp"
-#include "tests/source_dir.hpp"
 #endif
 
 namespace accumcheck {

@@ -239,10 +239,20 @@ class _ShardFit:
 
     def _clip_norms(self, parameters):
         """The shard's norm now; the whole gradient's at the step (its
-        ranks' shard norms, gathered)."""
+        ranks' shard norms, gathered).  The clip takes each tensor's norm
+        over a rank's shard in the gradient's precision and combines the
+        tensors' and ranks' norms: its total differs from this float64 one
+        by the rounding of the largest shard's sum and of that combination
+        (meta.csv clip_norm_terms; a gradient below float32 keeps the
+        bound over every element)."""
         with torch.no_grad():
-            sq = sum(float(self._local(p.grad.detach()).double().pow(2).sum())
-                     for p in parameters if p.grad is not None)
+            local = [self._local(p.grad.detach()) for p in parameters if p.grad is not None]
+            sq = sum(float(g.double().pow(2).sum()) for g in local)
+        if local:
+            self.clip_terms = max(self.clip_terms,
+                                  max(g.numel() for g in local) + len(local) * self.world)
+            self.clip_lowp = self.clip_lowp or any(
+                g.dtype in (torch.bfloat16, torch.float16) for g in local)
         return float("nan"), sq ** 0.5
 
     def _end_backward(self):

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -16,15 +17,19 @@ namespace accumcheck::contract_detail {
 // clip_grad_norm_'s formula gives on the float64 norm of the gradient it
 // saw, within gamma_{n+2} (float32 norm of n values, Higham 3.1, and the
 // division); n: the terms the two norms differ by the rounding of (meta.csv
-// clip_norm_terms, else every element).  by_shard: the norm of the rank's shard of that gradient
-// instead (ddp-clip-local-norm, on a sharded trace).  A clip row without
-// max_norm is a scaling a sharded recorder saw on .grad (no clip function
-// called): the declared max_norm is its.
+// clip_norm_terms, else every element).  by_shard: the norm of the rank's shard
+// of that gradient instead (ddp-clip-local-norm, on a sharded trace).  A clip
+// row without max_norm is a scaling a sharded recorder saw on .grad (no clip
+// function called): the declared max_norm is its.
 CertifyCheck clip_check(const ContractSection& c, const Scenario& s, int64_t n,
                         bool by_shard) {
   CertifyCheck ck{"clip", true, false, ""};
+  // gamma_{n+2} = nu / (1 - nu) holds for nu < 1 only (Higham 3.1): past
+  // 1/u terms the worst case bounds nothing (the formula turns negative),
+  // and no factor's value can be told from another's.
   const double nu = double(n + 2) * error_model::kUnitRoundoff32;
-  const double rel = nu / (1 - nu);
+  const double rel =
+      nu < 1 ? nu / (1 - nu) : std::numeric_limits<double>::infinity();
   double lo = 1, hi = 0;
   for (const auto& cl : c.clips) {
     lo = std::min(lo, cl.factor);
@@ -115,17 +120,23 @@ CertifyCheck clip_check(const ContractSection& c, const Scenario& s, int64_t n,
     }
   }
   if (ck.ok)
-    ck.message = fmt::format(
-        "{} {}, one before each step, max_norm {:.6g}: factors {:.6g} to "
-        "{:.6g}, each clip_grad_norm_'s formula on {} (within {:.2g})",
-        c.clips.size(),
-        seen_on_grad ? "clips (scalings of .grad the recorder saw included)"
-                     : "clip_grad_norm_ calls",
-        s.clip.max_norm, lo, hi,
-        by_shard  ? "its rank's shard's norm"
-        : sharded ? "the whole gradient's norm (every rank's shard)"
-                  : "the gradient it saw",
-        rel);
+    ck.message =
+        fmt::format(
+            "{} {}, one before each step, max_norm {:.6g}: factors {:.6g} to "
+            "{:.6g}, each clip_grad_norm_'s formula on {} (within {:.2g})",
+            c.clips.size(),
+            seen_on_grad ? "clips (scalings of .grad the recorder saw included)"
+                         : "clip_grad_norm_ calls",
+            s.clip.max_norm, lo, hi,
+            by_shard  ? "its rank's shard's norm"
+            : sharded ? "the whole gradient's norm (every rank's shard)"
+                      : "the gradient it saw",
+            rel) +
+        (std::isinf(rel)
+             ? fmt::format(" (the norms differ by the rounding of {} terms, "
+                           "past 1/u: the factors' values are not judged)",
+                           n)
+             : std::string());
   return ck;
 }
 
