@@ -96,9 +96,9 @@ class _FromOutputs:
         graph walked for a parameter's gradient accumulator."""
         if getattr(self, "param_ids", None) is None:
             self.param_ids = {id(p) for p in self._all_params()}
-        todo, seen = [loss.grad_fn], set()
-        while todo:
-            fn = todo.pop()
+        frontier, seen = [loss.grad_fn], set()
+        while frontier:
+            fn = frontier.pop()
             if fn is None or fn in seen:
                 continue
             seen.add(fn)
@@ -109,7 +109,7 @@ class _FromOutputs:
                     "the forward's outputs (a penalty on the weights, a second forward)"
                     % (j, tuple(var.shape)))
                 raise RuntimeError(self.premise_broken)
-            todo.extend(f for f, _ in fn.next_functions)
+            frontier.extend(f for f, _ in fn.next_functions)
 
     def _all_params(self):
         return list(self.params)

@@ -217,7 +217,7 @@ class ContractPipelineRecorder(_RankLife, ContractRecorder):
             parts = _split(batch, self.n_micro)
         except Refused as e:
             self._refuse(e.message)  # the recorder ends: no trace at exit
-        self.drawn.append((len(self.micro), {t.data_ptr() for t in _leaves(batch)}))
+        self.drawn.append((len(self.micro), {t.data_ptr() for t in _flat(batch)}))
         for part in parts:
             super()._drawn(part)
             if not self.last and self.micro:
@@ -468,7 +468,7 @@ class _StageOutput(_Output):
 
     def __init__(self, model, batch, out):
         super().__init__(model, None, out)
-        self._ids = {id(t) for t in _leaves(batch)}
+        self._ids = {id(t) for t in _flat(batch)}
 
     def __call__(self, *a, **k):
         self.calls += 1
@@ -486,6 +486,8 @@ def _stage_tensors(stage, chunk, inputs):
 
 
 def _flat(output):
+    """The tensors of an output or a batch: a tensor, a list, tuple or dict
+    of them, nested."""
     if torch.is_tensor(output):
         return [output]
     if isinstance(output, dict):
@@ -494,15 +496,6 @@ def _flat(output):
         return [t for o in output for t in _flat(o)]
     return []
 
-
-def _leaves(batch):
-    if torch.is_tensor(batch):
-        return [batch]
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        return [t for b in batch for t in _leaves(b)]
-    return []
 
 
 def _split(batch, n):
