@@ -46,37 +46,30 @@ leaf (all of a leaf of at most `coordinates` elements, default 4096, else
 a seeded sample of that many), in float64 numpy on the host.
 """
 
-# keras_fit.py imports _enable_x64 from here (its noqa below).
-import functools
+# keras_fit.py imports _enable_x64, _Leaves and _pack from here (the noqa
+# below).  The recorder's parts, a mixin each: inbox.py (what the programs
+# told, taken in in program order), steps.py (micro-batches and steps:
+# the fits and the replay), outputs.py (g_j at the forward's outputs),
+# calibrate.py (g_j in float64), write.py (the trace).
 import threading
-import time
 
-import numpy as np
 from accumcheck_trace.trace import (
     SCHEDULE_KEYS,
     VERSION,
     Recording,
     Refused,
-    real,
     stopped_by,
 )
 
 from .calibrate import Calibrate
-from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told, _unpack, join  # noqa: F401
-from .outputs import Outputs, _fit_c
-from .write import _off_bf16, write
-
-U32 = 2.0 ** -24
-# oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
-# what the trace reports, as accumcheck_torch's recorder does).
-REPLAY_ULPS = 16.0
-# The eager path's micro-batches waiting on the device to be read back
-# (their kept coordinates): read back together once they hold this many
-# bytes, or at the epoch's end.
-_INBOX_BYTES = 16 << 20
+from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told  # noqa: F401
+from .inbox import Inbox
+from .outputs import Outputs
+from .steps import Steps
+from .write import write
 
 
-class ContractRecorder(Outputs, Calibrate):
+class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
     """ContractRecorder(summed_loss, count_fn, accumulation, out="trace",
     items="samples", run="trainer", lr=None, schedule=None, clip=None,
     accept=(), calibrate_every=16, coordinates=4096, seed=0, grad=None,
@@ -217,111 +210,6 @@ class ContractRecorder(Outputs, Calibrate):
             return out
         return wrapped
 
-    def _eager(self, fn, value_and_grad, first, batch, a, k):
-        """The wrapped gradient function called outside jit (your jitted
-        function wrapped: rec.grad(jax.jit(fn))): your function as it is,
-        then one program of the recorder's own (g_j, and the kept
-        coordinates of the parameters, of g_j and of your gradient, as one
-        vector), dispatched asynchronously like yours and read back with
-        the others every few micro-batches: no callback in your program
-        (a program with one leaves jax's fast dispatch path), and no wait
-        for the device per micro-batch."""
-        jax = self.jax
-        # The optimizer updates your loop launched before this call have
-        # told (their callbacks, queued behind the micro-batches not yet
-        # read back): the order of what the inbox holds is program order.
-        # An update tells from the program that makes the parameters this
-        # call takes (a callback whose result is in its state: see _told).
-        jax.block_until_ready(jax.tree_util.tree_leaves(self._state_of(first)))
-        jax.effects_barrier()
-        if self.lazy and self.lazy * 3 * self.layout.d * 4 >= _INBOX_BYTES:
-            self._drain()
-        out = fn(first, batch, *a, **k)
-        c = out[1] if value_and_grad else out
-        if self._output_path(first):
-            return self._eager_outputs(first, batch, out, c)
-        if self._probe is None:
-            rec = self
-
-            def probe(first, batch, c):
-                g = rec.grad_transform(rec.summed_loss)(first, batch)
-                p_leaves, treedef = jax.tree_util.tree_flatten(rec._params_of(first))
-                rec._layout(p_leaves, treedef, first)
-                jnp = jax.numpy
-                take = rec.layout.take
-                return _pack(jnp, take(jnp, p_leaves) + take(jnp, jax.tree_util.tree_leaves(g))
-                             + take(jnp, jax.tree_util.tree_leaves(c)))
-            if self.nnx_graph is None and _is_nnx(first):
-                from flax import nnx
-                self._probe = nnx.jit(probe)
-            else:
-                self._probe = jax.jit(probe)
-        vec = self._plain(self._probe, first, batch, c)
-        copy = getattr(vec, "copy_to_host_async", None)
-        if copy is not None:
-            copy()
-        # The calibration sample's whole state, read now (your next program
-        # may donate its buffers).
-        if self.n_backward % self.calibrate_every == 0:
-            full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))]
-        else:
-            full = None
-        self.n_backward += 1
-        entry = ("lazy", vec, full, jax.device_get(batch))  # not under the lock: it may wait
-        with self._lock:
-            self.inbox.append(entry)
-            self.lazy += 1
-        return out
-
-    def sync_calls(self):
-        """The callbacks of the programs launched so far have run, and what
-        they and the micro-batches told is taken in."""
-        self.jax.effects_barrier()
-        self._drain()
-
-    def _arriving(self, handler):
-        """handler as a callback's function: taken in at once when nothing
-        told before it waits in the inbox, else queued behind it."""
-        return functools.partial(self._arrive, handler)
-
-    def _arrive(self, handler, *args):
-        with self._lock:
-            if handler == self._on_backward:
-                self.n_backward += 1
-            if not self.inbox and not self.draining:
-                handler(*args)
-            else:
-                self.inbox.append(("now", handler, args))
-
-    def _drain(self):
-        """Takes in what the inbox holds, in order: the micro-batches'
-        vectors read back from the device together; a callback that
-        arrives meanwhile waits its turn behind them."""
-        while True:
-            with self._lock:
-                queued, self.inbox, self.lazy = self.inbox, [], 0
-                self.draining = bool(queued)
-            if not queued:
-                return
-            try:
-                d = self.layout.d
-                vecs = iter(self.jax.device_get([e[1] for e in queued
-                                                 if e[0] in ("lazy", "fast")]))
-                taps = self._taps_for(queued)
-                for e in queued:
-                    if e[0] == "lazy":
-                        v = np.asarray(next(vecs))
-                        self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
-                    elif e[0] == "fast":
-                        v = np.asarray(next(vecs))
-                        self._on_fast(v[:d], v[d:], e[2], e[3], next(taps))
-                    else:
-                        e[1](*e[2])
-            except BaseException:
-                with self._lock:
-                    self.draining = False
-                raise
-
     def optimizer(self, tx):
         """An optax GradientTransformation (the one that applies the update:
         your optimizer, or an optax.MultiSteps) wrapped so that each
@@ -396,17 +284,6 @@ class ContractRecorder(Outputs, Calibrate):
             return updates, new_state
         self._multi_mean = mean
         return optax.GradientTransformation(tx.init, update)
-
-    def _on_multi_step(self, g, acc, mini, before, after, u, lr):
-        if int(after) == int(before):
-            return  # a mini-step: accumulated, nothing applied
-        g32 = np.asarray(g, dtype=np.float32)
-        a32 = np.asarray(acc, dtype=np.float32)
-        if self._multi_mean:
-            G = a32 + (g32 - a32) / np.float32(int(mini) + 1)
-        else:
-            G = a32 + g32
-        self._on_update(G, u, lr)
 
     def watch(self, batches, dataset_size=-1, batch_size=-1):
         """Your epoch's batches, the same, in order: one epoch.  Returns an
@@ -488,101 +365,6 @@ class ContractRecorder(Outputs, Calibrate):
         elif shapes != self.shapes:
             raise Refused("ContractRecorder.grad: parameters of other shapes than the first "
                           "call's (one model per recorder)")
-
-    def _on_backward(self, p, g, c, full, batch, packed=True, fit=None, cal=float("nan")):
-        p = join([p])
-        if self.pending is not None:
-            self._resolve(p)
-        self.p_last = p
-        g, c = join([g]), join([c])
-        j = len(self.micro)
-        batch = self.jax.tree_util.tree_map(np.asarray, batch)
-        try:
-            items = int(self.count_fn(batch))
-        except Exception as e:
-            self._refuse("count_fn(batch) failed on micro-batch %d: %s" % (j, e))
-        first = self.jax.tree_util.tree_leaves(batch)
-        samples = int(first[0].shape[0]) if first and np.ndim(first[0]) else 1
-        self.micro.append([max(len(self.epochs) - 1, 0), self.steps, items, samples, float("nan")])
-        if not self.epochs:
-            self.epochs.append([-1, -1])
-        if fit is not None:  # read at the outputs (outputs.py)
-            w, resid = fit
-            self.micro[j][4] = cal
-        else:
-            if j % self.calibrate_every == 0:
-                self.calibrate.append((j, _unpack(full, self.full_shapes) if packed else full,
-                                       batch, g))
-            w, resid = _fit_c(c, g)
-        self.backward.append((w, resid))
-        self.c[j] = c
-        self.since.append(j)
-        self.events.append(("forward_backward", self.steps, j, None))
-        self._recording.progress(self.steps, len(self.backward), write=False)
-
-    def _on_update(self, g, u, lr):
-        if self.pending is not None:
-            self._refuse("two optimizer updates with no micro-batch gradient between them: "
-                         "call the function rec.grad(...) returned for each micro-batch")
-        if self.p_last is None:
-            self._refuse("an optimizer update before any micro-batch gradient")
-        self.pending = (join([g]), join([u]), float(lr), self.p_last)
-
-    def _resolve(self, p_now):
-        """The pending update call: a step when the parameters moved (or
-        when the recorder knows it applied: a fifth element True).  An
-        update of zeros (lr 0: a warmup from 0, as
-        optax.warmup_cosine_decay_schedule(0.0, ...) starts) moves nothing
-        whether applied or not; its state went on into the next call, so it
-        is a step, never a discarded call."""
-        G, u, lr, p_before = self.pending[:4]
-        applied = len(self.pending) > 4 and self.pending[4]
-        self.pending = None
-        if not applied and u.any() and np.array_equal(p_now, p_before):
-            return  # computed and discarded (an inner optimizer's mini-steps)
-        t = self.steps
-        if self.lr0 is None:
-            self.lr0 = float(self.lr_declared) if self.lr_declared is not None else lr
-        refs = ([-1] if self.prev is not None else []) + list(self.since)
-        terms = ([self.prev] if self.prev is not None else []) + [self.c[b] for b in self.since]
-        if terms:
-            A = np.stack(terms)
-            norms = np.linalg.norm(A, axis=1)
-            safe = np.where(norms > 0, norms, 1.0)
-            sol, *_ = np.linalg.lstsq((A / safe[:, None]).T, G, rcond=None)
-            coef = sol / safe
-            resid = float(np.linalg.norm(A.T @ coef - G))
-            scale = float(np.sum(np.abs(coef) * norms))
-        else:
-            coef, norms, resid, scale = np.zeros(0), np.zeros(0), float(np.linalg.norm(G)), 0.0
-        self.rows.append("step,%d,%d,,,%s,,%s,%s,%s\n" % (t, len(refs), _off_bf16(G), real(lr),
-                                                          real(resid), real(scale)))
-        for ref, a, v in zip(refs, coef, norms):
-            self.rows.append("coef,%d,%s,,,,,%s,,%s\n" % (t, ref, real(a), real(v)))
-        # The update against the parameters seen next: p + update in the
-        # parameters' precision (optax.apply_updates).
-        r = (p_before.astype(np.float32) + u.astype(np.float32)).astype(np.float64)
-        bound = REPLAY_ULPS * U32 * (np.abs(u) + np.abs(r))
-        err = np.abs(p_now - r)
-        hit = err > 0
-        worst = float(np.max(np.where(bound[hit] > 0, err[hit] / np.where(bound[hit] > 0, bound[hit], 1),
-                                      np.inf))) if hit.any() else 0.0
-        self.rows.append("replay,%d,,,,,,%s,,\n" % (t, real(worst * REPLAY_ULPS)))
-        self.events.append(("optimizer_step", t, -1, lr))
-        self.prev = G
-        for b in self.since:
-            del self.c[b]
-        self.since = []
-        self.steps += 1
-        # The marker (how far a run that dies got) rewritten at most once a
-        # second: a rewrite costs a few ms, a small model's step less.
-        now = time.monotonic()
-        write = now - self._marked >= 1.0
-        if write:
-            self._marked = now
-        self._recording.progress(self.steps, len(self.backward), write=write)
-
-    # ---- output
 
     # ---- output (write.py)
 

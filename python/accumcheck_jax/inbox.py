@@ -1,0 +1,126 @@
+"""accumcheck_jax's inbox: what the programs told (the eager path's
+micro-batches, whose kept coordinates wait on the device, and the
+callbacks of the gradient function and the optimizer's update), taken in
+in program order (a mixin of ContractRecorder).
+
+A callback that arrives while nothing waits is taken in at once; else it
+queues behind what waits, and _drain reads the micro-batches' vectors
+back from the device together, every _INBOX_BYTES or at a sync."""
+
+import functools
+
+import numpy as np
+
+from .capture import _is_nnx, _pack
+
+# The eager path's micro-batches waiting on the device to be read back
+# (their kept coordinates): read back together once they hold this many
+# bytes, or at the epoch's end.
+_INBOX_BYTES = 16 << 20
+
+
+class Inbox:
+    def _eager(self, fn, value_and_grad, first, batch, a, k):
+        """The wrapped gradient function called outside jit (your jitted
+        function wrapped: rec.grad(jax.jit(fn))): your function as it is,
+        then one program of the recorder's own (g_j, and the kept
+        coordinates of the parameters, of g_j and of your gradient, as one
+        vector), dispatched asynchronously like yours and read back with
+        the others every few micro-batches: no callback in your program
+        (a program with one leaves jax's fast dispatch path), and no wait
+        for the device per micro-batch."""
+        jax = self.jax
+        # The optimizer updates your loop launched before this call have
+        # told (their callbacks, queued behind the micro-batches not yet
+        # read back): the order of what the inbox holds is program order.
+        # An update tells from the program that makes the parameters this
+        # call takes (a callback whose result is in its state: see _told).
+        jax.block_until_ready(jax.tree_util.tree_leaves(self._state_of(first)))
+        jax.effects_barrier()
+        if self.lazy and self.lazy * 3 * self.layout.d * 4 >= _INBOX_BYTES:
+            self._drain()
+        out = fn(first, batch, *a, **k)
+        c = out[1] if value_and_grad else out
+        if self._output_path(first):
+            return self._eager_outputs(first, batch, out, c)
+        if self._probe is None:
+            rec = self
+
+            def probe(first, batch, c):
+                g = rec.grad_transform(rec.summed_loss)(first, batch)
+                p_leaves, treedef = jax.tree_util.tree_flatten(rec._params_of(first))
+                rec._layout(p_leaves, treedef, first)
+                jnp = jax.numpy
+                take = rec.layout.take
+                return _pack(jnp, take(jnp, p_leaves) + take(jnp, jax.tree_util.tree_leaves(g))
+                             + take(jnp, jax.tree_util.tree_leaves(c)))
+            if self.nnx_graph is None and _is_nnx(first):
+                from flax import nnx
+                self._probe = nnx.jit(probe)
+            else:
+                self._probe = jax.jit(probe)
+        vec = self._plain(self._probe, first, batch, c)
+        copy = getattr(vec, "copy_to_host_async", None)
+        if copy is not None:
+            copy()
+        # The calibration sample's whole state, read now (your next program
+        # may donate its buffers).
+        if self.n_backward % self.calibrate_every == 0:
+            full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))]
+        else:
+            full = None
+        self.n_backward += 1
+        entry = ("lazy", vec, full, jax.device_get(batch))  # not under the lock: it may wait
+        with self._lock:
+            self.inbox.append(entry)
+            self.lazy += 1
+        return out
+
+    def sync_calls(self):
+        """The callbacks of the programs launched so far have run, and what
+        they and the micro-batches told is taken in."""
+        self.jax.effects_barrier()
+        self._drain()
+
+    def _arriving(self, handler):
+        """handler as a callback's function: taken in at once when nothing
+        told before it waits in the inbox, else queued behind it."""
+        return functools.partial(self._arrive, handler)
+
+    def _arrive(self, handler, *args):
+        with self._lock:
+            if handler == self._on_backward:
+                self.n_backward += 1
+            if not self.inbox and not self.draining:
+                handler(*args)
+            else:
+                self.inbox.append(("now", handler, args))
+
+    def _drain(self):
+        """Takes in what the inbox holds, in order: the micro-batches'
+        vectors read back from the device together; a callback that
+        arrives meanwhile waits its turn behind them."""
+        while True:
+            with self._lock:
+                queued, self.inbox, self.lazy = self.inbox, [], 0
+                self.draining = bool(queued)
+            if not queued:
+                return
+            try:
+                d = self.layout.d
+                vecs = iter(self.jax.device_get([e[1] for e in queued
+                                                 if e[0] in ("lazy", "fast")]))
+                taps = self._taps_for(queued)
+                for e in queued:
+                    if e[0] == "lazy":
+                        v = np.asarray(next(vecs))
+                        self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
+                    elif e[0] == "fast":
+                        v = np.asarray(next(vecs))
+                        self._on_fast(v[:d], v[d:], e[2], e[3], next(taps))
+                    else:
+                        e[1](*e[2])
+            except BaseException:
+                with self._lock:
+                    self.draining = False
+                raise
