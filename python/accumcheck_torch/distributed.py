@@ -70,7 +70,8 @@ from .contract import ContractRecorder
 from .launch import exit_rank, launch, run_ranks  # noqa: F401 -- published here
 from .merge_ranks import merge_contract_parts, merge_parts
 from .rank_life import _process_group, _RankLife
-from .recorder import Recorder, at_backward_end, eager
+from .recorder import Recorder
+from .torch_hooks import at_backward_end, eager
 from .trace import Refused, write_trace
 
 

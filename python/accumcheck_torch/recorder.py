@@ -47,54 +47,22 @@ when the trace is values.bin (rows of GBs at a million parameters):
   - autocast: a forward under torch.autocast writes `autocast` to meta.csv.
 """
 
+# The recorder's parts: torch_hooks.py (eager, at_backward_end, swap_clip:
+# shared with the contract tier), sample_ids.py (the micro-batch's sample
+# ids from its inputs) and training_state.py (state.csv), mixins of
+# Recorder; this module holds its life, its hooks and its rows.
 import sys
-import types
 
 import torch
-import torch.nn.utils.clip_grad as _clip_module
 
 from .bundle import map_parameters
-from .trace import (TRACE_SCHEMA, VERSION, Recording, Refused, Values, real, stopped_by, unseen_meta,
-                    write_trace)
-
-STATE_HEADER = "run,kind,step,tensor,index,value"
+from .sample_ids import SampleIds
+from .torch_hooks import at_backward_end, eager, swap_clip
+from .trace import TRACE_SCHEMA, VERSION, Recording, Refused, Values, real, stopped_by, unseen_meta, write_trace
+from .training_state import STATE_HEADER, TrainingState
 
 # The recorder that clip_grad_norm_'s swapped code calls (one at a time).
 _ACTIVE = []
-
-
-def _clip_entry(*args, **kwargs):
-    """clip_grad_norm_'s code while a recorder is active (see swap_clip).
-    It runs with clip_grad_norm_'s own globals, where the recorder puts
-    `_accumcheck_clip`."""
-    return _accumcheck_clip(*args, **kwargs)  # noqa: F821
-
-
-def eager(hook):
-    """A module hook that torch.compile runs as Python, not traced into its
-    graph (torch.compiler.disable: a graph break around it)."""
-    return torch.compiler.disable(hook, recursive=True)
-
-
-def at_backward_end(fn):
-    """Runs fn once the backward pass that is running ends: a callback on
-    autograd's outermost graph task.  A gradient hook may fire inside a
-    nested backward (reentrant activation checkpointing runs one inside
-    its node's backward): a callback queued there would end the pass at
-    the end of that checkpointed segment.  So the callback, run inside a
-    node of an enclosing task, moves itself to that task (a hook after
-    the node, which queues it again there), until no task encloses it."""
-    engine = torch.autograd.Variable._execution_engine
-    current = getattr(torch._C, "_current_autograd_node", None)
-
-    def callback():
-        node = current() if current is not None else None
-        if node is None:
-            fn()
-            return
-        node.register_hook(lambda grad_inputs, grad_outputs: engine.queue_callback(callback))
-
-    engine.queue_callback(callback)
 
 
 def _same(a, b):
@@ -105,49 +73,7 @@ def _same(a, b):
     return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
-def _closure_entry():
-    func = None
-
-    def _clip_entry(*args, **kwargs):
-        """The same for PyTorch 2's clip_grad_norm_, a closure (its
-        no_grad wrapper holds the function in one cell): a code object
-        replacing a closure's must have as many free variables."""
-        func  # noqa: B018  (the wrapper's cell, never used)
-        return _accumcheck_clip(*args, **kwargs)  # noqa: F821
-    return _clip_entry
-
-
-_ENTRIES = {0: _clip_entry.__code__, 1: _closure_entry().__code__}
-
-
-def swap_clip(make_clip):
-    """Routes every call of torch.nn.utils.clip_grad_norm_ -- through any
-    name bound to it, including a `from torch.nn.utils import
-    clip_grad_norm_` done before the recorder existed -- to
-    make_clip(original), where `original` is a callable copy of PyTorch's
-    function.  The function object stays the same (only its code is
-    swapped), so every reference sees the swap.  Returns the callable
-    that restores PyTorch's code.  One recorder at a time."""
-    f = _clip_module.clip_grad_norm_
-    if "_accumcheck_clip" in f.__globals__:
-        raise Refused("another recorder is active (one recorder at a time)")
-    code = f.__code__
-    entry = _ENTRIES.get(len(code.co_freevars))
-    if entry is None:
-        raise Refused("this PyTorch's clip_grad_norm_ is a closure over %d variables (%s); the recorder "
-                      "knows 0 or 1" % (len(code.co_freevars), ", ".join(code.co_freevars)))
-    original = types.FunctionType(code, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-    original.__kwdefaults__ = f.__kwdefaults__
-    f.__globals__["_accumcheck_clip"] = make_clip(original)
-    f.__code__ = entry
-
-    def restore():
-        f.__code__ = code
-        f.__globals__.pop("_accumcheck_clip", None)
-    return restore
-
-
-class Recorder:
+class Recorder(SampleIds, TrainingState):
     """Records a training loop's calls and values in the accumcheck trace schema.
 
     Recorder(bundle, model, optimizer, scheduler=None, out="trace",
@@ -247,74 +173,6 @@ class Recorder:
             self._unpatch()
             if self in _ACTIVE:
                 _ACTIVE.remove(self)
-
-    # ---- sample ids from the model's inputs
-
-    def _key(self, row):
-        return row.detach().cpu().contiguous().numpy().tobytes()
-
-    def _sample_index(self):
-        b = self.bundle
-        index = {}
-        for i in range(b.samples):
-            index.setdefault(self._key(b.x[i]), []).append(i)
-        return index
-
-    def sample_ids(self, ids):
-        """Tells the recorder the sample ids of the next micro-batch's
-        forward explicitly (only needed when inputs are not the bundle's
-        tensors, e.g. transformed on the fly)."""
-        self._explicit = [int(i) for i in ids]
-
-    def _covered(self):
-        """Whether the current epoch has drawn all its samples but fewer
-        than b (so a repeat starts the next epoch)."""
-        b = self.bundle
-        return len(self.epoch_ids) >= b.samples - (b.micro_batch - 1)
-
-    def _expected(self):
-        """The scenario's next micro-batch, if the trainer follows its order."""
-        order = self.bundle.order
-        e, k = self.epoch, self.epoch_micro
-        if self._covered():
-            e, k = e + 1, 0
-        flat = [m for w in order[e] for m in w] if e < len(order) else []
-        return flat[k] if k < len(flat) else None
-
-    def _ids_of(self, x):
-        explicit = getattr(self, "_explicit", None)
-        if explicit is not None:
-            self._explicit = None
-            return explicit
-        keys = [self._key(row) for row in x.to(self.bundle.x.dtype)]
-        # Rows that several samples share (identical inputs) are told apart
-        # by the scenario's order when the trainer follows it ...
-        expected = self._expected()
-        if expected is not None and len(expected) == len(keys):
-            pool = list(expected)
-            ids = []
-            for key in keys:
-                pick = next((i for i in pool if i in self._index.get(key, ())), None)
-                if pick is None:
-                    break
-                pool.remove(pick)
-                ids.append(pick)
-            else:
-                return ids
-        # ... else by content, preferring samples not drawn yet this epoch.
-        ids, used = [], set()
-        for key in keys:
-            cands = self._index.get(key)
-            if not cands:
-                return None
-            fresh = [c for c in cands if c not in used]
-            pick = next((c for c in fresh if c not in self.epoch_ids), fresh[0] if fresh else cands[0])
-            if len(cands) > 1 and not all(torch.equal(self.bundle.y[c], self.bundle.y[cands[0]])
-                                          for c in cands):
-                self.ambiguous_ids += 1  # their targets differ: a guess
-            used.add(pick)
-            ids.append(pick)
-        return ids
 
     # ---- patching
 
@@ -506,77 +364,6 @@ class Recorder:
         self._values("param", self.params, step=self.steps - 1)
         self._record_state(self.steps - 1)
         self._progress(write=True)
-
-    # ---- the training state beyond gradients
-
-    def loss_scale(self, scale):
-        """Tells the recorder the loss scale of the following backward passes
-        (instead of Recorder(loss_scale=callable))."""
-        self._scale_now = float(scale)
-
-    def log_loss(self, value):
-        """Records the loss the trainer logs for the current window (or, right
-        after an optimizer step, for the window that step closed)."""
-        window = self.steps if self.since_step > 0 else self.steps - 1
-        self._state("logged_loss", max(window, 0), "", 0, float(value))
-
-    def _state(self, kind, step, tensor, index, value):
-        self.state_rows.append("%s,%s,%d,%s,%d,%s\n"
-                               % (self.run, kind, step, tensor, index, real(value)))
-
-    def _state_tensor(self, kind, step, name, t):
-        for i, v in enumerate(t.detach().reshape(-1).double().tolist()):
-            self._state(kind, step, name, i, v)
-
-    def _batchnorms(self):
-        """(module, the scenario's buffer prefix) of each BatchNorm, by order."""
-        norm = torch.nn.modules.batchnorm._BatchNorm
-        mine = [m for m in self.model.modules() if isinstance(m, norm)]
-        if not mine:
-            return []
-        theirs = [n for n, m in self.bundle.model().named_modules() if isinstance(m, norm)]
-        if len(theirs) != len(mine):
-            self.notes.append("%d BatchNorm modules, the scenario has %d: their running "
-                              "statistics are not recorded" % (len(mine), len(theirs)))
-            return []
-        return list(zip(mine, theirs))
-
-    def _maybe_skipped(self, grads):
-        """A window zeroed without an optimizer step whose gradients hold
-        inf/NaN: the loss scaler's skipped step."""
-        if self.since_step > 0 and any(not bool(torch.isfinite(g).all()) for g in grads):
-            self._state("skipped", self.steps, "", self.backwards,
-                        self.scale if self.scale is not None else float("nan"))
-            self.since_step = 0
-            self.snapshot = None
-
-    def _record_state(self, step):
-        states = [self.optimizer.state.get(p, {}) for p in self.params]
-        for name, st in zip(self.names, states):
-            if "step" in st:
-                self._state("opt_step", step, name, 0, float(st["step"]))
-        for kind in ("exp_avg", "exp_avg_sq"):
-            # values.bin blocks when every parameter has the moment (a
-            # 1M-parameter model's moments as state.csv rows would be GBs).
-            if any(kind in st for st in states) and not self.values.add_state(
-                    self.run, step, kind, [st.get(kind) for st in states]):
-                for name, st in zip(self.names, states):
-                    if kind in st:
-                        self._state_tensor(kind, step, name, st[kind])
-        for m, prefix in self._bn:
-            for kind in ("running_mean", "running_var", "num_batches_tracked"):
-                buf = getattr(m, kind, None)
-                if buf is not None:
-                    self._state_tensor(kind, step, "%s.%s" % (prefix, kind), buf)
-
-    def _after_ema(self):
-        self._state("ema_update", self.ema_updates, "", self.steps, self.since_step)
-        mine = dict(self.ema.module.named_parameters())
-        averaged = [mine[self.mapping[name][0]] for name in self.names]
-        if not self.values.add_state(self.run, self.ema_updates, "ema", averaged):
-            for name, t in zip(self.names, averaged):
-                self._state_tensor("ema", self.ema_updates, name, t)
-        self.ema_updates += 1
 
     # ---- rows
 
