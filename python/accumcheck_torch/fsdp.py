@@ -202,14 +202,30 @@ class _FromOutputs:
         if b[3] is not None:
             why = "another rank's backward pass %d could not be fitted" % (len(self.backwards) - 1)
         else:
-            why = self.premise_broken or next(
-                (n.split("; every micro-batch")[0] for n in reversed(self.notes)
-                 if "is not the outputs' gradient" in n),
+            calibrated = next((n.split(": the loss reaches")[0] for n in reversed(self.notes)
+                               if "is not the outputs' gradient" in n), None)
+            if calibrated is not None:
+                hooks = self._gradient_hooks()
+                calibrated += (": %s scales what autograd hands it" % "; ".join(hooks) if hooks else
+                               ": a hook on a parameter's gradient, a backward that is not "
+                               "the forward's transpose, or a loss that reaches the parameters "
+                               "by another path")
+            why = self.premise_broken or calibrated or (
                 "micro-batch %d: its backward's weight could not be read at its forward's "
                 "outputs (summed_loss must call the model once, on the batch's first tensor, "
                 "and each forward be backwarded once)" % b[0])
         self._abandon("%s; the FSDP recorders read every micro-batch's weight at its forward's "
                       "outputs and recompute nothing: the training went on unrecorded" % why)
+
+    def _gradient_hooks(self):
+        """The hooks of yours on the gradients autograd hands the
+        parameters it sees (besides the recorder's own), named."""
+        out = []
+        for name, t in self._autograd_params():
+            n = len(getattr(t, "_backward_hooks", None) or {}) - 1
+            if n > 0:
+                out.append("%d gradient hook%s of yours on %s" % (n, "s" * (n > 1), name))
+        return out
 
     def _recompute_on(self, batch, dtype, dst):
         raise RuntimeError("a recompute of g_j under FSDP (a backward pass left unfitted): the "
@@ -445,6 +461,11 @@ class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder)
     def _can_calibrate(self):
         return any(p is not None for p in self.unsharded or ())
 
+    def _autograd_params(self):
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [("the unsharded parameter of %s" % names.get(id(p), tuple(p.shape)), u)
+                for p, u in zip(self.params, self.unsharded or ()) if u is not None]
+
     def _calibration_backward(self, pairs):
         """The premise check's backward of s_j through your FSDP graph to
         the unsharded parameters, on every rank at the same forward
@@ -606,6 +627,18 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
 
     def _can_calibrate(self):
         return any(v for _, v in self.views.values())
+
+    def _autograd_params(self):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        out = []
+        for name, m in self.fsdp.named_modules():
+            if isinstance(m, FSDP) and m._handle is not None:
+                name = name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "")
+                fqns = m._handle.flat_param._fqns
+                out.append(("the FlatParameter of %s (%s)" % (
+                    name.strip(".") or "the root",
+                    ", ".join(fqns[:2]) + (", ..." if len(fqns) > 2 else "")), m._handle.flat_param))
+        return out
 
     def _calibration_backward(self, pairs):
         """The premise check's backward of s_j through FSDP1's graph, to
