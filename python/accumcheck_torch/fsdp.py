@@ -393,8 +393,8 @@ class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder)
       - the optimizer steps on shards: the replay steps this rank's shards
         (to_local) with this rank's shard of the optimizer state;
       - each weight: read at the root's outputs (_FromOutputs), the
-        premise checked on the loss's graph and, every calibrate_every-th
-        micro-batch, by a backward through FSDP's graph (_calibrate);
+        premise checked on the loss's graph and, on the forwards the ranks
+        calibrate, by a backward through FSDP's graph (_calibration_backward);
       - gradient sync: a backward whose FSDP parameter groups reduce
         (set_requires_gradient_sync left on) is a reduce-scatter, recorded
         as the step's gradient collective (an all_reduce event: averaged
@@ -562,7 +562,7 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
         self.handles = handles
         # Each forward's views of the unsharded FlatParameters (what the
         # wrapped modules compute with): the calibration's inputs.
-        self.views = {}
+        self.views, self.views_noted = {}, False
         self._hooks.append(model.register_forward_pre_hook(lambda *_: self.views.clear()))
         for m in FSDP.fsdp_modules(model):
             if m._handle is not None:
@@ -626,7 +626,18 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
         return hook
 
     def _can_calibrate(self):
-        return any(v for _, v in self.views.values())
+        """Every FlatParameter that takes a gradient has its views from
+        this forward (a wrapped module run without grad mode, as inside a
+        reentrant activation checkpoint, has none: then no calibration)."""
+        missing = [h for h in self.handles if h.flat_param.requires_grad and h not in self.views]
+        if missing and not self.views_noted:
+            self.views_noted = True
+            self.notes.append(
+                "FSDP1: a forward in which %d of the %d FlatParameters were not computed with "
+                "under grad mode (a reentrant activation checkpoint?): such a forward is not "
+                "calibrated; the premise stands on the loss's graph there"
+                % (len(missing), len(self.handles)))
+        return not missing and any(v for _, v in self.views.values())
 
     def _autograd_params(self):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
