@@ -471,11 +471,11 @@ class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder)
         the unsharded parameters, on every rank at the same forward
         (_FromOutputs): its unshards are the all-gathers FSDP's own
         backward makes, in the same order on every rank.  Around it no
-        parameter group reduces (reduce_grads off: no reduce-scatter, a no_sync window's
-        accumulated gradient untouched) and the backward is not the last
-        (no finalize of FSDP's backward state); both restored.  Nothing
-        is accumulated into any .grad (autograd.grad; the hooks keep the
-        coordinates and hand on an empty gradient)."""
+        parameter group reduces (reduce_grads off: no reduce-scatter, a
+        no_sync window's accumulated gradient untouched) and the backward
+        is not the last (no finalize of FSDP's backward state); both
+        restored.  Nothing is accumulated into any .grad (autograd.grad;
+        the hooks keep the coordinates and hand on an empty gradient)."""
         inputs = [p for p in self.unsharded or () if p is not None]
         reduce = [g.reduce_grads for g in self.groups]
         last = self.state_ctx.is_last_backward
