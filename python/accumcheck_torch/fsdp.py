@@ -629,6 +629,15 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
         """Every FlatParameter that takes a gradient has its views from
         this forward (a wrapped module run without grad mode, as inside a
         reentrant activation checkpoint, has none: then no calibration)."""
+        if not all(h.uses_sharded_strategy for h in self.handles):
+            if not self.views_noted:
+                self.views_noted = True
+                self.notes.append(
+                    "FSDP1: a FlatParameter not sharded (NO_SHARD, as FSDP1 makes it on one "
+                    "rank): no forward is calibrated (the calibration's backward to its views "
+                    "broke the run's own backward there, in testing); the premise stands on the "
+                    "loss's graph")
+            return False
         missing = [h for h in self.handles if h.flat_param.requires_grad and h not in self.views]
         if missing and not self.views_noted:
             self.views_noted = True
