@@ -52,6 +52,13 @@ CASES = {
     "fsdp2.clip_local_norm": ["fsdp.py", "--spawn", "2", "--loop", "clip_local_norm"],
     "fsdp1.correct": ["fsdp.py", "--fsdp1", "--spawn", "2"],
     "fsdp1.clip_local_norm": ["fsdp.py", "--fsdp1", "--spawn", "2", "--loop", "clip_local_norm"],
+    "fsdp1.flat_hook": ["fsdp.py", "--fsdp1", "--spawn", "2", "--loop", "flat_hook"],
+    # Each rank leaves out one batch it drew: the ranks agree on the
+    # forwards they calibrate (FAIL weights, micro-batches skipped).
+    "fsdp2.rank_skips": ["fsdp.py", "--spawn", "2", "--loop", "rank_skips"],
+    "fsdp1.rank_skips": ["fsdp.py", "--fsdp1", "--spawn", "2", "--loop", "rank_skips"],
+    # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32): PASS.
+    "fsdp2.mp_bf16": ["fsdp.py", "--spawn", "2", "--mp"],
     "fsdp2.sync_every_micro_step": ["fsdp.py", "--spawn", "2", "--loop", "sync_every_micro_step"],
     "fsdp2.no_sync_at_boundary": ["fsdp.py", "--spawn", "2", "--loop", "no_sync_at_boundary"],
     "pipeline.gpipe.correct": ["pipeline.py", "--schedule", "gpipe", "--spawn", "2"],

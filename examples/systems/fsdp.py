@@ -22,6 +22,13 @@ DTensor gradients).  The loops (--loop):
   whole_grad            each rank replaces its sharded .grad by the whole gradient
                         (p.grad = p.grad.full_tensor()) before the step: PyTorch's
                         optimizer fails on it, the recorder refuses first (exit 2)
+  flat_hook             --fsdp1 only: a gradient hook that doubles the first block's
+                        gradient, on its FlatParameter (under use_orig_params=True a hook
+                        on an original parameter never fires: autograd sees the
+                        FlatParameter), registered before the recorder
+  rank_skips            each rank leaves out one batch it drew (rank 0 its last, rank 1
+                        its first): the ranks' micro-batch numbers differ at every forward
+                        (the ranks still agree on the forwards they calibrate)
 The set-ups (--setup), the mistakes the recorder refuses (exit 2) when it
 is made:
   correct               every block and the root sharded (no replica: the recorders
@@ -46,6 +53,8 @@ squares of this rank's shard of the first block's first weight): the loss
 reaches a parameter by another path than the outputs, which the FSDP
 recorders cannot read; every rank's recording ends at the first backward,
 the training goes on.
+--mp (FSDP2): MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+reduce_dtype=torch.float32) on every fully_shard.
 --no-record: without the recorder; --identity PATH: without it, then with
 it, in this process (each rank's trained shard must be the same bits:
 identity.py).  --d, --layers: the decoder's width and depth (bench).  Each
@@ -75,7 +84,8 @@ from accumcheck_torch import exit_on_refusal  # noqa: E402
 from accumcheck_torch.distributed import run_ranks  # noqa: E402
 from accumcheck_torch.fsdp import ContractFSDP1Recorder, ContractFSDPRecorder  # noqa: E402
 
-LOOPS = ("correct", "sync_every_micro_step", "no_sync_at_boundary", "clip_local_norm", "whole_grad")
+LOOPS = ("correct", "sync_every_micro_step", "no_sync_at_boundary", "clip_local_norm", "whole_grad",
+         "flat_hook", "rank_skips")
 SETUPS = ("correct", "replica", "hsdp", "no_orig_params")
 CLIP = 1.0
 
@@ -101,9 +111,14 @@ def shard(net, ranks, a):
         mesh = init_device_mesh("cpu", (ranks, 1), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh("cpu", (ranks,))
+    kw = {}
+    if a.mp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                               reduce_dtype=torch.float32)
     for b in net.blocks:
-        fully_shard(b, mesh=mesh)
-    return fully_shard(net, mesh=mesh)
+        fully_shard(b, mesh=mesh, **kw)
+    return fully_shard(net, mesh=mesh, **kw)
 
 
 def penalised(model, batch):
@@ -121,6 +136,9 @@ def train(rank, ranks, a):
     replica = models.TinyGPT(d=a.d, layers=a.layers) if a.setup == "replica" and \
         not a.no_record else None
     summed = penalised if a.loss == "penalty" else models.gpt_summed_loss
+    if a.loop == "flat_hook":
+        # The gradient autograd hands the first block's FlatParameter, doubled.
+        net.module.blocks[0]._handle.flat_param.register_hook(lambda g: g * 2)
     torch.manual_seed(1 + rank)  # each rank's own dropout masks
     data = models.gpt_data(n=a.samples)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
@@ -134,6 +152,8 @@ def train(rank, ranks, a):
                    items="tokens", clip=CLIP, **kw)
         loader = rec.watch(loader)
     batches = list(loader)
+    if a.loop == "rank_skips":
+        batches = batches[:-1] if rank == 0 else batches[1:]
     for w in range(0, len(batches), a.K):
         window = batches[w:w + a.K]
         n = torch.tensor(float(sum(models.gpt_items(b) for b in window)))
@@ -182,6 +202,8 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--spawn", type=int, metavar="R", help="launch R gloo ranks here (else torchrun's)")
+    ap.add_argument("--mp", action="store_true",
+                    help="FSDP2 under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)")
     ap.add_argument("--fsdp1", action="store_true",
                     help="FSDP1 (FullyShardedDataParallel, no_sync()) instead of FSDP2")
     ap.add_argument("--no-record", action="store_true")
@@ -194,6 +216,10 @@ def main():
         ap.error("--loop whole_grad and --setup hsdp are FSDP2's (DTensor gradients, a device mesh)")
     if a.fsdp1 and a.loss == "penalty":
         ap.error("--loss penalty is FSDP2's (FSDP1's shards are not the weights its forward reads)")
+    if a.loop == "flat_hook" and not a.fsdp1:
+        ap.error("--loop flat_hook is FSDP1's (--fsdp1)")
+    if a.mp and a.fsdp1:
+        ap.error("--mp is FSDP2's MixedPrecisionPolicy")
     if a.setup == "no_orig_params" and not a.fsdp1:
         ap.error("--setup no_orig_params is FSDP1's (--fsdp1)")
     run_ranks(functools.partial(identity.twice, train, a.identity) if a.identity else train,

@@ -161,7 +161,7 @@ class Capture:
                 raise _NotTheForward()
             self._premise_structure(loss, j)
             g = None
-            if j % self.calibrate_every == 0:
+            if self._calibrates(j):
                 g = self.spare.pop() if self.spare else torch.empty(self.coords.d,
                                                                     dtype=torch.float64)
                 self.sample_into = self.buf.views_of(g)
@@ -206,6 +206,11 @@ class Capture:
 
     def _premise_structure(self, loss, j):
         """A check of the premise on the loss's graph (a sharding recorder's)."""
+
+    def _calibrates(self, j):
+        """Whether micro-batch j's take calibrates (every calibrate_every-th;
+        a sharding recorder: the forward its ranks agree on, fsdp.py)."""
+        return j % self.calibrate_every == 0
 
     def _calibrate(self, pairs):
         """The premise check's backward of s_j through your graph to the

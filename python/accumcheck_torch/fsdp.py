@@ -30,6 +30,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from .distributed import ContractDistributedRecorder
+from .guard import _never_raises
+from .recompute import _rng_states, _set_rng_states
 from .sample import Coordinates
 from .trace import Refused
 
@@ -71,12 +73,24 @@ class _FromOutputs:
     on detached stand-ins of the outputs (so none of FSDP's hooks on them
     fires); the premise that the loss reaches the parameters only through
     the outputs is checked on the loss's graph (no parameter in it) at
-    every micro-batch, and, where the recorder class can run it
-    (_calibrate: FSDP2), on the parameters every calibrate_every-th
-    micro-batch.  A backward whose weight cannot be read there ends the
-    recording on every rank (an all-reduce of the verdict after each
-    backward: the ranks end together, so none waits in a collective the
-    others left); nothing is ever recomputed."""
+    every micro-batch, and on the parameters (_calibration_backward: the
+    gradient of s_j carried back through your graph against c_b / w_b)
+    on the first forward and then on the first forward after every
+    calibrate_every-th backward.  Which forward that is, every rank
+    agrees on: the count of backward passes is the count of the verdict
+    all-reduces below (a collective: the same on every rank, whatever
+    micro-batch each rank's forward holds), and at that forward one more
+    all-reduce asks whether every rank's take got as far as the
+    calibration; only then does any rank run it (its backward unshards
+    parameters: all-gathers every rank must make), else none does and the
+    next forward is asked.  A backward whose weight cannot be read there
+    ends the recording on every rank (an all-reduce of the verdict after
+    each backward: the ranks end together, so none waits in a collective
+    the others left); nothing is ever recomputed."""
+
+    calib_due = True    # the next forward calibrates (every rank: see above)
+    synced = 0          # backward passes whose verdict the ranks all-reduced
+    calib_stash = None  # this forward's (s_j pairs, sample views) until the ranks agree
 
     def _take_replica(self, who, replica):
         if replica is not None:
@@ -114,6 +128,50 @@ class _FromOutputs:
     def _all_params(self):
         return list(self.params)
 
+    def _calibrates(self, j):
+        return self.calib_due
+
+    def _calibrate(self, pairs):
+        """Within the take: the calibration's s_j and destination kept for
+        _forward_done, which runs it once every rank has got this far."""
+        if not self._can_calibrate():
+            return False
+        self.calib_stash = (pairs, self.sample_into)
+        return True
+
+    @_never_raises
+    def _forward_done(self, module, args, kwargs, output):
+        """The take (capture.py), then, on the forward the ranks calibrate
+        at, their agreement and the calibration's backward."""
+        pending, self.calib_stash = self.pending, None
+        super()._forward_done(module, args, kwargs, output)
+        if self.abandoned or not self.calib_due or not torch.is_grad_enabled():
+            return
+        stash, self.calib_stash = self.calib_stash, None
+        o = self.outs.get(pending[0]) if stash is not None and pending is not None else None
+        ready = torch.tensor([0.0 if o is None or o["g"] is None else 1.0])
+        dist.distributed_c10d.all_reduce(ready, op=dist.ReduceOp.MIN)
+        if float(ready) == 0:
+            if o is not None and o["g"] is not None:
+                self.spare.append(o["g"])
+                o["g"] = None
+            return
+        self.calib_due = False
+        pairs, views = stash
+        # The calibration's backward may draw random numbers (a checkpoint
+        # without preserve_rng_state): the run draws what it would have.
+        rng = _rng_states()
+        self.taking, self.sample_into = True, views
+        self.sample_seen = [False] * len(self.params)
+        try:
+            self._calibration_backward(pairs)
+        finally:
+            self.taking, self.sample_into = False, None
+            _set_rng_states(rng)
+        for dst, seen in zip(views, self.sample_seen):
+            if not seen:
+                dst.zero_()
+
     def _reduces_seen(self):
         """Each backward that reduce-scatters is seen (the subclass's
         _end_backward): certify counts them per step."""
@@ -136,19 +194,38 @@ class _FromOutputs:
         b = self.backwards[-1]
         failed = torch.tensor([0.0 if b[3] is not None else 1.0])
         dist.distributed_c10d.all_reduce(failed, op=dist.ReduceOp.MAX)
+        self.synced += 1
+        if self.synced % self.calibrate_every == 0:
+            self.calib_due = True
         if float(failed) == 0:
             return
         if b[3] is not None:
             why = "another rank's backward pass %d could not be fitted" % (len(self.backwards) - 1)
         else:
-            why = self.premise_broken or next(
-                (n.split("; every micro-batch")[0] for n in reversed(self.notes)
-                 if "is not the outputs' gradient" in n),
+            calibrated = next((n.split(": the loss reaches")[0] for n in reversed(self.notes)
+                               if "is not the outputs' gradient" in n), None)
+            if calibrated is not None:
+                hooks = self._gradient_hooks()
+                calibrated += (": %s scales what autograd hands it" % "; ".join(hooks) if hooks else
+                               ": a hook on a parameter's gradient, a backward that is not "
+                               "the forward's transpose, or a loss that reaches the parameters "
+                               "by another path")
+            why = self.premise_broken or calibrated or (
                 "micro-batch %d: its backward's weight could not be read at its forward's "
                 "outputs (summed_loss must call the model once, on the batch's first tensor, "
                 "and each forward be backwarded once)" % b[0])
         self._abandon("%s; the FSDP recorders read every micro-batch's weight at its forward's "
                       "outputs and recompute nothing: the training went on unrecorded" % why)
+
+    def _gradient_hooks(self):
+        """The hooks of yours on the gradients autograd hands the
+        parameters it sees (besides the recorder's own), named."""
+        out = []
+        for name, t in self._autograd_params():
+            n = len(getattr(t, "_backward_hooks", None) or {}) - 1
+            if n > 0:
+                out.append("%d gradient hook%s of yours on %s" % (n, "s" * (n > 1), name))
+        return out
 
     def _recompute_on(self, batch, dtype, dst):
         raise RuntimeError("a recompute of g_j under FSDP (a backward pass left unfitted): the "
@@ -316,8 +393,8 @@ class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder)
       - the optimizer steps on shards: the replay steps this rank's shards
         (to_local) with this rank's shard of the optimizer state;
       - each weight: read at the root's outputs (_FromOutputs), the
-        premise checked on the loss's graph and, every calibrate_every-th
-        micro-batch, by a backward through FSDP's graph (_calibrate);
+        premise checked on the loss's graph and, on the forwards the ranks
+        calibrate, by a backward through FSDP's graph (_calibration_backward);
       - gradient sync: a backward whose FSDP parameter groups reduce
         (set_requires_gradient_sync left on) is a reduce-scatter, recorded
         as the step's gradient collective (an all_reduce event: averaged
@@ -381,20 +458,25 @@ class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder)
     def _all_params(self):
         return list(self.params) + [p for p in self.unsharded or () if p is not None]
 
-    def _calibrate(self, pairs):
+    def _can_calibrate(self):
+        return any(p is not None for p in self.unsharded or ())
+
+    def _autograd_params(self):
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [("the unsharded parameter of %s" % names.get(id(p), tuple(p.shape)), u)
+                for p, u in zip(self.params, self.unsharded or ()) if u is not None]
+
+    def _calibration_backward(self, pairs):
         """The premise check's backward of s_j through your FSDP graph to
-        the unsharded parameters, on every rank at the same micro-batch (j,
-        grad mode and the loss's structure decide it, the same on every
-        rank): its unshards are the all-gathers FSDP's own backward makes,
-        in the same order on every rank.  Around it no parameter group
-        reduces (reduce_grads off: no reduce-scatter, a no_sync window's
-        accumulated gradient untouched) and the backward is not the last
-        (no finalize of FSDP's backward state); both restored.  Nothing
-        is accumulated into any .grad (autograd.grad; the hooks keep the
-        coordinates and hand on an empty gradient)."""
+        the unsharded parameters, on every rank at the same forward
+        (_FromOutputs): its unshards are the all-gathers FSDP's own
+        backward makes, in the same order on every rank.  Around it no
+        parameter group reduces (reduce_grads off: no reduce-scatter, a
+        no_sync window's accumulated gradient untouched) and the backward
+        is not the last (no finalize of FSDP's backward state); both
+        restored.  Nothing is accumulated into any .grad (autograd.grad;
+        the hooks keep the coordinates and hand on an empty gradient)."""
         inputs = [p for p in self.unsharded or () if p is not None]
-        if not inputs:
-            return False
         reduce = [g.reduce_grads for g in self.groups]
         last = self.state_ctx.is_last_backward
         try:
@@ -408,7 +490,6 @@ class ContractFSDPRecorder(_ShardFit, _FromOutputs, ContractDistributedRecorder)
             for g, r in zip(self.groups, reduce):
                 g.reduce_grads = r
             self.state_ctx.is_last_backward = last
-        return True
 
     def _end_backward(self):
         if any(g.reduce_grads for g in self.groups):
@@ -435,7 +516,9 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
         parameter: FSDP's _shard_param_infos), fitted over the backward
         passes restricted to that slice;
       - each weight: read at the outputs, the premise checked on the
-        loss's graph only (_calibrate says why);
+        loss's graph and, on the calibrated forwards, by a backward of s_j
+        through FSDP1's graph to the parameters' unsharded views
+        (_calibration_backward), before any hook on a FlatParameter;
       - the optimizer steps the original parameters' local shards: the
         replay steps them with their own .grad and optimizer state;
       - gradient sync: a backward outside no_sync() reduce-scatters (the
@@ -477,6 +560,14 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
                      for p in h.flat_param._params]
             self._hooks.append(h.flat_param.register_hook(self._flat_hook(h, hooks)))
         self.handles = handles
+        # Each forward's views of the unsharded FlatParameters (what the
+        # wrapped modules compute with): the calibration's inputs.
+        self.views, self.views_noted = {}, False
+        self._hooks.append(model.register_forward_pre_hook(lambda *_: self.views.clear()))
+        for m in FSDP.fsdp_modules(model):
+            if m._handle is not None:
+                self._hooks.append(m._fsdp_wrapped_module.register_forward_pre_hook(
+                    self._views_hook(m, index)))
         self._setup_shards()
         orig = model.clip_grad_norm_
 
@@ -518,13 +609,122 @@ class ContractFSDP1Recorder(_ShardFit, _FromOutputs, ContractDistributedRecorder
     def _all_params(self):
         return list(self.params) + [h.flat_param for h in self.handles]
 
-    def _calibrate(self, pairs):
-        """Not run under FSDP1: a backward through its graph would end in
-        FSDP1's post-backward callback, which removes the FlatParameters'
-        post-backward hooks this forward registered (_finalize_params), so
-        your own backward would reduce-scatter nothing.  The premise is
-        checked on the loss's graph alone (_premise_structure)."""
-        return False
+    def _views_hook(self, state, index):
+        """At a wrapped module's forward (FSDP1 has unsharded its
+        FlatParameter): the tensors its parameters are in this forward,
+        views of the FlatParameter, each with the recorder's index."""
+        handle = state._handle
+
+        def hook(module, args):
+            if not torch.is_grad_enabled() or self.abandoned:
+                return
+            fp = handle.flat_param
+            views = [(index[id(p)], getattr(info.module, info.param_name))
+                     for p, info in zip(fp._params, fp._param_infos) if id(p) in index]
+            self.views[handle] = (state, [(i, v) for i, v in views
+                                          if v.requires_grad and v.grad_fn is not None])
+        return hook
+
+    def _can_calibrate(self):
+        """Every FlatParameter that takes a gradient has its views from
+        this forward (a wrapped module run without grad mode, as inside a
+        reentrant activation checkpoint, has none: then no calibration)."""
+        if not all(h.uses_sharded_strategy for h in self.handles):
+            if not self.views_noted:
+                self.views_noted = True
+                self.notes.append(
+                    "FSDP1: a FlatParameter not sharded (NO_SHARD, as FSDP1 makes it on one "
+                    "rank): no forward is calibrated (the calibration's backward to its views "
+                    "broke the run's own backward there, in testing); the premise stands on the "
+                    "loss's graph")
+            return False
+        missing = [h for h in self.handles if h.flat_param.requires_grad and h not in self.views]
+        if missing and not self.views_noted:
+            self.views_noted = True
+            self.notes.append(
+                "FSDP1: a forward in which %d of the %d FlatParameters were not computed with "
+                "under grad mode (a reentrant activation checkpoint?): such a forward is not "
+                "calibrated; the premise stands on the loss's graph there"
+                % (len(missing), len(self.handles)))
+        return not missing and any(v for _, v in self.views.values())
+
+    def _autograd_params(self):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        out = []
+        for name, m in self.fsdp.named_modules():
+            if isinstance(m, FSDP) and m._handle is not None:
+                name = name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "")
+                fqns = m._handle.flat_param._fqns
+                out.append(("the FlatParameter of %s (%s)" % (
+                    name.strip(".") or "the root",
+                    ", ".join(fqns[:2]) + (", ..." if len(fqns) > 2 else "")), m._handle.flat_param))
+        return out
+
+    def _calibration_backward(self, pairs):
+        """The premise check's backward of s_j through FSDP1's graph, to
+        the views of the unsharded FlatParameters this forward computed
+        with (not to the FlatParameters: their AccumulateGrad never runs,
+        so neither FSDP's post-backward hooks -- no reduce-scatter, no
+        .grad touched -- nor any hook on a FlatParameter, yours or the
+        recorder's).  The gradients there, g_j's, are what autograd hands
+        a FlatParameter before any hook: a hook of yours that scales it
+        then shows as c_b != w_b g_j.  FSDP1's pre-backward hooks on the
+        outputs run as in your backward (unshards: all-gathers every rank
+        makes, the same forward on every rank, _FromOutputs), except the
+        root's queueing of the end-of-backward callback, which would
+        remove the post-backward hooks your backward needs: FSDP's own
+        flag for "queued" is set around it (and the root's reset of the
+        gradients' state run here, as that hook would); each FlatParameter
+        unsharded by it is resharded once its views' gradients are taken,
+        as FSDP's post-backward does; every state restored after."""
+        from torch.distributed.fsdp import _runtime_utils as fsdp_runtime
+        root = self.fsdp
+        states = [(st, st.training_state) for st in root._all_fsdp_states]
+        handles = [(h, h._training_state, h._needs_pre_backward_unshard,
+                    h._ran_pre_backward_hook, h._prefetched) for h in self.handles]
+        sharded = {h for h in self.handles if h.needs_unshard()}
+        queued = root._post_backward_callback_queued
+        left = {h: len(v) for h, (_, v) in self.views.items()}
+        owner = {st._handle: st for st in root._all_fsdp_states if st._handle is not None}
+        inputs, removable = [], []
+
+        def done(h):
+            left[h] -= 1
+            # Resharded in its pre-backward state (FSDP's post-backward one
+            # would drop the forward's views your backward unshards into).
+            if left[h] == 0 and h in sharded and not h.needs_unshard():
+                fsdp_runtime._reshard(owner[h], h, True)
+
+        def view_hook(h, take):
+            def hook(grad):
+                out = take(grad)  # the coordinates kept, an empty gradient handed on
+                done(h)
+                return out
+            return hook
+
+        for h, (_, views) in self.views.items():
+            for i, v in views:
+                inputs.append(v)
+                removable.append(v.register_hook(view_hook(h, self._grad_hook(i))))
+        try:
+            root._post_backward_callback_queued = True
+            fsdp_runtime._reset_flat_param_grad_info_if_needed(root._all_handles)
+            torch.autograd.grad([t for t, _ in pairs], inputs,
+                                grad_outputs=[sg for _, sg in pairs], retain_graph=True,
+                                allow_unused=True)
+        finally:
+            for r in removable:
+                r.remove()
+            for h in self.handles:
+                if h in sharded and not h.needs_unshard():
+                    fsdp_runtime._reshard(owner[h], h, True)
+            for st, t in states:
+                st.training_state = t
+            for h, t, need, ran, pre in handles:
+                h._training_state, h._needs_pre_backward_unshard = t, need
+                h._ran_pre_backward_hook, h._prefetched = ran, pre
+            root._post_backward_callback_queued = queued
+            self.views.clear()
 
     def _consumed(self):
         if any(p.grad is not None and p.grad.shape != p.shape for p in self.params):

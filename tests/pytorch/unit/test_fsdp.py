@@ -3,6 +3,7 @@ gloo ranks by examples/systems/fsdp.py --setup/--loop, are the
 PyTorch.systems.fsdp* CTest cases), and the module split: fsdp.py on top
 of distributed.py, the names the docs published still imported from it."""
 import ast
+import contextlib
 
 import pytest
 import torch
@@ -108,5 +109,53 @@ def test_fsdp2_reads_each_weight_at_the_outputs_and_checks_the_premise(tmp_path)
         cal = [r.split(",")[9] for r in rows if r.startswith("micro,")]
         assert cal[0] != "" and float(cal[0]) < 1e-5, cal  # the premise checked on micro-batch 0
         assert cal[1:] == [""] * 5, cal
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp1_unsharded_is_not_calibrated_and_never_breaks_the_run(tmp_path):
+    """On a 1-rank gloo group FSDP1 makes every FlatParameter NO_SHARD:
+    there the calibration's backward to the views broke the run's own
+    backward ("Output 0 of T is a view and its base ... has been modified
+    inplace"), so the recorder does not calibrate (a note says so) and the
+    training is bit-identical, every weight read at the outputs.  (The
+    sharded calibration: PyTorch.systems.fsdp1.correct and .flat_hook.)"""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+    try:
+        data = [(torch.randn(4, 8, generator=torch.Generator().manual_seed(i)),) for i in range(6)]
+
+        def run(record):
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+            net = FSDP(net, device_id=torch.device("cpu"), use_orig_params=True,
+                       auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+            rec = None
+            if record:
+                rec = fsdp.ContractFSDP1Recorder(net, opt, _summed, lambda b: 4, accumulation=3,
+                                                 out=str(tmp_path / "trace"))
+            for w in range(0, 6, 3):
+                for i, b in enumerate(data[w:w + 3]):
+                    if rec is not None:
+                        rec.mark(b)
+                    with net.no_sync() if i < 2 else contextlib.nullcontext():
+                        (_summed(net, b) / 12).backward()
+                opt.step()
+                opt.zero_grad()
+            if rec is not None:
+                assert rec.abandoned is None
+                assert all(b[3] is not None for b in rec.backwards)  # every weight read
+                assert any("FSDP1: a FlatParameter not sharded (NO_SHARD" in n for n in rec.notes)
+                rec.close()
+            return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        assert torch.equal(run(False), run(True))
     finally:
         dist.destroy_process_group()
