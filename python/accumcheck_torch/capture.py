@@ -398,12 +398,11 @@ class Capture:
             if not self.in_backward:
                 self.in_backward = True
                 self.pass_row = 1 + len(self.since_step)
-                self.buf.row(self.pass_row).zero_()
-                self.pass_views = self.buf.row_views(self.pass_row)
+                self.pass_views = self.buf.begin_pass(self.pass_row)
                 self.seen = [False] * len(self.params)
                 at_backward_end(self._end_backward)
-            dst = self.pass_views[i]
             g = self.buf.take(i, grad)
+            dst = self.buf.dest(i, g.device, self.pass_views)
             if self.seen[i]:
                 dst.add_(g)
             else:
@@ -415,6 +414,7 @@ class Capture:
     @_never_raises
     def _end_backward(self):
         self.in_backward = False
+        self.buf.end_pass(self.pass_row)  # the coordinates gathered on a device, to the host
         if not self.micro:
             self._refuse("a backward pass before any batch was drawn: iterate over "
                          "rec.watch(loader), or call rec.mark(batch) before each forward")
