@@ -15,9 +15,10 @@ import torch._inductor.config as _inductor_config
 from .fit import EVIDENCE_WEIGHT_REL, U32
 from .guard import _never_raises
 from .outputs import _NotTheForward, _Output, _out_tensors, _output_dots, _tensors
-from .recompute import _checkpoints_run_plain, _LossOf, _rng_states, _set_rng_states, _to
+from .recompute import (_checkpoints_run_plain, _draw_once, _LossOf, _rng_states, _same_rng,
+                        _set_rng_states, _to)
 from .recorder import at_backward_end, eager, swap_clip
-from .sample import sumsq64
+from .sample import sumsq64_as_clip
 
 
 def _compiled(output):
@@ -37,12 +38,45 @@ def _first(batch):
     return t
 
 
+def _on_device(batch, first):
+    """The batch with its first tensor (_first) replaced by `first` (the
+    forward's input, a device copy of it) and every other tensor moved to
+    first's device: an input's size, host to device."""
+    if torch.is_tensor(batch):
+        return first
+    if isinstance(batch, dict):
+        out, k0 = dict(batch), next(iter(batch))
+        for k, v in batch.items():
+            out[k] = _on_device(v, first) if k == k0 else _moved(v, first.device)
+        return out
+    return _rebuilt(batch, [_on_device(batch[0], first)]
+                    + [_moved(v, first.device) for v in batch[1:]])
+
+
+def _moved(x, device):
+    """x's tensors moved to device (a nested tuple, list or dict)."""
+    if torch.is_tensor(x):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _moved(v, device) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return _rebuilt(x, [_moved(v, device) for v in x])
+    return x
+
+
+def _rebuilt(seq, items):
+    """A list or tuple like seq (a named tuple too) holding items."""
+    return type(seq)(*items) if hasattr(seq, "_fields") else type(seq)(items)
+
+
 def _same_values(t, drawn):
     """t holds the drawn tensor's values: equal, or its cast to t's
-    floating dtype (a bf16 model's loop casts each batch)."""
-    if t.dtype == drawn.dtype:
-        return torch.equal(t, drawn)
-    return t.is_floating_point() and drawn.is_floating_point() and torch.equal(t, drawn.to(t.dtype))
+    floating dtype (a bf16 model's loop casts each batch).  The drawn
+    tensor is moved to t's device (a loop's batch.to("cuda")): an input's
+    size to the device, nothing of t to the host."""
+    if t.dtype != drawn.dtype and not (t.is_floating_point() and drawn.is_floating_point()):
+        return False
+    return torch.equal(t, drawn.to(device=t.device, dtype=t.dtype))
 
 
 class Capture:
@@ -65,7 +99,7 @@ class Capture:
         if isinstance(batch, dict):
             batch = copy.copy(batch)
         self.micro.append([len(self.epochs) - 1, self.steps, items, int(first.shape[0]),
-                           torch.get_rng_state(), batch, None, float("nan"), unshifted])
+                           _rng_states(), batch, None, float("nan"), unshifted])
         self.first.append(first.data_ptr())
         self.forwarded.append(False)
         self.current = len(self.micro) - 1
@@ -87,7 +121,7 @@ class Capture:
                 # (a cast copy of a later batch): only batches still held.
                 if self.first[j] == ptr and not self.forwarded[j] and self.micro[j][5] is not None:
                     self.forwarded[j] = True
-                    self.micro[j][4] = torch.get_rng_state()
+                    self.micro[j][4] = _rng_states()
                     self.micro[j][1] = self.steps
                     self.current = j
                     self.pending = (j, t)
@@ -104,9 +138,17 @@ class Capture:
             for t in _tensors(args, kwargs):
                 if t.shape == mine.shape and _same_values(t, mine):
                     self.forwarded[j] = True
-                    self.micro[j][4] = torch.get_rng_state()
+                    self.micro[j][4] = _rng_states()
                     self.micro[j][1] = self.steps
                     self.current = j
+                    if t.device != mine.device:
+                        # Moved to the device by your loop (batch.to("cuda")):
+                        # the batch is kept as the forward saw it (its input
+                        # this very tensor, the rest moved alike), so g_j is
+                        # taken from this forward and any recompute runs
+                        # where the model is.
+                        self.micro[j][5] = _on_device(self.micro[j][5], t)
+                        self.pending = (j, t)
                     return
 
     @_never_raises
@@ -130,7 +172,7 @@ class Capture:
             self._take_from_forward(j, pending, output)
         finally:
             _set_rng_states(rng)
-            self.after_fwd = (j, rng[0])
+            self.after_fwd = (j, rng)
 
     def _take_from_forward(self, j, pending, output):
         """The output-gradient path: g_j without a second backward.  The
@@ -278,6 +320,7 @@ class Capture:
                 if torch.is_tensor(parameters):
                     parameters = [parameters]
                 parameters = list(parameters)
+                rec.clip_foreach = k.get("foreach", a[2] if len(a) > 2 else None)
                 norm, shard = rec._clip_norms(parameters)
                 off = rec._off_bf16(parameters)
                 total = saved(parameters, max_norm, *a, **k)
@@ -301,7 +344,7 @@ class Capture:
     def _clip_norms(self, parameters):
         """The norm of the gradient a clip sees (whole: a shard gathered)
         and of this rank's shard of it (None: not sharded): each tensor's
-        norm taken as clip_grad_norm_ takes it (sample.sumsq64), their
+        norm taken as clip_grad_norm_ takes it (sample.sumsq64_as_clip), their
         combination in float64, so the clip's own float32 total differs
         from it only by that combination's rounding over as many terms as
         tensors (meta.csv clip_norm_terms; a gradient below float32 keeps
@@ -311,7 +354,7 @@ class Capture:
         self.clip_lowp = self.clip_lowp or any(
             g.dtype in (torch.bfloat16, torch.float16) for g in grads)
         with torch.no_grad():
-            return sum(sumsq64(g) for g in grads) ** 0.5, None
+            return sum(sumsq64_as_clip(grads, getattr(self, "clip_foreach", None))) ** 0.5, None
 
     def _off_bf16(self, parameters):
         """How many elements of the gradient a clip sees bfloat16 cannot
@@ -319,7 +362,7 @@ class Capture:
         bf16 gradient buffer before the clip, whose factor then makes
         float32 numbers of it; certify's low-precision-grad-buffer)."""
         index = {id(p): i for i, p in enumerate(self.params)}
-        off = 0
+        counts = []
         with torch.no_grad():
             for p in parameters:
                 if p.grad is None:
@@ -328,8 +371,10 @@ class Capture:
                 g = p.grad.detach()
                 if self._sampled and i is not None:
                     g = self.buf.take(i, g)
-                off += int((g.to(torch.bfloat16).to(g.dtype) != g).sum())
-        return off
+                counts.append((g.to(torch.bfloat16).to(g.dtype) != g).sum())
+            # One transfer to the host (on a GPU, one synchronisation).
+            return int(torch.stack([c.to(counts[0].device) for c in counts]).sum()) \
+                if counts else 0
 
     def _clipped(self, factor, norm, shard, max_norm, off_bf16=None):
         """A clip seen: the factor it applied, the norms of the gradient it
@@ -358,12 +403,11 @@ class Capture:
             if not self.in_backward:
                 self.in_backward = True
                 self.pass_row = 1 + len(self.since_step)
-                self.buf.row(self.pass_row).zero_()
-                self.pass_views = self.buf.row_views(self.pass_row)
+                self.pass_views = self.buf.begin_pass(self.pass_row)
                 self.seen = [False] * len(self.params)
                 at_backward_end(self._end_backward)
-            dst = self.pass_views[i]
             g = self.buf.take(i, grad)
+            dst = self.buf.dest(i, g.device, self.pass_views)
             if self.seen[i]:
                 dst.add_(g)
             else:
@@ -375,6 +419,7 @@ class Capture:
     @_never_raises
     def _end_backward(self):
         self.in_backward = False
+        self.buf.end_pass(self.pass_row)  # the coordinates gathered on a device, to the host
         if not self.micro:
             self._refuse("a backward pass before any batch was drawn: iterate over "
                          "rec.watch(loader), or call rec.mark(batch) before each forward")
@@ -383,7 +428,7 @@ class Capture:
             # end: the backward drew random numbers (a recomputation that
             # does not replay the forward's, e.g. torch.utils.checkpoint
             # with preserve_rng_state=False around dropout).
-            if not torch.equal(torch.get_rng_state(), self.after_fwd[1]):
+            if not _same_rng(_rng_states(), self.after_fwd[1]):
                 self.rng_in_backward.append(self.current)
             self.after_fwd = None
         self._ema_poll()
@@ -465,10 +510,8 @@ class Capture:
         # optimizer wrapper runs under no_grad (DeepSpeed's bf16 optimizer).
         with torch.enable_grad(), _checkpoints_run_plain():
             loss = self.loss_fn(model, _to(batch, dtype))
-            # One draw between the forward and its backward: a backward that
-            # draws random numbers of its own (a recomputation that does not
-            # replay the forward's RNG) cannot coincide with yours by accident.
-            torch.rand(1)
+            # One draw between the forward and its backward (_draw_once).
+            _draw_once()
             loss.backward()
         self.buf.fill(dst, [p.grad for p in params])
         for p in params:
@@ -502,8 +545,8 @@ class Capture:
         try:
             with torch.enable_grad(), _checkpoints_run_plain():
                 loss = torch.func.functional_call(self.loss_of, tensors, (_to(batch, dtype),))
-                # One draw between the forward and its backward (_grad_of).
-                torch.rand(1)
+                # One draw between the forward and its backward (_draw_once).
+                _draw_once()
                 grads = torch.autograd.grad(loss, mine, allow_unused=True)
         finally:
             self.recomputing = self.taking = False
@@ -539,17 +582,17 @@ class Capture:
                 if calibrate:
                     for dst, src in zip(self.p64, self._source()):
                         dst.copy_(src)
-        keep = torch.get_rng_state()
+        keep = _rng_states()
         g, g64, tmp = self.vec[1], self.vec[2], self.vec[3]
         for j in unfitted:
             m = self.micro[j]
             if m[1] != self.steps:
                 self._refuse("micro-batch %d: an optimizer step between its forward and its "
                              "recompute" % j)
-            torch.set_rng_state(m[4])
+            _set_rng_states(m[4])
             self._recompute_on(m[5], self.dtype, g)
             if j in calibrate:
-                torch.set_rng_state(m[4])
+                _set_rng_states(m[4])
                 try:
                     self._recompute_on(m[5], torch.float64, g64)
                 except Exception as e:  # noqa: BLE001 -- a model that cannot run in float64
@@ -573,4 +616,4 @@ class Capture:
                 else:
                     resid = 0.0 if float(c.norm()) == 0 else float("inf")
                 rec[3] = (w, resid)
-        torch.set_rng_state(keep)
+        _set_rng_states(keep)

@@ -257,7 +257,7 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         self.quiet = quiet
         self.unseen = []       # what the recorder could not see (meta.csv)
         self.notes = []        # what it saw that certify reports (meta.csv)
-        self.after_fwd = None  # (micro-batch, CPU RNG state) at its forward's end
+        self.after_fwd = None  # (micro-batch, _rng_states()) at its forward's end
         self.rng_in_backward = []  # micro-batches whose backward drew random numbers
         self.watching = False  # inside an iteration of watch(loader)
         self.emas = None       # the declared EMA (see ema())

@@ -79,6 +79,11 @@ class _Rows:
         self.n = self.coords.d
         self.m = torch.zeros((rows, self.n), dtype=torch.float64)
         self.views = {}  # row -> its per-parameter slices (the gradient hooks' destinations)
+        # A backward pass's coordinates of gradients on an accelerator are
+        # gathered there (a float64 row on each device, its slices) and
+        # reach the host once at the pass's end (end_pass), not once per
+        # tensor: on a GPU, one synchronisation a pass.
+        self.stages, self.staged = {}, []
 
     def row(self, i):
         if i >= self.m.shape[0]:
@@ -96,6 +101,40 @@ class _Rows:
             v = self.views[i] = [self.m[i, a:b] for a, b in self.slices]
         return v
 
+    def begin_pass(self, i):
+        """Row i zeroed for a backward pass; its per-parameter slices."""
+        self.row(i).zero_()
+        self.staged = []
+        return self.row_views(i)
+
+    def dest(self, i, device, views):
+        """Where parameter i's coordinates of a gradient on `device` go in
+        this pass: its slice of the host row (views), or of the device's
+        stage (zeroed at its first use in the pass)."""
+        if device.type == "cpu":
+            return views[i]
+        stage = self.stages.get(device)
+        if stage is None:
+            row = torch.zeros(self.n, dtype=torch.float64, device=device)
+            stage = self.stages[device] = (row, [row[a:b] for a, b in self.slices])
+        if device not in self.staged:
+            stage[0].zero_()
+            self.staged.append(device)
+        return stage[1][i]
+
+    def end_pass(self, i):
+        """The pass's staged coordinates into row i: one transfer to the
+        host per device (a stage holds zeros outside its device's slices,
+        so adding it to the host's row leaves every other slice as it is;
+        a row written on one device alone is copied, its zeros' signs
+        kept)."""
+        staged, self.staged = self.staged, []
+        for device in staged:
+            if len(staged) == 1 and not bool(self.m[i].any()):
+                self.m[i].copy_(self.stages[device][0])
+            else:
+                self.m[i].add_(self.stages[device][0].to("cpu"))
+
     def views_of(self, v):
         """A row-long vector cut into the parameters' slices."""
         return [v[a:b] for a, b in self.slices]
@@ -106,12 +145,25 @@ class _Rows:
         return self.coords.take(i, t)
 
     def fill(self, dst, tensors):
-        """dst <- the tensors' coordinates, zeros where one is None."""
+        """dst <- the tensors' coordinates, zeros where one is None; those
+        of tensors on an accelerator gathered there (in dst's dtype: the
+        same conversion) and brought to the host once per device."""
+        away = {}
         for i, ((a, b), t) in enumerate(zip(self.slices, tensors)):
             if t is None:
                 dst[a:b].zero_()
+                continue
+            x = self.coords.take(i, t)
+            if x.device == dst.device:
+                dst[a:b].copy_(x)
             else:
-                dst[a:b].copy_(self.coords.take(i, t))
+                away.setdefault(x.device, []).append((a, b, x))
+        for parts in away.values():
+            host = torch.cat([x.to(dst.dtype) for _, _, x in parts]).to(dst.device)
+            at = 0
+            for a, b, _ in parts:
+                dst[a:b].copy_(host[at:at + b - a])
+                at += b - a
         return dst
 
 

@@ -59,20 +59,24 @@ def _output_dots(s, u):
     as large as the logits and the hook runs where your backward's memory
     peaks (at its start, every activation still saved), so they are read
     OUTPUT_CHUNK elements at a time: the temporaries are a few of those,
-    never output-sized."""
+    never output-sized.  The sums run on the outputs' device, chunk after
+    chunk in the same order (the same float64 additions), and reach the
+    host twice per output (u.s and s.s together, then the residual): on a
+    GPU, two synchronisations, not three per chunk."""
     f, d = torch.float32, torch.float64
     with torch.no_grad():
         s, u = s.reshape(-1), u.detach().reshape(-1)
         n = s.numel()
-        us = ss = 0.0
+        sums = s.new_zeros(2, dtype=d)  # s.s, u.s
         for a in range(0, n, OUTPUT_CHUNK):
             sc, uc = s[a:a + OUTPUT_CHUNK].to(f), u[a:a + OUTPUT_CHUNK].to(f)
-            ss += float(torch.sum(sc * sc, dtype=d))
-            us += float(torch.sum(uc * sc, dtype=d))
+            sums[0] += torch.sum(sc * sc, dtype=d)
+            sums[1] += torch.sum(uc * sc, dtype=d)
+        ss, us = sums.tolist()
         wt = us / ss if ss > 0 else 0.0
-        rr = 0.0
+        rr = s.new_zeros((), dtype=d)
         for a in range(0, n, OUTPUT_CHUNK):
             sc, uc = s[a:a + OUTPUT_CHUNK].to(f), u[a:a + OUTPUT_CHUNK].to(f)
             r = uc - sc * wt
-            rr += float(torch.sum(r * r, dtype=d))
-    return us, ss, rr
+            rr += torch.sum(r * r, dtype=d)
+    return us, ss, float(rr)

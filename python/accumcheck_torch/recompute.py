@@ -76,12 +76,38 @@ class _LossOf(torch.nn.Module):
 
 
 def _rng_states():
-    """The CPU generator's state, and each CUDA device's once CUDA is in use."""
+    """The CPU generator's state, and each CUDA device's once CUDA is in use
+    (dropout on a CUDA tensor draws from its device's generator: a recompute
+    replays that one)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     return torch.get_rng_state(), cuda
 
 
 def _set_rng_states(states):
+    """Puts back what _rng_states took (or a CPU generator's state alone)."""
+    if torch.is_tensor(states):
+        torch.set_rng_state(states)
+        return
     torch.set_rng_state(states[0])
     if states[1] is not None:
         torch.cuda.set_rng_state_all(states[1])
+
+
+def _same_rng(a, b):
+    """Two _rng_states() are the same: no generator drew between them."""
+    if not torch.equal(a[0], b[0]):
+        return False
+    if a[1] is None or b[1] is None:
+        return True  # CUDA came into use between them: the CPU's says it
+    return len(a[1]) == len(b[1]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+def _draw_once():
+    """One draw from the CPU generator, and from the current CUDA device's
+    once CUDA is in use: between a recompute's forward and its backward, so
+    a backward that draws random numbers of its own (a recomputation that
+    does not replay the forward's RNG) cannot coincide with yours by
+    accident."""
+    torch.rand(1)
+    if torch.cuda.is_initialized():
+        torch.rand(1, device="cuda")

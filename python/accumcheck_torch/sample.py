@@ -68,6 +68,36 @@ class Coordinates:
                 ("sample_seed", str(self.seed))] if self.d < self.n else []
 
 
+def sumsq64_as_clip(tensors, foreach=None):
+    """sumsq64 of each tensor, every norm taken exactly as
+    clip_grad_norm_(..., foreach=foreach) takes it: grouped by device and
+    dtype, torch._foreach_norm over a group where the clip uses it (on
+    CUDA a fused kernel whose rounding is not vector_norm's; on the CPU the
+    same vector_norm per tensor), vector_norm elsewhere; a bfloat16 or
+    float16 tensor's accumulated in float64.  One transfer of a group's
+    norms to the host (its number of tensors), none per tensor."""
+    from torch.utils._foreach_utils import (_device_has_foreach_support,
+                                            _group_tensors_by_device_and_dtype,
+                                            _has_foreach_support)
+
+    out = [0.0] * len(tensors)
+    if not tensors:
+        return out
+    groups = _group_tensors_by_device_and_dtype([[t.detach() for t in tensors]],
+                                                with_indices=True)
+    for (device, dtype), ([ts], where) in groups.items():
+        if dtype in (torch.bfloat16, torch.float16):
+            norms = [torch.linalg.vector_norm(t.reshape(-1), dtype=torch.float64) for t in ts]
+        elif (foreach is None and _has_foreach_support(ts, device)) or \
+                (foreach and _device_has_foreach_support(device)):
+            norms = torch._foreach_norm(ts, 2.0)
+        else:
+            norms = [torch.linalg.vector_norm(t, 2.0) for t in ts]
+        for i, v in zip(where, torch.stack(norms).tolist()):
+            out[i] = float(v) ** 2
+    return out
+
+
 def sumsq64(t):
     """The square of t's norm as a float64 number: a float32 (or float64)
     tensor's norm taken as clip_grad_norm_ takes it on the CPU
