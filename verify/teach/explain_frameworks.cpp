@@ -79,9 +79,10 @@ constexpr ExplainEntry kFrameworkPitfalls[] = {
      "optimizer step. The same max_steps is the horizon the Trainer builds "
      "its scheduler with (create_optimizer_and_scheduler(num_training_steps"
      "=max_steps), a warmup_ratio taken of it too), so a linear or cosine "
-     "schedule decays over the budget: every step after the warmup uses a "
-     "smaller lr than the schedule over the steps the data makes, and the "
-     "curve looks complete when the run stops. One variable, so the two "
+     "schedule decays over the budget: past the warmup each step's lr is "
+     "lower than over the steps the data makes (a warmup_ratio's warmup is "
+     "shorter too), and the curve looks complete when the run stops. One "
+     "variable, so the two "
      "come and go together: a scheduler the user builds and passes in keeps "
      "its own horizon.",
      "-num_update_steps_per_epoch = max(len_dataloader // K, 1)\n"
