@@ -91,7 +91,7 @@ constexpr ExplainEntry kFrameworkPitfalls[] = {
      "steps = epochs x max(1, floor(M / K)), correct: epochs x ceil(M / K); "
      "the windows before the stop are the loop's own; a linear or cosine "
      "schedule's horizon is the budget (a warmup ratio taken of it)",
-     "step-budget-drops-micro-batches",
+     "step-budget-drops-micro-batches step-budget-drops-micro-batches-cosine",
      "transformers src/transformers/trainer.py _inner_training_loop: "
      "`num_update_steps_per_epoch = len_dataloader // "
      "args.gradient_accumulation_steps` (4.45.2 line 2095, 4.46.1 line "
