@@ -9,6 +9,7 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <string>
@@ -223,11 +224,24 @@ void step_budget_drops_micro_batches() {
   t.partial_window = true;
   t.no_clip = true;
   t.no_weight_decay = true;
-  const Scenario s = *scenario(t).as("scenario");
+  Scenario s = *scenario(t).as("scenario");
+  // A linear or cosine schedule, its horizon the run's steps ("auto"), its
+  // warmup in steps or as a ratio of the horizon (the gradients below are
+  // read at the run's own parameters: the lr changes none of them).
+  s.schedule = ScheduleSpec{};
+  s.schedule.kind =
+      *rc::gen::element(ScheduleKind::linear, ScheduleKind::cosine).as("kind");
+  s.schedule.total_auto = true;
+  const bool ratio = *rc::gen::arbitrary<bool>().as("warmup as a ratio");
+  if (ratio)
+    s.schedule.warmup_ratio = double(*rc::gen::inRange(0, 5)) / 8.0;
+  else
+    s.schedule.warmup = *rc::gen::inRange<int64_t>(0, 4);
   const Case c(s);
   const int64_t K = s.batching.accumulation;
+  const double lr = s.optimizer.lr;
   const Run<R> bug =
-      c.run(c.plan, {Pitfall::step_budget_drops_micro_batches}, s.optimizer.lr);
+      c.run(c.plan, {Pitfall::step_budget_drops_micro_batches}, lr);
   const Plan full = materialize(c.plan);  // epoch_micro points into it
   const std::vector<Micro> epochs = epoch_micro(full);
   const int64_t budget = int64_t(epochs.size()) *
@@ -240,6 +254,24 @@ void step_budget_drops_micro_batches() {
   check_groups(
       name, c, bug, windows,
       [](const Micro& g, int64_t) { return items_of(g); }, "budgeted window");
+  // The same budget is the horizon of the scheduler the trainer builds
+  // (num_training_steps = max_steps): get_{linear,cosine}_schedule_with_
+  // warmup over `budget` steps, a warmup ratio taken of the budget,
+  // written out here as Transformers writes them.
+  const int64_t W =
+      ratio ? int64_t(std::ceil(double(budget) * s.schedule.warmup_ratio))
+            : s.schedule.warmup;
+  const double span = double(std::max<int64_t>(1, budget - W));
+  for (size_t i = 0; i < bug.steps.size(); ++i) {
+    const int64_t n = int64_t(i);
+    double S = double(n) / double(std::max<int64_t>(1, W));
+    if (n >= W)
+      S = s.schedule.kind == ScheduleKind::linear
+              ? std::max(0.0, double(budget - n) / span)
+              : std::max(0.0,
+                         0.5 * (1.0 + std::cos(M_PI * (double(n - W) / span))));
+    RC_ASSERT(bug.steps[i].lr == lr * S);
+  }
   record_case(name);
 }
 
@@ -644,7 +676,8 @@ const std::vector<Property>& loop_properties() {
        window_counter_across_epochs},
       {"window.step-budget", "oracle",
        "step-budget-drops-micro-batches: correct's windows until the steps "
-       "reach epochs x max(1, floor(M / K)); nothing after",
+       "reach epochs x max(1, floor(M / K)); nothing after; a linear or "
+       "cosine schedule's horizon is that budget",
        step_budget_drops_micro_batches},
       {"data.skip-short-micro-batch", "oracle",
        "skip-short-micro-batch: the short last micro-batch of every epoch "

@@ -77,4 +77,21 @@ inline ScheduleSpec stretched(ScheduleSpec s, int64_t k,
   return s;
 }
 
+// step-budget-drops-micro-batches: a trainer that counts its step budget
+// before training builds its scheduler with that budget as the horizon
+// (Transformers' create_scheduler(num_training_steps=max_steps)): a linear
+// or cosine schedule's total becomes the budget, and a warmup given as a
+// ratio (warmup_ratio >= 0, get_warmup_steps) is taken of it.  A constant
+// or step schedule has no horizon; a declared table is the user's own
+// scheduler, built before the trainer counts anything: both unchanged.
+inline ScheduleSpec with_horizon(ScheduleSpec s, int64_t total) {
+  if (s.table ||
+      (s.kind != ScheduleKind::linear && s.kind != ScheduleKind::cosine))
+    return s;
+  s.total = total;
+  if (s.warmup_ratio >= 0)
+    s.warmup = int64_t(std::ceil(double(total) * s.warmup_ratio));
+  return s;
+}
+
 }  // namespace accumcheck

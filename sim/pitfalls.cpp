@@ -125,7 +125,8 @@ constexpr Entry kCatalog[] = {
      "training stops after epochs x floor(M/K) optimizer steps, a budget "
      "counted before training (M micro-batches per epoch): with M not a "
      "multiple of K the last epoch's remaining micro-batches never enter a "
-     "step (Transformers' Trainer 4.45-4.51)"},
+     "step, and a linear or cosine schedule built with that budget as its "
+     "horizon decays too early (Transformers' Trainer 4.45-4.51)"},
     {Pitfall::window_counter_across_epochs, "window-counter-across-epochs",
      "`if total % K == 0` on a micro-batch counter that runs across epochs: "
      "an epoch's leftover micro-batches join the next epoch's first window, "

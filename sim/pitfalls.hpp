@@ -251,7 +251,10 @@ struct Behavior {
   // steps reach epochs x max(1, floor(M / K)) (M: epoch 0's micro-steps),
   // the budget Transformers' Trainer 4.45-4.51 computed before training:
   // with M not a multiple of K the last epoch's remaining micro-batches
-  // never enter a step.
+  // never enter a step.  The same budget is the horizon of the scheduler
+  // the trainer builds (num_training_steps = max_steps): a linear or cosine
+  // schedule's total, and a warmup ratio's base (sim/lr_schedule.hpp
+  // with_horizon).
   bool stop_at_floor_budget = false;
   // window-counter-across-epochs: the step decision `total % K == 0` on a
   // micro-batch counter that runs across epochs (Trainer 4.45's

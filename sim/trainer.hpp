@@ -59,7 +59,8 @@
 // window-counter-across-epochs cuts where the run's micro-batch count is a
 // multiple of K, an epoch's leftover leaked into the next epoch;
 // step-budget-drops-micro-batches stops the run once the optimizer steps
-// reach epochs x max(1, floor(micro-steps of epoch 0 / K));
+// reach epochs x max(1, floor(micro-steps of epoch 0 / K)), the horizon
+// of its linear or cosine schedule too;
 // last-fetch-sized-in-samples draws only N mod K micro-batches (N the
 // epoch's samples) of the epoch's last fetch, the drawn rest of a window
 // the epoch never finishes neither stepped nor zeroed.

@@ -101,6 +101,17 @@ class Trainer {
                             1, planned.micro_steps() /
                                    std::max<int64_t>(1, planned.accumulation)))
                 .value_or(INT64_MAX);
+      // ... and the same budget is the horizon the trainer builds its
+      // scheduler with (num_training_steps = max_steps): the lr decays
+      // over the budget, not over the steps the data makes.
+      if (ep == 0 && b_.stop_at_floor_budget && floor_budget_ != INT64_MAX) {
+        const ScheduleSpec sc = with_horizon(
+            resolved_schedule(s_, b_.horizon_initial_k), floor_budget_);
+        schedule_ =
+            b_.schedule_horizon_in_micro_steps
+                ? stretched(sc, s_.batching.accumulation, planned.micro_steps())
+                : sc;
+      }
       // max_train_steps as run_clm_no_trainer computes it before training
       // (only that loop stops at it; a budget past int64 never stops).
       if (ep == 0 && b_.stop_at_planned_steps)

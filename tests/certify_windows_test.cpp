@@ -169,5 +169,83 @@ TEST(CertifyWindows, ContractTierCorrectRunSaysNothingOfK) {
   EXPECT_EQ(contract_text(r).find("looks like K"), std::string::npos);
 }
 
+// ---- step-budget-drops-micro-batches names both of the budget's effects
+// (issue 44): Transformers 4.45-4.51 stops at max_steps = epochs x
+// (len(loader) // K) and builds its scheduler with num_training_steps =
+// max_steps, so a cosine decays over the budget.  Before the trainer loop
+// gave the candidate the budget's horizon, a run with a cosine FAILed with
+// "no modelled lr pitfall" (step 3 at 0.0015 against 0.00256); certify
+// names it now in both tiers.
+
+// The oracle tier: scenarios/step-budget-drops-micro-batches-cosine.toml's
+// float32 run (10 micro-batches an epoch, K = 4, a cosine whose warmup is
+// a ratio of its horizon), certified against correct.
+TEST(CertifyStepBudget, OracleTierNamesTheBudgetsHorizon) {
+  const std::string file = testing_util::source_dir() +
+                           "/scenarios/step-budget-drops-micro-batches-"
+                           "cosine.toml";
+  const Scenario s = parse_scenario_file(file);
+  const CertifyReport r = certify(
+      s,
+      certify_test::device_trace(
+          "budget_cosine", {Pitfall::step_budget_drops_micro_batches}, file));
+  const std::string text = certify_text(r);
+  ASSERT_FALSE(r.pass) << text;
+  // Step 1: the warmup of ceil(0.25 x 4) = 1 step is over (S = 1) where
+  // correct's ceil(0.25 x 6) = 2 is halfway (S = 0.5).
+  EXPECT_NE(text.find("lr: step 1 used lr 0.02, the accepted schedule gives "
+                      "0.01; the lr sequence is the schedule over a horizon "
+                      "of 4 steps, not 6"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("diagnosis: matches step-budget-drops-micro-batches (max "),
+      std::string::npos)
+      << text;
+}
+
+// The contract tier on the new user's run itself (tests/data/
+// contract_hf_4461_cosine: tests/data/hf_sft_4461.py, the user's trainer,
+// under Transformers 4.46.1, torch 2.13.0 CPU, bf16: a tiny Llama on 37
+// prompt-masked sequences in batches of 4, K = 4, 2 epochs, cosine with
+// warmup_steps=2): 4 steps of 6, step 3 at S(3) over 4 steps.
+TEST(CertifyStepBudget, ContractTierNamesTransformers4461Cosine) {
+  const CertifyReport r = certify_contract(kData + "contract_hf_4461_cosine");
+  const std::string text = contract_text(r);
+  ASSERT_FALSE(r.pass) << text;
+  EXPECT_NE(text.find("FAIL lr: step 3 used lr 0.0015, the accepted schedule "
+                      "gives 0.00256066017: the lr sequence is the schedule "
+                      "over a horizon of 4 steps, not 6"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(r.diagnosis.find(
+                "diagnosis: matches skip-short-micro-batch+window-counter-"
+                "across-epochs+items-counted-per-fetch-group+step-budget-"
+                "drops-micro-batches (same weights: window-counter-across-"
+                "epochs+items-counted-per-fetch-group+last-fetch-sized-in-"
+                "samples+step-budget-drops-micro-batches)"),
+            std::string::npos)
+      << text;
+}
+
+// The same run with warmup_ratio=0.25 (contract_hf_4461_cosine_ratio): the
+// Trainer's warmup is ceil(0.25 x 4) = 1 step, correct's ceil(0.25 x 6) =
+// 2; the recorder writes the ratio (schedule_warmup_ratio) beside the
+// warmup, and the candidate takes it of the budget.
+TEST(CertifyStepBudget, ContractTierTakesTheWarmupRatioOfTheBudget) {
+  const CertifyReport r =
+      certify_contract(kData + "contract_hf_4461_cosine_ratio");
+  const std::string text = contract_text(r);
+  ASSERT_FALSE(r.pass) << text;
+  EXPECT_NE(text.find("FAIL lr: step 1 used lr 0.003, the accepted schedule "
+                      "gives 0.0015: the lr sequence is the schedule over a "
+                      "horizon of 4 steps, not 6"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(r.diagnosis.find("step-budget-drops-micro-batches (same weights"),
+            std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace accumcheck

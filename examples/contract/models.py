@@ -226,3 +226,13 @@ def warmup_linear(warmup, total):
             return n / max(1, warmup)
         return max(0.0, (total - n) / max(1, total - warmup))
     return f
+
+
+def warmup_cosine(warmup, total):
+    """Transformers' get_cosine_schedule_with_warmup's lambda (0.5 cycles)."""
+    def f(n):
+        if n < warmup:
+            return n / max(1, warmup)
+        progress = (n - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return f

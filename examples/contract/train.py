@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import copy
 import hashlib
+import itertools
 import os
 import time
 
@@ -256,12 +257,56 @@ def across_epochs_k_twice_drop_last(m, opt, load, K, epochs, mean, items, summed
     across_epochs_k_twice(m, opt, load, K, epochs, mean, items, summed, drop_last=True)
 
 
+def _trainer_budget(M, K, epochs):
+    """Transformers 4.45-4.51's step budget, counted before training:
+    max_steps = epochs x max(len(dataloader) // K, 1)."""
+    return epochs * max(M // K, 1)
+
+
+def trainer_4_46(m, opt, load, K, epochs, mean, items, summed):
+    """Transformers 4.46.1's Trainer._inner_training_loop on an epoch of M
+    batches (issue 44), what it does and nothing else: max_steps =
+    epochs x max(M // K, 1) counted before training (the scheduler is built
+    with it too: --schedule cosine-budget); each epoch drawn in fetches of
+    K batches (get_batch_samples), the last of len(dataset) % K (K when 0)
+    batches; num_items_in_batch counted over each fetch's shifted labels;
+    the step where a batch counter that runs across epochs reaches a
+    multiple of K (total_batched_samples), or at the last batch of an
+    epoch of at most K; training stops once global_step reaches max_steps
+    (DefaultFlowCallback)."""
+    M = len(load())
+    n_examples = len(_dataset(load()))
+    max_steps, global_step, total = _trainer_budget(M, K, epochs), 0, 0
+    for _ in range(epochs):
+        it, step = iter(load()), -1
+        remainder = n_examples % K or K
+        total_updates = M // K + 1
+        for update in range(total_updates):
+            fetch = list(itertools.islice(it, K if update != total_updates - 1 else remainder))
+            num_items_in_batch = sum(items(b) for b in fetch)
+            for b in fetch:
+                step += 1
+                total += 1
+                (summed(m, b) / num_items_in_batch).backward()
+                if (M <= K and step + 1 == M) or total % K == 0:
+                    opt.step()
+                    opt.zero_grad()
+                    global_step += 1
+                if global_step >= max_steps:
+                    return
+
+
+def _dataset(loader):
+    """The dataset under a loader the recorder watches."""
+    return getattr(loader, "dataset", None) or getattr(loader, "loader").dataset
+
+
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   zero_grad_inside, step_outside_if, rescaled_accumulator,
                                   off_by_one, leak, skip_short, double_count,
                                   clip_per_micro_step, double_count_last,
                                   step_first_alone, across_epochs_k_twice, unshifted_count,
-                                  across_epochs_k_twice_drop_last)}
+                                  across_epochs_k_twice_drop_last, trainer_4_46)}
 
 
 def parse(argv=None):
@@ -286,7 +331,7 @@ def parse(argv=None):
                          "gradient inside its step")
     ap.add_argument("--schedule", choices=["constant", "linear", "linear-early", "linear-x-k",
                                            "linear-steps", "linear-micro", "step-freq2",
-                                           "step-freq2-micro"],
+                                           "step-freq2-micro", "cosine", "cosine-budget"],
                     default="constant",
                     help="linear: get_linear_schedule_with_warmup (warmup 2, total 12), "
                     "declared; linear-early: the same with scheduler.step() before "
@@ -300,7 +345,11 @@ def parse(argv=None):
                     "2nd optimizer step, declared so (Lightning's {'interval': 'step', "
                     "'frequency': 2}); step-freq2-micro: declared the same, stepped after "
                     "the steps whose window ends on an even micro-batch of the epoch "
-                    "(Lightning's (batch_idx + 1) % frequency, #17544)")
+                    "(Lightning's (batch_idx + 1) % frequency, #17544); cosine: "
+                    "get_cosine_schedule_with_warmup (warmup 2, total = the run's optimizer "
+                    "steps), declared; cosine-budget: declared the same, built with "
+                    "num_training_steps = epochs x (len(loader) // K), Transformers 4.45-4.51's "
+                    "step budget (step-budget-drops-micro-batches)")
     ap.add_argument("--clip", type=float, default=None,
                     help="clip_grad_norm_(max_norm) before each optimizer.step(), declared")
     ap.add_argument("--undeclared-clip", action="store_true",
@@ -455,6 +504,12 @@ def run(a):
             opt, warmup_linear(0, steps) if a.schedule == "linear-steps"
             else warmup_linear(0, micro * a.epochs))
         schedule = {"kind": "linear", "warmup": 0, "total": steps}
+    elif a.schedule in ("cosine", "cosine-budget"):
+        micro = -(-len(data) // a.micro_batch)  # len(loader)
+        steps = a.epochs * -(-micro // a.K)
+        horizon = steps if a.schedule == "cosine" else _trainer_budget(micro, a.K, a.epochs)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, models.warmup_cosine(2, horizon))
+        schedule = {"kind": "cosine", "warmup": 2, "total": steps}
     elif a.schedule.startswith("step-freq2"):
         scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.8)
         schedule = Cadence(scheduler, "step", 2)

@@ -126,7 +126,10 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
       - a dict of a named kind like a scenario's [schedule] table:
         {"kind": "constant" | "step" | "linear" | "cosine", "warmup",
         "total", "step_size", "gamma", "frequency" (scheduler.step()
-        after every frequency-th optimizer step; default 1)};
+        after every frequency-th optimizer step; default 1),
+        "warmup_ratio" (the ratio of the horizon "warmup" was taken
+        with, if it was: a trainer with another horizon takes it of
+        that one)};
       - None: constant.
     The recorder steps its own copy (never yours) and writes the lr it
     gives after every count of scheduler.step() calls certify can need
@@ -191,7 +194,8 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         if bad or schedule.get("kind") not in ("constant", "step", "linear", "cosine") and \
                 self.schedule_declared is None:
             raise Refused("schedule: expected {'kind': 'constant' | 'step' | 'linear' | "
-                          "'cosine', 'warmup', 'total', 'step_size', 'gamma', 'frequency'}, got %r"
+                          "'cosine', 'warmup', 'total', 'step_size', 'gamma', 'frequency', "
+                          "'warmup_ratio'}, got %r"
                           % (schedule,))
         self.schedule = schedule
         self.clip_max = None if clip is None else float(clip)

@@ -211,8 +211,9 @@ def _host(t):
     return numpy.asarray(t).reshape(-1)
 
 
-# A declared lr schedule's keys (a scenario's [schedule] table).
-SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma", "frequency")
+# A declared lr schedule's keys (a scenario's [schedule] table; warmup_ratio:
+# the ratio a warmup was taken of the horizon with, beside the warmup it gave).
+SCHEDULE_KEYS = ("kind", "warmup", "total", "step_size", "gamma", "frequency", "warmup_ratio")
 # contract.csv's header (verify/trace/trace.hpp gives the rows).
 CONTRACT_HEADER = "kind,index,ref,epoch,version,items,samples,value,residual,scale"
 

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "oracle/error_model.hpp"
+#include "sim/k_schedule.hpp"
 #include "sim/lr_schedule.hpp"
 #include "sim/trainer.hpp"
 #include "verify/export/null_engine.hpp"
@@ -17,6 +18,28 @@ namespace {
 
 bool same(double a, double b, double rel) {
   return std::fabs(a - b) <= rel * std::max(std::fabs(a), std::fabs(b));
+}
+
+// The horizon T != the accepted one over which a linear or cosine schedule
+// gives every step's lr (step t at S(t)), a warmup ratio taken of T as the
+// schedule's own is; 0 when none does.  T runs up to twice the accepted
+// horizon and the steps the trace took: a budget counted short or long.
+int64_t shorter_horizon(const Scenario& s, const std::vector<double>& lr,
+                        double rel) {
+  const ScheduleSpec sc = resolved_schedule(s);
+  if (sc.table ||
+      (sc.kind != ScheduleKind::linear && sc.kind != ScheduleKind::cosine))
+    return 0;
+  const int64_t most = 2 * std::max<int64_t>(sc.total, int64_t(lr.size()));
+  for (int64_t T = 1; T <= most; ++T) {
+    if (T == sc.total) continue;
+    const ScheduleSpec h = with_horizon(sc, T);
+    bool all = true;
+    for (size_t i = 0; i < lr.size() && all; ++i)
+      all = same(lr[i], s.optimizer.lr * lr_multiplier(h, int64_t(i)), rel);
+    if (all) return T;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -115,6 +138,12 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
     c.evidence =
         "lr constant within each epoch, S(epoch) (the scheduler stepped once "
         "per epoch)";
+  } else if (const int64_t T = shorter_horizon(s, c.trace_lr, rel); T > 0) {
+    c.evidence = fmt::format(
+        "the lr sequence is the schedule over a horizon of {} steps, not {} "
+        "(the scheduler built with another step count: a trainer's step "
+        "budget)",
+        T, resolved_schedule(s).total);
   } else {
     c.evidence = c.accepted_lr[t0] != 0
                      ? fmt::format("lr ratio at step {}: {:.6g} x the schedule",

@@ -49,7 +49,8 @@ std::vector<Pitfall> accepted_semantics(const Trace& tr) {
 
 // The accepted lr schedule and clip the recorder declared (meta.csv: lr,
 // schedule_kind, schedule_warmup, schedule_total, schedule_step_size,
-// schedule_gamma, schedule_frequency, clip), as a scenario's [optimizer] lr,
+// schedule_gamma, schedule_frequency, schedule_warmup_ratio, clip), as a
+// scenario's [optimizer] lr,
 // [schedule] and [clip] would give them.
 void declared(const Trace& tr, Scenario& s) {
   auto number = [&](const char* key, double fallback) {
@@ -110,6 +111,15 @@ void declared(const Trace& tr, Scenario& s) {
   sc.gamma = number("schedule_gamma", sc.gamma);
   // Stepped every f optimizer steps (a table of scheduler.step() calls).
   sc.frequency = std::max<int64_t>(1, integer("schedule_frequency", 1));
+  // The ratio the warmup was taken of the horizon with (a trainer whose
+  // horizon is its own budget takes it of that: with_horizon).
+  if (!tr.meta_value("schedule_warmup_ratio").empty()) {
+    sc.warmup_ratio = number("schedule_warmup_ratio", 0);
+    if (sc.warmup_ratio > 1)
+      throw InputError(tr.meta_path(), 0, 0, "schedule_warmup_ratio",
+                       fmt::format("expected a number in [0, 1], got '{}'",
+                                   tr.meta_value("schedule_warmup_ratio")));
+  }
   if ((sc.kind == ScheduleKind::linear || sc.kind == ScheduleKind::cosine) &&
       sc.total <= sc.warmup)
     throw InputError(

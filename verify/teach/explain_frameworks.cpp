@@ -76,19 +76,30 @@ constexpr ExplainEntry kFrameworkPitfalls[] = {
      "of K an epoch takes ceil(M/K) steps (its partial window stepped, or "
      "its leftover carried into the next epoch), so the budget runs out "
      "early: the last epoch's remaining micro-batches never enter an "
-     "optimizer step, and the lr schedule, whose horizon is that budget, "
-     "looks complete.",
+     "optimizer step. The same max_steps is the horizon the Trainer builds "
+     "its scheduler with (create_optimizer_and_scheduler(num_training_steps"
+     "=max_steps), a warmup_ratio taken of it too), so a linear or cosine "
+     "schedule decays over the budget: past the warmup each step's lr is "
+     "lower than over the steps the data makes (a warmup_ratio's warmup is "
+     "shorter too), and the curve looks complete when the run stops. One "
+     "variable, so the two "
+     "come and go together: a scheduler the user builds and passes in keeps "
+     "its own horizon.",
      "-num_update_steps_per_epoch = max(len_dataloader // K, 1)\n"
      "+num_update_steps_per_epoch = max(math.ceil(len_dataloader / K), 1)\n"
      " max_steps = math.ceil(num_train_epochs * num_update_steps_per_epoch)",
      "steps = epochs x max(1, floor(M / K)), correct: epochs x ceil(M / K); "
-     "the windows before the stop are the loop's own",
-     "step-budget-drops-micro-batches",
+     "the windows before the stop are the loop's own; a linear or cosine "
+     "schedule's horizon is the budget (a warmup ratio taken of it)",
+     "step-budget-drops-micro-batches step-budget-drops-micro-batches-cosine",
      "transformers src/transformers/trainer.py _inner_training_loop: "
      "`num_update_steps_per_epoch = len_dataloader // "
      "args.gradient_accumulation_steps` (4.45.2 line 2095, 4.46.1 line "
      "2165, 4.47.1 line 2207) and `max_steps = math.ceil(args.num_train_"
-     "epochs * num_update_steps_per_epoch)`; reported in transformers #31677 "
+     "epochs * num_update_steps_per_epoch)`, then "
+     "`self.create_optimizer_and_scheduler(num_training_steps=max_steps)` "
+     "(4.46.1 line 2223) and `get_warmup_steps(num_training_steps)` for a "
+     "warmup_ratio; reported in transformers #31677 "
      "(2024, epochs and max_steps mismatch under accumulation) and #37777 "
      "(2025); fixed by PR #37923 (4.52: len_dataloader // K + "
      "int(len_dataloader % K > 0)); measured in docs/frameworks.md",

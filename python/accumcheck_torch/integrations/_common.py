@@ -224,6 +224,9 @@ class Semantics:
             schedule = "declared"
         self.kind = schedule
         self.warmup = int(warmup) if warmup else int(math.ceil(self.steps * float(warmup_ratio or 0)))
+        # A warmup taken of the horizon (get_warmup_steps): its ratio goes
+        # with it, for a trainer whose horizon is not the run's steps.
+        self.warmup_ratio = None if warmup or not warmup_ratio else float(warmup_ratio)
         self.lr = None if lr is None else float(lr)
         self.clip = None if clip is None or float(clip) <= 0 else float(clip)
 
@@ -232,7 +235,10 @@ class Semantics:
             return self.declared
         if self.kind == "constant":
             return {"kind": "constant"}
-        return {"kind": self.kind, "warmup": self.warmup, "total": max(self.steps, self.warmup + 1)}
+        out = {"kind": self.kind, "warmup": self.warmup, "total": max(self.steps, self.warmup + 1)}
+        if self.warmup_ratio is not None:
+            out["warmup_ratio"] = self.warmup_ratio
+        return out
 
     def recorder_kwargs(self):
         return {"accumulation": self.K, "lr": self.lr, "schedule": self.schedule(),

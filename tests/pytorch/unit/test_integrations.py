@@ -25,7 +25,11 @@ def test_schedule_warmup_ratio_over_the_steps():
     s = Semantics(accumulation=4, micro_batch=2, dataset=22, epochs=2, lr=1e-3,
                   schedule="linear", warmup_ratio=0.34, clip=1.0)
     assert s.recorder_kwargs() == {"accumulation": 4, "lr": 1e-3, "clip": 1.0,
-                                   "schedule": {"kind": "linear", "warmup": 3, "total": 6}}
+                                   "schedule": {"kind": "linear", "warmup": 3, "total": 6,
+                                                "warmup_ratio": 0.34}}
+    # Warmup steps given: no ratio (a trainer's other horizon keeps them).
+    assert "warmup_ratio" not in Semantics(accumulation=4, micro_batch=2, dataset=22, epochs=2,
+                                           schedule="linear", warmup=2).schedule()
     assert Semantics(accumulation=1, micro_batch=1, dataset=1, epochs=1, clip=0).clip is None
 
 
