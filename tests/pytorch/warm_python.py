@@ -216,7 +216,6 @@ def serve(name):
         return 0
     listener.listen(64)
     listener.settimeout(IDLE_SECONDS)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers reap themselves
     # Detach: the CTest fixture that started us returns once we listen.
     if os.fork():
         os._exit(0)
@@ -225,7 +224,9 @@ def serve(name):
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+    served = 0
     while True:
+        _reap()
         try:
             conn, _ = listener.accept()
         except socket.timeout:
@@ -233,14 +234,38 @@ def serve(name):
         conn.settimeout(None)
         peek = conn.recv(5, socket.MSG_PEEK)
         if peek == b"stop\n":
+            _reap(wait_s=10)
+            t = os.times()
+            # The CPU of this server and of every trainer it forked (each
+            # handler waited for its trainer, and was reaped here), which
+            # CTest's own CPU does not include: `stop` prints it.
+            conn.sendall(b"%d %.2f %.2f\n" % (served, t.user + t.children_user,
+                                              t.system + t.children_system))
             conn.close()
             break
         if os.fork() == 0:
             listener.close()
             _handle(conn)
+        served += 1
         conn.close()
     listener.close()
     return 0
+
+
+def _reap(wait_s=0):
+    """Reaps the finished handlers (their CPU, and their trainers', then
+    counts in this process's children's); with wait_s, waits up to that
+    long for the running ones."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
 
 def stop(name):
@@ -248,6 +273,17 @@ def stop(name):
     if conn:  # else not running: nothing to stop
         with conn:
             conn.sendall(b"stop\n")
+            reply = b""
+            while not reply.endswith(b"\n"):
+                more = conn.recv(64)
+                if not more:
+                    break
+                reply += more
+        if reply.endswith(b"\n"):
+            served, user, system = reply.split()
+            print("warm_python: %d trainers forked; the server and its trainers used %.1f s of "
+                  "CPU (user %s s, system %s s)" % (int(served), float(user) + float(system),
+                                                    float(user), float(system)))
     return 0
 
 
