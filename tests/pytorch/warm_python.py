@@ -132,6 +132,7 @@ def _child(request, fds):
     os.environ.update(request["env"])
     argv = request["argv"]
     code = 0
+    interrupted = False
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1]] + argv[2:]
@@ -151,6 +152,9 @@ def _child(request, fds):
         # recorder nobody closed sees the exception that ended the script).
         sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()
         code = 1
+        # The interpreter ends a script that a KeyboardInterrupt left by
+        # SIGINT (the shell's 130), not exit 1.
+        interrupted = isinstance(sys.last_value, KeyboardInterrupt)
     # What the interpreter does at exit that a script can see: wait for
     # its non-daemon threads, run the atexit handlers (multiprocessing's
     # and torch.distributed's finalizers, logging's flush), flush.  Not the
@@ -162,6 +166,9 @@ def _child(request, fds):
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
 
 
