@@ -50,8 +50,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pytorch"))
+import warm_python
 from ctest_driver import in_recorded_build  # noqa: E402  the PyTorch cases' rule
-import warm_python  # noqa: E402
 
 CHARTS = {
     "loss": ("window", "mean loss"),

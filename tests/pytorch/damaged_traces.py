@@ -49,7 +49,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-import warm_python  # noqa: E402  (tests/pytorch/warm_python.py)
+import warm_python  # tests/pytorch/warm_python.py
 
 ORACLE_SCENARIO = os.path.join(ROOT, "scenarios", "certify-mlp.toml")
 TRACE_FILES = ("meta.csv", "events.csv", "values.csv", "values.bin", "state.csv", "contract.csv",

@@ -47,7 +47,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ctest_driver  # noqa: E402  (in_recorded_build, same_files)
+import ctest_driver  # in_recorded_build, same_files
 
 KEYS = ["params", "grads", "states", "data", "activations", "peak"]
 
@@ -139,9 +139,10 @@ def main():
     measured = os.path.join(a.work, "measured.txt")
     recorded = measured_before(a.work, bundle, a.memtrack, measured_key(a))
     if recorded:
-        print("driver: the measurement %s's run took (the same bundle, byte for byte)"
-              % os.environ["ACCUMCHECK_RECORDED_BUILD"])
-        lines = open(recorded).read().splitlines()[1:]
+        print(f"driver: the measurement {os.environ['ACCUMCHECK_RECORDED_BUILD']}'s run took "
+              "(the same bundle, byte for byte)")
+        with open(recorded) as f:
+            lines = f.read().splitlines()[1:]
     else:
         env = dict(os.environ, LD_PRELOAD=a.memtrack, OMP_NUM_THREADS="1")
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", bundle,
@@ -177,7 +178,7 @@ def main():
 
 def measured_key(a):
     """measured.txt's first line: what else the child was given."""
-    return "b=%d k=%d" % (a.b, a.k)
+    return f"b={a.b} k={a.k}"
 
 
 def measured_before(work, bundle, memtrack, key):

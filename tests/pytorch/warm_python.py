@@ -288,9 +288,9 @@ def stop(name):
                 reply += more
         if reply.endswith(b"\n"):
             served, user, system = reply.split()
-            print("warm_python: %d trainers forked; the server and its trainers used %.1f s of "
-                  "CPU (user %s s, system %s s)" % (int(served), float(user) + float(system),
-                                                    float(user), float(system)))
+            user, system = float(user), float(system)
+            print(f"warm_python: {int(served)} trainers forked; the server and its trainers used "
+                  f"{user + system:.1f} s of CPU (user {user} s, system {system} s)")
     return 0
 
 
