@@ -50,6 +50,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pytorch"))
+import warm_python
 from ctest_driver import in_recorded_build  # noqa: E402  the PyTorch cases' rule
 
 CHARTS = {
@@ -358,8 +359,11 @@ def contract_pages(a):
         html = os.path.join(a.work, "contract-" + name + ".html")
         if os.path.exists(html):
             os.remove(html)  # the page must be this run's
-        subprocess.run([a.python, examples, "--model", "gpt", "--out", trace, "--quiet"] + args,
-                       check=True)
+        argv = [examples, "--model", "gpt", "--out", trace, "--quiet"] + args
+        if os.path.abspath(a.python) == os.path.abspath(sys.executable):
+            warm_python.run(argv, check=True)  # a fork of CTest's warm Python
+        else:
+            subprocess.run([a.python] + argv, check=True)
         if kind == "certify":
             cmd = [a.accumcheck, "certify", "--contract", "--trace", trace, "--quiet",
                    "--html", html]

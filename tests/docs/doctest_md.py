@@ -243,6 +243,42 @@ def make_scratch(repo: str, work: str | None, name: str) -> str:
     return scratch
 
 
+WARM_WRAPPER = """#!{python}
+# `python SCRIPT.py ARGS...` as a fork of CTest's warm Python
+# (tests/pytorch/warm_python.py: torch imported once), when the server
+# ACCUMCHECK_WARM_PYTHON names answers; anything else, or no server: .venv's
+# python itself.  Written by tests/docs/doctest_md.py.
+import os
+import sys
+
+sys.path.insert(0, {tests!r})
+import warm_python  # noqa: E402
+
+argv = sys.argv[1:]
+conn = warm_python._connect(os.environ.get("ACCUMCHECK_WARM_PYTHON", ""))
+if conn is not None and argv and argv[0].endswith(".py"):
+    conn.close()
+    sys.exit(warm_python.exec_(argv))
+os.execv({python!r}, [{python!r}] + argv)
+"""
+
+
+def warm_bin(scratch: str, venv_bin: str) -> str:
+    """A folder with `python` and `python3` that run a script through
+    CTest's warm Python (WARM_WRAPPER): each trainer a doc runs costs no
+    `import torch` (about 1.5 s of CPU, more with torch._dynamo)."""
+    folder = os.path.join(scratch, ".warm-bin")
+    if not os.path.isdir(folder):
+        os.makedirs(folder)
+        tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pytorch")
+        text = WARM_WRAPPER.format(python=os.path.join(venv_bin, "python"), tests=tests)
+        for name in ("python", "python3"):
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+            os.chmod(os.path.join(folder, name), 0o755)
+    return folder
+
+
 def run_file(path: str, args) -> tuple[int, int, int]:
     """Returns (blocks checked, blocks not run, failures)."""
     blocks = parse_blocks(path)
@@ -262,6 +298,8 @@ def run_file(path: str, args) -> tuple[int, int, int]:
         path_dirs = [os.path.dirname(os.path.abspath(args.accumcheck))]
         if "venv" in block.options:
             path_dirs.insert(0, venv_bin)
+            if os.environ.get("ACCUMCHECK_WARM_PYTHON"):
+                path_dirs.insert(0, warm_bin(scratch, venv_bin))
             # The package importable as `pip install .` makes it (the
             # shown commands are what an installed user types).
             env["PYTHONPATH"] = os.path.join(args.repo, "python")

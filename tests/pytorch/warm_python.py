@@ -132,6 +132,7 @@ def _child(request, fds):
     os.environ.update(request["env"])
     argv = request["argv"]
     code = 0
+    interrupted = False
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1]] + argv[2:]
@@ -151,6 +152,9 @@ def _child(request, fds):
         # recorder nobody closed sees the exception that ended the script).
         sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()
         code = 1
+        # The interpreter ends a script that a KeyboardInterrupt left by
+        # SIGINT (the shell's 130), not exit 1.
+        interrupted = isinstance(sys.last_value, KeyboardInterrupt)
     # What the interpreter does at exit that a script can see: wait for
     # its non-daemon threads, run the atexit handlers (multiprocessing's
     # and torch.distributed's finalizers, logging's flush), flush.  Not the
@@ -162,6 +166,9 @@ def _child(request, fds):
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
 
 
@@ -216,7 +223,6 @@ def serve(name):
         return 0
     listener.listen(64)
     listener.settimeout(IDLE_SECONDS)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers reap themselves
     # Detach: the CTest fixture that started us returns once we listen.
     if os.fork():
         os._exit(0)
@@ -225,7 +231,9 @@ def serve(name):
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+    served = 0
     while True:
+        _reap()
         try:
             conn, _ = listener.accept()
         except socket.timeout:
@@ -233,14 +241,38 @@ def serve(name):
         conn.settimeout(None)
         peek = conn.recv(5, socket.MSG_PEEK)
         if peek == b"stop\n":
+            _reap(wait_s=10)
+            t = os.times()
+            # The CPU of this server and of every trainer it forked (each
+            # handler waited for its trainer, and was reaped here), which
+            # CTest's own CPU does not include: `stop` prints it.
+            conn.sendall(b"%d %.2f %.2f\n" % (served, t.user + t.children_user,
+                                              t.system + t.children_system))
             conn.close()
             break
         if os.fork() == 0:
             listener.close()
             _handle(conn)
+        served += 1
         conn.close()
     listener.close()
     return 0
+
+
+def _reap(wait_s=0):
+    """Reaps the finished handlers (their CPU, and their trainers', then
+    counts in this process's children's); with wait_s, waits up to that
+    long for the running ones."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
 
 def stop(name):
@@ -248,6 +280,17 @@ def stop(name):
     if conn:  # else not running: nothing to stop
         with conn:
             conn.sendall(b"stop\n")
+            reply = b""
+            while not reply.endswith(b"\n"):
+                more = conn.recv(64)
+                if not more:
+                    break
+                reply += more
+        if reply.endswith(b"\n"):
+            served, user, system = reply.split()
+            user, system = float(user), float(system)
+            print(f"warm_python: {int(served)} trainers forked; the server and its trainers used "
+                  f"{user + system:.1f} s of CPU (user {user} s, system {system} s)")
     return 0
 
 
