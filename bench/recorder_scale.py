@@ -311,9 +311,13 @@ def case(a, size, K, tool, budget):
         import contract_bench  # its certify(): accumcheck_torch imported here, in the parent only
         c, cpu, _ = contract_bench.certify(tool, trace)
         verdict = [ln for ln in c.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
+        # A refusal reads "accumcheck: FILE: KEY: why" (its whole line: the CSV's certify_message).
+        said = (c.stderr.strip().splitlines() or ["?"])[-1].split(": ")
         row["certify"] = "exit %d %s" % (c.returncode, verdict[-1].split(":")[0] if verdict else
-                                         (c.stderr.strip().splitlines() or ["?"])[-1][:80])
+                                         "refused (%s)" % said[2] if len(said) > 3 else said[-1][:80])
         row["certify_cpu"] = cpu
+        if c.returncode != 0:
+            row["certify_message"] = (c.stderr.strip().splitlines() or ["?"])[-1]  # the CSV's
         # The PASS/FAIL line's "max X of the uncertainty": how near the
         # worst step's weights came to the bound (1 = at it).
         margin = re.search(r"max ([0-9.eE+-]+) of the uncertainty", verdict[-1] if verdict else "")
