@@ -19,7 +19,12 @@ recorder must leave training bit-identical.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/recorder_scale.py --build build \\
         [--sizes 1M,10M,40M,124M,350M] [--ks 4,16,64] [--steps 2] [--repeats 3] \\
-        [--budget-gb 20] [--law auto|'(16*K+88)*P'] [--out results.csv|results.md]
+        [--budget-gb 20] [--law auto|'(16*K+88)*P'] [--autocast bf16] \\
+        [--out results.csv|results.md]
+
+--autocast bf16 runs each micro-batch's forward and loss (not the
+backward, the clip or the step) under torch.autocast("cpu",
+dtype=torch.bfloat16), as Transformers' bf16=True does, plain and recorded.
 
 Progress goes to stderr, the table (markdown) to stdout.  Exit 1 when a
 case was not bit-identical, certify did not PASS, or a run failed."""
@@ -30,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -87,7 +93,9 @@ def law_bytes(law, P, K):
 # ---- the child: one run
 
 
-def child(size, K, steps, record, trace):
+def child(size, K, steps, record, trace, autocast):
+    import contextlib
+
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -179,7 +187,14 @@ def child(size, K, steps, record, trace):
                         generator=torch.Generator().manual_seed(2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, models.warmup_linear(WARMUP, 100))
-    summed_loss, items = models.gpt_summed_loss, models.gpt_items
+    items = models.gpt_items
+
+    def summed_loss(model, batch):
+        # Transformers' autocast_smart_context_manager: the forward and the
+        # loss under autocast, the backward outside it.
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if autocast == "bf16"
+              else contextlib.nullcontext()):
+            return models.gpt_summed_loss(model, batch)
     rec = None
     c_setup = time.process_time()
     if record:
@@ -226,7 +241,7 @@ def say(*a):
 
 def run_one(a, size, K, record, trace):
     argv = [sys.executable, os.path.abspath(__file__), "--child", size, str(K), str(a.steps),
-            "1" if record else "0", trace]
+            "1" if record else "0", trace, a.autocast]
     env = dict(os.environ, **THREADS)
     t0 = time.perf_counter()
     p = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)  # its stderr: ours
@@ -240,7 +255,9 @@ def run_one(a, size, K, record, trace):
 def case(a, size, K, tool, budget):
     """One (size, K): the row of the table."""
     P = parameters(size)
-    row = {"size": size, "P": P, "K": K, "steps": a.steps, "load": "%.2f" % os.getloadavg()[0]}
+    row = {"size": size, "P": P, "K": K, "steps": a.steps, "autocast": a.autocast,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "load": "%.2f" % os.getloadavg()[0]}
     if plain_estimate(P) > budget:
         row["skipped"] = "the plain run's estimate %.1f GB exceeds --budget-gb %.1f" % (
             plain_estimate(P) / 1e9, budget / 1e9)
@@ -294,9 +311,18 @@ def case(a, size, K, tool, budget):
         import contract_bench  # its certify(): accumcheck_torch imported here, in the parent only
         c, cpu, _ = contract_bench.certify(tool, trace)
         verdict = [ln for ln in c.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
+        # A refusal reads "accumcheck: FILE: KEY: why" (its whole line: the CSV's certify_message).
+        said = (c.stderr.strip().splitlines() or ["?"])[-1].split(": ")
         row["certify"] = "exit %d %s" % (c.returncode, verdict[-1].split(":")[0] if verdict else
-                                         (c.stderr.strip().splitlines() or ["?"])[-1][:80])
+                                         "refused (%s)" % said[2] if len(said) > 3 else said[-1][:80])
         row["certify_cpu"] = cpu
+        if c.returncode != 0:
+            row["certify_message"] = (c.stderr.strip().splitlines() or ["?"])[-1]  # the CSV's
+        # The PASS/FAIL line's "max X of the uncertainty": how near the
+        # worst step's weights came to the bound (1 = at it).
+        margin = re.search(r"max ([0-9.eE+-]+) of the uncertainty", verdict[-1] if verdict else "")
+        if margin:
+            row["margin"] = float(margin.group(1))
         say("  %s, %.3f s CPU" % (row["certify"], cpu))
     if os.path.isdir(trace) and not (row.get("certify", "").startswith("exit 0 PASS") and
                                      row["identical"] == "yes"):
@@ -311,7 +337,7 @@ COLUMNS = [("size", "size", "%s"), ("P", "parameters", "%d"), ("K", "K", "%d"),
            ("cpu_x", "CPU x", "%.2f"), ("plain_MB", "plain peak (MB)", "%.0f"),
            ("rec_MB", "recorded peak (MB)", "%.0f"), ("mem_x", "memory x", "%.2f"),
            ("rec_close_cpu", "close() CPU (s)", "%.3f"), ("certify", "certify", "%s"),
-           ("certify_cpu", "certify CPU (s)", "%.3f"), ("identical", "bit-identical", "%s"),
+           ("margin", "weights / uncertainty", "%.3g"), ("certify_cpu", "certify CPU (s)", "%.3f"), ("identical", "bit-identical", "%s"),
            ("load", "load avg", "%s")]
 
 
@@ -333,7 +359,7 @@ def table(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", nargs=5, metavar=("SIZE", "K", "STEPS", "RECORD", "TRACE"),
+    ap.add_argument("--child", nargs=6, metavar=("SIZE", "K", "STEPS", "RECORD", "TRACE", "AUTOCAST"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"),
                     help="the build folder holding cli/accumcheck (default: build/)")
@@ -349,13 +375,15 @@ def main():
                          "(parameters) and K, e.g. the current recorder's (issue 43) '%s'; or "
                          "auto (default): per parameter as measured at the largest smaller size "
                          "with the same K, that formula before any" % LAW)
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="bf16: each forward and loss under torch.autocast('cpu', torch.bfloat16)")
     ap.add_argument("--dry-run", action="store_true",
                     help="print each case's parameters and predicted memory, run nothing")
     ap.add_argument("--out", help="also write the rows: FILE.csv (all columns) or FILE.md (the table)")
     a = ap.parse_args()
     if a.child:
-        size, K, steps, record, trace = a.child
-        return child(size, int(K), int(steps), record == "1", trace)
+        size, K, steps, record, trace, autocast = a.child
+        return child(size, int(K), int(steps), record == "1", trace, autocast)
     sizes, ks = a.sizes.split(","), [int(k) for k in a.ks.split(",")]
     bad = [s for s in sizes if s not in CONFIGS]
     if bad or a.steps < 1 or a.repeats < 1 or min(ks) < 1:
@@ -388,8 +416,10 @@ def main():
             rows.append(case(a, size, K, tool, budget))
     md = table(rows)
     print(md)
-    print("\nload average at the end: %s; %d step(s) timed after 1 warm-up, least of %d, one thread"
-          % (" ".join("%.2f" % x for x in os.getloadavg()), a.steps, a.repeats))
+    print("\n%s; load average at the end: %s; %d step(s) timed after 1 warm-up, least of %d, one "
+          "thread%s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                        " ".join("%.2f" % x for x in os.getloadavg()), a.steps, a.repeats,
+                        "; bf16 autocast" if a.autocast == "bf16" else ""))
     if a.out:
         with open(a.out, "w", newline="") as f:
             if a.out.endswith(".md"):
