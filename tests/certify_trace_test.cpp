@@ -97,6 +97,14 @@ INSTANTIATE_TEST_SUITE_P(Pitfalls, CertifyPitfall,
                            return n;
                          });
 
+// A window buffer not reset at the epoch's end (issue 44): certify-mlp's
+// 10 micro-batches an epoch at K = 4 leave 2 that join the next epoch's
+// first 2, counted whole; window-counter-across-epochs (each part by its
+// own count) must not be named in its place.
+INSTANTIATE_TEST_SUITE_P(
+    Buffer, CertifyPitfall,
+    ::testing::Values(Pitfall::window_buffer_across_epochs));
+
 // A trace PyTorch 2.13.0 (CPU) recorded of examples/state/scaled.py
 // --variant bf16_zero_grad_inside (tests/data/bf16_zero_grad_inside:
 // zero_grad() at the top of every micro-batch, under bf16 autocast, with
