@@ -103,7 +103,8 @@ INSTANTIATE_TEST_SUITE_P(Pitfalls, CertifyPitfall,
 // own count) must not be named in its place.
 INSTANTIATE_TEST_SUITE_P(
     Buffer, CertifyPitfall,
-    ::testing::Values(Pitfall::window_buffer_across_epochs));
+    ::testing::Values(Pitfall::window_buffer_across_epochs),
+    [](const auto&) { return std::string("window_buffer_across_epochs"); });
 
 // A trace PyTorch 2.13.0 (CPU) recorded of examples/state/scaled.py
 // --variant bf16_zero_grad_inside (tests/data/bf16_zero_grad_inside:
