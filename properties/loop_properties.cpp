@@ -654,6 +654,63 @@ void last_fetch_in_samples() {
   record_case(name);
 }
 
+// A window buffer not reset at the epoch's end: `pending.append(batch);
+// if len(pending) == K: N = items(pending); backward each / N; step;
+// pending = []`.  The run's micro-batches cut in K from the run's start;
+// a step sums its K micro-batches, each item weighted 1/N over the whole
+// window's items (both epochs' parts, counted before its first backward),
+// each part with the epoch it was drawn in; the run's last leftover in no
+// step.
+void window_buffer_across_epochs() {
+  const std::string name = "window.buffer-across-epochs";
+  Triggers t;
+  t.pitfalls = {Pitfall::window_buffer_across_epochs};
+  t.partial_window = true;
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  Scenario s = *scenario(t).as("scenario");
+  // Two epochs or three: a leftover that joins the next epoch.
+  s.batching.epochs = *rc::gen::inRange<int64_t>(2, 4).as("epochs");
+  const Case c(s);
+  const int64_t K = s.batching.accumulation;
+  const Plan full = materialize(c.plan);  // epoch_micro points into it
+  const std::vector<Micro> epochs = epoch_micro(full);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::window_buffer_across_epochs}, s.optimizer.lr);
+  // Per step: (parts, epoch each part was drawn in).
+  std::vector<Groups> steps;
+  Groups pending;
+  int64_t held = 0;
+  for (size_t e = 0; e < epochs.size(); ++e) {
+    for (const MicroBatch* m : epochs[e]) {
+      if (pending.empty() || pending.back().second != int64_t(e))
+        pending.push_back({{}, int64_t(e)});
+      pending.back().first.push_back(m);
+      if (++held == K) {
+        steps.push_back(pending);
+        pending.clear();
+        held = 0;
+      }
+    }
+  }
+  RC_ASSERT(bug.steps.size() == steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    int64_t N = 0;
+    for (const auto& [part, e] : steps[i]) N += items_of(part);
+    const std::vector<R> theta = theta_before(bug, i, c);
+    std::vector<R> want;
+    for (const auto& [part, e] : steps[i]) {
+      const std::vector<R> g =
+          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
+      if (want.empty()) want.assign(g.size(), R(0));
+      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
+    }
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
+                 "window joined across epochs, counted whole");
+  }
+  record_case(name);
+}
+
 }  // namespace
 
 const std::vector<Property>& loop_properties() {
@@ -709,6 +766,12 @@ const std::vector<Property>& loop_properties() {
        "micro-batches drawn per epoch; a last window cut short joins the "
        "next window, each part at 1/N over its items",
        last_fetch_in_samples},
+      {"window.buffer-across-epochs", "oracle",
+       "window-buffer-across-epochs: the run's micro-batches cut in K from "
+       "its start, an epoch's leftover joining the next epoch's first "
+       "micro-batches; each step at 1/N over its whole window's items; the "
+       "run's last leftover in no step",
+       window_buffer_across_epochs},
   };
   return props;
 }

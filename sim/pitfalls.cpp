@@ -171,6 +171,13 @@ constexpr Entry kCatalog[] = {
      "steps whose window ends on a micro-batch numbered a multiple of f in "
      "its epoch (Lightning's (batch_idx + 1) % frequency, #17544): with f "
      "dividing K, after every step"},
+    // A hand-written window buffer (issue 44).
+    {Pitfall::window_buffer_across_epochs, "window-buffer-across-epochs",
+     "the window kept in a buffer that is not reset at the epoch's end: an "
+     "epoch's leftover micro-batches wait for the next epoch's first ones "
+     "to fill K, and that window is divided by the items of the whole "
+     "joined window (hand-written buffers); the run's last leftover is "
+     "never stepped"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -346,6 +353,10 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
       case Pitfall::scheduler_frequency_in_micro_batches:
         b.frequency_in_micro_batches = true;
         break;
+      case Pitfall::window_buffer_across_epochs:
+        // The joined window is cut in Trainer::run (buffered_epoch).
+        b.buffer_across_epochs = true;
+        break;
     }
   }
   return b;
@@ -413,13 +424,23 @@ bool in_scope(const CandidateScope& scope, Pitfall p) {
 
 // window-counter-across-epochs cuts the windows itself: no pair with
 // the other loops that cut them (window-boundary-off-by-one*).
+// window-buffer-across-epochs cuts them too (no pair with those three),
+// and never leaves a partial window to run: the partial-cycle pitfalls
+// change nothing beside it.
 bool cuts_both(Pitfall a, Pitfall b) {
   auto off_by_one = [](Pitfall p) {
     return p == Pitfall::window_boundary_off_by_one ||
            p == Pitfall::window_boundary_off_by_one_max_steps;
   };
   const Pitfall across = Pitfall::window_counter_across_epochs;
-  return (a == across && off_by_one(b)) || (b == across && off_by_one(a));
+  auto beside_buffer = [&](Pitfall p) {
+    return p == across || off_by_one(p) ||
+           p == Pitfall::partial_cycle_scale_by_k ||
+           p == Pitfall::partial_cycle_drop || p == Pitfall::partial_cycle_leak;
+  };
+  const Pitfall buffer = Pitfall::window_buffer_across_epochs;
+  return (a == across && off_by_one(b)) || (b == across && off_by_one(a)) ||
+         (a == buffer && beside_buffer(b)) || (b == buffer && beside_buffer(a));
 }
 }  // namespace
 

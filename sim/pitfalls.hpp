@@ -76,6 +76,8 @@ enum class Pitfall {
   lr_scaled_by_k,
   // A scheduler's frequency counted in micro-batches (Lightning, issue 44).
   scheduler_frequency_in_micro_batches,
+  // A window buffer that outlives the epoch (issue 44).
+  window_buffer_across_epochs,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -123,6 +125,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::ddp_clip_before_all_reduce,
     Pitfall::lr_scaled_by_k,
     Pitfall::scheduler_frequency_in_micro_batches,
+    Pitfall::window_buffer_across_epochs,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -305,6 +308,15 @@ struct Behavior {
   // the epoch (from 1) is a multiple of f (Lightning's `(batch_idx + 1)
   // % frequency`): with f dividing K, after every step.
   bool frequency_in_micro_batches = false;
+  // window-buffer-across-epochs: the loop keeps its window in a buffer
+  // (a list of micro-batches, or a running window and its count) that is
+  // not reset at an epoch's end and steps when it holds K: the run's
+  // micro-batches cut into K from the run's start, an epoch's leftover
+  // carried unrun into the next epoch's first window, which completes the
+  // K and is counted whole before its first backward (each micro-batch at
+  // 1/N over the joined window's items); the run's last leftover is never
+  // backwarded.  No partial window ever runs.
+  bool buffer_across_epochs = false;
 
   bool operator==(const Behavior&) const = default;
 };

@@ -66,7 +66,11 @@
 // the epoch never finishes neither stepped nor zeroed.
 // items-counted-per-fetch-group divides each micro-batch by the items of
 // its fetch (the epoch's K-slices from its start, as drawn) instead of its
-// window's.
+// window's.  window-buffer-across-epochs carries an epoch's leftover
+// micro-batches unrun into the next epoch and cuts the run's micro-batches
+// in K from the run's start (buffered_epoch): the joined window is one
+// window, counted whole (N_w over both epochs' parts); the run's last
+// leftover never runs.
 //
 // K may change from epoch to epoch (EpochPlan::accumulation,
 // sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp

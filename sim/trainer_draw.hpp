@@ -1,7 +1,8 @@
 // The windows an epoch is cut into where a pitfall draws or cuts them
 // differently from the plan (sim/trainer.hpp's loop walks the plan's
 // otherwise): skip-short-micro-batch, window-boundary-off-by-one (and
-// -max-steps), window-counter-across-epochs, last-fetch-sized-in-samples.
+// -max-steps), window-counter-across-epochs, last-fetch-sized-in-samples,
+// window-buffer-across-epochs (buffered_epoch, after drawn_epoch).
 #pragma once
 
 #include <algorithm>
@@ -19,7 +20,8 @@ namespace accumcheck {
 // itself (drawn_epoch) rather than walking the plan's.
 inline bool draws_own_windows(const Behavior& b) {
   return b.skip_short_micro_batch || b.window_off_by_one ||
-         b.windows_across_epochs || b.last_fetch_in_samples;
+         b.windows_across_epochs || b.last_fetch_in_samples ||
+         b.buffer_across_epochs;
 }
 
 // The epoch's windows as a trainer of behaviour `b` draws and cuts them
@@ -93,6 +95,38 @@ inline EpochPlan drawn_epoch(const EpochPlan& planned, const Behavior& b,
     e.windows.push_back(std::move(w));
     at = end;
   }
+  return e;
+}
+
+// window-buffer-across-epochs: the epoch's drawn micro-batches after the
+// ones `carry` holds (the earlier epochs' leftover, not yet run), cut into
+// windows of K (the epoch's); what does not fill a last K is left in
+// `carry` for the next epoch, unrun.  Every window is full.
+// `carry_epochs` holds the epoch each carried micro-batch was drawn in;
+// `drawn_in` is set to that of each micro-batch of the windows, in order.
+inline EpochPlan buffered_epoch(const EpochPlan& drawn, int64_t K,
+                                int64_t epoch, std::vector<MicroBatch>& carry,
+                                std::vector<int64_t>& carry_epochs,
+                                std::vector<int64_t>& drawn_in) {
+  for (const Window& w : drawn.windows) {
+    carry.insert(carry.end(), w.micro.begin(), w.micro.end());
+    carry_epochs.insert(carry_epochs.end(), w.micro.size(), epoch);
+  }
+  EpochPlan e;
+  e.accumulation = drawn.accumulation;
+  const size_t k = size_t(std::max<int64_t>(K, 1));
+  size_t at = 0;
+  for (; carry.size() - at >= k; at += k) {
+    Window w;
+    w.micro.assign(carry.begin() + std::ptrdiff_t(at),
+                   carry.begin() + std::ptrdiff_t(at + k));
+    e.windows.push_back(std::move(w));
+  }
+  drawn_in.assign(carry_epochs.begin(),
+                  carry_epochs.begin() + std::ptrdiff_t(at));
+  carry.erase(carry.begin(), carry.begin() + std::ptrdiff_t(at));
+  carry_epochs.erase(carry_epochs.begin(),
+                     carry_epochs.begin() + std::ptrdiff_t(at));
   return e;
 }
 

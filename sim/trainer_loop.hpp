@@ -69,6 +69,8 @@ class Trainer {
     run_.name = std::move(name);
     backward_ = since_step_ = 0;
     micro_before_epoch_ = 0;
+    buffered_.clear();
+    buffered_epochs_.clear();
     floor_budget_ = INT64_MAX;
     // schedule-horizon-in-micro-steps: the horizon in the micro-batches of
     // the plan's real windows (an epoch's partial last window included).
@@ -89,6 +91,14 @@ class Trainer {
       if (redrawn)
         own = drawn_epoch(planned, b_, s_.batching.micro_batch, K_,
                           micro_before_epoch_, unfinished);
+      // window-buffer-across-epochs: the buffer's leftover first, cut in
+      // K; the epoch's end steps nothing (no window waits for it).
+      micro_epochs_.clear();
+      if (b_.buffer_across_epochs) {
+        own = buffered_epoch(own, K_, ep, buffered_, buffered_epochs_,
+                             micro_epochs_);
+        unfinished = false;
+      }
       const EpochPlan& epoch = redrawn ? own : planned;
       if (b_.items_per_fetch_group) fetch_items(epoch);
       micro_before_epoch_ += epoch.micro_steps();
@@ -154,8 +164,10 @@ class Trainer {
     c_ = counters;
     init_ranks(int64_t(w.micro.front().shards.size()));
     init_state_beyond_gradients(false);
-    // One window alone: its fetch is itself.
+    // One window alone: its fetch is itself, its micro-batches drawn in
+    // its epoch.
     fetch_items_.clear();
+    micro_epochs_.clear();
     window_offset_ = 0;
     window(w, 0, last_of_epoch, epoch_micro_steps);
     use_rank(0);
@@ -402,9 +414,14 @@ class Trainer {
         window_items_ = fetch_items_.at(f);
         rank_items_ = fetch_rank_items_.at(f);
       }
+      // The epoch micro-batch k was drawn in (window-buffer-across-epochs
+      // runs an earlier epoch's leftover): its events' and its forward's.
+      epoch_ = micro_epochs_.empty()
+                   ? epoch
+                   : micro_epochs_.at(size_t(window_offset_ + k));
       const int64_t b = backward_;  // rank 0's backward pass of this micro-step
       each_rank([&](int64_t r) {
-        if constexpr (requires { e_.set_epoch(epoch); }) e_.set_epoch(epoch);
+        if constexpr (requires { e_.set_epoch(epoch_); }) e_.set_epoch(epoch_);
         if (b_.seed_002_loop ||
             b_.zero_grad == ZeroGradTiming::every_micro_step)
           zero_grad(k);
@@ -465,6 +482,7 @@ class Trainer {
       // The boundary's optimizer.step() precedes the micro-step's
       // scheduler.step() (scheduler-per-micro-step: step t uses S(tK+K-1)).
       if (k + 1 == Kw || steps_each) {
+        epoch_ = epoch;  // the step is the window's epoch's
         micro_in_epoch_ = window_offset_ + k + 1;
         boundary(steps_at_boundary, last_of_epoch, epoch_micro_steps);
       }
@@ -510,6 +528,13 @@ class Trainer {
   // micro-batches drawn in the epochs before this one.
   int64_t floor_budget_ = INT64_MAX;
   int64_t micro_before_epoch_ = 0;
+  // window-buffer-across-epochs: the micro-batches the buffer holds, not
+  // yet run (an epoch's leftover, waiting for the next epoch's).
+  std::vector<MicroBatch> buffered_;
+  std::vector<int64_t> buffered_epochs_;  // the epoch each was drawn in
+  // The epoch each micro-batch of this epoch's windows was drawn in, in
+  // order (empty: all in this one).
+  std::vector<int64_t> micro_epochs_;
   int64_t epoch_micro_steps_ = 0;  // the micro-steps of the window's epoch
   // items-counted-per-fetch-group: the epoch's fetches' items (all ranks;
   // per rank), and the window's first micro-batch's place in its epoch.

@@ -97,6 +97,29 @@ INSTANTIATE_TEST_SUITE_P(Pitfalls, CertifyPitfall,
                            return n;
                          });
 
+// A window buffer not reset at the epoch's end (issue 44): certify-mlp's
+// 10 micro-batches an epoch at K = 4 leave 2 that join the next epoch's
+// first 2, counted whole.  Its micro-batches are of equal size, so
+// sample-mean-of-means+window-counter-across-epochs gives the same values
+// (a tie within the bound); the call pattern (that loop backwards the
+// run's last leftover, the buffer never does) puts the buffer first.
+TEST(Certify, WindowBufferNamedFirstByItsPattern) {
+  const Pitfall p = Pitfall::window_buffer_across_epochs;
+  const std::string dir = device_trace(std::string(pitfall_id(p)), {p});
+  const CertifyReport r = certify(scenario(), dir);
+  ASSERT_FALSE(r.pass) << certify_text(r);
+  ASSERT_FALSE(r.ranking.empty());
+  const CertifyCandidate& best = r.ranking.front();
+  EXPECT_EQ(best.name, pitfall_id(p)) << certify_text(r);
+  EXPECT_TRUE(best.tracked);
+  EXPECT_TRUE(best.pattern_matches) << certify_text(r);
+  EXPECT_LE(best.distance, 1.0) << certify_text(r);
+  const size_t at = r.diagnosis.find(std::string(pitfall_id(p)));
+  ASSERT_NE(at, std::string::npos) << r.diagnosis;
+  EXPECT_LT(at, r.diagnosis.find("window-counter-across-epochs"))
+      << r.diagnosis;
+}
+
 // A trace PyTorch 2.13.0 (CPU) recorded of examples/state/scaled.py
 // --variant bf16_zero_grad_inside (tests/data/bf16_zero_grad_inside:
 // zero_grad() at the top of every micro-batch, under bf16 autocast, with

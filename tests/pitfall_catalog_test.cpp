@@ -155,6 +155,8 @@ const Expected kTable[] = {
     {"lr-scaled-by-k", with([](Behavior& b) { b.lr_times_k = true; })},
     {"scheduler-frequency-in-micro-batches",
      with([](Behavior& b) { b.frequency_in_micro_batches = true; })},
+    {"window-buffer-across-epochs",
+     with([](Behavior& b) { b.buffer_across_epochs = true; })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {
@@ -295,11 +297,13 @@ TEST(PitfallCatalog, CandidateScope) {
   };
   // correct, n singles, n(n-1)/2 pairs but the 2 that pair
   // window-counter-across-epochs with a window-boundary-off-by-one loop
-  // (both cut the windows) and the one whose factors of K cancel
+  // (both cut the windows), the 6 that pair window-buffer-across-epochs
+  // with those three (all cut) or a partial-cycle pitfall (no partial
+  // window runs beside it), and the one whose factors of K cancel
   // (no-loss-normalization+loss-divided-by-k-twice); and the copies with
   // items-counted-per-fetch-group.
   const size_t n = sample.size();
-  const size_t all = 1 + n + n * (n - 1) / 2 - 2 - 1;
+  const size_t all = 1 + n + n * (n - 1) / 2 - 2 - 6 - 1;
   EXPECT_EQ(candidate_semantics({}).size(), all + fetch_copies({}));
   for (const auto& sem : candidate_semantics({}))
     EXPECT_NE(semantics_name(sem),
@@ -307,9 +311,9 @@ TEST(PitfallCatalog, CandidateScope) {
   // A run that stopped short: every pair (but the budget's own and those
   // left out above) also with step-budget-drops-micro-batches as a third.
   const size_t m = n - 1;  // the pairs without the budget
-  EXPECT_EQ(
-      candidate_semantics({.stopped_short = true}).size(),
-      all + m * (m - 1) / 2 - 2 - 1 + fetch_copies({.stopped_short = true}));
+  EXPECT_EQ(candidate_semantics({.stopped_short = true}).size(),
+            all + m * (m - 1) / 2 - 2 - 6 - 1 +
+                fetch_copies({.stopped_short = true}));
   for (auto sem : candidate_semantics({.stopped_short = true})) {
     sem.erase(std::remove(sem.begin(), sem.end(), fetch), sem.end());
     if (sem.size() == 3) {

@@ -30,4 +30,7 @@ RC_GTEST_PROP(Loop, LossDividedByKTwice, ()) {
 RC_GTEST_PROP(Loop, EndOfLoaderSyncsEveryMicroBatch, ()) {
   run_property("framework.end-of-loader");
 }
+RC_GTEST_PROP(Loop, WindowBufferAcrossEpochs, ()) {
+  run_property("window.buffer-across-epochs");
+}
 }  // namespace accumcheck::properties

@@ -201,6 +201,11 @@ const Pinned kPinned[] = {
     {Pitfall::lr_scaled_by_k, kCorrect, "the lr only"},
     {Pitfall::scheduler_frequency_in_micro_batches, kCorrect,
      "frequency 1: every step schedules"},
+    {Pitfall::window_buffer_across_epochs,
+     "FFCOSZ"
+     "FFCOSZ",
+     "one epoch: micro-batch 4 waits in the buffer for a next epoch that "
+     "never comes (never run)"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }
@@ -399,6 +404,26 @@ TEST(TrainerEvents, TrainerBudget) {
   EXPECT_EQ(pattern_of(one, {Pitfall::window_counter_across_epochs}),
             "FCOSZ"
             "FCOSZ");
+}
+
+TEST(TrainerEvents, WindowBuffer) {
+  // A window buffer not reset at the epoch's end: 5 micro-batches, K = 2,
+  // 2 epochs.  Epoch 0 steps [0, 1], [2, 3] and keeps [4] unrun; epoch 1
+  // runs it with its own [0], then [1, 2], [3, 4]: 5 steps, the leftover's
+  // backward in epoch 1 (window-counter-across-epochs runs it in epoch 0).
+  Scenario s = five_micro_batches(5);
+  s.batching.epochs = 2;
+  EXPECT_EQ(pattern_of(s, {Pitfall::window_buffer_across_epochs}),
+            "FFCOSZ"
+            "FFCOSZ"
+            "FFCOSZ"
+            "FFCOSZ"
+            "FFCOSZ");
+  // No epoch's end steps the buffer: 3 epochs of one micro-batch at K = 2
+  // take one step, and the third epoch's micro-batch never runs.
+  Scenario one = five_micro_batches(1);
+  one.batching.epochs = 3;
+  EXPECT_EQ(pattern_of(one, {Pitfall::window_buffer_across_epochs}), "FFCOSZ");
 }
 
 TEST(TrainerEvents, SkipShortMicroBatch) {

@@ -301,12 +301,32 @@ def _dataset(loader):
     return getattr(loader, "dataset", None) or getattr(loader, "loader").dataset
 
 
+def window_buffer(m, opt, load, K, epochs, mean, items, summed):
+    """The window kept in a list that is not emptied at the epoch's end
+    (issue 44's new-user SFT loop): an epoch's leftover micro-batches wait
+    for the next epoch's first ones, and that window is divided by the
+    items of all K; the run's last leftover is never backwarded
+    (window-buffer-across-epochs)."""
+    pending = []
+    for _ in range(epochs):
+        for b in load():
+            pending.append(b)
+            if len(pending) == K:
+                n = sum(items(x) for x in pending)
+                for x in pending:
+                    (summed(m, x) / n).backward()
+                opt.step()
+                opt.zero_grad()
+                pending = []
+
+
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   zero_grad_inside, step_outside_if, rescaled_accumulator,
                                   off_by_one, leak, skip_short, double_count,
                                   clip_per_micro_step, double_count_last,
                                   step_first_alone, across_epochs_k_twice, unshifted_count,
-                                  across_epochs_k_twice_drop_last, trainer_4_46)}
+                                  across_epochs_k_twice_drop_last, trainer_4_46,
+                                  window_buffer)}
 
 
 def parse(argv=None):

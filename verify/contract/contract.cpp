@@ -277,6 +277,14 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       d.d = kInf;
       d.why = why;
     }
+    // The micro-batches in no step: backwarded (left in .grad) or never
+    // (a window buffer's last leftover), as the trace's backward passes
+    // say.  Judged where the weights match (elsewhere the weights say).
+    if (const std::string why = unstepped_differ(cp, c, p);
+        !why.empty() && d.d <= 1) {
+      d.d = kInf;
+      d.why = why;
+    }
     // The clip symbols take the trace's factors: which norm gave them is
     // the candidate's clip rule, judged here.
     if (shard_clips && judge_clip) {
@@ -305,7 +313,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
           lowps[k] == sem_lowp && lrs[k] == lr.accepted_lr &&
           (!shard_clips || shard_rules[k] == sem_shard) &&
           (!s.clip.enabled || preds[k].clips == p.clips) &&
-          (!reduces_seen || preds[k].reduces == p.reduces)) {
+          (!reduces_seen || preds[k].reduces == p.reduces) &&
+          preds[k].unstepped_backward == p.unstepped_backward) {
         r.ranking[k].aliases.push_back(semantics_name(sem));
         merged = true;
         break;

@@ -115,7 +115,18 @@ struct Prediction {
   Reduces reduces;  // step -> the micro-steps of its gradient all-reduces
   // (rank, parameter version) -> its clip_grad_norm_ calls (ClipCalls)
   std::map<std::pair<int64_t, int64_t>, int64_t> clips;
+  // The drawn micro-batches the loop backwards but steps in no optimizer
+  // step (an epoch's leftover left in .grad at the run's end, say);
+  // a drawn micro-batch in no step and not here is never backwarded (a
+  // window buffer's last leftover).
+  std::set<int64_t> unstepped_backward;
 };
+
+// "" when the trace backwards exactly the drawn micro-batches `pred`
+// backwards without stepping, among those `pred` steps in no step; else
+// the first that differs.
+std::string unstepped_differ(const ContractPlan& cp, const ContractSection& c,
+                             const Prediction& pred);
 
 // The gradient all-reduces of a contract trace's events.
 Reduces all_reduces(const std::vector<Event>& events, const ContractSection& c);

@@ -223,6 +223,15 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
     p.P[size_t(st.rank)].push_back(std::move(w));
     p.version[size_t(st.rank)].push_back(std::move(v));
   }
+  // The drawn micro-batches backwarded but in no step.
+  std::set<int64_t> stepped;
+  for (const auto& rank : p.P)
+    for (const Weights& w : rank)
+      for (const auto& [m, v] : w) stepped.insert(m);
+  for (const auto& mg : e.micro()) {
+    const int64_t m = mg.ids.front() / cp.stride;
+    if (m < cp.drawn && !stepped.count(m)) p.unstepped_backward.insert(m);
+  }
   // A window the trace's loss scaler skipped (or stepped on inf or NaN):
   // its micro-batches are in no step of any semantics (the loss scaler
   // check judges the window itself).
@@ -233,6 +242,25 @@ Prediction predict(const ContractPlan& cp, const Scenario& s, const Behavior& b,
         p.version[r][t].clear();
       }
   return p;
+}
+
+std::string unstepped_differ(const ContractPlan& cp, const ContractSection& c,
+                             const Prediction& pred) {
+  std::set<int64_t> stepped, backwarded;
+  for (const auto& rank : pred.P)
+    for (const Weights& w : rank)
+      for (const auto& [m, v] : w) stepped.insert(m);
+  for (const auto& b : c.backward) backwarded.insert(b.micro);
+  for (int64_t m = 0; m < cp.drawn; ++m) {
+    if (stepped.count(m)) continue;
+    const bool trace = backwarded.count(m) > 0;
+    if (trace != (pred.unstepped_backward.count(m) > 0))
+      return fmt::format(
+          "micro-batch {} (in no step): the trace {} it, this loop {}", m,
+          trace ? "backwards" : "never backwards",
+          trace ? "never backwards it" : "backwards it");
+  }
+  return "";
 }
 
 // The trace's gradient all-reduces differ from the accepted semantics'

@@ -351,6 +351,43 @@ constexpr ExplainEntry kLoopPitfalls[] = {
      "seed 002 (cold start ramp); the K-changing recipes (GPT-3, "
      "Megatron-LM rampup-batch-size)",
      "ramp.schedule-horizon-fixed"},
+    // A hand-written window buffer (issue 44).
+    {"window-buffer-across-epochs",
+     "a window buffer that is not reset at the epoch's end",
+     "The loop collects its window in a list (or a running window with its "
+     "count) and, once it holds K micro-batches, counts their items, "
+     "backwards each divided by that count and steps; the list is created "
+     "before the epoch loop and not emptied at an epoch's end. With M "
+     "micro-batches per epoch not a multiple of K the epoch's leftover "
+     "waits, unrun, for the next epoch's first micro-batches: that window "
+     "mixes two epochs, is divided by the items of the whole joined window, "
+     "and every later window of the epoch is shifted; the last epoch's "
+     "leftover is never backwarded. window-counter-across-epochs cuts the "
+     "same windows but divides each epoch's part by its own items. Empty "
+     "the buffer at each epoch's end: step what it holds as the epoch's "
+     "short last window.",
+     " pending = []\n"
+     " for epoch in range(epochs):\n"
+     "-    for batch in loader:                # pending outlives the epoch\n"
+     "+    for i, batch in enumerate(loader):\n"
+     "         pending.append(batch)\n"
+     "-        if len(pending) == K:\n"
+     "+        if len(pending) == K or i + 1 == len(loader):\n"
+     "             N = sum(count_items(b) for b in pending)\n"
+     "             for b in pending:\n"
+     "                 (loss_sum(model, b) / N).backward()\n"
+     "             optimizer.step(); optimizer.zero_grad(); pending = []",
+     "the run's micro-batches cut in K from the run's start; each step "
+     "sums its K micro-batches at 1/N over all their items, a window across "
+     "an epoch's end included; the run's last leftover in no step",
+     "window-buffer-across-epochs",
+     "issue 44 (the new-user check's SFT loop: prompt-masked data, K = 4, "
+     "the buffer `pending` filled across the epoch's end: FAIL unnamed "
+     "before); CTest PyTorch.contract.sft.window_buffer; torchtune 0.6.1's "
+     "recipe keeps its count and gradients across the epoch's end too, but "
+     "restarts its window count (recipe.partial: the leftover joins a full "
+     "window of K, a cut this entry does not model)",
+     "window.buffer-across-epochs"},
 };
 
 }  // namespace
