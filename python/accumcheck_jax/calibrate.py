@@ -42,3 +42,15 @@ class Calibrate:
                 batch)
             g64 = self._plain(self._grad64, first, b64)
             return self.layout.host(jax.tree_util.tree_leaves(g64))
+
+    def _g32(self, full, batch):
+        """g_j in the model's own precision (its kept coordinates), the full
+        path's second gradient, from the whole state the micro-batch saw:
+        the output path's reference for how far float32 alone strays from
+        float64 on this micro-batch (compiled only where asked)."""
+        jax = self.jax
+        if self._grad32 is None:
+            self._grad32 = _jit_rare(jax, self.grad_transform(self.summed_loss))
+        state = jax.tree_util.tree_unflatten(self.treedef, list(full))
+        g32 = self._plain(self._grad32, state, batch)
+        return self.layout.host(jax.tree_util.tree_leaves(g32))

@@ -122,3 +122,25 @@ def test_apply_refuses_what_is_no_function(tmp_path):
     with pytest.raises(Exception) as e:
         rec.apply("logits")
     assert "expected your model's forward function" in str(e.value)
+
+
+def test_premise_allows_float32_own_error(tmp_path):
+    """A calibration sample where float32 itself strays from float64 by more
+    than the fixed bound (a model near its minimum): c_j / w_j as far from
+    g64 as the full path's own float32 gradient is, within
+    contract_fit_calibration times that, keeps the output path (no note);
+    the same distance with a float32 gradient equal to g64 (float32 exact
+    there) is the loss reaching the parameters by another path."""
+    rec = ContractRecorder(ce(logits), lambda b: len(b[1]), accumulation=1,
+                           out=str(tmp_path / "t"))
+    rng = np.random.default_rng(0)
+    g64 = rng.standard_normal(64)
+    c = 0.25 * (g64 + 0.05 * np.linalg.norm(g64) * rng.standard_normal(64) / 8.0)
+    lin = np.linalg.norm(c / 0.25 - g64) / np.linalg.norm(g64)
+    assert 1e-3 < lin < 0.1
+    rec._g32 = lambda full, batch: g64 + (c / 0.25 - g64)[::-1]  # as far, elsewhere
+    assert rec._premise(0, c, (0.25, 0.0), g64, None, None) == pytest.approx(lin)
+    assert not rec.notes
+    rec._g32 = lambda full, batch: g64
+    assert rec._premise(0, c, (0.25, 0.0), g64, None, None) is None
+    assert "the loss reaches the parameters by another path" in rec.notes[0]
