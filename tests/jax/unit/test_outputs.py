@@ -14,6 +14,7 @@ import optax
 import pytest
 import train_optax
 from accumcheck_jax import ContractRecorder
+from accumcheck_jax.outputs import _fit_dots
 
 
 def rows(out, kind):
@@ -144,3 +145,30 @@ def test_premise_allows_float32_own_error(tmp_path):
     rec._g32 = lambda full, batch: g64
     assert rec._premise(0, c, (0.25, 0.0), g64, None, None) is None
     assert "the loss reaches the parameters by another path" in rec.notes[0]
+
+
+def test_dots_on_the_device_match_the_host(tmp_path):
+    """The device program's weight and residual of u = w s (s_j through
+    the summed loss at the tapped outputs, the dots in float64) are the
+    host's float64 least squares on the same s and u."""
+    box = {"forward": logits}
+    rec = ContractRecorder(ce(lambda p, x: box["forward"](p, x)), lambda b: len(b[1]),
+                           accumulation=1, out=str(tmp_path / "t"))
+    box["forward"] = rec.apply(logits)
+    params = {"w1": jnp.zeros((6, 8)), "w2": jnp.zeros((8, 3))}
+    rec.shapes, rec.p_dtypes = [(6, 8), (8, 3)], [jnp.float32, jnp.float32]
+    rec.treedef = jax.tree_util.tree_structure(params)
+    rng = np.random.default_rng(1)
+    o = rng.standard_normal((4, 3)).astype(np.float32)
+    batch = (rng.standard_normal((4, 6)).astype(np.float32), np.array([0, 2, 1, 2], np.int32))
+    rec.out_treedef = jax.tree_util.tree_structure(o)
+    s = np.asarray(jax.grad(lambda z: -jnp.sum(jnp.take_along_axis(
+        jax.nn.log_softmax(z), batch[1][:, None], axis=1)))(o), np.float64)
+    u = (2.0 * s + 1e-3 * rng.standard_normal(s.shape)).astype(np.float32)
+    w, resid = _fit_dots(np.asarray(jax.device_get(rec._dots_of(([o], [u]), batch))))
+    u64 = u.astype(np.float64).ravel()
+    s64 = s.ravel()
+    w_host = float(u64 @ s64 / (s64 @ s64))
+    r_host = np.linalg.norm(u64 - w_host * s64) / (abs(w_host) * np.linalg.norm(s64))
+    assert w == pytest.approx(w_host, rel=1e-6) and abs(w - 2.0) < 1e-2
+    assert resid == pytest.approx(r_host, rel=1e-4) and resid > 1e-5
