@@ -8,16 +8,15 @@ since it, and its update replayed (p + update, optax.apply_updates)."""
 import time
 
 import numpy as np
+
+# oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
+# what the trace reports): the one mirror, accumcheck_torch's too.
+from accumcheck_trace.error_model import REPLAY_ULPS, U32
 from accumcheck_trace.trace import real
 
 from .capture import _unpack, join, norm
 from .outputs import _fit_c
 from .write import _off_bf16
-
-U32 = 2.0 ** -24
-# oracle/error_model.hpp contract_replay_ulps (certify judges; this scales
-# what the trace reports, as accumcheck_torch's recorder does).
-REPLAY_ULPS = 16.0
 
 
 class Steps:

@@ -4,15 +4,14 @@ a combination of the backward passes since the previous step."""
 
 import torch
 
+# The error model's mirrors (oracle/error_model.hpp contract_sum_ulps and
+# evidence_weight_rel: which directions of a step fit the step does not
+# fix, _indistinct), one for every recorder.
+from accumcheck_trace.error_model import EVIDENCE_WEIGHT_REL, SUM_ULPS, U32
+
 from .guard import _never_raises
 from .sample import Coordinates
 from .trace import real
-
-U32 = 2.0 ** -24
-# oracle/error_model.hpp contract_sum_ulps and evidence_weight_rel: which
-# directions of a step fit the step does not fix (_indistinct).
-SUM_ULPS = 2.0
-EVIDENCE_WEIGHT_REL = 1e-3
 
 
 def _worst(err, base):

@@ -6,13 +6,13 @@ import copy
 
 import torch
 
-from .fit import U32
+# oracle/error_model.hpp contract_replay_ulps (the judging is certify's; this
+# only scales what the trace reports): the one mirror, every recorder's.
+from accumcheck_trace.error_model import REPLAY_ULPS, U32
+
 from .guard import _never_raises
 from .trace import real
 
-# oracle/error_model.hpp contract_replay_ulps (the judging is certify's; this
-# only scales what the trace reports).
-REPLAY_ULPS = 16.0
 # PyTorch's optimizers whose update of an element reads only that element's
 # parameter, gradient and state (and scalars): replayed on the sampled
 # coordinates (_replay_step).  Exact classes: a subclass may not be.

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "oracle/error_model.hpp"
@@ -138,6 +140,31 @@ CertifyCheck clip_check(const ContractSection& c, const Scenario& s, int64_t n,
                            n)
              : std::string());
   return ck;
+}
+
+ClipCalls clip_calls(const ContractSection& c) {
+  ClipCalls out;
+  for (const ContractClip& cl : c.clips) ++out[{cl.rank, cl.version}];
+  return out;
+}
+
+std::string clip_calls_differ(const ClipCalls& trace, const ClipCalls& pred,
+                              int64_t ranks) {
+  if (pred == trace) return "";
+  const auto n_at = [](const auto& m, const auto& k) {
+    const auto it = m.find(k);
+    return it == m.end() ? int64_t(0) : it->second;
+  };
+  std::set<std::pair<int64_t, int64_t>> at;
+  for (const auto& [k, n] : pred) at.insert(k);
+  for (const auto& [k, n] : trace) at.insert(k);
+  for (const auto& k : at)
+    if (n_at(pred, k) != n_at(trace, k))
+      return fmt::format(
+          "clip: {}step {}: {} clip_grad_norm_ call(s), predicted {}",
+          ranks > 1 ? fmt::format("rank {} ", k.first) : std::string(),
+          k.second, n_at(trace, k), n_at(pred, k));
+  return "";
 }
 
 }  // namespace accumcheck::contract_detail

@@ -1,6 +1,9 @@
-// The contract tier's judging (verify/contract/contract.hpp): the fits of
-// the trace, the measured weights and every candidate's distance from them,
-// and the checks and the verdict it calls (verify/contract/detail.hpp).
+// The contract tier's judging (verify/contract/contract.hpp): what meta.csv
+// says, the checks in order (the fits: fits.cpp; the clip, idle calls, loss
+// scaler, EMA, precision: their files), every candidate judged against the
+// measured weights (weights.cpp), its lr, all-reduces and clips, the
+// combination search, and the verdict (diagnose.cpp); one file a part, as
+// verify/contract/detail.hpp lists them.
 #include "verify/contract/contract.hpp"
 
 #include <fmt/format.h>
@@ -8,9 +11,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <map>
-#include <set>
+#include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "oracle/error_model.hpp"
 #include "sim/errors.hpp"
@@ -18,114 +22,6 @@
 #include "verify/certify/lr_channel.hpp"
 #include "verify/contract/detail.hpp"
 #include "verify/trace/trace.hpp"
-
-namespace accumcheck::contract_detail {
-
-namespace {
-
-// Per rank, W_t = beta W_{t-1} + sum_b a_b w_b e_{m(b)} (b over every
-// rank's backward passes: DDP's all-reduce brings the others'),
-// uncertainties alongside.
-Measured compose(const ContractSection& c, const std::vector<double>& eps,
-                 const std::vector<std::vector<double>>& step_bound) {
-  Measured out;
-  for (int64_t r = 0; r < c.ranks(); ++r) {
-    out.W.emplace_back();
-    out.U.emplace_back();
-    auto& m = out;
-    const auto& steps = c.steps[size_t(r)];
-    for (size_t t = 0; t < steps.size(); ++t) {
-      Weights W, U;
-      const double bound = step_bound[size_t(r)][t];
-      for (const auto& k : steps[t].coefs) {
-        const double da = k.norm > 0 ? bound / k.norm : 0.0;
-        if (k.backward < 0) {
-          if (t == 0) continue;
-          for (const auto& [j, w] : m.W[size_t(r)][t - 1]) {
-            W[j] += k.a * w;
-            U[j] +=
-                da * std::abs(w) + std::abs(k.a) * m.U[size_t(r)][t - 1].at(j);
-          }
-        } else {
-          const ContractBackward& b = c.backward[size_t(k.backward)];
-          W[b.micro] += k.a * b.weight;
-          U[b.micro] += da * std::abs(b.weight) +
-                        std::abs(k.a * b.weight) * eps[size_t(k.backward)];
-        }
-      }
-      m.W[size_t(r)].push_back(std::move(W));
-      m.U[size_t(r)].push_back(std::move(U));
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-Distance distance(const Measured& m, const Prediction& p,
-                  const ContractSection& c) {
-  Distance out;
-  const size_t R = m.W.size();
-  auto who = [&](size_t r) {
-    return R > 1 ? fmt::format("rank {} ", r) : std::string();
-  };
-  // The residual: a weight out counts 1, its excess ratio at most this
-  // much (an order past any weight's), so no single step outweighs the
-  // count.
-  constexpr double kResidualCap = 1e3;
-  Residual res;
-  for (size_t r = 0; r < R; ++r) {
-    const auto& longer = p.P[r].size() > m.W[r].size() ? p.P[r] : m.W[r];
-    for (size_t t = std::min(p.P[r].size(), m.W[r].size()); t < longer.size();
-         ++t) {
-      res.out += int64_t(longer[t].size());
-      res.excess += kResidualCap * double(longer[t].size());
-    }
-  }
-  for (size_t r = 0; r < R; ++r)
-    if (p.P[r].size() != m.W[r].size()) {
-      out.d = kInf;
-      out.why = fmt::format("{}takes {} optimizer steps, the trace {}", who(r),
-                            p.P[r].size(), m.W[r].size());
-    }
-  const double u = error_model::kUnitRoundoff32;
-  for (size_t r = 0; r < R; ++r)
-    for (size_t t = 0; t < std::min(p.P[r].size(), m.W[r].size()); ++t) {
-      const Weights& P_t = p.P[r][t];
-      const Weights& W_t = m.W[r][t];
-      double top = 0;
-      for (const auto& [j, w] : P_t) top = std::max(top, std::abs(w));
-      for (int64_t j : keys_of(P_t, W_t)) {
-        const double P = at_or_0(P_t, j), W = at_or_0(W_t, j);
-        const double U = std::max(at_or_0(m.U[r][t], j), u * top);
-        double rr = U > 0 ? std::abs(W - P) / U : (W == P ? 0 : kInf);
-        std::string why;
-        if (P != 0 && j < int64_t(c.micro.size()) &&
-            p.version[r][t].at(j) != c.micro[size_t(j)].version) {
-          rr = kInf;
-          why = fmt::format(
-              "{}takes g of micro-batch {} at parameter version {}, the trace "
-              "at {}",
-              who(r), j, p.version[r][t].at(j), c.micro[size_t(j)].version);
-        }
-        if (rr > 1) {
-          ++res.out;
-          res.excess += std::min(rr, kResidualCap);
-        }
-        if (rr > out.d && !(std::isinf(out.d) && out.step < 0)) {
-          out = {rr, int64_t(t), j, why, {}};
-          if (why.empty())
-            out.why = fmt::format(
-                "{}step {} micro-batch {}: weight {:.9g}, predicted {:.9g}",
-                who(r), t, j, W, P);
-        }
-      }
-    }
-  out.residual = res;
-  return out;
-}
-
-}  // namespace accumcheck::contract_detail
 
 namespace accumcheck {
 
@@ -196,26 +92,12 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const std::string ranks_said =
       c.ranks() > 1 ? fmt::format(" on each of {} ranks", c.ranks()) : "";
 
-  const double u = error_model::kUnitRoundoff32;
-  const double fit_cal = error_model::tolerance("contract_fit_calibration");
-  const double fit_ulps = error_model::tolerance("contract_fit_ulps");
-  const double sum_ulps = error_model::tolerance("contract_sum_ulps");
-  const double replay_ulps = error_model::tolerance("contract_replay_ulps");
-
-  // 1. Each backward's weight fit, against its calibrated bound.
-  double cal_max = 0;
-  size_t cal_at = 0;
-  for (size_t j = 0; j < c.micro.size(); ++j)
-    if (!std::isnan(c.micro[j].calibration) &&
-        c.micro[j].calibration > cal_max) {
-      cal_max = c.micro[j].calibration;
-      cal_at = j;
-    }
+  // 1. Each backward's weight fit, against its calibrated bound (fits.cpp).
   // A bfloat16 (or float16) model: its gradients differ from their
   // float64 recompute by its own rounding, far more than float32's, and
   // its loss weight may be rounded in that precision.  Its weights are read
-  // with that uncertainty (the fit bound below: contract_fit_calibration x
-  // the calibrated difference + contract_fit_ulps in the model's unit
+  // with that uncertainty (the fit bound: contract_fit_calibration x the
+  // calibrated difference + contract_fit_ulps in the model's unit
   // roundoff), and the trace is judged only where that resolution tells
   // correct accumulation apart from every modelled candidate (the
   // "precision" check below, after the ranking).
@@ -228,120 +110,20 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const double u_model =
       r.precision == "bfloat16"  ? error_model::buffer_unit(GradBuffer::bf16)
       : r.precision == "float16" ? error_model::buffer_unit(GradBuffer::fp16)
-                                 : u;
-  // A float64 recompute of g_j that strays from the float32 one by more
-  // than the precision at which weights are read (evidence_weight_rel) is
-  // not the same function (randomness the recorder could not replay, such
-  // as a compiled graph's own RNG): the weights would be too uncertain to
-  // tell correct from a mistake, so the trace is not judged.
-  const double weight_rel = error_model::tolerance("evidence_weight_rel");
-  if (cal_max > weight_rel && !lowp_model)
-    throw InputError(
-        trace_dir + "/contract.csv", 0, 0, "calibration",
-        fmt::format(
-            "micro-batch {}'s gradient recomputed in float64 differs from "
-            "the float32 one by {:.3g} of its norm (at most {:g} reads a "
-            "weight): the recompute is not the forward your loop ran "
-            "(randomness the recorder could not replay, e.g. a "
-            "torch.compile'd model compiled before the recorder was made); "
-            "record again with the recorder made first",
-            cal_at, cal_max, weight_rel));
-  std::vector<double> eps;
-  CertifyCheck fit{"weight fit", true, false, ""};
-  double worst_fit = 0;
-  int64_t worst_b = -1;
-  // A backward pass of a window whose gradient overflowed: in no step, its
-  // fit of inf or NaN not judged (the loss scaler check is its).
-  const auto overflowed = [&](const ContractBackward& bw) {
-    const ContractMicro& m = c.micro[size_t(bw.micro)];
-    const auto& steps = c.steps[size_t(m.rank)];
-    return bw.version >= 0 && bw.version < int64_t(steps.size()) &&
-           steps[size_t(bw.version)].overflow.has_value();
-  };
-  for (size_t b = 0; b < c.backward.size(); ++b) {
-    const ContractBackward& bw = c.backward[b];
-    const double cal = c.micro[size_t(bw.micro)].calibration;
-    const double bound =
-        fit_cal * (std::isnan(cal) ? cal_max : cal) + fit_ulps * u_model;
-    eps.push_back(bound);
-    if (overflowed(bw)) continue;
-    const double ratio = std::isnan(bw.residual) ? kInf : bw.residual / bound;
-    if (ratio > worst_fit || worst_b < 0) {
-      worst_fit = ratio;
-      worst_b = int64_t(b);
-    }
-  }
-  if (worst_b >= 0) {
-    const auto& bw = c.backward[size_t(worst_b)];
-    fit.ok = worst_fit <= 1;
-    fit.message = fmt::format(
-        "{} backward passes, each w*g_j: worst residual {:.3g} = {} of its "
-        "bound "
-        "(backward {}, micro-batch {})",
-        c.backward.size(), bw.residual, fmt_ratio(worst_fit), worst_b,
-        bw.micro);
-    if (!fit.ok)
-      fit.message +=
-          ": that gradient is not a multiple of the micro-batch's g_j "
-          "(another loss than the declared summed loss, other "
-          "randomness, or the gradient changed inside the backward)";
-  } else {
-    fit.ok = false;
-    fit.message = "no backward pass recorded";
-  }
+                                 : error_model::kUnitRoundoff32;
+  const WeightFit wfit = weight_fit_check(c, u_model, lowp_model, trace_dir);
+  const CertifyCheck& fit = wfit.check;
   r.checks.push_back(fit);
 
-  // 2. Each step's consumed gradient as a combination of what .grad held.
-  // With R ranks the b run over every rank's backward passes (DDP's
-  // all-reduce brings them), each rank's step fitted on its own.
-  std::vector<std::vector<double>> step_bound(size_t(c.ranks()));
-  CertifyCheck sfit{"step fit", true, false, ""};
-  double worst_step = 0;
-  for (int64_t q = 0; q < c.ranks(); ++q)
-    for (const auto& st : c.steps[size_t(q)]) {
-      if (st.overflow) {  // no fit: the loss scaler check judges it
-        step_bound[size_t(q)].push_back(0);
-        continue;
-      }
-      const double bound = (double(st.terms) + sum_ulps) * u * st.scale;
-      step_bound[size_t(q)].push_back(bound);
-      const double ratio =
-          bound > 0 ? st.residual / bound : (st.residual == 0 ? 0 : kInf);
-      worst_step = std::max(worst_step, ratio);
-    }
-  sfit.ok = worst_step <= 1;
-  sfit.message = fmt::format(
-      "{} optimizer steps{}, each consumed gradient = beta*G_prev + sum a_b "
-      "c_b: worst residual {} of its bound",
-      c.steps[0].size(), ranks_said, fmt_ratio(worst_step));
-  // A step fit outside its float32 bound: .grad accumulates in bfloat16
-  // (bf16_step_bound, precision.cpp), or .grad was changed unseen: exit 2.
-  std::vector<std::vector<double>> lowp_bound(size_t(c.ranks()));
-  bool lowp = false;
-  if (!sfit.ok) {
-    lowp_bound = bf16_step_bound(c, n, step_bound, worst_step, trace_dir, sfit);
-    lowp = true;
-  }
+  // 2. Each step's consumed gradient as a combination of what .grad held
+  // (with a bfloat16 .grad, its own bound).
+  const StepFit sf = step_fit_check(c, n, ranks_said, trace_dir);
+  const CertifyCheck& sfit = sf.check;
+  const bool lowp = sf.lowp;
   r.checks.push_back(sfit);
 
   // 3. The optimizer update, replayed in float64.
-  CertifyCheck rep{"optimizer replay", true, false, ""};
-  double worst_rep = 0;
-  for (const auto& steps : c.steps)
-    for (const auto& st : steps)
-      if (!st.overflow)
-        worst_rep = std::max(
-            worst_rep, std::isnan(st.replay) ? kInf : st.replay / replay_ulps);
-  rep.ok = worst_rep <= 1;
-  // What the recorder replayed its update against (meta.csv replay: each
-  // recorder says it in its own words; the check is the same).
-  const std::string replayed = tr.meta_value("replay");
-  rep.message = fmt::format(
-      "{}: worst {} of the bound ({} u32 of |p| + |update|)",
-      replayed.empty() ? "the optimizer's update replayed from the recorded "
-                         "parameters, state and gradient"
-                       : replayed,
-      fmt_ratio(worst_rep), replay_ulps);
+  const CertifyCheck rep = replay_check(tr, c);
   // 3'. The optimizer calls that applied no update moved nothing (before
   // the replay: a parameter moved between steps fails the replay too).
   std::string idle_pitfall;
@@ -368,28 +150,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       c.clips.begin(), c.clips.end(),
       [](const ContractClip& cl) { return !std::isnan(cl.shard_norm); });
   // The trace's clip_grad_norm_ calls per (rank, parameter version): a
-  // declared clip's call pattern is each candidate's own (clip after every
-  // backward calls it K times a step), judged even where a clip that never
-  // engages leaves the weights the same.
-  std::map<std::pair<int64_t, int64_t>, int64_t> trace_clips;
-  for (const ContractClip& cl : c.clips) ++trace_clips[{cl.rank, cl.version}];
-  const auto clips_differ = [&](const Prediction& p) -> std::string {
-    if (!s.clip.enabled || p.clips == trace_clips) return "";
-    const auto n_at = [](const auto& m, const auto& k) {
-      const auto it = m.find(k);
-      return it == m.end() ? int64_t(0) : it->second;
-    };
-    std::set<std::pair<int64_t, int64_t>> at;
-    for (const auto& [k, n] : p.clips) at.insert(k);
-    for (const auto& [k, n] : trace_clips) at.insert(k);
-    for (const auto& k : at)
-      if (n_at(p.clips, k) != n_at(trace_clips, k))
-        return fmt::format(
-            "clip: {}step {}: {} clip_grad_norm_ call(s), predicted {}",
-            c.ranks() > 1 ? fmt::format("rank {} ", k.first) : std::string(),
-            k.second, n_at(trace_clips, k), n_at(p.clips, k));
-    return "";
-  };
+  // declared clip's call pattern is each candidate's own (clip.cpp).
+  const ClipCalls trace_clips = clip_calls(c);
   bool clip_ok = true;
   if (judge_clip) {
     const CertifyCheck ck = clip_check(c, s, clip_terms ? clip_terms : n,
@@ -410,8 +172,9 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // 4. Which g_j with which weights: against every semantics (with a bf16
   // gradient buffer, its own candidates, their uncertainty propagated
   // from the bf16 step bound).
-  const Measured meas = compose(c, eps, step_bound);
-  const Measured meas_lowp = lowp ? compose(c, eps, lowp_bound) : Measured{};
+  const Measured meas = compose(c, wfit.eps, sf.bound);
+  const Measured meas_lowp =
+      lowp ? compose(c, wfit.eps, sf.lowp_bound) : Measured{};
   const ContractPlan cp = contract_plan(c, K, trace_dir + "/contract.csv");
   s.batching.accumulation = K;
   s.batching.micro_batch = cp.micro_batch;
@@ -485,7 +248,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       d.d = kInf;
       d.why = fmt::format(
           "step fit: residual {} of the float32 bound, a float32 .grad's",
-          fmt_ratio(worst_step));
+          fmt_ratio(sf.worst));
     }
     // The lr channel: each step's lr against this semantics' schedule.
     LrChannel lr;
@@ -507,7 +270,10 @@ CertifyReport certify_contract(const std::string& trace_dir) {
       d.d = kInf;
       d.why = reduce_why;
     }
-    if (const std::string why = clips_differ(p); !why.empty()) {
+    if (const std::string why =
+            s.clip.enabled ? clip_calls_differ(trace_clips, p.clips, c.ranks())
+                           : "";
+        !why.empty()) {
       d.d = kInf;
       d.why = why;
     }
@@ -615,7 +381,7 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                   structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
   if (lowp_model)
-    r.checks.push_back(resolution_check(r, eps, cal_max, trace_dir));
+    r.checks.push_back(resolution_check(r, wfit.eps, wfit.cal_max, trace_dir));
   if (reduces_seen) {
     int64_t n = 0;
     for (const auto& [t, k] : trace_reduces) n += int64_t(k.size());

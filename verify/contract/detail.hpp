@@ -1,16 +1,21 @@
 // Internal to the contract tier (verify/contract/contract.hpp): the parts of
 // certify_contract(), one responsibility a file in verify/contract/.
 //
-//   contract.cpp   certify_contract: the fits (each backward's weight, each
-//                  step's consumed gradient, the optimizer replay), the
-//                  measured weights and every candidate's distance from
-//                  them, the checks below; contract_text
+//   contract.cpp   certify_contract: what meta.csv says, the checks below
+//                  in order, every candidate judged (its distance, lr,
+//                  all-reduces and clips) and the combination search;
+//                  contract_text
+//   fits.cpp       the fit checks: each backward's weight, each step's
+//                  consumed gradient, the optimizer replay
+//   weights.cpp    the measured weights and a candidate's distance from
+//                  them
 //   declared.cpp   what meta.csv declares: the accepted semantics, the lr
 //                  schedule and clip, what is not judged
 //   predict.cpp    the plan the trainer drew, a semantics' prediction on it
 //                  (the coefficient engine through the one Trainer loop),
 //                  the gradient all-reduces
-//   clip.cpp       the clip check
+//   clip.cpp       the clip check; the clip_grad_norm_ calls against a
+//                  candidate's
 //   ema.cpp        the EMA check
 //   idle.cpp       the optimizer calls that applied no update
 //   precision.cpp  a bfloat16 .grad's step bound; a low-precision model's
@@ -108,7 +113,7 @@ struct Prediction {
   // [rank][step]: micro-batch -> the parameter version of its g_j
   std::vector<std::vector<std::map<int64_t, int64_t>>> version;
   Reduces reduces;  // step -> the micro-steps of its gradient all-reduces
-  // (rank, parameter version) -> its clip_grad_norm_ calls
+  // (rank, parameter version) -> its clip_grad_norm_ calls (ClipCalls)
   std::map<std::pair<int64_t, int64_t>, int64_t> clips;
 };
 
@@ -130,7 +135,7 @@ std::string performance_finding(const ContractPlan& cp, const Scenario& s,
                                 const Prediction& pred, const Reduces& trace,
                                 const std::string& accepted);
 
-// ---- contract.cpp
+// ---- weights.cpp
 
 struct Measured {
   // [rank][step]: weight and its uncertainty.
@@ -148,9 +153,48 @@ struct Distance {
   Residual residual;
 };
 
+// Per rank, W_t = beta W_{t-1} + sum_b a_b w_b e_{m(b)} (b over every
+// rank's backward passes: DDP's all-reduce brings the others'), with the
+// uncertainty propagated from each backward's fit bound eps and each
+// step's fit bound step_bound[rank][step].
+Measured compose(const ContractSection& c, const std::vector<double>& eps,
+                 const std::vector<std::vector<double>>& step_bound);
+
 // A prediction's distance from the measured weights.
 Distance distance(const Measured& m, const Prediction& p,
                   const ContractSection& c);
+
+// ---- fits.cpp
+
+// 1. Each backward's gradient fitted as w_b * g_j, against its calibrated
+// bound: the check, each backward's bound (eps) and the largest
+// calibration.  InputError where a float32 model's float64 recompute
+// strays past evidence_weight_rel (not the forward the loop ran).
+struct WeightFit {
+  CertifyCheck check;
+  std::vector<double> eps;  // per backward, its fit's bound
+  double cal_max = 0;
+};
+WeightFit weight_fit_check(const ContractSection& c, double u_model,
+                           bool lowp_model, const std::string& trace_dir);
+
+// 2. Each step's consumed gradient as a combination of what .grad held:
+// the check, each step's bound [rank][step] and, where the float32 fit
+// failed, a bfloat16 .grad's (bf16_step_bound; InputError where .grad
+// does not accumulate in bfloat16).  n: the model's parameters.
+struct StepFit {
+  CertifyCheck check;
+  std::vector<std::vector<double>> bound, lowp_bound;
+  bool lowp = false;  // .grad accumulates in bfloat16
+  double worst = 0;   // the worst residual, in float32 bounds
+};
+StepFit step_fit_check(const ContractSection& c, int64_t n,
+                       const std::string& ranks_said,
+                       const std::string& trace_dir);
+
+// 3. The optimizer update, replayed in float64 (meta.csv replay says
+// against what).
+CertifyCheck replay_check(const Trace& tr, const ContractSection& c);
 
 // ---- clip.cpp
 
@@ -158,6 +202,19 @@ Distance distance(const Measured& m, const Prediction& p,
 // by_shard: on each rank's shard's norm (ddp-clip-local-norm).
 CertifyCheck clip_check(const ContractSection& c, const Scenario& s, int64_t n,
                         bool by_shard = false);
+
+// (rank, parameter version) -> its clip_grad_norm_ calls.
+using ClipCalls = std::map<std::pair<int64_t, int64_t>, int64_t>;
+
+// The trace's clip_grad_norm_ calls.
+ClipCalls clip_calls(const ContractSection& c);
+
+// A declared clip's call pattern is each candidate's own (clip after every
+// backward calls it K times a step), judged even where a clip that never
+// engages leaves the weights the same: "" when the trace's calls are the
+// prediction's, else the first (rank, step) where they differ.
+std::string clip_calls_differ(const ClipCalls& trace, const ClipCalls& pred,
+                              int64_t ranks);
 
 // ---- scaler.cpp
 

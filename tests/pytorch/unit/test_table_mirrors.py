@@ -6,8 +6,8 @@ import os
 import re
 
 import pytest
-
 from accumcheck_torch import contract
+from accumcheck_trace import error_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -31,3 +31,7 @@ def _row(path, key):
 ])
 def test_a_mirrored_constant_is_its_tables_row(mirror, path, key):
     assert getattr(contract, mirror) == _row(path, key)
+    # The error model's rows: the one mirror (accumcheck_trace.error_model),
+    # the object every recorder imports.
+    if path == "oracle/error_model.hpp":
+        assert getattr(contract, mirror) is getattr(error_model, mirror)
