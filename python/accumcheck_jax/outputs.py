@@ -25,6 +25,7 @@ import functools
 import math
 
 import numpy as np
+from accumcheck_trace.error_model import CONTRACT_FIT_CALIBRATION
 from accumcheck_trace.trace import Refused
 
 from .capture import _enable_x64, _is_nnx, _jit_rare, _pack, dot, norm
@@ -35,10 +36,6 @@ from .capture import _enable_x64, _is_nnx, _jit_rare, _pack, dot, norm
 # (accumcheck_torch's _premise_bound, float32 models).
 EVIDENCE_WEIGHT_REL = 1e-3
 U32 = 2.0 ** -24
-# oracle/error_model.hpp contract_fit_calibration: a fit of two float32
-# evaluations (c_j and g_j), each about cal_j (float32 against float64)
-# from the truth, doubled for the spread between evaluations.
-CONTRACT_FIT_CALIBRATION = 4.0
 
 
 def _int_like(jnp, dtype):

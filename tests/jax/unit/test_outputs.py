@@ -5,6 +5,8 @@ parameters by another path, or the wrapped forward runs twice) the
 recorder says so in meta.csv and takes the full path."""
 
 import csv
+import os
+import re
 import subprocess
 
 import jax
@@ -14,7 +16,9 @@ import optax
 import pytest
 import train_optax
 from accumcheck_jax import ContractRecorder
+from accumcheck_jax import outputs
 from accumcheck_jax.outputs import _fit_dots
+from accumcheck_trace import error_model
 
 
 def rows(out, kind):
@@ -145,6 +149,12 @@ def test_premise_allows_float32_own_error(tmp_path):
     rec._g32 = lambda full, batch: g64
     assert rec._premise(0, c, (0.25, 0.0), g64, None, None) is None
     assert "the loss reaches the parameters by another path" in rec.notes[0]
+    # The factor is the error model's row, through the one mirror.
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
+    with open(os.path.join(root, "oracle", "error_model.hpp")) as f:
+        row = re.search(r'\{\s*"contract_fit_calibration",\s*([0-9.eE+-]+)\s*,', f.read())
+    assert outputs.CONTRACT_FIT_CALIBRATION is error_model.CONTRACT_FIT_CALIBRATION
+    assert float(row.group(1)) == error_model.CONTRACT_FIT_CALIBRATION
 
 
 def test_dots_on_the_device_match_the_host(tmp_path):
