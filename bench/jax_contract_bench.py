@@ -4,15 +4,16 @@ ContractRecorder, the least CPU time (this process, all its threads) of
 several runs each, compilation included (the recorder's programs are
 compiled in the run they record).  Three models: the example's tiny MLP
 (8-16-4, 212 parameters), a wide one (512-4096-4: 2.1M parameters) and a
-large one (1024-10240-4: 10.5M parameters), at K = 4 and 16.  Two ways of
+large one (1024-10240-4: 10.5M parameters; 1024 samples, 64 micro-batches of
+16: a run long enough that the recorder's compilations are not most of it),
+at K = 4 and 16.  Two ways of
 recording (--paths): "apply", the forward wrapped by rec.apply (g_j read
 from your own backward at its outputs; Flax NNX takes the full path
 whatever it is asked), and "full", without it (train_optax.py
 --no-apply: g_j a second gradient of the recorder's).  The recorder's
 budget is 1.5x the plain run.  Measured 2026-11-29 (docs/frameworks-jax-keras.md,
-"What recording costs", at a load average of 14-20): through rec.apply
-1.30x-1.59x on the large model, 1.61x-2.07x on the wide one, ~2.5x on the
-tiny one (compilation and dispatch); without it 1.54x-2.76x.
+"What recording costs": the recorder before and after that day's cost
+work, side by side, at a load average of about 20).
 
     .venv-jax/bin/python bench/jax_contract_bench.py [--repeats 3] [--loops hand,multisteps,nnx]
         [--models tiny,wide,large] [--K 4,16] [--scale 1,4] [--paths apply,full]
@@ -31,7 +32,7 @@ import train_optax  # noqa: E402  (from examples/jax, put on the path above)
 
 # name: (features, hidden, samples, epochs); micro-batches of 16.
 MODELS = {"tiny": (8, 16, 2048, 4), "wide": (512, 4096, 1024, 1),
-          "large": (1024, 10240, 512, 1)}
+          "large": (1024, 10240, 1024, 1)}
 
 
 def least(argv, repeats):

@@ -4,7 +4,7 @@ from the whole state that micro-batch saw (a mixin of ContractRecorder)."""
 
 import numpy as np
 
-from .capture import _enable_x64
+from .capture import _enable_x64, _jit_rare, norm
 
 
 class Calibrate:
@@ -15,8 +15,8 @@ class Calibrate:
         queued, self.calibrate = self.calibrate, []
         for j, full, batch, g32 in queued:
             g64 = self._g64(full, batch)
-            n64 = float(np.linalg.norm(g64))
-            self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
+            n64 = norm(g64)
+            self.micro[j][4] = norm(g32 - g64) / n64 if n64 > 0 else 0.0
 
     def _g64(self, full, batch):
         """g_j in float64 (its kept coordinates) from the whole state the
@@ -28,7 +28,7 @@ class Calibrate:
                     from flax import nnx
                     self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
                 else:
-                    self._grad64 = jax.jit(self.grad_transform(self.summed_loss))
+                    self._grad64 = _jit_rare(jax, self.grad_transform(self.summed_loss))
             wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
                     for x in full]
             state = jax.tree_util.tree_unflatten(self.treedef, wide)
@@ -42,3 +42,15 @@ class Calibrate:
                 batch)
             g64 = self._plain(self._grad64, first, b64)
             return self.layout.host(jax.tree_util.tree_leaves(g64))
+
+    def _g32(self, full, batch):
+        """g_j in the model's own precision (its kept coordinates), the full
+        path's second gradient, from the whole state the micro-batch saw:
+        the output path's reference for how far float32 alone strays from
+        float64 on this micro-batch (compiled only where asked)."""
+        jax = self.jax
+        if self._grad32 is None:
+            self._grad32 = _jit_rare(jax, self.grad_transform(self.summed_loss))
+        state = jax.tree_util.tree_unflatten(self.treedef, list(full))
+        g32 = self._plain(self._grad32, state, batch)
+        return self.layout.host(jax.tree_util.tree_leaves(g32))

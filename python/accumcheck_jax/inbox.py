@@ -110,14 +110,14 @@ class Inbox:
                 d = self.layout.d
                 vecs = iter(self.jax.device_get([e[1] for e in queued
                                                  if e[0] in ("lazy", "fast")]))
-                taps = self._taps_for(queued)
+                fits = self._fits_for(queued, self._taps_for(queued))
                 for e in queued:
                     if e[0] == "lazy":
                         v = np.asarray(next(vecs))
                         self._on_backward(v[:d], v[d:2 * d], v[2 * d:], e[2], e[3], packed=False)
                     elif e[0] == "fast":
                         v = np.asarray(next(vecs))
-                        self._on_fast(v[:d], v[d:], e[2], e[3], next(taps))
+                        self._on_fast(v[:d], v[d:], e[2], e[3], next(fits))
                     else:
                         e[1](*e[2])
             except BaseException:

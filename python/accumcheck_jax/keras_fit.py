@@ -55,7 +55,7 @@ import sys
 import numpy as np
 from accumcheck_trace.trace import VERSION, Refused, describe, real
 
-from .capture import join
+from .capture import dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
 
 
@@ -70,11 +70,11 @@ def idle_row(i, j, steps, p_before, p_after, state_changed=None):
     rel = moved & (p != 0)   # the largest |change| / |p| (over p != 0)
     worst = float(np.max(np.abs(d[rel]) / np.abs(p[rel]))) if rel.any() else 0.0
     lam = resid = ""
-    pp = float(p @ p)
+    pp = dot(p, p)
     if moved.any() and pp > 0:
-        lam_v = -float(d @ p) / pp           # the change fitted as -lambda * p
-        nd = float(np.linalg.norm(d))
-        lam, resid = real(lam_v), real(float(np.linalg.norm(d + lam_v * p)) / nd)
+        lam_v = -dot(d, p) / pp           # the change fitted as -lambda * p
+        nd = norm(d)
+        lam, resid = real(lam_v), real(norm(d + lam_v * p) / nd)
     state = "" if state_changed is None else "%d" % state_changed
     return "idle,%d,%d,,%d,%d,%s,%s,%s,%s\n" % (i, j, steps, int(moved.sum()), state, real(worst),
                                               lam, resid)
@@ -513,8 +513,8 @@ class KerasRecorder(ContractRecorder, _Callback):
                         "(summed_loss casts: write it with keras.ops)"
                     return
                 g64 = self.layout.host(g64)
-                n64 = float(np.linalg.norm(g64))
-                self.micro[j][4] = float(np.linalg.norm(g32 - g64)) / n64 if n64 > 0 else 0.0
+                n64 = norm(g64)
+                self.micro[j][4] = norm(g32 - g64) / n64 if n64 > 0 else 0.0
 
     # ---- output and failure
 

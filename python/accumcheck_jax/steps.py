@@ -14,7 +14,7 @@ import numpy as np
 from accumcheck_trace.error_model import REPLAY_ULPS, U32
 from accumcheck_trace.trace import real
 
-from .capture import _unpack, join
+from .capture import _unpack, join, norm
 from .outputs import _fit_c
 from .write import _off_bf16
 
@@ -93,10 +93,10 @@ class Steps:
             safe = np.where(norms > 0, norms, 1.0)
             sol, *_ = np.linalg.lstsq((A / safe[:, None]).T, G, rcond=None)
             coef = sol / safe
-            resid = float(np.linalg.norm(A.T @ coef - G))
+            resid = norm(A.T @ coef - G)
             scale = float(np.sum(np.abs(coef) * norms))
         else:
-            coef, norms, resid, scale = np.zeros(0), np.zeros(0), float(np.linalg.norm(G)), 0.0
+            coef, norms, resid, scale = np.zeros(0), np.zeros(0), norm(G), 0.0
         self.rows.append("step,%d,%d,,,%s,,%s,%s,%s\n" % (t, len(refs), _off_bf16(G), real(lr),
                                                           real(resid), real(scale)))
         for ref, a, v in zip(refs, coef, norms):

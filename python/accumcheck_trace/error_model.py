@@ -14,3 +14,7 @@ REPLAY_ULPS = 16.0
 # a weight read from c_j strays before the output path's premise fails.
 SUM_ULPS = 2.0
 EVIDENCE_WEIGHT_REL = 1e-3
+# contract_fit_calibration: a fit of two float32 evaluations (c_j and g_j),
+# each about cal_j (float32 against float64) from the truth, doubled for
+# the spread between evaluations (accumcheck_jax's output-path premise).
+CONTRACT_FIT_CALIBRATION = 4.0

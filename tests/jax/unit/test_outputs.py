@@ -5,6 +5,8 @@ parameters by another path, or the wrapped forward runs twice) the
 recorder says so in meta.csv and takes the full path."""
 
 import csv
+import os
+import re
 import subprocess
 
 import jax
@@ -14,6 +16,9 @@ import optax
 import pytest
 import train_optax
 from accumcheck_jax import ContractRecorder
+from accumcheck_jax import outputs
+from accumcheck_jax.outputs import _fit_dots
+from accumcheck_trace import error_model
 
 
 def rows(out, kind):
@@ -122,3 +127,58 @@ def test_apply_refuses_what_is_no_function(tmp_path):
     with pytest.raises(Exception) as e:
         rec.apply("logits")
     assert "expected your model's forward function" in str(e.value)
+
+
+def test_premise_allows_float32_own_error(tmp_path):
+    """A calibration sample where float32 itself strays from float64 by more
+    than the fixed bound (a model near its minimum): c_j / w_j as far from
+    g64 as the full path's own float32 gradient is, within
+    contract_fit_calibration times that, keeps the output path (no note);
+    the same distance with a float32 gradient equal to g64 (float32 exact
+    there) is the loss reaching the parameters by another path."""
+    rec = ContractRecorder(ce(logits), lambda b: len(b[1]), accumulation=1,
+                           out=str(tmp_path / "t"))
+    rng = np.random.default_rng(0)
+    g64 = rng.standard_normal(64)
+    c = 0.25 * (g64 + 0.05 * np.linalg.norm(g64) * rng.standard_normal(64) / 8.0)
+    lin = np.linalg.norm(c / 0.25 - g64) / np.linalg.norm(g64)
+    assert 1e-3 < lin < 0.1
+    rec._g32 = lambda full, batch: g64 + (c / 0.25 - g64)[::-1]  # as far, elsewhere
+    assert rec._premise(0, c, (0.25, 0.0), g64, None, None) == pytest.approx(lin)
+    assert not rec.notes
+    rec._g32 = lambda full, batch: g64
+    assert rec._premise(0, c, (0.25, 0.0), g64, None, None) is None
+    assert "the loss reaches the parameters by another path" in rec.notes[0]
+    # The factor is the error model's row, through the one mirror.
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
+    with open(os.path.join(root, "oracle", "error_model.hpp")) as f:
+        row = re.search(r'\{\s*"contract_fit_calibration",\s*([0-9.eE+-]+)\s*,', f.read())
+    assert outputs.CONTRACT_FIT_CALIBRATION is error_model.CONTRACT_FIT_CALIBRATION
+    assert float(row.group(1)) == error_model.CONTRACT_FIT_CALIBRATION
+
+
+def test_dots_on_the_device_match_the_host(tmp_path):
+    """The device program's weight and residual of u = w s (s_j through
+    the summed loss at the tapped outputs, the dots in float64) are the
+    host's float64 least squares on the same s and u."""
+    box = {"forward": logits}
+    rec = ContractRecorder(ce(lambda p, x: box["forward"](p, x)), lambda b: len(b[1]),
+                           accumulation=1, out=str(tmp_path / "t"))
+    box["forward"] = rec.apply(logits)
+    params = {"w1": jnp.zeros((6, 8)), "w2": jnp.zeros((8, 3))}
+    rec.shapes, rec.p_dtypes = [(6, 8), (8, 3)], [jnp.float32, jnp.float32]
+    rec.treedef = jax.tree_util.tree_structure(params)
+    rng = np.random.default_rng(1)
+    o = rng.standard_normal((4, 3)).astype(np.float32)
+    batch = (rng.standard_normal((4, 6)).astype(np.float32), np.array([0, 2, 1, 2], np.int32))
+    rec.out_treedef = jax.tree_util.tree_structure(o)
+    s = np.asarray(jax.grad(lambda z: -jnp.sum(jnp.take_along_axis(
+        jax.nn.log_softmax(z), batch[1][:, None], axis=1)))(o), np.float64)
+    u = (2.0 * s + 1e-3 * rng.standard_normal(s.shape)).astype(np.float32)
+    w, resid = _fit_dots(np.asarray(jax.device_get(rec._dots_of(([o], [u]), batch))))
+    u64 = u.astype(np.float64).ravel()
+    s64 = s.ravel()
+    w_host = float(u64 @ s64 / (s64 @ s64))
+    r_host = np.linalg.norm(u64 - w_host * s64) / (abs(w_host) * np.linalg.norm(s64))
+    assert w == pytest.approx(w_host, rel=1e-6) and abs(w - 2.0) < 1e-2
+    assert resid == pytest.approx(r_host, rel=1e-4) and resid > 1e-5
