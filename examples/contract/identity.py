@@ -56,11 +56,23 @@ def digest(trained):
 
 def twice(train, path, rank, ranks, a):
     """train's plain run then its recorded one, this rank's digests of
-    both written to path.rank<rank>; returns what the recorded run trained."""
-    plain = copy.copy(a)
-    plain.no_record, plain.quiet = True, True
-    first = digest(train(rank, ranks, plain))
-    model = train(rank, ranks, a)
+    both written to path.rank<rank>; returns what the recorded run trained.
+    Both on one intra-op thread: with two, a loaded machine once made the
+    plain run (no recorder in the process) train other bits than every
+    other run of the same trainer, the recorded run's and its trace the
+    usual ones (PyTorch.systems.checkpointing.reentrant, twice in about 30
+    runs): a comparison of the recorder's effect needs the sums' order
+    fixed."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plain = copy.copy(a)
+        plain.no_record, plain.quiet = True, True
+        first = digest(train(rank, ranks, plain))
+        model = train(rank, ranks, a)
+    finally:
+        torch.set_num_threads(threads)
     with open("%s.rank%d" % (path, rank), "w") as f:
         f.write("plain %s\nrecorded %s\n" % (first, digest(model)))
     return model
