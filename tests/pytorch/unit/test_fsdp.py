@@ -59,6 +59,17 @@ def test_distributed_imports_none_of_the_recorders_on_top_of_it(module):
                 and "torch.distributed" not in m], imported
 
 
+def _one_rank_group():
+    """A 1-rank gloo process group on a free local port (no spawn)."""
+    import socket
+
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+
+
 def test_fsdp2_reads_each_weight_at_the_outputs_and_checks_the_premise(tmp_path):
     """On a 1-rank gloo group (no spawn): FSDP2's recorder keeps no
     replica (replica= accepted, a FutureWarning), reads every backward's
@@ -68,11 +79,7 @@ def test_fsdp2_reads_each_weight_at_the_outputs_and_checks_the_premise(tmp_path)
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+    _one_rank_group()
     try:
         data = [(torch.randn(4, 8, generator=torch.Generator().manual_seed(i)),) for i in range(6)]
 
@@ -120,15 +127,10 @@ def test_fsdp1_unsharded_is_not_calibrated_and_never_breaks_the_run(tmp_path):
     inplace"), so the recorder does not calibrate (a note says so) and the
     training is bit-identical, every weight read at the outputs.  (The
     sharded calibration: PyTorch.systems.fsdp1.correct and .flat_hook.)"""
-    import socket
-
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+    _one_rank_group()
     try:
         data = [(torch.randn(4, 8, generator=torch.Generator().manual_seed(i)),) for i in range(6)]
 
