@@ -3,7 +3,16 @@
 # Python side's virtual environment (.venv/: torch 2.13.0 and pytest, pinned
 # in requirements.txt; scripts/venv.sh).  Idempotent: when everything is
 # already present it changes nothing and does not touch the network.
+#   bash scripts/setup.sh            the packages, then .venv/
+#   bash scripts/setup.sh --no-venv  the packages only (scripts/test.sh makes
+#                                    .venv/ beside the C++ build)
 set -euo pipefail
+venv=1
+case "${1:-}" in
+  "") ;;
+  --no-venv) venv=0 ;;
+  *) echo "usage: $0 [--no-venv]" >&2; exit 2 ;;
+esac
 
 packages=(
   build-essential cmake pkg-config
@@ -31,7 +40,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
   bash "$(dirname "$0")/vendor_js.sh"
-  bash "$(dirname "$0")/venv.sh"
+  [ "$venv" = 0 ] || bash "$(dirname "$0")/venv.sh"
   exit 0
 fi
 echo "setup: installing ${missing[*]}"
@@ -41,4 +50,4 @@ sudo_cmd=()
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "setup: done"
 bash "$(dirname "$0")/vendor_js.sh"
-bash "$(dirname "$0")/venv.sh"
+[ "$venv" = 0 ] || bash "$(dirname "$0")/venv.sh"

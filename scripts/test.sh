@@ -30,51 +30,43 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ "$deepspeed" = 1 ]; then
-  bash scripts/setup.sh  # .venv/ first: .venv-deepspeed/ is layered on it
-  mkdir -p build
-  ds_log=build/deepspeed-venv.log
-  bash scripts/venv-deepspeed.sh >"$ds_log" 2>&1 &
-  ds_pid=$!
+# .venv/ (torch's wheel unpacked and compiled to bytecode: about 50 s) is
+# made while the C++ builds, then .venv-jax/ on it; the build's first
+# configure sees .venv/bin/python without torch yet, so CMake is configured
+# again once they are made.
+bash scripts/setup.sh --no-venv
+bash scripts/venv.sh --interpreter
+mkdir -p build
+venv_log=build/venv.log
+venv_start=$SECONDS
+{
+  bash scripts/venv.sh || exit 1
+  failed=0
+  if [ "$jax" = 1 ]; then bash scripts/venv-jax.sh || failed=2; fi
+  if [ "$deepspeed" = 1 ]; then bash scripts/venv-deepspeed.sh || failed=$((failed + 4)); fi
+  exit "$failed"
+} >"$venv_log" 2>&1 &
+venv_pid=$!
+bash scripts/build.sh --no-venv
+venv_status=0
+wait "$venv_pid" || venv_status=$?
+if [ "$venv_status" = 1 ]; then
+  cat "$venv_log"
+  echo "test: making .venv failed ($venv_log)"
+  exit 1
 fi
-if [ "$jax" = 1 ]; then
-  bash scripts/setup.sh  # .venv/ first: .venv-jax/ is layered on it
-  mkdir -p build
-  jax_log=build/jax-venv.log
-  jax_start=$SECONDS
-  bash scripts/venv-jax.sh >"$jax_log" 2>&1 &
-  jax_pid=$!
-fi
-bash scripts/build.sh
-reconfigure=$deepspeed
-if [ "$jax" = 1 ]; then
-  if wait "$jax_pid"; then
-    echo "test: $(tail -n 1 "$jax_log") (.venv-jax: $((SECONDS - jax_start)) s after it started)"
-    reconfigure=1
-  else
-    tail -n 20 "$jax_log"
-    echo "test: making .venv-jax failed ($jax_log): the JAX cases are skipped"
-  fi
-fi
-if [ "$deepspeed" = 1 ]; then
-  if wait "$ds_pid"; then
-    tail -n 1 "$ds_log"
-  else
-    tail -n 20 "$ds_log"
-    echo "test: making .venv-deepspeed failed ($ds_log): the DeepSpeed cases are skipped"
-  fi
-fi
-if [ "$reconfigure" = 1 ]; then
-  # Configure again: CMake looks for .venv-deepspeed/ and .venv-jax/ at
-  # configure time.
-  cmake build >build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
-  grep -E '^-- accumcheck: .*(deepspeed|jax)' build.configure.log || true
-fi
+grep -E '^venv' "$venv_log" || true
+echo "test: the virtual environments were made $((SECONDS - venv_start)) s after they were started"
+[ $((venv_status & 6)) = 0 ] || tail -n 20 "$venv_log"
+[ $((venv_status & 2)) = 0 ] || echo "test: making .venv-jax failed ($venv_log): the JAX cases are skipped"
+[ $((venv_status & 4)) = 0 ] || echo "test: making .venv-deepspeed failed ($venv_log): the DeepSpeed cases are skipped"
+# Configure again: CMake looks for torch in .venv/, and for .venv-jax/ and
+# .venv-deepspeed/, at configure time.
+cmake build >build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
+grep -E '^-- accumcheck: .*(torch|deepspeed|jax)' build.configure.log || true
 jobs=$(nproc 2>/dev/null || echo 2)
 source scripts/build-quiet.sh
-if [ "$reconfigure" = 1 ]; then
-  use_compiler_cache  # build.sh's ccache settings
-  build_quiet build "$jobs"  # a no-op unless the second configure changed it
-fi
+use_compiler_cache  # build.sh's ccache settings
+build_quiet build "$jobs"  # a no-op unless the second configure changed it
 seed_test_order build tests/ctest-costs/gcc.txt
 ctest --test-dir build --output-on-failure --output-junit ctest-junit.xml -j"$jobs" "$@"

@@ -4,9 +4,21 @@
 # and CTest use.  Rebuilt only when requirements.txt changes (its hash is
 # kept in .venv/.requirements.sha256); ACCUMCHECK_NO_TORCH=1 skips it (the
 # PyTorch tests are then skipped with their reason).
+#   bash scripts/venv.sh                .venv/ with every package
+#   bash scripts/venv.sh --interpreter  only .venv/bin/python, in a few
+#                                       seconds: CMake's first configure
+#                                       records that path (scripts/test.sh
+#                                       installs the packages beside the
+#                                       build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${ACCUMCHECK_NO_TORCH:-0}" = 1 ] && { echo "venv: skipped (ACCUMCHECK_NO_TORCH=1)"; exit 0; }
+interpreter_only=0
+case "${1:-}" in
+  "") ;;
+  --interpreter) interpreter_only=1 ;;
+  *) echo "usage: $0 [--interpreter]" >&2; exit 2 ;;
+esac
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ -x .venv/bin/python ] && [ "$(cat .venv/.requirements.sha256 2>/dev/null)" = "$want" ]; then
   echo "venv: .venv up to date ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
@@ -15,6 +27,7 @@ fi
 python=${ACCUMCHECK_PYTHON:-$(command -v python3.11 || command -v python3)}
 start=$SECONDS
 [ -x .venv/bin/python ] || "$python" -m venv .venv
+[ "$interpreter_only" = 1 ] && exit 0
 # pip compiles the bytecode once here (about 15 s of CPU for torch): every
 # test starts fresh interpreters, and where PYTHONDONTWRITEBYTECODE is set
 # (as on these machines) none would be written later: `import torch` then
