@@ -31,7 +31,7 @@
 #    CASES; same pinned seed); scripts/test.sh runs the 100 unsanitized;
 #  - Contract.Coefficients runs 3 (ACCUMCHECK_RC_CASES_COEFFICIENTS, same
 #    seed): every semantics of the catalog in each case; sanitized 18.3 s
-#    of CPU for the 3;
+#    of CPU, 51.7 s at 25;
 #  - PyTorch.pytest runs only the 45 of 105 tests that run accumcheck
 #    (ACCUMCHECK_PYTEST_MARKS=calls_accumcheck; the others are the same
 #    Python program under either build): 42.0 s of CPU, was 103.4 s;
