@@ -30,15 +30,15 @@
 #  - property tests run 25 RapidCheck cases instead of 100 (ACCUMCHECK_RC_
 #    CASES; same pinned seed); scripts/test.sh runs the 100 unsanitized;
 #  - Contract.Coefficients runs 3 (ACCUMCHECK_RC_CASES_COEFFICIENTS, same
-#    seed): every semantics of the catalog in each case; sanitized 18.3 s
+#    seed): every semantics of the catalog in each case; sanitized 12.5 s
 #    of CPU, 51.7 s at 25;
 #  - PyTorch.pytest runs only the 45 of 105 tests that run accumcheck
 #    (ACCUMCHECK_PYTEST_MARKS=calls_accumcheck; the others are the same
-#    Python program under either build): 42.0 s of CPU, was 103.4 s;
+#    Python program under either build): 36.8 s of CPU, was 103.4 s;
 #  - OracleSharpness.Parameters and Scenario.certify-mlp-200 are not run
 #    (ci_skip below: each repeats, many times over or larger, a path other
-#    sanitized tests run; the plain run keeps both): 41.1 s + 10.5 s of
-#    CPU;
+#    sanitized tests run; the plain run keeps both): 28.3 s + 10.5 s of
+#    CPU (least of 2 runs after, one run before: development.md);
 #  - each fuzz target runs 10 s instead of 60 (CI's 15 minutes: the
 #    framework cells and memory systems of 2026-11 took the time).
 set -euo pipefail
