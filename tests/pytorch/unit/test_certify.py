@@ -2,10 +2,13 @@
 import os
 import subprocess
 
+import pytest
 import torch
 
 import accumcheck_torch as act
 from conftest import export
+
+pytestmark = pytest.mark.calls_accumcheck  # each test runs accumcheck (conftest.py)
 
 
 def certify(bundle_dir, trace):

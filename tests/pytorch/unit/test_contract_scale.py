@@ -8,8 +8,11 @@ import os
 import subprocess
 
 import accumcheck_torch as act
+import pytest
 import torch
 from accumcheck_torch.sample import Coordinates
+
+pytestmark = pytest.mark.calls_accumcheck  # each test runs accumcheck (conftest.py)
 
 
 def _certify(folder):

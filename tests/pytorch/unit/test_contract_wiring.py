@@ -163,6 +163,7 @@ def _leaky_epochs(tmp_path, weights):
     return [float(r[7]) for r in rows if r[0] == "coef"], float(step[8]) / float(step[9])
 
 
+@pytest.mark.calls_accumcheck
 @pytest.mark.parametrize("weights", [(1 / 2, 1 / 6), (1 / 2, 1 / 2), (1 / 3, 1 / 7)])
 def test_a_batch_backwarded_twice_in_one_window_is_fitted_as_it_was(tmp_path, weights):
     """Two backward passes of one batch at the same parameters are one

@@ -11,7 +11,10 @@ import os
 
 import accumcheck_torch as act
 import fake_device
+import pytest
 import torch
+
+pytestmark = pytest.mark.calls_accumcheck  # each test runs accumcheck (conftest.py)
 
 K, STEPS, PER = 4, 2, 256
 

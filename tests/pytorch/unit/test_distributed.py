@@ -12,6 +12,7 @@ from conftest import export
 import pytest
 
 
+@pytest.mark.calls_accumcheck
 @pytest.mark.parametrize("scenario", ["certify-ddp", "certify-ddp-2"])
 def test_distributed_sampler_deals_the_scenarios_shards(tmp_path, scenario):
     folder = export(tmp_path, scenario)
@@ -26,11 +27,13 @@ def test_distributed_sampler_deals_the_scenarios_shards(tmp_path, scenario):
             assert drawn == shard
 
 
+@pytest.mark.calls_accumcheck
 def test_rank_outside_the_scenario_is_refused(tmp_path):
     with pytest.raises(Refused):
         load_bundle(export(tmp_path, "certify-ddp-2"), rank=2)
 
 
+@pytest.mark.calls_accumcheck
 def test_recorder_needs_a_process_group(tmp_path):
     b = load_bundle(export(tmp_path, "certify-ddp-2"), rank=0)
     model = b.model()

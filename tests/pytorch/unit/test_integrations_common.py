@@ -42,6 +42,7 @@ def test_a_batch_without_labels_is_refused_naming_what_to_pass():
         _common.standard_head_of(Net(), (torch.zeros(2, 4), torch.zeros(2), torch.zeros(2)))
 
 
+@pytest.mark.calls_accumcheck
 def test_step_with_a_closure_is_fitted_on_the_gradient_it_consumes(tmp_path):
     binary = os.environ.get("ACCUMCHECK_BIN")
     if not binary:

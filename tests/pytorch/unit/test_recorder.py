@@ -183,6 +183,7 @@ def test_own_dataloader_ids_and_epochs(mlp_bundle, tmp_path):
     assert [int(e["epoch"]) for e in fb] == [0] * per_epoch + [1] * per_epoch
 
 
+@pytest.mark.calls_accumcheck
 def test_ranks_above_one_are_exported_per_rank(tmp_path, scenario_text):
     # Issue 12: DDP bundles; each rank loads its own view (test_distributed.py).
     text = scenario_text("certify-mlp").replace("epochs = 3", "epochs = 3\nranks = 2")

@@ -2,10 +2,13 @@
 import csv
 import os
 
+import pytest
 import torch
 from torch.optim.swa_utils import AveragedModel
 
 import accumcheck_torch as act
+
+pytestmark = pytest.mark.calls_accumcheck  # each test runs accumcheck (conftest.py)
 
 
 def rows(folder, kind=None):

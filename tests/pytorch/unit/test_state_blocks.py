@@ -10,12 +10,15 @@ import re
 import struct
 import subprocess
 
+import pytest
 from torch.optim.swa_utils import AveragedModel
 
 import accumcheck_torch as act
 from test_certify import correct_loop
 from test_state import rows
 from test_values_bin import certify, corrupt, refused
+
+pytestmark = pytest.mark.calls_accumcheck  # each test runs accumcheck (conftest.py)
 
 KINDS = {0: "grad", 1: "param", 2: "exp_avg", 3: "exp_avg_sq", 4: "ema"}
 

@@ -15,6 +15,8 @@ import accumcheck_torch as act
 from accumcheck_torch.trace import seal_trace
 from test_certify import correct_loop
 
+pytestmark = pytest.mark.calls_accumcheck  # each test runs accumcheck (conftest.py)
+
 
 def certify(bundle_dir, trace, *extra):
     return subprocess.run([os.environ["ACCUMCHECK_BIN"], "certify",
