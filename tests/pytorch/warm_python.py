@@ -232,9 +232,9 @@ def serve(name, modules=TORCH_MODULES):
         importlib.import_module(module)
     started = _started_jax_backends()
     if started:
-        print("warm_python: importing %s started JAX's %s backend (XLA's threads): no "
-              "fork of it is safe; the trainers start a fresh interpreter each"
-              % (" ".join(modules), ", ".join(started)))
+        print("warm_python: JAX's %s backend was started (XLA's threads) when %s were "
+              "imported: no fork of it is safe; the trainers start a fresh interpreter each"
+              % (", ".join(started), " ".join(modules)))
         return 0
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     for _ in range(50):  # a server of an earlier run: stop it, take over
