@@ -9,9 +9,12 @@ script's folder first on sys.path, the caller's working folder,
 environment, stdin, stdout and stderr), so its trace is the same.  Forking
 after `import torch` is what torch's own DataLoader workers do.
 
-    python3 warm_python.py serve NAME    start the server (returns once it
+    python3 warm_python.py serve NAME [MODULE...]
+                                         start the server (returns once it
                                          listens; it exits after 15 idle
-                                         minutes or on `stop`)
+                                         minutes or on `stop`), having
+                                         imported the MODULEs (default:
+                                         torch's, below)
     python3 warm_python.py stop NAME
     python3 warm_python.py exec SCRIPT ARGS...
                                          run `python3 -u SCRIPT ARGS...`
@@ -28,8 +31,18 @@ passes NAME in ACCUMCHECK_WARM_PYTHON; the drivers call run() instead of
 subprocess.run([sys.executable] + argv).  Without the variable, or when the
 server cannot be reached, run() starts a fresh interpreter: the result is
 the same, only slower.
+
+The JAX cases (tests/jax/CMakeLists.txt) start one with `jax jax.numpy
+optax flax.nnx keras`: importing them starts no thread of XLA's (its CPU
+client and its thread pools start with the first computation), so a fork
+is as safe as after `import torch`; serve() checks that no JAX backend
+was started before it forks anything, and refuses (the trainers then
+start fresh) when one was.  JAX reads its configuration (JAX_PLATFORMS,
+the compilation cache's variables) and Keras its backend at import: the
+server must be started with the environment its trainers are given.
 """
 import atexit
+import importlib
 import json
 import os
 import runpy
@@ -196,19 +209,33 @@ def _handle(conn):
     os._exit(0)
 
 
-def serve(name):
-    import torch  # noqa: F401  the point of the server
-    import torch.distributed  # noqa: F401
-    import torch.multiprocessing  # noqa: F401
-    import torch.nn  # noqa: F401
-    # What accumcheck_torch imports of torch's own (its capture and recorder
-    # set torch._dynamo's, _inductor's and _functorch's configuration):
-    # importing torch._dynamo costs about as much again as torch itself.
-    # accumcheck_torch is not imported here: each trainer takes it from the
-    # tree it runs in.
-    import torch._dynamo  # noqa: F401
-    import torch._functorch.config  # noqa: F401
-    import torch._inductor.config  # noqa: F401
+# torch (the point of the server), and what accumcheck_torch imports of
+# torch's own (its capture and recorder set torch._dynamo's, _inductor's
+# and _functorch's configuration): importing torch._dynamo costs about as
+# much again as torch itself.  accumcheck_torch is not imported here: each
+# trainer takes it from the tree it runs in.
+TORCH_MODULES = ("torch", "torch.distributed", "torch.multiprocessing", "torch.nn",
+                 "torch._dynamo", "torch._functorch.config", "torch._inductor.config")
+
+
+def _started_jax_backends():
+    """The JAX backends this process started (their clients own XLA's
+    threads, which a fork would not copy): none after `import jax`."""
+    if "jax" not in sys.modules:
+        return []
+    from jax._src import xla_bridge
+    return sorted(getattr(xla_bridge, "_backends", {}) or {})
+
+
+def serve(name, modules=TORCH_MODULES):
+    for module in modules:
+        importlib.import_module(module)
+    started = _started_jax_backends()
+    if started:
+        print("warm_python: JAX's %s backend was started (XLA's threads) when %s were "
+              "imported: no fork of it is safe; the trainers start a fresh interpreter each"
+              % (", ".join(started), " ".join(modules)))
+        return 0
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     for _ in range(50):  # a server of an earlier run: stop it, take over
         try:
@@ -297,7 +324,11 @@ def stop(name):
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "exec":
         sys.exit(exec_(sys.argv[2:]))
-    if len(sys.argv) != 3 or sys.argv[1] not in ("serve", "stop"):
-        print("usage: warm_python.py serve|stop NAME | exec SCRIPT ARGS...", file=sys.stderr)
+    if len(sys.argv) < 3 or sys.argv[1] not in ("serve", "stop") or \
+            (sys.argv[1] == "stop" and len(sys.argv) != 3):
+        print("usage: warm_python.py serve NAME [MODULE...] | stop NAME | exec SCRIPT ARGS...",
+              file=sys.stderr)
         sys.exit(2)
-    sys.exit(serve(sys.argv[2]) if sys.argv[1] == "serve" else stop(sys.argv[2]))
+    if sys.argv[1] == "stop":
+        sys.exit(stop(sys.argv[2]))
+    sys.exit(serve(sys.argv[2], sys.argv[3:] or TORCH_MODULES))
