@@ -6,7 +6,8 @@ trace certified by build/cli/accumcheck, one cell per case.
 
     bench/conformance.py venv transformers==4.45.2   # make/reuse its venv, print its python
     bench/conformance.py run [--ci] [--only transformers] [--table FILE] [--json FILE]
-    bench/conformance.py check transformers==4.45.2 sgd [--identity]   # one cell against its expectation (CTest)
+    bench/conformance.py check transformers==4.45.2 sgd [partial ...] [--identity CASE ...]
+        # cells of one venv against their expectations, in one process (CTest)
 
 A framework venv (build/conformance/venvs/<fw>-<version>/) holds the
 framework and what it needs, layered on the project's .venv (a .pth file
@@ -29,7 +30,9 @@ case's own process (--identity, tests/frameworks/_tiny.py): its JSON says
 whether each rank's trained parameters are the same bits with and without
 the recorder, and a cell where they differ says so in the table; `check
 --identity` fails on it (the CI cells tests/frameworks/CMakeLists.txt
-names).
+names).  `check` runs the cells it is given as `run` runs a row's: one
+process that imports the framework once and forks each cell, so a cell
+of the CI subset costs its training, not an interpreter's imports.
 """
 
 import argparse
@@ -245,9 +248,14 @@ def venv(row, quiet=False):
     with open(failed if err else ok, "w") as f:
         f.write(want + "\n" + (err if err else "%.1f\n" % spent))
     if not err:
+        # What pip freeze lists (every distribution on the venv's path,
+        # .venv's too, less pip's own tools), read by importlib.metadata in
+        # the venv's python: 0.1 s of CPU where pip freeze takes 1.
         with open(os.path.join(d, "freeze.txt"), "w") as f:
-            subprocess.run([base, "-m", "pip", "--python", py, "freeze", "--exclude-editable"],
-                           stdout=f, stderr=subprocess.DEVNULL)
+            subprocess.run([py, "-c", "import importlib.metadata as m; print('\\n'.join(sorted("
+                            "{'%s==%s' % (x.metadata['Name'], x.version) for x in m.distributions()"
+                            " if x.metadata['Name'].lower() not in ('pip', 'setuptools', 'wheel', "
+                            "'distribute')}, key=str.lower)))"], stdout=f, stderr=subprocess.DEVNULL)
     return py, spent, err
 
 
@@ -358,9 +366,10 @@ def run_cases(row, cases, py, variant="default", report=None, identity=True):
     """Runs the cases in the venv, one process for all (cells.py: the
     imports once, a fork per cell), and certifies each trace as its cell
     ends: a result dict per case, in the order given; report(res) as each
-    is known.  identity: each case runs without the recorder first, in its
-    process (--identity), and res["identity"] says whether the trained
-    parameters are the same bits (identity_of)."""
+    is known.  identity (True, or the cases that do): each case runs without
+    the recorder first, in its process (--identity), and res["identity"]
+    says whether the trained parameters are the same bits (identity_of)."""
+    compared = set(cases) if identity is True else set(identity or ())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), CASES]),
                PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
@@ -375,7 +384,7 @@ def run_cases(row, cases, py, variant="default", report=None, identity=True):
         lines.append(json.dumps({
             "case": case, "script": os.path.join(CASES, "%s_%s.py" % (row["framework"], script)),
             "argv": ["--out", os.path.join(out, "trace"), "--variant", declared or variant]
-            + (["--identity", os.path.join(out, "identity")] if identity else []),
+            + (["--identity", os.path.join(out, "identity")] if case in compared else []),
             "log": os.path.join(out, "case.log")}) + "\n")
     p = subprocess.Popen([py, CELLS, CASES, row["framework"], str(CASE_TIMEOUT)], env=env,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -390,7 +399,7 @@ def run_cases(row, cases, py, variant="default", report=None, identity=True):
         res = certify_cell(row, got["case"], outs[got["case"]], got, variant)
         if got["rc"] == 0:
             res["identity"] = (identity_of(os.path.join(outs[got["case"]], "identity"))
-                               if identity else "not compared")
+                               if got["case"] in compared else "not compared")
         results[got["case"]] = res
         if report:
             report(res)
@@ -498,13 +507,14 @@ def main():
                    help="rows at a time (a venv made or a row's cells run each; default 2)")
     t = sub.add_parser("table", help="one Markdown table from the --json files of several runs")
     t.add_argument("json", nargs="+")
-    c = sub.add_parser("check", help="one cell against versions.txt's expectation (exit 0 iff it agrees)")
+    c = sub.add_parser("check", help="cells of one venv against versions.txt's expectations, in "
+                       "one process (exit 0 iff every one agrees)")
     c.add_argument("spec")
-    c.add_argument("case")
+    c.add_argument("case", nargs="+")
     c.add_argument("--variant", default="default")
-    c.add_argument("--identity", action="store_true",
-                   help="also run the case without the recorder (in its process): the trained "
-                   "parameters must be the same bits")
+    c.add_argument("--identity", nargs="*", metavar="CASE",
+                   help="also run these cases (all given, when none is named) without the "
+                   "recorder, in their process: the trained parameters must be the same bits")
     a = ap.parse_args()
     _adopt_orphans()
     if a.cmd == "venv":
@@ -564,20 +574,33 @@ def main():
             # installed here (no registry, or no release for torch 2.13).
             print("%s: cannot make its venv: %s" % (a.spec, err))
             return 77
-        res = run_cases(row, [a.case], py, a.variant, identity=a.identity)[0]
-        print(json.dumps(res, indent=1))
-        ok = agrees(res)
-        print("%s: %s %s: %s (expected %s), venv %.1f s, case %.1f s CPU" % (
-            "ok" if ok else "DISAGREES", a.spec, a.case, res["cell"], res["expect"], spent,
-            res["cpu_s"]))
-        # A run that exited 0 must say bit-identical (a refused one has
-        # no recorded run to compare).
-        same = "identity" not in res and res["cell"].startswith("refused") or \
-            res.get("identity") == "bit-identical"
-        if a.identity:
-            print("%s: trained parameters with and without the recorder: %s" % (
-                "ok" if same else "DIFFERS", res.get("identity", "the case did not finish")))
-        return 0 if ok and (same or not a.identity) else 1
+        compared = a.case if a.identity == [] else a.identity or []
+        stray = [c for c in compared if c not in a.case]
+        if stray:
+            print("check: --identity %s: not among the cases given (%s)" % (
+                " ".join(stray), " ".join(a.case)), file=sys.stderr)
+            return 2
+        results = run_cases(row, a.case, py, a.variant, identity=compared)
+        print("venv %s: %.1f s making it" % (a.spec, spent))
+        failed = 0
+        for case, res in zip(a.case, results):
+            print(json.dumps(res, indent=1))
+            ok = agrees(res)
+            print("%s: %s %s: %s (expected %s), case %.1f s CPU" % (
+                "ok" if ok else "DISAGREES", a.spec, case, res["cell"], res["expect"],
+                res["cpu_s"]))
+            # A run that exited 0 must say bit-identical (a refused one has
+            # no recorded run to compare).
+            same = "identity" not in res and res["cell"].startswith("refused") or \
+                res.get("identity") == "bit-identical"
+            if case in compared:
+                print("%s: %s %s: trained parameters with and without the recorder: %s" % (
+                    "ok" if same else "DIFFERS", a.spec, case,
+                    res.get("identity", "the case did not finish")))
+            failed += not (ok and (same or case not in compared))
+        print("%s %s: %d of %d cells agree" % (a.spec, "ok" if not failed else "FAILED",
+                                              len(a.case) - failed, len(a.case)))
+        return 0 if not failed else 1
     t0 = time.time()
     rows = [row for row in read_versions()
             if not ((a.ci and not row["ci"]) or (a.only and row["framework"] not in a.only)
