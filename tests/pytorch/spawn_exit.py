@@ -139,12 +139,15 @@ def main():
     ap.add_argument("--runs", type=int, default=1, help="runs of each way out (default 1)")
     ap.add_argument("--timeout", type=float, default=120)
     a = ap.parse_args()
+    # The stacks of a hang go to this stderr, not to a run's captured one.
+    stacks = os.fdopen(os.dup(2), "w")
     ok = True
     for mode in ("interpreter", "exit_rank"):
         for i in range(a.runs):
             t0 = time.monotonic()
-            # A hang: faulthandler prints the stacks and exits 1 (no "spawn_exit: ok").
-            faulthandler.dump_traceback_later(a.timeout, exit=True)
+            # A hang: faulthandler prints "Timeout" and the stacks, and exits 1
+            # (no "spawn_exit: ok").
+            faulthandler.dump_traceback_later(a.timeout, exit=True, file=stacks)
             code, out = captured(mode)
             faulthandler.cancel_dump_traceback_later()
             aborted = ("terminate called without an active exception" in out
@@ -152,7 +155,7 @@ def main():
             print("spawn_exit: %s run %d: launcher %s%s (%.1f s)" % (
                 mode, i, "returned" if code == 0 else "failed",
                 ", rank 1 aborted (SIGABRT, std::terminate)" if aborted else "",
-                time.monotonic() - t0))
+                time.monotonic() - t0), flush=True)
             if mode == "interpreter" and not aborted:
                 print("spawn_exit: the hazard did not reproduce: rank 1 left through its interpreter's "
                       "exit without the abort (a PyTorch or CPython that no longer ends the worker "
