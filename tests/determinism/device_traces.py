@@ -18,8 +18,13 @@ writes (docs/engines-and-numerics.md states the guarantee):
               (OPENBLAS_CORETYPE; what OpenBLAS reports it chose is
               printed), three scenarios (an MLP, BatchNorm, the token
               model) must write byte-identical trace folders: the engine
-              uses no BLAS, and this keeps it so.  Exit 77 (CTest:
-              skipped) where no libopenblas.so.0 is installed.
+              uses no BLAS, and this keeps it so.  Where the dynamic
+              loader (LD_DEBUG=libs) initializes no BLAS or LAPACK library
+              in those runs, no kernel can reach them: the first kernel
+              OpenBLAS can be forced to stands for all (each repeat of ~19
+              proved nothing more); where one is loaded, every kernel is
+              run.  Exit 77 (CTest: skipped) where no libopenblas.so.0 is
+              installed.
 
 Usage: device_traces.py MODE --accumcheck BIN --repo DIR --work DIR [--update]
 --update (golden) rewrites the digest file from this machine's traces:
@@ -174,18 +179,53 @@ def forced_core(core: str) -> str:
     return proc.stdout.decode().strip()
 
 
+def loaded_blas(args, names: list[str]) -> set[str]:
+    """The BLAS and LAPACK libraries the dynamic loader initializes in
+    `accumcheck run` of each scenario (LD_DEBUG=libs: linked or dlopened)."""
+    found = set()
+    scratch = os.path.join(args.work, "ld-debug")
+    for name in names:
+        scenario = os.path.join(args.repo, "scenarios", name + ".toml")
+        proc = subprocess.run([args.accumcheck, "run", scenario, "--engine", "device", "--quiet",
+                               "--out", os.path.join(scratch, name)],
+                              env=dict(os.environ, LD_DEBUG="libs"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out = proc.stdout.decode(errors="replace")
+        if proc.returncode != 0 or "calling init:" not in out:
+            sys.exit(f"{name} (LD_DEBUG=libs): accumcheck run exited {proc.returncode}, or the "
+                     f"loader said nothing:\n{out[-3000:]}")
+        for line in out.splitlines():
+            lib = line.rsplit("calling init: ", 1)[-1] if "calling init: " in line else ""
+            if any(k in os.path.basename(lib) for k in ("blas", "lapack")):
+                found.add(os.path.basename(lib))
+    shutil.rmtree(scratch, ignore_errors=True)
+    return found
+
+
 def coretypes(args) -> int:
     try:
         ctypes.CDLL("libopenblas.so.0")
     except OSError as e:
         print(f"skipped: no OpenBLAS installed to force ({e})")
         return SKIP
+    # Whether any BLAS is in accumcheck's process at all, for these runs
+    # (the dynamic loader's own account, dlopen included): where none is,
+    # no OPENBLAS_CORETYPE can reach the engine, and a repeat under each
+    # of the ~19 kernels proves nothing one forced kernel does not.
+    blas = loaded_blas(args, list(CORE_SET))
     kernels = []
     for core in CORE_NAMES:
         chose = forced_core(core)
         print(f"OPENBLAS_CORETYPE={core}: OpenBLAS chose {chose}")
         if chose == core:
             kernels.append(core)
+            if not blas:
+                break
+    if blas:
+        print(f"accumcheck loads {' '.join(sorted(blas))}: every kernel OpenBLAS can be forced to")
+    else:
+        print("accumcheck loads no BLAS library (LD_DEBUG=libs): the first kernel OpenBLAS can be "
+              "forced to stands for all of them")
     base = os.path.join(args.work, "default")
     run_all(args, list(CORE_SET), base, {})
     bad = 0

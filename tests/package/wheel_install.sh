@@ -7,10 +7,12 @@
 # the mistaken one FAILs with certify's diagnosis in the assertion.  Also:
 # `accumcheck --version`, the installed scenarios, an example trainer run as
 # `python examples/oracle/train_correct.py` and certified.
-#   wheel_install.sh SOURCE_DIR CXX_COMPILER PYTHON
-# PYTHON: an interpreter to make the venv from (the project's .venv's base).
+#   wheel_install.sh SOURCE_DIR CXX_COMPILER PYTHON TORCH_PYTHON
+# PYTHON: an interpreter to make the venv from (the project's .venv's base);
+# TORCH_PYTHON: the project's .venv's, whose torch, numpy and pytest the
+# fresh venv is given.
 set -euo pipefail
-src=$1 cxx=$2 python=$3
+src=$1 cxx=$2 python=$3 torch_python=$4
 work=$(mktemp -d /tmp/accumcheck-wheel.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 unset PYTHONPATH
@@ -29,14 +31,48 @@ command -v ninja >/dev/null && export CMAKE_GENERATOR=Ninja
 wheel=$(ls "$work"/dist/accumcheck-*.whl)
 echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB) built in $((SECONDS - t0)) s"
 
-# A fresh environment: torch as the user has it (--no-compile: the few
-# interpreters this test starts cost less than compiling all of torch),
-# then the wheel, offline.
+# A fresh environment holding torch, numpy and pytest as pip installed
+# them: TORCH_PYTHON's (the pins of requirements.txt, checked), each
+# distribution of their requirements' closure, and pip, linked into the
+# new venv's site-packages (its top-level folders, modules and dist-info),
+# not unpacked again from the index (pip install torch, numpy and pytest
+# into a fresh venv cost ~20 s of CPU and its venv's ensurepip 4.5 s).
+# pip, importlib.metadata and the pytest11 entry points see them as
+# installed there.
 t0=$SECONDS
-"$python" -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile torch==2.13.0 pytest==8.3.5 \
-  numpy==2.4.6 2>&1 | quiet
-echo "venv: torch and pytest installed in $((SECONDS - t0)) s"
+"$python" -m venv --without-pip "$work/venv"   # pip too is linked (ensurepip: 4.5 s)
+site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$torch_python" - "$site" "$src/requirements.txt" <<'PY'
+import importlib.metadata as md
+import os
+import re
+import sys
+
+site = sys.argv[1]
+pins = dict(line.split("#")[0].strip().split("==") for line in open(sys.argv[2])
+            if line.split("==")[0].strip() in ("torch", "numpy", "pytest"))
+assert len(pins) == 3, pins
+todo, seen, links = list(pins) + ["pip"], set(), 0
+while todo:
+    name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+    if name in seen:
+        continue
+    seen.add(name)
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:  # a requirement under a marker not met here
+        continue
+    if name in pins and dist.version.split("+")[0] != pins[name]:
+        sys.exit("FAIL: %s is %s in %s, requirements.txt pins %s" % (name, dist.version, sys.prefix, pins[name]))
+    todo += [re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0] for r in dist.requires or [] if "extra ==" not in r]
+    for top in sorted({f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}):
+        if not os.path.lexists(os.path.join(site, top)):
+            os.symlink(dist.locate_file(top), os.path.join(site, top))
+            links += 1
+print("venv: %d distributions (torch %s, numpy %s, pytest %s) linked from %s (%d entries)"
+      % (len(seen), md.version("torch"), md.version("numpy"), md.version("pytest"), sys.prefix, links))
+PY
+echo "venv: made in $((SECONDS - t0)) s"
 t0=$SECONDS
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check --no-index "$wheel"
 echo "wheel: installed offline in $((SECONDS - t0)) s"

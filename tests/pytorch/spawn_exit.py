@@ -29,13 +29,13 @@ Passes ("spawn_exit: ok") when every `interpreter` run aborted (the hazard
 is real on this PyTorch and CPython: if it stops reproducing, the message
 says so and the test fails, so that this test and exit_rank are looked at
 again) and every `exit_rank` run exited 0 with no "terminate called".
-Each run is 2 fresh interpreters (about 3 s of CPU).
+Each run is 2 spawned ranks (fresh interpreters, about 3 s of CPU each),
+launched from this process (no launcher interpreter of its own).
 """
 import argparse
 import atexit
 import ctypes
 import os
-import subprocess
 import sys
 import time
 
@@ -82,7 +82,8 @@ def launched_rank(rank, ranks, _args):
 
 
 def child(mode):
-    """One 2-rank run in this process (the launcher)."""
+    """One 2-rank run launched from this process: 0 when the launcher
+    returned, 1 when a rank's exit failed it (said on stdout)."""
     import socket
     import torch.multiprocessing as mp
     from accumcheck_torch.distributed import launch
@@ -103,40 +104,64 @@ def child(mode):
     return 0
 
 
+def captured(mode):
+    """child(mode) with this process's and its ranks' stdout and stderr
+    (fds 1 and 2, which spawned ranks inherit) into a file: (code, text).
+    The launcher is this process, not a fresh interpreter of its own: it
+    has imported torch already (a fresh one costs 3 to 4 s of CPU, the
+    runs' ranks are the only other interpreters)."""
+    import tempfile
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            code = child(mode)
+        except Exception as e:  # noqa: BLE001  said, and the run fails
+            print("spawn_exit: the launcher raised %r" % e)
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+        f.seek(0)
+        return code, f.read()
+
+
 def main():
+    import faulthandler
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=1, help="runs of each way out (default 1)")
     ap.add_argument("--timeout", type=float, default=120)
-    ap.add_argument("--child", choices=("interpreter", "exit_rank"), help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.child:
-        return child(a.child)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(HERE, "..", "..", "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    # The stacks of a hang go to this stderr, not to a run's captured one.
+    stacks = os.fdopen(os.dup(2), "w")
     ok = True
     for mode in ("interpreter", "exit_rank"):
         for i in range(a.runs):
             t0 = time.monotonic()
-            try:
-                p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode],
-                                   env=env, capture_output=True, text=True, timeout=a.timeout)
-            except subprocess.TimeoutExpired:
-                print("spawn_exit: %s run %d: no exit within %.0f s (a hang)" % (mode, i, a.timeout))
-                ok = False
-                continue
-            out = p.stdout + p.stderr
+            # A hang: faulthandler prints "Timeout" and the stacks, and exits 1
+            # (no "spawn_exit: ok").
+            faulthandler.dump_traceback_later(a.timeout, exit=True, file=stacks)
+            code, out = captured(mode)
+            faulthandler.cancel_dump_traceback_later()
             aborted = ("terminate called without an active exception" in out
                        and "rank 1 exited with code -6" in out)
-            print("spawn_exit: %s run %d: exit %d%s (%.1f s)" % (
-                mode, i, p.returncode, ", rank 1 aborted (SIGABRT, std::terminate)" if aborted else "",
-                time.monotonic() - t0))
+            print("spawn_exit: %s run %d: launcher %s%s (%.1f s)" % (
+                mode, i, "returned" if code == 0 else "failed",
+                ", rank 1 aborted (SIGABRT, std::terminate)" if aborted else "",
+                time.monotonic() - t0), flush=True)
             if mode == "interpreter" and not aborted:
                 print("spawn_exit: the hazard did not reproduce: rank 1 left through its interpreter's "
                       "exit without the abort (a PyTorch or CPython that no longer ends the worker "
                       "there?): look at exit_rank and this test again\n" + out[-3000:])
                 ok = False
-            if mode == "exit_rank" and (p.returncode != 0 or "terminate called" in out):
+            if mode == "exit_rank" and (code != 0 or "terminate called" in out):
                 print("spawn_exit: exit_rank did not end the ranks cleanly\n" + out[-3000:])
                 ok = False
     print("spawn_exit: ok" if ok else "spawn_exit: FAILED")

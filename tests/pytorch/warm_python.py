@@ -117,6 +117,46 @@ def run(argv, capture_output=False, text=False, check=False):
     return result
 
 
+def run_here(argv, input=None, env=None, cwd=None, timeout=None):
+    """subprocess.run([sys.executable] + argv, capture_output=True,
+    text=True, input=, env=, cwd=, timeout=) as a fork of this process,
+    the script run as the server's trainers run it (_child): for a caller
+    that has imported torch already (the unit tests under pytest), a
+    script that imports torch again costs its own work, not a fresh
+    interpreter's 3 to 4 s of CPU.  A run past timeout is ended by
+    SIGALRM (returncode -14), not raised."""
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as out, \
+            tempfile.TemporaryFile() as err:
+        if input is not None:
+            fin.write(input.encode())
+            fin.seek(0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                if timeout:
+                    signal.alarm(max(1, int(timeout + 0.999)))
+                # The caller's sys.std* may be its own (pytest's capture):
+                # the script writes to fds 0, 1, 2 as an interpreter's do.
+                sys.stdin = open(0, closefd=False)
+                sys.stdout = open(1, "w", closefd=False)
+                sys.stderr = open(2, "w", closefd=False)
+                request = {"argv": list(argv), "cwd": cwd or os.getcwd(),
+                           "env": dict(os.environ if env is None else env)}
+                _child(request, [os.dup(f.fileno()) for f in (fin, out, err)])
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        outputs = []
+        for f in (out, err):
+            f.seek(0)
+            outputs.append(f.read().decode(errors="replace"))
+    return subprocess.CompletedProcess([sys.executable] + list(argv),
+                                       os.waitstatus_to_exitcode(status), *outputs)
+
+
 def exec_(argv):
     """`python3 -u argv...` through the server (a fresh interpreter when
     none answers), as this process: the same exit code, and SIGTERM,

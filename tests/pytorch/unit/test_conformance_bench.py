@@ -6,8 +6,7 @@ bench/conformance/cells.py running a row's cells as forks of one process
 import importlib.util
 import json
 import os
-import subprocess
-import sys
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -58,9 +57,11 @@ def test_cells_runs_each_case_as_a_fork(tmp_path):
                                  "argv": ["--out", str(tmp_path / (name + ".out"))],
                                  "log": str(tmp_path / (name + ".log"))}))
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "conformance", "cells.py"),
-                        str(cases), "fw", "60"], input="\n".join(lines) + "\n",
-                       capture_output=True, text=True, env=env, timeout=240)
+    # A fork of this process (warm_python.run_here): cells.py's own
+    # imports of torch and accumcheck_torch are done already.
+    p = warm_python.run_here([os.path.join(ROOT, "bench", "conformance", "cells.py"),
+                              str(cases), "fw", "60"], input="\n".join(lines) + "\n",
+                             env=env, timeout=240)
     assert p.returncode == 0, p.stderr
     got = {r["case"]: r for r in map(json.loads, p.stdout.splitlines())}
     assert [got[n]["rc"] for n in ("ok", "refused", "raises")] == [0, 2, 1]

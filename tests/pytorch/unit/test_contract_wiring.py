@@ -248,14 +248,14 @@ def _env():
 def test_a_refusal_on_the_command_line_exits_2_with_its_message(tmp_path):
     """exit_on_refusal, the examples' `__main__`: a Refused ends the process
     with exit 2 and its message, no traceback; anything else is left alone."""
-    import subprocess
-    import sys
+    import warm_python
     script = tmp_path / "refused.py"
     script.write_text("import accumcheck_torch as act\n"
                       "def main():\n"
                       "    act.ContractRecorder(None, None, loss_fn=None, count_fn=None, accumulation=2)\n"
                       "act.exit_on_refusal(main)\n")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env())
+    # As `python refused.py`, in a fork of this process (warm_python.run_here).
+    r = warm_python.run_here([str(script)], env=_env())
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("accumcheck_torch: ContractRecorder: pass loss_fn=") and "Traceback" not in r.stderr
     assert act.exit_on_refusal(lambda x: x + 1, 1) == 2
@@ -264,8 +264,7 @@ def test_a_refusal_on_the_command_line_exits_2_with_its_message(tmp_path):
 def test_the_pytest_plugin_fails_a_test_with_the_refusal(tmp_path):
     """A Refused leaving a test fails it with the message alone (the
     plugin's pytest_pyfunc_call); a test that expects it still catches it."""
-    import subprocess
-    import sys
+    import warm_python
     (tmp_path / "test_user.py").write_text(
         "import pytest\n"
         "import accumcheck_torch as act\n"
@@ -274,9 +273,9 @@ def test_the_pytest_plugin_fails_a_test_with_the_refusal(tmp_path):
         "def test_caught():\n"
         "    with pytest.raises(act.Refused):\n"
         "        act.ContractRecorder(None, None, loss_fn=None, count_fn=None, accumulation=2)\n")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "accumcheck_torch.pytest_plugin",
-                        str(tmp_path / "test_user.py")], capture_output=True, text=True, cwd=tmp_path,
-                       env=_env())
+    # As `python -m pytest ...`, in a fork of this process (warm_python.run_here).
+    r = warm_python.run_here(["-m", "pytest", "-q", "-p", "accumcheck_torch.pytest_plugin",
+                              str(tmp_path / "test_user.py")], cwd=str(tmp_path), env=_env())
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 failed, 1 passed" in r.stdout, r.stdout
     assert "accumcheck_torch refused: ContractRecorder: pass loss_fn=" in r.stdout, r.stdout

@@ -64,11 +64,22 @@ def blocks(path):
     return version, out
 
 
-def test_state_tensors_go_to_values_bin_and_certify_as_csv_rows_do(tmp_path):
+@pytest.fixture(scope="module")
+def batchnorm_bin(tmp_path_factory):
+    """certify-batchnorm's bundle and one values.bin trace of it, exported
+    and recorded once for this module's tests, which only read them (an
+    edit goes to a copy: corrupt())."""
     from conftest import export
-    bundle = export(tmp_path, "certify-batchnorm")
-    binary, text = str(tmp_path / "bin"), str(tmp_path / "csv")
+    tmp = tmp_path_factory.mktemp("state_blocks")
+    bundle = export(tmp, "certify-batchnorm")
+    binary = str(tmp / "bin")
     record(bundle, binary, "bin")
+    return bundle, binary
+
+
+def test_state_tensors_go_to_values_bin_and_certify_as_csv_rows_do(tmp_path, batchnorm_bin):
+    bundle, binary = batchnorm_bin
+    text = str(tmp_path / "csv")
     record(bundle, text, "csv")
     version, bl = blocks(os.path.join(binary, "values.bin"))
     assert version == 2
@@ -90,11 +101,8 @@ def test_state_tensors_go_to_values_bin_and_certify_as_csv_rows_do(tmp_path):
     assert lines(a.stdout) == lines(c.stdout.replace(text, binary))
 
 
-def test_a_moment_changed_in_values_bin_fails_its_step(tmp_path):
-    from conftest import export
-    bundle = export(tmp_path, "certify-batchnorm")
-    binary = str(tmp_path / "bin")
-    record(bundle, binary, "bin")
+def test_a_moment_changed_in_values_bin_fails_its_step(tmp_path, batchnorm_bin):
+    bundle, binary = batchnorm_bin
     _, bl = blocks(os.path.join(binary, "values.bin"))
     # Step 1's exp_avg, its first value doubled.
     _, _, _, values, _ = next(b for b in bl if b[0] == "exp_avg" and b[1] == 1)
@@ -149,11 +157,8 @@ def test_a_moment_changed_in_values_bin_fails_its_step(tmp_path):
         assert verdict(merged.stdout) == verdict(r.stdout), merged.stdout
 
 
-def test_malformed_state_blocks_are_refused_with_the_byte_offset(tmp_path):
-    from conftest import export
-    bundle = export(tmp_path, "certify-batchnorm")
-    binary = str(tmp_path / "bin")
-    record(bundle, binary, "bin")
+def test_malformed_state_blocks_are_refused_with_the_byte_offset(tmp_path, batchnorm_bin):
+    bundle, binary = batchnorm_bin
     _, bl = blocks(os.path.join(binary, "values.bin"))
     first = next(b for b in bl if b[0] == "exp_avg")
     second = next(b for b in bl if b[0] == "exp_avg" and b[1] != first[1])
