@@ -359,9 +359,13 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
             if _is_nnx(first):
                 from flax import nnx
                 self.nnx_graph = nnx.graphdef(first)
+                state = self.jax.tree_util.tree_leaves(nnx.state(first))
                 self.treedef = self.jax.tree_util.tree_structure(nnx.state(first))
             else:
+                state = p_leaves
                 self.treedef = treedef
+            # The whole state's leaves (shape, dtype): what the treedef holds.
+            self.state_shapes = [(tuple(x.shape), x.dtype) for x in state]
         elif shapes != self.shapes:
             raise Refused("ContractRecorder.grad: parameters of other shapes than the first "
                           "call's (one model per recorder)")

@@ -3,6 +3,7 @@
 rec.apply's output path, train_optax.py's default, and without it,
 --no-apply), and bad input is refused with what to pass."""
 
+import csv
 import subprocess
 
 import jax
@@ -34,6 +35,12 @@ def test_recording_changes_nothing(tmp_path, loop, extra):
         assert x.dtype == y.dtype and x.shape == y.shape
         assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), loop
     assert (tmp_path / "t" / "complete.csv").exists()
+    if not extra and loop in ("hand", "nnx"):
+        # Through rec.apply (a Flax NNX model's call too): g_j read at the
+        # outputs throughout, no micro-batch sent to the full path.
+        with open(tmp_path / "t" / "meta.csv") as f:
+            meta = {r[0]: r[1] for r in csv.reader(f)}
+        assert "rec.apply" in meta["recorder"] and "notes" not in meta, meta.get("notes")
 
 
 # --warmup 2: lr 0 at the first step, so its update is zero and moves no
