@@ -8,8 +8,8 @@ large one (1024-10240-4: 10.5M parameters; 1024 samples, 64 micro-batches of
 16: a run long enough that the recorder's compilations are not most of it),
 at K = 4 and 16.  Two ways of
 recording (--paths): "apply", the forward wrapped by rec.apply (g_j read
-from your own backward at its outputs; Flax NNX takes the full path
-whatever it is asked), and "full", without it (train_optax.py
+from your own backward at its outputs; Flax NNX's model call wrapped the
+same way), and "full", without it (train_optax.py
 --no-apply: g_j a second gradient of the recorder's).  The recorder's
 budget is 1.5x the plain run.  Measured 2026-11-29 (docs/frameworks-jax-keras.md,
 "What recording costs": the recorder before and after that day's cost

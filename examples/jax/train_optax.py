@@ -246,9 +246,13 @@ def run_nnx(args, batches):
         def __call__(self, x):
             return self.l2(jnp.tanh(self.l1(x)))
 
+    # The model's call, wrapped by rec.apply where recorded through it (g_j
+    # read from your own backward at the outputs; --no-apply: without it).
+    box = {"forward": lambda model, x: model(x)}
+
     def nnx_summed(model, batch):
         x, y = batch
-        logp = jax.nn.log_softmax(model(x))
+        logp = jax.nn.log_softmax(box["forward"](model, x))
         return -jnp.sum(jnp.take_along_axis(logp, y[:, None], axis=1))
 
     K = args.K
@@ -258,6 +262,8 @@ def run_nnx(args, batches):
     if args.record:
         rec = ContractRecorder(nnx_summed, items, accumulation=K, out=args.out, lr=args.lr,
                                grad=nnx.grad, quiet=args.quiet)
+        if args.apply:
+            box["forward"] = rec.apply(box["forward"])
         tx = rec.optimizer(tx)
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     fn = nnx.grad(nnx_summed)

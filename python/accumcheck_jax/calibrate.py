@@ -31,12 +31,7 @@ class Calibrate:
                     self._grad64 = _jit_rare(jax, self.grad_transform(self.summed_loss))
             wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
                     for x in full]
-            state = jax.tree_util.tree_unflatten(self.treedef, wide)
-            if self.nnx_graph is not None:
-                from flax import nnx
-                first = nnx.merge(self.nnx_graph, state)
-            else:
-                first = state
+            first = self._first_of(wide)
             b64 = jax.tree_util.tree_map(
                 lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
                 batch)
@@ -50,7 +45,19 @@ class Calibrate:
         float64 on this micro-batch (compiled only where asked)."""
         jax = self.jax
         if self._grad32 is None:
-            self._grad32 = _jit_rare(jax, self.grad_transform(self.summed_loss))
-        state = jax.tree_util.tree_unflatten(self.treedef, list(full))
-        g32 = self._plain(self._grad32, state, batch)
+            if self.nnx_graph is not None:
+                from flax import nnx
+                self._grad32 = nnx.jit(self.grad_transform(self.summed_loss))
+            else:
+                self._grad32 = _jit_rare(jax, self.grad_transform(self.summed_loss))
+        g32 = self._plain(self._grad32, self._first_of(list(full)), batch)
         return self.layout.host(jax.tree_util.tree_leaves(g32))
+
+    def _first_of(self, leaves):
+        """The first argument of summed_loss from the whole state's leaves:
+        the parameters, or a Flax NNX model rebuilt."""
+        state = self.jax.tree_util.tree_unflatten(self.treedef, leaves)
+        if self.nnx_graph is not None:
+            from flax import nnx
+            return nnx.merge(self.nnx_graph, state)
+        return state

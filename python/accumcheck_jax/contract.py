@@ -18,7 +18,8 @@ optax.MultiSteps: wrap the whole, rec.optimizer(optax.MultiSteps(inner, K))
 (its inner optimizer built with optax.inject_hyperparams).  Flax NNX:
 ContractRecorder(..., grad=nnx.grad), the micro-batch
 gradient nnx.grad(loss)(model, batch) wrapped by rec.grad, and
-nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param).
+nnx.Optimizer(model, rec.optimizer(tx), wrt=nnx.Param); its call wrapped
+as any forward, rec.apply(lambda model, x: model(x)), for the output path.
 
 What it measures (jitted or not):
   - with rec.apply(forward) (outputs.py): g_j read from your own backward
@@ -133,6 +134,7 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         self.engine, self.quiet = engine, quiet
         self.layout = None       # _Leaves, fixed by the first gradient seen
         self.treedef = None
+        self.state_shapes = None  # the whole state's leaves (shape, dtype), as treedef holds them
         self.nnx_graph = None    # an NNX model's graphdef (calibration rebuilds it)
         self.micro = []          # [epoch, version, items, samples, calibration]
         self.backward = []       # (weight, residual)
@@ -359,9 +361,13 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
             if _is_nnx(first):
                 from flax import nnx
                 self.nnx_graph = nnx.graphdef(first)
+                state = self.jax.tree_util.tree_leaves(nnx.state(first))
                 self.treedef = self.jax.tree_util.tree_structure(nnx.state(first))
             else:
+                state = p_leaves
                 self.treedef = treedef
+            # The whole state's leaves (shape, dtype): what the treedef holds.
+            self.state_shapes = [(tuple(x.shape), x.dtype) for x in state]
         elif shapes != self.shapes:
             raise Refused("ContractRecorder.grad: parameters of other shapes than the first "
                           "call's (one model per recorder)")

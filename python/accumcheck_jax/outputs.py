@@ -162,8 +162,6 @@ class Outputs:
     # ---- the eager path's micro-batch on the output path
 
     def _output_path(self, first):
-        if self.tapped and not self.no_take and _is_nnx(first):
-            self._off("a Flax NNX model (its forward is the module's call, not rec.apply's)")
         return self.tapped and not self.no_take
 
     def _plain(self, prog, *args):
@@ -294,12 +292,17 @@ class Outputs:
         jax = self.jax
         if self._s_prog is None:
             rec = self
-            shapes, dtypes = self.shapes, self.p_dtypes
+            shapes = self.state_shapes
 
             def s_dots(outputs, u, batch):
                 jnp = jax.numpy
+                # The parameters (a Flax NNX model: its whole state) zeros:
+                # read only through the forward, which the outputs replace.
                 params = jax.tree_util.tree_unflatten(
-                    rec.treedef, [jnp.zeros(s, d) for s, d in zip(shapes, dtypes)])
+                    rec.treedef, [jnp.zeros(s, d) for s, d in shapes])
+                if rec.nnx_graph is not None:
+                    from flax import nnx
+                    params = nnx.merge(rec.nnx_graph, params)
 
                 def loss(o):
                     mode = rec.tap_mode

@@ -28,10 +28,12 @@ WeightFit weight_fit_check(const ContractSection& c, double u_model,
       cal_at = j;
     }
   // A float64 recompute of g_j that strays from the float32 one by more
-  // than the precision at which weights are read (evidence_weight_rel) is
-  // not the same function (randomness the recorder could not replay, such
-  // as a compiled graph's own RNG): the weights would be too uncertain to
-  // tell correct from a mistake, so the trace is not judged.
+  // than the precision at which weights are read (evidence_weight_rel):
+  // either not the same function (randomness the recorder could not
+  // replay, such as a compiled graph's own RNG) or float32's own error
+  // (g_j small beside the per-sample gradients it sums, as a model near
+  // its minimum: cancellation).  Either way the weights would be too
+  // uncertain to tell correct from a mistake, so the trace is not judged.
   const double weight_rel = error_model::tolerance("evidence_weight_rel");
   if (cal_max > weight_rel && !lowp_model)
     throw InputError(
@@ -39,10 +41,13 @@ WeightFit weight_fit_check(const ContractSection& c, double u_model,
         fmt::format(
             "micro-batch {}'s gradient recomputed in float64 differs from "
             "the float32 one by {:.3g} of its norm (at most {:g} reads a "
-            "weight): the recompute is not the forward your loop ran "
+            "weight). Either the recompute is not the forward your loop ran "
             "(randomness the recorder could not replay, e.g. a "
-            "torch.compile'd model compiled before the recorder was made); "
-            "record again with the recorder made first",
+            "torch.compile'd model compiled before the recorder was made: "
+            "record again with the recorder made first), or float32 itself "
+            "strays this far there (the gradient small beside the "
+            "per-sample gradients it sums, as a model near its minimum: "
+            "record the run's earlier steps, or in float64)",
             cal_at, cal_max, weight_rel));
   std::vector<double>& eps = out.eps;
   CertifyCheck& fit = out.check;

@@ -167,6 +167,7 @@ def test_dots_on_the_device_match_the_host(tmp_path):
     box["forward"] = rec.apply(logits)
     params = {"w1": jnp.zeros((6, 8)), "w2": jnp.zeros((8, 3))}
     rec.shapes, rec.p_dtypes = [(6, 8), (8, 3)], [jnp.float32, jnp.float32]
+    rec.state_shapes = list(zip(rec.shapes, rec.p_dtypes))
     rec.treedef = jax.tree_util.tree_structure(params)
     rng = np.random.default_rng(1)
     o = rng.standard_normal((4, 3)).astype(np.float32)

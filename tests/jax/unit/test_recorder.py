@@ -3,6 +3,7 @@
 rec.apply's output path, train_optax.py's default, and without it,
 --no-apply), and bad input is refused with what to pass."""
 
+import csv
 import functools
 import subprocess
 
@@ -47,6 +48,12 @@ def test_recording_changes_nothing(tmp_path, request, loop, extra):
         # your jitted function and by one jitted with it (a callback):
         # judged here, not recorded again by a test of its own.
         certified(request.getfixturevalue("accumcheck"), tmp_path / "t")
+    if not extra and loop in ("hand", "nnx"):
+        # Through rec.apply (a Flax NNX model's call too): g_j read at the
+        # outputs throughout, no micro-batch sent to the full path.
+        with open(tmp_path / "t" / "meta.csv") as f:
+            meta = {r[0]: r[1] for r in csv.reader(f)}
+        assert "rec.apply" in meta["recorder"] and "notes" not in meta, meta.get("notes")
 
 
 def certified(accumcheck, folder):
