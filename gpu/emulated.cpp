@@ -417,5 +417,6 @@ void use_matmul_path(const std::string& name) {
 }  // namespace emulated_detail
 
 template class Device<EmulatedExecutor>;
+template class Trainer<EmulatedDevice>;
 
 }  // namespace accumcheck

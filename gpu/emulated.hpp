@@ -16,6 +16,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/executor.hpp"
+#include "sim/trainer.hpp"
 
 namespace accumcheck {
 
@@ -76,6 +77,9 @@ static_assert(Executor<EmulatedExecutor>);
 extern template class Device<EmulatedExecutor>;
 using EmulatedDevice = Device<EmulatedExecutor>;
 static_assert(Engine<EmulatedDevice>);
+// The trainer on this engine is compiled once, in gpu/emulated.cpp, at the
+// library's optimization (docs/development.md "Build").
+extern template class Trainer<EmulatedDevice>;
 
 // The SHA-256 of gpu/kernels.hpp this library was compiled against
 // (computed by CMake; tests compare it with the CUDA library's).

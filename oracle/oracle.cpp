@@ -11,5 +11,6 @@ template class Oracle<OracleReal>;
 template class Oracle<Tracked<OracleReal>>;
 template class Oracle<Tracked<BoundReal>>;
 template class Oracle<Tracked<DD>>;
+template class Oracle<double>;
 
 }  // namespace accumcheck

@@ -39,6 +39,7 @@
 #include "sim/layout.hpp"
 #include "sim/rng.hpp"
 #include "sim/scenario.hpp"
+#include "sim/trainer.hpp"
 
 namespace accumcheck {
 
@@ -695,5 +696,11 @@ extern template class Oracle<OracleReal>;
 extern template class Oracle<Tracked<OracleReal>>;
 extern template class Oracle<Tracked<BoundReal>>;
 extern template class Oracle<Tracked<DD>>;
+extern template class Oracle<double>;
+// The trainer on the 50-digit oracle (plain and tracked) is compiled once,
+// in oracle/oracle_trainer.cpp, not again in every unit that runs it
+// (docs/development.md "Build": the cold build's CPU).
+extern template class Trainer<Oracle<OracleReal>>;
+extern template class Trainer<Oracle<Tracked<OracleReal>>>;
 
 }  // namespace accumcheck

@@ -11,13 +11,10 @@ namespace accumcheck {
 
 class InputError : public std::runtime_error {
  public:
+  // Defined in sim/errors.cpp: thrown from every parser, built in one
+  // place instead of inline in each translation unit that throws it.
   InputError(std::string file, int64_t line, int64_t column, std::string key,
-             std::string message)
-      : std::runtime_error(format(file, line, column, key, message)),
-        file_(std::move(file)),
-        line_(line),
-        column_(column),
-        key_(std::move(key)) {}
+             std::string message);
 
   const std::string& file() const { return file_; }
   int64_t line() const { return line_; }
@@ -27,17 +24,7 @@ class InputError : public std::runtime_error {
  private:
   static std::string format(const std::string& file, int64_t line,
                             int64_t column, const std::string& key,
-                            const std::string& message) {
-    // Appended piece by piece: `"x" + std::string` trips GCC 12's
-    // -Wrestrict false positive (PR105329) once inlined.
-    std::string s = file;
-    if (line > 0) s.append(":").append(std::to_string(line));
-    if (column > 0) s.append(":").append(std::to_string(column));
-    if (!s.empty()) s.append(": ");  // no file: a command-line option
-    if (!key.empty()) s.append(key).append(": ");
-    s.append(message);
-    return s;
-  }
+                            const std::string& message);
   std::string file_;
   int64_t line_, column_;
   std::string key_;

@@ -64,6 +64,7 @@
 
 #include "sim/engine.hpp"
 #include "sim/scenario.hpp"
+#include "sim/trainer.hpp"
 
 namespace accumcheck::contract {
 
@@ -399,3 +400,9 @@ std::vector<T> clip_values(
 }
 
 }  // namespace accumcheck::contract
+
+namespace accumcheck {
+// Compiled once, in verify/contract/predict.cpp (docs/development.md
+// "Build": the cold build's CPU).
+extern template class Trainer<contract::CoefficientEngine>;
+}  // namespace accumcheck

@@ -13,6 +13,10 @@
 #include "verify/contract/coefficient_engine.hpp"
 #include "verify/contract/detail.hpp"
 
+namespace accumcheck {
+template class Trainer<contract::CoefficientEngine>;
+}  // namespace accumcheck
+
 namespace accumcheck::contract_detail {
 
 namespace {

@@ -25,6 +25,8 @@
 
 namespace accumcheck {
 
+template class Trainer<NullEngine>;
+
 namespace {
 
 namespace fs = std::filesystem;

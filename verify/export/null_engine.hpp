@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sim/engine.hpp"
+#include "sim/trainer.hpp"
 
 namespace accumcheck {
 
@@ -31,5 +32,10 @@ struct NullEngine {
 };
 
 static_assert(Engine<NullEngine>);
+
+// Compiled once, in verify/export/export.cpp, not again in every unit that
+// runs a plan through it (docs/development.md "Build": the cold build's
+// CPU).
+extern template class Trainer<NullEngine>;
 
 }  // namespace accumcheck
