@@ -271,8 +271,9 @@ constexpr ExplainEntry kFrameworkPitfalls[] = {
      "the gradients correct's",
      "lr-scaled-by-k",
      "seed 003 (scale the lr by K); issue 44 (an lr * K written into the "
-     "optimizer before the scheduler was built, stated with lr=); CTest "
-     "Frameworks.*.schedule.lr_times_k",
+     "optimizer before the scheduler was built, stated with lr=); the "
+     "schedule.lr_times_k cells of CTest Frameworks.accelerate.1.15.0 and "
+     "Frameworks.lightning.2.6.6",
      "loss-normalization.sgd-at-k-lr"},
     {"scheduler-frequency-in-micro-batches",
      "the scheduler's frequency counted in micro-batches",
@@ -298,9 +299,9 @@ constexpr ExplainEntry kFrameworkPitfalls[] = {
      "floor(t / f))",
      "scheduler-frequency-in-micro-batches",
      "Lightning #17544 (2.0.9-2.6.6: _update_learning_rates' current_idx "
-     "is batch_idx + 1); issue 44; CTest "
-     "Frameworks.lightning.schedule.freq2_k4.2.6.6, "
-     "PyTorch.contract.gpt.step_freq2_micro",
+     "is batch_idx + 1); issue 44; the conformance matrix's lightning "
+     "schedule.freq2_k4 cell, CTest Frameworks.lightning.2.6.6 "
+     "(schedule.freq2), PyTorch.contract.gpt.step_freq2_micro",
      "scheduler.order"},
 };
 
