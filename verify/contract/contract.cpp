@@ -126,15 +126,14 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                      "expected float32 (every weight read at the outputs "
                      "against the float32 gradient of the summed loss), got '" +
                          weights_read + "'");
-  const bool read_once =
-      r.precision == "bfloat16" && weights_read == "float32";
+  const bool read_once = r.precision == "bfloat16" && weights_read == "float32";
   std::vector<double> weight_eps = wfit.eps;
   if (read_once)
     for (double& e : weight_eps)
-      e = std::min(e, error_model::tolerance("contract_weight_read_ulps") *
-                              u_model +
-                          error_model::tolerance("contract_fit_ulps") *
-                              error_model::kUnitRoundoff32);
+      e = std::min(
+          e, error_model::tolerance("contract_weight_read_ulps") * u_model +
+                 error_model::tolerance("contract_fit_ulps") *
+                     error_model::kUnitRoundoff32);
 
   // 2. Each step's consumed gradient as a combination of what .grad held
   // (with a bfloat16 .grad, its own bound).
@@ -411,7 +410,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                   structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
   if (lowp_model)
-    r.checks.push_back(resolution_check(r, weight_eps, wfit.cal_max, read_once, trace_dir));
+    r.checks.push_back(
+        resolution_check(r, weight_eps, wfit.cal_max, read_once, trace_dir));
   if (reduces_seen) {
     int64_t n = 0;
     for (const auto& [t, k] : trace_reduces) n += int64_t(k.size());
