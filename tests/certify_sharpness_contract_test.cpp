@@ -293,8 +293,7 @@ TEST(ContractSharpness, Bf16WeightsReadAtOutputs) {
   Trace t(kBf16);
   std::string text;
   EXPECT_TRUE(t.passes(&text)) << text;
-  EXPECT_NE(text.find("weight read at its outputs"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("weight read at its outputs"), std::string::npos) << text;
   EXPECT_NE(text.find("nearest other candidate, token-count-unshifted-labels"),
             std::string::npos)
       << text;
