@@ -61,6 +61,9 @@ SEQ, MICRO_BATCH, DROPOUT, LR, WARMUP = 64, 2, 0.1, 3e-4, 2
 # parameter beyond the plain run's.
 LAW = "(16*K + 88) * P"
 MEASURED = {}  # K -> (P, bytes the recorded run needed beyond the plain run's), --law auto
+# --mistake: the pitfall certify must name (its diagnosis line).
+MISTAKES = {"none": None, "unshifted": "token-count-unshifted-labels",
+            "no_div": "no-loss-normalization"}
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -93,7 +96,7 @@ def law_bytes(law, P, K):
 # ---- the child: one run
 
 
-def child(size, K, steps, record, trace, autocast):
+def child(size, K, steps, record, trace, autocast, mistake="none"):
     import contextlib
 
     import torch
@@ -210,8 +213,13 @@ def child(size, K, steps, record, trace, autocast):
         if s == 1:
             c0 = time.process_time()
         num_items_in_batch = sum(items(b) for b in window)
+        if mistake == "unshifted":
+            # Each sequence's position 0 counted too, as a count over
+            # unshifted labels does (token-count-unshifted-labels).
+            num_items_in_batch += sum(b[1].shape[0] for b in window)
         for b in window:
-            (summed_loss(model, b) / num_items_in_batch).backward()
+            loss = summed_loss(model, b)
+            (loss if mistake == "no_div" else loss / num_items_in_batch).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
@@ -241,7 +249,7 @@ def say(*a):
 
 def run_one(a, size, K, record, trace):
     argv = [sys.executable, os.path.abspath(__file__), "--child", size, str(K), str(a.steps),
-            "1" if record else "0", trace, a.autocast]
+            "1" if record else "0", trace, a.autocast, a.mistake]
     env = dict(os.environ, **THREADS)
     t0 = time.perf_counter()
     p = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)  # its stderr: ours
@@ -311,6 +319,15 @@ def case(a, size, K, tool, budget):
         import contract_bench  # its certify(): accumcheck_torch imported here, in the parent only
         c, cpu, _ = contract_bench.certify(tool, trace)
         verdict = [ln for ln in c.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
+        named = [ln for ln in c.stdout.splitlines() if ln.startswith("diagnosis: matches ")]
+        if named:
+            row["named"] = named[0].split()[2]
+        # A bf16 trace's precision check: the candidate nearest correct and
+        # how far (in its uncertainty: above 1 is told apart).
+        near = re.search(r"nearest other candidate, (\S+), at ([0-9.eE+-]+) of the uncertainty",
+                         c.stdout)
+        if near:
+            row["nearest"] = "%s %s" % (near.group(1).rstrip(","), near.group(2))
         # A refusal reads "accumcheck: FILE: KEY: why" (its whole line: the CSV's certify_message).
         said = (c.stderr.strip().splitlines() or ["?"])[-1].split(": ")
         row["certify"] = "exit %d %s" % (c.returncode, verdict[-1].split(":")[0] if verdict else
@@ -337,7 +354,8 @@ COLUMNS = [("size", "size", "%s"), ("P", "parameters", "%d"), ("K", "K", "%d"),
            ("cpu_x", "CPU x", "%.2f"), ("plain_MB", "plain peak (MB)", "%.0f"),
            ("rec_MB", "recorded peak (MB)", "%.0f"), ("mem_x", "memory x", "%.2f"),
            ("rec_close_cpu", "close() CPU (s)", "%.3f"), ("certify", "certify", "%s"),
-           ("margin", "weights / uncertainty", "%.3g"), ("certify_cpu", "certify CPU (s)", "%.3f"), ("identical", "bit-identical", "%s"),
+           ("margin", "weights / uncertainty", "%.3g"), ("named", "named", "%s"),
+           ("nearest", "nearest other candidate", "%s"), ("certify_cpu", "certify CPU (s)", "%.3f"), ("identical", "bit-identical", "%s"),
            ("load", "load avg", "%s")]
 
 
@@ -359,7 +377,8 @@ def table(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", nargs=6, metavar=("SIZE", "K", "STEPS", "RECORD", "TRACE", "AUTOCAST"),
+    ap.add_argument("--child", nargs=7,
+                    metavar=("SIZE", "K", "STEPS", "RECORD", "TRACE", "AUTOCAST", "MISTAKE"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"),
                     help="the build folder holding cli/accumcheck (default: build/)")
@@ -377,13 +396,17 @@ def main():
                          "with the same K, that formula before any" % LAW)
     ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
                     help="bf16: each forward and loss under torch.autocast('cpu', torch.bfloat16)")
+    ap.add_argument("--mistake", choices=sorted(MISTAKES), default="none",
+                    help="run a mistaken loop, plain and recorded: unshifted (each sequence's "
+                         "position 0 counted in the window's tokens), no_div (the summed loss "
+                         "backwarded undivided); certify must FAIL naming its pitfall")
     ap.add_argument("--dry-run", action="store_true",
                     help="print each case's parameters and predicted memory, run nothing")
     ap.add_argument("--out", help="also write the rows: FILE.csv (all columns) or FILE.md (the table)")
     a = ap.parse_args()
     if a.child:
-        size, K, steps, record, trace, autocast = a.child
-        return child(size, int(K), int(steps), record == "1", trace, autocast)
+        size, K, steps, record, trace, autocast, mistake = a.child
+        return child(size, int(K), int(steps), record == "1", trace, autocast, mistake)
     sizes, ks = a.sizes.split(","), [int(k) for k in a.ks.split(",")]
     bad = [s for s in sizes if s not in CONFIGS]
     if bad or a.steps < 1 or a.repeats < 1 or min(ks) < 1:
@@ -419,7 +442,8 @@ def main():
     print("\n%s; load average at the end: %s; %d step(s) timed after 1 warm-up, least of %d, one "
           "thread%s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                         " ".join("%.2f" % x for x in os.getloadavg()), a.steps, a.repeats,
-                        "; bf16 autocast" if a.autocast == "bf16" else ""))
+                        ("; bf16 autocast" if a.autocast == "bf16" else "")
+                        + ("" if a.mistake == "none" else "; mistake: " + a.mistake)))
     if a.out:
         with open(a.out, "w", newline="") as f:
             if a.out.endswith(".md"):
@@ -429,8 +453,11 @@ def main():
                 w = csv.DictWriter(f, fieldnames=keys)
                 w.writeheader()
                 w.writerows(rows)
+    want = MISTAKES[a.mistake]
     ok = all(r.get("identical", "yes") == "yes" and "failed" not in r and
-             r.get("certify", "exit 0 PASS").startswith("exit 0 PASS") for r in rows)
+             (r.get("certify", "exit 0 PASS").startswith("exit 0 PASS") if want is None else
+              r.get("certify", "").startswith("exit 1 FAIL") and r.get("named") == want)
+             for r in rows)
     return 0 if ok else 1
 
 

@@ -152,6 +152,19 @@ inline constexpr Tolerance kTolerances[] = {
      "unit_roundoff_bf16 / _fp16 for a bfloat16 / float16 model, whose "
      "loss and its scaling may be computed in that precision), added to "
      "the calibrated residual bound"},
+    {"contract_weight_read_ulps", 2.0,
+     "contract tier, a bfloat16 forward (torch.autocast) whose weights "
+     "were all read at its outputs (meta.csv weights_read = float32): the "
+     "loss's gradient there is its float32 gradient rounded once to "
+     "bfloat16 (the recorder checks s_j so on every calibrated "
+     "micro-batch), so u_b = w_b*s32 and s_j = s32 each carry one rounding "
+     "per element, relative at most u_bf16 (float32's exponent range: no "
+     "underflow; float16's is not claimed): w_b = "
+     "u_b.s_j / s_j.s_j errs by at most 2 of it, however the roundings "
+     "correlate (a near-uniform softmax rounds every logit alike: measured "
+     "0.3% on the 1M decoder at initialization); plus contract_fit_ulps u32 "
+     "for the float32 scalar's roundings.  The backward's own bf16 rounding "
+     "moves c_b, not the weight read at the outputs"},
     {"contract_sum_ulps", 2.0,
      "contract tier: a step's consumed gradient fitted as beta*G_prev + "
      "sum_b a_b*c_b: float32 accumulation of m terms into .grad errs by at "

@@ -276,4 +276,49 @@ static void lr_sharpness(bool float32) {
 TEST(ContractSharpness, Lr) { lr_sharpness(false); }
 TEST(ContractSharpness, LrFloat32) { lr_sharpness(true); }
 
+// tests/data/contract_bf16_decoder: `python bench/recorder_scale.py --child
+// 1M 16 1 1 TRACE bf16 none` (the 1M GPT-2-style decoder, K = 16, one
+// optimizer step after one more, its forward and loss under bfloat16
+// autocast).  Its weights were read at the outputs, where the float32
+// gradient is rounded once to bfloat16 (meta.csv weights_read = float32):
+// read to contract_weight_read_ulps u_bf16, correct PASSes and
+// token-count-unshifted-labels (each sequence's position 0 counted: 32 more
+// tokens of about 750 a window, 4%) lies beyond its uncertainty.  Read to
+// the fit bound instead (the key removed: 4 x the bf16 backward's
+// calibration + 8 u_bf16, about 0.056), both fit and certify refuses, as it
+// did every such trace before (issue 43 part 5).
+const char* const kBf16 = "contract_bf16_decoder";
+
+TEST(ContractSharpness, Bf16WeightsReadAtOutputs) {
+  Trace t(kBf16);
+  std::string text;
+  EXPECT_TRUE(t.passes(&text)) << text;
+  EXPECT_NE(text.find("weight read at its outputs"), std::string::npos) << text;
+  EXPECT_NE(text.find("nearest other candidate, token-count-unshifted-labels"),
+            std::string::npos)
+      << text;
+}
+
+TEST(ContractSharpness, Bf16WeightsReadToTheFitBound) {
+  Trace t(kBf16);
+  std::vector<Row> meta = t.rows("meta.csv");
+  std::erase_if(meta, [](const Row& r) { return r[0] == "weights_read"; });
+  write_rows(t.dir() + "/meta.csv", meta);
+  std::string text;
+  EXPECT_FALSE(t.passes(&text));
+  EXPECT_NE(text.find("exit 2: "), std::string::npos) << text;
+  EXPECT_NE(text.find("cannot tell them apart"), std::string::npos) << text;
+}
+
+TEST(ContractSharpness, Bf16WeightsReadBadValue) {
+  Trace t(kBf16);
+  t.edit("meta.csv", [](Row& r) {
+    if (r[0] == "weights_read") r[1] = "bfloat16";
+  });
+  std::string text;
+  EXPECT_FALSE(t.passes(&text));
+  EXPECT_NE(text.find("weights_read"), std::string::npos) << text;
+  EXPECT_NE(text.find("expected float32"), std::string::npos) << text;
+}
+
 }  // namespace accumcheck::sharpness_test

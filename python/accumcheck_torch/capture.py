@@ -13,7 +13,7 @@ import torch._functorch.config as _functorch_config
 import torch._inductor.config as _inductor_config
 
 from .fit import EVIDENCE_WEIGHT_REL, U32
-from .guard import _never_raises
+from .guard import _never_raises, heap_trim
 from .outputs import _NotTheForward, _Output, _out_tensors, _output_dots, _tensors
 from .recompute import (_checkpoints_run_plain, _draw_once, _LossOf, _rng_states, _same_rng,
                         _set_rng_states, _to)
@@ -69,6 +69,21 @@ def _rebuilt(seq, items):
     return type(seq)(*items) if hasattr(seq, "_fields") else type(seq)(items)
 
 
+def _replaced(output, new):
+    """output with its tensors whose id is in `new` replaced by new[id]
+    (a tensor, a tuple or list, a dict, nested as _out_tensors reads it)."""
+    if torch.is_tensor(output):
+        return new.get(id(output), output)
+    if isinstance(output, dict):
+        out = copy.copy(output)
+        for k, v in output.items():
+            out[k] = _replaced(v, new)
+        return out
+    if isinstance(output, (list, tuple)):
+        return _rebuilt(output, [_replaced(v, new) for v in output])
+    return output
+
+
 def _same_values(t, drawn):
     """t holds the drawn tensor's values: equal, or its cast to t's
     floating dtype (a bf16 model's loop casts each batch).  The drawn
@@ -113,6 +128,7 @@ class Capture:
         sees."""
         if not torch.is_grad_enabled() or self.recomputing:
             return
+        heap_trim()
         self._ema_poll()
         for t in _tensors(args, kwargs):
             ptr = t.data_ptr()
@@ -204,6 +220,7 @@ class Capture:
             self._premise_structure(loss, j)
             g = None
             if self._calibrates(j):
+                self._rounded_once(pending, view, leaves, s, loss, j)
                 g = self.spare.pop() if self.spare else torch.empty(self.coords.d,
                                                                     dtype=torch.float64)
                 self.sample_into = self.buf.views_of(g)
@@ -239,6 +256,39 @@ class Capture:
         self.outs[j] = {"s": [sg for _, sg in pairs], "g": g}
         for k, (t, _) in enumerate(pairs):
             t.register_hook(self._out_hook(j, k))
+
+    def _rounded_once(self, pending, view, leaves, s, loss, j):
+        """Under bfloat16 autocast the outputs are bfloat16 while the loss
+        computes in float32 (cross-entropy casts its input up): the weight
+        read at the outputs, u_b.s_j / s_j.s_j, is then as exact as one
+        rounding of each of u_b and s_j (error model
+        contract_weight_read_ulps), not the backward's bf16 rounding.
+        Checked here on the calibrated micro-batch: the summed loss taken
+        again on float32 copies of the low-precision outputs, its float32
+        gradient rounded to their dtype must be s_j bit for bit, and the
+        loss itself float32.  Any difference (a loss computing in bfloat16)
+        clears read_once for the run: certify then reads the weights to the
+        fit bound, as before."""
+        lowp = (torch.bfloat16, torch.float16)
+        if not self.read_once or not any(t.dtype in lowp for t in leaves):
+            return
+        self.read_checks += 1
+        if any(t.dtype == torch.float16 for t in leaves):
+            # float16's range ends at 2^-14: below it a rounding is no
+            # longer relative (underflow_fp16), so no such claim.
+            self.read_once = False
+            return
+        try:
+            up = {id(t): t.detach().float().requires_grad_() for t in leaves if t.dtype in lowp}
+            loss32 = self.loss_fn(self._stand_in(pending, _replaced(view, up)), self.micro[j][5])
+            s32 = torch.autograd.grad(loss32, list(up.values()), allow_unused=True)
+            by = dict(zip(up, s32))
+            ok = loss.dtype in (torch.float32, torch.float64) and all(
+                (by[id(t)] is not None and g is not None and torch.equal(by[id(t)].to(t.dtype), g))
+                if id(t) in by else True for t, g in zip(leaves, s))
+        except Exception:  # noqa: BLE001 -- no claim where the check cannot run
+            ok = False
+        self.read_once = self.read_once and ok
 
     def _loss_view(self, output, outs):
         """What summed_loss reads as the forward's output, and the tensors
@@ -616,4 +666,5 @@ class Capture:
                 else:
                     resid = 0.0 if float(c.norm()) == 0 else float("inf")
                 rec[3] = (w, resid)
+                self.fits_recomputed += 1
         _set_rng_states(keep)

@@ -247,6 +247,10 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
         self.outs = {}
         self.out_fired = []
         self.no_take = False   # the output path does not hold: every g_j recomputed
+        # meta.csv weights_read (_rounded_once): whether, on every calibrated
+        # micro-batch, the summed loss's gradient at low-precision outputs was
+        # its float32 gradient rounded once; and the weights not read there.
+        self.read_once, self.read_checks, self.fits_recomputed = True, 0, 0
         self.recomputing = False  # inside the recorder's own forward of the model
         self.loss_of = None       # the recompute's module (_LossOf), made at its first use
         self.sample_into = None   # the calibration backward's destination (per parameter)

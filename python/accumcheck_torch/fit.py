@@ -9,7 +9,7 @@ import torch
 # fix, _indistinct), one for every recorder.
 from accumcheck_trace.error_model import EVIDENCE_WEIGHT_REL, SUM_ULPS, U32
 
-from .guard import _never_raises
+from .guard import _never_raises, heap_trim
 from .sample import Coordinates
 from .trace import real
 
@@ -208,6 +208,7 @@ class StepFit:
 
     @_never_raises
     def _before_step(self):
+        heap_trim()  # before the optimizer's state and update (guard.heap_trim)
         self._ema_poll(at_step=True)
         self._flush_skip()  # a skipped window whose scaler.update() never came
         self._recompute_pending()

@@ -62,6 +62,13 @@ class Write:
             "pytorch", precision, "accumcheck_torch-%s torch-%s" % (VERSION, torch.__version__),
             self.K, self.items_kind, self.n, self.lr0, schedule=self.schedule,
             clip=self.clip_max, accept=self.accept) + self.coords.meta()
+        if (self.compute_dtype == torch.bfloat16 and self.read_once
+                and self.read_checks and not self.fits_recomputed and self.backwards
+                and all(rec[3] is not None for rec in self.backwards)):
+            # Every weight read at the outputs, where the float32 gradient
+            # is rounded once (capture._rounded_once): certify reads them to
+            # that (error model contract_weight_read_ulps).
+            meta.append(("weights_read", "float32"))
         if self.clip_terms and not self.clip_lowp:
             meta.append(("clip_norm_terms", str(self.clip_terms)))
         if self.rng_in_backward:

@@ -114,6 +114,26 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   const WeightFit wfit = weight_fit_check(c, u_model, lowp_model, trace_dir);
   const CertifyCheck& fit = wfit.check;
   r.checks.push_back(fit);
+  // Each weight's uncertainty: its fit bound, or, for a bfloat16 forward
+  // (float32's exponent range: a rounding to it stays relative) whose
+  // every weight was read at its outputs against the float32
+  // gradient rounded once (meta.csv weights_read), that reading's own
+  // (contract_weight_read_ulps): the backward's rounding moves c_b (the fit
+  // bound above judges it), not the weight read at the outputs.
+  const std::string weights_read = tr.meta_value("weights_read");
+  if (!weights_read.empty() && weights_read != "float32")
+    throw InputError(tr.meta_path(), 0, 0, "weights_read",
+                     "expected float32 (every weight read at the outputs "
+                     "against the float32 gradient of the summed loss), got '" +
+                         weights_read + "'");
+  const bool read_once = r.precision == "bfloat16" && weights_read == "float32";
+  std::vector<double> weight_eps = wfit.eps;
+  if (read_once)
+    for (double& e : weight_eps)
+      e = std::min(
+          e, error_model::tolerance("contract_weight_read_ulps") * u_model +
+                 error_model::tolerance("contract_fit_ulps") *
+                     error_model::kUnitRoundoff32);
 
   // 2. Each step's consumed gradient as a combination of what .grad held
   // (with a bfloat16 .grad, its own bound).
@@ -172,9 +192,9 @@ CertifyReport certify_contract(const std::string& trace_dir) {
   // 4. Which g_j with which weights: against every semantics (with a bf16
   // gradient buffer, its own candidates, their uncertainty propagated
   // from the bf16 step bound).
-  const Measured meas = compose(c, wfit.eps, sf.bound);
+  const Measured meas = compose(c, weight_eps, sf.bound);
   const Measured meas_lowp =
-      lowp ? compose(c, wfit.eps, sf.lowp_bound) : Measured{};
+      lowp ? compose(c, weight_eps, sf.lowp_bound) : Measured{};
   const ContractPlan cp = contract_plan(c, K, trace_dir + "/contract.csv");
   s.batching.accumulation = K;
   s.batching.micro_batch = cp.micro_batch;
@@ -390,7 +410,8 @@ CertifyReport certify_contract(const std::string& trace_dir) {
                   structure_ok ? "" : " (" + correct_weights.why + ")")};
   r.checks.push_back(st);
   if (lowp_model)
-    r.checks.push_back(resolution_check(r, wfit.eps, wfit.cal_max, trace_dir));
+    r.checks.push_back(
+        resolution_check(r, weight_eps, wfit.cal_max, read_once, trace_dir));
   if (reduces_seen) {
     int64_t n = 0;
     for (const auto& [t, k] : trace_reduces) n += int64_t(k.size());

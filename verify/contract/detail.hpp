@@ -261,7 +261,7 @@ std::vector<std::vector<double>> bf16_step_bound(
 // where its resolution cannot tell correct from another candidate.
 CertifyCheck resolution_check(const CertifyReport& r,
                               const std::vector<double>& eps, double cal_max,
-                              const std::string& trace_dir);
+                              bool read_once, const std::string& trace_dir);
 
 // ---- diagnose.cpp
 

@@ -119,8 +119,10 @@ std::vector<std::vector<double>> bf16_step_bound(
   return lowp_bound;
 }
 
-// A bfloat16 / float16 model's weights are read to its fit bound eps (a
-// few u_bf16 of their value): whether that resolution tells correct
+// A bfloat16 / float16 model's weights are read to eps: its fit bound (a
+// few u_bf16 of their value), or where every weight was read at the
+// outputs against the float32 gradient rounded once (read_once), that
+// reading's (contract_weight_read_ulps): whether that resolution tells correct
 // accumulation (the ranking's first, the accepted semantics) apart from
 // every other modelled candidate, i.e. each lies more than its uncertainty
 // from the trace (candidates with correct's very prediction are its
@@ -128,17 +130,25 @@ std::vector<std::vector<double>> bf16_step_bound(
 // too, the trace cannot back a verdict: exit 2.
 CertifyCheck resolution_check(const CertifyReport& r,
                               const std::vector<double>& eps, double cal_max,
-                              const std::string& trace_dir) {
+                              bool read_once, const std::string& trace_dir) {
   const bool correct_ok = r.ranking.front().distance <= 1;
   double eps_max = 0;
   for (const double e : eps) eps_max = std::max(eps_max, e);
   size_t near = 0;
   for (size_t k = 1; k < r.ranking.size(); ++k)
     if (near == 0 || r.ranking[k].distance < r.ranking[near].distance) near = k;
-  const std::string read = fmt::format(
-      "{} forward and backward: each micro-batch gradient read to {:.3g} of "
-      "its norm (its {} backward differs from float64 by {:.3g})",
-      r.precision, eps_max, r.precision, cal_max);
+  const std::string read =
+      read_once
+          ? fmt::format(
+                "{} forward and backward: each micro-batch weight read at "
+                "its outputs to {:.3g} (the float32 gradient there rounded "
+                "once to {}; its {} backward differs from float64 by {:.3g})",
+                r.precision, eps_max, r.precision, r.precision, cal_max)
+          : fmt::format(
+                "{} forward and backward: each micro-batch gradient read to "
+                "{:.3g} of its norm (its {} backward differs from float64 by "
+                "{:.3g})",
+                r.precision, eps_max, r.precision, cal_max);
   if (near == 0)
     return {"precision", true, false, read + "; no other candidate"};
   if (!correct_ok) return {"precision", true, false, read};
