@@ -348,7 +348,7 @@ LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   clip_per_micro_step, double_count_last,
                                   step_first_alone, across_epochs_k_twice, unshifted_count,
                                   across_epochs_k_twice_drop_last, trainer_4_46,
-                                  window_buffer)}
+                                  window_buffer, window_sum)}
 
 
 def parse(argv=None):
