@@ -711,6 +711,64 @@ void window_buffer_across_epochs() {
   record_case(name);
 }
 
+// A running gradient sum and item count not reset at the epoch's end
+// (torchtune's recipes): `n += items(b); (mean(b) * items(b)).backward();
+// if (idx + 1) % K == 0: scale_grads(1 / n); step; zero; n = 0` on the
+// epoch's own index.  Each epoch cut in K from its start; an epoch's
+// leftover joins the next epoch's first full window (K + r micro-batches,
+// each item at 1/N over all of them, each part with the epoch it was
+// drawn in); the run's last leftover in no step.
+void window_sum_across_epochs() {
+  const std::string name = "window.sum-across-epochs";
+  Triggers t;
+  t.pitfalls = {Pitfall::window_sum_across_epochs};
+  t.partial_window = true;
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  Scenario s = *scenario(t).as("scenario");
+  // Two epochs or three: a leftover that joins the next epoch.
+  s.batching.epochs = *rc::gen::inRange<int64_t>(2, 4).as("epochs");
+  const Case c(s);
+  const int64_t K = s.batching.accumulation;
+  const Plan full = materialize(c.plan);  // epoch_micro points into it
+  const std::vector<Micro> epochs = epoch_micro(full);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::window_sum_across_epochs}, s.optimizer.lr);
+  // Per step: (parts, epoch each part was drawn in).
+  std::vector<Groups> steps;
+  Groups pending;
+  for (size_t e = 0; e < epochs.size(); ++e) {
+    const Micro& ms = epochs[e];
+    for (size_t at = 0; at < ms.size(); at += size_t(K)) {
+      const size_t end = std::min(ms.size(), at + size_t(K));
+      pending.push_back({Micro(ms.begin() + std::ptrdiff_t(at),
+                               ms.begin() + std::ptrdiff_t(end)),
+                         int64_t(e)});
+      if (end - at == size_t(K)) {
+        steps.push_back(pending);
+        pending.clear();
+      }
+    }
+  }
+  RC_ASSERT(bug.steps.size() == steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    int64_t N = 0;
+    for (const auto& [part, e] : steps[i]) N += items_of(part);
+    const std::vector<R> theta = theta_before(bug, i, c);
+    std::vector<R> want;
+    for (const auto& [part, e] : steps[i]) {
+      const std::vector<R> g =
+          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
+      if (want.empty()) want.assign(g.size(), R(0));
+      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
+    }
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
+                 "leftover joined to the next epoch's first window, counted "
+                 "whole");
+  }
+  record_case(name);
+}
+
 }  // namespace
 
 const std::vector<Property>& loop_properties() {
@@ -772,6 +830,12 @@ const std::vector<Property>& loop_properties() {
        "micro-batches; each step at 1/N over its whole window's items; the "
        "run's last leftover in no step",
        window_buffer_across_epochs},
+      {"window.sum-across-epochs", "oracle",
+       "window-sum-across-epochs: each epoch cut in K from its start, an "
+       "epoch's leftover joining the next epoch's first full window; each "
+       "step at 1/N over its whole window's items; the run's last leftover "
+       "in no step",
+       window_sum_across_epochs},
   };
   return props;
 }

@@ -178,6 +178,13 @@ constexpr Entry kCatalog[] = {
      "to fill K, and that window is divided by the items of the whole "
      "joined window (hand-written buffers); the run's last leftover is "
      "never stepped"},
+    // A recipe loop's running sum and count (issue 44).
+    {Pitfall::window_sum_across_epochs, "window-sum-across-epochs",
+     "`if (idx + 1) % K == 0` on the epoch's own index, but the gradients "
+     "and the window's item count are not reset at the epoch's end: an "
+     "epoch's leftover micro-batches join the next epoch's first K, a "
+     "window of K + r divided by the items of all of them (torchtune's "
+     "recipes); the run's last leftover is never stepped"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -357,6 +364,10 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
         // The joined window is cut in Trainer::run (buffered_epoch).
         b.buffer_across_epochs = true;
         break;
+      case Pitfall::window_sum_across_epochs:
+        // The joined window is cut in Trainer::run (joined_epoch).
+        b.sum_across_epochs = true;
+        break;
     }
   }
   return b;
@@ -426,7 +437,8 @@ bool in_scope(const CandidateScope& scope, Pitfall p) {
 // the other loops that cut them (window-boundary-off-by-one*).
 // window-buffer-across-epochs cuts them too (no pair with those three),
 // and never leaves a partial window to run: the partial-cycle pitfalls
-// change nothing beside it.
+// change nothing beside it.  window-sum-across-epochs cuts them and
+// decides the partial window too: the same five, and the buffer.
 bool cuts_both(Pitfall a, Pitfall b) {
   auto off_by_one = [](Pitfall p) {
     return p == Pitfall::window_boundary_off_by_one ||
@@ -439,8 +451,12 @@ bool cuts_both(Pitfall a, Pitfall b) {
            p == Pitfall::partial_cycle_drop || p == Pitfall::partial_cycle_leak;
   };
   const Pitfall buffer = Pitfall::window_buffer_across_epochs;
+  const Pitfall sum = Pitfall::window_sum_across_epochs;
+  auto beside_sum = [&](Pitfall p) { return p == buffer || beside_buffer(p); };
   return (a == across && off_by_one(b)) || (b == across && off_by_one(a)) ||
-         (a == buffer && beside_buffer(b)) || (b == buffer && beside_buffer(a));
+         (a == buffer && beside_buffer(b)) ||
+         (b == buffer && beside_buffer(a)) || (a == sum && beside_sum(b)) ||
+         (b == sum && beside_sum(a));
 }
 }  // namespace
 

@@ -78,6 +78,9 @@ enum class Pitfall {
   scheduler_frequency_in_micro_batches,
   // A window buffer that outlives the epoch (issue 44).
   window_buffer_across_epochs,
+  // A window's gradient sum and item count that outlive the epoch while
+  // its counter restarts (torchtune's recipes, issue 44).
+  window_sum_across_epochs,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -126,6 +129,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::lr_scaled_by_k,
     Pitfall::scheduler_frequency_in_micro_batches,
     Pitfall::window_buffer_across_epochs,
+    Pitfall::window_sum_across_epochs,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -317,6 +321,14 @@ struct Behavior {
   // 1/N over the joined window's items); the run's last leftover is never
   // backwarded.  No partial window ever runs.
   bool buffer_across_epochs = false;
+  // window-sum-across-epochs: the loop steps at `(idx + 1) % K == 0` on
+  // the epoch's own micro-batch index but zeroes neither the gradients
+  // nor its running item count at the epoch's end: an epoch's leftover
+  // (backwarded, not stepped) joins the next epoch's first K
+  // micro-batches, a window of K + r divided by the items of the whole
+  // joined window (each micro-batch at 1/N over it); the run's last
+  // leftover is backwarded and never stepped.
+  bool sum_across_epochs = false;
 
   bool operator==(const Behavior&) const = default;
 };

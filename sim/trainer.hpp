@@ -70,7 +70,9 @@
 // micro-batches unrun into the next epoch and cuts the run's micro-batches
 // in K from the run's start (buffered_epoch): the joined window is one
 // window, counted whole (N_w over both epochs' parts); the run's last
-// leftover never runs.
+// leftover never runs.  window-sum-across-epochs carries it too, joined
+// to the next epoch's first full window (joined_epoch: K + r micro-batches
+// counted whole); the run's last leftover runs and is never stepped.
 //
 // K may change from epoch to epoch (EpochPlan::accumulation,
 // sim/k_schedule.hpp): the loop reads K of the epoch it is in.  The ramp

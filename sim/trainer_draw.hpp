@@ -2,7 +2,8 @@
 // differently from the plan (sim/trainer.hpp's loop walks the plan's
 // otherwise): skip-short-micro-batch, window-boundary-off-by-one (and
 // -max-steps), window-counter-across-epochs, last-fetch-sized-in-samples,
-// window-buffer-across-epochs (buffered_epoch, after drawn_epoch).
+// window-buffer-across-epochs (buffered_epoch, after drawn_epoch),
+// window-sum-across-epochs (joined_epoch, after drawn_epoch).
 #pragma once
 
 #include <algorithm>
@@ -21,7 +22,7 @@ namespace accumcheck {
 inline bool draws_own_windows(const Behavior& b) {
   return b.skip_short_micro_batch || b.window_off_by_one ||
          b.windows_across_epochs || b.last_fetch_in_samples ||
-         b.buffer_across_epochs;
+         b.buffer_across_epochs || b.sum_across_epochs;
 }
 
 // The epoch's windows as a trainer of behaviour `b` draws and cuts them
@@ -44,5 +45,37 @@ EpochPlan buffered_epoch(const EpochPlan& drawn, int64_t K, int64_t epoch,
                          std::vector<MicroBatch>& carry,
                          std::vector<int64_t>& carry_epochs,
                          std::vector<int64_t>& drawn_in);
+
+// window-sum-across-epochs: the epoch's drawn windows, `carry` (the
+// earlier epochs' leftover, backwarded in no step; here not yet run)
+// joined to its first full one; its partial last window (or every window
+// of an epoch with no full one) left in `carry` for the next epoch.  In
+// the run's last epoch (`last_epoch`) what is left is its last window,
+// partial: backwarded, never stepped.  `carry_epochs` and `drawn_in` as
+// buffered_epoch's.
+inline EpochPlan joined_epoch(const EpochPlan& drawn, int64_t epoch,
+                              bool last_epoch, std::vector<MicroBatch>& carry,
+                              std::vector<int64_t>& carry_epochs,
+                              std::vector<int64_t>& drawn_in) {
+  EpochPlan e;
+  e.accumulation = drawn.accumulation;
+  drawn_in.clear();
+  auto flush = [&](bool partial) {
+    Window w;
+    w.micro = std::move(carry);
+    w.partial = partial;
+    e.windows.push_back(std::move(w));
+    drawn_in.insert(drawn_in.end(), carry_epochs.begin(), carry_epochs.end());
+    carry.clear();
+    carry_epochs.clear();
+  };
+  for (const Window& w : drawn.windows) {
+    carry.insert(carry.end(), w.micro.begin(), w.micro.end());
+    carry_epochs.insert(carry_epochs.end(), w.micro.size(), epoch);
+    if (!w.partial) flush(false);
+  }
+  if (last_epoch && !carry.empty()) flush(true);
+  return e;
+}
 
 }  // namespace accumcheck

@@ -99,6 +99,14 @@ class Trainer {
                              micro_epochs_);
         unfinished = false;
       }
+      // window-sum-across-epochs: the leftover joins the epoch's first
+      // full window; the run's last leftover runs unstepped at its end.
+      if (b_.sum_across_epochs) {
+        const bool last_epoch = ep + 1 == plan.epoch_count();
+        own = joined_epoch(own, ep, last_epoch, buffered_, buffered_epochs_,
+                           micro_epochs_);
+        unfinished = last_epoch;
+      }
       const EpochPlan& epoch = redrawn ? own : planned;
       if (b_.items_per_fetch_group) fetch_items(epoch);
       micro_before_epoch_ += epoch.micro_steps();

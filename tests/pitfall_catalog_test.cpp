@@ -157,6 +157,8 @@ const Expected kTable[] = {
      with([](Behavior& b) { b.frequency_in_micro_batches = true; })},
     {"window-buffer-across-epochs",
      with([](Behavior& b) { b.buffer_across_epochs = true; })},
+    {"window-sum-across-epochs",
+     with([](Behavior& b) { b.sum_across_epochs = true; })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {
@@ -299,11 +301,12 @@ TEST(PitfallCatalog, CandidateScope) {
   // window-counter-across-epochs with a window-boundary-off-by-one loop
   // (both cut the windows), the 6 that pair window-buffer-across-epochs
   // with those three (all cut) or a partial-cycle pitfall (no partial
-  // window runs beside it), and the one whose factors of K cancel
+  // window runs beside it), the 7 that pair window-sum-across-epochs with
+  // those six or the buffer, and the one whose factors of K cancel
   // (no-loss-normalization+loss-divided-by-k-twice); and the copies with
   // items-counted-per-fetch-group.
   const size_t n = sample.size();
-  const size_t all = 1 + n + n * (n - 1) / 2 - 2 - 6 - 1;
+  const size_t all = 1 + n + n * (n - 1) / 2 - 2 - 6 - 7 - 1;
   EXPECT_EQ(candidate_semantics({}).size(), all + fetch_copies({}));
   for (const auto& sem : candidate_semantics({}))
     EXPECT_NE(semantics_name(sem),
@@ -312,7 +315,7 @@ TEST(PitfallCatalog, CandidateScope) {
   // left out above) also with step-budget-drops-micro-batches as a third.
   const size_t m = n - 1;  // the pairs without the budget
   EXPECT_EQ(candidate_semantics({.stopped_short = true}).size(),
-            all + m * (m - 1) / 2 - 2 - 6 - 1 +
+            all + m * (m - 1) / 2 - 2 - 6 - 7 - 1 +
                 fetch_copies({.stopped_short = true}));
   for (auto sem : candidate_semantics({.stopped_short = true})) {
     sem.erase(std::remove(sem.begin(), sem.end(), fetch), sem.end());

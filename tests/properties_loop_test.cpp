@@ -33,4 +33,7 @@ RC_GTEST_PROP(Loop, EndOfLoaderSyncsEveryMicroBatch, ()) {
 RC_GTEST_PROP(Loop, WindowBufferAcrossEpochs, ()) {
   run_property("window.buffer-across-epochs");
 }
+RC_GTEST_PROP(Loop, WindowSumAcrossEpochs, ()) {
+  run_property("window.sum-across-epochs");
+}
 }  // namespace accumcheck::properties

@@ -206,6 +206,12 @@ const Pinned kPinned[] = {
      "FFCOSZ",
      "one epoch: micro-batch 4 waits in the buffer for a next epoch that "
      "never comes (never run)"},
+    {Pitfall::window_sum_across_epochs,
+     "FFCOSZ"
+     "FFCOSZ"
+     "F",
+     "one epoch: micro-batch 4, the run's last leftover, is backwarded and "
+     "never stepped"},
 };
 
 TEST(TrainerEvents, Correct) { EXPECT_EQ(pattern({}), kCorrect); }

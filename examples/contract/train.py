@@ -320,13 +320,35 @@ def window_buffer(m, opt, load, K, epochs, mean, items, summed):
                 pending = []
 
 
+def window_sum(m, opt, load, K, epochs, mean, items, summed):
+    """A running gradient sum and item count not reset at the epoch's end
+    (torchtune 0.6.1's recipe loop): each micro-batch's mean times its
+    items backwarded as it comes, the gradients scaled by 1/count and
+    stepped at `(i + 1) % K == 0` on the epoch's own index, the count reset
+    only there: an epoch's leftover joins the next epoch's first K
+    micro-batches, all over the joined count; the run's last leftover is
+    backwarded and never stepped (window-sum-across-epochs)."""
+    n = 0
+    for _ in range(epochs):
+        for i, b in enumerate(load()):
+            n += items(b)
+            (mean(m, b) * items(b)).backward()
+            if (i + 1) % K == 0:
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(1 / n)
+                opt.step()
+                opt.zero_grad()
+                n = 0
+
+
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
                                   zero_grad_inside, step_outside_if, rescaled_accumulator,
                                   off_by_one, leak, skip_short, double_count,
                                   clip_per_micro_step, double_count_last,
                                   step_first_alone, across_epochs_k_twice, unshifted_count,
                                   across_epochs_k_twice_drop_last, trainer_4_46,
-                                  window_buffer)}
+                                  window_buffer, window_sum)}
 
 
 def parse(argv=None):

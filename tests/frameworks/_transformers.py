@@ -27,7 +27,7 @@ def train(args, model, **kw):
 
 
 def trained(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
-            warmup=0, clip=0.0, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
+            warmup=0, warmup_ratio=0.0, clip=0.0, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
             blind=False, attach=False, bf16=False, **recorder):
     """Trainer(model, TrainingArguments(gradient_accumulation_steps=K, ...))
     on n variable-length sequences, micro-batches of `batch`.  optim 'sgd':
@@ -38,22 +38,33 @@ def trained(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, sche
     release that does not: blind_handler); attach: the callback attached with
     integrations.transformers.attach(trainer) instead of callbacks=[...];
     bf16: TrainingArguments(bf16=True), the forward under bfloat16 autocast.
+    warmup_ratio: the warmup as a fraction of the Trainer's step budget
+    (TrainingArguments' warmup_ratio; Transformers 5 has none and reads a
+    warmup_steps below 1 as that ratio).
     Returns the CPU seconds of trainer.train()."""
     from transformers import Trainer, TrainingArguments
 
     from accumcheck_torch.integrations import transformers as integration
     AccumcheckCallback = integration.AccumcheckCallback
 
+    import dataclasses
+
+    ratio = {"warmup_steps": warmup}
+    if warmup_ratio:
+        fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+        ratio = ({"warmup_ratio": warmup_ratio} if "warmup_ratio" in fields
+                 else {"warmup_steps": warmup_ratio})
     with tempfile.TemporaryDirectory() as tmp:
         targs = TrainingArguments(
             output_dir=tmp, gradient_accumulation_steps=K, per_device_train_batch_size=batch,
             num_train_epochs=epochs, learning_rate=lr, lr_scheduler_type=schedule,
-            warmup_steps=warmup, max_grad_norm=clip, weight_decay=0.0, optim="adamw_torch",
+            max_grad_norm=clip, weight_decay=0.0, optim="adamw_torch",
             report_to="none", save_strategy="no", logging_strategy="no", use_cpu=True,
             disable_tqdm=True, seed=0, dataloader_num_workers=0,
             gradient_checkpointing=gradient_checkpointing, bf16=bf16,
             gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
-            ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None)
+            ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+            **ratio)
         opts = (None, None)
         if optim == "sgd":
             opts = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0), None)

@@ -386,8 +386,43 @@ constexpr ExplainEntry kLoopPitfalls[] = {
      "before); CTest PyTorch.contract.sft.window_buffer; torchtune 0.6.1's "
      "recipe keeps its count and gradients across the epoch's end too, but "
      "restarts its window count (recipe.partial: the leftover joins a full "
-     "window of K, a cut this entry does not model)",
+     "window of K: window-sum-across-epochs)",
      "window.buffer-across-epochs"},
+    // A recipe loop's running sum and count (issue 44).
+    {"window-sum-across-epochs",
+     "a running gradient sum and item count not reset at the epoch's end",
+     "The loop backwards each micro-batch's summed loss as it comes, adds "
+     "its items to a running count and, at `(idx + 1) % K == 0` on the "
+     "epoch's own micro-batch index, scales the gradients by 1/count, "
+     "steps, zeroes them and resets the count. Nothing happens at an "
+     "epoch's end: with M micro-batches per epoch not a multiple of K the "
+     "epoch's r = M mod K leftover micro-batches stay in .grad and in the "
+     "count, and the index restarts, so the next epoch's first step sums "
+     "K + r micro-batches of two epochs over all their items; the epoch's "
+     "later windows are cut as correct cuts them, and the last epoch's "
+     "leftover is backwarded and never stepped. window-buffer-across-epochs "
+     "waits to fill K instead (every later window shifted); "
+     "partial-cycle-leak divides the leftover by K. Step the epoch's short "
+     "last window at its end.",
+     " for epoch in range(epochs):\n"
+     "     for idx, batch in enumerate(loader):\n"
+     "         n = count_items(batch); num_tokens += n\n"
+     "         (loss_mean(model, batch) * n).backward()\n"
+     "-        if (idx + 1) % K == 0:\n"
+     "+        if (idx + 1) % K == 0 or idx + 1 == len(loader):\n"
+     "             scale_grads(model, 1 / num_tokens)\n"
+     "             optimizer.step(); optimizer.zero_grad(); num_tokens = 0",
+     "each epoch cut in K from its start; an epoch's leftover joins the "
+     "next epoch's first window, K + r micro-batches at 1/N over all their "
+     "items; the run's last leftover backwarded in no step",
+     "window-sum-across-epochs",
+     "issue 44: torchtune 0.6.1's recipes "
+     "(full_finetune_single_device.py train(): num_tokens and the "
+     "gradients reset only after a step, the step at `(idx + 1) % "
+     "self._gradient_accumulation_steps == 0` on the epoch's enumerate; "
+     "conformance cell torchtune==0.6.1 recipe.partial); CTest "
+     "PyTorch.contract.sft.window_sum",
+     "window.sum-across-epochs"},
 };
 
 }  // namespace
