@@ -355,7 +355,8 @@ COLUMNS = [("size", "size", "%s"), ("P", "parameters", "%d"), ("K", "K", "%d"),
            ("rec_MB", "recorded peak (MB)", "%.0f"), ("mem_x", "memory x", "%.2f"),
            ("rec_close_cpu", "close() CPU (s)", "%.3f"), ("certify", "certify", "%s"),
            ("margin", "weights / uncertainty", "%.3g"), ("named", "named", "%s"),
-           ("nearest", "nearest other candidate", "%s"), ("certify_cpu", "certify CPU (s)", "%.3f"), ("identical", "bit-identical", "%s"),
+           ("nearest", "nearest other candidate", "%s"), ("certify_cpu", "certify CPU (s)", "%.3f"),
+           ("identical", "bit-identical", "%s"),
            ("load", "load avg", "%s")]
 
 
