@@ -654,6 +654,43 @@ void last_fetch_in_samples() {
   record_case(name);
 }
 
+// The scenario of a window pitfall that crosses an epoch's end: partial
+// windows, no clip or weight decay (each step's gradient is then the sum
+// of its parts'), two epochs or three (a leftover that joins the next).
+Scenario across_epochs_scenario(Pitfall p) {
+  Triggers t;
+  t.pitfalls = {p};
+  t.partial_window = true;
+  t.no_clip = true;
+  t.no_weight_decay = true;
+  Scenario s = *scenario(t).as("scenario");
+  s.batching.epochs = *rc::gen::inRange<int64_t>(2, 4).as("epochs");
+  return s;
+}
+
+// Each of `bug`'s steps sums its parts' gradients, every item weighted 1/N
+// over the whole window's items (all its parts, whichever epoch each was
+// drawn in), each part predicted with its own epoch.
+void assert_windows_counted_whole(const std::string& name, const Case& c,
+                                  const Run<R>& bug,
+                                  const std::vector<Groups>& steps,
+                                  const char* what) {
+  RC_ASSERT(bug.steps.size() == steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    int64_t N = 0;
+    for (const auto& [part, e] : steps[i]) N += items_of(part);
+    const std::vector<R> theta = theta_before(bug, i, c);
+    std::vector<R> want;
+    for (const auto& [part, e] : steps[i]) {
+      const std::vector<R> g =
+          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
+      if (want.empty()) want.assign(g.size(), R(0));
+      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
+    }
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), what);
+  }
+}
+
 // A window buffer not reset at the epoch's end: `pending.append(batch);
 // if len(pending) == K: N = items(pending); backward each / N; step;
 // pending = []`.  The run's micro-batches cut in K from the run's start;
@@ -663,14 +700,8 @@ void last_fetch_in_samples() {
 // step.
 void window_buffer_across_epochs() {
   const std::string name = "window.buffer-across-epochs";
-  Triggers t;
-  t.pitfalls = {Pitfall::window_buffer_across_epochs};
-  t.partial_window = true;
-  t.no_clip = true;
-  t.no_weight_decay = true;
-  Scenario s = *scenario(t).as("scenario");
-  // Two epochs or three: a leftover that joins the next epoch.
-  s.batching.epochs = *rc::gen::inRange<int64_t>(2, 4).as("epochs");
+  const Scenario s =
+      across_epochs_scenario(Pitfall::window_buffer_across_epochs);
   const Case c(s);
   const int64_t K = s.batching.accumulation;
   const Plan full = materialize(c.plan);  // epoch_micro points into it
@@ -693,21 +724,8 @@ void window_buffer_across_epochs() {
       }
     }
   }
-  RC_ASSERT(bug.steps.size() == steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    int64_t N = 0;
-    for (const auto& [part, e] : steps[i]) N += items_of(part);
-    const std::vector<R> theta = theta_before(bug, i, c);
-    std::vector<R> want;
-    for (const auto& [part, e] : steps[i]) {
-      const std::vector<R> g =
-          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
-      if (want.empty()) want.assign(g.size(), R(0));
-      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
-    }
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
-                 "window joined across epochs, counted whole");
-  }
+  assert_windows_counted_whole(name, c, bug, steps,
+                               "window joined across epochs, counted whole");
   record_case(name);
 }
 
@@ -720,14 +738,7 @@ void window_buffer_across_epochs() {
 // drawn in); the run's last leftover in no step.
 void window_sum_across_epochs() {
   const std::string name = "window.sum-across-epochs";
-  Triggers t;
-  t.pitfalls = {Pitfall::window_sum_across_epochs};
-  t.partial_window = true;
-  t.no_clip = true;
-  t.no_weight_decay = true;
-  Scenario s = *scenario(t).as("scenario");
-  // Two epochs or three: a leftover that joins the next epoch.
-  s.batching.epochs = *rc::gen::inRange<int64_t>(2, 4).as("epochs");
+  const Scenario s = across_epochs_scenario(Pitfall::window_sum_across_epochs);
   const Case c(s);
   const int64_t K = s.batching.accumulation;
   const Plan full = materialize(c.plan);  // epoch_micro points into it
@@ -750,22 +761,9 @@ void window_sum_across_epochs() {
       }
     }
   }
-  RC_ASSERT(bug.steps.size() == steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    int64_t N = 0;
-    for (const auto& [part, e] : steps[i]) N += items_of(part);
-    const std::vector<R> theta = theta_before(bug, i, c);
-    std::vector<R> want;
-    for (const auto& [part, e] : steps[i]) {
-      const std::vector<R> g =
-          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
-      if (want.empty()) want.assign(g.size(), R(0));
-      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
-    }
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
-                 "leftover joined to the next epoch's first window, counted "
-                 "whole");
-  }
+  assert_windows_counted_whole(
+      name, c, bug, steps,
+      "leftover joined to the next epoch's first window, counted whole");
   record_case(name);
 }
 
