@@ -32,9 +32,11 @@
 #  - Contract.Coefficients runs 3 (ACCUMCHECK_RC_CASES_COEFFICIENTS, same
 #    seed): every semantics of the catalog in each case; sanitized 12.5 s
 #    of CPU, 51.7 s at 25;
-#  - PyTorch.pytest runs only the 45 of 105 tests that run accumcheck
-#    (ACCUMCHECK_PYTEST_MARKS=calls_accumcheck; the others are the same
-#    Python program under either build): 36.8 s of CPU, was 103.4 s;
+#  - of the PyTorch-driven cases, only those in tests/pytorch/sanitized-
+#    ci.txt (one or more a kind of trace and a way certify ends: the file
+#    says how they are chosen) are judged sanitized: the others carry the
+#    label sanitized-full (-LE below).  PyTorch.pytest is among them: its
+#    accumcheck calls judge traces of the kinds the listed cases judge;
 #  - OracleSharpness.Parameters and Scenario.certify-mlp-200 are not run
 #    (ci_skip below: each repeats, many times over or larger, a path other
 #    sanitized tests run; the plain run keeps both): 28.3 s + 10.5 s of
@@ -50,11 +52,12 @@ case "${1:-}" in
   *) echo "usage: $0 [--ci]" >&2; exit 2 ;;
 esac
 if [ "$mode" = ci ]; then
-  rc_cases=25 coefficients_cases=3 pytest_marks=calls_accumcheck
+  rc_cases=25 coefficients_cases=3 pytest_marks=
   ci_skip='^(OracleSharpness\.Parameters|Scenario\.certify-mlp-200)$'
+  ci_labels=sanitized-full
   fuzz_seconds=${FUZZ_SECONDS:-10}
 else
-  rc_cases=100 coefficients_cases= pytest_marks= ci_skip=
+  rc_cases=100 coefficients_cases= pytest_marks= ci_skip= ci_labels=
   fuzz_seconds=${FUZZ_SECONDS:-60}
 fi
 bash scripts/setup.sh
@@ -83,6 +86,6 @@ if [ -d build/pytorch-certify ] || [ -d build/tests/pytorch/contract ]; then
 fi
 seed_test_order build-asan tests/ctest-costs/sanitized.txt
 ctest --test-dir build-asan --output-on-failure --output-junit ctest-junit.xml -j"$((3 * jobs))" \
-  ${ci_skip:+-E "$ci_skip"}
+  ${ci_skip:+-E "$ci_skip"} ${ci_labels:+-LE "$ci_labels"}
 echo "check-hardened: tests ($mode) took $((SECONDS - t0)) s"
 bash scripts/fuzz.sh "$fuzz_seconds"
