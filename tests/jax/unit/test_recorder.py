@@ -27,10 +27,13 @@ def plain_run(loop, *args):
     return leaves(train_optax.main(["--loop", loop, "--no-record", "--quiet", *args]))
 
 
-@pytest.mark.parametrize("loop,extra", [("hand", []), ("mean_over_k", []),
-                                        ("multisteps", ["--samples", "48"]),
-                                        ("multisteps", ["--sizes", "2,6"]), ("nnx", []),
-                                        ("hand", ["--no-apply"]), ("tokens", []),
+# The mean loss, MultiSteps over 48 samples (equal and unequal
+# micro-batches) and token items are compared where CTest records them
+# (JAX.contract.optax.mean_over_k, .multisteps, .multisteps.unequal,
+# .tokens: train_optax.py --identity, the plain run first in the
+# trainer's process), not recorded again here.
+@pytest.mark.parametrize("loop,extra", [("hand", []), ("nnx", []),
+                                        ("hand", ["--no-apply"]),
                                         ("hand", ["--wrap-inside"]),
                                         ("multisteps", ["--wrap-inside"]),
                                         ("nnx", ["--wrap-inside"])])
