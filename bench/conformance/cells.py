@@ -60,7 +60,7 @@ def warm(framework):
     for name in first + [module]:
         try:
             m = importlib.import_module(name)
-        except Exception as e:  # the check's failure; the cell meets it too
+        except Exception as e:  # noqa: BLE001 -- the check's failure; the cell meets it too
             said.update(ok=False, error=traceback.format_exception_only(e)[-1].strip())
             break
         if name == (module if framework in JAX_BASED else "torch"):

@@ -306,7 +306,7 @@ def digest(params):
     h = hashlib.sha256()
     for leaf in jax.tree_util.tree_leaves(params):
         a = np.asarray(leaf)
-        h.update(("%s%s" % (a.dtype, a.shape)).encode())
+        h.update(f"{a.dtype}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
 
@@ -344,7 +344,7 @@ def main(argv=None):
         plain = digest(run(argparse.Namespace(**dict(vars(args), record=False))))
         trained = run(args)
         with open(args.identity + ".rank0", "w") as f:
-            f.write("plain %s\nrecorded %s\n" % (plain, digest(trained)))
+            f.write(f"plain {plain}\nrecorded {digest(trained)}\n")
         return trained
     return run(args)
 
