@@ -27,12 +27,14 @@ def plain_run(loop, *args):
     return leaves(train_optax.main(["--loop", loop, "--no-record", "--quiet", *args]))
 
 
-# The mean loss, MultiSteps over 48 samples (equal and unequal
-# micro-batches) and token items are compared where CTest records them
-# (JAX.contract.optax.mean_over_k, .multisteps, .multisteps.unequal,
-# .tokens: train_optax.py --identity, the plain run first in the
-# trainer's process), not recorded again here.
-@pytest.mark.parametrize("loop,extra", [("hand", []), ("nnx", []),
+# The hand loop through rec.apply, the mean loss, MultiSteps over 48
+# samples (equal and unequal micro-batches) and token items are compared
+# where CTest records them (JAX.contract.optax.hand, .mean_over_k,
+# .multisteps, .multisteps.unequal, .tokens: train_optax.py --identity,
+# the plain run first in the trainer's process), not recorded again here;
+# the hand loop's trace PASSes there, and its output path (rec.apply in
+# meta.csv, no note) is test_outputs.py's test_weights_read_at_the_outputs.
+@pytest.mark.parametrize("loop,extra", [("nnx", []),
                                         ("hand", ["--no-apply"]),
                                         ("hand", ["--wrap-inside"]),
                                         ("multisteps", ["--wrap-inside"]),
@@ -46,13 +48,13 @@ def test_recording_changes_nothing(tmp_path, request, loop, extra):
         assert x.dtype == y.dtype and x.shape == y.shape
         assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), loop
     assert (tmp_path / "t" / "complete.csv").exists()
-    if loop == "hand" and extra in ([], ["--wrap-inside"]):
-        # The correct loop's trace PASSes, recorded by the wrapper around
-        # your jitted function and by one jitted with it (a callback):
-        # judged here, not recorded again by a test of its own.
+    if loop == "hand" and extra == ["--wrap-inside"]:
+        # The correct loop's trace PASSes, recorded by a wrapper jitted
+        # with your function (a callback): judged here, not recorded again
+        # by a test of its own (the wrapper around it: JAX.contract.optax.hand).
         certified(request.getfixturevalue("accumcheck"), tmp_path / "t")
-    if not extra and loop in ("hand", "nnx"):
-        # Through rec.apply (a Flax NNX model's call too): g_j read at the
+    if not extra and loop == "nnx":
+        # Through rec.apply, a Flax NNX model's call: g_j read at the
         # outputs throughout, no micro-batch sent to the full path.
         with open(tmp_path / "t" / "meta.csv") as f:
             meta = {r[0]: r[1] for r in csv.reader(f)}
