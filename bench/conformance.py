@@ -180,9 +180,14 @@ def constraints(row, d):
     return path
 
 
-def venv(row, quiet=False):
+def venv(row, quiet=False, defer=False):
     """The framework venv's python, made if missing: (python, seconds spent
-    installing or 0, error or None)."""
+    installing or 0, error or None).  defer (check): a venv pip has just
+    made is not imported here, in a python of its own (2 to 4 s of CPU):
+    the cells' own process imports torch (or jax) and the framework first
+    and says how (cells.py's "imported" line), and imported_venv() then
+    judges it and writes the marker; returns (python, seconds, error,
+    pending), pending None where nothing is left to judge."""
     d = os.path.join(VENVS, "%s-%s" % (row["framework"], row["version"]))
     py = os.path.join(d, "bin", "python")
     ok, failed = os.path.join(d, ".installed"), os.path.join(d, ".failed")
@@ -194,7 +199,8 @@ def venv(row, quiet=False):
             if said.startswith(want + "\n"):  # made for these pins: reuse
                 if done == ok:
                     relink(d, row)
-                return py, 0.0, said[len(want) + 1:] if done == failed else None
+                got = py, 0.0, said[len(want) + 1:] if done == failed else None
+                return got + (None,) if defer else got
     t0 = time.time()
     base = os.path.join(ROOT, ".venv", "bin", "python")
     # No pip of its own (ensurepip's seconds): .venv's pip installs into it
@@ -225,26 +231,62 @@ def venv(row, quiet=False):
             if p.returncode == 0:
                 p = subprocess.run(cmd, capture_output=True, text=True)
     err = None
+    if p.returncode == 0 and defer:
+        return py, time.time() - t0, None, {"dir": d, "want": want, "t0": t0,
+                                              "spent": time.time() - t0}
     if p.returncode == 0 and _jax_based(row):
         chk = subprocess.run([py, "-c", "import jax, %s as m; print(m.__version__)" % row["framework"]],
                              capture_output=True, text=True, check=False,
                              env=dict(os.environ, **JAX_ENV))
-        if chk.returncode != 0 or chk.stdout.strip() != row["version"]:
-            err = "installed, but it does not import as %s beside jax: %s" % (row["spec"], (
-                chk.stderr.strip().splitlines() or [chk.stdout.strip()])[-1])
+        err = import_error(row, chk.returncode == 0, chk.stdout.strip(),
+                           (chk.stderr.strip().splitlines() or [""])[-1])
     elif p.returncode == 0:
         chk = subprocess.run([py, "-c", "import torch, %s; print(torch.__version__)"
                               % row["framework"].replace("-", "_")],
                              capture_output=True, text=True)
-        if chk.returncode != 0 or not chk.stdout.startswith("2.13.0"):
-            err = "installed, but importing it with torch 2.13.0 fails: %s" % (
-                (chk.stderr.strip().splitlines() or ["torch %s" % chk.stdout.strip()])[-1])
+        err = import_error(row, chk.returncode == 0, chk.stdout.strip(),
+                           (chk.stderr.strip().splitlines() or [""])[-1])
     else:
         lines = [x for x in p.stderr.splitlines() if "is ignored: it is neither" not in x]
         err = "pip cannot install it beside %s: %s" % (
             "jax and requirements-jax.txt's pins" if _jax_based(row) else "torch 2.13.0", " / ".join(
             x.strip() for x in lines if x.strip())[-600:])
-    spent = time.time() - t0
+    mark(py, d, want, time.time() - t0, err)
+    return py, time.time() - t0, err
+
+
+def import_error(row, ok, version, last):
+    """The import check's verdict on a new venv, None or why it cannot run:
+    the framework (and jax) imported, as the row's version for a JAX-based
+    framework, beside torch 2.13.0 for the others (ok: the imports raised
+    nothing; version: the framework's (JAX-based) or torch's __version__;
+    last: the error's last line)."""
+    if _jax_based(row):
+        if not ok or version != row["version"]:
+            return "installed, but it does not import as %s beside jax: %s" % (
+                row["spec"], last if not ok else version)
+        return None
+    if not ok or not version.startswith("2.13.0"):
+        return "installed, but importing it with torch 2.13.0 fails: %s" % (
+            last if not ok else "torch %s" % version)
+    return None
+
+
+def imported_venv(row, pending, said):
+    """venv(defer=True)'s pending venv judged by what the cells' process
+    said of its imports (cells.py's "imported" line); writes the marker as
+    venv() would.  Returns the error or None."""
+    err = import_error(row, said.get("ok", False), said.get("version", ""),
+                       said.get("error", ""))
+    mark(os.path.join(pending["dir"], "bin", "python"), pending["dir"], pending["want"],
+         pending["spent"], err)
+    return err
+
+
+def mark(py, d, want, spent, err):
+    """The venv's marker (.installed, with freeze.txt, or .failed with the
+    error): the next venv() reuses it."""
+    ok, failed = os.path.join(d, ".installed"), os.path.join(d, ".failed")
     with open(failed if err else ok, "w") as f:
         f.write(want + "\n" + (err if err else "%.1f\n" % spent))
     if not err:
@@ -256,7 +298,6 @@ def venv(row, quiet=False):
                             "{'%s==%s' % (x.metadata['Name'], x.version) for x in m.distributions()"
                             " if x.metadata['Name'].lower() not in ('pip', 'setuptools', 'wheel', "
                             "'distribute')}, key=str.lower)))"], stdout=f, stderr=subprocess.DEVNULL)
-    return py, spent, err
 
 
 def variants_of(path):
@@ -362,13 +403,16 @@ def identity_of(path):
     return "bit-identical"
 
 
-def run_cases(row, cases, py, variant="default", report=None, identity=True):
+def run_cases(row, cases, py, variant="default", report=None, identity=True, imported=None):
     """Runs the cases in the venv, one process for all (cells.py: the
     imports once, a fork per cell), and certifies each trace as its cell
     ends: a result dict per case, in the order given; report(res) as each
     is known.  identity (True, or the cases that do): each case runs without
     the recorder first, in its process (--identity), and res["identity"]
-    says whether the trained parameters are the same bits (identity_of)."""
+    says whether the trained parameters are the same bits (identity_of).
+    imported: called with what the cells' process says of its imports
+    before any cell runs (cells.py's "imported" line); where it returns
+    False the cells are not run and run_cases returns None."""
     compared = set(cases) if identity is True else set(identity or ())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), CASES]),
                PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
@@ -396,6 +440,12 @@ def run_cases(row, cases, py, variant="default", report=None, identity=True):
             got = json.loads(line)
         except ValueError:
             continue  # a line a framework printed at import
+        if not isinstance(got, dict) or "imported" in got:
+            if isinstance(got, dict) and imported and not imported(got["imported"]):
+                p.kill()
+                p.wait()
+                return None
+            continue
         res = certify_cell(row, got["case"], outs[got["case"]], got, variant)
         if got["rc"] == 0:
             res["identity"] = (identity_of(os.path.join(outs[got["case"]], "identity"))
@@ -568,7 +618,7 @@ def main():
             # Not this cell's failure: the base it is layered on is not made.
             print("%s: no .venv-jax (bash scripts/venv-jax.sh makes it)" % a.spec)
             return 77
-        py, spent, err = venv(row, quiet=True)
+        py, spent, err, pending = venv(row, quiet=True, defer=True)
         if err:
             # Not this project's failure: the framework's pins cannot be
             # installed here (no registry, or no release for torch 2.13).
@@ -580,7 +630,17 @@ def main():
             print("check: --identity %s: not among the cases given (%s)" % (
                 " ".join(stray), " ".join(a.case)), file=sys.stderr)
             return 2
-        results = run_cases(row, a.case, py, a.variant, identity=compared)
+        said = {}
+
+        def imported(got):
+            """A venv made now: judged by the imports of the cells' process."""
+            said["err"] = imported_venv(row, pending, got)
+            return said["err"] is None
+        results = run_cases(row, a.case, py, a.variant, identity=compared,
+                            imported=imported if pending else None)
+        if results is None:
+            print("%s: cannot make its venv: %s" % (a.spec, said["err"]))
+            return 77
         print("venv %s: %.1f s making it" % (a.spec, spent))
         failed = 0
         for case, res in zip(a.case, results):

@@ -11,7 +11,9 @@ interpreter importing torch and a framework.
     python cells.py CASES_DIR FRAMEWORK TIMEOUT_S < cells.jsonl
 
 Each input line: {"case": CASE, "script": FILE, "argv": [...], "log": FILE}.
-Each output line, as its cell ends: {"case": CASE, "rc": exit status,
+The first output line, before any cell: {"imported": how torch (or jax)
+and the framework imported} (warm()).  Each output line after it, as its
+cell ends: {"case": CASE, "rc": exit status,
 "cpu_s": the cell's CPU seconds (its own and its waited-for children's),
 "wall_s": ...}.  A signal's death reads as rc -SIGNAL (timeout: -14)."""
 
@@ -48,18 +50,28 @@ def warm(framework):
     """Imports what the framework's cells share, in this (the parent)
     process: jax and accumcheck_jax for the JAX-side frameworks (their
     venvs are layered on .venv-jax), torch and accumcheck_torch for the
-    rest."""
-    if framework in JAX_BASED:
-        base = ["jax", "accumcheck_jax"]
-    else:
-        import torch  # noqa: F401
-
-        base = ["accumcheck_torch"]
-    for name in base + WARM.get(framework, [framework.replace("-", "_")]):
+    rest.  Returns what bench/conformance.py's import check of a new venv
+    asks (its "imported" line): {"ok": torch (or jax) and the framework
+    imported, "version": torch's (the framework's, JAX-based), "error": the
+    first failed import's last line}."""
+    said = {"ok": True, "version": "", "error": ""}
+    first = ["jax"] if framework in JAX_BASED else ["torch"]
+    module = framework.replace("-", "_")
+    for name in first + [module]:
+        try:
+            m = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 -- the check's failure; the cell meets it too
+            said.update(ok=False, error=traceback.format_exception_only(e)[-1].strip())
+            break
+        if name == (module if framework in JAX_BASED else "torch"):
+            said["version"] = str(getattr(m, "__version__", ""))
+    base = ["accumcheck_jax"] if framework in JAX_BASED else ["accumcheck_torch"]
+    for name in base + WARM.get(framework, [module]):
         try:
             importlib.import_module(name)
         except Exception:  # the cell meets it again and says so
             pass
+    return said
 
 
 def _adopt_orphans():
@@ -137,7 +149,16 @@ def main():
     cases, framework, timeout_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
     sys.path.insert(0, cases)
     _adopt_orphans()
-    warm(framework)
+    # First, before any cell: how the imports went (a venv made now is
+    # judged on it).
+    print(json.dumps({"imported": warm(framework)}), flush=True)
+    # What the imports made (a few hundred thousand objects with torch and
+    # Transformers) is left out of every garbage collection from here on,
+    # the cells' included: each full collection walked them all (0.9 s of
+    # CPU each time a Trainer's Accelerator calls gc.collect(), and the
+    # interpreter's own generation-2 collections while a cell trains).
+    # What a cell makes is collected as before.
+    gc.freeze()
     cell = serve(timeout_s)
     if cell is None:
         return 0

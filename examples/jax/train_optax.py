@@ -32,9 +32,15 @@ and the bench compare the two); --wrap-inside jits the recorder's wrapper
 with the gradient function (recorded by a callback in the program);
 --no-apply records without rec.apply (the forward not wrapped: g_j a
 second gradient of the recorder's, not read from your backward).
+--identity PATH runs the loop without the recorder first, then as asked,
+in this process, and writes both runs' digests of the trained parameters
+to PATH.rank0 ("plain SHA", "recorded SHA": they must be equal, the
+recorder never changes the run; tests/pytorch/ctest_contract.py
+--identity compares them).
 """
 
 import argparse
+import hashlib
 import os
 import sys
 
@@ -294,6 +300,17 @@ def run_nnx(args, batches):
     return params
 
 
+def digest(params):
+    """SHA-256 of the trained parameters: each leaf's dtype, shape and
+    bytes, in the tree's order."""
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(params):
+        a = np.asarray(leaf)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--loop", default="hand", help="one of: " + ", ".join(LOOPS))
@@ -315,11 +332,20 @@ def main(argv=None):
     p.add_argument("--wrap-inside", action="store_true",
                    help="jit the recorder's wrapper with your function (a callback records)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--identity", metavar="PATH",
+                   help="the loop without the recorder first, then as asked, in this process: "
+                   "both runs' parameter digests to PATH.rank0")
     args = p.parse_args(argv)
     if args.loop not in LOOPS:
         raise Refused("--loop: expected one of %s, got %r" % (", ".join(LOOPS), args.loop))
     if min(args.K, args.samples, args.epochs, args.features, args.hidden, args.seq) < 1:
         raise Refused("--K, --samples, --epochs, --features, --hidden and --seq must be >= 1")
+    if args.identity:
+        plain = digest(run(argparse.Namespace(**dict(vars(args), record=False))))
+        trained = run(args)
+        with open(args.identity + ".rank0", "w") as f:
+            f.write(f"plain {plain}\nrecorded {digest(trained)}\n")
+        return trained
     return run(args)
 
 
