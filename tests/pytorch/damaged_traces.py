@@ -61,8 +61,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-import ctest_driver  # tests/pytorch/ctest_driver.py: in_recorded_build, same_files
-import warm_python  # tests/pytorch/warm_python.py
+import ctest_driver  # noqa: E402  tests/pytorch/ctest_driver.py: in_recorded_build, same_files
+import warm_python  # noqa: E402  tests/pytorch/warm_python.py
 
 ORACLE_SCENARIO = os.path.join(ROOT, "scenarios", "certify-mlp.toml")
 TRACE_FILES = ("meta.csv", "events.csv", "values.csv", "values.bin", "state.csv", "contract.csv",
