@@ -9,8 +9,6 @@ import copy
 import functools
 
 import torch
-import torch._functorch.config as _functorch_config
-import torch._inductor.config as _inductor_config
 
 from .fit import EVIDENCE_WEIGHT_REL, U32
 from .guard import _never_raises, heap_trim
@@ -67,6 +65,17 @@ def _moved(x, device):
 def _rebuilt(seq, items):
     """A list or tuple like seq (a named tuple too) holding items."""
     return type(seq)(*items) if hasattr(seq, "_fields") else type(seq)(items)
+
+
+def compile_configs():
+    """(torch._functorch.config, torch._inductor.config), imported at a
+    recorder's first use, not with the package: importing
+    torch._inductor.config imports torch._dynamo, about as much CPU again
+    as torch itself (1.5 to 2 s), which a process that only loads a bundle
+    or reads the version need not pay."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    return functorch_config, inductor_config
 
 
 def _replaced(output, new):
@@ -343,9 +352,10 @@ class Capture:
         # forward), and inductor draws dropout's random numbers as eager
         # PyTorch does (fallback_random), so the float64 recompute replays
         # the same masks from the captured RNG state.
-        self._compile_config = (_functorch_config.donated_buffer, _inductor_config.fallback_random)
-        _functorch_config.donated_buffer = False
-        _inductor_config.fallback_random = True
+        functorch_config, inductor_config = compile_configs()
+        self._compile_config = (functorch_config.donated_buffer, inductor_config.fallback_random)
+        functorch_config.donated_buffer = False
+        inductor_config.fallback_random = True
         # Under torch.compile the module hooks run eagerly (a graph break
         # around each), never traced into the graph: what they record (the
         # input, the RNG state, the output) is the forward's own.

@@ -62,10 +62,8 @@ import inspect
 import sys
 
 import torch
-import torch._functorch.config as _functorch_config
-import torch._inductor.config as _inductor_config
 
-from .capture import Capture, _tensors  # noqa: F401 -- _tensors: pipelining
+from .capture import Capture, _tensors, compile_configs  # noqa: F401 -- _tensors: pipelining
 from .fit import EVIDENCE_WEIGHT_REL, SUM_ULPS, U32, StepFit, _Rows, _worst  # noqa: F401
 from .guard import _never_raises
 from .replay import ELEMENTWISE, REPLAY_ULPS, Replay  # noqa: F401 -- the error model's mirrors
@@ -461,7 +459,8 @@ class ContractRecorder(Capture, StepFit, Replay, Scaler, Write):
             h.remove()
         self._restore_clip()
         self._unpatch_scaler()
-        _functorch_config.donated_buffer, _inductor_config.fallback_random = self._compile_config
+        functorch_config, inductor_config = compile_configs()
+        functorch_config.donated_buffer, inductor_config.fallback_random = self._compile_config
 
     def _refuse(self, message):
         """A misuse of the recorder: it ends without a trace (nothing left

@@ -210,11 +210,16 @@ def recorded_run(work):
         return None
     # A trace older than any Python file of the package, the example
     # trainers or these drivers was written by other code: record it again.
+    return path if os.path.getmtime(meta[0]) > newest_python() else None
+
+
+def newest_python():
+    """The newest modification time of the Python files of the package,
+    the example trainers and these drivers (what writes a trace)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    newest = max(os.path.getmtime(os.path.join(d, f))
-                 for top in ("python", "examples", os.path.join("tests", "pytorch"))
-                 for d, _, files in os.walk(os.path.join(root, top)) for f in files if f.endswith(".py"))
-    return path if os.path.getmtime(meta[0]) > newest else None
+    return max(os.path.getmtime(os.path.join(d, f))
+               for top in ("python", "examples", os.path.join("tests", "pytorch"))
+               for d, _, files in os.walk(os.path.join(root, top)) for f in files if f.endswith(".py"))
 
 
 def reseal(folder):

@@ -27,6 +27,18 @@ in a `finally` while an exception propagates, the interpreter's exit
 without close(), and (contract tier) a refusal (a second optimizer
 attached) that the trainer catches before it calls close().
 
+Under scripts/check-hardened.sh (ACCUMCHECK_RECORDED_BUILD and
+ACCUMCHECK_THIS_BUILD, as ctest_driver.recorded_run) the traces that
+scripts/test.sh's run of this test recorded (A, B, every run that did not
+finish, the rank that died: kept in its work folder, with its stamp
+recorded.ok) are judged instead of recording them again, when that run
+passed, read a bundle byte for byte the one the sanitized accumcheck
+exported here, and is newer than every Python file of the package, the
+examples and these drivers: the trainers are the same Python program in
+either build (their exit codes were checked there), what the sanitizers
+watch is accumcheck's reading of each damaged trace, and every case is
+still certified.
+
 Every case must end `accumcheck certify` with exit 2 and a message naming
 the damaged file (a swapped complete.csv: any file it lists) or what
 ended the run.  The pristine A and B traces must get verdicts (exit 0 and
@@ -49,7 +61,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-import warm_python  # tests/pytorch/warm_python.py
+import ctest_driver  # noqa: E402  tests/pytorch/ctest_driver.py: in_recorded_build, same_files
+import warm_python  # noqa: E402  tests/pytorch/warm_python.py
 
 ORACLE_SCENARIO = os.path.join(ROOT, "scenarios", "certify-mlp.toml")
 TRACE_FILES = ("meta.csv", "events.csv", "values.csv", "values.bin", "state.csv", "contract.csv",
@@ -175,9 +188,10 @@ class Battery:
             ["--trace", folder]
         return subprocess.run(argv, capture_output=True, text=True)
 
-    def expect_refused(self, cls, what, folder, scenario, names, also=()):
+    def expect_refused(self, cls, what, folder, scenario, names, also=(), keep=False):
         """One case: certify on `folder` must exit 2 naming one of `names`
-        (and saying each of `also`)."""
+        (and saying each of `also`); the folder is removed unless `keep`
+        (a recorded run's, which the sanitized build judges again)."""
         self.n += 1
         self.counts[cls] = self.counts.get(cls, 0) + 1
         r = self.certify(folder, scenario)
@@ -190,7 +204,8 @@ class Battery:
                 cls, what, "A VERDICT" if verdict else "not refused as expected", r.returncode,
                 "" if r.returncode != 2 else " without naming %s" % " or ".join(names),
                 said.strip()[-600:]))
-        shutil.rmtree(folder, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def expect_verdict(self, folder, scenario, code):
         r = self.certify(folder, scenario)
@@ -276,6 +291,28 @@ UNFINISHED = [
 ]
 
 
+RECORDED = "recorded.ok"
+
+
+def recorded_before(work, bundle, ddp):
+    """The recorded build's work folder for this test when its traces can
+    be judged here instead of recording them again (see the module's
+    docstring), else None."""
+    path = ctest_driver.in_recorded_build(work)
+    if not path:
+        return None
+    stamp = os.path.join(path, RECORDED)
+    try:
+        with open(stamp) as f:
+            if f.read().strip() != "ddp=%d" % ddp:
+                return None
+        if os.path.getmtime(stamp) <= ctest_driver.newest_python():
+            return None  # recorded by other code
+    except OSError:
+        return None
+    return path if ctest_driver.same_files(bundle, os.path.join(path, "bundle")) else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--accumcheck", default="accumcheck")
@@ -285,21 +322,30 @@ def main():
     ap.add_argument("--ddp", action="store_true", help="also a 2-rank DDP contract trace")
     a = ap.parse_args()
     t0, cpu0 = time.monotonic(), os.times()
-    import torch
-    torch.set_num_threads(1)  # the forks below run torch: no thread pool to inherit
-    from accumcheck_torch import load_bundle
-
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     w = lambda *p: os.path.join(a.work, *p)  # noqa: E731
     subprocess.run([a.accumcheck, "export", ORACLE_SCENARIO, "--out", w("bundle"), "--quiet"],
                    check=True)
-    bundle = load_bundle(w("bundle"))
     scenario = w("bundle", "scenario.toml")
-    oracle_loop(bundle, w("oracle-A"))
-    oracle_loop(bundle, w("oracle-B"), mode="zero_grad_inside")
-    contract_loop(w("contract-A"))
-    contract_loop(w("contract-B"), mode="no_div")
+    recorded = recorded_before(a.work, w("bundle"), a.ddp)
+    if recorded:
+        # Every trace that run recorded, judged again here (no torch).
+        for name in sorted(os.listdir(recorded)):
+            if name != "bundle" and os.path.isdir(os.path.join(recorded, name)):
+                shutil.copytree(os.path.join(recorded, name), w(name))
+        print("damaged traces: the traces %s's run recorded (the same bundle, byte for byte), "
+              "not recorded again" % os.environ["ACCUMCHECK_RECORDED_BUILD"])
+    else:
+        import torch
+        torch.set_num_threads(1)  # the forks below run torch: no thread pool to inherit
+        from accumcheck_torch import load_bundle
+
+        bundle = load_bundle(w("bundle"))
+        oracle_loop(bundle, w("oracle-A"))
+        oracle_loop(bundle, w("oracle-B"), mode="zero_grad_inside")
+        contract_loop(w("contract-A"))
+        contract_loop(w("contract-B"), mode="no_div")
     bat = Battery(a.accumcheck, a.work)
     tiers = [("oracle", scenario, 1), ("contract", None, 1)]
     if a.ddp:
@@ -309,8 +355,9 @@ def main():
         # interpreter; its ranks fork it (torch imported once).
         os.environ["ACCUMCHECK_START_METHOD"] = "fork"
         for run, loop in (("A", "correct"), ("B", "local_mean")):
-            warm_python.run([script, "--spawn", "2", "--loop", loop, "--K", "2", "--samples", "32",
-                             "--out", w("ddp-" + run)], check=True, capture_output=True)
+            if not recorded:
+                warm_python.run([script, "--spawn", "2", "--loop", loop, "--K", "2", "--samples",
+                                 "32", "--out", w("ddp-" + run)], check=True, capture_output=True)
         tiers.append(("ddp", None, 1))
     for tier, scen, b_code in tiers:
         bat.expect_verdict(w(tier + "-A"), scen, 0)
@@ -322,32 +369,35 @@ def main():
             if stop == "refused" and tier == "oracle":
                 continue  # the oracle tier's Recorder refuses nothing once it records
             out = w("%s-%s" % (tier, stop))
-            shutil.copytree(w(tier + "-B"), out)
-            if tier == "oracle":
-                fn = functools.partial(oracle_loop, bundle, out, stop=stop, after=5, use_with=use_with)
-            else:
-                fn = functools.partial(contract_loop, out, stop=stop, after=3, use_with=use_with)
-            got = forked(fn, out + ".log")
-            if got != code:
-                bat.bad.append("%s %s: the trainer exited %d, expected %d\n    %s" % (
-                    tier, stop, got, code, open(out + ".log").read()[-600:]))
+            if not recorded:
+                shutil.copytree(w(tier + "-B"), out)
+                if tier == "oracle":
+                    fn = functools.partial(oracle_loop, bundle, out, stop=stop, after=5,
+                                           use_with=use_with)
+                else:
+                    fn = functools.partial(contract_loop, out, stop=stop, after=3, use_with=use_with)
+                got = forked(fn, out + ".log")
+                if got != code:
+                    bat.bad.append("%s %s: the trainer exited %d, expected %d\n    %s" % (
+                        tier, stop, got, code, open(out + ".log").read()[-600:]))
             # How far it got: the oracle tier knows the scenario's steps.
             far = "after %s%s" % ("at least " if stop == "sigkill" else "",
                                   "5 of 9 optimizer steps" if tier == "oracle" else "3 optimizer steps")
             bat.expect_refused("%s run that did not finish" % tier, stop, out, scen, [names],
-                               also=[far])
+                               also=[far], keep=True)
     if a.ddp:
         # A rank that dies mid-run (SIGKILL after its 3rd backward), into a
         # folder holding B's complete trace: every rank's marker is named.
         out = w("ddp-died")
-        shutil.copytree(w("ddp-B"), out)
-        r = warm_python.run([script, "--spawn", "2", "--K", "2", "--samples", "32",
-                             "--die-after", "3", "--out", out], capture_output=True, text=True)
-        if r.returncode == 0:
-            bat.bad.append("ddp died: the trainer exited 0")
+        if not recorded:
+            shutil.copytree(w("ddp-B"), out)
+            r = warm_python.run([script, "--spawn", "2", "--K", "2", "--samples", "32",
+                                 "--die-after", "3", "--out", out], capture_output=True, text=True)
+            if r.returncode == 0:
+                bat.bad.append("ddp died: the trainer exited 0")
         bat.expect_refused("ddp run that did not finish", "rank 1 killed", out, None,
                            ["rank1.incomplete"], also=["the recording of a multi-rank run did "
-                                                       "not finish", "rank 1 of 2"])
+                                                       "not finish", "rank 1 of 2"], keep=True)
     print("damaged traces: %d cases" % bat.n)
     for cls in sorted(bat.counts):
         print("  %-44s %4d" % (cls, bat.counts[cls]))
@@ -359,6 +409,9 @@ def main():
         cpu.user + cpu.system + cpu.children_user + cpu.children_system
         - cpu0.user - cpu0.system - cpu0.children_user - cpu0.children_system))
     if not bat.bad:
+        if not recorded:
+            with open(w(RECORDED), "w") as f:
+                f.write("ddp=%d\n" % a.ddp)  # the traces above: a sanitized run may judge them
         print("driver: ok")
     return 1 if bat.bad else 0
 

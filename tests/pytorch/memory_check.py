@@ -2,7 +2,7 @@
 """accumcheck memory against PyTorch's own CPU allocations (CTest Memory.*).
 
   memory_check.py --accumcheck BIN --memtrack libaccumcheck_memtrack.so \\
-      --scenario S.toml --b 8 --k 4 --work DIR
+      --scenario S.toml --b 8 [--b 32 ...] --k 4 --work DIR
 
 Exports the scenario (so PyTorch builds exactly accumcheck's model and
 optimizer, through accumcheck_torch.load_bundle), asks `accumcheck memory
@@ -22,7 +22,10 @@ c10's CPU allocator holds, block by block):
 The same run with PyTorch 2's default zero_grad() (set_to_none=True, the
 gradients freed between windows) must measure the same peak and no
 gradient at rest: accumulation's buffer lives through the window, where
-the peak is, either way.
+the peak is, either way.  Each --b is measured so, one after the other,
+in the one child (a measurement counts from the live bytes before it, and
+builds its own model and optimizer): one interpreter importing torch per
+scenario, not one per micro-batch size.
 
 Tolerance: 0 bytes for every quantity.  The allocator hands out exactly
 the requested bytes of each storage, and each prediction is a sum of
@@ -117,25 +120,29 @@ def main():
     ap.add_argument("--accumcheck")
     ap.add_argument("--memtrack")
     ap.add_argument("--scenario")
-    ap.add_argument("--b", type=int, required=True)
+    ap.add_argument("--b", type=int, action="append", required=True,
+                    help="micro-batch size (repeatable: each measured)")
     ap.add_argument("--k", type=int, required=True)
     ap.add_argument("--work")
     ap.add_argument("--measure", help="(child) bundle folder to measure")
     a = ap.parse_args()
     if a.measure:
-        # One child measures both: set_to_none=False, then True.
-        for set_to_none in (False, True):
-            m = measure(a.measure, a.b, a.k, set_to_none)
-            print(" ".join(f"{k}={m[k]}" for k in KEYS))
+        # One child measures every b, each twice: set_to_none=False, then True.
+        for b in a.b:
+            for set_to_none in (False, True):
+                m = measure(a.measure, b, a.k, set_to_none)
+                print(" ".join(f"{k}={m[k]}" for k in KEYS))
         return 0
     os.makedirs(a.work, exist_ok=True)
     bundle = os.path.join(a.work, "bundle")
     subprocess.run([a.accumcheck, "export", a.scenario, "--out", bundle, "--quiet"],
                    check=True, stdout=subprocess.DEVNULL)
-    kv = subprocess.run([a.accumcheck, "memory", a.scenario, "--b", str(a.b),
-                         "--k", str(a.k), "--kv"], check=True, text=True,
-                        capture_output=True).stdout
-    pred = {line.split()[0]: int(line.split()[1]) for line in kv.splitlines()}
+    preds = []
+    for b in a.b:
+        kv = subprocess.run([a.accumcheck, "memory", a.scenario, "--b", str(b),
+                             "--k", str(a.k), "--kv"], check=True, text=True,
+                            capture_output=True).stdout
+        preds.append({line.split()[0]: int(line.split()[1]) for line in kv.splitlines()})
     measured = os.path.join(a.work, "measured.txt")
     recorded = measured_before(a.work, bundle, a.memtrack, measured_key(a))
     if recorded:
@@ -146,29 +153,30 @@ def main():
     else:
         env = dict(os.environ, LD_PRELOAD=a.memtrack, OMP_NUM_THREADS="1")
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", bundle,
-                            "--b", str(a.b), "--k", str(a.k)], env=env, text=True,
+                            "--k", str(a.k)] + [f"--b={b}" for b in a.b], env=env, text=True,
                            capture_output=True)
         lines = r.stdout.splitlines()
-        if r.returncode != 0 or len(lines) != 2:
+        if r.returncode != 0 or len(lines) != 2 * len(a.b):
             print(r.stdout + r.stderr)
             return 1
         with open(measured, "w") as f:
             f.write("\n".join([measured_key(a)] + lines) + "\n")
-    meas, none = (dict(kv.split("=") for kv in line.split()) for line in lines)
     bad = 0
     name = os.path.splitext(os.path.basename(a.scenario))[0]
-    print(f"{'quantity':<12} {'predicted':>12} {'measured':>12}  ({name}, b={a.b}, K={a.k})")
-    for k in KEYS:
-        p, m = pred[k], int(meas[k])
-        ok = p == m
-        bad += not ok
-        print(f"{k:<12} {p:>12} {m:>12}  {'ok' if ok else 'DIFFERS by ' + str(m - p)}")
-    for k, want in (("peak", pred["peak"]), ("grads", 0)):
-        m = int(none[k])
-        ok = m == want
-        bad += not ok
-        print(f"{k + ' (none)':<12} {want:>12} {m:>12}  {'ok' if ok else 'DIFFERS by ' + str(m - want)}"
-              f"  zero_grad(set_to_none=True)")
+    for i, (b, pred) in enumerate(zip(a.b, preds)):
+        meas, none = (dict(kv.split("=") for kv in line.split()) for line in lines[2 * i:2 * i + 2])
+        print(f"{'quantity':<12} {'predicted':>12} {'measured':>12}  ({name}, b={b}, K={a.k})")
+        for k in KEYS:
+            p, m = pred[k], int(meas[k])
+            ok = p == m
+            bad += not ok
+            print(f"{k:<12} {p:>12} {m:>12}  {'ok' if ok else 'DIFFERS by ' + str(m - p)}")
+        for k, want in (("peak", pred["peak"]), ("grads", 0)):
+            m = int(none[k])
+            ok = m == want
+            bad += not ok
+            print(f"{k + ' (none)':<12} {want:>12} {m:>12}  "
+                  f"{'ok' if ok else 'DIFFERS by ' + str(m - want)}  zero_grad(set_to_none=True)")
     if bad:
         print(f"driver: {bad} quantities differ (tolerance 0 bytes)")
         return 1
@@ -178,7 +186,7 @@ def main():
 
 def measured_key(a):
     """measured.txt's first line: what else the child was given."""
-    return f"b={a.b} k={a.k}"
+    return "b=%s k=%d" % (",".join(map(str, a.b)), a.k)
 
 
 def measured_before(work, bundle, memtrack, key):

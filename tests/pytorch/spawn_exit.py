@@ -30,7 +30,8 @@ is real on this PyTorch and CPython: if it stops reproducing, the message
 says so and the test fails, so that this test and exit_rank are looked at
 again) and every `exit_rank` run exited 0 with no "terminate called".
 Each run is 2 spawned ranks (fresh interpreters, about 3 s of CPU each),
-launched from this process (no launcher interpreter of its own).
+launched from this process (no launcher interpreter of its own; under CTest
+this process is itself a fork of the warm Python, warm_python.py exec).
 """
 import argparse
 import atexit
