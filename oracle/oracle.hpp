@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "oracle/layers.hpp"
@@ -184,6 +185,16 @@ class Oracle {
   void optimizer_step(const OptimizerSpec& opt, double lr);
   EngineState<T> state() const;
   void set_state(const EngineState<T>& s);
+  // set_state(s), `s` left holding state() (sim/engine.hpp ExposesTensors;
+  // `s` from state(): its tensors are the model's sizes).
+  void swap_state(EngineState<T>& s) {
+    params_.swap(s.params);
+    grads_.swap(s.grads);
+    exp_avg_.swap(s.exp_avg);
+    exp_avg_sq_.swap(s.exp_avg_sq);
+    std::swap(steps_, s.optimizer_steps);
+    buffers_.swap(s.buffers);
+  }
   // Dropout masks are keyed by (seed, epoch, sample id, layer, unit).
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
 

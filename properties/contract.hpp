@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -23,12 +24,15 @@ class MicroGrads {
   explicit MicroGrads(const Case& c) : c_(c) {}
   const std::vector<R>& get(const std::vector<R>& theta,
                             const std::vector<int64_t>& ids, int64_t epoch);
+  // The loss-bearing items of `ids` (one oracle for every semantics).
+  int64_t items(const std::vector<int64_t>& ids);
 
  private:
   struct Entry {
     std::vector<R> theta, grad;
   };
   const Case& c_;
+  std::unique_ptr<O> items_;
   // Per (ids, epoch), the parameters seen and their gradient (a deque's
   // push_back moves no element: a returned reference stays valid).
   std::map<std::pair<std::vector<int64_t>, int64_t>, std::deque<Entry>> seen_;

@@ -38,6 +38,11 @@ const std::vector<R>& MicroGrads::get(const std::vector<R>& theta,
   return seen.back().grad;
 }
 
+int64_t MicroGrads::items(const std::vector<int64_t>& ids) {
+  if (!items_) items_ = c_.oracle();
+  return items_->items(ids);
+}
+
 double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
                          bool break_on_purpose, MicroGrads* grads) {
   using contract::Term;
@@ -49,9 +54,8 @@ double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
   Trainer<O> ot(*o, c.s, b, lr);
   const Run<R> run = ot.run(c.plan, semantics_name(sem));
 
-  const auto items = c.oracle();
   contract::CoefficientEngine ce(
-      [&](const std::vector<int64_t>& ids) { return items->items(ids); });
+      [&](const std::vector<int64_t>& ids) { return g.items(ids); });
   Trainer<contract::CoefficientEngine> ct(ce, c.s, b, lr,
                                           TrainerOptions::unrecorded());
   ct.run(c.plan, semantics_name(sem));
@@ -60,27 +64,29 @@ double coefficient_check(const Case& c, const std::vector<Pitfall>& sem,
     if (st.rank == 0) steps.push_back(st);
   RC_ASSERT(steps.size() == run.steps.size());
 
-  // Each term's vector, computed once, independently of both runs' buffers.
-  std::map<Term, std::vector<R>> cache;
+  // Each term's vector, computed once, independently of both runs' buffers
+  // (held by the run, or by `g`: the cache keeps where each is, no copy).
+  std::map<Term, const std::vector<R>*> cache;
   const size_t n = c.init.size();
+  const std::vector<R> init = theta_before(run, 0, c);
   const std::function<const std::vector<R>&(Term)> vec =
       [&](Term t) -> const std::vector<R>& {
     auto it = cache.find(t);
-    if (it != cache.end()) return it->second;
-    std::vector<R> v;
+    if (it != cache.end()) return *it->second;
     // The parameters of a rank (rank_param: ranks 1..R-1) before step v.
-    auto theta = [&](int64_t rank, int64_t v) {
-      return rank == 0 || v == 0
-                 ? theta_before(run, size_t(v), c)
-                 : run.steps[size_t(v) - 1].rank_param[size_t(rank) - 1];
+    auto theta = [&](int64_t rank, int64_t v) -> const std::vector<R>& {
+      if (v == 0) return init;
+      const auto& st = run.steps[size_t(v) - 1];
+      return rank == 0 ? st.param : st.rank_param[size_t(rank) - 1];
     };
+    const std::vector<R>* v = nullptr;
     if (t.kind == Term::param) {
-      v = theta(t.rank, t.index);
+      v = &theta(t.rank, t.index);
     } else {
       const contract::MicroGrad& m = ce.micro()[size_t(t.index)];
-      v = g.get(theta(m.rank, m.version), m.ids, m.epoch);
+      v = &g.get(theta(m.rank, m.version), m.ids, m.epoch);
     }
-    return cache.emplace(t, std::move(v)).first->second;
+    return *cache.emplace(t, v).first->second;
   };
   const std::vector<R> sym =
       contract::clip_values<R>(ce.clips(), vec, n, ce.symbols());

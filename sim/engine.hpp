@@ -82,4 +82,16 @@ concept Engine = requires(E e, const E ce, const std::vector<int64_t>& ids,
   { e.set_state(ce.state()) } -> std::same_as<void>;
 };
 
+// Optional, beyond the contract: an engine that hands out its gradient
+// and parameters (Trainer copies them alone, where state() would copy
+// every tensor), and exchanges its state with `s` (the Trainer's switch
+// between DDP ranks: no tensor copied).  swap_state(s) leaves the engine
+// as set_state(s) would and `s` as state() was.
+template <class E>
+concept ExposesTensors = requires(E e, EngineState<typename E::Real>& s) {
+  { e.grads() } -> std::convertible_to<const std::vector<typename E::Real>&>;
+  { e.params() } -> std::convertible_to<const std::vector<typename E::Real>&>;
+  { e.swap_state(s) } -> std::same_as<void>;
+};
+
 }  // namespace accumcheck

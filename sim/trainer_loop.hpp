@@ -323,6 +323,20 @@ class Trainer {
     }
   }
 
+  // A copy of the engine's gradient / parameters (rank the engine holds).
+  std::vector<Real> grads_copy() {
+    if constexpr (ExposesTensors<E>)
+      return e_.grads();
+    else
+      return e_.state().grads;
+  }
+  std::vector<Real> params_copy() {
+    if constexpr (ExposesTensors<E>)
+      return e_.params();
+    else
+      return e_.state().params;
+  }
+
   // The step block (sim/trainer_step.hpp): loss scaling, the EMA, the
   // optimizer state, the clip, optimizer.step() and scheduler.step().
   void init_state_beyond_gradients(bool fresh_run);
@@ -503,7 +517,7 @@ class Trainer {
     rec.epoch = epoch;
     rec.steps = c_.optimizer_steps;
     rec.loss = loss_items ? loss_sum / double(loss_items) : kNaN;
-    if (opt_.record_values) rec.param = e_.state().params;
+    if (opt_.record_values) rec.param = params_copy();
     run_.windows.push_back(std::move(rec));
     ++c_.windows;
   }

@@ -26,8 +26,15 @@ template <Engine E>
 void Trainer<E>::use_rank(int64_t r) {
   rank_ = r;
   if (R_ == 1 || r == active_) return;
-  rank_state_[size_t(active_)] = e_.state();
-  e_.set_state(rank_state_[size_t(r)]);
+  if constexpr (ExposesTensors<E>) {
+    // The active rank's state into its slot, rank r's out of its own (the
+    // slot of the rank the engine holds is stale, as after a copy).
+    e_.swap_state(rank_state_[size_t(active_)]);
+    e_.swap_state(rank_state_[size_t(r)]);
+  } else {
+    rank_state_[size_t(active_)] = e_.state();
+    e_.set_state(rank_state_[size_t(r)]);
+  }
   // An engine whose gradient buffer is not numbers (the coefficient
   // engine) swaps it itself.
   if constexpr (requires { e_.hold_rank(r); }) e_.hold_rank(r);
@@ -45,7 +52,10 @@ void Trainer<E>::all_reduce(int64_t micro) {
     event(EventKind::all_reduce, micro, [](Event& ev) { ev.rank = -1; });
     return;
   }
-  rank_state_[size_t(active_)] = e_.state();
+  if constexpr (ExposesTensors<E>)
+    e_.swap_state(rank_state_[size_t(active_)]);
+  else
+    rank_state_[size_t(active_)] = e_.state();
   const size_t P = rank_state_[0].grads.size();
   const Real inv = Real(1) / Real(R_);
   std::vector<Real> avg(P);
@@ -58,7 +68,10 @@ void Trainer<E>::all_reduce(int64_t micro) {
     avg[i] = acc;
   }
   for (auto& st : rank_state_) st.grads = avg;
-  e_.set_state(rank_state_[size_t(active_)]);
+  if constexpr (ExposesTensors<E>)
+    e_.swap_state(rank_state_[size_t(active_)]);
+  else
+    e_.set_state(rank_state_[size_t(active_)]);
   event(EventKind::all_reduce, micro, [](Event& ev) { ev.rank = -1; });
 }
 

@@ -27,7 +27,7 @@ void Trainer<E>::init_state_beyond_gradients(bool fresh_run) {
   if (scaling_ && c_.scale_exp == TrainerCounters::kNoScale)
     c_.scale_exp = s_.precision.scale_exp;
   inf_pending_ = false;
-  if (s_.ema.enabled && (fresh_run || ema_.empty())) ema_ = e_.state().params;
+  if (s_.ema.enabled && (fresh_run || ema_.empty())) ema_ = params_copy();
 }
 
 // The loss weight times the scale 2^e (exact: the weight stays a
@@ -94,7 +94,7 @@ void Trainer<E>::scaler_update(int64_t micro, bool found_inf) {
 template <Engine E>
 void Trainer<E>::ema_update(int64_t micro) {
   use_rank(0);
-  const std::vector<Real> p = e_.state().params;
+  const std::vector<Real> p = params_copy();
   if (ema_.size() != p.size()) ema_ = p;
   const Real d(s_.ema.decay), rest(1.0 - s_.ema.decay);
   for (size_t i = 0; i < p.size(); ++i) {
@@ -226,7 +226,7 @@ void Trainer<E>::optimizer_step(int64_t micro) {
   rec.lr = lr;
   use_rank(0);
   rec.grad_norm = static_cast<double>(e_.grad_norm());
-  if (opt_.record_values) rec.grad = e_.state().grads;
+  if (opt_.record_values) rec.grad = grads_copy();
   each_rank([&](int64_t) {
     if (before_step_) before_step_(rec.step, e_);
     e_.optimizer_step(s_.optimizer, lr);
@@ -238,9 +238,9 @@ void Trainer<E>::optimizer_step(int64_t micro) {
     for (int64_t r = R_ - 1; r >= 0; --r) {
       use_rank(r);
       if (r == 0)
-        rec.param = e_.state().params;
+        rec.param = params_copy();
       else
-        rec.rank_param.insert(rec.rank_param.begin(), e_.state().params);
+        rec.rank_param.insert(rec.rank_param.begin(), params_copy());
     }
   }
   run_.steps.push_back(std::move(rec));
