@@ -63,7 +63,11 @@ def test_cells_runs_each_case_as_a_fork(tmp_path):
                               str(cases), "fw", "60"], input="\n".join(lines) + "\n",
                              env=env, timeout=240)
     assert p.returncode == 0, p.stderr
-    got = {r["case"]: r for r in map(json.loads, p.stdout.splitlines())}
+    first, *rows = map(json.loads, p.stdout.splitlines())
+    # The first line says how the framework imported (here "fw", which is
+    # not a package: not ok), before any cell.
+    assert set(first) == {"imported"} and first["imported"]["ok"] is False
+    got = {r["case"]: r for r in rows}
     assert [got[n]["rc"] for n in ("ok", "refused", "raises")] == [0, 2, 1]
     assert (tmp_path / "ok.out").read_text() == "__main__"
     assert "to the log" in (tmp_path / "ok.log").read_text()
