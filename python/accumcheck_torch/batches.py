@@ -18,11 +18,13 @@ def _compiled(output):
         return False
     return t.grad_fn is not None and "Compiled" in type(t.grad_fn).__name__
 
+
 def _first(batch):
     t = batch
     while not torch.is_tensor(t):
         t = next(iter(t.values())) if isinstance(t, dict) else t[0]
     return t
+
 
 def _on_device(batch, first):
     """The batch with its first tensor (_first) replaced by `first` (the
@@ -38,6 +40,7 @@ def _on_device(batch, first):
     return _rebuilt(batch, [_on_device(batch[0], first)]
                     + [_moved(v, first.device) for v in batch[1:]])
 
+
 def _moved(x, device):
     """x's tensors moved to device (a nested tuple, list or dict)."""
     if torch.is_tensor(x):
@@ -48,9 +51,11 @@ def _moved(x, device):
         return _rebuilt(x, [_moved(v, device) for v in x])
     return x
 
+
 def _rebuilt(seq, items):
     """A list or tuple like seq (a named tuple too) holding items."""
     return type(seq)(*items) if hasattr(seq, "_fields") else type(seq)(items)
+
 
 def _replaced(output, new):
     """output with its tensors whose id is in `new` replaced by new[id]
@@ -65,6 +70,7 @@ def _replaced(output, new):
     if isinstance(output, (list, tuple)):
         return _rebuilt(output, [_replaced(v, new) for v in output])
     return output
+
 
 def _same_values(t, drawn):
     """t holds the drawn tensor's values: equal, or its cast to t's
