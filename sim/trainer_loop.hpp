@@ -314,6 +314,22 @@ class Trainer {
   void init_ranks(int64_t R);
   void use_rank(int64_t r);
   void all_reduce(int64_t micro);
+  // The engine's state into rank r's slot, and rank r's slot into the
+  // engine: exchanged where the engine can (ExposesTensors: no tensor
+  // copied; the side given away is stale until the other call), copied
+  // elsewhere.
+  void stash_state(int64_t r) {
+    if constexpr (ExposesTensors<E>)
+      e_.swap_state(rank_state_[size_t(r)]);
+    else
+      rank_state_[size_t(r)] = e_.state();
+  }
+  void load_state(int64_t r) {
+    if constexpr (ExposesTensors<E>)
+      e_.swap_state(rank_state_[size_t(r)]);
+    else
+      e_.set_state(rank_state_[size_t(r)]);
+  }
   void zero_grad(int64_t micro);
   // f(r) on every rank r in order, the engine holding it.
   void each_rank(auto&& f) {

@@ -26,15 +26,10 @@ template <Engine E>
 void Trainer<E>::use_rank(int64_t r) {
   rank_ = r;
   if (R_ == 1 || r == active_) return;
-  if constexpr (ExposesTensors<E>) {
-    // The active rank's state into its slot, rank r's out of its own (the
-    // slot of the rank the engine holds is stale, as after a copy).
-    e_.swap_state(rank_state_[size_t(active_)]);
-    e_.swap_state(rank_state_[size_t(r)]);
-  } else {
-    rank_state_[size_t(active_)] = e_.state();
-    e_.set_state(rank_state_[size_t(r)]);
-  }
+  // The active rank's state into its slot, rank r's out of its own (the
+  // slot of the rank the engine holds is stale, as after a copy).
+  stash_state(active_);
+  load_state(r);
   // An engine whose gradient buffer is not numbers (the coefficient
   // engine) swaps it itself.
   if constexpr (requires { e_.hold_rank(r); }) e_.hold_rank(r);
@@ -52,10 +47,7 @@ void Trainer<E>::all_reduce(int64_t micro) {
     event(EventKind::all_reduce, micro, [](Event& ev) { ev.rank = -1; });
     return;
   }
-  if constexpr (ExposesTensors<E>)
-    e_.swap_state(rank_state_[size_t(active_)]);
-  else
-    rank_state_[size_t(active_)] = e_.state();
+  stash_state(active_);
   const size_t P = rank_state_[0].grads.size();
   const Real inv = Real(1) / Real(R_);
   std::vector<Real> avg(P);
@@ -68,10 +60,7 @@ void Trainer<E>::all_reduce(int64_t micro) {
     avg[i] = acc;
   }
   for (auto& st : rank_state_) st.grads = avg;
-  if constexpr (ExposesTensors<E>)
-    e_.swap_state(rank_state_[size_t(active_)]);
-  else
-    e_.set_state(rank_state_[size_t(active_)]);
+  load_state(active_);
   event(EventKind::all_reduce, micro, [](Event& ev) { ev.rank = -1; });
 }
 
