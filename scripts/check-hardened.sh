@@ -52,12 +52,12 @@ case "${1:-}" in
   *) echo "usage: $0 [--ci]" >&2; exit 2 ;;
 esac
 if [ "$mode" = ci ]; then
-  rc_cases=25 coefficients_cases=3 pytest_marks=
+  rc_cases=25 coefficients_cases=3
   ci_skip='^(OracleSharpness\.Parameters|Scenario\.certify-mlp-200)$'
   ci_labels=sanitized-full
   fuzz_seconds=${FUZZ_SECONDS:-10}
 else
-  rc_cases=100 coefficients_cases= pytest_marks= ci_skip= ci_labels=
+  rc_cases=100 coefficients_cases= ci_skip= ci_labels=
   fuzz_seconds=${FUZZ_SECONDS:-60}
 fi
 bash scripts/setup.sh
@@ -74,7 +74,7 @@ cmake -S . -B build-asan $generator_flags -DCMAKE_CXX_COMPILER=clang++-14 \
   -DACCUMCHECK_CUDA=OFF -DACCUMCHECK_SANITIZE=ON -DACCUMCHECK_FUZZ=ON \
   -DACCUMCHECK_WERROR=ON -DACCUMCHECK_RC_CASES=$rc_cases \
   -DACCUMCHECK_RC_CASES_COEFFICIENTS=$coefficients_cases \
-  -DACCUMCHECK_PYTEST_MARKS=$pytest_marks $cache_args \
+  -DACCUMCHECK_PYTEST_MARKS= $cache_args \
   ${ACCUMCHECK_CMAKE_ARGS:-} >build-asan.configure.log 2>&1 \
   || { cat build-asan.configure.log; exit 1; }
 build_quiet build-asan "$jobs"
