@@ -7,6 +7,12 @@ import itertools
 from .write import CONTRACT_HEADER
 
 
+# meta.csv keys a rank states of its own backward passes: the merged trace
+# keeps one only where every rank states it alike (a rank whose weights
+# were not all read at its outputs leaves certify the wider fit bound).
+_EVERY_RANK = ("weights_read",)
+
+
 def _fields(row, n):
     return row.rstrip("\n").split(",", n)
 
@@ -20,7 +26,8 @@ def merge_parts(parts):
     own trainer writes them; an `all_reduce` once, as the collective (rank
     -1, from rank 0's part).  Values: rank 0's gradient and parameters,
     the other ranks' parameters.  meta: rank 0's, with every rank's notes
-    and unseen, and whether the ranks saw the same number of all-reduces."""
+    and unseen, and whether the ranks saw the same number of all-reduces;
+    a key of _EVERY_RANK only where every rank's meta holds it alike."""
     parts = sorted(parts, key=lambda p: p[0])
     by_step = []  # per rank: {step: [rows]}
     steps = set()
@@ -58,7 +65,9 @@ def merge_parts(parts):
                 value_rows.setdefault((int(f[1]), rank), []).append(
                     "%s,%d\n" % (row.rstrip("\n"), rank))
     out_values = [row for key in sorted(value_rows) for row in value_rows[key]]
-    meta = [(k, v) for k, v in parts[0][1] if k not in ("notes", "unseen")]
+    metas = [dict(m) for _, m, _, _ in parts]
+    meta = [(k, v) for k, v in parts[0][1] if k not in ("notes", "unseen")
+            and (k not in _EVERY_RANK or all(m.get(k) == v for m in metas))]
     notes, unseen = [], []
     for rank, m, _, _ in parts:
         md = dict(m)

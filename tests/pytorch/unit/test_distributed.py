@@ -71,6 +71,18 @@ def test_merge_says_when_ranks_saw_different_all_reduces():
     assert "different numbers of all-reduces" in dict(meta)["unseen"]
 
 
+def test_merge_keeps_weights_read_only_where_every_rank_states_it():
+    """weights_read (every weight read at the outputs) holds of the trace
+    only where it holds of every rank's backward passes."""
+    def with_read(rank, read):
+        r, meta, events, values = _rows(rank, 1, 1)
+        return r, meta + ([("weights_read", read)] if read else []), events, values
+    for reads, kept in ((("float32", "float32"), True), (("float32", None), False),
+                        ((None, "float32"), False), (("float32", "bfloat16"), False)):
+        meta, _, _ = merge_parts([with_read(0, reads[0]), with_read(1, reads[1])])
+        assert ("weights_read" in dict(meta)) == kept, reads
+
+
 def test_contract_recorder_needs_a_process_group():
     model = torch.nn.Linear(2, 1)
     with pytest.raises(Refused):
