@@ -337,6 +337,17 @@ def parse(code, report):
         return "error (exit %d)" % code, "", "", report.strip().splitlines()[-1:] or ""
     m = re.search(r"diagnosis: matches(?:, tied \(all within the bound\):)? ([^ \n]+)", report)
     cell = m.group(1) if m else "no modelled pitfall"
+    # Each channel its own diagnosis (the weights match one candidate, the
+    # lr another or none): the cell is the pair, and an lr no modelled
+    # pitfall explains is said, so no expectation of the weights alone
+    # agrees with it (agrees()).
+    split = re.search(r"diagnosis: matches (\S+) \(weights, max ([0-9.e+-]+) of the uncertainty\) "
+                      r"and (.+) \(lr\)$", report, re.M)
+    if split:
+        lr_said = split.group(3)
+        cell = "%s, lr: %s (fit %s)" % (split.group(1), "no modelled pitfall"
+                                        if lr_said == "no modelled lr pitfall" else lr_said,
+                                        split.group(2))
     w = re.search(r"^FAIL weights: .*?max ([0-9.e+-]+) of the uncertainty \((?:rank \d+ )?"
                   r"(step \d+) (micro-batch \d+): (weight [^,]+), (predicted [^)]+)\)", report, re.M)
     margin, where, detail = "", "", ""
@@ -355,7 +366,7 @@ def parse(code, report):
             margin, where = g.group(1), g.group(2)
             ev = re.findall(r"^evidence: (.*)$", report, re.M)
             detail = "; ".join(ev[:3]) if ev else detail
-    if m:
+    if m and not split:
         dm = re.search(r"diagnosis: matches .*\(max ([0-9.e+-]+) of the uncertainty\)", report)
         if dm:
             cell += " (fit %s)" % dm.group(1)
@@ -520,8 +531,16 @@ def agrees(res):
         # the user's script fails there, before any trace.
         return got.startswith("case failed")
     # A combination is a set of pitfalls: the release's sources say which,
-    # not the order certify lists them in.
-    return sorted(got.split(" ")[0].split("+")) == sorted(want.split("+"))
+    # not the order certify lists them in.  Where the weights and the lr
+    # match different candidates (parse), the set is both channels'; an lr
+    # no modelled pitfall explains agrees with no pitfall named.
+    names = got.split(" ")[0].rstrip(",").split("+")
+    lr = re.match(r"[^ ]+, lr: (.*) \(fit [^)]*\)$", got)
+    if lr:
+        if lr.group(1) == "no modelled pitfall":
+            return False
+        names += lr.group(1).split("+")
+    return sorted(set(names)) == sorted(set(want.split("+")))
 
 
 def table(results, installs):

@@ -34,6 +34,28 @@ def test_a_combination_agrees_in_any_order():
     assert not c.agrees({"expect": "case-failed", "cell": "PASS"})
 
 
+def test_an_lr_the_named_pitfall_leaves_unexplained_disagrees():
+    """certify names each channel when the weights and the lr match
+    different candidates: the cell says both, and an lr no modelled
+    pitfall explains agrees with no expectation of the weights alone."""
+    c = _conformance()
+    report = ("FAIL weights: which g_j with which weight each step holds, against correct: max 7.75e+04 "
+              "of the uncertainty (step 5 micro-batch 20: weight 0.0243902431, predicted 0.0285714286)\n"
+              "FAIL lr: step 0 used lr 0, the accepted schedule gives 0.1\n"
+              "diagnosis: matches a-b (weights, max 0.0291 of the uncertainty) and %s (lr)\n"
+              "evidence: lr ratio at step 0: 0 x the schedule\n")
+    cell = c.parse(1, report % "no modelled lr pitfall")[0]
+    assert cell == "a-b, lr: no modelled pitfall (fit 0.0291)"
+    assert not c.agrees({"expect": "a-b", "cell": cell})
+    assert not c.agrees({"expect": "no-modelled-pitfall", "cell": cell})
+    cell = c.parse(1, report % "c-d")[0]
+    assert c.agrees({"expect": "a-b+c-d", "cell": cell}) and c.agrees({"expect": "c-d+a-b", "cell": cell})
+    assert not c.agrees({"expect": "a-b", "cell": cell})
+    # One diagnosis for both channels: as before.
+    one = c.parse(1, "diagnosis: matches a-b+c-d (max 0.02 of the uncertainty)\n")[0]
+    assert one == "a-b+c-d (fit 0.02)" and c.agrees({"expect": "c-d+a-b", "cell": one})
+
+
 def test_cells_restricts_a_row(tmp_path):
     c = _conformance()
     f = tmp_path / "versions.txt"
