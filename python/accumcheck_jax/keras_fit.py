@@ -55,7 +55,7 @@ import sys
 import numpy as np
 from accumcheck_trace.trace import VERSION, Refused, describe, real
 
-from .capture import dot, join, norm
+from .capture import _jit_rare, dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
 
 
@@ -338,7 +338,7 @@ class KerasRecorder(ContractRecorder, _Callback):
             return (_pack(jnp, take(jnp, list(trainable))), _pack(jnp, take(jnp, g)),
                     _pack(jnp, take(jnp, c)), _pack(jnp, take(jnp, acc)),
                     opt_vars[rec._iter_index], lr, _pack(jnp, state))
-        return jax.jit(probe)
+        return _jit_rare(jax, probe)
 
     def _before_step(self, state, batch):
         trainable, non_trainable, opt_vars, metrics_vars = state
@@ -499,7 +499,7 @@ class KerasRecorder(ContractRecorder, _Callback):
                 if keras.backend.backend() == "torch":
                     self._grad64 = _torch_grad(user)
                 else:
-                    self._grad64 = jax.jit(jax.grad(user))
+                    self._grad64 = _jit_rare(jax, jax.grad(user))
             for j, (tv, ntv), batch, g32 in queued:
                 wide = [np.asarray(v, dtype=np.float64) for v in tv]
                 b64 = jax.tree_util.tree_map(
