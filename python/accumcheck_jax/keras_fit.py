@@ -58,6 +58,11 @@ from accumcheck_trace.trace import VERSION, Refused, describe, real
 from .capture import _jit_rare, dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
 
+# The JAX backend's train steps whose recorder program is read back
+# together (one wait on the device per READ_EVERY steps, not per step;
+# the queue holds READ_EVERY small vectors and their batches).
+READ_EVERY = 32
+
 
 def idle_row(i, j, steps, p_before, p_after, state_changed=None):
     """contract.csv's idle row (docs/trace-format.md) of an optimizer call
@@ -214,6 +219,8 @@ class KerasRecorder(ContractRecorder, _Callback):
         self._idle = 0             # the idle rows written (calls that applied no update)
         self._slots = []           # the optimizer's per-variable state: lists of indices
         self._state_now = None     # the kept coordinates of that state, at the last read
+        self._queue = []           # steps whose program's result is not read back yet
+        self._seen = 0             # train steps seen (queued or taken in)
 
     # ---- the callback
 
@@ -266,8 +273,14 @@ class KerasRecorder(ContractRecorder, _Callback):
         model.train_function = train_function
 
     def on_epoch_begin(self, epoch, logs=None):
-        if not self.closed:
-            self.epoch()
+        if self.closed:
+            return
+        try:
+            self._read_queue()   # the previous epoch's last steps
+        except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
+            self._fail(e)
+            return
+        self.epoch()
 
     def on_train_end(self, logs=None):
         if self._orig is not None and self.net.train_function is not self._orig:
@@ -275,6 +288,7 @@ class KerasRecorder(ContractRecorder, _Callback):
         if self.closed:
             return
         try:
+            self._read_queue()
             if self.layout is not None:
                 self._state_now = self._state_host()  # after the last call
             self.close([self.keras.ops.convert_to_numpy(v.value) for v in self.net.trainable_variables])
@@ -341,6 +355,13 @@ class KerasRecorder(ContractRecorder, _Callback):
         return _jit_rare(jax, probe)
 
     def _before_step(self, state, batch):
+        """Dispatches the recorder's program on the step's input state and
+        batch, and queues its result (device arrays: the state itself is
+        donated to the step, the program's outputs are not): read back
+        together every READ_EVERY steps, at each epoch's start and at the
+        end, so the host never waits on the device per step.  A
+        calibration sample's whole state is read now (the step consumes
+        it)."""
         trainable, non_trainable, opt_vars, metrics_vars = state
         if self.layout is None:
             shapes = [tuple(v.shape) for v in trainable]
@@ -349,14 +370,26 @@ class KerasRecorder(ContractRecorder, _Callback):
             self.dtype = str(trainable[0].dtype)
             self._indices()
             self._probe = self._make_probe()
-        p, g, c, acc, it, lr, st = self.jax.device_get(
-            self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch))
+        out = self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch)
         full = None
-        if len(self.micro) % self.calibrate_every == 0:
+        if self._seen % self.calibrate_every == 0:
             full = ([np.asarray(v) for v in trainable], [np.asarray(v) for v in non_trainable])
-        host = self.jax.tree_util.tree_map(np.asarray,
-                                           tuple(self.keras.utils.unpack_x_y_sample_weight(batch)))
-        self._record(p, g, c, acc, it, lr, full, host, np.asarray(st, dtype=np.float64))
+        self._seen += 1
+        self._queue.append((out, full, batch))
+        if len(self._queue) >= READ_EVERY:
+            self._read_queue()
+
+    def _read_queue(self):
+        """The queued steps' programs read back at once, and taken in, in
+        order."""
+        queue, self._queue = self._queue, []
+        if not queue:
+            return
+        got = self.jax.device_get([e[0] for e in queue])
+        unpack = self.keras.utils.unpack_x_y_sample_weight
+        for (p, g, c, acc, it, lr, st), (_, full, batch) in zip(got, queue):
+            host = self.jax.tree_util.tree_map(np.asarray, tuple(unpack(batch)))
+            self._record(p, g, c, acc, it, lr, full, host, np.asarray(st, dtype=np.float64))
 
     def _record(self, p, g, c, acc, it, lr, full, host, st):
         """One train step's call, both backends: the micro-batch's fit, and
@@ -548,5 +581,6 @@ class KerasRecorder(ContractRecorder, _Callback):
             self._abandon("the recorder failed: %s" % describe(e))
             sys.stderr.write("accumcheck_jax: the recorder failed, not recording: %s\n"
                              % describe(e))
+        self._queue = []
         if self._orig is not None:
             self.net.train_function = self._orig
