@@ -390,9 +390,14 @@ class KerasRecorder(ContractRecorder, _Callback):
                    for p, i in zip(trainable, rec._acc_index)]
             take = rec.layout.take
             state = [x for lst in rec._slots for x in take(jnp, [opt_vars[i] for i in lst])]
-            return (_pack(jnp, take(jnp, list(trainable))), _pack(jnp, take(jnp, g)),
-                    _pack(jnp, take(jnp, c)), _pack(jnp, take(jnp, acc)),
-                    opt_vars[rec._iter_index], lr, _pack(jnp, state))
+            # Keras's rule: the call its counter makes an update call.
+            update = (opt_vars[rec._iter_index] + 1) % rec.K == 0
+            # One vector (one transfer a step): p, g, c and acc on the kept
+            # coordinates, the lr, the update flag (0 or 1), the state's.
+            return _pack(jnp, take(jnp, list(trainable)) + take(jnp, g) + take(jnp, c)
+                         + take(jnp, acc) + [jnp.reshape(lr, (1,)),
+                                             jnp.reshape(update.astype(jnp.float32), (1,))]
+                         + state)
         return _jit_lean(jax, probe)
 
     def _before_step(self, state, batch):
@@ -428,14 +433,19 @@ class KerasRecorder(ContractRecorder, _Callback):
             return
         got = self.jax.device_get([e[0] for e in queue])
         unpack = self.keras.utils.unpack_x_y_sample_weight
-        for (p, g, c, acc, it, lr, st), (_, full, batch) in zip(got, queue):
+        d = self.layout.d
+        for vec, (_, full, batch) in zip(got, queue):
+            v = np.asarray(vec, dtype=np.float64)
             host = self.jax.tree_util.tree_map(np.asarray, tuple(unpack(batch)))
-            self._record(p, g, c, acc, it, lr, full, host, np.asarray(st, dtype=np.float64))
+            self._record(v[:d], v[d:2 * d], v[2 * d:3 * d], v[3 * d:4 * d], v[4 * d + 1] == 1,
+                         v[4 * d], full, host, v[4 * d + 2:])
 
-    def _record(self, p, g, c, acc, it, lr, full, host, st):
+    def _record(self, p, g, c, acc, update, lr, full, host, st):
         """One train step's call, both backends: the micro-batch's fit, and
-        what the accumulation hands the update; st: the kept coordinates
-        of the optimizer's per-variable state before the call."""
+        what the accumulation hands the update (update: whether the
+        optimizer's counter makes it an update call); st: the kept
+        coordinates of the optimizer's per-variable state before the
+        call."""
         self._state_now = st
         self._on_backward(p, g, c, full, host, packed=False)
         if len(self.since) == 1:
@@ -443,7 +453,6 @@ class KerasRecorder(ContractRecorder, _Callback):
         # What the accumulation hands the update on this call: Keras's rule,
         # (c + acc) / K in the parameters' precision on the call its counter
         # makes an update call, nothing on the others.
-        update = (int(it) + 1) % self.K == 0
         if update:
             c32 = np.asarray(c, dtype=np.float32)
             G = ((c32 + np.asarray(acc, dtype=np.float32)) / np.float32(self.K)) \
@@ -508,7 +517,7 @@ class KerasRecorder(ContractRecorder, _Callback):
         params = [v.value for v in self.net.trainable_variables]
         c = self.layout.host([np.zeros(t.shape, np.float32) if t.grad is None
                               else t.grad.detach().cpu().numpy() for t in params])
-        self._record(p, g, c, acc, it, lr, full, hostb, st)
+        self._record(p, g, c, acc, (it + 1) % self.K == 0, lr, full, hostb, st)
 
     def _state_host(self):
         """The kept coordinates of the optimizer's per-variable state, read
