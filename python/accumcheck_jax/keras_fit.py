@@ -318,10 +318,9 @@ class KerasRecorder(ContractRecorder, _Callback):
             return
         try:
             self._read_queue()   # the previous epoch's last steps
+            self.epoch()         # (and the calibrations queued)
         except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
             self._fail(e)
-            return
-        self.epoch()
 
     def on_train_end(self, logs=None):
         if self._orig is not None and self.net.train_function is not self._orig:
