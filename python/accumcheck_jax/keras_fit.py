@@ -60,11 +60,13 @@ from accumcheck_trace.trace import VERSION, Refused, describe, real
 
 from .capture import dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
+from .inbox import _INBOX_BYTES
 from .keras_torch import KerasTorch, _torch_grad
 
 # The JAX backend's train steps whose recorder program is read back
-# together (one wait on the device per READ_EVERY steps, not per step;
-# the queue holds READ_EVERY small vectors and their batches).
+# together: one wait on the device per READ_EVERY steps, not per step,
+# or sooner once the queued vectors hold the optax side's _INBOX_BYTES
+# (a large model's kept coordinates; the queue also holds the batches).
 READ_EVERY = 32
 
 
@@ -403,7 +405,8 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
             full = ([np.asarray(v) for v in trainable], [np.asarray(v) for v in non_trainable])
         self._seen += 1
         self._queue.append((out, full, batch))
-        if len(self._queue) >= READ_EVERY:
+        if len(self._queue) >= READ_EVERY or \
+                len(self._queue) * out.size * out.dtype.itemsize >= _INBOX_BYTES:
             self._read_queue()
 
     def _read_queue(self):

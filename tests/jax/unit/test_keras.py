@@ -58,6 +58,30 @@ def test_read_back_in_groups_keeps_every_step(tmp_path, accumcheck):
     assert "PASS (contract tier)" in r.stdout
 
 
+# The queue is read back sooner where its vectors reach the optax side's
+# _INBOX_BYTES (a large model's kept coordinates): a bound of 1 byte reads
+# each step's at once; the default, the 4 steps' at the fit's end.
+def test_read_back_bounded_by_bytes(tmp_path, monkeypatch):
+    from accumcheck_jax import keras_fit
+
+    def longest_queue(bound):
+        monkeypatch.setattr(keras_fit, "_INBOX_BYTES", bound)
+        out = tmp_path / str(bound)
+        rec = KerasRecorder(model(gradient_accumulation_steps=2), train_keras.summed_loss,
+                            out=str(out), quiet=True)
+        sizes, read = [], rec._read_queue
+
+        def spy():
+            sizes.append(len(rec._queue))
+            read()
+        rec._read_queue = spy
+        fit(rec.net, [rec])
+        assert (out / "complete.csv").exists() and not (out / "rank0.incomplete").exists()
+        return max(sizes)
+    assert longest_queue(1) == 1
+    assert longest_queue(16 << 20) == 4
+
+
 class _Jax:
     """A jax that compiles nothing: jit(fn, compiler_options) whose first
     call fails as a jaxlib that does not know an option does."""
