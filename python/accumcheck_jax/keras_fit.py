@@ -19,8 +19,9 @@ callback wraps the model's train function (made by fit before any
 callback runs) in a Python function that, before each train step,
 dispatches one program of the recorder's own on the step's input state
 and batch (its result, one vector, read back with the others every
-READ_EVERY steps, at each epoch's start and at the end: the host never
-waits on it per step), then calls the train step as it was.  The program
+READ_EVERY steps or _INBOX_BYTES, at each epoch's start and at the end:
+the host never waits on it per step), then calls the train step as it
+was.  The program
 (compiled lean: _jit_lean) computes, on d kept coordinates per variable
 (accumcheck_jax's layout):
   - g_j, the gradient of summed_loss at the parameters the step sees, and
@@ -387,8 +388,9 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         """Dispatches the recorder's program on the step's input state and
         batch, and queues its result (device arrays: the state itself is
         donated to the step, the program's outputs are not): read back
-        together every READ_EVERY steps, at each epoch's start and at the
-        end, so the host never waits on the device per step.  A
+        together every READ_EVERY steps (or _INBOX_BYTES), at each epoch's
+        start and at the end, so the host never waits on the device per
+        step.  A
         calibration sample's whole state is read now (the step consumes
         it)."""
         trainable, non_trainable, opt_vars, metrics_vars = state
