@@ -16,10 +16,14 @@ writer it reuses), judged by `accumcheck certify --contract`.
 
 How (a Keras callback; nothing of the run changes): when fit starts, the
 callback wraps the model's train function (made by fit before any
-callback runs) in a Python function that, before each train step, runs one
-program of the recorder's own on the step's input state and batch, read
-back at once, then calls the train step as it was.  The program computes,
-on d kept coordinates per variable (accumcheck_jax's layout):
+callback runs) in a Python function that, before each train step,
+dispatches one program of the recorder's own on the step's input state
+and batch (its result, one vector, read back with the others every
+READ_EVERY steps or _INBOX_BYTES, at each epoch's start and at the end:
+the host never waits on it per step), then calls the train step as it
+was.  The program
+(compiled lean: _jit_lean) computes, on d kept coordinates per variable
+(accumcheck_jax's layout):
   - g_j, the gradient of summed_loss at the parameters the step sees, and
     c_j, the gradient Keras's train step takes (jax.grad of the model's
     compute_loss_and_updates, the function train_step differentiates),
@@ -57,6 +61,55 @@ from accumcheck_trace.trace import VERSION, Refused, describe, real
 
 from .capture import dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
+from .inbox import _INBOX_BYTES
+from .keras_torch import KerasTorch, _torch_grad
+
+# The JAX backend's train steps whose recorder program is read back
+# together: one wait on the device per READ_EVERY steps, not per step,
+# or sooner once the queued vectors hold the optax side's _INBOX_BYTES
+# (a large model's kept coordinates; the queue also holds the batches).
+READ_EVERY = 32
+
+
+# How the recorder's two programs (its per-step program, the float64
+# calibration's gradient) are compiled on the CPU backend: XLA's backend
+# optimisation level 0 and its loop emitters instead of its MLIR fusion
+# emitters.  Their compilation, not their run, is most of what recording a
+# short fit costs (measured on the example's MLP, hidden 256: the float32
+# gradient compiles in 0.13 s at level 0 and 0.06 s with the loop emitters
+# too, against 0.17-0.21 s by default, and runs in 0.1 ms either way).
+# Only the recorder's own numbers can move (by rounding), never the run's.
+LEAN = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
+        {"xla_backend_optimization_level": 0})
+
+
+def _jit_lean(jax, fn):
+    """jax.jit(fn) compiled with the first of LEAN's options this jaxlib
+    knows (an unknown option fails the first call's compilation: the next
+    is tried); plain jax.jit on an accelerator or a jax without
+    compiler_options (0.4.30, keras 3.4.1's and 3.5.0's venvs)."""
+    if jax.default_backend() != "cpu":
+        return jax.jit(fn)
+    try:
+        tries = [jax.jit(fn, compiler_options=o) for o in LEAN]
+    except TypeError:
+        return jax.jit(fn)
+    tries.append(jax.jit(fn))
+    chosen = []
+
+    def call(*args):
+        if chosen:
+            return chosen[0](*args)
+        for i, f in enumerate(tries):
+            try:
+                out = f(*args)
+            except Exception as e:  # noqa: BLE001
+                if i + 1 < len(tries) and "compile option" in str(e):
+                    continue
+                raise
+            chosen.append(f)
+            return out
+    return call
 
 
 def idle_row(i, j, steps, p_before, p_after, state_changed=None):
@@ -127,13 +180,6 @@ except ImportError:  # pragma: no cover - the venv has it; _keras() says what to
     _Callback = object
 
 
-def _torch_rng(torch):
-    """torch's RNG states (CPU, and every CUDA device's once CUDA is up)
-    put back as they were when the block ends."""
-    up = torch.cuda.is_available() and torch.cuda.is_initialized()
-    return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if up else [])
-
-
 def _draws_random(model):
     """Whether a layer of the model draws random numbers (Dropout, noise):
     its float64 recompute would draw others (jax draws float64 uniforms
@@ -142,22 +188,7 @@ def _draws_random(model):
     return any(getattr(layer, "_seed_generators", None) for layer in layers)
 
 
-def _torch_grad(fn):
-    """jax.grad(fn) for the torch backend: fn(tv, ntv, batch)'s gradient
-    with respect to tv (numpy in, numpy out)."""
-    import torch
-
-    def grad(tv, ntv, batch):
-        ts = [torch.tensor(v, requires_grad=True) for v in tv]
-        with _torch_rng(torch), torch.enable_grad():
-            out = fn(ts, [torch.tensor(v) for v in ntv],
-                     tuple(None if a is None else torch.tensor(a) for a in batch))
-            gs = torch.autograd.grad(out, ts, allow_unused=True)
-        return [np.zeros(t.shape) if d is None else d.detach().numpy() for t, d in zip(ts, gs)]
-    return grad
-
-
-class KerasRecorder(ContractRecorder, _Callback):
+class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
     """KerasRecorder(model, summed_loss, count=None, out="trace",
     items="samples", run="trainer", lr=None, schedule=None, accept=(),
     calibrate_every=16, coordinates=4096, seed=0, quiet=False): a
@@ -214,6 +245,8 @@ class KerasRecorder(ContractRecorder, _Callback):
         self._idle = 0             # the idle rows written (calls that applied no update)
         self._slots = []           # the optimizer's per-variable state: lists of indices
         self._state_now = None     # the kept coordinates of that state, at the last read
+        self._queue = []           # steps whose program's result is not read back yet
+        self._seen = 0             # train steps seen (queued or taken in)
 
     # ---- the callback
 
@@ -266,8 +299,13 @@ class KerasRecorder(ContractRecorder, _Callback):
         model.train_function = train_function
 
     def on_epoch_begin(self, epoch, logs=None):
-        if not self.closed:
-            self.epoch()
+        if self.closed:
+            return
+        try:
+            self._read_queue()   # the previous epoch's last steps
+            self.epoch()         # (and the calibrations queued)
+        except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
+            self._fail(e)
 
     def on_train_end(self, logs=None):
         if self._orig is not None and self.net.train_function is not self._orig:
@@ -275,6 +313,7 @@ class KerasRecorder(ContractRecorder, _Callback):
         if self.closed:
             return
         try:
+            self._read_queue()
             if self.layout is not None:
                 self._state_now = self._state_host()  # after the last call
             self.close([self.keras.ops.convert_to_numpy(v.value) for v in self.net.trainable_variables])
@@ -335,12 +374,25 @@ class KerasRecorder(ContractRecorder, _Callback):
                    for p, i in zip(trainable, rec._acc_index)]
             take = rec.layout.take
             state = [x for lst in rec._slots for x in take(jnp, [opt_vars[i] for i in lst])]
-            return (_pack(jnp, take(jnp, list(trainable))), _pack(jnp, take(jnp, g)),
-                    _pack(jnp, take(jnp, c)), _pack(jnp, take(jnp, acc)),
-                    opt_vars[rec._iter_index], lr, _pack(jnp, state))
-        return jax.jit(probe)
+            # Keras's rule: the call its counter makes an update call.
+            update = (opt_vars[rec._iter_index] + 1) % rec.K == 0
+            # One vector (one transfer a step): p, g, c and acc on the kept
+            # coordinates, the lr, the update flag (0 or 1), the state's.
+            return _pack(jnp, take(jnp, list(trainable)) + take(jnp, g) + take(jnp, c)
+                         + take(jnp, acc) + [jnp.reshape(lr, (1,)),
+                                             jnp.reshape(update.astype(jnp.float32), (1,))]
+                         + state)
+        return _jit_lean(jax, probe)
 
     def _before_step(self, state, batch):
+        """Dispatches the recorder's program on the step's input state and
+        batch, and queues its result (device arrays: the state itself is
+        donated to the step, the program's outputs are not): read back
+        together every READ_EVERY steps (or _INBOX_BYTES), at each epoch's
+        start and at the end, so the host never waits on the device per
+        step.  A
+        calibration sample's whole state is read now (the step consumes
+        it)."""
         trainable, non_trainable, opt_vars, metrics_vars = state
         if self.layout is None:
             shapes = [tuple(v.shape) for v in trainable]
@@ -349,19 +401,37 @@ class KerasRecorder(ContractRecorder, _Callback):
             self.dtype = str(trainable[0].dtype)
             self._indices()
             self._probe = self._make_probe()
-        p, g, c, acc, it, lr, st = self.jax.device_get(
-            self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch))
+        out = self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch)
         full = None
-        if len(self.micro) % self.calibrate_every == 0:
+        if self._seen % self.calibrate_every == 0:
             full = ([np.asarray(v) for v in trainable], [np.asarray(v) for v in non_trainable])
-        host = self.jax.tree_util.tree_map(np.asarray,
-                                           tuple(self.keras.utils.unpack_x_y_sample_weight(batch)))
-        self._record(p, g, c, acc, it, lr, full, host, np.asarray(st, dtype=np.float64))
+        self._seen += 1
+        self._queue.append((out, full, batch))
+        if len(self._queue) >= READ_EVERY or \
+                len(self._queue) * out.size * out.dtype.itemsize >= _INBOX_BYTES:
+            self._read_queue()
 
-    def _record(self, p, g, c, acc, it, lr, full, host, st):
+    def _read_queue(self):
+        """The queued steps' programs read back at once, and taken in, in
+        order."""
+        queue, self._queue = self._queue, []
+        if not queue:
+            return
+        got = self.jax.device_get([e[0] for e in queue])
+        unpack = self.keras.utils.unpack_x_y_sample_weight
+        d = self.layout.d
+        for vec, (_, full, batch) in zip(got, queue):
+            v = np.asarray(vec, dtype=np.float64)
+            host = self.jax.tree_util.tree_map(np.asarray, tuple(unpack(batch)))
+            self._record(v[:d], v[d:2 * d], v[2 * d:3 * d], v[3 * d:4 * d], v[4 * d + 1] == 1,
+                         v[4 * d], full, host, v[4 * d + 2:])
+
+    def _record(self, p, g, c, acc, update, lr, full, host, st):
         """One train step's call, both backends: the micro-batch's fit, and
-        what the accumulation hands the update; st: the kept coordinates
-        of the optimizer's per-variable state before the call."""
+        what the accumulation hands the update (update: whether the
+        optimizer's counter makes it an update call); st: the kept
+        coordinates of the optimizer's per-variable state before the
+        call."""
         self._state_now = st
         self._on_backward(p, g, c, full, host, packed=False)
         if len(self.since) == 1:
@@ -369,7 +439,6 @@ class KerasRecorder(ContractRecorder, _Callback):
         # What the accumulation hands the update on this call: Keras's rule,
         # (c + acc) / K in the parameters' precision on the call its counter
         # makes an update call, nothing on the others.
-        update = (int(it) + 1) % self.K == 0
         if update:
             c32 = np.asarray(c, dtype=np.float32)
             G = ((c32 + np.asarray(acc, dtype=np.float32)) / np.float32(self.K)) \
@@ -380,61 +449,6 @@ class KerasRecorder(ContractRecorder, _Callback):
             self._refuse("two optimizer updates with no micro-batch between them")
         self.pending = (np.asarray(G, dtype=np.float64), None, float(lr), self.p_last, update,
                         len(self.micro) - 1, st)
-
-    # ---- the torch backend: a stateful train step (train_step's backward
-    # leaves each variable's .grad, c_j itself, after the step)
-
-    def _before_torch(self, batch):
-        """Before the step: the parameters, the accumulator, the counter and
-        the lr it starts from, and g_j from a forward of the recorder's own
-        (the model's non-trainable state, its seed generators and
-        statistics, put back as it was)."""
-        import torch
-        keras, model, opt = self.keras, self.net, self.opt
-        params = [v.value for v in model.trainable_variables]
-        if self.layout is None:
-            shapes = [tuple(t.shape) for t in params]
-            self.layout = _Leaves(shapes, self.coordinates, self.seed)
-            self.shapes = shapes
-            self.dtype = str(params[0].dtype).replace("torch.", "")
-            self._indices()
-        host = lambda t: t.detach().cpu().numpy()  # noqa: E731
-        p = self.layout.host([host(t) for t in params])
-        x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-        kept = [v.value.detach().clone() for v in model.non_trainable_variables]
-        try:
-            # torch's own RNG too (an unseeded Dropout draws from it): the
-            # train step then draws what it would have, the same masks.
-            with _torch_rng(torch), torch.enable_grad():
-                kw = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
-                loss = self.summed_loss(y, model(x, **kw), sw)
-                g = torch.autograd.grad(loss, params, allow_unused=True)
-        finally:
-            with torch.no_grad():
-                for v, t in zip(model.non_trainable_variables, kept):
-                    v.value.copy_(t)
-        g = self.layout.host([np.zeros(t.shape, np.float32) if d is None else host(d)
-                              for t, d in zip(params, g)])
-        ov = opt.variables
-        it = int(host(ov[self._iter_index].value))
-        acc = self.layout.host([np.zeros(t.shape, np.float32) if i is None else host(ov[i].value)
-                                for t, i in zip(params, self._acc_index)])
-        lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
-        st = self._state_host()
-        full = None
-        if len(self.micro) % self.calibrate_every == 0:
-            full = ([host(t).copy() for t in params],
-                    [host(v.value).copy() for v in model.non_trainable_variables])
-        hostb = tuple(None if a is None else self.jax.tree_util.tree_map(
-            lambda t: host(t) if hasattr(t, "detach") else np.asarray(t), a) for a in (x, y, sw))
-        return p, g, acc, it, lr, full, hostb, st
-
-    def _after_torch(self, p, g, acc, it, lr, full, hostb, st):
-        """After the step: c_j, the .grad train_step's backward left."""
-        params = [v.value for v in self.net.trainable_variables]
-        c = self.layout.host([np.zeros(t.shape, np.float32) if t.grad is None
-                              else t.grad.detach().cpu().numpy() for t in params])
-        self._record(p, g, c, acc, it, lr, full, hostb, st)
 
     def _state_host(self):
         """The kept coordinates of the optimizer's per-variable state, read
@@ -499,7 +513,7 @@ class KerasRecorder(ContractRecorder, _Callback):
                 if keras.backend.backend() == "torch":
                     self._grad64 = _torch_grad(user)
                 else:
-                    self._grad64 = jax.jit(jax.grad(user))
+                    self._grad64 = _jit_lean(jax, jax.grad(user))
             for j, (tv, ntv), batch, g32 in queued:
                 wide = [np.asarray(v, dtype=np.float64) for v in tv]
                 b64 = jax.tree_util.tree_map(
@@ -548,5 +562,6 @@ class KerasRecorder(ContractRecorder, _Callback):
             self._abandon("the recorder failed: %s" % describe(e))
             sys.stderr.write("accumcheck_jax: the recorder failed, not recording: %s\n"
                              % describe(e))
+        self._queue = []
         if self._orig is not None:
             self.net.train_function = self._orig

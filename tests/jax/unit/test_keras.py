@@ -42,6 +42,87 @@ def test_recording_changes_nothing(tmp_path, accumcheck):
     assert "PASS (contract tier)" in r.stdout
 
 
+# The JAX backend reads its program's results back every READ_EVERY (32)
+# train steps, at each epoch's start and at the end: the example's fit in
+# batches of 1 (48 steps an epoch) crosses all three, and every step is
+# taken in, in order (96 micro-batches, 72 calls that only accumulate).
+def test_read_back_in_groups_keeps_every_step(tmp_path, accumcheck):
+    argv = ["--case", "fit", "--batch", "1", "--quiet"]
+    plain = train_keras.main(argv + ["--no-record"])
+    recorded = train_keras.main(argv + ["--out", str(tmp_path / "t")])
+    same_bits(plain, recorded)
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok   weight fit: 96 backward passes" in r.stdout
+    assert "ok   calls without an update: 72 optimizer call(s)" in r.stdout
+    assert "PASS (contract tier)" in r.stdout
+
+
+# The queue is read back sooner where its vectors reach the optax side's
+# _INBOX_BYTES (a large model's kept coordinates): a bound of 1 byte reads
+# each step's at once; the default, the 4 steps' at the fit's end.
+def test_read_back_bounded_by_bytes(tmp_path, monkeypatch):
+    from accumcheck_jax import keras_fit
+
+    def longest_queue(bound):
+        monkeypatch.setattr(keras_fit, "_INBOX_BYTES", bound)
+        out = tmp_path / str(bound)
+        rec = KerasRecorder(model(gradient_accumulation_steps=2), train_keras.summed_loss,
+                            out=str(out), quiet=True)
+        sizes, read = [], rec._read_queue
+
+        def spy():
+            sizes.append(len(rec._queue))
+            read()
+        rec._read_queue = spy
+        fit(rec.net, [rec])
+        assert (out / "complete.csv").exists() and not (out / "rank0.incomplete").exists()
+        return max(sizes)
+    assert longest_queue(1) == 1
+    assert longest_queue(16 << 20) == 4
+
+
+class _Jax:
+    """A jax that compiles nothing: jit(fn, compiler_options) whose first
+    call fails as a jaxlib that does not know an option does."""
+
+    def __init__(self, takes_options=True, unknown=()):
+        self.takes_options, self.unknown, self.made = takes_options, unknown, []
+
+    def default_backend(self):
+        return "cpu"
+
+    def jit(self, fn, **kw):
+        if kw and not self.takes_options:
+            raise TypeError("jit() got an unexpected keyword argument 'compiler_options'")
+        options = kw.get("compiler_options", {})
+        self.made.append(options)
+
+        def call(*args):
+            bad = [k for k in options if k in self.unknown]
+            if bad:
+                raise RuntimeError("INVALID_ARGUMENT: No such compile option: '%s'" % bad[0])
+            return fn(*args), options
+        return call
+
+
+def test_lean_compilation_falls_back_where_jax_lacks_it():
+    from accumcheck_jax.keras_fit import LEAN, _jit_lean
+    # A jaxlib that knows every option: the first set, chosen once.
+    f = _jit_lean(_Jax(), lambda x: x + 1)
+    assert f(1) == (2, LEAN[0]) and f(2) == (3, LEAN[0])
+    # One without the loop-emitter option: level 0 alone; a genuine error
+    # is not taken for an unknown option.
+    f = _jit_lean(_Jax(unknown=("xla_cpu_use_fusion_emitters",)), lambda x: x + 1)
+    assert f(1) == (2, LEAN[1])
+    f = _jit_lean(_Jax(), lambda x: 1 / x)
+    with pytest.raises(ZeroDivisionError):
+        f(0)
+    # jax 0.4.30 (keras 3.4.1's and 3.5.0's venvs): no compiler_options.
+    f = _jit_lean(_Jax(takes_options=False), lambda x: x + 1)
+    assert f(1) == (2, {})
+
+
 def certify(accumcheck, folder):
     return subprocess.run([accumcheck, "certify", "--contract", "--trace", str(folder)],
                           check=False, capture_output=True, text=True)
