@@ -20,6 +20,8 @@ cell ends: {"case": CASE, "rc": exit status,
 import atexit
 import gc
 import importlib
+import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -45,6 +47,13 @@ WARM = {
 
 JAX_BASED = ("optax", "flax", "keras")
 
+# Frameworks whose import fixes a choice each cell makes for itself: Keras
+# reads KERAS_BACKEND once, at its import, and a keras row's cells run on
+# the JAX backend and on torch's (torch_*, tests/frameworks/keras_fit.py
+# sets it in the forked cell).  The parent finds it and reads its version
+# without importing it; each cell imports it.
+IMPORTED_PER_CELL = ("keras",)
+
 
 def warm(framework):
     """Imports what the framework's cells share, in this (the parent)
@@ -58,6 +67,12 @@ def warm(framework):
     first = ["jax"] if framework in JAX_BASED else ["torch"]
     module = framework.replace("-", "_")
     for name in first + [module]:
+        if name == module and framework in IMPORTED_PER_CELL:
+            if importlib.util.find_spec(name) is None:
+                said.update(ok=False, error="ModuleNotFoundError: No module named '%s'" % name)
+                break
+            said["version"] = importlib.metadata.version(name)
+            continue
         try:
             m = importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 -- the check's failure; the cell meets it too
@@ -66,7 +81,8 @@ def warm(framework):
         if name == (module if framework in JAX_BASED else "torch"):
             said["version"] = str(getattr(m, "__version__", ""))
     base = ["accumcheck_jax"] if framework in JAX_BASED else ["accumcheck_torch"]
-    for name in base + WARM.get(framework, [module]):
+    shared = [] if framework in IMPORTED_PER_CELL else WARM.get(framework, [module])
+    for name in base + shared:
         try:
             importlib.import_module(name)
         except Exception:  # the cell meets it again and says so

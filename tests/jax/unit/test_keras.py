@@ -181,3 +181,19 @@ def test_bad_input_says_what_to_pass(tmp_path, monkeypatch, make, said):
     with pytest.raises(Refused) as e:
         make()
     assert said in str(e.value)
+
+
+def test_conformance_cells_leave_the_backend_to_each_cell():
+    """bench/conformance/cells.py's parent process (which forks a keras
+    row's cells, the torch_* ones on Keras's torch backend) reads Keras's
+    version without importing it: Keras fixes its backend at its import."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    probe = ("import json, sys; sys.path.insert(0, %r); import cells; said = cells.warm('keras'); "
+             "print(json.dumps([said, 'keras' in sys.modules]))" % os.path.join(root, "bench", "conformance"))
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    out = subprocess.run([os.sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                         check=True).stdout.strip().splitlines()[-1]
+    import json
+    said, imported = json.loads(out)
+    assert said["ok"] and said["version"] == keras.__version__, said
+    assert not imported
