@@ -67,7 +67,8 @@ def main():
     p.add_argument("--python", help="the recorder measured: accumcheck_jax imported from DIR")
     args = p.parse_args()
     import accumcheck_jax
-    print("recorder: %s" % os.path.dirname(os.path.dirname(os.path.abspath(accumcheck_jax.__file__))))
+    print("recorder: %s" % os.path.dirname(os.path.dirname(
+        os.path.abspath(accumcheck_jax.__file__))))
     print("load average: %.2f %.2f %.2f" % os.getloadavg())
     worst = 0.0
     print("| model | loop | path | K | micro-batches | plain CPU s | recorded CPU s | ratio "
