@@ -216,7 +216,8 @@ class Outputs:
         """The weights of the queued micro-batches on the output path read
         at their outputs, in order: each one's program (s_j and its dot
         products with u_j, on the device) dispatched, then all read back
-        at once (3 numbers per output, not s_j)."""
+        at once (3 numbers per output, not s_j; on the CPU backend s_j,
+        read in place, and the host takes the dots)."""
         fast = [e for e in queued if e[0] == "fast"]
         dots, on_host = [], []
         for e, tap in zip(fast, taps):
