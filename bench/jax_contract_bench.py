@@ -17,6 +17,12 @@ work, side by side, at a load average of about 20).
 
     .venv-jax/bin/python bench/jax_contract_bench.py [--repeats 3] [--loops hand,multisteps,nnx]
         [--models tiny,wide,large] [--K 4,16] [--scale 1,4] [--paths apply,full]
+        [--python DIR]
+
+--python DIR measures the recorder of another checkout (accumcheck_jax
+imported from DIR, e.g. an older commit's python/ from `git archive`), the
+loops this checkout's: run it and this checkout's in turns, row by row, to
+compare two recorders beside each other (the machine's speed drifts).
 """
 
 import argparse
@@ -27,6 +33,9 @@ import time
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(here, "..", "python"), os.path.join(here, "..", "examples", "jax")]
+if "--python" in sys.argv[:-1]:  # the recorder imported from there, before train_optax's own
+    sys.path.insert(0, os.path.abspath(sys.argv[sys.argv.index("--python") + 1]))
+    import accumcheck_jax  # noqa: E402,F401
 
 import train_optax  # noqa: E402  (from examples/jax, put on the path above)
 
@@ -55,7 +64,12 @@ def main():
     p.add_argument("--scale", default="1",
                    help="run lengths: the model's epochs times each (e.g. 1,4: the curve of "
                         "the recorder's fixed cost against its cost per micro-batch)")
+    p.add_argument("--python", help="the recorder measured: accumcheck_jax imported from DIR")
     args = p.parse_args()
+    import accumcheck_jax
+    print("recorder: %s" % os.path.dirname(os.path.dirname(
+        os.path.abspath(accumcheck_jax.__file__))))
+    print("load average: %.2f %.2f %.2f" % os.getloadavg())
     worst = 0.0
     print("| model | loop | path | K | micro-batches | plain CPU s | recorded CPU s | ratio "
           "| plain wall s | recorded wall s |")
@@ -79,6 +93,7 @@ def main():
                               % (model, loop, path, K, samples // 16 * epochs * scale, plain[0],
                                  recorded[0], ratio, plain[1], recorded[1]),
                               flush=True)
+    print("load average: %.2f %.2f %.2f" % os.getloadavg())
     print("worst %.2fx of the plain run's CPU time (budget 1.5x)" % worst)
     return 0 if worst <= 1.5 else 1
 

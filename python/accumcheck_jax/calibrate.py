@@ -4,7 +4,7 @@ from the whole state that micro-batch saw (a mixin of ContractRecorder)."""
 
 import numpy as np
 
-from .capture import _enable_x64, _jit_rare, norm
+from .capture import _enable_x64, _jit_rare, _pack, norm
 
 
 class Calibrate:
@@ -20,23 +20,29 @@ class Calibrate:
 
     def _g64(self, full, batch):
         """g_j in float64 (its kept coordinates) from the whole state the
-        micro-batch saw (host numpy leaves) and its batch."""
+        micro-batch saw (host numpy leaves) and its batch.  One program of
+        the recorder's, compiled once: the state and the batch widened to
+        float64 inside it (exact) and only the kept coordinates of the
+        gradient returned, so the host neither converts the state (4.6 ms
+        of the wide MLP's 26 ms a calibration, measured) nor reads back
+        and indexes a float64 copy of every parameter."""
         jax = self.jax
         with _enable_x64(jax):
             if self._grad64 is None:
-                if self.nnx_graph is not None:
-                    from flax import nnx
-                    self._grad64 = nnx.jit(self.grad_transform(self.summed_loss))
-                else:
-                    self._grad64 = _jit_rare(jax, self.grad_transform(self.summed_loss))
-            wide = [x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
-                    for x in full]
-            first = self._first_of(wide)
-            b64 = jax.tree_util.tree_map(
-                lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
-                batch)
-            g64 = self._plain(self._grad64, first, b64)
-            return self.layout.host(jax.tree_util.tree_leaves(g64))
+                rec = self
+
+                def grad64(leaves, batch):
+                    jnp = jax.numpy
+
+                    def wide(x):
+                        return x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) \
+                            else x
+                    first = rec._first_of([wide(x) for x in leaves])
+                    g = rec.grad_transform(rec.summed_loss)(first, jax.tree_util.tree_map(wide,
+                                                                                         batch))
+                    return _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(g)))
+                self._grad64 = _jit_rare(jax, grad64)
+            return np.asarray(self._plain(self._grad64, list(full), batch), dtype=np.float64)
 
     def _g32(self, full, batch):
         """g_j in the model's own precision (its kept coordinates), the full

@@ -150,6 +150,7 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         self.calibrate = []      # (j, full parameter leaves, batch, g32 kept)
         self._grad64 = None      # the float64 gradient, jitted once
         self._probe = None       # the eager path's program (_eager)
+        self._waited = None      # weak references to the parameters of the last wait
         self._marked = 0.0       # when the marker was last rewritten
         self.lr0 = None
         self.lr_precision = "float32"  # optax's inject_hyperparams holds it so

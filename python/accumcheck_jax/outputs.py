@@ -88,6 +88,8 @@ class Outputs:
         self.notes = []
         self._take_prog = None   # the kept coordinates of the parameters and of c_j
         self._s_prog = None      # s_j from the outputs
+        # s_j's dots taken on the host (the CPU backend: _dots_of)
+        self._host_dots = self.jax.default_backend() == "cpu"
         self._grad32 = None      # the full path's gradient at a calibration sample (_premise)
         self.traced_grad = False
 
@@ -214,13 +216,17 @@ class Outputs:
         """The weights of the queued micro-batches on the output path read
         at their outputs, in order: each one's program (s_j and its dot
         products with u_j, on the device) dispatched, then all read back
-        at once (3 numbers per output, not s_j)."""
+        at once (3 numbers per output, not s_j; on the CPU backend s_j,
+        read in place, and the host takes the dots)."""
         fast = [e for e in queued if e[0] == "fast"]
-        dots = []
+        dots, on_host = [], []
         for e, tap in zip(fast, taps):
             dots.append(None if tap is None or self.no_take else self._dots_of(tap, e[3]))
+            on_host.append(None if dots[-1] is None or not self._host_dots else tap[1])
         got = iter(self.jax.device_get([d for d in dots if d is not None]))
-        return iter([None if d is None else _fit_dots(np.asarray(next(got))) for d in dots])
+        return iter([None if d is None else _fit_dots(
+            np.asarray(next(got)) if u is None else _dots_on_host(u, next(got)))
+            for d, u in zip(dots, on_host)])
 
     def _on_fast(self, p, c, full, batch, fit):
         """A micro-batch on the output path taken in: its weight read at
@@ -275,12 +281,18 @@ class Outputs:
         parameters zeros: read only through it), and per output u.s, s.s
         and |u - (u.s / s.s) s|^2 in float64, on the device (the program
         traced in jax's float64 scope: the outputs keep their dtype, s_j
-        is the summed loss's own in their precision).  None where
-        summed_loss does not call the wrapped forward once (the note said
-        so; the full path from here on)."""
+        is the summed loss's own in their precision).  On the CPU backend
+        the program is s_j alone and the host takes the dots
+        (_dots_on_host): u_j is on the host already (the tap handed it
+        over), s_j is read in place, and a program without the float64
+        dots compiles in 0.085 s against 0.14 s (measured: s_j of a
+        16 x 4 output).  None where summed_loss does not call the wrapped
+        forward once (the note said so; the full path from here on)."""
         jax = self.jax
         outputs = jax.tree_util.tree_unflatten(self.out_treedef, list(tap[0]))
         try:
+            if self._host_dots:
+                return self._s_program()(outputs, batch)
             with _enable_x64(jax):
                 return self._s_program()(outputs, list(tap[1]), batch)
         except _NotOneForward as e:
@@ -294,7 +306,10 @@ class Outputs:
             rec = self
             shapes = self.state_shapes
 
-            def s_dots(outputs, u, batch):
+            host = self._host_dots
+
+            def s_dots(outputs, *u_batch):
+                u, batch = u_batch if not host else (None, u_batch[0])
                 jnp = jax.numpy
                 # The parameters (a Flax NNX model: its whole state) zeros:
                 # read only through the forward, which the outputs replace.
@@ -315,6 +330,8 @@ class Outputs:
                         raise _NotOneForward(rec.substituted)
                     return value
                 s = jax.tree_util.tree_leaves(jax.grad(loss)(outputs))
+                if host:
+                    return s
                 out = []
                 for s_leaf, u_leaf in zip(s, u):
                     s64 = jnp.reshape(s_leaf, (-1,)).astype(jnp.float64)
@@ -357,6 +374,19 @@ class Outputs:
                       "parameters by another path" % (j, lin))
             return None
         return lin
+
+
+def _dots_on_host(u, s):
+    """_s_program's dots on the host, in float64 (summed by numpy, not the
+    BLAS: capture.dot): per output u.s, s.s and |u - (u.s / s.s) s|^2."""
+    out = []
+    for u_leaf, s_leaf in zip(u, s):
+        u64 = np.asarray(u_leaf, dtype=np.float64).reshape(-1)
+        s64 = np.asarray(s_leaf, dtype=np.float64).reshape(-1)
+        us, ss = dot(u64, s64), dot(s64, s64)
+        w = us / ss if ss > 0 else 0.0
+        out += [us, ss, dot(u64 - w * s64, u64 - w * s64)]
+    return np.asarray(out, dtype=np.float64)
 
 
 def _in_host_memory(leaves):

@@ -17,7 +17,7 @@ import pytest
 import train_optax
 from accumcheck_jax import ContractRecorder
 from accumcheck_jax import outputs
-from accumcheck_jax.outputs import _fit_dots
+from accumcheck_jax.outputs import _dots_on_host, _fit_dots
 from accumcheck_trace import error_model
 
 
@@ -157,13 +157,17 @@ def test_premise_allows_float32_own_error(tmp_path):
     assert float(row.group(1)) == error_model.CONTRACT_FIT_CALIBRATION
 
 
-def test_dots_on_the_device_match_the_host(tmp_path):
+@pytest.mark.parametrize("host_dots", [False, True])
+def test_dots_on_the_device_match_the_host(tmp_path, host_dots):
     """The device program's weight and residual of u = w s (s_j through
     the summed loss at the tapped outputs, the dots in float64) are the
-    host's float64 least squares on the same s and u."""
+    host's float64 least squares on the same s and u; so are the CPU
+    backend's (host_dots: the program s_j alone, the dots the host's,
+    _dots_on_host)."""
     box = {"forward": logits}
     rec = ContractRecorder(ce(lambda p, x: box["forward"](p, x)), lambda b: len(b[1]),
                            accumulation=1, out=str(tmp_path / "t"))
+    rec._host_dots = host_dots
     box["forward"] = rec.apply(logits)
     params = {"w1": jnp.zeros((6, 8)), "w2": jnp.zeros((8, 3))}
     rec.shapes, rec.p_dtypes = [(6, 8), (8, 3)], [jnp.float32, jnp.float32]
@@ -176,7 +180,8 @@ def test_dots_on_the_device_match_the_host(tmp_path):
     s = np.asarray(jax.grad(lambda z: -jnp.sum(jnp.take_along_axis(
         jax.nn.log_softmax(z), batch[1][:, None], axis=1)))(o), np.float64)
     u = (2.0 * s + 1e-3 * rng.standard_normal(s.shape)).astype(np.float32)
-    w, resid = _fit_dots(np.asarray(jax.device_get(rec._dots_of(([o], [u]), batch))))
+    got = jax.device_get(rec._dots_of(([o], [u]), batch))
+    w, resid = _fit_dots(_dots_on_host([u], got) if host_dots else np.asarray(got))
     u64 = u.astype(np.float64).ravel()
     s64 = s.ravel()
     w_host = float(u64 @ s64 / (s64 @ s64))

@@ -139,3 +139,51 @@ def test_warmup_and_sampled_coordinates(tmp_path, accumcheck):
     # w1 8x16 and w2 16x4 sampled to 20 each; b1 (16) and b2 (4) whole.
     assert meta["parameters"] == str(20 + 16 + 20 + 4)
     certified(accumcheck, out)
+
+
+def test_waits_once_per_parameter_set(tmp_path, monkeypatch):
+    """The recorder waits for the program that made the parameters (so
+    that the optimizer's callback is taken in before the micro-batch) only
+    when they are new arrays: the hand loop's 22 micro-batches (44 samples
+    in micro-batches of 4, K = 4, 2 epochs: 6 steps) see 6 parameter sets
+    (the first, and those of the 5 steps a micro-batch follows)."""
+    from accumcheck_jax import inbox
+    waited, calls = [], []
+    same = inbox.Inbox._same_arrays
+
+    def counted(self, leaves):
+        calls.append(1)
+        seen = same(self, leaves)
+        if not seen:
+            waited.append(1)
+        return seen
+    monkeypatch.setattr(inbox.Inbox, "_same_arrays", counted)
+    train_optax.main(["--loop", "hand", "--out", str(tmp_path / "t"), "--quiet"])
+    assert (len(calls), len(waited)) == (22, 6)
+
+
+def test_calibration_gradient_is_float64(tmp_path):
+    """The calibration's g_j (calibrate.py _g64: the state and the batch
+    widened inside its program, only the kept coordinates returned) is
+    jax's float64 gradient of summed_loss at the float64 state, at the
+    kept coordinates: not the float32 one."""
+    rec = ContractRecorder(train_optax.summed_loss, items, accumulation=1,
+                           out=str(tmp_path / "t"), coordinates=20)
+    params = train_optax.init_params(8, 16, 4)
+    x, y = train_optax.data(4, 8, 4)
+    batch = (x, y)
+    rec.grad(jax.jit(jax.grad(train_optax.summed_loss)))(params, batch)
+    full = leaves(params)
+    got = rec._g64(full, batch)
+    with jax.enable_x64(True):
+        wide = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+        g64 = jax.grad(train_optax.summed_loss)(wide, (x.astype(np.float64), y))
+        want = rec.layout.host(jax.tree_util.tree_leaves(g64))
+    assert got.dtype == np.float64 and got.shape == want.shape == (rec.layout.d,)
+    # Both float64 evaluations of the same sums (8 features, 16 hidden
+    # units, 4 classes, 4 samples: 32 terms along the longest chain), each
+    # within 32 u of exact (u = 2^-53, float64's unit roundoff: the
+    # standard bound for a sum of n terms, n u), so within 2 * 32 u of
+    # each other; a float32 gradient is some 1e-8 of the norm away.
+    assert np.linalg.norm(got - want) <= 2 * 32 * 2.0 ** -53 * np.linalg.norm(want)
+    rec._abandon("test")
