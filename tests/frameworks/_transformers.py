@@ -28,7 +28,7 @@ def train(args, model, **kw):
 
 def trained(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, schedule="constant",
             warmup=0, warmup_ratio=0.0, clip=0.0, gradient_checkpointing=False, gradient_checkpointing_kwargs=None,
-            blind=False, attach=False, bf16=False, **recorder):
+            blind=False, attach=False, bf16=False, fp16=False, **recorder):
     """Trainer(model, TrainingArguments(gradient_accumulation_steps=K, ...))
     on n variable-length sequences, micro-batches of `batch`.  optim 'sgd':
     torch.optim.SGD(lr) without momentum passed as optimizers=(sgd, None);
@@ -37,7 +37,9 @@ def trained(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, sche
     handler passes its callbacks no model, optimizer or train DataLoader (a
     release that does not: blind_handler); attach: the callback attached with
     integrations.transformers.attach(trainer) instead of callbacks=[...];
-    bf16: TrainingArguments(bf16=True), the forward under bfloat16 autocast.
+    bf16: TrainingArguments(bf16=True), the forward under bfloat16 autocast;
+    fp16: TrainingArguments(fp16=True), under float16 autocast (on the CPU
+    no loss scaler: Accelerate makes a GradScaler on an accelerator only).
     warmup_ratio: the warmup as a fraction of the Trainer's step budget
     (TrainingArguments' warmup_ratio; Transformers 5 has none and reads a
     warmup_steps below 1 as that ratio).
@@ -61,7 +63,7 @@ def trained(args, model, K=4, batch=2, n=24, epochs=2, optim="sgd", lr=0.1, sche
             max_grad_norm=clip, weight_decay=0.0, optim="adamw_torch",
             report_to="none", save_strategy="no", logging_strategy="no", use_cpu=True,
             disable_tqdm=True, seed=0, dataloader_num_workers=0,
-            gradient_checkpointing=gradient_checkpointing, bf16=bf16,
+            gradient_checkpointing=gradient_checkpointing, bf16=bf16, fp16=fp16,
             gradient_checkpointing_kwargs=gradient_checkpointing_kwargs,
             ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
             **ratio)

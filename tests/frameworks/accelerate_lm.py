@@ -22,6 +22,9 @@ Variants:
         partial-cycle-scale-by-k+token-mean-of-means
   sum_bf16  sum under Accelerator(mixed_precision="bf16"): the forward in
         bfloat16 autocast, the weights read in bfloat16's precision: PASS
+  sum_fp16  sum under Accelerator(mixed_precision="fp16"): float16 autocast
+        where the release applies it on the CPU (no GradScaler there), the
+        weights read in float16's precision: PASS
   prefetch_accumulate  the same window drawn first, each micro-batch inside
         `with accelerator.accumulate(model)` with step/zero_grad in it: the
         loader flags its end when the last batch is DRAWN, so accumulate()
@@ -37,7 +40,7 @@ import torch.nn.functional as F
 
 import _tiny
 
-VARIANTS = ["mean", "sum", "prefetch_accumulate", "sum_bf16"]
+VARIANTS = ["mean", "sum", "prefetch_accumulate", "sum_bf16", "sum_fp16"]
 K, EPOCHS, BATCH = 4, 2, 4
 
 
@@ -49,7 +52,7 @@ def main(argv=None):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     accelerator = Accelerator(gradient_accumulation_steps=K, cpu=True,
-                              mixed_precision="bf16" if a.variant == "sum_bf16" else "no")
+                              mixed_precision={"sum_bf16": "bf16", "sum_fp16": "fp16"}.get(a.variant, "no"))
     model = _tiny.TinyCausal()
     loader = torch.utils.data.DataLoader(_tiny.VariableTokens(48), batch_size=BATCH, shuffle=True,
                                          collate_fn=_tiny.collate,
@@ -82,7 +85,7 @@ def main(argv=None):
                                              batch["labels"][:, 1:].flatten(),
                                              ignore_index=-100, reduction="sum")
                     accelerator.backward(summed * scale)
-                if a.variant in ("sum", "sum_bf16"):
+                if a.variant in ("sum", "sum_bf16", "sum_fp16"):
                     if i + 1 < len(window):
                         with accelerator.no_sync(model):
                             micro()
@@ -93,7 +96,7 @@ def main(argv=None):
                     micro()
                     optimizer.step()
                     optimizer.zero_grad()
-            if a.variant in ("sum", "sum_bf16"):
+            if a.variant in ("sum", "sum_bf16", "sum_fp16"):
                 optimizer.step()
                 optimizer.zero_grad()
     if rec is not None:

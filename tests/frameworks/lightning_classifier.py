@@ -28,7 +28,10 @@ Variants:
                partial-cycle-scale-by-k+loss-divided-by-k-twice
   sgd_bf16     as sgd under Trainer(precision="bf16-mixed") (bfloat16
                autocast): the same partial-cycle-scale-by-k, read in
-               bfloat16's precision"""
+               bfloat16's precision
+  sgd_fp16     as sgd under Trainer(precision="16-mixed") (float16
+               autocast; on the CPU no GradScaler): the same, read in
+               float16's precision"""
 
 import sys
 
@@ -36,7 +39,8 @@ import torch
 
 import _tiny
 
-VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch", "sgd_2ranks", "div_k", "sgd_bf16"]
+VARIANTS = ["sgd", "accept", "clip", "sched_step", "sched_epoch", "sgd_2ranks", "div_k", "sgd_bf16",
+            "sgd_fp16"]
 K, EPOCHS, BATCH = 4, 2, 4
 WARMUP, TOTAL = 2, 6  # optimizer steps: 3 per epoch
 
@@ -81,7 +85,7 @@ def main(argv=None):
                                          generator=torch.Generator().manual_seed(1))
     callbacks = []
     if not a.no_record:
-        accept = [] if a.variant in ("sgd", "sgd_2ranks", "div_k", "sgd_bf16") \
+        accept = [] if a.variant in ("sgd", "sgd_2ranks", "div_k", "sgd_bf16", "sgd_fp16") \
             else ["partial-cycle-scale-by-k"]
         schedule = "linear" if a.variant.startswith("sched") else None
         callbacks.append(AccumcheckCallback(out=a.out, accept=accept, schedule=schedule,
@@ -92,7 +96,7 @@ def main(argv=None):
                          enable_progress_bar=False, enable_model_summary=False,
                          gradient_clip_val=0.5 if a.variant == "clip" else None,
                          # precision only where it is asked: 2.0's Trainer refuses None
-                         precision="bf16-mixed" if a.variant == "sgd_bf16" else "32-true",
+                         precision={"sgd_bf16": "bf16-mixed", "sgd_fp16": "16-mixed"}.get(a.variant, "32-true"),
                          callbacks=callbacks + _tiny.lightning_digests(a))
     trainer.fit(module, loader)
     return 0
