@@ -106,6 +106,9 @@ const std::vector<Property>& ddp_properties();
 const std::vector<Property>& ramp_properties();
 // Window cutting, drawing and scheduler order (properties/loop_properties.cpp).
 const std::vector<Property>& loop_properties();
+// The mistakes only a framework's loop makes, and windows carried across an
+// epoch's end (properties/framework_loop_properties.cpp).
+const std::vector<Property>& framework_loop_properties();
 // The coefficient engine against the oracle
 // (properties/contract_properties.cpp).
 const std::vector<Property>& contract_properties();

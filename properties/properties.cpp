@@ -585,6 +585,7 @@ const std::vector<Property>& all_properties() {
     for (const Property& p : norm_properties()) v.push_back(p);
     for (const Property& p : ramp_properties()) v.push_back(p);
     for (const Property& p : loop_properties()) v.push_back(p);
+    for (const Property& p : framework_loop_properties()) v.push_back(p);
     for (const Property& p : contract_properties()) v.push_back(p);
     for (const Property& p : ddp_properties()) v.push_back(p);
     for (const Property& p : precision_properties()) v.push_back(p);

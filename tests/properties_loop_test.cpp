@@ -1,5 +1,6 @@
 // The window-cutting, drawing and scheduler-order properties of
-// properties/loop_properties.cpp as RC_GTEST_PROP tests.
+// properties/loop_properties.cpp and the framework loops' of
+// properties/framework_loop_properties.cpp as RC_GTEST_PROP tests.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
