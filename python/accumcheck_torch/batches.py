@@ -57,18 +57,22 @@ def _rebuilt(seq, items):
     return type(seq)(*items) if hasattr(seq, "_fields") else type(seq)(items)
 
 
-def _replaced(output, new):
+def _replaced(output, new, depth=0):
     """output with its tensors whose id is in `new` replaced by new[id]
-    (a tensor, a tuple or list, a dict, nested as _out_tensors reads it)."""
+    (a tensor, a tuple or list, a dict (a Transformers ModelOutput),
+    nested as outputs._out_tensors reads them: to its depth, below which it
+    finds no tensor to replace)."""
     if torch.is_tensor(output):
         return new.get(id(output), output)
+    if depth > 4:
+        return output
     if isinstance(output, dict):
         out = copy.copy(output)
         for k, v in output.items():
-            out[k] = _replaced(v, new)
+            out[k] = _replaced(v, new, depth + 1)
         return out
     if isinstance(output, (list, tuple)):
-        return _rebuilt(output, [_replaced(v, new) for v in output])
+        return _rebuilt(output, [_replaced(v, new, depth + 1) for v in output])
     return output
 
 

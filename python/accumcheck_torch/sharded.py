@@ -4,12 +4,12 @@ forward's outputs with no copy of the model and nothing recomputed
 gradient (_ShardFit), and a parameter's whole size where only its shard
 exists (_Whole)."""
 
-import copy
 import warnings
 
 import torch
 import torch.distributed as dist
 
+from .batches import _replaced
 from .guard import _never_raises
 from .recompute import _rng_states, _set_rng_states
 
@@ -23,25 +23,6 @@ class _Whole:
 
     def numel(self):
         return self._numel
-
-
-def _swap(output, new, depth=0):
-    """The forward's output with each of its tensors in `new` (by id)
-    replaced by its stand-in: a tensor, a tuple or list, a dict (a
-    Transformers ModelOutput), nested as outputs._out_tensors walks them."""
-    if torch.is_tensor(output):
-        return new.get(id(output), output)
-    if depth > 4:
-        return output
-    if isinstance(output, dict):
-        out = copy.copy(output)
-        for k, v in output.items():
-            out[k] = _swap(v, new, depth + 1)
-        return out
-    if isinstance(output, (list, tuple)):
-        items = [_swap(v, new, depth + 1) for v in output]
-        return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)
-    return output
 
 
 class _FromOutputs:
@@ -80,7 +61,7 @@ class _FromOutputs:
 
     def _loss_view(self, output, outs):
         leaves = [t.detach().requires_grad_() for t in outs]
-        return _swap(output, {id(t): d for t, d in zip(outs, leaves)}), leaves
+        return _replaced(output, {id(t): d for t, d in zip(outs, leaves)}), leaves
 
     def _premise_structure(self, loss, j):
         """The loss, computed on detached outputs, must reach no parameter
