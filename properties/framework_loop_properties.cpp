@@ -18,6 +18,7 @@
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
 #include "properties/loop_groups.hpp"
+#include "properties/windows.hpp"
 #include "sim/lr_schedule.hpp"
 
 namespace accumcheck::properties {
@@ -32,12 +33,9 @@ namespace {
 // DDP's average).
 void loss_divided_by_k_twice() {
   const std::string name = "framework.loss-divided-by-k-twice";
-  Triggers t;
-  t.pitfalls = {Pitfall::loss_divided_by_k_twice};
+  Triggers t = gradient_triggers({Pitfall::loss_divided_by_k_twice});
   t.partial_window = *rc::gen::arbitrary<bool>();
   t.max_ranks = 2;
-  t.no_clip = true;
-  t.no_weight_decay = true;
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const int64_t K = s.batching.accumulation;
@@ -68,12 +66,10 @@ void loss_divided_by_k_twice() {
 // whole window); every other window as correct.
 void end_of_loader() {
   const std::string name = "framework.end-of-loader";
-  Triggers t;
-  t.pitfalls = {Pitfall::end_of_loader_syncs_every_micro_batch};
+  Triggers t =
+      gradient_triggers({Pitfall::end_of_loader_syncs_every_micro_batch});
   t.partial_window = *rc::gen::arbitrary<bool>();
   t.max_ranks = 2;
-  t.no_clip = true;
-  t.no_weight_decay = true;
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const Plan full = materialize(c.plan);
@@ -148,12 +144,9 @@ void items_per_fetch_group() {
   const std::string name = "window.items-per-fetch-group";
   const Pitfall across = Pitfall::window_counter_across_epochs;
   const Pitfall fetch = Pitfall::items_counted_per_fetch_group;
-  Triggers t;
-  t.pitfalls = {across, fetch};
+  Triggers t = gradient_triggers({across, fetch});
   t.partial_window = true;
   t.max_ranks = 2;
-  t.no_clip = true;
-  t.no_weight_decay = true;
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const int64_t K = s.batching.accumulation;
@@ -223,10 +216,7 @@ void items_per_fetch_group() {
 // with 1 <= N mod K < r, over R = 1 or 2 ranks of N / R samples each.
 void last_fetch_in_samples() {
   const std::string name = "window.last-fetch-in-samples";
-  Triggers t;
-  t.pitfalls = {Pitfall::last_fetch_sized_in_samples};
-  t.no_clip = true;
-  t.no_weight_decay = true;
+  Triggers t = gradient_triggers({Pitfall::last_fetch_sized_in_samples});
   Scenario s = *scenario(t).as("scenario");
   const int64_t K = *rc::gen::inRange<int64_t>(3, 6).as("K");
   const int64_t r = *rc::gen::inRange<int64_t>(2, K).as("M mod K");
@@ -291,11 +281,8 @@ void last_fetch_in_samples() {
 // windows, no clip or weight decay (each step's gradient is then the sum
 // of its parts'), two epochs or three (a leftover that joins the next).
 Scenario across_epochs_scenario(Pitfall p) {
-  Triggers t;
-  t.pitfalls = {p};
+  Triggers t = gradient_triggers({p});
   t.partial_window = true;
-  t.no_clip = true;
-  t.no_weight_decay = true;
   Scenario s = *scenario(t).as("scenario");
   s.batching.epochs = *rc::gen::inRange<int64_t>(2, 4).as("epochs");
   return s;

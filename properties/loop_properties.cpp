@@ -19,6 +19,7 @@
 #include "properties/generators.hpp"
 #include "properties/harness.hpp"
 #include "properties/loop_groups.hpp"
+#include "properties/windows.hpp"
 #include "sim/lr_schedule.hpp"
 
 namespace accumcheck::properties {
@@ -31,10 +32,7 @@ namespace {
 // weighted 1/(K*b_k).
 void window_off_by_one() {
   const std::string name = "window.off-by-one";
-  Triggers t;
-  t.pitfalls = {Pitfall::window_boundary_off_by_one};
-  t.no_clip = true;
-  t.no_weight_decay = true;
+  Triggers t = gradient_triggers({Pitfall::window_boundary_off_by_one});
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const int64_t K = s.batching.accumulation;
@@ -67,10 +65,8 @@ void window_off_by_one() {
 // max_train_steps.
 void window_off_by_one_max_steps() {
   const std::string name = "window.off-by-one-max-steps";
-  Triggers t;
-  t.pitfalls = {Pitfall::window_boundary_off_by_one_max_steps};
-  t.no_clip = true;
-  t.no_weight_decay = true;
+  Triggers t =
+      gradient_triggers({Pitfall::window_boundary_off_by_one_max_steps});
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const int64_t K = s.batching.accumulation;
@@ -108,11 +104,8 @@ void window_off_by_one_max_steps() {
 // first backward); an epoch of M <= K micro-batches steps at its end.
 void window_counter_across_epochs() {
   const std::string name = "window.counter-across-epochs";
-  Triggers t;
-  t.pitfalls = {Pitfall::window_counter_across_epochs};
+  Triggers t = gradient_triggers({Pitfall::window_counter_across_epochs});
   t.partial_window = true;
-  t.no_clip = true;
-  t.no_weight_decay = true;
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const int64_t K = s.batching.accumulation;
@@ -161,11 +154,8 @@ void window_counter_across_epochs() {
 // K, ..., the partial one, at 1/N_w) until the steps reach it.
 void step_budget_drops_micro_batches() {
   const std::string name = "window.step-budget";
-  Triggers t;
-  t.pitfalls = {Pitfall::step_budget_drops_micro_batches};
+  Triggers t = gradient_triggers({Pitfall::step_budget_drops_micro_batches});
   t.partial_window = true;
-  t.no_clip = true;
-  t.no_weight_decay = true;
   Scenario s = *scenario(t).as("scenario");
   // A linear or cosine schedule, its horizon the run's steps ("auto"), its
   // warmup in steps or as a ratio of the horizon (the gradients below are
@@ -222,11 +212,8 @@ void step_budget_drops_micro_batches() {
 // it holds.
 void skip_short_micro_batch() {
   const std::string name = "data.skip-short-micro-batch";
-  Triggers t;
-  t.pitfalls = {Pitfall::skip_short_micro_batch};
+  Triggers t = gradient_triggers({Pitfall::skip_short_micro_batch});
   t.short_micro = true;
-  t.no_clip = true;
-  t.no_weight_decay = true;
   const Scenario s = *scenario(t).as("scenario");
   const Case c(s);
   const int64_t K = s.batching.accumulation;
