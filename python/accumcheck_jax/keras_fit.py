@@ -22,7 +22,7 @@ and batch (its result, one vector, read back with the others every
 READ_EVERY steps or _INBOX_BYTES, at each epoch's start and at the end:
 the host never waits on it per step), then calls the train step as it
 was.  The program
-(compiled lean: _jit_lean) computes, on d kept coordinates per variable
+(compiled lean: capture._jit_rare with LEAN) computes, on d kept coordinates per variable
 (accumcheck_jax's layout):
   - g_j, the gradient of summed_loss at the parameters the step sees, and
     c_j, the gradient Keras's train step takes (jax.grad of the model's
@@ -59,7 +59,7 @@ import sys
 import numpy as np
 from accumcheck_trace.trace import VERSION, Refused, describe, real
 
-from .capture import dot, join, norm
+from .capture import _jit_rare, dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
 from .inbox import _INBOX_BYTES
 from .keras_torch import KerasTorch, _torch_grad
@@ -81,35 +81,6 @@ READ_EVERY = 32
 # Only the recorder's own numbers can move (by rounding), never the run's.
 LEAN = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
         {"xla_backend_optimization_level": 0})
-
-
-def _jit_lean(jax, fn):
-    """jax.jit(fn) compiled with the first of LEAN's options this jaxlib
-    knows (an unknown option fails the first call's compilation: the next
-    is tried); plain jax.jit on an accelerator or a jax without
-    compiler_options (0.4.30, keras 3.4.1's and 3.5.0's venvs)."""
-    if jax.default_backend() != "cpu":
-        return jax.jit(fn)
-    try:
-        tries = [jax.jit(fn, compiler_options=o) for o in LEAN]
-    except TypeError:
-        return jax.jit(fn)
-    tries.append(jax.jit(fn))
-    chosen = []
-
-    def call(*args):
-        if chosen:
-            return chosen[0](*args)
-        for i, f in enumerate(tries):
-            try:
-                out = f(*args)
-            except Exception as e:  # noqa: BLE001
-                if i + 1 < len(tries) and "compile option" in str(e):
-                    continue
-                raise
-            chosen.append(f)
-            return out
-    return call
 
 
 def idle_row(i, j, steps, p_before, p_after, state_changed=None):
@@ -382,7 +353,7 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
                          + take(jnp, acc) + [jnp.reshape(lr, (1,)),
                                              jnp.reshape(update.astype(jnp.float32), (1,))]
                          + state)
-        return _jit_lean(jax, probe)
+        return _jit_rare(jax, probe, LEAN)
 
     def _before_step(self, state, batch):
         """Dispatches the recorder's program on the step's input state and
@@ -513,7 +484,7 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
                 if keras.backend.backend() == "torch":
                     self._grad64 = _torch_grad(user)
                 else:
-                    self._grad64 = _jit_lean(jax, jax.grad(user))
+                    self._grad64 = _jit_rare(jax, jax.grad(user), LEAN)
             for j, (tv, ntv), batch, g32 in queued:
                 wide = [np.asarray(v, dtype=np.float64) for v in tv]
                 b64 = jax.tree_util.tree_map(
