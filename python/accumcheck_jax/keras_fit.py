@@ -397,14 +397,19 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
             self._record(v[:d], v[d:2 * d], v[2 * d:3 * d], v[3 * d:4 * d], v[4 * d + 1] == 1,
                          v[4 * d], full, host, v[4 * d + 2:])
 
-    def _record(self, p, g, c, acc, update, lr, full, host, st):
+    def _record(self, p, g, c, acc, update, lr, full, host, st, fit=None):
         """One train step's call, both backends: the micro-batch's fit, and
         what the accumulation hands the update (update: whether the
         optimizer's counter makes it an update call); st: the kept
         coordinates of the optimizer's per-variable state before the
-        call."""
+        call.  fit: the weight read at the model's outputs ((w, residual),
+        "zero" or None: outputs.Outputs._on_fast, g unused), or None with
+        g_j the recorder's own gradient (the full path)."""
         self._state_now = st
-        self._on_backward(p, g, c, full, host, packed=False)
+        if fit is not None:
+            self._on_fast(p, c, full, host, fit)
+        else:
+            self._on_backward(p, g, c, full, host, packed=False)
         if len(self.since) == 1:
             self._window_p = p   # the parameters the window starts from
         # What the accumulation hands the update on this call: Keras's rule,
@@ -451,55 +456,94 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         super()._resolve(p_now)
 
     def _calibrate(self):
-        """g_j in float64, on the float64 clone, for the calibration sample."""
+        """g_j in float64, on the float64 clone, for the calibration samples
+        queued by the full path (g_j the recorder's own gradient)."""
         queued, self.calibrate = self.calibrate, []
-        if not queued or self._clone64 is False:
-            return
-        jax, keras = self.jax, self.keras
+        for j, full, batch, g32 in queued:
+            g64 = self._g64(full, batch)
+            if g64 is None:
+                return
+            n64 = norm(g64)
+            self.micro[j][4] = norm(g32 - g64) / n64 if n64 > 0 else 0.0
+
+    def _user_loss(self, clone):
+        """summed_loss through the model (or its float64 clone) called
+        statelessly: fn(trainable, non_trainable, batch) -> the summed loss,
+        batch = (x, y, sample_weight)."""
+        unpack = self.keras.utils.unpack_x_y_sample_weight
+        summed = self.summed_loss
+        kw = {"training": True} if getattr(self.net, "_call_has_training_arg", True) else {}
+
+        def user(tv, ntv, batch):
+            x, y, sw = unpack(batch)
+            y_pred, _ = clone.stateless_call(tv, ntv, x, **kw)
+            return summed(y, y_pred, sw)
+        return user
+
+    def _float64_clone(self):
+        """The model cloned with every layer in float64 (made once), or
+        False where it cannot be: the reason is kept for meta.csv."""
         if self._clone64 is None and _draws_random(self.net):
             self._clone64 = False
             self._why_uncalibrated = ("the model draws random numbers (Dropout, noise), which its "
                                       "float64 recompute would draw otherwise")
-            return
+        if self._clone64 is None:
+            try:
+                def f64(layer):
+                    config = dict(layer.get_config(), dtype="float64")
+                    return layer.__class__.from_config(config)
+                self._clone64 = self.keras.models.clone_model(self.net, clone_function=f64)
+            except Exception as e:  # noqa: BLE001
+                self._clone64 = False
+                self._why_uncalibrated = "keras.models.clone_model failed: %s" % describe(e)
+        return self._clone64
+
+    def _g64(self, full, batch):
+        """g_j in float64 (its kept coordinates) on the float64 clone, from
+        the whole state the step saw (full: the trainable and non-trainable
+        values, numpy) and its batch (x, y, sample_weight, numpy); None where
+        the model has no float64 clone (meta.csv's `calibration` row says
+        why)."""
+        jax = self.jax
         with _enable_x64(jax):
             if self._clone64 is None:
-                try:
-                    def f64(layer):
-                        config = dict(layer.get_config(), dtype="float64")
-                        return layer.__class__.from_config(config)
-                    self._clone64 = keras.models.clone_model(self.net, clone_function=f64)
-                except Exception as e:  # noqa: BLE001
-                    self._clone64 = False
-                    self._why_uncalibrated = "keras.models.clone_model failed: %s" % describe(e)
-                    return
-                clone, summed = self._clone64, self.summed_loss
-                unpack = keras.utils.unpack_x_y_sample_weight
-                kw = {"training": True} if getattr(self.net, "_call_has_training_arg", True) \
-                    else {}
-
-                def user(tv, ntv, batch):
-                    x, y, sw = unpack(batch)
-                    y_pred, _ = clone.stateless_call(tv, ntv, x, **kw)
-                    return summed(y, y_pred, sw)
-                if keras.backend.backend() == "torch":
+                self._float64_clone()
+            if self._clone64 is False:
+                return None
+            if self._grad64 is None:
+                user = self._user_loss(self._clone64)
+                if self.keras.backend.backend() == "torch":
                     self._grad64 = _torch_grad(user)
                 else:
                     self._grad64 = _jit_rare(jax, jax.grad(user), LEAN)
-            for j, (tv, ntv), batch, g32 in queued:
-                wide = [np.asarray(v, dtype=np.float64) for v in tv]
-                b64 = jax.tree_util.tree_map(
-                    lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
-                    batch)
-                g64 = [np.asarray(x) for x in
-                       self._grad64(wide, [np.asarray(v) for v in ntv], b64)]
-                if any(np.asarray(x).dtype != np.float64 for x in g64):
-                    self._clone64 = False
-                    self._why_uncalibrated = "the float64 clone's gradient is not float64 " \
-                        "(summed_loss casts: write it with keras.ops)"
-                    return
-                g64 = self.layout.host(g64)
-                n64 = norm(g64)
-                self.micro[j][4] = norm(g32 - g64) / n64 if n64 > 0 else 0.0
+            tv, ntv = full
+            wide = [np.asarray(v, dtype=np.float64) for v in tv]
+            b64 = jax.tree_util.tree_map(
+                lambda x: x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x,
+                batch)
+            g64 = [np.asarray(x) for x in self._grad64(wide, [np.asarray(v) for v in ntv], b64)]
+            if any(x.dtype != np.float64 for x in g64):
+                self._clone64 = False
+                self._why_uncalibrated = "the float64 clone's gradient is not float64 " \
+                    "(summed_loss casts: write it with keras.ops)"
+                return None
+            return self.layout.host(g64)
+
+    def _g32(self, full, batch):
+        """g_j in the model's own precision (its kept coordinates): the
+        summed loss's gradient through the model itself at the whole state
+        the step saw (the output path's reference for how far float32 alone
+        strays from float64 on this micro-batch; compiled only where
+        asked)."""
+        if self._grad32 is None:
+            user = self._user_loss(self.net)
+            if self.keras.backend.backend() == "torch":
+                self._grad32 = _torch_grad(user)
+            else:
+                self._grad32 = _jit_rare(self.jax, self.jax.grad(user), LEAN)
+        tv, ntv = full
+        g = self._grad32([np.asarray(v) for v in tv], [np.asarray(v) for v in ntv], batch)
+        return self.layout.host([np.asarray(x) for x in g])
 
     # ---- output and failure
 
