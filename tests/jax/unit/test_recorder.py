@@ -187,3 +187,45 @@ def test_calibration_gradient_is_float64(tmp_path):
     # each other; a float32 gradient is some 1e-8 of the norm away.
     assert np.linalg.norm(got - want) <= 2 * 32 * 2.0 ** -53 * np.linalg.norm(want)
     rec._abandon("test")
+
+
+@pytest.mark.parametrize("loop,extra", [("hand", ["--no-apply"]), ("nnx", [])])
+def test_late_update_still_taken_in_program_order(tmp_path, monkeypatch, loop, extra):
+    """The optimizer's callback (capture._told, in the program that makes
+    the next parameters) tells 50 ms late: the recorder still takes it in
+    after the micro-batches before it and before the one after it, so
+    every step is where the loop made it (44 samples in micro-batches of
+    4, K = 4, 2 epochs: windows of 4, 4 and 3 micro-batches, 6 steps).  On
+    the CPU backend a program with a host callback runs in the thread
+    that dispatches it (measured: a callback sleeping 0.2 s holds the
+    dispatch 0.2 s, on the main thread), so the update tells before your
+    next call; what keeps the order then is the inbox, which queues a
+    callback behind the micro-batches not yet taken in (the full path's,
+    --no-apply, whose vectors wait on the device).  Taken in out of
+    order, the update is refused (no micro-batch before it, or two
+    updates in a row) or resolved against the parameters it made, its
+    step lost.  (_eager's wait for the parameters, for a backend that
+    runs such programs asynchronously, cannot fail here.)"""
+    import time
+
+    from accumcheck_jax import inbox
+    arriving = inbox.Inbox._arriving
+
+    def late(self, handler):
+        tell = arriving(self, handler)
+        if handler != self._on_update:
+            return tell
+
+        def later(*a):
+            time.sleep(0.05)
+            tell(*a)
+        return later
+    monkeypatch.setattr(inbox.Inbox, "_arriving", late)
+    out = tmp_path / "t"
+    train_optax.main(["--loop", loop, "--out", str(out), "--quiet"] + extra)
+    with open(out / "contract.csv") as f:
+        rows = list(csv.DictReader(f))
+    versions = [int(r["version"]) for r in rows if r["kind"] == "micro"]
+    windows = [4, 4, 3] * 2
+    assert versions == [t for t, n in enumerate(windows) for _ in range(n)]
+    assert sum(r["kind"] == "step" for r in rows) == len(windows)
