@@ -229,3 +229,37 @@ def test_late_update_still_taken_in_program_order(tmp_path, monkeypatch, loop, e
     windows = [4, 4, 3] * 2
     assert versions == [t for t, n in enumerate(windows) for _ in range(n)]
     assert sum(r["kind"] == "step" for r in rows) == len(windows)
+
+
+def test_least_squares_is_lstsq():
+    """capture.lstsq (the step's fit of its consumed gradient, steps.py
+    _resolve, without the BLAS on the long dimension) solves what
+    np.linalg.lstsq(A.T, b, rcond=None) solves, its cutoff included: rows
+    independent, one row a multiple of another, one nearly so (apart by
+    1e-13 of its norm: a singular value under lstsq's cutoff for A.T, eps
+    * d of the largest, above the m x m triangle's own eps * m: cut by
+    both, as lstsq cuts it), and a zero row.  Both are backward-stable
+    least squares (Householder QR, and LAPACK's SVD): each solution within
+    cond * m * d * eps of the exact one in norm (Higham, Accuracy and
+    Stability, 20.2, the residual zero here), so within twice that of each
+    other, cond the ratio of the largest singular value to the smallest
+    kept."""
+    from accumcheck_jax.capture import lstsq
+    rng = np.random.default_rng(0)
+    m, d = 17, 12292
+    eps = np.finfo(np.float64).eps
+    base = rng.standard_normal((m, d)) * rng.uniform(0.01, 10, size=(m, 1))
+    cases = {"independent": base.copy(), "multiple": base.copy(), "nearly": base.copy(),
+             "zero": base.copy()}
+    cases["multiple"][-1] = 0.5 * base[0]
+    cases["nearly"][-1] = base[0] + 1e-13 * np.linalg.norm(base[0]) / np.sqrt(d) \
+        * rng.standard_normal(d)
+    cases["zero"][3] = 0.0
+    for name, A in cases.items():
+        b = A.T @ rng.uniform(0, 1, m)
+        want = np.linalg.lstsq(A.T, b, rcond=None)[0]
+        got = lstsq(A, b)
+        s = np.linalg.svd(A, compute_uv=False)
+        kept = s[s > eps * d * s[0]]
+        bound = 2 * (kept[0] / kept[-1]) * m * d * eps * np.linalg.norm(want)
+        assert np.linalg.norm(got - want) <= bound, (name, np.linalg.norm(got - want), bound)
