@@ -151,6 +151,8 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         self._grad64 = None      # the float64 gradient, jitted once
         self._probe = None       # the eager path's program (_eager)
         self._waited = None      # weak references to the parameters of the last wait
+        self._param_at = None    # where the parameters are among the whole state's leaves
+        self._p_read = None      # (weak references, kept coordinates) of the last parameters read
         self._marked = 0.0       # when the marker was last rewritten
         self.lr0 = None
         self.lr_precision = "float32"  # optax's inject_hyperparams holds it so
@@ -180,9 +182,13 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         jax, rec = self.jax, self
 
         def wrapped(first, batch, *a, **k):
+            # The whole state's leaves, read once a call (a Flax NNX
+            # model's nnx.state costs about 0.1 ms): _eager waits on them,
+            # takes the parameters among them and a calibration sample's.
+            state = jax.tree_util.tree_leaves(rec._state_of(first))
             if not any(isinstance(x, jax.core.Tracer)
-                       for x in jax.tree_util.tree_leaves((rec._state_of(first), batch))):
-                return rec._eager(fn, value_and_grad, first, batch, a, k)
+                       for x in state + jax.tree_util.tree_leaves(batch)):
+                return rec._eager(fn, value_and_grad, first, batch, a, k, state)
             out = fn(first, batch, *a, **k)
             if value_and_grad:
                 if not isinstance(out, (tuple, list)) or len(out) != 2:

@@ -23,6 +23,7 @@ path (a second gradient), with a note in meta.csv."""
 
 import functools
 import math
+import weakref
 
 import numpy as np
 from accumcheck_trace.error_model import CONTRACT_FIT_CALIBRATION
@@ -174,20 +175,22 @@ class Outputs:
         finally:
             self.tap_mode = mode
 
-    def _eager_outputs(self, first, batch, out, c):
+    def _eager_outputs(self, first, batch, out, c, state=None):
         """The eager path's micro-batch on the output path: only the kept
         coordinates of the parameters and of c_j taken on the device (read
         back with the others every few micro-batches); the calibration
         sample's whole state read now, and taken in at once (its premise
-        decides the path of the micro-batches after it)."""
+        decides the path of the micro-batches after it).  state: the whole
+        state's leaves as the call saw them (else read from first)."""
         jax = self.jax
-        vec = self._take(first, c)
+        if state is None:
+            state = jax.tree_util.tree_leaves(self._state_of(first))
+        vec = self._take(first, c, state)
         copy = getattr(vec, "copy_to_host_async", None)
         if copy is not None:
             copy()
         calibrate = self.n_backward % self.calibrate_every == 0
-        full = [np.asarray(x) for x in jax.tree_util.tree_leaves(self._state_of(first))] \
-            if calibrate else None
+        full = [np.asarray(x) for x in state] if calibrate else None
         self.n_backward += 1
         entry = ("fast", vec, full, jax.device_get(batch))
         with self._lock:
@@ -247,18 +250,46 @@ class Outputs:
                          "forward rec.apply wrapped" % j)
         self._on_backward(p, None, c, None, batch, packed=False, fit=fit, cal=cal)
 
-    def _take(self, first, c):
+    def _take(self, first, c, state=None):
         """The kept coordinates of the parameters and of c_j as one vector:
         on the CPU backend read in place (a jax array on the CPU is host
         memory: numpy sees it without a copy, and no program is compiled
         or dispatched); elsewhere a program of the recorder's on the
-        device, dispatched like yours (only the kept coordinates cross)."""
+        device, dispatched like yours (only the kept coordinates cross).
+        state: the whole state's leaves as the call saw them (the
+        parameters taken among them, not read from first again).  On the
+        CPU backend parameters that are the very arrays last read (the
+        hand loop's micro-batches of one window: jax arrays never change)
+        are not indexed again."""
         jax = self.jax
-        p_leaves, treedef = jax.tree_util.tree_flatten(self._params_of(first))
         c_leaves = jax.tree_util.tree_leaves(c)
-        if _in_host_memory(p_leaves + c_leaves):
+        if state is not None and self._param_at is not None and len(state) == self._param_at[0]:
+            p_leaves = [state[i] for i in self._param_at[1]]
+            self._layout(p_leaves, None, first)  # the same shapes as the first call's
+        else:
+            p_leaves, treedef = jax.tree_util.tree_flatten(self._params_of(first))
             self._layout(p_leaves, treedef, first)
-            return np.concatenate([self.layout.host(p_leaves), self.layout.host(c_leaves)])
+            # Where they are among the whole state's leaves, both read from
+            # first now (a Flax NNX model's arrays are new after your
+            # nnx.jit program): each parameter a leaf of its own there, else
+            # read from first each call.
+            now = jax.tree_util.tree_leaves(self._state_of(first)) if state is not None else ()
+            at = {id(x): i for i, x in enumerate(now)}
+            where = [at.get(id(x)) for x in p_leaves]
+            self._param_at = (len(state), where) if state is not None and len(now) == len(state) \
+                and len(at) == len(now) and None not in where else None
+        if _in_host_memory(p_leaves + c_leaves):
+            read = self._p_read
+            if read is not None and len(read[0]) == len(p_leaves) and \
+                    all(r() is x for r, x in zip(read[0], p_leaves)):
+                p = read[1]
+            else:
+                p = self.layout.host(p_leaves)
+                try:
+                    self._p_read = ([weakref.ref(x) for x in p_leaves], p)
+                except TypeError:  # a leaf that is no array: read each call
+                    self._p_read = None
+            return np.concatenate([p, self.layout.host(c_leaves)])
         if self._take_prog is None:
             rec = self
 

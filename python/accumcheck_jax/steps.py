@@ -14,7 +14,7 @@ import numpy as np
 from accumcheck_trace.error_model import REPLAY_ULPS, U32
 from accumcheck_trace.trace import real
 
-from .capture import _unpack, join, norm
+from .capture import _unpack, join, lstsq, norm
 from .outputs import _fit_c
 from .write import _off_bf16
 
@@ -91,9 +91,8 @@ class Steps:
             A = np.stack(terms)
             norms = np.linalg.norm(A, axis=1)
             safe = np.where(norms > 0, norms, 1.0)
-            sol, *_ = np.linalg.lstsq((A / safe[:, None]).T, G, rcond=None)
-            coef = sol / safe
-            resid = norm(A.T @ coef - G)
+            coef = lstsq(A / safe[:, None], G) / safe
+            resid = norm(np.sum(A * coef[:, None], axis=0) - G)
             scale = float(np.sum(np.abs(coef) * norms))
         else:
             coef, norms, resid, scale = np.zeros(0), np.zeros(0), norm(G), 0.0

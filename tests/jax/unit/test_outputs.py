@@ -59,7 +59,8 @@ def run(out, summed_of, grad_of, steps=6, K=2):
     """A hand loop recorded through rec.apply: summed_of(forward) is the
     summed loss, grad_of(forward) the gradient function's loss."""
     box = {"forward": logits}
-    fwd = lambda p, x: box["forward"](p, x)  # read at each call
+    def fwd(p, x):  # read at each call
+        return box["forward"](p, x)
     rec = ContractRecorder(summed_of(fwd), lambda b: len(b[1]), accumulation=K, out=str(out),
                            lr=1e-2)
     box["forward"] = rec.apply(logits)

@@ -187,3 +187,79 @@ def test_calibration_gradient_is_float64(tmp_path):
     # each other; a float32 gradient is some 1e-8 of the norm away.
     assert np.linalg.norm(got - want) <= 2 * 32 * 2.0 ** -53 * np.linalg.norm(want)
     rec._abandon("test")
+
+
+@pytest.mark.parametrize("loop,extra", [("hand", ["--no-apply"]), ("nnx", [])])
+def test_late_update_still_taken_in_program_order(tmp_path, monkeypatch, loop, extra):
+    """The optimizer's callback (capture._told, in the program that makes
+    the next parameters) tells 50 ms late: the recorder still takes it in
+    after the micro-batches before it and before the one after it, so
+    every step is where the loop made it (44 samples in micro-batches of
+    4, K = 4, 2 epochs: windows of 4, 4 and 3 micro-batches, 6 steps).  On
+    the CPU backend a program with a host callback runs in the thread
+    that dispatches it (measured: a callback sleeping 0.2 s holds the
+    dispatch 0.2 s, on the main thread), so the update tells before your
+    next call; what keeps the order then is the inbox, which queues a
+    callback behind the micro-batches not yet taken in (the full path's,
+    --no-apply, whose vectors wait on the device).  Taken in out of
+    order, the update is refused (no micro-batch before it, or two
+    updates in a row) or resolved against the parameters it made, its
+    step lost.  (_eager's wait for the parameters, for a backend that
+    runs such programs asynchronously, cannot fail here.)"""
+    import time
+
+    from accumcheck_jax import inbox
+    arriving = inbox.Inbox._arriving
+
+    def late(self, handler):
+        tell = arriving(self, handler)
+        if handler != self._on_update:
+            return tell
+
+        def later(*a):
+            time.sleep(0.05)
+            tell(*a)
+        return later
+    monkeypatch.setattr(inbox.Inbox, "_arriving", late)
+    out = tmp_path / "t"
+    train_optax.main(["--loop", loop, "--out", str(out), "--quiet"] + extra)
+    with open(out / "contract.csv") as f:
+        rows = list(csv.DictReader(f))
+    versions = [int(r["version"]) for r in rows if r["kind"] == "micro"]
+    windows = [4, 4, 3] * 2
+    assert versions == [t for t, n in enumerate(windows) for _ in range(n)]
+    assert sum(r["kind"] == "step" for r in rows) == len(windows)
+
+
+def test_least_squares_is_lstsq():
+    """capture.lstsq (the step's fit of its consumed gradient, steps.py
+    _resolve, without the BLAS on the long dimension) solves what
+    np.linalg.lstsq(A.T, b, rcond=None) solves, its cutoff included: rows
+    independent, one row a multiple of another, one nearly so (apart by
+    1e-13 of its norm: a singular value under lstsq's cutoff for A.T, eps
+    * d of the largest, above the m x m triangle's own eps * m: cut by
+    both, as lstsq cuts it), and a zero row.  Both are backward-stable
+    least squares (Householder QR, and LAPACK's SVD): each solution within
+    cond * m * d * eps of the exact one in norm (Higham, Accuracy and
+    Stability, 20.2, the residual zero here), so within twice that of each
+    other, cond the ratio of the largest singular value to the smallest
+    kept."""
+    from accumcheck_jax.capture import lstsq
+    rng = np.random.default_rng(0)
+    m, d = 17, 12292
+    eps = np.finfo(np.float64).eps
+    base = rng.standard_normal((m, d)) * rng.uniform(0.01, 10, size=(m, 1))
+    cases = {"independent": base.copy(), "multiple": base.copy(), "nearly": base.copy(),
+             "zero": base.copy()}
+    cases["multiple"][-1] = 0.5 * base[0]
+    cases["nearly"][-1] = base[0] + 1e-13 * np.linalg.norm(base[0]) / np.sqrt(d) \
+        * rng.standard_normal(d)
+    cases["zero"][3] = 0.0
+    for name, A in cases.items():
+        b = A.T @ rng.uniform(0, 1, m)
+        want = np.linalg.lstsq(A.T, b, rcond=None)[0]
+        got = lstsq(A, b)
+        s = np.linalg.svd(A, compute_uv=False)
+        kept = s[s > eps * d * s[0]]
+        bound = 2 * (kept[0] / kept[-1]) * m * d * eps * np.linalg.norm(want)
+        assert np.linalg.norm(got - want) <= bound, (name, np.linalg.norm(got - want), bound)
