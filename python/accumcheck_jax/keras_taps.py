@@ -1,0 +1,239 @@
+"""KerasRecorder's taps inside Keras's own JAX train step (a mixin of
+keras_fit.KerasRecorder): the output path (outputs.py) for `model.fit`.
+
+Keras's JAX train step differentiates model.compute_loss_and_updates,
+which calls model.stateless_call(...) for y_pred and then the loss; it
+hands the gradient to model.optimizer.stateless_apply and the logs of
+model.compute_metrics out of the step.  The step is traced at its first
+call, after on_train_begin, so wrappers installed on the model and the
+optimizer instances there (and removed at on_train_end; the train
+function made anew both times, so neither the user's earlier nor later
+fits run a traced step with them) put two taps in the step itself:
+  - y_pred passes through a jax.custom_vjp (stateless_call's whole
+    result, with its arguments) whose backward hands y_pred and u_j, the
+    cotangent Keras's loss sends into it, to the host: a pure_callback
+    whose integer zero is added to the bits of the smallest trainable
+    gradient the backward returns (outputs.py's tap: the values
+    unchanged, the callback kept on the gradient's path; u_j and the
+    backward's own work untouched);
+  - stateless_apply takes, before the update, the kept coordinates of the
+    parameters, of c_j (the gradient it is handed), of the accumulator and
+    of the optimizer's per-variable state, the lr and the update flag:
+    one vector (gathers, no gradient), handed out of the step as an extra
+    entry of its logs, which the train function wrapper removes before
+    Keras sees them (no host callback: the vector stays on the device
+    until the queue is read back).
+The recorder then takes s_j, summed_loss's gradient at each queued
+step's y_pred (one program over the stacked outputs of the steps whose
+shapes agree: a program the size of the outputs), and fits u_j = w_j s_j
+(outputs.fit_dots); c_j = w_j g_j follows where the loss reaches the
+parameters only through y_pred, which outputs.Outputs._premise checks on
+every calibrate_every-th step (the first included) against g_j in
+float64.  No gradient of the parameters is recomputed on this path."""
+
+import functools
+
+import numpy as np
+
+from .contract import _pack
+from .outputs import _dots_on_host, _int_like, fit_dots
+
+# The logs entry the train step hands the recorder's vector out by
+# (removed before Keras's callbacks and History see the logs).
+LOGS_KEY = "__accumcheck_step"
+
+
+def hookable(model, keras):
+    """Why the train step of this model cannot carry the taps ("" where it
+    can): the step must be Keras's own JAX train step, calling the
+    methods the taps wrap."""
+    from keras.src.backend.jax.trainer import JAXTrainer
+    if type(model).train_step is not JAXTrainer.train_step:
+        return "the model's train_step is its own, not Keras's"
+    for owner, name in ((model, "compute_loss_and_updates"), (model, "stateless_call"),
+                        (model, "compute_metrics"), (model.optimizer, "stateless_apply")):
+        if not callable(getattr(owner, name, None)):
+            return "this Keras release has no %s.%s" % (type(owner).__name__, name)
+    if getattr(model, "jit_compile", True) is False or getattr(model, "run_eagerly", False):
+        return "the train step is not jitted (run_eagerly or jit_compile=False)"
+    return ""
+
+
+class KerasTaps:
+    def _taps_init(self):
+        self.in_step = False    # inside the train step the wrapper calls (its trace)
+        self.tap_next = False   # the next stateless_call is the train step's forward
+        self.step_vec = None    # while tracing: the vector stateless_apply took
+        self.hooked = []        # (object, attribute name) the taps were installed as
+        self.tapped_fit = False  # the taps were installed (meta.csv says so)
+        self.out_tree = None    # y_pred's treedef (the train step's)
+        self._s_progs = {}      # s_j of the stacked outputs, per shape
+
+    def _install_taps(self):
+        """The wrappers on the model and optimizer instances (removed by
+        _remove_taps); the train function made anew, traced with them."""
+        model, opt, rec = self.net, self.opt, self
+        clu, call, metrics = model.compute_loss_and_updates, model.stateless_call, \
+            model.compute_metrics
+        apply = opt.stateless_apply
+
+        def compute_loss_and_updates(*args, **kw):
+            rec.tap_next = rec.in_step and bool(kw.get("training"))
+            try:
+                return clu(*args, **kw)
+            finally:
+                rec.tap_next = False
+
+        def stateless_call(*args, **kw):
+            if not rec.tap_next or not kw.get("return_losses"):
+                return call(*args, **kw)
+            rec.tap_next = False
+            return rec._tapped_call(functools.partial(call, **kw), *args)
+
+        def stateless_apply(opt_vars, grads, trainable):
+            if rec.in_step:
+                rec.step_vec = rec._step_vector(trainable, grads, opt_vars)
+            return apply(opt_vars, grads, trainable)
+
+        def compute_metrics(*args, **kw):
+            logs = metrics(*args, **kw)
+            if rec.in_step and rec.step_vec is not None:
+                logs = dict(logs, **{LOGS_KEY: rec.step_vec})
+                rec.step_vec = None
+            return logs
+        for owner, name, fn in ((model, "compute_loss_and_updates", compute_loss_and_updates),
+                                (model, "stateless_call", stateless_call),
+                                (model, "compute_metrics", compute_metrics),
+                                (opt, "stateless_apply", stateless_apply)):
+            object.__setattr__(owner, name, fn)
+            self.hooked.append((owner, name))
+        self.tapped_fit = True
+        model.make_train_function(force=True)
+
+    def _remove_taps(self):
+        if not self.hooked:
+            return
+        for owner, name in self.hooked:
+            if name in vars(owner):
+                object.__delattr__(owner, name)
+        self.hooked = []
+        # The traced step carries the taps: the next fit traces its own.
+        self.net.make_train_function(force=True)
+
+    def _tapped_call(self, fn, *args):
+        """fn(*args) (stateless_call's whole result: y_pred, the
+        non-trainable values, the losses) through a custom_vjp whose
+        backward hands y_pred and its cotangent u_j to the host."""
+        jax, rec = self.jax, self
+        jnp = jax.numpy
+
+        def tap(dtype, *ou):
+            if not rec.closed and not rec.no_take:
+                n = len(ou) // 2
+                rec.taps.append(([np.array(a) for a in ou[:n]], [np.array(a) for a in ou[n:]]))
+            return np.zeros((), dtype)
+
+        @jax.custom_vjp
+        def wrapped(*a):
+            return fn(*a)
+
+        def fwd(*a):
+            out, vjp = jax.vjp(fn, *a)
+            return out, (vjp, out[0])
+
+        def bwd(res, u):
+            vjp, y_pred = res
+            cts = list(vjp(u))
+            o_leaves, treedef = jax.tree_util.tree_flatten(y_pred)
+            rec.out_tree = treedef
+            u_leaves = jax.tree_util.tree_leaves(u[0])
+            # outputs.py's tap: the callback's integer zero added to the
+            # bits of the smallest trainable gradient (exact; the tap kept
+            # on the gradient's path, u_j and the backward untouched).
+            leaves, tdef = jax.tree_util.tree_flatten(cts[0])
+            fl = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating)
+                  and _int_like(jnp, x.dtype) is not None]
+            if not fl or len(u_leaves) != len(o_leaves):
+                return tuple(cts)
+            at = min(fl, key=lambda i: leaves[i].size)
+            ints = _int_like(jnp, leaves[at].dtype)
+            zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
+                                     jax.ShapeDtypeStruct((), ints), *o_leaves, *u_leaves)
+            bits = jax.lax.bitcast_convert_type(leaves[at], ints) + zero
+            leaves[at] = jax.lax.bitcast_convert_type(bits, leaves[at].dtype)
+            cts[0] = jax.tree_util.tree_unflatten(tdef, leaves)
+            return tuple(cts)
+        wrapped.defvjp(fwd, bwd)
+        return wrapped(*args)
+
+    def _step_vector(self, trainable, grads, opt_vars):
+        """In the train step, before its update: one vector of the kept
+        coordinates of the parameters, of c_j and of the accumulator, the
+        lr, the update flag (0 or 1) and the optimizer state's kept
+        values (the layout _read_queue reads)."""
+        jnp, keras, opt = self.jax.numpy, self.keras, self.opt
+        take = self.layout.take
+        with keras.StatelessScope(state_mapping=list(zip(opt.variables, opt_vars))):
+            lr = jnp.asarray(keras.ops.convert_to_tensor(opt.learning_rate), jnp.float32)
+        acc = [jnp.zeros_like(p) if i is None else opt_vars[i]
+               for p, i in zip(trainable, self._acc_index)]
+        state = [x for lst in self._slots for x in take(jnp, [opt_vars[i] for i in lst])]
+        update = (opt_vars[self._iter_index] + 1) % self.K == 0
+        return _pack(jnp, take(jnp, list(trainable)) + take(jnp, list(grads)) + take(jnp, acc)
+                     + [jnp.reshape(lr, (1,)), jnp.reshape(update.astype(jnp.float32), (1,))]
+                     + state)
+
+    # ---- s_j and the weights read at the outputs
+
+    def _fits(self, entries):
+        """(w, residual) or "zero" per entry (y_pred leaves, u_j leaves,
+        host batch), in order: s_j for the entries whose shapes agree in
+        one program over their stacked outputs (padded to a fixed count,
+        so one shape compiles once), the dots on the host."""
+        jax = self.jax
+        groups = {}
+        for i, (y_pred, _, batch) in enumerate(entries):
+            key = (tuple((a.shape, a.dtype.str) for a in y_pred),
+                   tuple(None if b is None else tuple((np.shape(x), np.asarray(x).dtype.str)
+                                                      for x in jax.tree_util.tree_leaves(b))
+                         for b in batch[1:]))
+            groups.setdefault(key, []).append(i)
+        out = [None] * len(entries)
+        for key, idx in groups.items():
+            n = len(idx)
+            size = max(n, self._stack)
+            pick = idx + [idx[-1]] * (size - n)
+            y_preds = [np.stack([entries[i][0][k] for i in pick]) for k in range(len(key[0]))]
+            ys, sws = [], []
+            for at, dest in ((1, ys), (2, sws)):
+                first = entries[idx[0]][2][at]
+                if first is None:
+                    dest.append(None)
+                else:
+                    dest.append(jax.tree_util.tree_map(
+                        lambda *xs: np.stack(xs), *[entries[i][2][at] for i in pick]))
+            s = self._s_program(key, size)(y_preds, ys[0], sws[0])
+            s = [np.asarray(x) for x in s]
+            for row, i in enumerate(idx):
+                dots = _dots_on_host(entries[i][1], [x[row] for x in s])
+                fit = fit_dots([tuple(float(v) for v in dots[k:k + 3])
+                                for k in range(0, len(dots), 3)])
+                out[i] = "zero" if fit is None else fit
+        return out
+
+    def _s_program(self, key, size):
+        prog = self._s_progs.get((key, size))
+        if prog is None:
+            jax, rec = self.jax, self
+
+            def s_one(y_pred_leaves, y, sw):
+                def loss(leaves):
+                    y_pred = jax.tree_util.tree_unflatten(rec.out_tree, leaves)
+                    return rec.summed_loss(y, y_pred, sw)
+                return jax.grad(loss)(list(y_pred_leaves))
+
+            from .capture import _jit_rare
+            from .keras_fit import LEAN
+            prog = _jit_rare(jax, jax.vmap(s_one, in_axes=(0, 0, 0)), LEAN)
+            self._s_progs[(key, size)] = prog
+        return prog
