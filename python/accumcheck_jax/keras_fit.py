@@ -361,23 +361,18 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         jax, keras, model, opt = self.jax, self.keras, self.net, self.opt
         jnp = jax.numpy
         unpack = keras.utils.unpack_x_y_sample_weight
-        summed = self.summed_loss
+        user = self._user_loss(model)
         rec = self
-        kw = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
 
         def probe(trainable, non_trainable, opt_vars, metrics_vars, batch):
             x, y, sw = unpack(batch)
-
-            def user(tv):
-                y_pred, _ = model.stateless_call(tv, non_trainable, x, **kw)
-                return summed(y, y_pred, sw)
 
             def theirs(tv):
                 return model.compute_loss_and_updates(
                     tv, non_trainable, metrics_vars, x, y, sw, training=True,
                     optimizer_variables=opt_vars)
             take = rec.layout.take
-            g = jax.grad(user)(list(trainable))
+            g = jax.grad(user)(list(trainable), non_trainable, batch)
             if not with_c:
                 return _pack(jnp, take(jnp, g))
             c, _ = jax.grad(theirs, has_aux=True)(list(trainable))
@@ -556,8 +551,20 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         def user(tv, ntv, batch):
             x, y, sw = unpack(batch)
             y_pred, _ = clone.stateless_call(tv, ntv, x, **kw)
-            return summed(y, y_pred, sw)
+            return self._summed(summed, tv, ntv, y, y_pred, sw)
         return user
+
+    def _summed(self, summed, tv, ntv, y, y_pred, sw):
+        """summed(y, y_pred, sw) where the model's variables read as tv and
+        ntv (Keras's StatelessScope, which casts them to the variables'
+        dtypes): a summed loss that reads the weights (a regularizer's
+        share: model.losses) sees the values its gradient is taken at, not
+        the live variables (which fit holds in its own state)."""
+        net = self.net
+        mapping = list(zip(net.trainable_variables, tv)) + \
+            list(zip(net.non_trainable_variables, ntv))
+        with self.keras.StatelessScope(state_mapping=mapping):
+            return summed(y, y_pred, sw)
 
     def _float64_clone(self):
         """The model cloned with every layer in float64 (made once), or

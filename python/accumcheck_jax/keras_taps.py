@@ -225,11 +225,19 @@ class KerasTaps:
         prog = self._s_progs.get((key, size))
         if prog is None:
             jax, rec = self.jax, self
+            jnp = jax.numpy
+            shapes = [(tuple(v.shape), v.dtype) for v in
+                      self.net.trainable_variables + self.net.non_trainable_variables]
 
             def s_one(y_pred_leaves, y, sw):
+                # The weights zeros where summed_loss reads them (a
+                # regularizer's share): s_j is its gradient at y_pred alone.
+                zeros = [jnp.zeros(s, d) for s, d in shapes]
+                nt = len(rec.net.trainable_variables)
+
                 def loss(leaves):
                     y_pred = jax.tree_util.tree_unflatten(rec.out_tree, leaves)
-                    return rec.summed_loss(y, y_pred, sw)
+                    return rec._summed(rec.summed_loss, zeros[:nt], zeros[nt:], y, y_pred, sw)
                 return jax.grad(loss)(list(y_pred_leaves))
 
             from .capture import _jit_rare

@@ -201,3 +201,71 @@ def test_conformance_cells_leave_the_backend_to_each_cell():
     said, imported = json.loads(out)
     assert said["ok"] and said["version"] == keras.__version__, said
     assert not imported
+
+
+def regularized(rec_loss=None, out=None):
+    """A Dense(16, kernel_regularizer=L2(0.01)) MLP fitted with Adam, K = 4
+    (the example's data, batch 4, 2 epochs): Keras's loss is the batch
+    mean plus the model's losses (the regularizer), whose gradient reaches
+    the kernel directly, not through y_pred.  rec_loss: the summed loss to
+    record with (None: not recorded)."""
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((8,)),
+                          keras.layers.Dense(16, activation="tanh",
+                                             kernel_regularizer=keras.regularizers.L2(0.01)),
+                          keras.layers.Dense(4)])
+    m.compile(optimizer=keras.optimizers.Adam(1e-2, gradient_accumulation_steps=4),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = [] if rec_loss is None else [KerasRecorder(m, rec_loss(m), out=str(out), quiet=True)]
+    x, y = train_keras.data(48, 8, 4)
+    m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=cb)
+    return [keras.ops.convert_to_numpy(v.value) for v in m.trainable_variables]
+
+
+def meta(folder):
+    import csv
+    with open(folder / "meta.csv") as f:
+        return {r[0]: r[1] for r in csv.reader(f) if len(r) >= 2}
+
+
+def backward_residuals(folder):
+    import csv
+    with open(folder / "contract.csv") as f:
+        return [float(r["residual"]) for r in csv.DictReader(f) if r["kind"] == "backward"]
+
+
+# The summed loss without the regularizer: u_j = s_j / 4 at the outputs,
+# but c_j carries the regularizer's gradient, no multiple of g_j.  The
+# first calibration sample's premise (c_j / w_j against g_j in float64)
+# sees it: the note, and every step from micro-batch 0 on fitted against
+# g_j on the full path (residuals far from the output path's ~1e-7).
+def test_regularizer_premise_fails_full_path_taken(tmp_path):
+    plain = regularized()
+    recorded = regularized(lambda m: train_keras.summed_loss, tmp_path / "t")
+    same_bits(plain, recorded)
+    assert not (tmp_path / "t" / "rank0.incomplete").exists()
+    notes = meta(tmp_path / "t").get("notes", "")
+    assert "micro-batch 0: the gradient of its backward is not the outputs' gradient" in notes, notes
+    assert "takes the full path" in notes
+    res = backward_residuals(tmp_path / "t")
+    assert len(res) == 24 and min(res) > 1e-3, res
+
+
+# The summed loss with each item's share of the regularizer (Keras's loss
+# is the batch mean plus model.losses: per item CE_i + sum(model.losses)),
+# read from the weights the step sees: c_j = g_j / 4 exactly, so the
+# premise holds on the output path, and the correct fit PASSes.
+def test_regularizer_in_the_summed_loss_passes(tmp_path, accumcheck):
+    def with_share(m):
+        def summed(y_true, y_pred, sample_weight=None):
+            n = keras.ops.cast(keras.ops.shape(y_pred)[0], y_pred.dtype)
+            share = keras.ops.cast(keras.ops.sum(keras.ops.stack(m.losses)), y_pred.dtype)
+            return train_keras.summed_loss(y_true, y_pred, sample_weight) + n * share
+        return summed
+    plain = regularized()
+    recorded = regularized(with_share, tmp_path / "t")
+    same_bits(plain, recorded)
+    assert "notes" not in meta(tmp_path / "t")
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS (contract tier)" in r.stdout
