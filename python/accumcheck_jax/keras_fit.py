@@ -221,6 +221,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         self._seen = 0             # train steps seen (queued or taken in)
         self._hook_why = ""        # why the train step carries no taps ("" where it does)
         self._probe_c = None       # the full path's program takes c_j too (no taps)
+        self._gather = None        # the tapped step's program before it (keras_taps.py)
         self._stack = READ_EVERY   # s_j's program: the outputs of this many steps stacked
         self._taps_init()
 
@@ -410,12 +411,16 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
                 self._off("the output path's premise is checked against g_j in float64, and "
                           + self._why_uncalibrated)
         kind = "untapped" if self._hook_why else ("full" if self.no_take else "fast")
-        out = None
+        out = []
+        if kind != "untapped":
+            if self._gather is None:
+                self._gather = self._gather_program()
+            out.append(self._gather(trainable, opt_vars))
         if kind != "fast":
             if self._probe is None or self._probe_c != (kind == "untapped"):
                 self._probe_c = kind == "untapped"
                 self._probe = self._make_probe(self._probe_c)
-            out = self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch)
+            out.append(self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch))
         full = None
         if self._seen % self.calibrate_every == 0:
             full = ([np.asarray(v) for v in trainable], [np.asarray(v) for v in non_trainable])
@@ -435,7 +440,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
                 raise Refused("the train step handed out none of the recorder's taps (a Keras "
                               "release whose train step the recorder does not know)")
             entry[2] = vec
-        size = sum(x.size * x.dtype.itemsize for x in entry[1:3] if x is not None)
+        size = sum(x.size * x.dtype.itemsize for x in entry[1] + [entry[2]] if x is not None)
         if len(self._queue) >= READ_EVERY or len(self._queue) * size >= _INBOX_BYTES or \
                 (kind == "fast" and entry[3] is not None):
             self._read_queue()
@@ -460,16 +465,19 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             fits = dict(zip(fast, self._fits([(t[0], t[1], hosts[i])
                                               for i, t in zip(fast, taps)])))
         d = self.layout.d
-        for i, ((kind, _, _, full, _), (probe, vec)) in enumerate(zip(queue, got)):
+        for i, ((kind, _, _, full, _), (pre, c)) in enumerate(zip(queue, got)):
             if kind == "untapped":
-                v = np.asarray(probe, dtype=np.float64)
+                v = np.asarray(pre[0], dtype=np.float64)
                 self._record(v[:d], v[d:2 * d], v[2 * d:3 * d], v[3 * d:4 * d],
                              v[4 * d + 1] == 1, v[4 * d], full, hosts[i], v[4 * d + 2:])
                 continue
-            v = np.asarray(vec, dtype=np.float64)
-            g = None if kind == "fast" else np.asarray(probe, dtype=np.float64)
-            self._record(v[:d], g, v[d:2 * d], v[2 * d:3 * d], v[3 * d + 1] == 1, v[3 * d],
-                         full, hosts[i], v[3 * d + 2:], fit=fits.get(i))
+            # The gather program's p, acc, lr, update flag, state; c_j the
+            # step's own; g_j the full path's program's.
+            v = np.asarray(pre[0], dtype=np.float64)
+            g = None if kind == "fast" else np.asarray(pre[1], dtype=np.float64)
+            self._record(v[:d], g, np.asarray(c, dtype=np.float64), v[d:2 * d],
+                         v[2 * d + 1] == 1, v[2 * d], full, hosts[i], v[2 * d + 2:],
+                         fit=fits.get(i))
 
     def _record(self, p, g, c, acc, update, lr, full, host, st, fit=None):
         """One train step's call, both backends: the micro-batch's fit, and
