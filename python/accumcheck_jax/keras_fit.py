@@ -222,6 +222,8 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         self._hook_why = ""        # why the train step carries no taps ("" where it does)
         self._probe_c = None       # the full path's program takes c_j too (no taps)
         self._gather = None        # the tapped step's program before it (keras_taps.py)
+        self._handed = None        # the trainable and optimizer values the last step handed out
+        self._post = None          # the last step's vector's state part, as read back
         self._stack = READ_EVERY   # s_j's program: the outputs of this many steps stacked
         self._taps_init()
 
@@ -293,6 +295,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
                 logs, new_state = rec._orig(state, arg)
             finally:
                 rec.in_step = False
+            rec._handed = (new_state[0], new_state[2])
             vec = logs.pop(LOGS_KEY, None) if isinstance(logs, dict) else None
             try:
                 rec._after_step(kind, vec)
@@ -411,11 +414,16 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
                 self._off("the output path's premise is checked against g_j in float64, and "
                           + self._why_uncalibrated)
         kind = "untapped" if self._hook_why else ("full" if self.no_take else "fast")
-        out = []
-        if kind != "untapped":
+        out = [None]
+        # The state this step starts from: the one the previous tapped step
+        # handed out (its vector holds it), unless another is passed in.
+        chained = self._handed is not None and kind != "untapped" and \
+            all(a is b for a, b in zip(trainable, self._handed[0])) and \
+            all(a is b for a, b in zip(opt_vars, self._handed[1]))
+        if kind != "untapped" and not chained:
             if self._gather is None:
                 self._gather = self._gather_program()
-            out.append(self._gather(trainable, opt_vars))
+            out[0] = self._gather(trainable, opt_vars)
         if kind != "fast":
             if self._probe is None or self._probe_c != (kind == "untapped"):
                 self._probe_c = kind == "untapped"
@@ -467,17 +475,19 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         d = self.layout.d
         for i, ((kind, _, _, full, _), (pre, c)) in enumerate(zip(queue, got)):
             if kind == "untapped":
-                v = np.asarray(pre[0], dtype=np.float64)
+                v = np.asarray(pre[1], dtype=np.float64)
                 self._record(v[:d], v[d:2 * d], v[2 * d:3 * d], v[3 * d:4 * d],
                              v[4 * d + 1] == 1, v[4 * d], full, hosts[i], v[4 * d + 2:])
                 continue
-            # The gather program's p, acc, lr, update flag, state; c_j the
-            # step's own; g_j the full path's program's.
-            v = np.asarray(pre[0], dtype=np.float64)
+            # c_j the step's own; p, acc, lr, update flag and state those of
+            # the state it started from: the gather program's, or the
+            # previous step's vector's (the state it handed this one).
+            c = np.asarray(c, dtype=np.float64)
+            v = self._post if pre[0] is None else np.asarray(pre[0], dtype=np.float64)
+            self._post = c[d:]
             g = None if kind == "fast" else np.asarray(pre[1], dtype=np.float64)
-            self._record(v[:d], g, np.asarray(c, dtype=np.float64), v[d:2 * d],
-                         v[2 * d + 1] == 1, v[2 * d], full, hosts[i], v[2 * d + 2:],
-                         fit=fits.get(i))
+            self._record(v[:d], g, c[:d], v[d:2 * d], v[2 * d + 1] == 1, v[2 * d], full,
+                         hosts[i], v[2 * d + 2:], fit=fits.get(i))
 
     def _record(self, p, g, c, acc, update, lr, full, host, st, fit=None):
         """One train step's call, both backends: the micro-batch's fit, and

@@ -91,9 +91,10 @@ class KerasTaps:
             return rec._tapped_call(functools.partial(call, **kw), *args)
 
         def stateless_apply(opt_vars, grads, trainable):
+            new_trainable, new_opt_vars = apply(opt_vars, grads, trainable)
             if rec.in_step:
-                rec.step_vec = rec._step_vector(trainable, grads, opt_vars)
-            return apply(opt_vars, grads, trainable)
+                rec.step_vec = rec._step_vector(grads, new_trainable, new_opt_vars)
+            return new_trainable, new_opt_vars
 
         def compute_metrics(*args, **kw):
             logs = metrics(*args, **kw)
@@ -166,36 +167,47 @@ class KerasTaps:
         wrapped.defvjp(fwd, bwd)
         return wrapped(*args)
 
-    def _step_vector(self, trainable, grads, opt_vars):
-        """In the train step, before its update: the kept coordinates of
-        c_j (the gradient stateless_apply is handed; not a donated buffer,
-        so reading it adds no copy to the step)."""
-        return _pack(self.jax.numpy, self.layout.take(self.jax.numpy, list(grads)))
+    def _step_vector(self, grads, trainable, opt_vars):
+        """In the train step: the kept coordinates of c_j (the gradient
+        stateless_apply is handed), then _gathered of the state the
+        update leaves (the next step's input: read from the step's
+        outputs, not from the buffers it donates, so no copy is added)."""
+        jnp = self.jax.numpy
+        return _pack(jnp, self.layout.take(jnp, list(grads))
+                     + self._gathered(list(trainable), opt_vars))
 
-    def _gather_program(self):
-        """The program dispatched before each tapped step, on the state it
-        starts from (no gradient: gathers): the kept coordinates of the
-        parameters and of the accumulator, the lr, the update flag (0 or
-        1) and the optimizer state's kept values, one vector.  Not taken
-        in the step itself: reading the buffers the step donates and
-        updates in place made XLA copy each of them whole (measured: 34
-        more copies of the parameters' size in the compute-bound bench
-        model's step, 5 ms of its 14)."""
+    def _gathered(self, trainable, opt_vars):
+        """The kept coordinates of the parameters and of the accumulator,
+        the lr, the update flag (0 or 1: whether the optimizer's counter
+        makes the call an update call) and the optimizer state's kept
+        values, as the state trainable, opt_vars gives them (one call's
+        input)."""
         jax, keras, opt, rec = self.jax, self.keras, self.opt, self
         jnp = jax.numpy
+        take = rec.layout.take
+        with keras.StatelessScope(state_mapping=list(zip(opt.variables, opt_vars))):
+            lr = jnp.asarray(keras.ops.convert_to_tensor(opt.learning_rate), jnp.float32)
+        acc = [jnp.zeros_like(p) if i is None else opt_vars[i]
+               for p, i in zip(trainable, rec._acc_index)]
+        state = [x for lst in rec._slots for x in take(jnp, [opt_vars[i] for i in lst])]
+        # Keras's rule: the call its counter makes an update call.
+        update = (opt_vars[rec._iter_index] + 1) % rec.K == 0
+        return take(jnp, trainable) + take(jnp, acc) + [
+            jnp.reshape(lr, (1,)), jnp.reshape(update.astype(jnp.float32), (1,))] + state
+
+    def _gather_program(self):
+        """_gathered as a program of its own, dispatched before a tapped
+        step whose input is not the state the previous step handed out
+        (the first step, or a callback's sync of the variables between
+        steps): no gradient, gathers only.  Not taken from the step's own
+        input inside it: reading the buffers the step donates and updates
+        in place made XLA copy each of them whole (measured: 34 more
+        copies of the parameters' size in the compute-bound bench model's
+        step, 5 ms of its 14)."""
+        jax, rec = self.jax, self
 
         def gather(trainable, opt_vars):
-            take = rec.layout.take
-            with keras.StatelessScope(state_mapping=list(zip(opt.variables, opt_vars))):
-                lr = jnp.asarray(keras.ops.convert_to_tensor(opt.learning_rate), jnp.float32)
-            acc = [jnp.zeros_like(p) if i is None else opt_vars[i]
-                   for p, i in zip(trainable, rec._acc_index)]
-            state = [x for lst in rec._slots for x in take(jnp, [opt_vars[i] for i in lst])]
-            # Keras's rule: the call its counter makes an update call.
-            update = (opt_vars[rec._iter_index] + 1) % rec.K == 0
-            return _pack(jnp, take(jnp, list(trainable)) + take(jnp, acc)
-                         + [jnp.reshape(lr, (1,)), jnp.reshape(update.astype(jnp.float32), (1,))]
-                         + state)
+            return _pack(jax.numpy, rec._gathered(list(trainable), list(opt_vars)))
         from .capture import _jit_rare
         from .keras_fit import LEAN
         return _jit_rare(jax, gather, LEAN)
