@@ -271,3 +271,22 @@ def test_regularizer_in_the_summed_loss_passes(tmp_path, accumcheck):
     r = certify(accumcheck, tmp_path / "t")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS (contract tier)" in r.stdout
+
+
+# A callback that moves the weights between two train steps (Keras hands
+# the step a state made anew from the variables it synced): the recorder
+# reads that step's input by its own program, not from the previous step's
+# outputs, so the replay sees the move and certify fails the fit.
+def test_weights_moved_between_steps_are_seen(tmp_path, accumcheck):
+    class Nudge(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:   # inside a window (K = 2: calls 4 and 5)
+                w = self.model.trainable_variables[0]
+                w.assign(w * 1.01)
+    m = model(gradient_accumulation_steps=2)
+    rec = KerasRecorder(m, train_keras.summed_loss, out=str(tmp_path / "t"), quiet=True)
+    x, y = train_keras.data(48, 8, 4)
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[rec, Nudge()])
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL optimizer replay" in r.stdout, r.stdout
