@@ -290,9 +290,14 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
                 rec._fail(e)
                 return rec._orig(state, arg)
-            rec.in_step = True
             try:
-                logs, new_state = rec._orig(state, arg)
+                state_z = rec._with_z(state, batch) if kind != "untapped" else state
+            except Exception as e:  # noqa: BLE001
+                rec._fail(e)
+                return rec._orig(state, arg)
+            rec.in_step = kind != "untapped"
+            try:
+                logs, new_state = rec._orig(state_z, arg)
             finally:
                 rec.in_step = False
             rec._handed = (new_state[0], new_state[2])
@@ -448,7 +453,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
                 raise Refused("the train step handed out none of the recorder's taps (a Keras "
                               "release whose train step the recorder does not know)")
             entry[2] = vec
-        size = sum(x.size * x.dtype.itemsize for x in entry[1] + [entry[2]] if x is not None)
+        size = sum(x.size * x.dtype.itemsize for x in self.jax.tree_util.tree_leaves(entry[1:3]))
         if len(self._queue) >= READ_EVERY or len(self._queue) * size >= _INBOX_BYTES or \
                 (kind == "fast" and entry[3] is not None):
             self._read_queue()
@@ -460,18 +465,16 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         if not queue:
             return
         got = self.jax.device_get([(e[1], e[2]) for e in queue])
+        leaves = self.jax.tree_util.tree_leaves
         unpack = self.keras.utils.unpack_x_y_sample_weight
         hosts = [self.jax.tree_util.tree_map(np.asarray, tuple(unpack(e[4]))) for e in queue]
         fast = [i for i, e in enumerate(queue) if e[0] == "fast"]
-        taps, self.taps = self.taps, []
         fits = {}
         if fast:
-            if len(taps) != len(fast):
-                self._refuse("the train step's backward handed y_pred's cotangent %d times in "
-                             "%d steps (once each is the output path's premise)"
-                             % (len(taps), len(fast)))
-            fits = dict(zip(fast, self._fits([(t[0], t[1], hosts[i])
-                                              for i, t in zip(fast, taps)])))
+            # got[i][1]: the step's vector, u_j and y_pred (keras_taps.py).
+            fits = dict(zip(fast, self._fits([
+                ([np.asarray(a) for a in leaves(got[i][1][2])],
+                 [np.asarray(a) for a in leaves(got[i][1][1])], hosts[i]) for i in fast])))
         d = self.layout.d
         for i, ((kind, _, _, full, _), (pre, c)) in enumerate(zip(queue, got)):
             if kind == "untapped":
@@ -482,7 +485,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             # c_j the step's own; p, acc, lr, update flag and state those of
             # the state it started from: the gather program's, or the
             # previous step's vector's (the state it handed this one).
-            c = np.asarray(c, dtype=np.float64)
+            c = np.asarray(c[0], dtype=np.float64)
             v = self._post if pre[0] is None else np.asarray(pre[0], dtype=np.float64)
             self._post = c[d:]
             g = None if kind == "fast" else np.asarray(pre[1], dtype=np.float64)

@@ -31,8 +31,6 @@ parameters only through y_pred, which outputs.Outputs._premise checks on
 every calibrate_every-th step (the first included) against g_j in
 float64.  No gradient of the parameters is recomputed on this path."""
 
-import functools
-
 import numpy as np
 
 from .contract import _pack
@@ -63,7 +61,10 @@ class KerasTaps:
     def _taps_init(self):
         self.in_step = False    # inside the train step the wrapper calls (its trace)
         self.tap_next = False   # the next stateless_call is the train step's forward
-        self.step_vec = None    # while tracing: the vector stateless_apply took
+        self.z = None           # while tracing: the probe z (u_j is its gradient)
+        self.tapped_trace = False  # while tracing: y_pred went through _identity
+        self.step_out = None    # while tracing: stateless_apply's vector and u_j
+        self._z = {}            # z (numpy zeros as y_pred), per input shape
         self.hooked = []        # (object, attribute name) the taps were installed as
         self.tapped_fit = False  # the taps were installed (meta.csv says so)
         self.out_tree = None    # y_pred's treedef (the train step's)
@@ -77,30 +78,40 @@ class KerasTaps:
             model.compute_metrics
         apply = opt.stateless_apply
 
-        def compute_loss_and_updates(*args, **kw):
+        def compute_loss_and_updates(trainable, *args, **kw):
             rec.tap_next = rec.in_step and bool(kw.get("training"))
+            if rec.tap_next:
+                # The train step's input carries z after the parameters
+                # (_with_z): the probe whose gradient is u_j.
+                rec.z, trainable = trainable[-1], trainable[:-1]
             try:
-                return clu(*args, **kw)
+                return clu(trainable, *args, **kw)
             finally:
-                rec.tap_next = False
+                rec.tap_next, rec.z = False, None
 
         def stateless_call(*args, **kw):
             if not rec.tap_next or not kw.get("return_losses"):
                 return call(*args, **kw)
             rec.tap_next = False
-            return rec._tapped_call(functools.partial(call, **kw), *args)
+            out = call(*args, **kw)
+            rec.tapped_trace = True
+            return (rec._identity(out[0], rec.z),) + tuple(out[1:])
 
         def stateless_apply(opt_vars, grads, trainable):
+            if not rec.in_step:
+                return apply(opt_vars, grads, trainable)
+            u, grads, trainable = grads[-1], list(grads[:-1]), list(trainable[:-1])
             new_trainable, new_opt_vars = apply(opt_vars, grads, trainable)
-            if rec.in_step:
-                rec.step_vec = rec._step_vector(grads, new_trainable, new_opt_vars)
+            if rec.tapped_trace:
+                rec.step_out = (rec._step_vector(grads, new_trainable, new_opt_vars), u)
             return new_trainable, new_opt_vars
 
-        def compute_metrics(*args, **kw):
-            logs = metrics(*args, **kw)
-            if rec.in_step and rec.step_vec is not None:
-                logs = dict(logs, **{LOGS_KEY: rec.step_vec})
-                rec.step_vec = None
+        def compute_metrics(x, y, y_pred, *args, **kw):
+            logs = metrics(x, y, y_pred, *args, **kw)
+            if rec.in_step and rec.step_out is not None:
+                vec, u = rec.step_out
+                logs = dict(logs, **{LOGS_KEY: (vec, u, y_pred)})
+                rec.step_out, rec.tapped_trace = None, False
             return logs
         for owner, name, fn in ((model, "compute_loss_and_updates", compute_loss_and_updates),
                                 (model, "stateless_call", stateless_call),
@@ -121,51 +132,45 @@ class KerasTaps:
         # The traced step carries the taps: the next fit traces its own.
         self.net.make_train_function(force=True)
 
-    def _tapped_call(self, fn, *args):
-        """fn(*args) (stateless_call's whole result: y_pred, the
-        non-trainable values, the losses) through a custom_vjp whose
-        backward hands y_pred and its cotangent u_j to the host."""
-        jax, rec = self.jax, self
-        jnp = jax.numpy
-
-        def tap(dtype, *ou):
-            if not rec.closed and not rec.no_take:
-                n = len(ou) // 2
-                rec.taps.append(([np.array(a) for a in ou[:n]], [np.array(a) for a in ou[n:]]))
-            return np.zeros((), dtype)
+    def _identity(self, y_pred, z):
+        """y_pred unchanged, through a custom_vjp whose backward hands the
+        cotangent u_j Keras's loss sends into y_pred on unchanged and
+        also as z's: the train step differentiates z with the parameters
+        (_with_z), so its gradient list ends in u_j, from the step's own
+        backward.  No operation is added to the forward or the backward
+        (u_j is only read: the parameters' gradient and the step's bits
+        as without it); no host callback."""
+        jax = self.jax
 
         @jax.custom_vjp
-        def wrapped(*a):
-            return fn(*a)
+        def identity(y, z):
+            return y
 
-        def fwd(*a):
-            out, vjp = jax.vjp(fn, *a)
-            return out, (vjp, out[0])
+        def fwd(y, z):
+            return y, None
 
-        def bwd(res, u):
-            vjp, y_pred = res
-            cts = list(vjp(u))
-            o_leaves, treedef = jax.tree_util.tree_flatten(y_pred)
-            rec.out_tree = treedef
-            u_leaves = jax.tree_util.tree_leaves(u[0])
-            # outputs.py's tap: the callback's integer zero added to the
-            # bits of the smallest trainable gradient (exact; the tap kept
-            # on the gradient's path, u_j and the backward untouched).
-            leaves, tdef = jax.tree_util.tree_flatten(cts[0])
-            fl = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating)
-                  and _int_like(jnp, x.dtype) is not None]
-            if not fl or len(u_leaves) != len(o_leaves):
-                return tuple(cts)
-            at = min(fl, key=lambda i: leaves[i].size)
-            ints = _int_like(jnp, leaves[at].dtype)
-            zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
-                                     jax.ShapeDtypeStruct((), ints), *o_leaves, *u_leaves)
-            bits = jax.lax.bitcast_convert_type(leaves[at], ints) + zero
-            leaves[at] = jax.lax.bitcast_convert_type(bits, leaves[at].dtype)
-            cts[0] = jax.tree_util.tree_unflatten(tdef, leaves)
-            return tuple(cts)
-        wrapped.defvjp(fwd, bwd)
-        return wrapped(*args)
+        def bwd(_, u):
+            return u, u
+        identity.defvjp(fwd, bwd)
+        return identity(y_pred, z)
+
+    def _with_z(self, state, batch):
+        """The step's state with z, zeros shaped as y_pred, after the
+        parameters (the differentiated list); z's shapes from the model's
+        output for this input's shapes (jax.eval_shape, once each)."""
+        jax, keras, model = self.jax, self.keras, self.net
+        x = keras.utils.unpack_x_y_sample_weight(batch)[0]
+        key = tuple((tuple(np.shape(a)), str(getattr(a, "dtype", ""))) for a in
+                    jax.tree_util.tree_leaves(x))
+        z = self._z.get(key)
+        if z is None:
+            kw = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
+            shape = jax.eval_shape(lambda tv, ntv, xs: model.stateless_call(tv, ntv, xs, **kw)[0],
+                                   state[0], state[1], x)
+            z = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shape)
+            self.out_tree = jax.tree_util.tree_structure(shape)
+            self._z[key] = z
+        return (list(state[0]) + [z],) + tuple(state[1:])
 
     def _step_vector(self, grads, trainable, opt_vars):
         """In the train step: the kept coordinates of c_j (the gradient
