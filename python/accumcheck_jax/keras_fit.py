@@ -16,18 +16,22 @@ writer it reuses), judged by `accumcheck certify --contract`.
 
 How (a Keras callback; nothing of the run changes): when fit starts, the
 callback wraps the model's train function (made by fit before any
-callback runs) in a Python function that, before each train step,
-dispatches one program of the recorder's own on the step's input state
-and batch (its result, one vector, read back with the others every
-READ_EVERY steps or _INBOX_BYTES, at each epoch's start and at the end:
-the host never waits on it per step), then calls the train step as it
-was.  The program
-(compiled lean: capture._jit_rare with LEAN) computes, on d kept coordinates per variable
-(accumcheck_jax's layout):
-  - g_j, the gradient of summed_loss at the parameters the step sees, and
-    c_j, the gradient Keras's train step takes (jax.grad of the model's
-    compute_loss_and_updates, the function train_step differentiates),
-    fitted as w_j g_j;
+callback runs) in a Python function that hands each train step its input
+and takes what the step hands out.  On the JAX backend (keras_taps.py)
+the step itself carries the recorder's taps, so Keras's own forward and
+backward give, on d kept coordinates per variable (accumcheck_jax's
+layout):
+  - c_j, the gradient Keras's train step takes, and u_j, the cotangent
+    its loss sends into the model's outputs y_pred; the recorder takes
+    s_j, summed_loss's gradient at y_pred (a program the size of the
+    outputs), and reads the weight w_j of c_j = w_j g_j at the outputs
+    (u_j = w_j s_j: the output path, outputs.py), checked on every
+    calibrate_every-th step against g_j in float64; where that premise
+    fails (the loss reaches the parameters by another path, as a
+    regularizer summed_loss leaves out), or the model has no float64
+    clone, every later step takes the full path: g_j, the gradient of
+    summed_loss at the parameters the step sees, from a program of the
+    recorder's own dispatched before the step (_make_probe);
   - the optimizer's accumulator going in (its gradient_accumulator
     variables), its own iteration counter and the lr its update uses (the
     optimizer's learning_rate read in a StatelessScope of its variables);
@@ -42,6 +46,15 @@ was.  The program
     before 3.5.0) fails it; and each call that applies no update writes
     an idle row: how many kept parameters and optimizer-state values (its
     per-weight lists: Adam's moments, SGD's momentum) moved across it.
+What the steps hand out stays on the device, read back every READ_EVERY
+steps or _INBOX_BYTES, at each epoch's start and at the end (the host
+never waits on a step), and at once after a calibration sample on the
+output path (its premise decides the path of the steps after it).  A
+model whose train step is not Keras's own (or not jitted) gets one
+program of the recorder's before each step computing all of it, c_j too
+(jax.grad of the model's compute_loss_and_updates), with a note in
+meta.csv.  The recorder's programs compile lean (capture._jit_rare with
+LEAN).
 On the torch backend (a stateful train step) the same is read from the
 live variables before the step, g_j from a forward of the recorder's own
 (the model's non-trainable variables and torch's RNG put back as they
@@ -168,7 +181,10 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
 
     model: compiled (model.compile(optimizer=..., loss=...)); K is its
     optimizer's gradient_accumulation_steps (None: 1).  summed_loss(y_true,
-    y_pred, sample_weight): the SUM of the batch's item losses; count(batch):
+    y_pred, sample_weight): the SUM of the batch's item losses (it may read
+    the model's weights, e.g. each item's share of a regularizer,
+    n * sum(model.losses): the recorder calls it where they read as the
+    values its gradient is taken at); count(batch):
     its loss-bearing items (default: its samples).  lr and schedule: the
     accepted schedule, as for ContractRecorder.  Pass it to fit:
     model.fit(..., callbacks=[rec]); the trace is written when fit ends."""

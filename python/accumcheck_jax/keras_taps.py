@@ -1,43 +1,58 @@
 """KerasRecorder's taps inside Keras's own JAX train step (a mixin of
 keras_fit.KerasRecorder): the output path (outputs.py) for `model.fit`.
 
-Keras's JAX train step differentiates model.compute_loss_and_updates,
-which calls model.stateless_call(...) for y_pred and then the loss; it
-hands the gradient to model.optimizer.stateless_apply and the logs of
-model.compute_metrics out of the step.  The step is traced at its first
-call, after on_train_begin, so wrappers installed on the model and the
-optimizer instances there (and removed at on_train_end; the train
-function made anew both times, so neither the user's earlier nor later
-fits run a traced step with them) put two taps in the step itself:
-  - y_pred passes through a jax.custom_vjp (stateless_call's whole
-    result, with its arguments) whose backward hands y_pred and u_j, the
-    cotangent Keras's loss sends into it, to the host: a pure_callback
-    whose integer zero is added to the bits of the smallest trainable
-    gradient the backward returns (outputs.py's tap: the values
-    unchanged, the callback kept on the gradient's path; u_j and the
-    backward's own work untouched);
-  - stateless_apply takes, before the update, the kept coordinates of the
-    parameters, of c_j (the gradient it is handed), of the accumulator and
-    of the optimizer's per-variable state, the lr and the update flag:
-    one vector (gathers, no gradient), handed out of the step as an extra
-    entry of its logs, which the train function wrapper removes before
-    Keras sees them (no host callback: the vector stays on the device
-    until the queue is read back).
+Keras's JAX train step differentiates model.compute_loss_and_updates
+with respect to its first argument (the trainable values), which calls
+model.stateless_call(...) for y_pred and then the loss; it hands the
+gradient to model.optimizer.stateless_apply and y_pred to
+model.compute_metrics, whose logs leave the step.  The step is traced at
+its first call, after on_train_begin, so wrappers installed on the model
+and optimizer instances there (removed at on_train_end; the train
+function made anew both times, so no fit of the user's before or after
+runs a step traced with them) put the taps in the step itself:
+  - u_j, the cotangent Keras's loss sends into y_pred, from the step's
+    own backward: the step's input carries a zero probe z shaped as
+    y_pred after the trainable values (_with_z), so the step
+    differentiates it with them; y_pred passes through a custom_vjp
+    identity of (y_pred, z) whose backward hands u_j on unchanged and as
+    z's cotangent, so the gradient list ends in u_j (_identity).  Nothing
+    is added to the forward or the backward; u_j is only read.  (A
+    pure_callback handing u_j to the host, outputs.py's tap, cost about
+    0.3 ms of CPU a step on jax 0.10's CPU backend: more than Keras's
+    whole step on the example's MLP.)
+  - c_j's kept coordinates (the gradient stateless_apply is handed, u_j
+    taken off it), then the kept coordinates of the parameters, the
+    accumulator and the optimizer's per-variable state the update leaves,
+    the lr and the update flag of the next call (_step_vector): one
+    vector.
+  - the vector, u_j and y_pred leave the step as an extra entry of its
+    logs (compute_metrics'), which the train function wrapper removes
+    before Keras sees them: no host callback, the arrays stay on the
+    device until the queue is read back.
+A step's input state is the state the previous step's vector holds
+where Keras hands it the arrays that step returned (checked by identity);
+otherwise (the first step, a callback that synced and moved the
+variables) a program of gathers before the step reads it
+(_gather_program: reading the donated input inside the step made XLA
+copy every updated buffer whole).
 The recorder then takes s_j, summed_loss's gradient at each queued
 step's y_pred (one program over the stacked outputs of the steps whose
 shapes agree: a program the size of the outputs), and fits u_j = w_j s_j
 (outputs.fit_dots); c_j = w_j g_j follows where the loss reaches the
 parameters only through y_pred, which outputs.Outputs._premise checks on
 every calibrate_every-th step (the first included) against g_j in
-float64.  No gradient of the parameters is recomputed on this path."""
+float64; where it fails, or where the model has no float64 clone, every
+step from then on takes the full path (g_j a gradient of the recorder's
+own, keras_fit._make_probe).  No gradient of the parameters is
+recomputed on the output path."""
 
 import numpy as np
 
 from .contract import _pack
-from .outputs import _dots_on_host, _int_like, fit_dots
+from .outputs import _dots_on_host, fit_dots
 
-# The logs entry the train step hands the recorder's vector out by
-# (removed before Keras's callbacks and History see the logs).
+# The logs entry the train step hands the recorder's vector, u_j and
+# y_pred out by (removed before Keras's callbacks and History see the logs).
 LOGS_KEY = "__accumcheck_step"
 
 
