@@ -679,9 +679,9 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
                            "against the parameters after it (Keras applies the update inside "
                            "its train step): nothing else may move them in the window"),
                 ("recorder", ("accumcheck_jax.KerasRecorder: taps in Keras's own train step "
-                              "(y_pred's cotangent from its backward; the parameters, gradient, "
-                              "accumulator, lr and state before its update), g_j read at the "
-                              "outputs (keras_taps.py)" if self.tapped_fit else
+                              "(c_j and y_pred's cotangent from its backward; the parameters, "
+                              "accumulator, lr and optimizer state its update leaves), g_j's "
+                              "weight read at the outputs (keras_taps.py)" if self.tapped_fit else
                               "accumcheck_jax.KerasRecorder: a program of its own before each "
                               "train step of fit (the step's state and batch)")
                  + "; %d coordinates kept of the parameters" % self.layout.d)]
