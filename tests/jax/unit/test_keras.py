@@ -290,3 +290,57 @@ def test_weights_moved_between_steps_are_seen(tmp_path, accumcheck):
     r = certify(accumcheck, tmp_path / "t")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL optimizer replay" in r.stdout, r.stdout
+
+
+def example_fit(make, recorded, out, **kw):
+    """The example's correct fit (48 samples, batch 4, K = 4, 2 epochs) of
+    the model make() builds; returns its trained weights and History."""
+    keras.utils.set_random_seed(0)
+    m = make()
+    m.compile(optimizer=keras.optimizers.Adam(1e-2, gradient_accumulation_steps=4),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = [KerasRecorder(m, train_keras.summed_loss, out=str(out), quiet=True)] if recorded else []
+    x, y = train_keras.data(48, 8, 4)
+    h = m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=cb, **kw)
+    return [keras.ops.convert_to_numpy(v.value) for v in m.trainable_variables], h.history
+
+
+def mlp():
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                             keras.layers.Dense(4)])
+
+
+# A model with its own train_step: the recorder's taps cannot go into it,
+# so every step takes the full path (a program of the recorder's own
+# before each step, c_j too), with a note; the correct fit PASSes.
+def test_own_train_step_takes_the_full_path(tmp_path, accumcheck):
+    class Own(keras.Sequential):
+        def train_step(self, state, data):
+            return super().train_step(state, data)
+
+    def make():
+        return Own(mlp().layers)
+    plain, _ = example_fit(make, False, None)
+    recorded, _ = example_fit(make, True, tmp_path / "t")
+    same_bits(plain, recorded)
+    assert "the model's train_step is its own, not Keras's" in meta(tmp_path / "t")["notes"]
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
+
+
+# Sample weights and validation data: the step's taps leave its logs
+# before Keras sees them (the History holds the same keys), the
+# validation's steps are not recorded, and the weighted fit PASSes on the
+# output path (Keras's loss sum(w_i l_i) / n: weight 1/n at the outputs).
+def test_sample_weight_and_validation_on_the_output_path(tmp_path, accumcheck):
+    x, y = train_keras.data(48, 8, 4)
+    kw = dict(sample_weight=np.linspace(0.5, 1.5, 48).astype(np.float32),
+              validation_data=(x[:8], y[:8]))
+    plain, h0 = example_fit(mlp, False, None, **kw)
+    recorded, h1 = example_fit(mlp, True, tmp_path / "t", **kw)
+    same_bits(plain, recorded)
+    assert sorted(h0) == sorted(h1)
+    assert "notes" not in meta(tmp_path / "t")
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
+    assert "ok   weight fit: 24 backward passes" in r.stdout, r.stdout
