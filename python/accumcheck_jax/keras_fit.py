@@ -314,6 +314,17 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             rec.in_step = kind != "untapped"
             try:
                 logs, new_state = rec._orig(state_z, arg)
+            except Exception as e:  # noqa: BLE001
+                if kind == "untapped":
+                    raise
+                # The taps failed where Keras traces its step (a release
+                # or model whose step they do not fit): the recording ends,
+                # the step runs as fit made it (an error of the model's
+                # own is raised there again).
+                rec.in_step = False
+                rec._fail(e)
+                again = iter([batch]) if hasattr(data, "__next__") else data
+                return rec.net.train_function(state, again)
             finally:
                 rec.in_step = False
             rec._handed = (new_state[0], new_state[2])

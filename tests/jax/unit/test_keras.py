@@ -344,3 +344,18 @@ def test_sample_weight_and_validation_on_the_output_path(tmp_path, accumcheck):
     r = certify(accumcheck, tmp_path / "t")
     assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
     assert "ok   weight fit: 24 backward passes" in r.stdout, r.stdout
+
+
+# An error of the taps where Keras traces its train step ends the
+# recording with its reason; the step runs as fit made it, the fit goes
+# on and its weights are the same bits.
+def test_tap_error_in_the_traced_step_ends_the_recording_not_the_fit(tmp_path, monkeypatch):
+    from accumcheck_jax import keras_taps
+
+    def broken(self, grads, trainable, opt_vars):
+        raise RuntimeError("a tap that does not fit")
+    monkeypatch.setattr(keras_taps.KerasTaps, "_step_vector", broken)
+    plain, _ = example_fit(mlp, False, None)
+    recorded, _ = example_fit(mlp, True, tmp_path / "t")
+    same_bits(plain, recorded)
+    assert "a tap that does not fit" in (tmp_path / "t" / "rank0.incomplete").read_text()
