@@ -16,18 +16,22 @@ writer it reuses), judged by `accumcheck certify --contract`.
 
 How (a Keras callback; nothing of the run changes): when fit starts, the
 callback wraps the model's train function (made by fit before any
-callback runs) in a Python function that, before each train step,
-dispatches one program of the recorder's own on the step's input state
-and batch (its result, one vector, read back with the others every
-READ_EVERY steps or _INBOX_BYTES, at each epoch's start and at the end:
-the host never waits on it per step), then calls the train step as it
-was.  The program
-(compiled lean: capture._jit_rare with LEAN) computes, on d kept coordinates per variable
-(accumcheck_jax's layout):
-  - g_j, the gradient of summed_loss at the parameters the step sees, and
-    c_j, the gradient Keras's train step takes (jax.grad of the model's
-    compute_loss_and_updates, the function train_step differentiates),
-    fitted as w_j g_j;
+callback runs) in a Python function that hands each train step its input
+and takes what the step hands out.  On the JAX backend (keras_taps.py)
+the step itself carries the recorder's taps, so Keras's own forward and
+backward give, on d kept coordinates per variable (accumcheck_jax's
+layout):
+  - c_j, the gradient Keras's train step takes, and u_j, the cotangent
+    its loss sends into the model's outputs y_pred; the recorder takes
+    s_j, summed_loss's gradient at y_pred (a program the size of the
+    outputs), and reads the weight w_j of c_j = w_j g_j at the outputs
+    (u_j = w_j s_j: the output path, outputs.py), checked on every
+    calibrate_every-th step against g_j in float64; where that premise
+    fails (the loss reaches the parameters by another path, as a
+    regularizer summed_loss leaves out), or the model has no float64
+    clone, every later step takes the full path: g_j, the gradient of
+    summed_loss at the parameters the step sees, from a program of the
+    recorder's own dispatched before the step (_make_probe);
   - the optimizer's accumulator going in (its gradient_accumulator
     variables), its own iteration counter and the lr its update uses (the
     optimizer's learning_rate read in a StatelessScope of its variables);
@@ -42,6 +46,15 @@ was.  The program
     before 3.5.0) fails it; and each call that applies no update writes
     an idle row: how many kept parameters and optimizer-state values (its
     per-weight lists: Adam's moments, SGD's momentum) moved across it.
+What the steps hand out stays on the device, read back every READ_EVERY
+steps or _INBOX_BYTES, at each epoch's start and at the end (the host
+never waits on a step), and at once after a calibration sample on the
+output path (its premise decides the path of the steps after it).  A
+model whose train step is not Keras's own (or not jitted) gets one
+program of the recorder's before each step computing all of it, c_j too
+(jax.grad of the model's compute_loss_and_updates), with a note in
+meta.csv.  The recorder's programs compile lean (capture._jit_rare with
+LEAN).
 On the torch backend (a stateful train step) the same is read from the
 live variables before the step, g_j from a forward of the recorder's own
 (the model's non-trainable variables and torch's RNG put back as they
@@ -62,6 +75,7 @@ from accumcheck_trace.trace import VERSION, Refused, describe, real
 from .capture import _jit_rare, dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
 from .inbox import _INBOX_BYTES
+from .keras_taps import LOGS_KEY, KerasTaps, hookable
 from .keras_torch import KerasTorch, _torch_grad
 
 # The JAX backend's train steps whose recorder program is read back
@@ -159,7 +173,7 @@ def _draws_random(model):
     return any(getattr(layer, "_seed_generators", None) for layer in layers)
 
 
-class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
+class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
     """KerasRecorder(model, summed_loss, count=None, out="trace",
     items="samples", run="trainer", lr=None, schedule=None, accept=(),
     calibrate_every=16, coordinates=4096, seed=0, quiet=False): a
@@ -167,7 +181,10 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
 
     model: compiled (model.compile(optimizer=..., loss=...)); K is its
     optimizer's gradient_accumulation_steps (None: 1).  summed_loss(y_true,
-    y_pred, sample_weight): the SUM of the batch's item losses; count(batch):
+    y_pred, sample_weight): the SUM of the batch's item losses (it may read
+    the model's weights, e.g. each item's share of a regularizer,
+    n * sum(model.losses): the recorder calls it where they read as the
+    values its gradient is taken at); count(batch):
     its loss-bearing items (default: its samples).  lr and schedule: the
     accepted schedule, as for ContractRecorder.  Pass it to fit:
     model.fit(..., callbacks=[rec]); the trace is written when fit ends."""
@@ -218,6 +235,13 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         self._state_now = None     # the kept coordinates of that state, at the last read
         self._queue = []           # steps whose program's result is not read back yet
         self._seen = 0             # train steps seen (queued or taken in)
+        self._hook_why = ""        # why the train step carries no taps ("" where it does)
+        self._probe_c = None       # the full path's program takes c_j too (no taps)
+        self._gather = None        # the tapped step's program before it (keras_taps.py)
+        self._handed = None        # the trainable and optimizer values the last step handed out
+        self._post = None          # the last step's vector's state part, as read back
+        self._stack = READ_EVERY   # s_j's program: the outputs of this many steps stacked
+        self._taps_init()
 
     # ---- the callback
 
@@ -254,6 +278,21 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
             model.train_function = train_function
             return
 
+        why = hookable(model, self.keras)
+        if why:
+            self._hook_why = why
+            self.notes.append("the recorder's taps cannot go into the train step (%s): every "
+                              "step takes the full path (g_j and c_j recomputed)" % why)
+        else:
+            # The float64 clone made now, while fit has not yet taken the
+            # variables' values into its state (the optimizer's config
+            # reads its lr variable); without it the premise cannot be
+            # checked, and every step takes the full path (_before_step).
+            with _enable_x64(self.jax):
+                self._float64_clone()
+            self._install_taps()
+            self._orig = model.train_function
+
         def train_function(state, data):
             if rec.closed:
                 return rec._orig(state, data)
@@ -263,10 +302,38 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
             else:                              # earlier: a list of batches
                 batch, arg = data[0], data
             try:
-                rec._before_step(state, batch)
+                kind = rec._before_step(state, batch)
             except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
                 rec._fail(e)
-            return rec._orig(state, arg)
+                return rec._orig(state, arg)
+            try:
+                state_z = rec._with_z(state, batch) if kind != "untapped" else state
+            except Exception as e:  # noqa: BLE001
+                rec._fail(e)
+                return rec._orig(state, arg)
+            rec.in_step = kind != "untapped"
+            try:
+                logs, new_state = rec._orig(state_z, arg)
+            except Exception as e:  # noqa: BLE001
+                if kind == "untapped":
+                    raise
+                # The taps failed where Keras traces its step (a release
+                # or model whose step they do not fit): the recording ends,
+                # the step runs as fit made it (an error of the model's
+                # own is raised there again).
+                rec.in_step = False
+                rec._fail(e)
+                again = iter([batch]) if hasattr(data, "__next__") else data
+                return rec.net.train_function(state, again)
+            finally:
+                rec.in_step = False
+            rec._handed = (new_state[0], new_state[2])
+            vec = logs.pop(LOGS_KEY, None) if isinstance(logs, dict) else None
+            try:
+                rec._after_step(kind, vec)
+            except Exception as e:  # noqa: BLE001
+                rec._fail(e)
+            return logs, new_state
         model.train_function = train_function
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -281,6 +348,7 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
     def on_train_end(self, logs=None):
         if self._orig is not None and self.net.train_function is not self._orig:
             self.net.train_function = self._orig
+        self._remove_taps()
         if self.closed:
             return
         try:
@@ -318,52 +386,53 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
                           "accumulator for some variable" % self.K)
         self._slots = _slot_lists(opt, self.net.trainable_variables, ids, accs)
 
-    def _make_probe(self):
+    def _make_probe(self, with_c):
+        """The full path's program, dispatched before the step on its
+        input state and batch: g_j, the gradient of summed_loss at the
+        parameters the step sees (its kept coordinates).  with_c (the
+        step carries no taps): also c_j, the gradient Keras's train step
+        takes (jax.grad of the model's compute_loss_and_updates, the
+        function train_step differentiates), and the rest the taps would
+        have taken: one vector p, g, c, acc, lr, update flag, state."""
         jax, keras, model, opt = self.jax, self.keras, self.net, self.opt
         jnp = jax.numpy
         unpack = keras.utils.unpack_x_y_sample_weight
-        summed = self.summed_loss
+        user = self._user_loss(model)
         rec = self
-        kw = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
 
         def probe(trainable, non_trainable, opt_vars, metrics_vars, batch):
             x, y, sw = unpack(batch)
-
-            def user(tv):
-                y_pred, _ = model.stateless_call(tv, non_trainable, x, **kw)
-                return summed(y, y_pred, sw)
 
             def theirs(tv):
                 return model.compute_loss_and_updates(
                     tv, non_trainable, metrics_vars, x, y, sw, training=True,
                     optimizer_variables=opt_vars)
-            g = jax.grad(user)(list(trainable))
+            take = rec.layout.take
+            g = jax.grad(user)(list(trainable), non_trainable, batch)
+            if not with_c:
+                return _pack(jnp, take(jnp, g))
             c, _ = jax.grad(theirs, has_aux=True)(list(trainable))
             with keras.StatelessScope(state_mapping=list(zip(opt.variables, opt_vars))):
                 lr = jnp.asarray(keras.ops.convert_to_tensor(opt.learning_rate), jnp.float32)
             acc = [jnp.zeros_like(p) if i is None else opt_vars[i]
                    for p, i in zip(trainable, rec._acc_index)]
-            take = rec.layout.take
             state = [x for lst in rec._slots for x in take(jnp, [opt_vars[i] for i in lst])]
             # Keras's rule: the call its counter makes an update call.
             update = (opt_vars[rec._iter_index] + 1) % rec.K == 0
             # One vector (one transfer a step): p, g, c and acc on the kept
             # coordinates, the lr, the update flag (0 or 1), the state's.
-            return _pack(jnp, take(jnp, list(trainable)) + take(jnp, g) + take(jnp, c)
-                         + take(jnp, acc) + [jnp.reshape(lr, (1,)),
-                                             jnp.reshape(update.astype(jnp.float32), (1,))]
+            return _pack(jnp, take(jnp, list(trainable)) + take(jnp, g) + take(jnp, c) + take(jnp, acc)
+                         + [jnp.reshape(lr, (1,)), jnp.reshape(update.astype(jnp.float32), (1,))]
                          + state)
         return _jit_rare(jax, probe, LEAN)
 
     def _before_step(self, state, batch):
-        """Dispatches the recorder's program on the step's input state and
-        batch, and queues its result (device arrays: the state itself is
-        donated to the step, the program's outputs are not): read back
-        together every READ_EVERY steps (or _INBOX_BYTES), at each epoch's
-        start and at the end, so the host never waits on the device per
-        step.  A
-        calibration sample's whole state is read now (the step consumes
-        it)."""
+        """Before the train step: its path ("fast": the taps give
+        everything; "full": the taps give all but g_j, dispatched here;
+        "untapped": this program gives it all), and, on a calibration
+        sample, the whole state it starts from (the step consumes it).
+        The full path's program result is queued (device arrays, read back
+        with the others)."""
         trainable, non_trainable, opt_vars, metrics_vars = state
         if self.layout is None:
             shapes = [tuple(v.shape) for v in trainable]
@@ -371,31 +440,84 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
             self.shapes = shapes
             self.dtype = str(trainable[0].dtype)
             self._indices()
-            self._probe = self._make_probe()
-        out = self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch)
+            if not self._hook_why and self._clone64 is False:
+                # The premise is checked against g_j in float64: without the
+                # float64 clone it cannot be, so the output path is not taken.
+                self._off("the output path's premise is checked against g_j in float64, and "
+                          + self._why_uncalibrated)
+        kind = "untapped" if self._hook_why else ("full" if self.no_take else "fast")
+        out = [None]
+        # The state this step starts from: the one the previous tapped step
+        # handed out (its vector holds it), unless another is passed in.
+        chained = self._handed is not None and kind != "untapped" and \
+            all(a is b for a, b in zip(trainable, self._handed[0])) and \
+            all(a is b for a, b in zip(opt_vars, self._handed[1]))
+        if kind != "untapped" and not chained:
+            if self._gather is None:
+                self._gather = self._gather_program()
+            out[0] = self._gather(trainable, opt_vars)
+        if kind != "fast":
+            if self._probe is None or self._probe_c != (kind == "untapped"):
+                self._probe_c = kind == "untapped"
+                self._probe = self._make_probe(self._probe_c)
+            out.append(self._probe(trainable, non_trainable, opt_vars, metrics_vars, batch))
         full = None
         if self._seen % self.calibrate_every == 0:
             full = ([np.asarray(v) for v in trainable], [np.asarray(v) for v in non_trainable])
         self._seen += 1
-        self._queue.append((out, full, batch))
-        if len(self._queue) >= READ_EVERY or \
-                len(self._queue) * out.size * out.dtype.itemsize >= _INBOX_BYTES:
+        self._queue.append([kind, out, None, full, batch])
+        return kind
+
+    def _after_step(self, kind, vec):
+        """After the train step: the vector its taps handed out, queued;
+        read back every READ_EVERY steps (or _INBOX_BYTES), at each epoch's
+        start and at the end, so the host never waits on the device per
+        step; a calibration sample on the output path at once (its premise
+        decides the path of the steps after it)."""
+        entry = self._queue[-1]
+        if kind != "untapped":
+            if vec is None:
+                raise Refused("the train step handed out none of the recorder's taps (a Keras "
+                              "release whose train step the recorder does not know)")
+            entry[2] = vec
+        size = sum(x.size * x.dtype.itemsize for x in self.jax.tree_util.tree_leaves(entry[1:3]))
+        if len(self._queue) >= READ_EVERY or len(self._queue) * size >= _INBOX_BYTES or \
+                (kind == "fast" and entry[3] is not None):
             self._read_queue()
 
     def _read_queue(self):
-        """The queued steps' programs read back at once, and taken in, in
-        order."""
+        """The queued steps' vectors read back at once, their weights read
+        at the outputs (the output path), and taken in, in order."""
         queue, self._queue = self._queue, []
         if not queue:
             return
-        got = self.jax.device_get([e[0] for e in queue])
+        got = self.jax.device_get([(e[1], e[2]) for e in queue])
+        leaves = self.jax.tree_util.tree_leaves
         unpack = self.keras.utils.unpack_x_y_sample_weight
+        hosts = [self.jax.tree_util.tree_map(np.asarray, tuple(unpack(e[4]))) for e in queue]
+        fast = [i for i, e in enumerate(queue) if e[0] == "fast"]
+        fits = {}
+        if fast:
+            # got[i][1]: the step's vector, u_j and y_pred (keras_taps.py).
+            fits = dict(zip(fast, self._fits([
+                ([np.asarray(a) for a in leaves(got[i][1][2])],
+                 [np.asarray(a) for a in leaves(got[i][1][1])], hosts[i]) for i in fast])))
         d = self.layout.d
-        for vec, (_, full, batch) in zip(got, queue):
-            v = np.asarray(vec, dtype=np.float64)
-            host = self.jax.tree_util.tree_map(np.asarray, tuple(unpack(batch)))
-            self._record(v[:d], v[d:2 * d], v[2 * d:3 * d], v[3 * d:4 * d], v[4 * d + 1] == 1,
-                         v[4 * d], full, host, v[4 * d + 2:])
+        for i, ((kind, _, _, full, _), (pre, c)) in enumerate(zip(queue, got)):
+            if kind == "untapped":
+                v = np.asarray(pre[1], dtype=np.float64)
+                self._record(v[:d], v[d:2 * d], v[2 * d:3 * d], v[3 * d:4 * d],
+                             v[4 * d + 1] == 1, v[4 * d], full, hosts[i], v[4 * d + 2:])
+                continue
+            # c_j the step's own; p, acc, lr, update flag and state those of
+            # the state it started from: the gather program's, or the
+            # previous step's vector's (the state it handed this one).
+            c = np.asarray(c[0], dtype=np.float64)
+            v = self._post if pre[0] is None else np.asarray(pre[0], dtype=np.float64)
+            self._post = c[d:]
+            g = None if kind == "fast" else np.asarray(pre[1], dtype=np.float64)
+            self._record(v[:d], g, c[:d], v[d:2 * d], v[2 * d + 1] == 1, v[2 * d], full,
+                         hosts[i], v[2 * d + 2:], fit=fits.get(i))
 
     def _record(self, p, g, c, acc, update, lr, full, host, st, fit=None):
         """One train step's call, both backends: the micro-batch's fit, and
@@ -477,8 +599,20 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         def user(tv, ntv, batch):
             x, y, sw = unpack(batch)
             y_pred, _ = clone.stateless_call(tv, ntv, x, **kw)
-            return summed(y, y_pred, sw)
+            return self._summed(summed, tv, ntv, y, y_pred, sw)
         return user
+
+    def _summed(self, summed, tv, ntv, y, y_pred, sw):
+        """summed(y, y_pred, sw) where the model's variables read as tv and
+        ntv (Keras's StatelessScope, which casts them to the variables'
+        dtypes): a summed loss that reads the weights (a regularizer's
+        share: model.losses) sees the values its gradient is taken at, not
+        the live variables (which fit holds in its own state)."""
+        net = self.net
+        mapping = list(zip(net.trainable_variables, tv)) + \
+            list(zip(net.non_trainable_variables, ntv))
+        with self.keras.StatelessScope(state_mapping=mapping):
+            return summed(y, y_pred, sw)
 
     def _float64_clone(self):
         """The model cloned with every layer in float64 (made once), or
@@ -555,11 +689,17 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         rows = [("replay", "the parameters after the previous step + the update call's change "
                            "against the parameters after it (Keras applies the update inside "
                            "its train step): nothing else may move them in the window"),
-                ("recorder", "accumcheck_jax.KerasRecorder: a program of its own before each "
-                             "train step of fit (the step's state and batch); %d coordinates "
-                             "kept of the parameters" % self.layout.d)]
+                ("recorder", ("accumcheck_jax.KerasRecorder: taps in Keras's own train step "
+                              "(c_j and y_pred's cotangent from its backward; the parameters, "
+                              "accumulator, lr and optimizer state its update leaves), g_j's "
+                              "weight read at the outputs (keras_taps.py)" if self.tapped_fit else
+                              "accumcheck_jax.KerasRecorder: a program of its own before each "
+                              "train step of fit (the step's state and batch)")
+                 + "; %d coordinates kept of the parameters" % self.layout.d)]
         if self._clone64 is False:
             rows.append(("calibration", "none: " + self._why_uncalibrated))
+        if self.notes:
+            rows.append(("notes", " | ".join(self.notes)))
         return rows
 
     def _refuse_softly(self, message):
@@ -580,3 +720,4 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         self._queue = []
         if self._orig is not None:
             self.net.train_function = self._orig
+        self._remove_taps()

@@ -60,7 +60,9 @@ def test_read_back_in_groups_keeps_every_step(tmp_path, accumcheck):
 
 # The queue is read back sooner where its vectors reach the optax side's
 # _INBOX_BYTES (a large model's kept coordinates): a bound of 1 byte reads
-# each step's at once; the default, the 4 steps' at the fit's end.
+# each step's at once; the default, the first step's at once (a
+# calibration sample on the output path: its premise decides the path of
+# the steps after it) and the other 3 steps' at the fit's end.
 def test_read_back_bounded_by_bytes(tmp_path, monkeypatch):
     from accumcheck_jax import keras_fit
 
@@ -79,7 +81,7 @@ def test_read_back_bounded_by_bytes(tmp_path, monkeypatch):
         assert (out / "complete.csv").exists() and not (out / "rank0.incomplete").exists()
         return max(sizes)
     assert longest_queue(1) == 1
-    assert longest_queue(16 << 20) == 4
+    assert longest_queue(16 << 20) == 3
 
 
 class _Jax:
@@ -201,3 +203,159 @@ def test_conformance_cells_leave_the_backend_to_each_cell():
     said, imported = json.loads(out)
     assert said["ok"] and said["version"] == keras.__version__, said
     assert not imported
+
+
+def regularized(rec_loss=None, out=None):
+    """A Dense(16, kernel_regularizer=L2(0.01)) MLP fitted with Adam, K = 4
+    (the example's data, batch 4, 2 epochs): Keras's loss is the batch
+    mean plus the model's losses (the regularizer), whose gradient reaches
+    the kernel directly, not through y_pred.  rec_loss: the summed loss to
+    record with (None: not recorded)."""
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((8,)),
+                          keras.layers.Dense(16, activation="tanh",
+                                             kernel_regularizer=keras.regularizers.L2(0.01)),
+                          keras.layers.Dense(4)])
+    m.compile(optimizer=keras.optimizers.Adam(1e-2, gradient_accumulation_steps=4),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = [] if rec_loss is None else [KerasRecorder(m, rec_loss(m), out=str(out), quiet=True)]
+    x, y = train_keras.data(48, 8, 4)
+    m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=cb)
+    return [keras.ops.convert_to_numpy(v.value) for v in m.trainable_variables]
+
+
+def meta(folder):
+    import csv
+    with open(folder / "meta.csv") as f:
+        return {r[0]: r[1] for r in csv.reader(f) if len(r) >= 2}
+
+
+def backward_residuals(folder):
+    import csv
+    with open(folder / "contract.csv") as f:
+        return [float(r["residual"]) for r in csv.DictReader(f) if r["kind"] == "backward"]
+
+
+# The summed loss without the regularizer: u_j = s_j / 4 at the outputs,
+# but c_j carries the regularizer's gradient, no multiple of g_j.  The
+# first calibration sample's premise (c_j / w_j against g_j in float64)
+# sees it: the note, and every step from micro-batch 0 on fitted against
+# g_j on the full path (residuals far from the output path's ~1e-7).
+def test_regularizer_premise_fails_full_path_taken(tmp_path):
+    plain = regularized()
+    recorded = regularized(lambda m: train_keras.summed_loss, tmp_path / "t")
+    same_bits(plain, recorded)
+    assert not (tmp_path / "t" / "rank0.incomplete").exists()
+    notes = meta(tmp_path / "t").get("notes", "")
+    assert "micro-batch 0: the gradient of its backward is not the outputs' gradient" in notes, notes
+    assert "takes the full path" in notes
+    res = backward_residuals(tmp_path / "t")
+    assert len(res) == 24 and min(res) > 1e-3, res
+
+
+# The summed loss with each item's share of the regularizer (Keras's loss
+# is the batch mean plus model.losses: per item CE_i + sum(model.losses)),
+# read from the weights the step sees: c_j = g_j / 4 exactly, so the
+# premise holds on the output path, and the correct fit PASSes.
+def test_regularizer_in_the_summed_loss_passes(tmp_path, accumcheck):
+    def with_share(m):
+        def summed(y_true, y_pred, sample_weight=None):
+            n = keras.ops.cast(keras.ops.shape(y_pred)[0], y_pred.dtype)
+            share = keras.ops.cast(keras.ops.sum(keras.ops.stack(m.losses)), y_pred.dtype)
+            return train_keras.summed_loss(y_true, y_pred, sample_weight) + n * share
+        return summed
+    plain = regularized()
+    recorded = regularized(with_share, tmp_path / "t")
+    same_bits(plain, recorded)
+    assert "notes" not in meta(tmp_path / "t")
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS (contract tier)" in r.stdout
+
+
+# A callback that moves the weights between two train steps (Keras hands
+# the step a state made anew from the variables it synced): the recorder
+# reads that step's input by its own program, not from the previous step's
+# outputs, so the replay sees the move and certify fails the fit.
+def test_weights_moved_between_steps_are_seen(tmp_path, accumcheck):
+    class Nudge(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:   # inside a window (K = 2: calls 4 and 5)
+                w = self.model.trainable_variables[0]
+                w.assign(w * 1.01)
+    m = model(gradient_accumulation_steps=2)
+    rec = KerasRecorder(m, train_keras.summed_loss, out=str(tmp_path / "t"), quiet=True)
+    x, y = train_keras.data(48, 8, 4)
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[rec, Nudge()])
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL optimizer replay" in r.stdout, r.stdout
+
+
+def example_fit(make, recorded, out, **kw):
+    """The example's correct fit (48 samples, batch 4, K = 4, 2 epochs) of
+    the model make() builds; returns its trained weights and History."""
+    keras.utils.set_random_seed(0)
+    m = make()
+    m.compile(optimizer=keras.optimizers.Adam(1e-2, gradient_accumulation_steps=4),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = [KerasRecorder(m, train_keras.summed_loss, out=str(out), quiet=True)] if recorded else []
+    x, y = train_keras.data(48, 8, 4)
+    h = m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=cb, **kw)
+    return [keras.ops.convert_to_numpy(v.value) for v in m.trainable_variables], h.history
+
+
+def mlp():
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                             keras.layers.Dense(4)])
+
+
+# A model with its own train_step: the recorder's taps cannot go into it,
+# so every step takes the full path (a program of the recorder's own
+# before each step, c_j too), with a note; the correct fit PASSes.
+def test_own_train_step_takes_the_full_path(tmp_path, accumcheck):
+    class Own(keras.Sequential):
+        def train_step(self, state, data):
+            return super().train_step(state, data)
+
+    def make():
+        return Own(mlp().layers)
+    plain, _ = example_fit(make, False, None)
+    recorded, _ = example_fit(make, True, tmp_path / "t")
+    same_bits(plain, recorded)
+    assert "the model's train_step is its own, not Keras's" in meta(tmp_path / "t")["notes"]
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
+
+
+# Sample weights and validation data: the step's taps leave its logs
+# before Keras sees them (the History holds the same keys), the
+# validation's steps are not recorded, and the weighted fit PASSes on the
+# output path (Keras's loss sum(w_i l_i) / n: weight 1/n at the outputs).
+def test_sample_weight_and_validation_on_the_output_path(tmp_path, accumcheck):
+    x, y = train_keras.data(48, 8, 4)
+    kw = dict(sample_weight=np.linspace(0.5, 1.5, 48).astype(np.float32),
+              validation_data=(x[:8], y[:8]))
+    plain, h0 = example_fit(mlp, False, None, **kw)
+    recorded, h1 = example_fit(mlp, True, tmp_path / "t", **kw)
+    same_bits(plain, recorded)
+    assert sorted(h0) == sorted(h1)
+    assert "notes" not in meta(tmp_path / "t")
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
+    assert "ok   weight fit: 24 backward passes" in r.stdout, r.stdout
+
+
+# An error of the taps where Keras traces its train step ends the
+# recording with its reason; the step runs as fit made it, the fit goes
+# on and its weights are the same bits.
+def test_tap_error_in_the_traced_step_ends_the_recording_not_the_fit(tmp_path, monkeypatch):
+    from accumcheck_jax import keras_taps
+
+    def broken(self, grads, trainable, opt_vars):
+        raise RuntimeError("a tap that does not fit")
+    monkeypatch.setattr(keras_taps.KerasTaps, "_step_vector", broken)
+    plain, _ = example_fit(mlp, False, None)
+    recorded, _ = example_fit(mlp, True, tmp_path / "t")
+    same_bits(plain, recorded)
+    assert "a tap that does not fit" in (tmp_path / "t" / "rank0.incomplete").read_text()
