@@ -53,8 +53,8 @@ output path (its premise decides the path of the steps after it).  A
 model whose train step is not Keras's own (or not jitted) gets one
 program of the recorder's before each step computing all of it, c_j too
 (jax.grad of the model's compute_loss_and_updates), with a note in
-meta.csv.  The recorder's programs compile lean (capture._jit_rare with
-LEAN).
+meta.csv.  The recorder's programs compile lean (capture._jit_rare,
+its RARE options).
 On the torch backend (a stateful train step) the same is read from the
 live variables before the step, g_j from a forward of the recorder's own
 (the model's non-trainable variables and torch's RNG put back as they
@@ -83,18 +83,6 @@ from .keras_torch import KerasTorch, _torch_grad
 # or sooner once the queued vectors hold the optax side's _INBOX_BYTES
 # (a large model's kept coordinates; the queue also holds the batches).
 READ_EVERY = 32
-
-
-# How the recorder's two programs (its per-step program, the float64
-# calibration's gradient) are compiled on the CPU backend: XLA's backend
-# optimisation level 0 and its loop emitters instead of its MLIR fusion
-# emitters.  Their compilation, not their run, is most of what recording a
-# short fit costs (measured on the example's MLP, hidden 256: the float32
-# gradient compiles in 0.13 s at level 0 and 0.06 s with the loop emitters
-# too, against 0.17-0.21 s by default, and runs in 0.1 ms either way).
-# Only the recorder's own numbers can move (by rounding), never the run's.
-LEAN = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
-        {"xla_backend_optimization_level": 0})
 
 
 def idle_row(i, j, steps, p_before, p_after, state_changed=None):
@@ -424,7 +412,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             return _pack(jnp, take(jnp, list(trainable)) + take(jnp, g) + take(jnp, c) + take(jnp, acc)
                          + [jnp.reshape(lr, (1,)), jnp.reshape(update.astype(jnp.float32), (1,))]
                          + state)
-        return _jit_rare(jax, probe, LEAN)
+        return _jit_rare(jax, probe)
 
     def _before_step(self, state, batch):
         """Before the train step: its path ("fast": the taps give
@@ -649,7 +637,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
                 if self.keras.backend.backend() == "torch":
                     self._grad64 = _torch_grad(user)
                 else:
-                    self._grad64 = _jit_rare(jax, jax.grad(user), LEAN)
+                    self._grad64 = _jit_rare(jax, jax.grad(user))
             tv, ntv = full
             wide = [np.asarray(v, dtype=np.float64) for v in tv]
             b64 = jax.tree_util.tree_map(
@@ -674,7 +662,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             if self.keras.backend.backend() == "torch":
                 self._grad32 = _torch_grad(user)
             else:
-                self._grad32 = _jit_rare(self.jax, self.jax.grad(user), LEAN)
+                self._grad32 = _jit_rare(self.jax, self.jax.grad(user))
         tv, ntv = full
         g = self._grad32([np.asarray(v) for v in tv], [np.asarray(v) for v in ntv], batch)
         return self.layout.host([np.asarray(x) for x in g])

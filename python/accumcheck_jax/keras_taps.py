@@ -229,8 +229,7 @@ class KerasTaps:
         def gather(trainable, opt_vars):
             return _pack(jax.numpy, rec._gathered(list(trainable), list(opt_vars)))
         from .capture import _jit_rare
-        from .keras_fit import LEAN
-        return _jit_rare(jax, gather, LEAN)
+        return _jit_rare(jax, gather)
 
     # ---- s_j and the weights read at the outputs
 
@@ -290,7 +289,6 @@ class KerasTaps:
                 return jax.grad(loss)(list(y_pred_leaves))
 
             from .capture import _jit_rare
-            from .keras_fit import LEAN
-            prog = _jit_rare(jax, jax.vmap(s_one, in_axes=(0, 0, 0)), LEAN)
+            prog = _jit_rare(jax, jax.vmap(s_one, in_axes=(0, 0, 0)))
             self._s_progs[(key, size)] = prog
         return prog

@@ -109,11 +109,11 @@ class _Jax:
 
 
 def test_lean_compilation_falls_back_where_jax_lacks_it():
+    from accumcheck_jax.capture import RARE as LEAN
     from accumcheck_jax.capture import _jit_rare
-    from accumcheck_jax.keras_fit import LEAN
 
     def _jit_lean(jax, fn):
-        return _jit_rare(jax, fn, LEAN)
+        return _jit_rare(jax, fn)
     # A jaxlib that knows every option: the first set, chosen once.
     f = _jit_lean(_Jax(), lambda x: x + 1)
     assert f(1) == (2, LEAN[0]) and f(2) == (3, LEAN[0])
