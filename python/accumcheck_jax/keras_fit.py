@@ -26,10 +26,12 @@ layout):
     s_j, summed_loss's gradient at y_pred (a program the size of the
     outputs), and reads the weight w_j of c_j = w_j g_j at the outputs
     (u_j = w_j s_j: the output path, outputs.py), checked on every
-    calibrate_every-th step against g_j in float64; where that premise
+    calibrate_every-th step against g_j in float64 (a model with no
+    float64 clone, one that draws random numbers: against g_j in float32
+    at the same state and draws, the fit uncalibrated); where that premise
     fails (the loss reaches the parameters by another path, as a
-    regularizer summed_loss leaves out), or the model has no float64
-    clone, every later step takes the full path: g_j, the gradient of
+    regularizer summed_loss leaves out), every later step takes the full
+    path: g_j, the gradient of
     summed_loss at the parameters the step sees, from a program of the
     recorder's own dispatched before the step (_make_probe);
   - the optimizer's accumulator going in (its gradient_accumulator
@@ -274,8 +276,8 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         else:
             # The float64 clone made now, while fit has not yet taken the
             # variables' values into its state (the optimizer's config
-            # reads its lr variable); without it the premise cannot be
-            # checked, and every step takes the full path (_before_step).
+            # reads its lr variable); without it the premise is checked
+            # against g_j in float32 (outputs.Outputs._on_fast).
             with _enable_x64(self.jax):
                 self._float64_clone()
             self._install_taps()
@@ -428,11 +430,6 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             self.shapes = shapes
             self.dtype = str(trainable[0].dtype)
             self._indices()
-            if not self._hook_why and self._clone64 is False:
-                # The premise is checked against g_j in float64: without the
-                # float64 clone it cannot be, so the output path is not taken.
-                self._off("the output path's premise is checked against g_j in float64, and "
-                          + self._why_uncalibrated)
         kind = "untapped" if self._hook_why else ("full" if self.no_take else "fast")
         out = [None]
         # The state this step starts from: the one the previous tapped step

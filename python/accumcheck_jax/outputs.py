@@ -235,16 +235,26 @@ class Outputs:
         """A micro-batch on the output path taken in: its weight read at
         the outputs (fit: (w, residual), "zero" or None); a calibration
         sample's premise checked on the parameters (where it fails, fitted
-        against g_j in float64)."""
+        against g_j in float64).  A recorder with no float64 gradient for
+        this model (_g64 None: a Keras model that draws random numbers)
+        checks the premise against g_j in the model's own precision, at the
+        same state and with the same random draws (_g32), within the fixed
+        bound alone, and the sample stays uncalibrated (meta.csv's
+        `calibration` row says why)."""
         j = len(self.micro)
         cal = float("nan")
         if fit == "zero":  # s_j = 0: g_j = J^T s_j = 0
             fit = _fit_c(c, np.zeros_like(c))
         if full is not None:
             g64 = self._g64(full, batch)
-            cal = None if fit is None else self._premise(j, c, fit, g64, full, batch)
+            ref = self._g32(full, batch) if g64 is None else g64
+            # With ref float32, _premise's widened bound (its distance from
+            # _g32 itself) is 0: the fixed bound holds.
+            cal = None if fit is None else self._premise(j, c, fit, ref, full, batch)
             if cal is None:
-                fit, cal = _fit_c(c, g64), float("nan")
+                fit, cal = _fit_c(c, ref), float("nan")
+            elif g64 is None:
+                cal = float("nan")
         elif fit is None:
             self._refuse("micro-batch %d: its weight could not be read at the outputs of the "
                          "forward rec.apply wrapped" % j)

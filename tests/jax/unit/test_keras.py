@@ -359,3 +359,42 @@ def test_tap_error_in_the_traced_step_ends_the_recording_not_the_fit(tmp_path, m
     recorded, _ = example_fit(mlp, True, tmp_path / "t")
     same_bits(plain, recorded)
     assert "a tap that does not fit" in (tmp_path / "t" / "rank0.incomplete").read_text()
+
+
+# A model that draws random numbers (the example's dropout case: Dropout
+# and BatchNormalization) has no float64 clone, so its premise is checked
+# against g_j in float32 at the same state and the same draws (the masks
+# come from the seed state the step starts from): it holds, far inside
+# the fixed bound, and the fit stays on the output path, uncalibrated.  A
+# float32 reference 1% off on half its coordinates breaks the premise at
+# micro-batch 0: the note, and the full path from there on.
+def test_random_model_checks_its_premise_in_float32(tmp_path, monkeypatch, accumcheck):
+    from accumcheck_jax import keras_fit
+    from accumcheck_jax.outputs import EVIDENCE_WEIGHT_REL, Outputs
+    checked = []
+    premise = Outputs._premise
+
+    def spy(self, j, c, fit, ref, full, batch):
+        lin = premise(self, j, c, fit, ref, full, batch)
+        checked.append((j, lin))
+        return lin
+    monkeypatch.setattr(Outputs, "_premise", spy)
+    train_keras.main(["--case", "dropout", "--out", str(tmp_path / "t"), "--quiet"])
+    assert [j for j, _ in checked] == [0, 16], checked
+    assert all(lin is not None and lin < EVIDENCE_WEIGHT_REL for _, lin in checked), checked
+    m = meta(tmp_path / "t")
+    assert "full path" not in m.get("notes", "") and m["calibration"].startswith("none:"), m
+    r = certify(accumcheck, tmp_path / "t")
+    assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
+
+    g32 = keras_fit.KerasRecorder._g32
+
+    def off(self, full, batch):
+        g = g32(self, full, batch).copy()
+        g[: len(g) // 2] *= 1.01
+        return g
+    monkeypatch.setattr(keras_fit.KerasRecorder, "_g32", off)
+    train_keras.main(["--case", "dropout", "--out", str(tmp_path / "u"), "--quiet"])
+    notes = meta(tmp_path / "u").get("notes", "")
+    assert "micro-batch 0: the gradient of its backward is not the outputs' gradient" in notes, notes
+    assert "takes the full path" in notes
