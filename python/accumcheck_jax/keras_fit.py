@@ -62,7 +62,7 @@ from accumcheck_trace.trace import VERSION, Refused, describe, real
 from .capture import _jit_rare, dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
 from .inbox import _INBOX_BYTES
-from .keras_torch import KerasTorch, _torch_grad
+from .keras_torch import KerasTorch, _host, _torch_grad
 
 # The JAX backend's train steps whose recorder program is read back
 # together: one wait on the device per READ_EVERY steps, not per step,
@@ -237,6 +237,8 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         self._orig = model.train_function
         rec = self
         if self.keras.backend.backend() == "torch":
+            self._torch_begin()
+
             def train_function(data):
                 if rec.closed:
                     return rec._orig(data)
@@ -245,7 +247,10 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
                 except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
                     rec._fail(e)
                     return rec._orig(data)
-                logs = rec._orig(data)
+                try:
+                    logs = rec._orig(data)
+                finally:
+                    rec._stepping = False
                 try:
                     rec._after_torch(*seen)
                 except Exception as e:  # noqa: BLE001
@@ -281,6 +286,7 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
     def on_train_end(self, logs=None):
         if self._orig is not None and self.net.train_function is not self._orig:
             self.net.train_function = self._orig
+        self._torch_end()
         if self.closed:
             return
         try:
@@ -430,7 +436,8 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         """The kept coordinates of the optimizer's per-variable state, read
         from its live variables."""
         ov = self.opt.variables
-        conv = self.keras.ops.convert_to_numpy
+        # torch: a view of the variable (keras's convert_to_numpy copies it whole)
+        conv = _host if self.keras.backend.backend() == "torch" else self.keras.ops.convert_to_numpy
         return join([self.layout.host([conv(ov[i].value) for i in lst]) for lst in self._slots])
 
     def _resolve(self, p_now):
@@ -555,11 +562,14 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
         rows = [("replay", "the parameters after the previous step + the update call's change "
                            "against the parameters after it (Keras applies the update inside "
                            "its train step): nothing else may move them in the window"),
-                ("recorder", "accumcheck_jax.KerasRecorder: a program of its own before each "
-                             "train step of fit (the step's state and batch); %d coordinates "
-                             "kept of the parameters" % self.layout.d)]
+                ("recorder", self._torch_recorder_row() if self.keras.backend.backend() == "torch"
+                 else "accumcheck_jax.KerasRecorder: a program of its own before each "
+                      "train step of fit (the step's state and batch); %d coordinates "
+                      "kept of the parameters" % self.layout.d)]
         if self._clone64 is False:
             rows.append(("calibration", "none: " + self._why_uncalibrated))
+        if self.notes:  # the output path's (outputs.Outputs._off)
+            rows.append(("notes", " | ".join(self.notes)))
         return rows
 
     def _refuse_softly(self, message):
@@ -578,5 +588,6 @@ class KerasRecorder(KerasTorch, ContractRecorder, _Callback):
             sys.stderr.write("accumcheck_jax: the recorder failed, not recording: %s\n"
                              % describe(e))
         self._queue = []
+        self._torch_end()
         if self._orig is not None:
             self.net.train_function = self._orig
