@@ -145,7 +145,12 @@ class KerasTorch:
         generators and statistics, put back as it was)."""
         import torch
         keras, model, opt = self.keras, self.net, self.opt
-        params = [v.value for v in model.trainable_variables]
+        if self.layout is None:
+            # The variables, listed once (Keras walks its layers for each
+            # list; the variables of a fitting model stay the same objects).
+            self._tv, self._ntv = model.trainable_variables, model.non_trainable_variables
+            self._ov = opt.variables
+        params = [v.value for v in self._tv]
         if self.layout is None:
             shapes = [tuple(t.shape) for t in params]
             self.layout = _Leaves(shapes, self.coordinates, self.seed)
@@ -157,7 +162,7 @@ class KerasTorch:
         fast = self._torch_fast()
         g = None
         if not fast:
-            kept = [v.value.detach().clone() for v in model.non_trainable_variables]
+            kept = [v.value.detach().clone() for v in self._ntv]
             try:
                 # torch's own RNG too (an unseeded Dropout draws from it): the
                 # train step then draws what it would have, the same masks.
@@ -167,11 +172,11 @@ class KerasTorch:
                     g = torch.autograd.grad(loss, params, allow_unused=True)
             finally:
                 with torch.no_grad():
-                    for v, t in zip(model.non_trainable_variables, kept):
+                    for v, t in zip(self._ntv, kept):
                         v.value.copy_(t)
             g = self.layout.host([np.zeros(t.shape, np.float32) if d is None else _host(d)
                                   for t, d in zip(params, g)])
-        ov = opt.variables
+        ov = self._ov
         it = int(_host(ov[self._iter_index].value))
         # The accumulator is read on the update calls alone (_record uses it there).
         acc = None if (it + 1) % self.K else self.layout.host(
@@ -182,7 +187,7 @@ class KerasTorch:
         full = None
         if len(self.micro) % self.calibrate_every == 0:
             full = ([_host(t).copy() for t in params],
-                    [_host(v.value).copy() for v in model.non_trainable_variables])
+                    [_host(v.value).copy() for v in self._ntv])
         hostb = tuple(None if a is None else self.jax.tree_util.tree_map(
             lambda t: _host(t) if hasattr(t, "detach") else np.asarray(t), a) for a in (x, y, sw))
         self._taps = []
@@ -193,7 +198,7 @@ class KerasTorch:
         """After the step: c_j, the .grad train_step's backward left; on the
         output path the weight read at the outputs."""
         self._stepping = False
-        params = [v.value for v in self.net.trainable_variables]
+        params = [v.value for v in self._tv]
         c = self.layout.host([np.zeros(t.shape, np.float32) if t.grad is None
                               else _host(t.grad) for t in params])
         fit = None
@@ -228,17 +233,19 @@ class KerasTorch:
             self._why_no_tap = "the train step called the model %d times" % len(taps)
             return None
         outs, us, structure = taps[0]
-        if any(u is None for u in us):
+        if all(u is None for u in us):
             self._why_no_tap = "the train step's backward sent no cotangent into the model's " \
                                "outputs"
             return None
+        # An output Keras's loss does not read: its cotangent is zero.
+        us = [np.zeros(o.shape, np.float32) if u is None else _host(u) for o, u in zip(outs, us)]
         y, sw = ysw
         with _one_thread(torch), torch.enable_grad():
             leaves = [o.detach().requires_grad_() for o in outs]
             loss = self.summed_loss(y, self.keras.tree.pack_sequence_as(structure, leaves), sw)
             s = torch.autograd.grad(loss, leaves, allow_unused=True)
         s = [np.zeros(o.shape, np.float32) if d is None else _host(d) for o, d in zip(outs, s)]
-        return _fit_dots(_dots_on_host([_host(u) for u in us], s))
+        return _fit_dots(_dots_on_host(us, s))
 
 
 def _keep(into, i, u):
