@@ -43,10 +43,11 @@ was.  The program
     an idle row: how many kept parameters and optimizer-state values (its
     per-weight lists: Adam's moments, SGD's momentum) moved across it.
 On the torch backend (a stateful train step) the same is read from the
-live variables before the step, g_j from a forward of the recorder's own
-(the model's non-trainable variables and torch's RNG put back as they
-were, so the step draws the masks it would have), and c_j is the .grad
-train_step's backward leaves, read after it.
+live variables before the step, c_j is the .grad train_step's backward
+leaves, read after it, and g_j is read at the model's outputs, from the
+step's own backward (keras_torch.py: no forward of the recorder's own;
+the full path, a forward and backward of its own, where that cannot be
+checked or fails).
 Every calibrate_every-th g_j again in float64 on a float64 clone of the
 model (keras.models.clone_model, every layer's dtype float64), which
 calibrates the fit; where the model cannot be cloned, or draws random
