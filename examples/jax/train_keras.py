@@ -25,6 +25,10 @@ mean); the cases (--case):
              steps): Keras evaluates it at its micro-batch counter
   dropout    fit, the model with BatchNormalization and Dropout (random
              masks, running statistics: the recorder must not move them)
+  l2         fit, the hidden layer with kernel_regularizer=L2(0.01): Keras's
+             loss adds the penalty, which reaches the parameters directly,
+             not through the model's outputs (the recorder's output path
+             must see that and take the full path)
 --no-record fits the same without the recorder (the bit-identity test and
 the bench compare the two).
 """
@@ -41,9 +45,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import keras  # noqa: E402
 from accumcheck_jax import Refused, exit_on_refusal  # noqa: E402
 
-CASES = ("fit", "adamw", "adamw_micro", "uneven", "leftover", "sum_loss", "schedule", "dropout")
+CASES = ("fit", "adamw", "adamw_micro", "uneven", "leftover", "sum_loss", "schedule", "dropout", "l2")
 SAMPLES = {"fit": 48, "adamw": 48, "adamw_micro": 48, "uneven": 46, "leftover": 44, "sum_loss": 48, "schedule": 48,
-           "dropout": 48}
+           "dropout": 48, "l2": 48}
 
 
 def data(samples, features, classes, seed=0):
@@ -93,8 +97,10 @@ def build(args):
                                   keras.layers.Activation("tanh"), keras.layers.Dropout(0.3),
                                   keras.layers.Dense(4)])
     else:
+        penalty = keras.regularizers.L2(0.01) if args.case == "l2" else None
         model = keras.Sequential([keras.Input((8,)),
-                                  keras.layers.Dense(args.hidden, activation="tanh"),
+                                  keras.layers.Dense(args.hidden, activation="tanh",
+                                                     kernel_regularizer=penalty),
                                   keras.layers.Dense(4)])
     lr = args.lr
     if args.case == "schedule":

@@ -58,10 +58,11 @@ program of the recorder's before each step computing all of it, c_j too
 meta.csv.  The recorder's programs compile lean (capture._jit_rare,
 its RARE options).
 On the torch backend (a stateful train step) the same is read from the
-live variables before the step, g_j from a forward of the recorder's own
-(the model's non-trainable variables and torch's RNG put back as they
-were, so the step draws the masks it would have), and c_j is the .grad
-train_step's backward leaves, read after it.
+live variables before the step, c_j is the .grad train_step's backward
+leaves, read after it, and g_j is read at the model's outputs, from the
+step's own backward (keras_torch.py: no forward of the recorder's own;
+the full path, a forward and backward of its own, where that cannot be
+checked or fails).
 Every calibrate_every-th g_j again in float64 on a float64 clone of the
 model (keras.models.clone_model, every layer's dtype float64), which
 calibrates the fit; where the model cannot be cloned, or draws random
@@ -78,7 +79,7 @@ from .capture import _jit_rare, dot, join, norm
 from .contract import ContractRecorder, _enable_x64, _Leaves, _pack
 from .inbox import _INBOX_BYTES
 from .keras_taps import LOGS_KEY, KerasTaps, hookable
-from .keras_torch import KerasTorch, _torch_grad
+from .keras_torch import KerasTorch, _host, _torch_grad
 
 # The JAX backend's train steps whose recorder program is read back
 # together: one wait on the device per READ_EVERY steps, not per step,
@@ -251,6 +252,8 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         self._orig = model.train_function
         rec = self
         if self.keras.backend.backend() == "torch":
+            self._torch_begin()
+
             def train_function(data):
                 if rec.closed:
                     return rec._orig(data)
@@ -259,7 +262,10 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
                 except Exception as e:  # noqa: BLE001  (the run goes on; the recording ends)
                     rec._fail(e)
                     return rec._orig(data)
-                logs = rec._orig(data)
+                try:
+                    logs = rec._orig(data)
+                finally:
+                    rec._stepping = False
                 try:
                     rec._after_torch(*seen)
                 except Exception as e:  # noqa: BLE001
@@ -339,6 +345,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         if self._orig is not None and self.net.train_function is not self._orig:
             self.net.train_function = self._orig
         self._remove_taps()
+        self._torch_end()
         if self.closed:
             return
         try:
@@ -537,7 +544,8 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         """The kept coordinates of the optimizer's per-variable state, read
         from its live variables."""
         ov = self.opt.variables
-        conv = self.keras.ops.convert_to_numpy
+        # torch: a view of the variable (keras's convert_to_numpy copies it whole)
+        conv = _host if self.keras.backend.backend() == "torch" else self.keras.ops.convert_to_numpy
         return join([self.layout.host([conv(ov[i].value) for i in lst]) for lst in self._slots])
 
     def _resolve(self, p_now):
@@ -674,16 +682,17 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         rows = [("replay", "the parameters after the previous step + the update call's change "
                            "against the parameters after it (Keras applies the update inside "
                            "its train step): nothing else may move them in the window"),
-                ("recorder", ("accumcheck_jax.KerasRecorder: taps in Keras's own train step "
-                              "(c_j and y_pred's cotangent from its backward; the parameters, "
-                              "accumulator, lr and optimizer state its update leaves), g_j's "
-                              "weight read at the outputs (keras_taps.py)" if self.tapped_fit else
-                              "accumcheck_jax.KerasRecorder: a program of its own before each "
-                              "train step of fit (the step's state and batch)")
+                ("recorder", self._torch_recorder_row() if self.keras.backend.backend() == "torch"
+                 else ("accumcheck_jax.KerasRecorder: taps in Keras's own train step "
+                       "(c_j and y_pred's cotangent from its backward; the parameters, "
+                       "accumulator, lr and optimizer state its update leaves), g_j's "
+                       "weight read at the outputs (keras_taps.py)" if self.tapped_fit else
+                       "accumcheck_jax.KerasRecorder: a program of its own before each "
+                       "train step of fit (the step's state and batch)")
                  + "; %d coordinates kept of the parameters" % self.layout.d)]
         if self._clone64 is False:
             rows.append(("calibration", "none: " + self._why_uncalibrated))
-        if self.notes:
+        if self.notes:  # the output path's (outputs.Outputs._off) and the taps'
             rows.append(("notes", " | ".join(self.notes)))
         return rows
 
@@ -703,6 +712,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             sys.stderr.write("accumcheck_jax: the recorder failed, not recording: %s\n"
                              % describe(e))
         self._queue = []
+        self._torch_end()
         if self._orig is not None:
             self.net.train_function = self._orig
         self._remove_taps()
