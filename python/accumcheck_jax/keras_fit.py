@@ -665,7 +665,7 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         if self._grad32 is None:
             user = self._user_loss(self.net)
             if self.keras.backend.backend() == "torch":
-                self._grad32 = _torch_grad(user)
+                self._grad32 = _torch_grad(user, lambda: getattr(self, "_rng_before", None))
             else:
                 self._grad32 = _jit_rare(self.jax, self.jax.grad(user))
         tv, ntv = full

@@ -17,19 +17,21 @@ changes); s_j is the summed loss's gradient at a detached copy of y_pred
 (the size of the outputs), and w_j with its residual are fitted there
 (outputs.fit_dots).  Every calibrate_every-th step (the first included)
 the premise is checked on the parameters against g_j in float64
-(Outputs._on_fast -> _premise); where it fails (a kernel_regularizer:
-model.losses reach the parameters directly; a loss that reads the
-weights), every later step takes the full path, with a note in meta.csv.
+(Outputs._on_fast -> _premise); a model with no float64 clone (one that
+draws random numbers, Dropout or noise: its float64 recompute would draw
+others; or one keras.models.clone_model cannot clone) against g_j in
+float32 at the state the step saw, drawing from torch's RNG as the step
+started (its own masks), uncalibrated.  Where it fails (a
+kernel_regularizer: model.losses reach the parameters directly; a loss
+that reads the weights), every later step takes the full path, with a
+note in meta.csv.
 
 The full path: g_j from a forward and backward of the recorder's own
 before the step (the model's non-trainable variables and torch's RNG put
 back as they were, so the step draws the masks it would have).  It is
-taken from the start where the premise cannot be checked: a model with
-no float64 clone (one that draws random numbers, Dropout or noise: its
-float64 recompute would draw others; or one keras.models.clone_model
-cannot clone), and from the step on where the step's forward was not
-seen once with its cotangent (a train step that does not call the model
-once: the first step shows it)."""
+also taken from the step on where the step's forward was not seen once
+with its cotangent (a train step that does not call the model once: the
+first step shows it)."""
 
 import contextlib
 import functools
@@ -47,14 +49,19 @@ def _torch_rng(torch):
     return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if up else [])
 
 
-def _torch_grad(fn):
+def _torch_grad(fn, rng_state=lambda: None):
     """jax.grad(fn) for the torch backend: fn(tv, ntv, batch)'s gradient
-    with respect to tv (numpy in, numpy out)."""
+    with respect to tv (numpy in, numpy out), torch's RNG put back as it
+    was after it; rng_state() -> the CPU RNG state to draw from inside it
+    (None: the current one)."""
     import torch
 
     def grad(tv, ntv, batch):
         ts = [torch.tensor(v, requires_grad=True) for v in tv]
         with _torch_rng(torch), torch.enable_grad():
+            state = rng_state()
+            if state is not None:
+                torch.set_rng_state(state)
             out = fn(ts, [torch.tensor(v) for v in ntv],
                      tuple(None if a is None else torch.tensor(a) for a in batch))
             gs = torch.autograd.grad(out, ts, allow_unused=True)
@@ -127,15 +134,12 @@ class KerasTorch:
 
     def _torch_fast(self):
         """Whether this step takes the output path: the premise has not
-        failed, and it can be checked (the model has a float64 clone)."""
+        failed (the float64 clone made before the first step, while the
+        variables hold their values)."""
         if self.no_take:
             return False
         if self._clone64 is None:
             self._float64_clone()
-        if self._clone64 is False:
-            self._off("the output path's premise cannot be checked against float64 (%s)"
-                      % self._why_uncalibrated)
-            return False
         return True
 
     def _before_torch(self, batch):
@@ -188,6 +192,9 @@ class KerasTorch:
         if len(self.micro) % self.calibrate_every == 0:
             full = ([_host(t).copy() for t in params],
                     [_host(v.value).copy() for v in self._ntv])
+            # torch's RNG as the step starts: g_j at this state (_g32, the
+            # premise's float32 reference) draws the step's own masks.
+            self._rng_before = torch.get_rng_state()
         hostb = tuple(None if a is None else self.jax.tree_util.tree_map(
             lambda t: _host(t) if hasattr(t, "detach") else np.asarray(t), a) for a in (x, y, sw))
         self._taps = []
@@ -212,7 +219,7 @@ class KerasTorch:
                     self._refuse("micro-batch %d: %s" % (len(self.micro), self._why_no_tap))
                 self._off(self._why_no_tap + " (once is the output path's premise)")
                 g = self._g32(full, hostb)
-            elif full is not None and self._grad64 is None and \
+            elif full is not None and self._grad64 is None and self._clone64 is not False and \
                     self._g64(full, _first_sample(self.jax, hostb)) is None:
                 # The clone's float64 gradient, tried on one sample before
                 # the first premise needs it: where it is not float64, the
