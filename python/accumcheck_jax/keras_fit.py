@@ -390,8 +390,8 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         step carries no taps): also c_j, the gradient Keras's train step
         takes (jax.grad of the model's compute_loss_and_updates, the
         function train_step differentiates), and the rest the taps would
-        have taken: one vector p, g, c, acc, lr, update flag, state."""
-        jax, keras, model, opt = self.jax, self.keras, self.net, self.opt
+        have taken: one vector g, c, p, acc, lr, update flag, state."""
+        jax, keras, model = self.jax, self.keras, self.net
         jnp = jax.numpy
         unpack = keras.utils.unpack_x_y_sample_weight
         user = self._user_loss(model)
@@ -409,18 +409,11 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
             if not with_c:
                 return _pack(jnp, take(jnp, g))
             c, _ = jax.grad(theirs, has_aux=True)(list(trainable))
-            with keras.StatelessScope(state_mapping=list(zip(opt.variables, opt_vars))):
-                lr = jnp.asarray(keras.ops.convert_to_tensor(opt.learning_rate), jnp.float32)
-            acc = [jnp.zeros_like(p) if i is None else opt_vars[i]
-                   for p, i in zip(trainable, rec._acc_index)]
-            state = [x for lst in rec._slots for x in take(jnp, [opt_vars[i] for i in lst])]
-            # Keras's rule: the call its counter makes an update call.
-            update = (opt_vars[rec._iter_index] + 1) % rec.K == 0
-            # One vector (one transfer a step): p, g, c and acc on the kept
-            # coordinates, the lr, the update flag (0 or 1), the state's.
-            return _pack(jnp, take(jnp, list(trainable)) + take(jnp, g) + take(jnp, c) + take(jnp, acc)
-                         + [jnp.reshape(lr, (1,)), jnp.reshape(update.astype(jnp.float32), (1,))]
-                         + state)
+            # One vector (one transfer a step): g and c on the kept
+            # coordinates, then what the taps would have handed out
+            # (keras_taps._gathered: p, acc, lr, update flag, state).
+            return _pack(jnp, take(jnp, g) + take(jnp, c)
+                         + rec._gathered(list(trainable), opt_vars))
         return _jit_rare(jax, probe)
 
     def _before_step(self, state, batch):
@@ -498,8 +491,9 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
         for i, ((kind, _, _, full, _), (pre, c)) in enumerate(zip(queue, got)):
             if kind == "untapped":
                 v = np.asarray(pre[1], dtype=np.float64)
-                self._record(v[:d], v[d:2 * d], v[2 * d:3 * d], v[3 * d:4 * d],
-                             v[4 * d + 1] == 1, v[4 * d], full, hosts[i], v[4 * d + 2:])
+                g, c, v = v[:d], v[d:2 * d], v[2 * d:]
+                self._record(v[:d], g, c, v[d:2 * d], v[2 * d + 1] == 1, v[2 * d], full,
+                             hosts[i], v[2 * d + 2:])
                 continue
             # c_j the step's own; p, acc, lr, update flag and state those of
             # the state it started from: the gather program's, or the
