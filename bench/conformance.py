@@ -389,7 +389,9 @@ def _adopt_orphans():
 
 def identity_of(path):
     """What the case's --identity PATH digests say (tests/frameworks/
-    _tiny.py digested: each rank's 'plain R SHA' and 'recorded R SHA'):
+    _tiny.py digested: each rank's 'plain R SHA' and 'recorded R SHA';
+    the JAX examples' --identity: 'plain SHA' and 'recorded SHA', one
+    process):
     'bit-identical', 'DIFFERS ...' (the recorder changed the run), or
     'not compared' (no digests: a run that cannot run twice in one
     process, _tiny.twice)."""
@@ -400,7 +402,8 @@ def identity_of(path):
     for f in files:
         with open(f) as fh:
             for line in fh.read().splitlines():
-                kind, ranks, sha = line.split()
+                words = line.split()   # 'kind ranks sha', or 'kind sha' (one process)
+                kind, ranks, sha = words if len(words) == 3 else (words[0], 1, words[1])
                 runs.setdefault(f[len(path) + 5:], {})[kind] = (int(ranks), sha)
     ranks = max(r for got in runs.values() for r, _ in got.values())
     for rank in range(ranks):
@@ -709,7 +712,7 @@ def main():
             cases = [c for c in cases if c in row["ci"]]
         # The JAX-side cases compare with and without the recorder in their
         # own tests (JAX.unit, bench/keras_contract_bench.py), not here.
-        got = run_cases(row, cases, py, report=say, identity=not _jax_based(row))
+        got = run_cases(row, cases, py, report=say)
         if got:
             got[0]["venv_s"] = round(spent, 1)
         with lock:

@@ -30,7 +30,9 @@ mean); the cases (--case):
              not through the model's outputs (the recorder's output path
              must see that and take the full path)
 --no-record fits the same without the recorder (the bit-identity test and
-the bench compare the two).
+the bench compare the two); --identity PATH fits without the recorder
+first, then as asked, in this process, and writes both runs' weight
+digests to PATH.rank0 (bench/conformance.py compares them).
 """
 
 import argparse
@@ -149,6 +151,9 @@ def main(argv=None):
     p.add_argument("--out", default="trace")
     p.add_argument("--no-record", dest="record", action="store_false")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--identity", metavar="PATH",
+                   help="the fit without the recorder first, then as asked, in this process: "
+                   "both runs' weight digests to PATH.rank0")
     args = p.parse_args(argv)
     if args.case not in CASES:
         raise Refused("--case: expected one of %s, got %r" % (", ".join(CASES), args.case))
@@ -158,6 +163,13 @@ def main(argv=None):
     if keras.backend.backend() not in ("jax", "torch"):
         raise Refused("KERAS_BACKEND=jax or torch: the recorder records Keras's JAX and torch "
                       "backends (this process runs %r)" % keras.backend.backend())
+    if args.identity:
+        import _digest
+        plain = _digest.digest(run(argparse.Namespace(**dict(vars(args), record=False))))
+        trained = run(args)
+        with open(args.identity + ".rank0", "w") as f:
+            f.write(f"plain {plain}\nrecorded {_digest.digest(trained)}\n")
+        return trained
     return run(args)
 
 

@@ -40,7 +40,6 @@ recorder never changes the run; tests/pytorch/ctest_contract.py
 """
 
 import argparse
-import hashlib
 import os
 import sys
 
@@ -52,6 +51,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from accumcheck_jax import ContractRecorder, Refused, exit_on_refusal
+
+import _digest
 
 LOOPS = ("hand", "mean_over_k", "no_div_k", "double_div_k", "drop_partial", "multisteps",
          "schedule_micro", "nnx", "tokens", "tokens_mean")
@@ -301,14 +302,9 @@ def run_nnx(args, batches):
 
 
 def digest(params):
-    """SHA-256 of the trained parameters: each leaf's dtype, shape and
-    bytes, in the tree's order."""
-    h = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(params):
-        a = np.asarray(leaf)
-        h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+    """SHA-256 of the trained parameters (_digest.py), the tree's leaves in
+    order."""
+    return _digest.digest(jax.tree_util.tree_leaves(params))
 
 
 def main(argv=None):

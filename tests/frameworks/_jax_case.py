@@ -17,6 +17,9 @@ def variant_args(variants, argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--variant", choices=variants + ["default"], default=variants[0])
+    ap.add_argument("--identity", metavar="PATH",
+                    help="the loop without the recorder first, then recorded, in this process: "
+                    "both runs' parameter digests to PATH.rank0")
     a = ap.parse_args(argv)
     if a.variant == "default":
         a.variant = variants[0]
@@ -30,4 +33,5 @@ def run(variants, loops, argv=None):
     import train_optax
     from accumcheck_jax import exit_on_refusal
 
-    exit_on_refusal(train_optax.main, loops[a.variant] + ["--out", a.out, "--quiet"])
+    exit_on_refusal(train_optax.main, loops[a.variant] + ["--out", a.out, "--quiet"]
+                    + (["--identity", a.identity] if a.identity else []))

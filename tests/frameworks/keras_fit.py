@@ -38,13 +38,17 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--variant", choices=VARIANTS + ["default"], default=VARIANTS[0])
     ap.add_argument("--no-record", action="store_true", help="the same run without recording")
+    ap.add_argument("--identity", metavar="PATH",
+                    help="the fit without the recorder first, then recorded, in this process: "
+                    "both runs' weight digests to PATH.rank0")
     a = ap.parse_args(argv)
     backend = "torch" if a.variant.startswith("torch_") else "jax"
     os.environ["KERAS_BACKEND"] = backend   # before keras is imported
     variant = a.variant[len("torch_"):] if backend == "torch" else a.variant
     case = {"correct": "fit", "default": "fit"}.get(variant, variant)
     import train_keras
-    args = ["--case", case, "--out", a.out, "--quiet"] + (["--no-record"] if a.no_record else [])
+    args = ["--case", case, "--out", a.out, "--quiet"] + (["--no-record"] if a.no_record else []) \
+        + (["--identity", a.identity] if a.identity else [])
     train_keras.main(args)
     return 0
 
