@@ -29,6 +29,9 @@ mean); the cases (--case):
              loss adds the penalty, which reaches the parameters directly,
              not through the model's outputs (the recorder's output path
              must see that and take the full path)
+  l2_share   l2, recorded with a summed loss that carries each item's share
+             of the penalty (summed_with_penalty): the loss Keras
+             differentiates, so the premise holds on the output path: PASS
 --no-record fits the same without the recorder (the bit-identity test and
 the bench compare the two); --identity PATH fits without the recorder
 first, then as asked, in this process, and writes both runs' weight
@@ -47,9 +50,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import keras  # noqa: E402
 from accumcheck_jax import Refused, exit_on_refusal  # noqa: E402
 
-CASES = ("fit", "adamw", "adamw_micro", "uneven", "leftover", "sum_loss", "schedule", "dropout", "l2")
+CASES = ("fit", "adamw", "adamw_micro", "uneven", "leftover", "sum_loss", "schedule", "dropout", "l2",
+         "l2_share")
 SAMPLES = {"fit": 48, "adamw": 48, "adamw_micro": 48, "uneven": 46, "leftover": 44, "sum_loss": 48, "schedule": 48,
-           "dropout": 48, "l2": 48}
+           "dropout": 48, "l2": 48, "l2_share": 48}
 
 
 def data(samples, features, classes, seed=0):
@@ -67,6 +71,21 @@ def summed_loss(y_true, y_pred, sample_weight=None):
     if sample_weight is not None:
         losses = losses * sample_weight
     return keras.ops.sum(losses)
+
+
+def summed_with_penalty(model):
+    """summed_loss plus each item's share of the model's penalties (its
+    losses, a kernel_regularizer's): Keras's default reduction
+    differentiates the batch mean plus the penalties, so the SUM of the
+    item losses it weighs is this (the recorder reads model.losses at the
+    weights its gradient is taken at)."""
+    ops = keras.ops
+
+    def summed(y_true, y_pred, sample_weight=None):
+        n = ops.cast(ops.shape(y_pred)[0], y_pred.dtype)
+        share = ops.cast(ops.sum(ops.stack(model.losses)), y_pred.dtype)
+        return summed_loss(y_true, y_pred, sample_weight) + n * share
+    return summed
 
 
 def micro_step_adamw():
@@ -99,7 +118,7 @@ def build(args):
                                   keras.layers.Activation("tanh"), keras.layers.Dropout(0.3),
                                   keras.layers.Dense(4)])
     else:
-        penalty = keras.regularizers.L2(0.01) if args.case == "l2" else None
+        penalty = keras.regularizers.L2(0.01) if args.case in ("l2", "l2_share") else None
         model = keras.Sequential([keras.Input((8,)),
                                   keras.layers.Dense(args.hidden, activation="tanh",
                                                      kernel_regularizer=penalty),
@@ -130,7 +149,8 @@ def run(args):
         from accumcheck_jax import KerasRecorder
         schedule = {"kind": "step", "step_size": 2, "gamma": 0.5} \
             if args.case == "schedule" else None
-        callbacks.append(KerasRecorder(model, summed_loss, out=args.out, lr=args.lr,
+        loss = summed_with_penalty(model) if args.case == "l2_share" else summed_loss
+        callbacks.append(KerasRecorder(model, loss, out=args.out, lr=args.lr,
                                        schedule=schedule, quiet=args.quiet))
     model.fit(x, y, batch_size=args.batch, epochs=args.epochs, shuffle=False, verbose=0,
               callbacks=callbacks)

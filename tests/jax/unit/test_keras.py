@@ -258,14 +258,8 @@ def test_regularizer_premise_fails_full_path_taken(tmp_path):
 # read from the weights the step sees: c_j = g_j / 4 exactly, so the
 # premise holds on the output path, and the correct fit PASSes.
 def test_regularizer_in_the_summed_loss_passes(tmp_path, accumcheck):
-    def with_share(m):
-        def summed(y_true, y_pred, sample_weight=None):
-            n = keras.ops.cast(keras.ops.shape(y_pred)[0], y_pred.dtype)
-            share = keras.ops.cast(keras.ops.sum(keras.ops.stack(m.losses)), y_pred.dtype)
-            return train_keras.summed_loss(y_true, y_pred, sample_weight) + n * share
-        return summed
     plain = regularized()
-    recorded = regularized(with_share, tmp_path / "t")
+    recorded = regularized(train_keras.summed_with_penalty, tmp_path / "t")
     same_bits(plain, recorded)
     assert "notes" not in meta(tmp_path / "t")
     r = certify(accumcheck, tmp_path / "t")

@@ -54,7 +54,7 @@ print(json.dumps(seen))
 def fits(tmp_path_factory):
     out = tmp_path_factory.mktemp("torch")
     env = dict(os.environ, KERAS_BACKEND="torch")
-    r = subprocess.run([sys.executable, "-c", CHILD, str(out), "fit", "l2", "dropout"],
+    r = subprocess.run([sys.executable, "-c", CHILD, str(out), "fit", "l2", "l2_share", "dropout"],
                        capture_output=True, text=True, env=env, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     return out, json.loads(r.stdout.strip().splitlines()[-1])
@@ -134,5 +134,19 @@ def test_no_float64_clone_checks_the_premise_in_float32(fits, accumcheck):
     assert m["calibration"].startswith("none:"), m
     assert calls["dropout-1"] - calls["dropout-0"] <= 2, calls
     r = certify(accumcheck, out / "dropout")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS (contract tier)" in r.stdout
+
+
+# The same penalty with a summed loss that carries each item's share of it
+# (train_keras.summed_with_penalty: the loss Keras differentiates): the
+# premise holds, the fit stays on the output path (no forward of the
+# recorder's own but the calibration's) and PASSes.
+def test_penalty_in_the_summed_loss_passes_on_the_output_path(fits, accumcheck):
+    out, calls = fits
+    same_bits(out, "l2_share")
+    assert "notes" not in meta(out / "l2_share")
+    assert calls["l2_share-1"] == calls["l2_share-0"], calls
+    r = certify(accumcheck, out / "l2_share")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS (contract tier)" in r.stdout
