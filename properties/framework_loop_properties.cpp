@@ -237,8 +237,8 @@ void last_fetch_in_samples() {
   const Case c(s);
   const Plan full = materialize(c.plan);
   const std::vector<Micro> epochs = epoch_micro(full);
-  std::vector<std::vector<std::pair<Micro, int64_t>>> steps;
-  std::vector<std::pair<Micro, int64_t>> carry;
+  std::vector<Groups> steps;
+  Groups carry;
   int64_t undrawn = 0;
   for (size_t e = 0; e < epochs.size(); ++e) {
     const int64_t Me = int64_t(epochs[e].size());
@@ -260,20 +260,8 @@ void last_fetch_in_samples() {
   RC_ASSERT(undrawn > 0);  // the trigger is present
   const Run<R> bug =
       c.run(c.plan, {Pitfall::last_fetch_sized_in_samples}, s.optimizer.lr);
-  RC_ASSERT(bug.steps.size() == steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const std::vector<R> theta = theta_before(bug, i, c);
-    std::vector<R> want;
-    for (const auto& [part, e] : steps[i]) {
-      const int64_t N = items_of(part);
-      const std::vector<R> g =
-          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
-      if (want.empty()) want.assign(g.size(), R(0));
-      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
-    }
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
-                 "window of the drawn micro-batches");
-  }
+  check_step_parts(name, c, bug, steps, own_items,
+                   "window of the drawn micro-batches");
   record_case(name);
 }
 
@@ -286,29 +274,6 @@ Scenario across_epochs_scenario(Pitfall p) {
   Scenario s = *scenario(t).as("scenario");
   s.batching.epochs = *rc::gen::inRange<int64_t>(2, 4).as("epochs");
   return s;
-}
-
-// Each of `bug`'s steps sums its parts' gradients, every item weighted 1/N
-// over the whole window's items (all its parts, whichever epoch each was
-// drawn in), each part predicted with its own epoch.
-void assert_windows_counted_whole(const std::string& name, const Case& c,
-                                  const Run<R>& bug,
-                                  const std::vector<Groups>& steps,
-                                  const char* what) {
-  RC_ASSERT(bug.steps.size() == steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    int64_t N = 0;
-    for (const auto& [part, e] : steps[i]) N += items_of(part);
-    const std::vector<R> theta = theta_before(bug, i, c);
-    std::vector<R> want;
-    for (const auto& [part, e] : steps[i]) {
-      const std::vector<R> g =
-          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
-      if (want.empty()) want.assign(g.size(), R(0));
-      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
-    }
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), what);
-  }
 }
 
 // A window buffer not reset at the epoch's end: `pending.append(batch);
@@ -344,8 +309,8 @@ void window_buffer_across_epochs() {
       }
     }
   }
-  assert_windows_counted_whole(name, c, bug, steps,
-                               "window joined across epochs, counted whole");
+  check_step_parts(name, c, bug, steps, step_items,
+                   "window joined across epochs, counted whole");
   record_case(name);
 }
 
@@ -381,8 +346,8 @@ void window_sum_across_epochs() {
       }
     }
   }
-  assert_windows_counted_whole(
-      name, c, bug, steps,
+  check_step_parts(
+      name, c, bug, steps, step_items,
       "leftover joined to the next epoch's first window, counted whole");
   record_case(name);
 }

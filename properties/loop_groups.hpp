@@ -82,4 +82,38 @@ inline int64_t items_of(const Micro& g) {
   return N;
 }
 
+// Each of `bug`'s steps sums its parts' gradients (steps[i]: step i's
+// parts, each with the epoch it was drawn in, predicted with that epoch),
+// every item of a part weighted 1/den(steps[i], part).
+inline void check_step_parts(
+    const std::string& name, const Case& c, const Run<R>& bug,
+    const std::vector<Groups>& steps,
+    const std::function<int64_t(const Groups&, const Micro&)>& den,
+    const char* what) {
+  RC_ASSERT(bug.steps.size() == steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::vector<R> theta = theta_before(bug, i, c);
+    std::vector<R> want;
+    for (const auto& [part, e] : steps[i]) {
+      const int64_t N = den(steps[i], part);
+      const std::vector<R> g =
+          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
+      if (want.empty()) want.assign(g.size(), R(0));
+      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
+    }
+    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(), what);
+  }
+}
+
+// check_step_parts' denominators: each part's own items, or the whole
+// step's (all its parts, whichever epoch each was drawn in).
+inline int64_t own_items(const Groups&, const Micro& part) {
+  return items_of(part);
+}
+inline int64_t step_items(const Groups& step, const Micro&) {
+  int64_t N = 0;
+  for (const auto& [part, e] : step) N += items_of(part);
+  return N;
+}
+
 }  // namespace accumcheck::properties

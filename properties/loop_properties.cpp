@@ -114,9 +114,8 @@ void window_counter_across_epochs() {
   const Plan full = materialize(c.plan);  // epoch_micro points into it
   const std::vector<Micro> epochs = epoch_micro(full);
   // Per step: (parts, epoch of each part).
-  using Step = std::vector<std::pair<Micro, int64_t>>;
-  std::vector<Step> steps;
-  Step carry;
+  std::vector<Groups> steps;
+  Groups carry;
   int64_t total = 0;
   for (size_t e = 0; e < epochs.size(); ++e) {
     const int64_t M = int64_t(epochs[e].size());
@@ -132,20 +131,7 @@ void window_counter_across_epochs() {
     }
     if (!part.empty()) carry.push_back({part, int64_t(e)});
   }
-  RC_ASSERT(bug.steps.size() == steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const std::vector<R> theta = theta_before(bug, i, c);
-    std::vector<R> want;
-    for (const auto& [part, e] : steps[i]) {
-      const int64_t N = items_of(part);
-      const std::vector<R> g =
-          predicted(c, theta, weighted(part, [N](int64_t) { return N; }), e);
-      if (want.empty()) want.assign(g.size(), R(0));
-      for (size_t j = 0; j < g.size(); ++j) want[j] += g[j];
-    }
-    assert_close(name, bug.steps[i].grad, want, oracle_tolerance(),
-                 "window across epochs");
-  }
+  check_step_parts(name, c, bug, steps, own_items, "window across epochs");
   record_case(name);
 }
 
