@@ -22,7 +22,7 @@ docs/frameworks-jax-keras.md, "What recording costs".
 
     .venv-jax/bin/python bench/jax_contract_bench.py [--repeats 3] [--loops hand,multisteps,nnx]
         [--models tiny,wide,large] [--K 4,16] [--scale 1,4] [--paths apply,full]
-        [--python DIR]
+        [--batch 16] [--python DIR]
 
 --python DIR measures the recorder of another checkout (accumcheck_jax
 imported from DIR, e.g. an older commit's python/ from `git archive`), the
@@ -44,7 +44,7 @@ if "--python" in sys.argv[:-1]:  # the recorder imported from there, before trai
 
 import train_optax  # noqa: E402  (from examples/jax, put on the path above)
 
-# name: (features, hidden, samples, epochs); micro-batches of 16.
+# name: (features, hidden, samples, epochs); micro-batches of --batch (16).
 MODELS = {"tiny": (8, 16, 2048, 4), "wide": (512, 4096, 1024, 1),
           "large": (1024, 10240, 1024, 1)}
 
@@ -88,6 +88,9 @@ def main():
                    help="run lengths: the model's epochs times each (e.g. 1,4: the curve of "
                         "the recorder's fixed cost against its cost per micro-batch)")
     p.add_argument("--python", help="the recorder measured: accumcheck_jax imported from DIR")
+    p.add_argument("--batch", type=int, default=16,
+                   help="samples a micro-batch (the model's samples scaled with it: the same "
+                        "micro-batches a run)")
     args = p.parse_args()
     import accumcheck_jax
     print("recorder: %s" % os.path.dirname(os.path.dirname(
@@ -100,9 +103,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             features, hidden, samples, epochs = MODELS[model]
+            samples = samples * args.batch // 16
             for K, scale in [(k, int(x)) for x in args.scale.split(",") for k in args.K.split(",")]:
                 for loop in args.loops.split(","):
-                    common = ["--loop", loop, "--samples", str(samples), "--sizes", "16",
+                    common = ["--loop", loop, "--samples", str(samples), "--sizes", str(args.batch),
                               "--epochs", str(epochs * scale), "--K", K, "--features", str(features),
                               "--hidden", str(hidden), "--quiet"]
                     paths = args.paths.split(",")
@@ -117,7 +121,7 @@ def main():
                         worst_steady = max(worst_steady, recorded[2] / plain[2])
                         print("| %s | %s | %s | %s | %d | %.3f | %.3f | %.2fx | %.3f / %.3f | %.2fx "
                               "| %.3f | %.3f |"
-                              % (model, loop, path, K, samples // 16 * epochs * scale, plain[0],
+                              % (model, loop, path, K, samples // args.batch * epochs * scale, plain[0],
                                  recorded[0], ratio, plain[2], recorded[2], recorded[2] / plain[2],
                                  plain[1], recorded[1]),
                               flush=True)
