@@ -197,7 +197,8 @@ void pitfall_difference() {
       *rc::gen::element(
            Pitfall::no_loss_normalization, Pitfall::sample_mean_of_means,
            Pitfall::zero_grad_every_micro_step, Pitfall::step_every_micro_step,
-           Pitfall::partial_cycle_scale_by_k, Pitfall::l2_in_loss_unnormalized)
+           Pitfall::partial_cycle_scale_by_k, Pitfall::l2_in_loss_unnormalized,
+           Pitfall::summed_loss_divided_by_k)
            .as("pitfall");
   Triggers t;
   t.pitfalls = {p};

@@ -140,6 +140,27 @@ void sample_mean_of_means_weights() {
   record_case(name);
 }
 
+// summed-loss-divided-by-k: every item's loss summed, the micro-batch /K:
+// each item weighs 1/K (and DDP's average over R ranks 1/(K*R)), whatever
+// its micro-batch and window hold.  Micro-batches of b >= 2 items keep
+// N_w > K in every full window, so 1/N_w (correct) fails this.
+void summed_loss_divided_by_k_weights() {
+  const std::string name = "loss-normalization.summed-loss-divided-by-k";
+  Triggers t = gradient_triggers({Pitfall::summed_loss_divided_by_k});
+  t.short_micro = true;  // b >= 2, and a short last micro-batch
+  t.max_ranks = 2;
+  const Scenario s = *scenario(t).as("scenario");
+  const Case c(s);
+  const Run<R> bug =
+      c.run(c.plan, {Pitfall::summed_loss_divided_by_k}, s.optimizer.lr);
+  check_weights(name, c, bug, [&](const FlatWindow& fw) {
+    const int64_t K = c.plan.epochs[size_t(fw.epoch)].accumulation;
+    const int64_t R_ = ranks(*fw.w);
+    return all_parts(*fw.w, [=](int64_t) { return K * R_; });
+  });
+  record_case(name);
+}
+
 // ---------------------------------------------------------------------------
 // (c) zero_grad timing.
 
@@ -616,6 +637,10 @@ const std::vector<Property>& oracle_properties() {
       {"loss-normalization.sample-mean-of-means", "oracle",
        "sample-mean-of-means weighs a sample 1/(K*b_k)",
        sample_mean_of_means_weights},
+      {"loss-normalization.summed-loss-divided-by-k", "oracle",
+       "summed-loss-divided-by-k weighs every item 1/K (not 1/N_w: b_k "
+       "times too much)",
+       summed_loss_divided_by_k_weights},
       {"zero-grad.every-micro-step", "oracle",
        "zero-grad-every-micro-step: G = the last micro-batch / N_w",
        zero_grad_every_micro_step},

@@ -185,6 +185,11 @@ constexpr Entry kCatalog[] = {
      "epoch's leftover micro-batches join the next epoch's first K, a "
      "window of K + r divided by the items of all of them (torchtune's "
      "recipes); the run's last leftover is never stepped"},
+    // reduction="sum" with the mean's / K.
+    {Pitfall::summed_loss_divided_by_k, "summed-loss-divided-by-k",
+     "each micro-batch's loss is the sum of its item losses "
+     "(reduction=\"sum\") and the gradient is divided by K: every item "
+     "weighs 1/K, not 1/N_w (b_k times too much)"},
 };
 
 const Entry& entry(Pitfall p) {
@@ -367,6 +372,9 @@ Behavior behavior_of(const std::vector<Pitfall>& pitfalls) {
       case Pitfall::window_sum_across_epochs:
         // The joined window is cut in Trainer::run (joined_epoch).
         b.sum_across_epochs = true;
+        break;
+      case Pitfall::summed_loss_divided_by_k:
+        b.normalization = Normalization::micro_sum_over_k;
         break;
     }
   }

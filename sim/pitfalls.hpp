@@ -81,6 +81,9 @@ enum class Pitfall {
   // A window's gradient sum and item count that outlive the epoch while
   // its counter restarts (torchtune's recipes, issue 44).
   window_sum_across_epochs,
+  // Each micro-batch's loss summed over its items (reduction="sum") and
+  // divided by K, the /K meant for a mean.
+  summed_loss_divided_by_k,
 };
 
 inline constexpr Pitfall kAllPitfalls[] = {
@@ -130,6 +133,7 @@ inline constexpr Pitfall kAllPitfalls[] = {
     Pitfall::scheduler_frequency_in_micro_batches,
     Pitfall::window_buffer_across_epochs,
     Pitfall::window_sum_across_epochs,
+    Pitfall::summed_loss_divided_by_k,
 };
 
 // "zero-grad-every-micro-step" etc.
@@ -153,6 +157,7 @@ enum class Normalization {
   micro_mean,    // 1/b_k: the micro-batch mean, /K forgotten
   micro_mean_over_window_micros,  // 1/(K_w*b_k): mean of means
   micro_mean_over_k,              // 1/(K*b_k): the `loss / K` loop, K literal
+  micro_sum_over_k,   // 1/K: the summed loss / K, K literal (b_k too much)
   rank_window_items,  // 1/N_{w,r}: the rank's own window items, then DDP's
                       // average over R (the count never all-reduced)
 };

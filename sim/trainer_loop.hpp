@@ -291,6 +291,8 @@ class Trainer {
         return {Kw * shard_items};
       case Normalization::micro_mean_over_k:
         return {K_ * shard_items};
+      case Normalization::micro_sum_over_k:
+        return {K_};
       case Normalization::rank_window_items:
         return {rank_items_[size_t(r)]};
     }

@@ -74,9 +74,17 @@ TEST_P(CertifyPitfall, DeviceRunFailsAndIsDiagnosed) {
   EXPECT_EQ(best.name, pitfall_id(p)) << certify_text(r);
   EXPECT_TRUE(best.tracked);
   EXPECT_LE(best.distance, 1.0) << certify_text(r);
-  EXPECT_NE(r.diagnosis.find("matches " + std::string(pitfall_id(p))),
-            std::string::npos)
-      << r.diagnosis;
+  // Named first, alone or first of a tie: certify-mlp's micro-batches hold
+  // b = K = 4 samples, so summed-loss-divided-by-k's 1/K is
+  // no-loss-normalization's 1/b, and with loss-divided-by-k-twice its
+  // 1/K^2 is partial-cycle-scale-by-k's 1/(K*b): the same runs, tied
+  // within the bound, the catalog's first ranked first.
+  const std::string id(pitfall_id(p));
+  const bool first =
+      r.diagnosis.rfind("matches " + id + " ", 0) == 0 ||
+      r.diagnosis.rfind("matches, tied (all within the bound): " + id + " ",
+                        0) == 0;
+  EXPECT_TRUE(first) << r.diagnosis;
 }
 
 INSTANTIATE_TEST_SUITE_P(Pitfalls, CertifyPitfall,

@@ -159,6 +159,9 @@ const Expected kTable[] = {
      with([](Behavior& b) { b.buffer_across_epochs = true; })},
     {"window-sum-across-epochs",
      with([](Behavior& b) { b.sum_across_epochs = true; })},
+    {"summed-loss-divided-by-k", with([](Behavior& b) {
+       b.normalization = Normalization::micro_sum_over_k;
+     })},
 };
 
 TEST(PitfallCatalog, EveryIdMapsToItsBehavior) {

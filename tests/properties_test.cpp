@@ -75,6 +75,9 @@ RC_GTEST_PROP(LossNormalization, AdamEpsOverK, ()) {
 RC_GTEST_PROP(LossNormalization, SampleMeanOfMeans, ()) {
   run_property("loss-normalization.sample-mean-of-means");
 }
+RC_GTEST_PROP(LossNormalization, SummedLossDividedByK, ()) {
+  run_property("loss-normalization.summed-loss-divided-by-k");
+}
 RC_GTEST_PROP(ZeroGrad, EveryMicroStep, ()) {
   run_property("zero-grad.every-micro-step");
 }

@@ -95,6 +95,7 @@ constexpr const char* kCorrect =
 const Pinned kPinned[] = {
     {Pitfall::no_loss_normalization, kCorrect, "weights only"},
     {Pitfall::sample_mean_of_means, kCorrect, "weights only"},
+    {Pitfall::summed_loss_divided_by_k, kCorrect, "weights only"},
     {Pitfall::token_mean_of_means, kCorrect, "weights only"},
     {Pitfall::partial_cycle_scale_by_k, kCorrect, "weights only"},
     {Pitfall::schedule_horizon_in_micro_steps, kCorrect, "lr values only"},

@@ -93,6 +93,18 @@ def no_div_k(m, opt, load, K, epochs, mean, items, summed):
             opt.zero_grad()
 
 
+def summed_over_k(m, opt, load, K, epochs, mean, items, summed):
+    """reduction="sum" with the / K meant for a mean: each micro-batch's
+    summed loss divided by K, so every item weighs 1/K, not 1/N_w
+    (summed-loss-divided-by-k)."""
+    for _ in range(epochs):
+        for window in windows(load(), K):
+            for b in window:
+                (summed(m, b) / K).backward()
+            opt.step()
+            opt.zero_grad()
+
+
 def zero_grad_inside(m, opt, load, K, epochs, mean, items, summed):
     for _ in range(epochs):
         for window in windows(load(), K):
@@ -343,7 +355,7 @@ def window_sum(m, opt, load, K, epochs, mean, items, summed):
 
 
 LOOPS = {f.__name__: f for f in (transformers, lightning, mean_over_k, no_div_k,
-                                  zero_grad_inside, step_outside_if, rescaled_accumulator,
+                                  summed_over_k, zero_grad_inside, step_outside_if, rescaled_accumulator,
                                   off_by_one, leak, skip_short, double_count,
                                   clip_per_micro_step, double_count_last,
                                   step_first_alone, across_epochs_k_twice, unshifted_count,

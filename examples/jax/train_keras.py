@@ -8,8 +8,8 @@ accumcheck_jax's KerasRecorder and judged by `accumcheck certify --contract`.
 (KERAS_BACKEND=torch records Keras's torch backend the same way.)
 
 A small MLP classifier on seeded synthetic data, fit with batch_size 4
-(or --batch), K = 4, 2 epochs, Keras's default loss reduction (the batch
-mean); the cases (--case):
+(sum_loss: 8; or --batch), K = 4, 2 epochs, Keras's default loss reduction
+(the batch mean); the cases (--case):
   fit        correct: 48 samples (every window of 4 equal batches), Adam
   adamw      fit with AdamW(weight_decay=0.1): the decay is the update's
              (Keras releases before 3.5 also decayed on every micro-step)
@@ -20,7 +20,10 @@ mean); the cases (--case):
              the others (Keras averages its K batch means)
   leftover   44 samples: 11 batches per epoch, and the optimizer's window
              counter runs across the epoch's end
-  sum_loss   the loss with reduction="sum": each batch's summed loss, / K
+  sum_loss   the loss with reduction="sum": each batch's summed loss, / K;
+             64 samples in batches of 8 (B != K): every sample weighs
+             1/K = 8/N_w (summed-loss-divided-by-k; at B = K that is 1/B,
+             no-loss-normalization's weight, and the two cannot be told apart)
   schedule   an ExponentialDecay lr schedule (halved every 2 optimizer
              steps): Keras evaluates it at its micro-batch counter
   dropout    fit, the model with BatchNormalization and Dropout (random
@@ -52,8 +55,10 @@ from accumcheck_jax import Refused, exit_on_refusal  # noqa: E402
 
 CASES = ("fit", "adamw", "adamw_micro", "uneven", "leftover", "sum_loss", "schedule", "dropout", "l2",
          "l2_share")
-SAMPLES = {"fit": 48, "adamw": 48, "adamw_micro": 48, "uneven": 46, "leftover": 44, "sum_loss": 48, "schedule": 48,
+SAMPLES = {"fit": 48, "adamw": 48, "adamw_micro": 48, "uneven": 46, "leftover": 44, "sum_loss": 64, "schedule": 48,
            "dropout": 48, "l2": 48, "l2_share": 48}
+# batch_size per case (4 unless here): sum_loss's batches differ from K.
+BATCH = {"sum_loss": 8}
 
 
 def data(samples, features, classes, seed=0):
@@ -152,7 +157,8 @@ def run(args):
         loss = summed_with_penalty(model) if args.case == "l2_share" else summed_loss
         callbacks.append(KerasRecorder(model, loss, out=args.out, lr=args.lr,
                                        schedule=schedule, quiet=args.quiet))
-    model.fit(x, y, batch_size=args.batch, epochs=args.epochs, shuffle=False, verbose=0,
+    batch = args.batch or BATCH.get(args.case, 4)
+    model.fit(x, y, batch_size=batch, epochs=args.epochs, shuffle=False, verbose=0,
               callbacks=callbacks)
     return [keras.ops.convert_to_numpy(v.value) for v in model.trainable_variables]
 
@@ -162,7 +168,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", default="fit", help="one of: " + ", ".join(CASES))
     p.add_argument("--K", type=int, default=4)
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--batch", type=int, default=0, help="default: the case's (4; sum_loss: 8)")
     p.add_argument("--samples", type=int, default=0, help="default: the case's")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-2)
@@ -177,9 +183,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.case not in CASES:
         raise Refused("--case: expected one of %s, got %r" % (", ".join(CASES), args.case))
-    if args.K < 2 or args.batch < 1 or args.samples < 0 or args.epochs < 1 or args.hidden < 1:
-        raise Refused("--K must be >= 2 (Keras's gradient_accumulation_steps), --batch, "
-                      "--epochs and --hidden >= 1, --samples >= 0")
+    if args.K < 2 or args.batch < 0 or args.samples < 0 or args.epochs < 1 or args.hidden < 1:
+        raise Refused("--K must be >= 2 (Keras's gradient_accumulation_steps), --epochs "
+                      "and --hidden >= 1, --batch (0: the case's) and --samples >= 0")
     if keras.backend.backend() not in ("jax", "torch"):
         raise Refused("KERAS_BACKEND=jax or torch: the recorder records Keras's JAX and torch "
                       "backends (this process runs %r)" % keras.backend.backend())

@@ -1,6 +1,6 @@
 """Keras 3 `model.fit` with `optimizer(..., gradient_accumulation_steps=4)`
 on the JAX backend (and torch_*: the torch backend), recorded by accumcheck_jax.KerasRecorder: the cases of
-examples/jax/train_keras.py (a small MLP classifier, batch_size 4, 2
+examples/jax/train_keras.py (a small MLP classifier, batch_size 4 (sum_loss 8), 2
 epochs, Keras's default loss reduction, the batch mean), one cell each.
 Run in a venv with keras and a jax of its time (bench/conformance.py's
 JAX-side venvs); KERAS_BACKEND=jax is set here.
@@ -14,7 +14,8 @@ Variants:
   uneven    46 samples: the last batch of 2 weighs as the others:
             sample-mean-of-means
   leftover  44 samples: the optimizer's window counter runs across epochs
-  sum_loss  reduction="sum": each batch's summed loss / K
+  sum_loss  reduction="sum": each batch's summed loss / K, 64 samples in
+            batches of 8: summed-loss-divided-by-k
   schedule  ExponentialDecay(staircase) over optimizer steps, evaluated by
             Keras at its micro-batch counter: scheduler-per-micro-step
   dropout   correct's fit of a model with BatchNormalization and Dropout:

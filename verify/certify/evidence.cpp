@@ -90,6 +90,8 @@ double accepted_weight(const EvidenceInput& in, const Window& w, size_t k,
       return 1.0 / double(Kw * bk);
     case Normalization::micro_mean_over_k:
       return 1.0 / double(K * bk);
+    case Normalization::micro_sum_over_k:
+      return 1.0 / double(K);
     case Normalization::rank_window_items:
       // The rank's own window items: with one rank, the window's.
       return 1.0 / double(Nw);

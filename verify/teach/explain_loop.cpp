@@ -423,6 +423,32 @@ constexpr ExplainEntry kLoopPitfalls[] = {
      "conformance cell torchtune==0.6.1 recipe.partial); CTest "
      "PyTorch.contract.sft.window_sum",
      "window.sum-across-epochs"},
+    // reduction="sum" with the mean's / K.
+    {"summed-loss-divided-by-k", "a summed micro-batch loss divided by K",
+     "Each micro-batch's loss is the sum of its item losses (PyTorch's "
+     "reduction=\"sum\", Keras' reduction=\"sum\") and the loop divides it "
+     "by K, the /K that belongs to a micro-batch mean. Every item then "
+     "weighs 1/K where the large batch gives it 1/N_w, whatever the size "
+     "of its micro-batch: with equal micro-batches of b items the gradient "
+     "is b times the large batch's, and plain SGD trains at b times the "
+     "learning rate (Adam almost hides it). no-loss-normalization weighs "
+     "an item 1/b_k instead: the two give the same weights only where every "
+     "b_k = K, and certify names them tied there. Divide by the window's "
+     "item count.",
+     " for i, (x, y) in enumerate(loader):\n"
+     "-    loss = F.cross_entropy(model(x), y, reduction=\"sum\") / K\n"
+     "+    loss = F.cross_entropy(model(x), y, reduction=\"sum\") / N_w\n"
+     "     loss.backward()\n"
+     "     if (i + 1) % K == 0:\n"
+     "         optimizer.step(); optimizer.zero_grad()",
+     "every item weighs 1/K instead of 1/N_w: G = (N_w/K) * g, b times the "
+     "large batch's gradient with micro-batches of b items",
+     "summed-loss-divided-by-k",
+     "PyTorch's and Keras' reduction=\"sum\" with the usual loss / K "
+     "(examples/contract/train.py --loop summed_over_k, CTest "
+     "PyTorch.contract.gpt.summed_over_k; examples/jax/train_keras.py's "
+     "sum_loss case, conformance cell keras fit.sum_loss)",
+     "loss-normalization.summed-loss-divided-by-k difference.device"},
 };
 
 }  // namespace
