@@ -1,3 +1,5 @@
+import subprocess
+
 import pytest
 
 
@@ -11,3 +13,13 @@ def accumcheck(request):
     if not path:
         pytest.skip("no --accumcheck given")
     return path
+
+
+@pytest.fixture
+def certify(accumcheck):
+    """certify(folder): `accumcheck certify --contract` of the trace in
+    folder, its CompletedProcess (returncode, stdout, stderr)."""
+    def run(folder):
+        return subprocess.run([accumcheck, "certify", "--contract", "--trace", str(folder)],
+                              check=False, capture_output=True, text=True)
+    return run

@@ -27,12 +27,12 @@ def same_bits(a, b):
 # bit-identity for every case of examples/jax/train_keras.py, on the
 # backend it runs; CTest's JAX.keras.* and the conformance matrix certify
 # every case.)
-def test_recording_changes_nothing(tmp_path, accumcheck):
+def test_recording_changes_nothing(tmp_path, certify):
     plain = train_keras.main(["--case", "adamw", "--no-record", "--quiet"])
     recorded = train_keras.main(["--case", "adamw", "--out", str(tmp_path / "t"), "--quiet"])
     same_bits(plain, recorded)
     assert not (tmp_path / "t" / "rank0.incomplete").exists()
-    r = certify(accumcheck, tmp_path / "t")
+    r = certify(tmp_path / "t")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok   optimizer replay" in r.stdout
     # The 18 calls of the micro-steps that only accumulate moved nothing,
@@ -46,12 +46,12 @@ def test_recording_changes_nothing(tmp_path, accumcheck):
 # train steps, at each epoch's start and at the end: the example's fit in
 # batches of 1 (48 steps an epoch) crosses all three, and every step is
 # taken in, in order (96 micro-batches, 72 calls that only accumulate).
-def test_read_back_in_groups_keeps_every_step(tmp_path, accumcheck):
+def test_read_back_in_groups_keeps_every_step(tmp_path, certify):
     argv = ["--case", "fit", "--batch", "1", "--quiet"]
     plain = train_keras.main(argv + ["--no-record"])
     recorded = train_keras.main(argv + ["--out", str(tmp_path / "t")])
     same_bits(plain, recorded)
-    r = certify(accumcheck, tmp_path / "t")
+    r = certify(tmp_path / "t")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok   weight fit: 96 backward passes" in r.stdout
     assert "ok   calls without an update: 72 optimizer call(s)" in r.stdout
@@ -129,11 +129,6 @@ def test_lean_compilation_falls_back_where_jax_lacks_it():
     assert f(1) == (2, {})
 
 
-def certify(accumcheck, folder):
-    return subprocess.run([accumcheck, "certify", "--contract", "--trace", str(folder)],
-                          check=False, capture_output=True, text=True)
-
-
 def model(**opt):
     keras.utils.set_random_seed(0)
     m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
@@ -148,7 +143,7 @@ def fit(m, callbacks, **kw):
     return [keras.ops.convert_to_numpy(v.value) for v in m.trainable_variables]
 
 
-def test_recorder_error_ends_the_recording_not_the_fit(tmp_path, accumcheck):
+def test_recorder_error_ends_the_recording_not_the_fit(tmp_path, certify):
     def count(batch):
         raise ValueError("no items here")
     plain = fit(model(gradient_accumulation_steps=2), [])
@@ -157,7 +152,7 @@ def test_recorder_error_ends_the_recording_not_the_fit(tmp_path, accumcheck):
     same_bits(plain, fit(rec.net, [rec]))
     marker = (tmp_path / "t" / "rank0.incomplete").read_text()
     assert "count_fn(batch) failed on micro-batch 0: no items here" in marker
-    r = certify(accumcheck, tmp_path / "t")
+    r = certify(tmp_path / "t")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no items here" in r.stderr
 
@@ -257,12 +252,12 @@ def test_regularizer_premise_fails_full_path_taken(tmp_path):
 # is the batch mean plus model.losses: per item CE_i + sum(model.losses)),
 # read from the weights the step sees: c_j = g_j / 4 exactly, so the
 # premise holds on the output path, and the correct fit PASSes.
-def test_regularizer_in_the_summed_loss_passes(tmp_path, accumcheck):
+def test_regularizer_in_the_summed_loss_passes(tmp_path, certify):
     plain = regularized()
     recorded = regularized(train_keras.summed_with_penalty, tmp_path / "t")
     same_bits(plain, recorded)
     assert "notes" not in meta(tmp_path / "t")
-    r = certify(accumcheck, tmp_path / "t")
+    r = certify(tmp_path / "t")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS (contract tier)" in r.stdout
 
@@ -271,7 +266,7 @@ def test_regularizer_in_the_summed_loss_passes(tmp_path, accumcheck):
 # the step a state made anew from the variables it synced): the recorder
 # reads that step's input by its own program, not from the previous step's
 # outputs, so the replay sees the move and certify fails the fit.
-def test_weights_moved_between_steps_are_seen(tmp_path, accumcheck):
+def test_weights_moved_between_steps_are_seen(tmp_path, certify):
     class Nudge(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch == 4:   # inside a window (K = 2: calls 4 and 5)
@@ -281,7 +276,7 @@ def test_weights_moved_between_steps_are_seen(tmp_path, accumcheck):
     rec = KerasRecorder(m, train_keras.summed_loss, out=str(tmp_path / "t"), quiet=True)
     x, y = train_keras.data(48, 8, 4)
     m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[rec, Nudge()])
-    r = certify(accumcheck, tmp_path / "t")
+    r = certify(tmp_path / "t")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL optimizer replay" in r.stdout, r.stdout
 
@@ -307,7 +302,7 @@ def mlp():
 # A model with its own train_step: the recorder's taps cannot go into it,
 # so every step takes the full path (a program of the recorder's own
 # before each step, c_j too), with a note; the correct fit PASSes.
-def test_own_train_step_takes_the_full_path(tmp_path, accumcheck):
+def test_own_train_step_takes_the_full_path(tmp_path, certify):
     class Own(keras.Sequential):
         def train_step(self, state, data):
             return super().train_step(state, data)
@@ -318,7 +313,7 @@ def test_own_train_step_takes_the_full_path(tmp_path, accumcheck):
     recorded, _ = example_fit(make, True, tmp_path / "t")
     same_bits(plain, recorded)
     assert "the model's train_step is its own, not Keras's" in meta(tmp_path / "t")["notes"]
-    r = certify(accumcheck, tmp_path / "t")
+    r = certify(tmp_path / "t")
     assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
 
 
@@ -326,7 +321,7 @@ def test_own_train_step_takes_the_full_path(tmp_path, accumcheck):
 # before Keras sees them (the History holds the same keys), the
 # validation's steps are not recorded, and the weighted fit PASSes on the
 # output path (Keras's loss sum(w_i l_i) / n: weight 1/n at the outputs).
-def test_sample_weight_and_validation_on_the_output_path(tmp_path, accumcheck):
+def test_sample_weight_and_validation_on_the_output_path(tmp_path, certify):
     x, y = train_keras.data(48, 8, 4)
     kw = dict(sample_weight=np.linspace(0.5, 1.5, 48).astype(np.float32),
               validation_data=(x[:8], y[:8]))
@@ -335,7 +330,7 @@ def test_sample_weight_and_validation_on_the_output_path(tmp_path, accumcheck):
     same_bits(plain, recorded)
     assert sorted(h0) == sorted(h1)
     assert "notes" not in meta(tmp_path / "t")
-    r = certify(accumcheck, tmp_path / "t")
+    r = certify(tmp_path / "t")
     assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
     assert "ok   weight fit: 24 backward passes" in r.stdout, r.stdout
 
@@ -362,7 +357,7 @@ def test_tap_error_in_the_traced_step_ends_the_recording_not_the_fit(tmp_path, m
 # the fixed bound, and the fit stays on the output path, uncalibrated.  A
 # float32 reference 1% off on half its coordinates breaks the premise at
 # micro-batch 0: the note, and the full path from there on.
-def test_random_model_checks_its_premise_in_float32(tmp_path, monkeypatch, accumcheck):
+def test_random_model_checks_its_premise_in_float32(tmp_path, monkeypatch, certify):
     from accumcheck_jax import keras_fit
     from accumcheck_jax.outputs import EVIDENCE_WEIGHT_REL, Outputs
     checked = []
@@ -378,7 +373,7 @@ def test_random_model_checks_its_premise_in_float32(tmp_path, monkeypatch, accum
     assert all(lin is not None and lin < EVIDENCE_WEIGHT_REL for _, lin in checked), checked
     m = meta(tmp_path / "t")
     assert "full path" not in m.get("notes", "") and m["calibration"].startswith("none:"), m
-    r = certify(accumcheck, tmp_path / "t")
+    r = certify(tmp_path / "t")
     assert r.returncode == 0 and "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
 
     g32 = keras_fit.KerasRecorder._g32

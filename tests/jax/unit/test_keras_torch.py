@@ -78,20 +78,15 @@ def backward_residuals(folder):
         return [float(r["residual"]) for r in csv.DictReader(f) if r["kind"] == "backward"]
 
 
-def certify(accumcheck, folder):
-    return subprocess.run([accumcheck, "certify", "--contract", "--trace", str(folder)],
-                          check=False, capture_output=True, text=True)
-
-
 # The correct fit on the output path: the model's forward called once per
 # train step with the recorder as without it (the full path's own forward
 # would add one a step), nothing noted, and the trace PASSes.
-def test_output_path_has_no_forward_of_its_own(fits, accumcheck):
+def test_output_path_has_no_forward_of_its_own(fits, certify):
     out, calls = fits
     same_bits(out, "fit")
     assert calls["fit-1"] == calls["fit-0"], calls
     assert "notes" not in meta(out / "fit")
-    r = certify(accumcheck, out / "fit")
+    r = certify(out / "fit")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS (contract tier)" in r.stdout
 
@@ -105,7 +100,7 @@ def test_output_path_has_no_forward_of_its_own(fits, accumcheck):
 # declared summed_loss is not the loss Keras differentiates (the penalty
 # is not in it).  Read at the outputs instead, every residual would be
 # that of u_j = w_j s_j (about 1e-7) and the penalty unseen.
-def test_penalty_fails_the_premise_and_the_full_path_shows_it(fits, accumcheck):
+def test_penalty_fails_the_premise_and_the_full_path_shows_it(fits, certify):
     out, calls = fits
     same_bits(out, "l2")
     notes = meta(out / "l2").get("notes", "")
@@ -115,7 +110,7 @@ def test_penalty_fails_the_premise_and_the_full_path_shows_it(fits, accumcheck):
     # weight was taken from the float64 gradient the premise failed against).
     assert calls["l2-1"] - calls["l2-0"] == len(backward_residuals(out / "l2")) - 1, calls
     assert min(backward_residuals(out / "l2")) > EVIDENCE_WEIGHT_REL
-    r = certify(accumcheck, out / "l2")
+    r = certify(out / "l2")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "another loss than the declared summed loss" in r.stdout
 
@@ -126,14 +121,14 @@ def test_penalty_fails_the_premise_and_the_full_path_shows_it(fits, accumcheck):
 # own masks): it holds, the fit stays on the output path (no forward of
 # the recorder's own but the two calibration samples' recomputes),
 # uncalibrated, and PASSes.
-def test_no_float64_clone_checks_the_premise_in_float32(fits, accumcheck):
+def test_no_float64_clone_checks_the_premise_in_float32(fits, certify):
     out, calls = fits
     same_bits(out, "dropout")
     m = meta(out / "dropout")
     assert "notes" not in m, m
     assert m["calibration"].startswith("none:"), m
     assert calls["dropout-1"] - calls["dropout-0"] <= 2, calls
-    r = certify(accumcheck, out / "dropout")
+    r = certify(out / "dropout")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS (contract tier)" in r.stdout
 
@@ -142,11 +137,11 @@ def test_no_float64_clone_checks_the_premise_in_float32(fits, accumcheck):
 # (train_keras.summed_with_penalty: the loss Keras differentiates): the
 # premise holds, the fit stays on the output path (no forward of the
 # recorder's own but the calibration's) and PASSes.
-def test_penalty_in_the_summed_loss_passes_on_the_output_path(fits, accumcheck):
+def test_penalty_in_the_summed_loss_passes_on_the_output_path(fits, certify):
     out, calls = fits
     same_bits(out, "l2_share")
     assert "notes" not in meta(out / "l2_share")
     assert calls["l2_share-1"] == calls["l2_share-0"], calls
-    r = certify(accumcheck, out / "l2_share")
+    r = certify(out / "l2_share")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS (contract tier)" in r.stdout

@@ -7,7 +7,6 @@ recorder says so in meta.csv and takes the full path."""
 import csv
 import os
 import re
-import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -111,14 +110,13 @@ def test_penalty_premise_fails_full_path_taken(tmp_path):
     assert min(float(r["residual"]) for r in rows(tmp_path / "t", "backward")) > 1e-3
 
 
-def test_forward_twice_full_path_taken(tmp_path, accumcheck):
+def test_forward_twice_full_path_taken(tmp_path, certify):
     """The wrapped forward run twice per micro-batch: no one output to read
     the weight at; the note, the full path, and the correct loop PASSes."""
     run(tmp_path / "t", lambda f: ce(f, twice=True), lambda f: ce(f, twice=True))
     notes = meta(tmp_path / "t").get("notes", "")
     assert "the wrapped forward's backward ran 2 times in 1 micro-batches" in notes, notes
-    r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(tmp_path / "t")],
-                       check=False, capture_output=True, text=True)
+    r = certify(tmp_path / "t")
     assert "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
 
 

@@ -5,7 +5,6 @@ rec.apply's output path, train_optax.py's default, and without it,
 
 import csv
 import functools
-import subprocess
 
 import jax
 import numpy as np
@@ -52,7 +51,7 @@ def test_recording_changes_nothing(tmp_path, request, loop, extra):
         # The correct loop's trace PASSes, recorded by a wrapper jitted
         # with your function (a callback): judged here, not recorded again
         # by a test of its own (the wrapper around it: JAX.contract.optax.hand).
-        certified(request.getfixturevalue("accumcheck"), tmp_path / "t")
+        certified(request.getfixturevalue("certify"), tmp_path / "t")
     if not extra and loop == "nnx":
         # Through rec.apply, a Flax NNX model's call: g_j read at the
         # outputs throughout, no micro-batch sent to the full path.
@@ -61,9 +60,8 @@ def test_recording_changes_nothing(tmp_path, request, loop, extra):
         assert "rec.apply" in meta["recorder"] and "notes" not in meta, meta.get("notes")
 
 
-def certified(accumcheck, folder):
-    r = subprocess.run([accumcheck, "certify", "--contract", "--trace", str(folder)],
-                       check=False, capture_output=True, text=True)
+def certified(certify, folder):
+    r = certify(folder)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS (contract tier)" in r.stdout
 
@@ -128,7 +126,7 @@ def test_close_without_params_refused_and_marker_left(tmp_path):
 # still a step, its Adam state going on, never a discarded call) and
 # coordinates=20 (a leaf larger than that kept on a seeded sample: the
 # trace says how many coordinates).
-def test_warmup_and_sampled_coordinates(tmp_path, accumcheck):
+def test_warmup_and_sampled_coordinates(tmp_path, certify):
     out = tmp_path / "t"
     train_optax.ContractRecorder = lambda *a, **k: ContractRecorder(*a, coordinates=20, **k)
     try:
@@ -138,7 +136,7 @@ def test_warmup_and_sampled_coordinates(tmp_path, accumcheck):
     meta = dict(line.split(",", 1) for line in (out / "meta.csv").read_text().splitlines()[1:])
     # w1 8x16 and w2 16x4 sampled to 20 each; b1 (16) and b2 (4) whole.
     assert meta["parameters"] == str(20 + 16 + 20 + 4)
-    certified(accumcheck, out)
+    certified(certify, out)
 
 
 def test_waits_once_per_parameter_set(tmp_path, monkeypatch):
