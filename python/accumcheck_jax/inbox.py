@@ -21,7 +21,7 @@ _INBOX_BYTES = 16 << 20
 
 
 class Inbox:
-    def _eager(self, fn, value_and_grad, first, batch, a, k, state=None):
+    def _eager(self, fn, value_and_grad, first, batch, a, k, state):
         """The wrapped gradient function called outside jit (your jitted
         function wrapped: rec.grad(jax.jit(fn))): your function as it is,
         then one program of the recorder's own (g_j, and the kept
@@ -45,8 +45,6 @@ class Inbox:
         # (measured on the wide MLP's 4 leaves); Flax NNX, whose parameters
         # are new arrays at every call, pays that each micro-batch.  The
         # wait is for a backend that runs such programs asynchronously.
-        if state is None:  # the whole state's leaves as this call saw them
-            state = jax.tree_util.tree_leaves(self._state_of(first))
         if not self._same_arrays(state):
             jax.block_until_ready(state)
             jax.effects_barrier()

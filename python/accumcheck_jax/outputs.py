@@ -175,16 +175,14 @@ class Outputs:
         finally:
             self.tap_mode = mode
 
-    def _eager_outputs(self, first, batch, out, c, state=None):
+    def _eager_outputs(self, first, batch, out, c, state):
         """The eager path's micro-batch on the output path: only the kept
         coordinates of the parameters and of c_j taken on the device (read
         back with the others every few micro-batches); the calibration
         sample's whole state read now, and taken in at once (its premise
         decides the path of the micro-batches after it).  state: the whole
-        state's leaves as the call saw them (else read from first)."""
+        state's leaves as the call saw them."""
         jax = self.jax
-        if state is None:
-            state = jax.tree_util.tree_leaves(self._state_of(first))
         vec = self._take(first, c, state)
         copy = getattr(vec, "copy_to_host_async", None)
         if copy is not None:
@@ -260,7 +258,7 @@ class Outputs:
                          "forward rec.apply wrapped" % j)
         self._on_backward(p, None, c, None, batch, packed=False, fit=fit, cal=cal)
 
-    def _take(self, first, c, state=None):
+    def _take(self, first, c, state):
         """The kept coordinates of the parameters and of c_j as one vector:
         on the CPU backend read in place (a jax array on the CPU is host
         memory: numpy sees it without a copy, and no program is compiled
@@ -273,7 +271,7 @@ class Outputs:
         are not indexed again."""
         jax = self.jax
         c_leaves = jax.tree_util.tree_leaves(c)
-        if state is not None and self._param_at is not None and len(state) == self._param_at[0]:
+        if self._param_at is not None and len(state) == self._param_at[0]:
             p_leaves = [state[i] for i in self._param_at[1]]
             self._layout(p_leaves, None, first)  # the same shapes as the first call's
         else:
@@ -283,10 +281,10 @@ class Outputs:
             # first now (a Flax NNX model's arrays are new after your
             # nnx.jit program): each parameter a leaf of its own there, else
             # read from first each call.
-            now = jax.tree_util.tree_leaves(self._state_of(first)) if state is not None else ()
+            now = jax.tree_util.tree_leaves(self._state_of(first))
             at = {id(x): i for i, x in enumerate(now)}
             where = [at.get(id(x)) for x in p_leaves]
-            self._param_at = (len(state), where) if state is not None and len(now) == len(state) \
+            self._param_at = (len(state), where) if len(now) == len(state) \
                 and len(at) == len(now) and None not in where else None
         if _in_host_memory(p_leaves + c_leaves):
             read = self._p_read
