@@ -66,20 +66,14 @@ class _Leaves:
             out.append(flat if pick is None else jnp.take(flat, pick))
         return out
 
-    def host(self, leaves, out=None):
+    def host(self, leaves):
         """On the host, from whole leaves: the kept coordinates as one
-        float64 vector (written into `out`, d long, where given), each
-        widened where it is written (no float64 copy of a leaf's sample,
-        no concatenation)."""
-        if out is None:
-            out = np.empty(self.d)
-        at = 0
+        float64 vector."""
+        parts = []
         for leaf, pick in zip(leaves, self.picks):
             flat = np.asarray(leaf).reshape(-1)
-            part = flat if pick is None else flat[pick]
-            out[at:at + part.size] = part
-            at += part.size
-        return out
+            parts.append(flat if pick is None else flat[pick])
+        return join(parts)
 
 
 def join(taken):

@@ -85,23 +85,11 @@ class Inbox:
         else:
             full = None
         self.n_backward += 1
-        entry = ("lazy", vec, full, self._host_batch(batch))  # not under the lock: it may wait
+        entry = ("lazy", vec, full, jax.device_get(batch))  # not under the lock: it may wait
         with self._lock:
             self.inbox.append(entry)
             self.lazy += 1
         return out
-
-    def _host_batch(self, batch):
-        """The batch on the host (numpy leaves), as jax.device_get makes it:
-        on the CPU backend each jax array read in place (what device_get
-        returns there too, without its start of a copy per leaf: 0.26 ms a
-        micro-batch of two leaves under cProfile); elsewhere device_get,
-        every leaf's copy started before the first is read."""
-        jax = self.jax
-        if not self._host_dots:
-            return jax.device_get(batch)
-        return jax.tree_util.tree_map(
-            lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, batch)
 
     def _same_arrays(self, leaves):
         """leaves are the very arrays of the last wait, all alive (weak

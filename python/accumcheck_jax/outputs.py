@@ -182,6 +182,7 @@ class Outputs:
         sample's whole state read now, and taken in at once (its premise
         decides the path of the micro-batches after it).  state: the whole
         state's leaves as the call saw them."""
+        jax = self.jax
         vec = self._take(first, c, state)
         copy = getattr(vec, "copy_to_host_async", None)
         if copy is not None:
@@ -189,7 +190,7 @@ class Outputs:
         calibrate = self.n_backward % self.calibrate_every == 0
         full = [np.asarray(x) for x in state] if calibrate else None
         self.n_backward += 1
-        entry = ("fast", vec, full, self._host_batch(batch))
+        entry = ("fast", vec, full, jax.device_get(batch))
         with self._lock:
             self.inbox.append(entry)
             self.lazy += 1
@@ -296,10 +297,7 @@ class Outputs:
                     self._p_read = ([weakref.ref(x) for x in p_leaves], p)
                 except TypeError:  # a leaf that is no array: read each call
                     self._p_read = None
-            vec = np.empty(2 * self.layout.d)
-            vec[:self.layout.d] = p
-            self.layout.host(c_leaves, vec[self.layout.d:])
-            return vec
+            return np.concatenate([p, self.layout.host(c_leaves)])
         if self._take_prog is None:
             rec = self
 
@@ -430,24 +428,12 @@ def _dots_on_host(u, s):
     return np.asarray(out, dtype=np.float64)
 
 
-# Whether an array of this sharding lies in host memory (its devices are
-# all the CPU's), by sharding: a call's arrays share a few shardings, and
-# reading their devices costs more than the lookup (0.12 ms a micro-batch
-# of the wide MLP's 8 leaves, measured under cProfile).
-_ON_HOST = {}
-
-
 def _in_host_memory(leaves):
     """Every leaf is a jax array on the CPU backend (numpy reads it in
     place, once it is computed)."""
     for x in leaves:
-        sharding = getattr(x, "sharding", None)
-        if sharding is None or not hasattr(x, "devices"):
-            return False
-        known = _ON_HOST.get(sharding)
-        if known is None:
-            known = _ON_HOST[sharding] = all(d.platform == "cpu" for d in sharding.device_set)
-        if not known:
+        devices = getattr(x, "devices", None)
+        if devices is None or any(d.platform != "cpu" for d in devices()):
             return False
     return True
 

@@ -19,15 +19,6 @@ from .outputs import _fit_c
 from .write import _off_bf16
 
 
-def _vector(x):
-    """x as one float64 vector: itself where it is one already (the
-    recorder's own, as _take made it: never written to after), else
-    join's copy."""
-    if isinstance(x, np.ndarray) and x.dtype == np.float64 and x.ndim == 1:
-        return x
-    return join([x])
-
-
 class Steps:
     def _on_multi_step(self, g, acc, mini, before, after, u, lr):
         if int(after) == int(before):
@@ -41,11 +32,11 @@ class Steps:
         self._on_update(G, u, lr)
 
     def _on_backward(self, p, g, c, full, batch, packed=True, fit=None, cal=float("nan")):
-        p = _vector(p)
+        p = join([p])
         if self.pending is not None:
             self._resolve(p)
         self.p_last = p
-        g, c = _vector(g), _vector(c)
+        g, c = join([g]), join([c])
         j = len(self.micro)
         batch = self.jax.tree_util.tree_map(np.asarray, batch)
         try:
