@@ -64,6 +64,30 @@ def fit_dots(dots):
     return w, (rr ** 0.5 / wn if wn > 0 else (0.0 if rr == 0 else float("inf")))
 
 
+def tap_on_gradient(jax, gradient, tap, operands):
+    """gradient (the parameters' cotangent pytree) with a host callback on
+    its path: tap(int dtype, *operands) returns that dtype's zero, added to
+    the bits of the gradient's smallest floating leaf (exact: the values
+    unchanged).  The operands themselves and the backward's own work are
+    untouched (a tap that changed u_j changed XLA's fusion of the backward,
+    and its rounding: measured on the token loop).  A gradient with no
+    floating leaf of 2, 4 or 8 bytes is returned as it is, untapped."""
+    jnp = jax.numpy
+    leaves, tdef = jax.tree_util.tree_flatten(gradient)
+    fl = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating)
+          and _int_like(jnp, x.dtype) is not None]
+    if not fl:
+        return gradient
+    at = min(fl, key=lambda i: leaves[i].size)
+    last = leaves[at]
+    ints = _int_like(jnp, last.dtype)
+    zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
+                             jax.ShapeDtypeStruct((), ints), *operands)
+    bits = jax.lax.bitcast_convert_type(last, ints) + zero
+    leaves[at] = jax.lax.bitcast_convert_type(bits, last.dtype)
+    return jax.tree_util.tree_unflatten(tdef, leaves)
+
+
 def _fit_c(c, g):
     """(w, relative residual) of c = w g by least squares."""
     gg = dot(g, g)
@@ -104,7 +128,6 @@ class Outputs:
             raise Refused("ContractRecorder.apply: expected your model's forward function "
                           "fn(params, inputs) -> outputs, got %s" % type(fn).__name__)
         jax, rec = self.jax, self
-        jnp = jax.numpy
         self.tapped = True
 
         def tap(dtype, *ou):
@@ -129,26 +152,8 @@ class Outputs:
             o_leaves, treedef = jax.tree_util.tree_flatten(out)
             u_leaves = jax.tree_util.tree_leaves(u)
             rec.out_treedef = treedef
-            # The callback's result (an integer zero) added to the bits of
-            # the smallest gradient of the first argument (the parameters)
-            # the backward returns: exact, and the tap kept on the path of
-            # your gradient; u_j itself and the backward's own work are
-            # untouched (a tap that changed u_j changed XLA's fusion of the
-            # backward, and its rounding: measured on the token loop).
             cts = list(vjp(u))
-            leaves, tdef = jax.tree_util.tree_flatten(cts[0])
-            fl = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating)
-                  and _int_like(jnp, x.dtype) is not None]
-            if not fl:
-                return tuple(cts)
-            at = min(fl, key=lambda i: leaves[i].size)
-            last = leaves[at]
-            ints = _int_like(jnp, last.dtype)
-            zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
-                                     jax.ShapeDtypeStruct((), ints), *o_leaves, *u_leaves)
-            bits = jax.lax.bitcast_convert_type(last, ints) + zero
-            leaves[at] = jax.lax.bitcast_convert_type(bits, last.dtype)
-            cts[0] = jax.tree_util.tree_unflatten(tdef, leaves)
+            cts[0] = tap_on_gradient(jax, cts[0], tap, o_leaves + u_leaves)
             return tuple(cts)
 
         wrapped.defvjp(fwd, bwd)
