@@ -52,6 +52,7 @@ a seeded sample of that many), in float64 numpy on the host.
 # told, taken in in program order), steps.py (micro-batches and steps:
 # the fits and the replay), outputs.py (g_j at the forward's outputs),
 # calibrate.py (g_j in float64), write.py (the trace).
+import sys
 import threading
 
 from accumcheck_trace.trace import (
@@ -59,6 +60,7 @@ from accumcheck_trace.trace import (
     VERSION,
     Recording,
     Refused,
+    describe,
     stopped_by,
 )
 
@@ -182,13 +184,20 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         jax, rec = self.jax, self
 
         def wrapped(first, batch, *a, **k):
+            if rec.closed:  # the recording ended (or failed): your function alone
+                return fn(first, batch, *a, **k)
             # The whole state's leaves, read once a call (a Flax NNX
             # model's nnx.state costs about 0.1 ms): _eager waits on them,
             # takes the parameters among them and a calibration sample's.
             state = jax.tree_util.tree_leaves(rec._state_of(first))
             if not any(isinstance(x, jax.core.Tracer)
                        for x in state + jax.tree_util.tree_leaves(batch)):
-                return rec._eager(fn, value_and_grad, first, batch, a, k, state)
+                try:
+                    return rec._eager(fn, value_and_grad, first, batch, a, k, state)
+                except Exception as e:  # noqa: BLE001 - the run goes on, unrecorded
+                    rec._fail(e)
+                    # Your function's own error (if it was one) reaches you from it.
+                    return fn(first, batch, *a, **k)
             out = fn(first, batch, *a, **k)
             if value_and_grad:
                 if not isinstance(out, (tuple, list)) or len(out) != 2:
@@ -302,7 +311,13 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
 
     def epoch(self, dataset_size=-1, batch_size=-1):
         """An epoch starts (the alternative to watch())."""
-        self.sync()
+        if self.closed:
+            return
+        try:
+            self.sync()
+        except Exception as e:  # noqa: BLE001 - the run goes on, unrecorded
+            self._fail(e)
+            return
         self.epochs.append([int(dataset_size), int(batch_size)])
 
     def sync(self):
@@ -322,7 +337,11 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
             return
         if params is not None:  # the last update has told (its program made them)
             self.jax.block_until_ready(self.jax.tree_util.tree_leaves(self._state_of(params)))
-        self.sync()
+        try:
+            self.sync()
+        except Exception as e:  # noqa: BLE001 - a failure while taking in: no trace, no raise
+            self._fail(e)
+            return
         if self.pending is not None:
             if params is None:
                 self._refuse("ContractRecorder.close: pass the trained parameters "
@@ -395,6 +414,17 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
                                  self.layout.d, "; g_j read at the outputs of the forward "
                                  "rec.apply wrapped (outputs.py)" if self.tapped else ""))] + \
             ([("notes", " | ".join(self.notes))] if self.notes else [])
+
+    def _fail(self, e):
+        """An error met while your loop runs (the recorder's own, or bad
+        input it meets then: a count_fn that fails, a second model): the
+        recording ends saying why, in its marker (certify exits 2 naming
+        it) and on stderr; the run goes on unrecorded, as KerasRecorder's
+        fit does."""
+        why = ("the recorder refused: " + e.message) if isinstance(e, Refused) \
+            else "the recorder failed: %s" % describe(e)
+        self._abandon(why)  # a refusal has ended it already, with the same words
+        sys.stderr.write("accumcheck_jax: not recording: %s\n" % why)
 
     def _refuse(self, message):
         self._abandon("the recorder refused: " + message)

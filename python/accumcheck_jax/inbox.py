@@ -110,13 +110,20 @@ class Inbox:
         return functools.partial(self._arrive, handler)
 
     def _arrive(self, handler, *args):
-        with self._lock:
-            if handler == self._on_backward:
-                self.n_backward += 1
-            if not self.inbox and not self.draining:
-                handler(*args)
-            else:
-                self.inbox.append(("now", handler, args))
+        """Inside your program's host callback: an error here ends the
+        recording (_fail), never your program."""
+        if self.closed:
+            return
+        try:
+            with self._lock:
+                if handler == self._on_backward:
+                    self.n_backward += 1
+                if not self.inbox and not self.draining:
+                    handler(*args)
+                else:
+                    self.inbox.append(("now", handler, args))
+        except Exception as e:  # noqa: BLE001 - the run goes on, unrecorded
+            self._fail(e)
 
     def _drain(self):
         """Takes in what the inbox holds, in order: the micro-batches'

@@ -261,3 +261,25 @@ def test_least_squares_is_lstsq():
         kept = s[s > eps * d * s[0]]
         bound = 2 * (kept[0] / kept[-1]) * m * d * eps * np.linalg.norm(want)
         assert np.linalg.norm(got - want) <= bound, (name, np.linalg.norm(got - want), bound)
+
+
+def test_recorder_error_ends_the_recording_not_the_loop(tmp_path, certify, capfd):
+    """A count_fn that fails while the loop runs (the recorder meets it in
+    its wrapper, its optimizer callback or the epoch's sync): the recording
+    ends saying so, the loop trains on, bit-identical to the plain run,
+    and certify refuses the folder naming why (exit 2)."""
+    def failing(summed_loss, count_fn, **k):
+        return ContractRecorder(summed_loss, lambda batch: 1 / 0, **k)
+    train_optax.ContractRecorder = failing
+    try:
+        recorded = train_optax.main(["--loop", "hand", "--out", str(tmp_path / "t"), "--quiet"])
+    finally:
+        train_optax.ContractRecorder = ContractRecorder
+    for x, y in zip(plain_run("hand"), leaves(recorded)):
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32))
+    marker = (tmp_path / "t" / "rank0.incomplete").read_text()
+    assert "count_fn(batch) failed on micro-batch 0: division by zero" in marker, marker
+    assert "accumcheck_jax: not recording" in capfd.readouterr().err
+    assert not (tmp_path / "t" / "complete.csv").exists()
+    r = certify(tmp_path / "t")
+    assert r.returncode == 2 and "division by zero" in r.stderr, r.stdout + r.stderr
