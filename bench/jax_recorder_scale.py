@@ -26,7 +26,8 @@ or a ratio exceeds --budget).  The whole run's CPU time (compilation
 included) is reported beside it.
 
     .venv-jax/bin/python bench/jax_recorder_scale.py [--build build] [--sizes 1M,10M,40M]
-        [--ks 4,16] [--steps 2] [--repeats 2] [--cpu 1] [--out FILE.md]
+        [--ks 4,16] [--steps 2] [--repeats 2] [--cpu 1] [--mistake no_div|mean_of_means]
+        [--python DIR] [--profile FILE] [--out FILE.md]
 
 The current numbers: docs/frameworks-jax-keras.md, "What recording costs".
 """
@@ -54,6 +55,8 @@ CONFIGS = {
     "124M": (12, 12, 768, 50257, 1024),
 }
 SEQ, MICRO_BATCH, LR, WARMUP, TOTAL, IGNORE, PAD = 64, 2, 3e-4, 2, 100, -100, 0
+# --mistake: the loop's mistake and the pitfall certify must name.
+MISTAKES = {"none": None, "no_div": "no-loss-normalization", "mean_of_means": "token-mean-of-means"}
 
 
 def parameters(name):
@@ -119,7 +122,7 @@ def decoder(size):
     return params, forward
 
 
-def child(size, K, steps, record, trace):
+def child(size, K, steps, record, trace, mistake="none"):
     import numpy as np
     import jax
     import jax.numpy as jnp
@@ -175,7 +178,13 @@ def child(size, K, steps, record, trace):
         box["forward"] = rec.apply(forward)
         tx = rec.optimizer(tx)
     c_setup = time.process_time() - c_setup
-    grad_fn = jax.jit(jax.grad(summed_loss))
+    def mean_loss(params, batch):
+        """--mistake no_div and mean_of_means: each micro-batch's loss the
+        mean over its own tokens (the window's sum never divided, or
+        divided by K)."""
+        return summed_loss(params, batch) / jnp.maximum(jnp.sum(batch[1] != IGNORE), 1)
+
+    grad_fn = jax.jit(jax.grad(summed_loss if mistake == "none" else mean_loss))
     if rec:
         grad_fn = rec.grad(grad_fn)
     add = jax.jit(lambda a, g: jax.tree_util.tree_map(jnp.add, a, g))
@@ -205,7 +214,8 @@ def child(size, K, steps, record, trace):
         for b in window:
             g = grad_fn(params, (jnp.asarray(b[0]), jnp.asarray(b[1])))
             acc = g if acc is None else add(acc, g)
-        params, state = apply(params, state, acc, jnp.float32(1.0 / n_tokens))
+        scale = {"none": 1.0 / n_tokens, "no_div": 1.0, "mean_of_means": 1.0 / K}[mistake]
+        params, state = apply(params, state, acc, jnp.float32(scale))
         window, s = [], s + 1
         print("  step %d/%d: %.1f s CPU so far" % (s, 1 + steps, time.process_time()),
               file=sys.stderr, flush=True)
@@ -236,7 +246,7 @@ def say(*a):
 
 def run_one(a, size, K, record, trace):
     argv = [sys.executable, os.path.abspath(__file__), "--cpu", str(a.cpu), "--child", size,
-            str(K), str(a.steps), "1" if record else "0", trace]
+            str(K), str(a.steps), "1" if record else "0", trace, a.mistake]
     t0 = time.perf_counter()
     p = subprocess.run(argv, stdout=subprocess.PIPE, text=True)  # its stderr: ours
     if p.returncode != 0:
@@ -292,12 +302,15 @@ def case(a, size, K, tool):
     verdict = [ln for ln in c.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
     row["certify"] = "exit %d %s" % (c.returncode, verdict[-1].split(":")[0] if verdict else
                                      (c.stderr.strip().splitlines() or ["?"])[-1][:100])
+    named = [ln.split()[2] for ln in c.stdout.splitlines() if ln.startswith("diagnosis: matches ")]
+    if named:
+        row["named"] = named[0]
     margin = re.search(r"max ([0-9.eE+-]+) of the uncertainty", verdict[-1] if verdict else "")
     if margin:
         row["margin"] = float(margin.group(1))
     row["certify_cpu"] = cpu
     say("%s K=%d: %s; trained parameters %s" % (size, K, row["certify"], row["identical"]))
-    if c.returncode != 0 or row["identical"] != "yes":
+    if not judged_right(row, a.mistake) or row["identical"] != "yes":
         say("%s K=%d: the last trace kept: %s" % (size, K, trace))
     else:
         shutil.rmtree(work)
@@ -311,7 +324,16 @@ COLUMNS = [("size", "size", "%s"), ("P", "parameters", "{:,}"), ("K", "K", "%d")
            ("plain_MB", "plain peak (MB)", "%.0f"), ("rec_MB", "recorded peak (MB)", "%.0f"),
            ("mem_x", "memory x", "%.2fx"), ("rec_close_cpu", "close() CPU (s)", "%.3f"),
            ("certify", "certify", "%s"), ("margin", "weights / uncertainty", "%.3g"),
+           ("named", "named", "%s"),
            ("identical", "bit-identical", "%s"), ("load", "load avg", "%s")]
+
+
+def judged_right(row, mistake):
+    """certify PASSed the correct loop, or FAILed the mistaken one naming
+    its pitfall."""
+    if MISTAKES[mistake] is None:
+        return row.get("certify", "").startswith("exit 0 PASS")
+    return row.get("certify", "").startswith("exit 1 FAIL") and row.get("named") == MISTAKES[mistake]
 
 
 def table(rows):
@@ -327,7 +349,7 @@ def table(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", nargs=5, metavar=("SIZE", "K", "STEPS", "RECORD", "TRACE"),
+    ap.add_argument("--child", nargs=6, metavar=("SIZE", "K", "STEPS", "RECORD", "TRACE", "MISTAKE"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"),
                     help="the build directory holding cli/accumcheck (default: build)")
@@ -336,6 +358,10 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps timed, after one untimed")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each, the least reported")
     ap.add_argument("--cpu", type=int, default=1, help="the CPU each run is pinned to")
+    ap.add_argument("--mistake", choices=sorted(MISTAKES), default="none",
+                    help="run that mistaken loop, plain and recorded (each micro-batch's loss the "
+                         "mean over its tokens, the window's sum never divided: certify must FAIL "
+                         "naming no-loss-normalization; or divided by K: token-mean-of-means)")
     ap.add_argument("--budget", type=float, default=1.5,
                     help="exit 1 when a row's CPU a step exceeds this ratio (default 1.5)")
     ap.add_argument("--out", help="also write the table to FILE (markdown)")
@@ -347,8 +373,8 @@ def main():
     a = ap.parse_args()
     if a.child:
         os.sched_setaffinity(0, {a.cpu})  # before jax: XLA's pool sized to one CPU
-        size, K, steps, record, trace = a.child
-        child(size, int(K), int(steps), record == "1", trace)
+        size, K, steps, record, trace, mistake = a.child
+        child(size, int(K), int(steps), record == "1", trace, mistake)
         return 0
     bad = [s for s in a.sizes.split(",") if s not in CONFIGS]
     if bad or a.steps < 1 or a.repeats < 1:
@@ -367,7 +393,7 @@ def main():
         with open(a.out, "w") as f:
             f.write(text + "\n")
     bad = [r for r in rows if "failed" in r or r.get("identical") != "yes"
-           or not r.get("certify", "").startswith("exit 0 PASS") or r["cpu_x"] > a.budget]
+           or not judged_right(r, a.mistake) or r["cpu_x"] > a.budget]
     return 1 if bad else 0
 
 

@@ -219,7 +219,9 @@ def child(size, K, steps, record, trace, autocast, mistake="none"):
             num_items_in_batch += sum(b[1].shape[0] for b in window)
         for b in window:
             loss = summed_loss(model, b)
-            (loss if mistake == "no_div" else loss / num_items_in_batch).backward()
+            # no_div: each micro-batch's mean over its own tokens, the
+            # window's sum never divided (no-loss-normalization).
+            (loss / items(b) if mistake == "no_div" else loss / num_items_in_batch).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
@@ -399,8 +401,9 @@ def main():
                     help="bf16: each forward and loss under torch.autocast('cpu', torch.bfloat16)")
     ap.add_argument("--mistake", choices=sorted(MISTAKES), default="none",
                     help="run a mistaken loop, plain and recorded: unshifted (each sequence's "
-                         "position 0 counted in the window's tokens), no_div (the summed loss "
-                         "backwarded undivided); certify must FAIL naming its pitfall")
+                         "position 0 counted in the window's tokens), no_div (each micro-batch's "
+                         "mean token loss, the window's sum never divided); certify must FAIL "
+                         "naming its pitfall")
     ap.add_argument("--dry-run", action="store_true",
                     help="print each case's parameters and predicted memory, run nothing")
     ap.add_argument("--out", help="also write the rows: FILE.csv (all columns) or FILE.md (the table)")
