@@ -166,7 +166,7 @@ def child(size, K, steps, record, trace, mistake="none"):
     profile = None
     if os.environ.get("JAX_RECORDER_SCALE_PROFILE"):  # --profile: the timed steps' cProfile
         import cProfile
-        profile = cProfile.Profile(time.process_time)
+        profile = cProfile.Profile(time.thread_time)
     rec = None
     c_setup = time.process_time()
     if record:
@@ -369,7 +369,8 @@ def main():
                     help="the recorder measured: accumcheck_jax imported from DIR (e.g. an older "
                          "commit's python/ from `git archive`), to compare two recorders")
     ap.add_argument("--profile", metavar="FILE",
-                    help="cProfile the last run's timed steps (and close()): FILE.plain, FILE.rec")
+                    help="cProfile the last run's timed steps and close() on the main thread's CPU "
+                         "time: FILE.plain, FILE.rec")
     a = ap.parse_args()
     if a.child:
         os.sched_setaffinity(0, {a.cpu})  # before jax: XLA's pool sized to one CPU
