@@ -147,7 +147,7 @@ def norm(a):
     return math.sqrt(dot(a, a))
 
 
-def lstsq(A, b):
+def lstsq(A, b, overwrite=False):
     """np.linalg.lstsq(A.T, b, rcond=None)'s solution (the least-squares
     fit of b over the rows of A, m x d, m small; the minimal-norm one where
     they are dependent), without the BLAS on the long dimension: a
@@ -163,9 +163,13 @@ def lstsq(A, b):
     K = 16).  Against
     lstsq's: the same coefficients to 1e-14 relative on independent rows,
     to the problem's conditioning (2e-6 at a condition number near 1e9) on
-    nearly dependent ones, the residual the same to 7 digits."""
+    nearly dependent ones, the residual the same to 7 digits.  overwrite:
+    A may be reflected in place (its contents lost), not copied."""
     m, d = A.shape
-    W = np.array(A, dtype=np.float64)  # reflected in place: W[j, k:] is column j's rows k..
+    # Reflected in place (W[j, k:] is column j's rows k..): A itself where
+    # the caller gives it up (overwrite, a float64 C-contiguous A).
+    W = A if overwrite and A.dtype == np.float64 and A.flags.c_contiguous and A.flags.writeable \
+        else np.array(A, dtype=np.float64)
     y = np.array(b, dtype=np.float64)
     R = np.zeros((m, m))
     tmp = np.empty(d)
