@@ -13,16 +13,17 @@ warmup and decay; synthetic sequences of 8 to 64 tokens, the labels of a
 random prompt prefix ignored (-100), micro-batches of 2 padded to 64 (one
 shape: no recompilation).
 
-Each run is a fresh process on one CPU (its affinity set before jax is
-imported, so XLA's thread pool has one thread), so its peak RSS is its
-own; a plain run imports no accumcheck.  A run takes one optimizer step
+Each run is a fresh process pinned to one CPU (its affinity set before jax
+is imported: all its threads share that CPU), so its peak RSS is its own;
+a plain run imports no accumcheck.  A run takes one optimizer step
 untimed (the compilations, the recorder's included), then `--steps`
 steps timed in CPU time (a recorded run's includes `rec.close()`); plain
 and recorded alternate, the least of `--repeats` of each is reported.
 Then `accumcheck certify --contract` judges the last recorded trace, and
 the digest of the trained parameters of every run, plain and recorded,
-must be one and the same (exit 1 otherwise, or when certify does not PASS
-or a ratio exceeds --budget).  The whole run's CPU time (compilation
+must be one and the same (exit 1 otherwise, when certify does not PASS
+the correct loop or FAIL the mistaken one naming its pitfall, or when a
+ratio exceeds --budget).  The whole run's CPU time (compilation
 included) is reported beside it.
 
     .venv-jax/bin/python bench/jax_recorder_scale.py [--build build] [--sizes 1M,10M,40M]
@@ -373,13 +374,19 @@ def main():
                          "time: FILE.plain, FILE.rec")
     a = ap.parse_args()
     if a.child:
-        os.sched_setaffinity(0, {a.cpu})  # before jax: XLA's pool sized to one CPU
+        os.sched_setaffinity(0, {a.cpu})  # before jax: every thread it starts on that CPU
         size, K, steps, record, trace, mistake = a.child
         child(size, int(K), int(steps), record == "1", trace, mistake)
         return 0
     bad = [s for s in a.sizes.split(",") if s not in CONFIGS]
     if bad or a.steps < 1 or a.repeats < 1:
         ap.error("--sizes: of %s; --steps and --repeats at least 1" % ",".join(CONFIGS))
+    if not all(k.isdigit() and int(k) >= 1 for k in a.ks.split(",")):
+        ap.error("--ks: accumulation steps, integers >= 1 separated by commas (e.g. 4,16), got %r"
+                 % a.ks)
+    if a.cpu not in os.sched_getaffinity(0):
+        ap.error("--cpu %d: not a CPU this process may run on (%s)"
+                 % (a.cpu, ",".join(map(str, sorted(os.sched_getaffinity(0))))))
     if a.python:
         os.environ["JAX_RECORDER_SCALE_PYTHON"] = os.path.abspath(a.python)
     if a.profile:
