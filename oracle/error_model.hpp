@@ -125,6 +125,22 @@ inline constexpr Tolerance kTolerances[] = {
      "(a division, a product, a max: each one rounding) and the lr stored "
      "rounded once more, against the schedule in double; 8 u32 covers them, "
      "far below any lr mistake (a whole schedule step)"},
+    {"lr_channel_abs_float32", 16.0 / 16777216.0,
+     "certify's lr channel for a schedule evaluated in float32 (meta.csv "
+     "lr_precision = float32), beside lr_channel_rel_float32: an absolute "
+     "allowance in units of the base lr, for the float32 formula's "
+     "cancellation near a decay's end.  optax's and Keras's cosine decay "
+     "0.5 (1 + cos(pi t / T)): the argument rounded 3 times (3 u of at "
+     "most pi: 9.4 u of cos), cos's own 2 u, 1 + cos rounded (2 u), then "
+     "the alpha mix and the base lr (3 u): 12 u of the base lr, which at "
+     "t = 7T/8 is 315 u of the lr (measured: 20 u32 of the lr, 0.75 u32 "
+     "of the base lr, at step 9 of a Flax NNX run's warmup-2, total-10 "
+     "optax cosine, past the 8 u32 of lr_channel_rel_float32); a linear "
+     "decay init + (end - init) t / T 4 u.  16 u covers both; every lr mistake "
+     "certify tells apart (K x, "
+     "one step ahead, a horizon in micro-batches) differs by a whole "
+     "schedule step, thousands of u of the base lr but at a decay's last "
+     "steps"},
     {"evidence_weight_rel", 1e-3,
      "certify's model-free evidence: a micro-batch weight fitted by least "
      "squares from float32 gradients (relative error ~1e3 u32 at worst) is "

@@ -27,7 +27,8 @@ of the sizes --sizes cycles through); the loops (--loop):
                   over its own tokens, the window's sum divided by K: a
                   mean of micro-batch means (token-mean-of-means)
 --warmup W starts the schedule with W steps of linear warmup from lr 0 (the
-first step's update is zero). --no-record runs the same loop without the recorder (the bit-identity test
+first step's update is zero); --schedule cosine decays by optax's cosine
+instead of linearly. --no-record runs the same loop without the recorder (the bit-identity test
 and the bench compare the two); --wrap-inside jits the recorder's wrapper
 with the gradient function (recorded by a callback in the program);
 --no-apply records without rec.apply (the forward not wrapped: g_j a
@@ -167,8 +168,15 @@ def run(args, mark=None):
         return run_nnx(args, batches, mark)
     # schedule_micro: the horizon sized in micro-batches, as
     # num_training_steps = len(loader) * epochs sizes it.
-    sched = linear(args.lr, len(batches) * epochs if args.loop == "schedule_micro" else total, args.warmup)
-    schedule = {"kind": "linear", "warmup": args.warmup, "total": total}
+    horizon = len(batches) * epochs if args.loop == "schedule_micro" else total
+    if args.schedule == "cosine":
+        # optax's own, evaluated in float32 (its 1 + cos(pi t / T) cancels
+        # near the end: certify allows for it, lr_channel_abs_float32).
+        sched = optax.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup, horizon) \
+            if args.warmup else optax.cosine_decay_schedule(args.lr, horizon)
+    else:
+        sched = linear(args.lr, horizon, args.warmup)
+    schedule = {"kind": args.schedule, "warmup": args.warmup, "total": total}
     tx = optax.inject_hyperparams(optax.adam)(learning_rate=sched)
     if args.loop == "multisteps":
         tx = optax.MultiSteps(tx, every_k_schedule=K)
@@ -325,6 +333,9 @@ def main(argv=None, mark=None):
     p.add_argument("--sizes", default="4", help="micro-batch sizes, cycled (e.g. 2,6)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--schedule", choices=("linear", "cosine"), default="linear",
+                   help="the lr schedule: linear decay to 0 (written here in jnp) or optax's "
+                        "cosine decay (optax.warmup_cosine_decay_schedule), over the run's steps")
     p.add_argument("--warmup", type=int, default=0,
                    help="optimizer steps of linear warmup from lr 0 (the first step's update is zero)")
     p.add_argument("--features", type=int, default=8, help="the MLP's inputs")

@@ -16,8 +16,12 @@ namespace accumcheck {
 
 namespace {
 
-bool same(double a, double b, double rel) {
-  return std::fabs(a - b) <= rel * std::max(std::fabs(a), std::fabs(b));
+// a and b agree to rel of the larger, plus abs_lr (an absolute allowance: a
+// float32 schedule's error in units of its base lr, 0 for one held in
+// double).
+bool same(double a, double b, double rel, double abs_lr = 0) {
+  return std::fabs(a - b) <=
+         rel * std::max(std::fabs(a), std::fabs(b)) + abs_lr;
 }
 
 // The horizon T != the accepted one over which a linear or cosine schedule
@@ -25,7 +29,7 @@ bool same(double a, double b, double rel) {
 // schedule's own is; 0 when none does.  T runs up to twice the accepted
 // horizon and the steps the trace took: a budget counted short or long.
 int64_t shorter_horizon(const Scenario& s, const std::vector<double>& lr,
-                        double rel) {
+                        double rel, double abs_lr) {
   const ScheduleSpec sc = resolved_schedule(s);
   if (sc.table ||
       (sc.kind != ScheduleKind::linear && sc.kind != ScheduleKind::cosine))
@@ -36,7 +40,8 @@ int64_t shorter_horizon(const Scenario& s, const std::vector<double>& lr,
     const ScheduleSpec h = with_horizon(sc, T);
     bool all = true;
     for (size_t i = 0; i < lr.size() && all; ++i)
-      all = same(lr[i], s.optimizer.lr * lr_multiplier(h, int64_t(i)), rel);
+      all = same(lr[i], s.optimizer.lr * lr_multiplier(h, int64_t(i)), rel,
+                 abs_lr);
     if (all) return T;
   }
   return 0;
@@ -70,9 +75,17 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
     c.accepted_lr.push_back(st.lr);
   const double rel = error_model::tolerance(
       lr_float32 ? "lr_channel_rel_float32" : "lr_channel_rel");
+  // A schedule evaluated in float32 errs absolutely, in units of its base
+  // lr: near a decay's end (1 + cos(pi t / T), init + (end - init) t / T)
+  // that is many units of the lr itself.
+  const double abs_lr = lr_float32
+                            ? error_model::tolerance("lr_channel_abs_float32") *
+                                  std::fabs(s.optimizer.lr)
+                            : 0.0;
   const size_t n = std::min(c.trace_lr.size(), c.accepted_lr.size());
   for (size_t i = 0; i < n && c.first_off < 0; ++i)
-    if (!same(c.trace_lr[i], c.accepted_lr[i], rel)) c.first_off = int64_t(i);
+    if (!same(c.trace_lr[i], c.accepted_lr[i], rel, abs_lr))
+      c.first_off = int64_t(i);
   c.ok = c.first_off < 0;
   if (c.ok) {
     c.message = fmt::format(
@@ -103,7 +116,7 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
     if (c.accepted_lr[i] != 0) ratio = c.trace_lr[i] / c.accepted_lr[i];
   const bool constant_ratio =
       ratio != 0 && all([&](size_t i) {
-        return same(c.trace_lr[i], ratio * c.accepted_lr[i], rel);
+        return same(c.trace_lr[i], ratio * c.accepted_lr[i], rel, abs_lr);
       });
   const double base = s.optimizer.lr;
   auto S = [&](int64_t k) { return base * lr_multiplier(s.schedule, k); };
@@ -127,18 +140,19 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
     c.evidence =
         fmt::format("lr at every step is {:.6g} x the schedule", ratio);
   } else if (all([&](size_t i) {
-               return same(c.trace_lr[i], S(int64_t(i) + 1), rel);
+               return same(c.trace_lr[i], S(int64_t(i) + 1), rel, abs_lr);
              })) {
     c.evidence =
         "the lr sequence is the schedule one step ahead: step t uses "
         "S(t+1) (scheduler.step() before optimizer.step())";
   } else if (all([&](size_t i) {
-               return same(c.trace_lr[i], S(epoch_of[i]), rel);
+               return same(c.trace_lr[i], S(epoch_of[i]), rel, abs_lr);
              })) {
     c.evidence =
         "lr constant within each epoch, S(epoch) (the scheduler stepped once "
         "per epoch)";
-  } else if (const int64_t T = shorter_horizon(s, c.trace_lr, rel); T > 0) {
+  } else if (const int64_t T = shorter_horizon(s, c.trace_lr, rel, abs_lr);
+             T > 0) {
     c.evidence = fmt::format(
         "the lr sequence is the schedule over a horizon of {} steps, not {} "
         "(the scheduler built with another step count: a trainer's step "
