@@ -134,17 +134,19 @@ def _jit_rare(jax, fn, options=RARE):
     return call
 
 
-def dot(a, b):
+def dot(a, b, out=None):
     """a . b of two float64 vectors, summed by numpy (pairwise), not by the
     BLAS: OpenBLAS's ddot runs on threads past 10000 elements, and their
     wake-up and spin cost a recorder's d-vector (d ~ 12000) about 10 ms of
-    CPU time a call on a loaded machine (measured), 3 us alone."""
-    return float(np.sum(np.multiply(a, b)))
+    CPU time a call on a loaded machine (measured), 3 us alone.  out: a
+    float64 buffer of a's length for the products (the same sum, without
+    a fresh vector: the callers that loop over many rows)."""
+    return float(np.sum(np.multiply(a, b, out=out)))
 
 
-def norm(a):
+def norm(a, out=None):
     """|a| (as dot)."""
-    return math.sqrt(dot(a, a))
+    return math.sqrt(dot(a, a, out))
 
 
 def lstsq(A, b, overwrite=False):
@@ -190,10 +192,7 @@ def lstsq(A, b, overwrite=False):
             # temporaries (2.7x faster on a decoder's 5 x 80640).
             t = tmp[:d - k]
             for row in list(W[k:, k:]) + [y[k:]]:
-                np.multiply(row, v, out=t)
-                s = 2.0 * float(np.sum(t))
-                np.multiply(v, s, out=t)
-                row -= t
+                row -= np.multiply(v, 2.0 * dot(row, v, t), out=t)
         R[k, k:] = W[k:, k]
     cut = np.finfo(np.float64).eps * max(m, d)
     sol, *_ = np.linalg.lstsq(R, y[:m], rcond=cut)

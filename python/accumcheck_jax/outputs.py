@@ -444,15 +444,15 @@ def _dots_on_host(u, s):
         for a, m in blocks:
             x, y, t = bu[:m], bs[:m], bt[:m]
             x[...], y[...] = uf[a:a + m], sf[a:a + m]
-            us += float(np.sum(np.multiply(x, y, out=t)))
-            ss += float(np.sum(np.multiply(y, y, out=t)))
+            us += dot(x, y, t)
+            ss += dot(y, y, t)
         w = us / ss if ss > 0 else 0.0
         rr = 0.0
         for a, m in blocks:
             x, y, t = bu[:m], bs[:m], bt[:m]
             x[...], y[...] = uf[a:a + m], sf[a:a + m]
             np.subtract(x, np.multiply(y, w, out=t), out=t)
-            rr += float(np.sum(np.multiply(t, t, out=t)))
+            rr += dot(t, t, t)
         out += [us, ss, rr]
     return np.asarray(out, dtype=np.float64)
 

@@ -5,7 +5,6 @@ seen next: a step when they moved, its consumed gradient fitted by least
 squares over the previous step's gradient and the micro-batch gradients
 since it, and its update replayed (p + update, optax.apply_updates)."""
 
-import math
 import time
 
 import numpy as np
@@ -96,7 +95,7 @@ class Steps:
             # 80,640 coordinates: 11 MB each, fresh pages every step).
             A = np.stack(terms)
             buf = np.empty(A.shape[1])
-            norms = np.array([math.sqrt(float(np.sum(np.multiply(a, a, out=buf)))) for a in A])
+            norms = np.array([norm(a, buf) for a in A])
             safe = np.where(norms > 0, norms, 1.0)
             coef = lstsq(np.divide(A, safe[:, None]), G, overwrite=True) / safe
             fitted = np.multiply(A[0], coef[0])
