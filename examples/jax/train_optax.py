@@ -19,6 +19,7 @@ of the sizes --sizes cycles through); the loops (--loop):
                   micro-batches)
   schedule_micro  hand, but the lr schedule's horizon counted in micro-batches
   nnx             Flax NNX: nnx.Optimizer over the model, hand accumulation
+                  (the lr schedule as the others': --schedule, --warmup)
   tokens          token-level items: sequences of uneven lengths (--seq
                   positions, the padding's labels -100, ignored), the
                   summed token loss's gradients summed over the window,
@@ -164,8 +165,6 @@ def run(args, mark=None):
     K, epochs = args.K, args.epochs
     windows = -(-len(batches) // K)
     total = windows * epochs
-    if args.loop == "nnx":
-        return run_nnx(args, batches, mark)
     # schedule_micro: the horizon sized in micro-batches, as
     # num_training_steps = len(loader) * epochs sizes it.
     horizon = len(batches) * epochs if args.loop == "schedule_micro" else total
@@ -177,6 +176,8 @@ def run(args, mark=None):
     else:
         sched = linear(args.lr, horizon, args.warmup)
     schedule = {"kind": args.schedule, "warmup": args.warmup, "total": total}
+    if args.loop == "nnx":
+        return run_nnx(args, batches, sched, schedule, mark)
     tx = optax.inject_hyperparams(optax.adam)(learning_rate=sched)
     if args.loop == "multisteps":
         tx = optax.MultiSteps(tx, every_k_schedule=K)
@@ -258,7 +259,9 @@ def run(args, mark=None):
     return params
 
 
-def run_nnx(args, batches, mark=None):
+def run_nnx(args, batches, sched, schedule, mark=None):
+    """The Flax NNX loop: nnx.grad, nnx.Optimizer, the lr schedule sched
+    (declared to the recorder as schedule)."""
     from flax import nnx
 
     class MLP(nnx.Module):
@@ -280,11 +283,11 @@ def run_nnx(args, batches, mark=None):
 
     K = args.K
     model = MLP(nnx.Rngs(0))
-    tx = optax.inject_hyperparams(optax.adam)(learning_rate=args.lr)
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=sched)
     rec = None
     if args.record:
         rec = ContractRecorder(nnx_summed, items, accumulation=K, out=args.out, lr=args.lr,
-                               grad=nnx.grad, quiet=args.quiet)
+                               schedule=schedule, grad=nnx.grad, quiet=args.quiet)
         if args.apply:
             box["forward"] = rec.apply(box["forward"])
         tx = rec.optimizer(tx)
