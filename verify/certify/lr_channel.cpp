@@ -16,20 +16,24 @@ namespace accumcheck {
 
 namespace {
 
-// a and b agree to rel of the larger, plus abs_lr (an absolute allowance: a
-// float32 schedule's error in units of its base lr, 0 for one held in
-// double).
-bool same(double a, double b, double rel, double abs_lr = 0) {
-  return std::fabs(a - b) <=
-         rel * std::max(std::fabs(a), std::fabs(b)) + abs_lr;
-}
+// How near two lrs must be to be the same: rel of the larger plus abs_lr
+// (a float32 schedule's error in units of its base lr, 0 for one held in
+// double).  Ratios of lrs are compared by rel alone (abs_lr 0).
+struct LrBound {
+  double rel = 0;
+  double abs_lr = 0;
+  bool same(double a, double b) const {
+    return std::fabs(a - b) <=
+           rel * std::max(std::fabs(a), std::fabs(b)) + abs_lr;
+  }
+};
 
 // The horizon T != the accepted one over which a linear or cosine schedule
 // gives every step's lr (step t at S(t)), a warmup ratio taken of T as the
 // schedule's own is; 0 when none does.  T runs up to twice the accepted
 // horizon and the steps the trace took: a budget counted short or long.
 int64_t shorter_horizon(const Scenario& s, const std::vector<double>& lr,
-                        double rel, double abs_lr) {
+                        const LrBound& bound) {
   const ScheduleSpec sc = resolved_schedule(s);
   if (sc.table ||
       (sc.kind != ScheduleKind::linear && sc.kind != ScheduleKind::cosine))
@@ -40,8 +44,7 @@ int64_t shorter_horizon(const Scenario& s, const std::vector<double>& lr,
     const ScheduleSpec h = with_horizon(sc, T);
     bool all = true;
     for (size_t i = 0; i < lr.size() && all; ++i)
-      all = same(lr[i], s.optimizer.lr * lr_multiplier(h, int64_t(i)), rel,
-                 abs_lr);
+      all = bound.same(lr[i], s.optimizer.lr * lr_multiplier(h, int64_t(i)));
     if (all) return T;
   }
   return 0;
@@ -73,19 +76,18 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
   Trainer<NullEngine> t(null, s, accepted, s.optimizer.lr, opt);
   for (const StepRecord<double>& st : t.run(plan, "lr").steps)
     c.accepted_lr.push_back(st.lr);
-  const double rel = error_model::tolerance(
-      lr_float32 ? "lr_channel_rel_float32" : "lr_channel_rel");
-  // A schedule evaluated in float32 errs absolutely, in units of its base
-  // lr: near a decay's end (1 + cos(pi t / T), init + (end - init) t / T)
-  // that is many units of the lr itself.
-  const double abs_lr = lr_float32
-                            ? error_model::tolerance("lr_channel_abs_float32") *
-                                  std::fabs(s.optimizer.lr)
-                            : 0.0;
+  // A schedule evaluated in float32 errs absolutely too, in units of its
+  // base lr: near a decay's end (1 + cos(pi t / T), init + (end - init) t
+  // / T) that is many units of the lr itself.
+  const LrBound bound{
+      error_model::tolerance(lr_float32 ? "lr_channel_rel_float32"
+                                        : "lr_channel_rel"),
+      lr_float32 ? error_model::tolerance("lr_channel_abs_float32") *
+                       std::fabs(s.optimizer.lr)
+                 : 0.0};
   const size_t n = std::min(c.trace_lr.size(), c.accepted_lr.size());
   for (size_t i = 0; i < n && c.first_off < 0; ++i)
-    if (!same(c.trace_lr[i], c.accepted_lr[i], rel, abs_lr))
-      c.first_off = int64_t(i);
+    if (!bound.same(c.trace_lr[i], c.accepted_lr[i])) c.first_off = int64_t(i);
   c.ok = c.first_off < 0;
   if (c.ok) {
     c.message = fmt::format(
@@ -116,7 +118,7 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
     if (c.accepted_lr[i] != 0) ratio = c.trace_lr[i] / c.accepted_lr[i];
   const bool constant_ratio =
       ratio != 0 && all([&](size_t i) {
-        return same(c.trace_lr[i], ratio * c.accepted_lr[i], rel, abs_lr);
+        return bound.same(c.trace_lr[i], ratio * c.accepted_lr[i]);
       });
   const double base = s.optimizer.lr;
   auto S = [&](int64_t k) { return base * lr_multiplier(s.schedule, k); };
@@ -126,12 +128,12 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
         "the accepted loop's scheduler is past the declared schedule's "
         "table ({} scheduler.step() counts) at step {}",
         s.schedule.table ? s.schedule.table->size() : 0, t0);
-  } else if (constant_ratio && same(ratio, K, rel)) {
+  } else if (constant_ratio && LrBound{bound.rel}.same(ratio, K)) {
     c.evidence = fmt::format(
         "lr at every step is K x the schedule (K = {}: the linear scaling "
         "rule)",
         s.batching.accumulation);
-  } else if (constant_ratio && same(ratio, std::sqrt(K), rel)) {
+  } else if (constant_ratio && LrBound{bound.rel}.same(ratio, std::sqrt(K))) {
     c.evidence = fmt::format(
         "lr at every step is sqrt(K) x the schedule (K = {}: the square-root "
         "scaling rule)",
@@ -140,19 +142,18 @@ LrChannel check_lr(const Scenario& s, const Plan& plan, const TraceRun& run,
     c.evidence =
         fmt::format("lr at every step is {:.6g} x the schedule", ratio);
   } else if (all([&](size_t i) {
-               return same(c.trace_lr[i], S(int64_t(i) + 1), rel, abs_lr);
+               return bound.same(c.trace_lr[i], S(int64_t(i) + 1));
              })) {
     c.evidence =
         "the lr sequence is the schedule one step ahead: step t uses "
         "S(t+1) (scheduler.step() before optimizer.step())";
   } else if (all([&](size_t i) {
-               return same(c.trace_lr[i], S(epoch_of[i]), rel, abs_lr);
+               return bound.same(c.trace_lr[i], S(epoch_of[i]));
              })) {
     c.evidence =
         "lr constant within each epoch, S(epoch) (the scheduler stepped once "
         "per epoch)";
-  } else if (const int64_t T = shorter_horizon(s, c.trace_lr, rel, abs_lr);
-             T > 0) {
+  } else if (const int64_t T = shorter_horizon(s, c.trace_lr, bound); T > 0) {
     c.evidence = fmt::format(
         "the lr sequence is the schedule over a horizon of {} steps, not {} "
         "(the scheduler built with another step count: a trainer's step "
