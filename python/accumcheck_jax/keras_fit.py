@@ -180,6 +180,13 @@ class KerasRecorder(KerasTaps, KerasTorch, ContractRecorder, _Callback):
     accepted schedule, as for ContractRecorder.  Pass it to fit:
     model.fit(..., callbacks=[rec]); the trace is written when fit ends."""
 
+    # The output path's premise against float64 first (outputs._premise),
+    # as before the optax recorder went float32 first: the torch backend's
+    # probe of the float64 clone (keras_torch.py) and meta.csv's
+    # `calibration` row for a model with no clone rest on it, and Keras's
+    # recording cost at scale was not measured the other way.
+    _premise_float32_first = False
+
     def __init__(self, model=None, summed_loss=None, count=None, out="trace", items="samples",
                  run="trainer", lr=None, schedule=None, accept=(), calibrate_every=16,
                  coordinates=4096, seed=0, quiet=False):

@@ -15,8 +15,9 @@ callback kept on your gradient's path); the
 recorder takes s_j through the summed loss alone (its forward replaced
 by those outputs: a program the size of the outputs) and fits w_j and
 its residual there.  Every calibrate_every-th micro-batch (the first
-included) checks the premise on the parameters, against g_j in float64:
-|c_j / w_j - g64| / |g64| is that micro-batch's calibration; over the
+included) checks the premise on the parameters, against g_j in float32
+(float64 only where they stray past the fixed bound: _premise):
+|c_j / w_j - g_j| / |g_j| is that micro-batch's calibration; over the
 bound (the loss reaches the parameters by another path: a penalty on the
 weights, a second forward) every micro-batch from it on takes the full
 path (a second gradient), with a note in meta.csv."""
@@ -113,6 +114,9 @@ class Outputs:
     """ContractRecorder's output path (a mixin: the state lives on the
     recorder, made by _outputs_init)."""
 
+    # _premise: g_j in float32 first, float64 only past the fixed bound.
+    _premise_float32_first = True
+
     def _outputs_init(self):
         self.tapped = False      # rec.apply was called: the output path is on
         self.no_take = False     # the premise failed: the full path from here on
@@ -126,7 +130,7 @@ class Outputs:
         self._s_prog = None      # s_j from the outputs
         # s_j's dots taken on the host (the CPU backend: _dots_of)
         self._host_dots = self.jax.default_backend() == "cpu"
-        self._grad32 = None      # the full path's gradient at a calibration sample (_premise)
+        self._grad32 = None      # g_j in the model's precision at a calibration sample (_premise)
         self.traced_grad = False
 
     def apply(self, fn):
@@ -248,27 +252,19 @@ class Outputs:
     def _on_fast(self, p, c, full, batch, fit):
         """A micro-batch on the output path taken in: its weight read at
         the outputs (fit: (w, residual), "zero" or None); a calibration
-        sample's premise checked on the parameters (where it fails, fitted
-        against g_j in float64).  A recorder with no float64 gradient for
-        this model (_g64 None: a Keras model that draws random numbers)
-        checks the premise against g_j in the model's own precision, at the
-        same state and with the same random draws (_g32), within the fixed
-        bound alone, and the sample stays uncalibrated (meta.csv's
-        `calibration` row says why)."""
+        sample's premise checked on the parameters (_premise; where it
+        fails, fitted against its reference gradient)."""
         j = len(self.micro)
         cal = float("nan")
         if fit == "zero":  # s_j = 0: g_j = J^T s_j = 0
             fit = _fit_c(c, np.zeros_like(c))
-        if full is not None:
+        if full is not None and fit is None:  # no weight read: fitted against g_j
             g64 = self._g64(full, batch)
-            ref = self._g32(full, batch) if g64 is None else g64
-            # With ref float32, _premise's widened bound (its distance from
-            # _g32 itself) is 0: the fixed bound holds.
-            cal = None if fit is None else self._premise(j, c, fit, ref, full, batch)
+            fit = _fit_c(c, self._g32(full, batch) if g64 is None else g64)
+        elif full is not None:
+            cal, ref = self._premise(j, c, fit, full, batch)
             if cal is None:
                 fit, cal = _fit_c(c, ref), float("nan")
-            elif g64 is None:
-                cal = float("nan")
         elif fit is None:
             self._refuse("micro-batch %d: its weight could not be read at the outputs of the "
                          "forward rec.apply wrapped" % j)
@@ -408,30 +404,70 @@ class Outputs:
             self.notes.append("%s: every micro-batch from micro-batch %d on takes the full path "
                               "(a second gradient)" % (why, len(self.micro)))
 
-    def _premise(self, j, c, fit, g64, full, batch):
-        """The calibration sample on the output path: c_j / w_j against g_j
-        in float64.  Returns the calibration, or None (the premise failed).
-        Past the fixed bound, float32 itself may stray that far (a model
-        near its minimum: g_j small beside the per-sample gradients it
-        sums, measured 0.097 of its norm at micro-batch 160 of the wide
-        MLP's hand loop): g_j in the model's precision by the full path
-        (g32) says how far; the premise holds within
-        CONTRACT_FIT_CALIBRATION times that (two float32 evaluations each
-        about cal_j from float64, as certify bounds the fit)."""
-        n64 = norm(g64)
-        if fit is None or fit[0] == 0 or n64 == 0:
-            lin = float("inf") if n64 > 0 else 0.0
-        else:
-            lin = norm(c / fit[0] - g64) / n64
+    def _premise(self, j, c, fit, full, batch):
+        """The calibration sample on the output path: c_j / w_j against g_j,
+        the summed loss's gradient at the state and batch the micro-batch
+        saw.  Returns (calibration, reference): the calibration None where
+        the premise failed (the micro-batch then fitted against the
+        reference, and the full path from here on).
+
+        First against g_j in the model's own precision (_g32, a program of
+        the recorder's: float32 beside your float32), as accumcheck_torch's
+        premise backward is: within the fixed bound, the premise holds and
+        that distance is the calibration (it bounds the weight fit as a
+        float64 distance did: two float32 evaluations of one gradient).
+        That costs a float32 gradient's memory, not a float64 copy of the
+        parameters and their float64 gradient (16 bytes a parameter,
+        measured to make the recorded run's peak on a 124M decoder).
+
+        Past the fixed bound, float64 decides (_g64): float32 itself may
+        stray that far (a model near its minimum: g_j small beside the
+        per-sample gradients it sums, measured 0.097 of its norm at
+        micro-batch 160 of the wide MLP's hand loop), so the premise holds
+        where c_j / w_j is within CONTRACT_FIT_CALIBRATION times the
+        float32 gradient's own distance from float64 (two float32
+        evaluations each about cal_j from float64, as certify bounds the
+        fit), and that float64 distance is the calibration.  A recorder
+        with no float64 gradient for this model (_g64 None: a Keras model
+        that draws random numbers) holds the fixed bound alone, and the
+        sample stays uncalibrated (meta.csv's `calibration` row says why);
+        so does a Keras model (_premise_float32_first False), which tries
+        float64 first: its float64 clone is made either way."""
         bound = max(EVIDENCE_WEIGHT_REL, 16 * U32)
+        g32 = None
+        if self._premise_float32_first:
+            g32 = self._g32(full, batch)
+            lin = _premise_distance(c, fit, g32)
+            if lin <= bound:
+                return lin, g32
+        g64 = self._g64(full, batch)
+        if g64 is None:
+            g32 = self._g32(full, batch) if g32 is None else g32
+            lin = _premise_distance(c, fit, g32)
+            if lin <= bound:
+                return float("nan"), g32
+            return self._premise_failed(j, lin), g32
+        lin = _premise_distance(c, fit, g64)
         if lin > bound and np.isfinite(lin):
-            bound = max(bound, CONTRACT_FIT_CALIBRATION * norm(self._g32(full, batch) - g64) / n64)
+            g32 = self._g32(full, batch) if g32 is None else g32
+            n64 = norm(g64)
+            bound = max(bound, CONTRACT_FIT_CALIBRATION * norm(g32 - g64) / n64)
         if lin > bound:
-            self._off("micro-batch %d: the gradient of its backward is not the outputs' "
-                      "gradient carried back (%.3g of its norm apart): the loss reaches the "
-                      "parameters by another path" % (j, lin))
-            return None
-        return lin
+            return self._premise_failed(j, lin), g64
+        return lin, g64
+
+    def _premise_failed(self, j, lin):
+        self._off("micro-batch %d: the gradient of its backward is not the outputs' "
+                  "gradient carried back (%.3g of its norm apart): the loss reaches the "
+                  "parameters by another path" % (j, lin))
+
+
+def _premise_distance(c, fit, g):
+    """|c_j / w_j - g| / |g| (inf where w_j is 0 and g is not; 0 where g is 0)."""
+    n = norm(g)
+    if fit[0] == 0 or n == 0:
+        return float("inf") if n > 0 else 0.0
+    return norm(c / fit[0] - g) / n
 
 
 # _dots_on_host's block: its float64 buffers stay in the cache, where

@@ -3,6 +3,7 @@ trained weights bit-identical with and without it), an error of the
 recorder ends the recording with its reason and never the fit, and bad
 input is refused with what to pass."""
 
+import math
 import os
 import subprocess
 
@@ -359,18 +360,20 @@ def test_tap_error_in_the_traced_step_ends_the_recording_not_the_fit(tmp_path, m
 # micro-batch 0: the note, and the full path from there on.
 def test_random_model_checks_its_premise_in_float32(tmp_path, monkeypatch, certify):
     from accumcheck_jax import keras_fit
-    from accumcheck_jax.outputs import EVIDENCE_WEIGHT_REL, Outputs
+    from accumcheck_jax.outputs import EVIDENCE_WEIGHT_REL, Outputs, _premise_distance
     checked = []
     premise = Outputs._premise
 
-    def spy(self, j, c, fit, ref, full, batch):
-        lin = premise(self, j, c, fit, ref, full, batch)
-        checked.append((j, lin))
-        return lin
+    def spy(self, j, c, fit, full, batch):
+        cal, ref = premise(self, j, c, fit, full, batch)
+        checked.append((j, cal, _premise_distance(c, fit, ref)))
+        return cal, ref
     monkeypatch.setattr(Outputs, "_premise", spy)
     train_keras.main(["--case", "dropout", "--out", str(tmp_path / "t"), "--quiet"])
-    assert [j for j, _ in checked] == [0, 16], checked
-    assert all(lin is not None and lin < EVIDENCE_WEIGHT_REL for _, lin in checked), checked
+    assert [j for j, _, _ in checked] == [0, 16], checked
+    # Held (not None), uncalibrated (NaN: no float64), far inside the bound.
+    assert all(cal is not None and math.isnan(cal) and lin < EVIDENCE_WEIGHT_REL
+               for _, cal, lin in checked), checked
     m = meta(tmp_path / "t")
     assert "full path" not in m.get("notes", "") and m["calibration"].startswith("none:"), m
     r = certify(tmp_path / "t")

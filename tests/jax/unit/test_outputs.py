@@ -134,7 +134,9 @@ def test_premise_allows_float32_own_error(tmp_path):
     g64 as the full path's own float32 gradient is, within
     contract_fit_calibration times that, keeps the output path (no note);
     the same distance with a float32 gradient equal to g64 (float32 exact
-    there) is the loss reaching the parameters by another path."""
+    there) is the loss reaching the parameters by another path.  Within
+    the fixed bound of the float32 gradient, float64 is never asked: that
+    distance is the calibration."""
     rec = ContractRecorder(ce(logits), lambda b: len(b[1]), accumulation=1,
                            out=str(tmp_path / "t"))
     rng = np.random.default_rng(0)
@@ -142,12 +144,27 @@ def test_premise_allows_float32_own_error(tmp_path):
     c = 0.25 * (g64 + 0.05 * np.linalg.norm(g64) * rng.standard_normal(64) / 8.0)
     lin = np.linalg.norm(c / 0.25 - g64) / np.linalg.norm(g64)
     assert 1e-3 < lin < 0.1
+    asked = []
+
+    def g64_of(full, batch):
+        asked.append(1)
+        return g64
+    rec._g64 = g64_of
     rec._g32 = lambda full, batch: g64 + (c / 0.25 - g64)[::-1]  # as far, elsewhere
-    assert rec._premise(0, c, (0.25, 0.0), g64, None, None) == pytest.approx(lin)
+    cal, ref = rec._premise(0, c, (0.25, 0.0), None, None)
+    assert cal == pytest.approx(lin) and ref is g64 and asked
     assert not rec.notes
     rec._g32 = lambda full, batch: g64
-    assert rec._premise(0, c, (0.25, 0.0), g64, None, None) is None
+    cal, ref = rec._premise(0, c, (0.25, 0.0), None, None)
+    assert cal is None and ref is g64
     assert "the loss reaches the parameters by another path" in rec.notes[0]
+    # c_j / w_j within the fixed bound of the float32 gradient: no float64.
+    asked.clear()
+    g32 = c / 0.25 * (1 + 1e-5)
+    rec._g32 = lambda full, batch: g32
+    cal, ref = rec._premise(1, c, (0.25, 0.0), None, None)
+    assert ref is g32 and not asked
+    assert cal == pytest.approx(np.linalg.norm(c / 0.25 - g32) / np.linalg.norm(g32))
     # The factor is the error model's row, through the one mirror.
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
     with open(os.path.join(root, "oracle", "error_model.hpp")) as f:
