@@ -430,9 +430,9 @@ class Outputs:
         fit), and that float64 distance is the calibration.  A recorder
         with no float64 gradient for this model (_g64 None: a Keras model
         that draws random numbers) holds the fixed bound alone, and the
-        sample stays uncalibrated (meta.csv's `calibration` row says why);
-        so does a Keras model (_premise_float32_first False), which tries
-        float64 first: its float64 clone is made either way."""
+        sample stays uncalibrated (meta.csv's `calibration` row says why).
+        A Keras recorder (_premise_float32_first False) asks float64 first,
+        as before (keras_fit.py says why)."""
         bound = max(EVIDENCE_WEIGHT_REL, 16 * U32)
         g32 = None
         if self._premise_float32_first:
@@ -457,6 +457,8 @@ class Outputs:
         return lin, g64
 
     def _premise_failed(self, j, lin):
+        """The premise failed on micro-batch j: noted, the full path from
+        here on; None (no calibration)."""
         self._off("micro-batch %d: the gradient of its backward is not the outputs' "
                   "gradient carried back (%.3g of its norm apart): the loss reaches the "
                   "parameters by another path" % (j, lin))
