@@ -26,38 +26,39 @@ class Calibrate:
         gradient returned, so the host neither converts the state (4.6 ms
         of the wide MLP's 26 ms a calibration, measured) nor reads back
         and indexes a float64 copy of every parameter."""
-        jax = self.jax
-        with _enable_x64(jax):
+        with _enable_x64(self.jax):
             if self._grad64 is None:
-                rec = self
-
-                def grad64(leaves, batch):
-                    jnp = jax.numpy
-
-                    def wide(x):
-                        return x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) \
-                            else x
-                    first = rec._first_of([wide(x) for x in leaves])
-                    g = rec.grad_transform(rec.summed_loss)(first, jax.tree_util.tree_map(wide,
-                                                                                         batch))
-                    return _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(g)))
-                self._grad64 = _jit_rare(jax, grad64)
+                self._grad64 = self._kept_gradient(wide=True)
             return np.asarray(self._plain(self._grad64, list(full), batch), dtype=np.float64)
 
     def _g32(self, full, batch):
-        """g_j in the model's own precision (its kept coordinates), the full
-        path's second gradient, from the whole state the micro-batch saw:
-        the output path's reference for how far float32 alone strays from
-        float64 on this micro-batch (compiled only where asked)."""
-        jax = self.jax
+        """g_j in the model's own precision (its kept coordinates) from the
+        whole state the micro-batch saw: the output path's premise check
+        (outputs._premise) and the reference where a weight cannot be read.
+        The same program as _g64's without the widening, compiled lean
+        like it (it runs once every calibrate_every micro-batches), a Flax
+        NNX model's too, and only the kept coordinates leave it."""
         if self._grad32 is None:
-            if self.nnx_graph is not None:
-                from flax import nnx
-                self._grad32 = nnx.jit(self.grad_transform(self.summed_loss))
-            else:
-                self._grad32 = _jit_rare(jax, self.grad_transform(self.summed_loss))
-        g32 = self._plain(self._grad32, self._first_of(list(full)), batch)
-        return self.layout.host(jax.tree_util.tree_leaves(g32))
+            self._grad32 = self._kept_gradient(wide=False)
+        return np.asarray(self._plain(self._grad32, list(full), batch), dtype=np.float64)
+
+    def _kept_gradient(self, wide):
+        """The program (leaves, batch) -> the kept coordinates of the
+        gradient of summed_loss at the state those leaves make (a Flax NNX
+        model merged from them inside), its floating inputs widened to
+        float64 first where wide."""
+        jax, rec = self.jax, self
+
+        def kept(leaves, batch):
+            jnp = jax.numpy
+            if wide:
+                def widen(x):
+                    return x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x
+                leaves = [widen(x) for x in leaves]
+                batch = jax.tree_util.tree_map(widen, batch)
+            g = rec.grad_transform(rec.summed_loss)(rec._first_of(leaves), batch)
+            return _pack(jnp, rec.layout.take(jnp, jax.tree_util.tree_leaves(g)))
+        return _jit_rare(jax, kept)
 
     def _first_of(self, leaves):
         """The first argument of summed_loss from the whole state's leaves:
