@@ -1,6 +1,9 @@
-"""accumcheck_jax's float64 calibration: g_j again in float64 on the
-host for the calibration sample (every calibrate_every-th micro-batch),
-from the whole state that micro-batch saw (a mixin of ContractRecorder)."""
+"""accumcheck_jax's calibration: g_j again for the calibration sample
+(every calibrate_every-th micro-batch), from the whole state that
+micro-batch saw, in float64 (the full path's calibration, and the output
+path's premise where float32 is past its bound) or in the model's own
+precision (the output path's premise check), only its kept coordinates
+returned (a mixin of ContractRecorder)."""
 
 import numpy as np
 

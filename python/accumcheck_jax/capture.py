@@ -100,9 +100,10 @@ RARE = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": Fal
 
 def _jit_rare(jax, fn, options=RARE):
     """jax.jit(fn) for a program of the recorder's that is compiled in the
-    run it records and then runs rarely or on little (the calibration's
-    float64 gradient, s_j at small outputs (outputs._S_FULL_AT), Keras's
-    per-step program): on the CPU backend compiled with the first of
+    run it records and then runs rarely or on little (the premise check's
+    float32 gradient and the calibration's float64 one, s_j at small
+    outputs (outputs._S_FULL_AT), Keras's per-step program): on the CPU
+    backend compiled with the first of
     `options` this jaxlib knows (an unknown option fails the first call's
     compilation: the next is tried, then plain jax.jit); plain jax.jit on
     an accelerator or a jax without compiler_options (0.4.30).  With RARE
