@@ -103,13 +103,12 @@ def _jit_rare(jax, fn, options=RARE):
     run it records and then runs rarely or on little (the premise check's
     float32 gradient and the calibration's float64 one, s_j at small
     outputs (outputs._S_FULL_AT), Keras's per-step program): on the CPU
-    backend compiled with the first of
-    `options` this jaxlib knows (an unknown option fails the first call's
-    compilation: the next is tried, then plain jax.jit); plain jax.jit on
-    an accelerator or a jax without compiler_options (0.4.30).  With RARE
-    a 2.1M-parameter MLP's float64 gradient compiles and runs once in 0.10
-    s of CPU against 0.24 s at level 0 alone, and runs 2 ms slower a call
-    (measured: RARE above).  Only the recorder's numbers can change (by
+    backend compiled with the first of `options` this jaxlib knows (an
+    unknown option fails the first call's compilation: the next is tried,
+    then plain jax.jit); plain jax.jit on an accelerator or a jax without
+    compiler_options (0.4.30).  With RARE a 2.1M-parameter MLP's float64
+    gradient compiles and runs once in 0.10 s of CPU against 0.24 s at
+    level 0 alone, and runs 2 ms slower a call (measured: RARE above).  Only the recorder's numbers can change (by
     rounding), never your run's."""
     if jax.default_backend() != "cpu":
         return jax.jit(fn)
