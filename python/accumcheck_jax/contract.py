@@ -32,8 +32,9 @@ What it measures (jitted or not):
     (the weight and the relative residual); every calibrate_every-th (the
     first included) g_j again in float64 on the host, which calibrates the
     fit (|g32 - g64| / |g64|);
-  - per call of the wrapped optimizer's update (a callback in its program,
-    capture._told): the gradient handed to it
+  - per call of the wrapped optimizer's update (a call in its program,
+    capture._told: the native tap on the CPU backend, else a host
+    callback): the gradient handed to it
     (what the accumulation consumed), the update it returned and its lr
     (optax.inject_hyperparams' state, or a Keras optimizer's); a call is an
     optimizer step when the next parameters seen differ from those before
@@ -207,6 +208,7 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
             else:
                 c = out
             rec.traced_grad = True
+            rec._mute_taps()
             g = rec._plain(rec.grad_transform(rec.summed_loss), first, batch)
             params = rec._params_of(first)
             p_leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -256,7 +258,8 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
             rec._same_tree(g_leaves)
             new_state = _told(jax, rec._arriving(rec._on_update), new_state,
                               _pack(jnp, rec.layout.take(jnp, g_leaves)),
-                              _pack(jnp, rec.layout.take(jnp, u_leaves)), lr)
+                              _pack(jnp, rec.layout.take(jnp, u_leaves)), lr,
+                              channel=rec._told_channel())
             return updates, new_state
         return optax.GradientTransformation(tx.init, update)
 
@@ -298,7 +301,8 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
                               _pack(jnp, take(jnp, g_leaves)),
                               _pack(jnp, take(jnp, jax.tree_util.tree_leaves(state.acc_grads))),
                               state.mini_step, state.gradient_step, new_state.gradient_step,
-                              _pack(jnp, take(jnp, jax.tree_util.tree_leaves(updates))), lr)
+                              _pack(jnp, take(jnp, jax.tree_util.tree_leaves(updates))), lr,
+                              channel=rec._told_channel())
             return updates, new_state
         self._multi_mean = mean
         return optax.GradientTransformation(tx.init, update)
@@ -353,6 +357,7 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
             self._refuse("ContractRecorder.close: no micro-batch gradient was recorded: call the "
                          "function rec.grad(...) returned for each micro-batch")
         self.closed = True
+        self._close_taps()
         write(self)
         self._recording.done()
 
@@ -409,10 +414,12 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
                             "(p + update, as optax.apply_updates adds it)")),
                 ("recorder", "accumcheck_jax: the gradient function (rec.grad: a program of "
                              "the recorder's beside yours, or an ordered io_callback in it) and "
-                             "the optimizer's update (rec.optimizer: a callback in its program); "
+                             "the optimizer's update (rec.optimizer: a call in its program, %s); "
                              "%d coordinates kept of the parameters%s" % (
-                                 self.layout.d, "; g_j read at the outputs of the forward "
-                                 "rec.apply wrapped (outputs.py)" if self.tapped else ""))] + \
+                                 "the native tap" if self._told_ch is not None
+                                 else "a host callback", self.layout.d, "; g_j read at the outputs of the forward "
+                                 "rec.apply wrapped (outputs.py), the tap %s" % self.tap_kind
+                                 if self.tapped else ""))] + \
             ([("notes", " | ".join(self.notes))] if self.notes else [])
 
     def _fail(self, e):
@@ -431,6 +438,7 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         raise Refused(message)
 
     def _abandon(self, why):
+        self._close_taps()  # (outputs.py) and the updates' channel
         if not self.closed:
             self.closed = True
             self._recording.end(why)

@@ -48,13 +48,16 @@ class Inbox:
         # call takes (a callback whose result is in its state: see _told).
         # Parameters that are the very arrays of the last wait were made by
         # no program since: nothing to wait for (the hand loop's K - 1
-        # micro-batches of each window).  On the CPU backend a program with
-        # a host callback runs in the thread that dispatches it (measured),
-        # so the update has told before this call and the wait finds its
-        # parameters ready: 2.4 us of CPU for the wait and the barrier
-        # (measured on the wide MLP's 4 leaves); Flax NNX, whose parameters
-        # are new arrays at every call, pays that each micro-batch.  The
-        # wait is for a backend that runs such programs asynchronously.
+        # micro-batches of each window).  On the CPU backend the update
+        # tells by the native tap (native.py), taken here once
+        # jax.effects_barrier() has waited for its program (_take_told:
+        # what an update whose parameters are not used next told, too);
+        # with host callbacks instead, such a program runs in the thread
+        # that dispatches it (measured), so the update has told before
+        # this call and the wait finds its parameters ready: 2.4 us of CPU
+        # for the wait and the barrier (measured on the wide MLP's 4
+        # leaves); Flax NNX, whose parameters are new arrays at every
+        # call, pays that each micro-batch.
         if not self._same_arrays(state):
             jax.block_until_ready(state)
             jax.effects_barrier()
@@ -62,7 +65,9 @@ class Inbox:
                 self._waited = [weakref.ref(x) for x in state]
             except TypeError:  # a leaf that is no array (a Python number): wait each call
                 self._waited = None
-        if self.lazy and self.lazy * 3 * self.layout.d * 4 + _held(self.taps) >= _INBOX_BYTES:
+        self._take_told()
+        if self.lazy and self.lazy * 3 * self.layout.d * 4 + _held(self.taps) + \
+                self._taps_held() >= _INBOX_BYTES:
             self._drain()
         out = fn(first, batch, *a, **k)
         c = out[1] if value_and_grad else out
@@ -112,6 +117,7 @@ class Inbox:
         """The callbacks of the programs launched so far have run, and what
         they and the micro-batches told is taken in."""
         self.jax.effects_barrier()
+        self._take_told()
         self._drain()
 
     def _arriving(self, handler):

@@ -9,9 +9,10 @@ so the gradient your function returns is c_j = J^T u_j (u_j: the
 cotangent your loss sends into the outputs), and it is w_j g_j exactly
 when u_j = w_j s_j, s_j the summed loss's cotangent at the same outputs.
 The wrapper is a jax.custom_vjp whose backward hands u_j and the outputs
-to the host (a pure_callback whose int zero is added to the bits of the
-smallest parameter gradient it returns: the values unchanged, the
-callback kept on your gradient's path); the
+to the host (on jax's CPU backend the native tap, an XLA FFI call:
+native.py; elsewhere a pure_callback), whose int zero is added to the
+bits of the smallest parameter gradient it returns: the values
+unchanged, the tap kept on your gradient's path; the
 recorder takes s_j through the summed loss alone (its forward replaced
 by those outputs: a program the size of the outputs) and fits w_j and
 its residual there.  Every calibrate_every-th micro-batch (the first
@@ -30,6 +31,7 @@ import numpy as np
 from accumcheck_trace.error_model import CONTRACT_FIT_CALIBRATION
 from accumcheck_trace.trace import Refused
 
+from . import native
 from .capture import _enable_x64, _is_nnx, _jit_rare, _pack, dot, norm
 
 # s_j's program runs once a micro-batch: compiled at XLA's default level
@@ -77,12 +79,13 @@ def fit_dots(dots):
 
 
 def tap_on_gradient(jax, gradient, tap, operands):
-    """gradient (the parameters' cotangent pytree) with a host callback on
-    its path: tap(int dtype, *operands) returns that dtype's zero, added to
-    the bits of the gradient's smallest floating leaf (exact: the values
-    unchanged).  The operands themselves and the backward's own work are
-    untouched (a tap that changed u_j changed XLA's fusion of the backward,
-    and its rounding: measured on the token loop).  A gradient with no
+    """gradient (the parameters' cotangent pytree) with the tap on its
+    path: a native.Channel's FFI call, or a host callback tap(int dtype,
+    *operands); either returns that dtype's zero, added to the bits of the
+    gradient's smallest floating leaf (exact: the values unchanged).  The
+    operands themselves and the backward's own work are untouched (a tap
+    that changed u_j changed XLA's fusion of the backward, and its
+    rounding: measured on the token loop).  A gradient with no
     floating leaf of 2, 4 or 8 bytes is returned as it is, untapped."""
     jnp = jax.numpy
     leaves, tdef = jax.tree_util.tree_flatten(gradient)
@@ -93,8 +96,11 @@ def tap_on_gradient(jax, gradient, tap, operands):
     at = min(fl, key=lambda i: leaves[i].size)
     last = leaves[at]
     ints = _int_like(jnp, last.dtype)
-    zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
-                             jax.ShapeDtypeStruct((), ints), *operands)
+    if isinstance(tap, native.Channel):
+        zero = tap.zero(ints, operands)
+    else:
+        zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
+                                 jax.ShapeDtypeStruct((), ints), *operands)
     bits = jax.lax.bitcast_convert_type(last, ints) + zero
     leaves[at] = jax.lax.bitcast_convert_type(bits, last.dtype)
     return jax.tree_util.tree_unflatten(tdef, leaves)
@@ -132,6 +138,9 @@ class Outputs:
         self._host_dots = self.jax.default_backend() == "cpu"
         self._grad32 = None      # g_j in the model's precision at a calibration sample (_premise)
         self.traced_grad = False
+        self._channel = None     # the native tap's queue (native.py), else a host callback
+        self._told_ch = None     # the optimizer updates' (capture._told), else a host callback
+        self.tap_kind = None     # how the tap hands u_j over (meta.csv's recorder row)
 
     def apply(self, fn):
         """Your model's forward fn(params, inputs, ...) -> outputs, wrapped:
@@ -144,11 +153,22 @@ class Outputs:
                           "fn(params, inputs) -> outputs, got %s" % type(fn).__name__)
         jax, rec = self.jax, self
         self.tapped = True
+        if self.tap_kind is None:
+            # The native tap on the CPU backend (the default backend: a
+            # program there has no accelerator to run on); elsewhere the
+            # operands are on the device, and a host callback hands them over.
+            lib, why = native.library(jax) if jax.default_backend() == "cpu" else (None, None)
+            if lib is not None:
+                self._channel = native.Channel(jax, lib)
+                self.tap_kind = "an XLA FFI call (native_tap.cc)"
+            else:
+                self.tap_kind = "a host callback" + (" (%s)" % why if why else "")
 
         def tap(dtype, *ou):
-            # No lock: the main thread may hold the recorder's while it
-            # waits for the device (a list's append is atomic; the taps are
-            # taken once the programs that made them have run: _taps_for).
+            # The host callback's tap (no native tap).  No lock: the main
+            # thread may hold the recorder's while it waits for the device
+            # (a list's append is atomic; the taps are taken once the
+            # programs that made them have run: _taps_for).
             if not rec.traced_grad and not rec.no_take:
                 n = len(ou) // 2
                 rec.taps.append((ou[:n], ou[n:]))
@@ -168,7 +188,8 @@ class Outputs:
             u_leaves = jax.tree_util.tree_leaves(u)
             rec.out_treedef = treedef
             cts = list(vjp(u))
-            cts[0] = tap_on_gradient(jax, cts[0], tap, o_leaves + u_leaves)
+            cts[0] = tap_on_gradient(jax, cts[0], tap if rec._channel is None else rec._channel,
+                                     o_leaves + u_leaves)
             return tuple(cts)
 
         wrapped.defvjp(fwd, bwd)
@@ -223,6 +244,10 @@ class Outputs:
         each, in order (their vectors read back: their programs ran)."""
         n = sum(e[0] == "fast" for e in queued)
         taps, self.taps = self.taps, []
+        if self._channel is not None:  # their programs ran: their taps are queued
+            pulled = self._channel.pull()
+            if not self.traced_grad and not self.no_take:  # (outputs, cotangents) each
+                taps += [(t[:len(t) // 2], t[len(t) // 2:]) for _, t in pulled]
         if len(taps) == n:
             return iter(taps)
         why = "the wrapped forward's backward ran %d times in %d micro-batches" % (len(taps), n)
@@ -398,9 +423,49 @@ class Outputs:
             self._s_prog = jax.jit(s_dots) if size >= _S_FULL_AT else _jit_rare(jax, s_dots)
         return self._s_prog
 
+    def _taps_held(self):
+        """The bytes the native tap holds, not yet taken."""
+        return self._channel.held() if self._channel is not None else 0
+
+    def _close_taps(self):
+        """The native queues freed, their channels forgotten (the recording ended)."""
+        for ch in (getattr(self, "_channel", None), getattr(self, "_told_ch", None)):
+            if ch is not None:
+                ch.close()
+
+    def _told_channel(self):
+        """While an optimizer update is traced: the native channel its
+        values go through (capture._told), on jax's CPU backend where the
+        native tap loads; None (a host callback) elsewhere, and where your
+        gradient function is traced into your program (its micro-batches
+        then arrive by an ordered callback, which an update told later,
+        at the recorder's next pull, would overtake)."""
+        if self.traced_grad or self.jax.default_backend() != "cpu":
+            return None
+        if self._told_ch is None:
+            lib, _ = native.library(self.jax)
+            if lib is None:
+                return None
+            self._told_ch = native.Channel(self.jax, lib)
+        return self._told_ch
+
+    def _take_told(self):
+        """The updates whose programs were launched so far have run, and
+        what they told is taken in (in program order: before any
+        micro-batch launched after them)."""
+        if self._told_ch is not None:
+            self.jax.effects_barrier()
+            self._told_ch.told()
+
+    def _mute_taps(self):
+        """The native tap's copies stop (the taps are not taken from here on)."""
+        if self._channel is not None:
+            self._channel.mute()
+
     def _off(self, why):
         if not self.no_take:
             self.no_take = True
+            self._mute_taps()
             self.notes.append("%s: every micro-batch from micro-batch %d on takes the full path "
                               "(a second gradient)" % (why, len(self.micro)))
 
