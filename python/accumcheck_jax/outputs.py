@@ -78,7 +78,7 @@ def fit_dots(dots):
     return w, (rr ** 0.5 / wn if wn > 0 else (0.0 if rr == 0 else float("inf")))
 
 
-def tap_on_gradient(jax, gradient, tap, operands):
+def tap_on_gradient(jax, gradient, tap, operands, on_vmap=None):
     """gradient (the parameters' cotangent pytree) with the tap on its
     path: a native.Channel's FFI call, or a host callback tap(int dtype,
     *operands); either returns that dtype's zero, added to the bits of the
@@ -96,11 +96,23 @@ def tap_on_gradient(jax, gradient, tap, operands):
     at = min(fl, key=lambda i: leaves[i].size)
     last = leaves[at]
     ints = _int_like(jnp, last.dtype)
-    if isinstance(tap, native.Channel):
-        zero = tap.zero(ints, operands)
-    else:
-        zero = jax.pure_callback(functools.partial(tap, np.dtype(ints)),
-                                 jax.ShapeDtypeStruct((), ints), *operands)
+    def tapped(*ops):
+        if isinstance(tap, native.Channel):
+            return tap.zero(ints, ops)
+        return jax.pure_callback(functools.partial(tap, np.dtype(ints)),
+                                 jax.ShapeDtypeStruct((), ints), *ops)
+    # Under jax.vmap (your loss mapping the wrapped forward over examples)
+    # the operands are one example's, not the micro-batch's: no tap, and
+    # on_vmap() tells the recorder while your program is traced (it takes
+    # the full path).  A tap with no batching rule made your program fail.
+    tapped = jax.custom_batching.custom_vmap(tapped)
+
+    @tapped.def_vmap
+    def _mapped(axis_size, in_batched, *ops):
+        if on_vmap is not None:
+            on_vmap()
+        return jnp.zeros((), ints), False
+    zero = tapped(*operands)
     bits = jax.lax.bitcast_convert_type(last, ints) + zero
     leaves[at] = jax.lax.bitcast_convert_type(bits, last.dtype)
     return jax.tree_util.tree_unflatten(tdef, leaves)
@@ -141,6 +153,7 @@ class Outputs:
         self._channel = None     # the native tap's queue (native.py), else a host callback
         self._told_ch = None     # the optimizer updates' (capture._told), else a host callback
         self.tap_kind = None     # how the tap hands u_j over (meta.csv's recorder row)
+        self._vmapped = False    # the wrapped forward was traced under jax.vmap
 
     def apply(self, fn):
         """Your model's forward fn(params, inputs, ...) -> outputs, wrapped:
@@ -189,7 +202,7 @@ class Outputs:
             rec.out_treedef = treedef
             cts = list(vjp(u))
             cts[0] = tap_on_gradient(jax, cts[0], tap if rec._channel is None else rec._channel,
-                                     o_leaves + u_leaves)
+                                     o_leaves + u_leaves, on_vmap=rec._tap_under_vmap)
             return tuple(cts)
 
         wrapped.defvjp(fwd, bwd)
@@ -205,7 +218,13 @@ class Outputs:
 
     # ---- the eager path's micro-batch on the output path
 
+    def _tap_under_vmap(self):
+        self._vmapped = True
+
     def _output_path(self, first):
+        if self._vmapped and self.tapped and not self.no_take:
+            self._off("the forward rec.apply wrapped runs under jax.vmap (its outputs one "
+                      "example's, not the micro-batch's)")
         return self.tapped and not self.no_take
 
     def _plain(self, prog, *args):

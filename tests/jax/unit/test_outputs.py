@@ -204,3 +204,59 @@ def test_dots_on_the_device_match_the_host(tmp_path, host_dots):
     r_host = np.linalg.norm(u64 - w_host * s64) / (abs(w_host) * np.linalg.norm(s64))
     assert w == pytest.approx(w_host, rel=1e-6) and abs(w - 2.0) < 1e-2
     assert resid == pytest.approx(r_host, rel=1e-4) and resid > 1e-5
+
+
+def vmapped_loop(out=None, steps=4, K=2):
+    """A hand loop whose loss maps a one-example forward over the batch
+    (jax.vmap), recorded through rec.apply (out) or not (None): the
+    trained parameters."""
+    def one(p, x):
+        return jnp.tanh(x @ p["w1"]) @ p["w2"]
+    box = {"f": one}
+
+    def summed(p, b):
+        logp = jax.nn.log_softmax(jax.vmap(box["f"], (None, 0))(p, b[0]))
+        return -jnp.sum(jnp.take_along_axis(logp, b[1][:, None], axis=1))
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=1e-2)
+    grad_fn = jax.jit(jax.grad(summed))
+    rec = None
+    if out is not None:
+        rec = ContractRecorder(summed, lambda b: len(b[1]), accumulation=K, out=str(out), lr=1e-2)
+        box["f"] = rec.apply(one)
+        tx = rec.optimizer(tx)
+        grad_fn = rec.grad(grad_fn)
+    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+    params = {"w1": jax.random.normal(k1, (6, 8)), "w2": jax.random.normal(k2, (8, 3))}
+    state = tx.init(params)
+    rng = np.random.default_rng(1)
+    for _ in range(steps):
+        acc, n = None, 0
+        for b in (3, 5)[:K]:
+            batch = (jnp.asarray(rng.standard_normal((b, 6)), jnp.float32),
+                     jnp.asarray(rng.integers(0, 3, b), jnp.int32))
+            g = grad_fn(params, batch)
+            acc = g if acc is None else jax.tree_util.tree_map(jnp.add, acc, g)
+            n += b
+        acc = jax.tree_util.tree_map(lambda a: a / n, acc)
+        updates, state = tx.update(acc, state, params)
+        params = optax.apply_updates(params, updates)
+    if rec is not None:
+        rec.close(params)
+    return params
+
+
+def test_forward_under_vmap_full_path_taken(tmp_path, certify):
+    """Your loss maps the wrapped forward over the batch's examples
+    (jax.vmap): the tap sees one example's outputs, not the micro-batch's,
+    so it taps nothing there (before, its host callback had no batching
+    rule and your program failed to trace); the note, the full path, the
+    correct loop PASSes, and the trained parameters are the plain run's
+    bits."""
+    plain = vmapped_loop()
+    recorded = vmapped_loop(tmp_path / "t")
+    notes = meta(tmp_path / "t").get("notes", "")
+    assert "the forward rec.apply wrapped runs under jax.vmap" in notes, notes
+    r = certify(tmp_path / "t")
+    assert "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
+    for a, b in zip(jax.tree_util.tree_leaves(plain), jax.tree_util.tree_leaves(recorded)):
+        assert np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
