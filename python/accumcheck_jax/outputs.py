@@ -154,6 +154,7 @@ class Outputs:
         self._told_ch = None     # the optimizer updates' (capture._told), else a host callback
         self.tap_kind = None     # how the tap hands u_j over (meta.csv's recorder row)
         self._vmapped = False    # the wrapped forward was traced under jax.vmap
+        self.tap_dtypes = set()  # the dtypes of the outputs and cotangents the tap hands over
 
     def apply(self, fn):
         """Your model's forward fn(params, inputs, ...) -> outputs, wrapped:
@@ -200,6 +201,7 @@ class Outputs:
             o_leaves, treedef = jax.tree_util.tree_flatten(out)
             u_leaves = jax.tree_util.tree_leaves(u)
             rec.out_treedef = treedef
+            rec.tap_dtypes.update(str(x.dtype) for x in o_leaves + u_leaves)
             cts = list(vjp(u))
             cts[0] = tap_on_gradient(jax, cts[0], tap if rec._channel is None else rec._channel,
                                      o_leaves + u_leaves, on_vmap=rec._tap_under_vmap)

@@ -260,3 +260,66 @@ def test_forward_under_vmap_full_path_taken(tmp_path, certify):
     assert "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
     for a, b in zip(jax.tree_util.tree_leaves(plain), jax.tree_util.tree_leaves(recorded)):
         assert np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def bf16_loop(out=None, mean_of_means=False, steps=5):
+    """A hand loop whose forward computes in bfloat16 from float32
+    parameters (its outputs bfloat16, as a mixed-precision model's),
+    micro-batches of 3 and 5 samples; recorded through rec.apply (out) or
+    not (None): the trained parameters."""
+    def forward(p, x):
+        h = jnp.tanh(x.astype(jnp.bfloat16) @ p["w1"].astype(jnp.bfloat16))
+        return h @ p["w2"].astype(jnp.bfloat16)
+    box = {"f": forward}
+
+    def summed(p, b):
+        logp = jax.nn.log_softmax(box["f"](p, b[0]).astype(jnp.float32))
+        return -jnp.sum(jnp.take_along_axis(logp, b[1][:, None], axis=1))
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=1e-2)
+    grad_fn = jax.jit(jax.grad(summed))
+    rec = None
+    if out is not None:
+        rec = ContractRecorder(summed, lambda b: len(b[1]), accumulation=2, out=str(out), lr=1e-2)
+        box["f"] = rec.apply(forward)
+        tx = rec.optimizer(tx)
+        grad_fn = rec.grad(grad_fn)
+    k1, k2 = jax.random.split(jax.random.PRNGKey(2))
+    params = {"w1": jax.random.normal(k1, (6, 16)), "w2": jax.random.normal(k2, (16, 4))}
+    state = tx.init(params)
+    rng = np.random.default_rng(2)
+    for _ in range(steps):
+        acc, n = None, 0
+        for b in (3, 5):
+            batch = (jnp.asarray(rng.standard_normal((b, 6)), jnp.float32),
+                     jnp.asarray(rng.integers(0, 4, b), jnp.int32))
+            g = grad_fn(params, batch)
+            if mean_of_means:
+                g = jax.tree_util.tree_map(lambda a, b=b: a / b, g)
+            acc = g if acc is None else jax.tree_util.tree_map(jnp.add, acc, g)
+            n += b
+        acc = jax.tree_util.tree_map(lambda a: a / (2 if mean_of_means else n), acc)
+        updates, state = tx.update(acc, state, params)
+        params = optax.apply_updates(params, updates)
+    if rec is not None:
+        rec.close(params)
+    return params
+
+
+def test_bfloat16_forward_judged_in_its_precision(tmp_path, certify):
+    """A forward computing its outputs in bfloat16 (float32 parameters):
+    the weights read at those outputs carry bfloat16's rounding, so the
+    trace's precision is bfloat16 (with float32 the correct loop FAILed
+    its weight fit at 1.11 of the bound); the correct loop PASSes,
+    bit-identical to the plain run, and the mean of micro-batch means
+    FAILs named."""
+    plain = bf16_loop()
+    recorded = bf16_loop(tmp_path / "t")
+    assert meta(tmp_path / "t")["precision"] == "bfloat16"
+    r = certify(tmp_path / "t")
+    assert "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
+    for a, b in zip(jax.tree_util.tree_leaves(plain), jax.tree_util.tree_leaves(recorded)):
+        assert np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+    bf16_loop(tmp_path / "m", mean_of_means=True)
+    r = certify(tmp_path / "m")
+    assert "FAIL (contract tier)" in r.stdout and "diagnosis: matches sample-mean-of-means" \
+        in r.stdout, r.stdout + r.stderr
