@@ -23,12 +23,14 @@ def write(rec):
     for e, (n, bs) in enumerate(rec.epochs):
         rows.append("epoch,%d,,,,%d,%d,,,\n" % (e, n, bs))
     rows += rec.rows
-    # The model's precision: its parameters', or a narrower one its forward
-    # computes its outputs in (a bfloat16 forward of float32 parameters, as
-    # torch.autocast's: the weights read at those outputs carry its rounding).
+    # The model's precision: its parameters', or a narrower one the forward
+    # rec.apply wrapped computes its outputs in (a bfloat16 forward of
+    # float32 parameters, as torch.autocast's: the weights read at those
+    # outputs carry its rounding, and so does the full path's g_j, taken
+    # through the same forward).
     dtype = rec.dtype
     narrow = sorted(set(getattr(rec, "tap_dtypes", ())) & {"bfloat16", "float16"})
-    if rec.tapped and not rec.no_take and narrow and dtype in ("float32", "float64"):
+    if rec.tapped and narrow and dtype in ("float32", "float64"):
         dtype = narrow[0]
     precision = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16",
                  "float16": "float16"}.get(dtype, str(dtype))
