@@ -206,43 +206,67 @@ def test_dots_on_the_device_match_the_host(tmp_path, host_dots):
     assert resid == pytest.approx(r_host, rel=1e-4) and resid > 1e-5
 
 
-def vmapped_loop(out=None, steps=4, K=2):
-    """A hand loop whose loss maps a one-example forward over the batch
-    (jax.vmap), recorded through rec.apply (out) or not (None): the
-    trained parameters."""
-    def one(p, x):
-        return jnp.tanh(x @ p["w1"]) @ p["w2"]
-    box = {"f": one}
+def sized_loop(forward, logits_of, out=None, hidden=8, classes=3, seed=1, steps=4,
+               mean_of_means=False):
+    """A hand loop over micro-batches of 3 and 5 samples (K = 2), its loss
+    the summed cross-entropy of logits_of(f, params, x), f the forward
+    (wrapped by rec.apply when recorded to out, else None); each window's
+    gradient divided by its samples (or, mean_of_means, each micro-batch's
+    by its own and the window's by K).  The trained parameters."""
+    box = {"f": forward}
 
     def summed(p, b):
-        logp = jax.nn.log_softmax(jax.vmap(box["f"], (None, 0))(p, b[0]))
+        logp = jax.nn.log_softmax(logits_of(box["f"], p, b[0]).astype(jnp.float32))
         return -jnp.sum(jnp.take_along_axis(logp, b[1][:, None], axis=1))
     tx = optax.inject_hyperparams(optax.sgd)(learning_rate=1e-2)
     grad_fn = jax.jit(jax.grad(summed))
     rec = None
     if out is not None:
-        rec = ContractRecorder(summed, lambda b: len(b[1]), accumulation=K, out=str(out), lr=1e-2)
-        box["f"] = rec.apply(one)
+        rec = ContractRecorder(summed, lambda b: len(b[1]), accumulation=2, out=str(out), lr=1e-2)
+        box["f"] = rec.apply(forward)
         tx = rec.optimizer(tx)
         grad_fn = rec.grad(grad_fn)
-    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
-    params = {"w1": jax.random.normal(k1, (6, 8)), "w2": jax.random.normal(k2, (8, 3))}
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    params = {"w1": jax.random.normal(k1, (6, hidden)), "w2": jax.random.normal(k2, (hidden, classes))}
     state = tx.init(params)
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     for _ in range(steps):
         acc, n = None, 0
-        for b in (3, 5)[:K]:
+        for b in (3, 5):
             batch = (jnp.asarray(rng.standard_normal((b, 6)), jnp.float32),
-                     jnp.asarray(rng.integers(0, 3, b), jnp.int32))
+                     jnp.asarray(rng.integers(0, classes, b), jnp.int32))
             g = grad_fn(params, batch)
+            if mean_of_means:
+                g = jax.tree_util.tree_map(lambda a, b=b: a / b, g)
             acc = g if acc is None else jax.tree_util.tree_map(jnp.add, acc, g)
             n += b
-        acc = jax.tree_util.tree_map(lambda a: a / n, acc)
+        acc = jax.tree_util.tree_map(lambda a: a / (2 if mean_of_means else n), acc)
         updates, state = tx.update(acc, state, params)
         params = optax.apply_updates(params, updates)
     if rec is not None:
         rec.close(params)
     return params
+
+
+def one_example(p, x):
+    return jnp.tanh(x @ p["w1"]) @ p["w2"]
+
+
+def vmapped_loop(out=None):
+    """sized_loop with a one-example forward mapped over the batch (jax.vmap)."""
+    return sized_loop(one_example, lambda f, p, x: jax.vmap(f, (None, 0))(p, x), out)
+
+
+def bf16_forward(p, x):
+    h = jnp.tanh(x.astype(jnp.bfloat16) @ p["w1"].astype(jnp.bfloat16))
+    return h @ p["w2"].astype(jnp.bfloat16)
+
+
+def bf16_loop(out=None, mean_of_means=False):
+    """sized_loop with a forward computing in bfloat16 from float32
+    parameters (its outputs bfloat16, as a mixed-precision model's)."""
+    return sized_loop(bf16_forward, lambda f, p, x: f(p, x), out, hidden=16, classes=4, seed=2,
+                      steps=5, mean_of_means=mean_of_means)
 
 
 def test_forward_under_vmap_full_path_taken(tmp_path, certify):
@@ -260,49 +284,6 @@ def test_forward_under_vmap_full_path_taken(tmp_path, certify):
     assert "PASS (contract tier)" in r.stdout, r.stdout + r.stderr
     for a, b in zip(jax.tree_util.tree_leaves(plain), jax.tree_util.tree_leaves(recorded)):
         assert np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
-
-
-def bf16_loop(out=None, mean_of_means=False, steps=5):
-    """A hand loop whose forward computes in bfloat16 from float32
-    parameters (its outputs bfloat16, as a mixed-precision model's),
-    micro-batches of 3 and 5 samples; recorded through rec.apply (out) or
-    not (None): the trained parameters."""
-    def forward(p, x):
-        h = jnp.tanh(x.astype(jnp.bfloat16) @ p["w1"].astype(jnp.bfloat16))
-        return h @ p["w2"].astype(jnp.bfloat16)
-    box = {"f": forward}
-
-    def summed(p, b):
-        logp = jax.nn.log_softmax(box["f"](p, b[0]).astype(jnp.float32))
-        return -jnp.sum(jnp.take_along_axis(logp, b[1][:, None], axis=1))
-    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=1e-2)
-    grad_fn = jax.jit(jax.grad(summed))
-    rec = None
-    if out is not None:
-        rec = ContractRecorder(summed, lambda b: len(b[1]), accumulation=2, out=str(out), lr=1e-2)
-        box["f"] = rec.apply(forward)
-        tx = rec.optimizer(tx)
-        grad_fn = rec.grad(grad_fn)
-    k1, k2 = jax.random.split(jax.random.PRNGKey(2))
-    params = {"w1": jax.random.normal(k1, (6, 16)), "w2": jax.random.normal(k2, (16, 4))}
-    state = tx.init(params)
-    rng = np.random.default_rng(2)
-    for _ in range(steps):
-        acc, n = None, 0
-        for b in (3, 5):
-            batch = (jnp.asarray(rng.standard_normal((b, 6)), jnp.float32),
-                     jnp.asarray(rng.integers(0, 4, b), jnp.int32))
-            g = grad_fn(params, batch)
-            if mean_of_means:
-                g = jax.tree_util.tree_map(lambda a, b=b: a / b, g)
-            acc = g if acc is None else jax.tree_util.tree_map(jnp.add, acc, g)
-            n += b
-        acc = jax.tree_util.tree_map(lambda a: a / (2 if mean_of_means else n), acc)
-        updates, state = tx.update(acc, state, params)
-        params = optax.apply_updates(params, updates)
-    if rec is not None:
-        rec.close(params)
-    return params
 
 
 def test_bfloat16_forward_judged_in_its_precision(tmp_path, certify):
