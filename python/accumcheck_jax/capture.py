@@ -108,8 +108,9 @@ def _jit_rare(jax, fn, options=RARE):
     then plain jax.jit); plain jax.jit on an accelerator or a jax without
     compiler_options (0.4.30).  With RARE a 2.1M-parameter MLP's float64
     gradient compiles and runs once in 0.10 s of CPU against 0.24 s at
-    level 0 alone, and runs 2 ms slower a call (measured: RARE above).  Only the recorder's numbers can change (by
-    rounding), never your run's."""
+    level 0 alone, and runs 2 ms slower a call (measured: RARE above).
+    Only the recorder's numbers can change (by rounding), never your
+    run's."""
     if jax.default_backend() != "cpu":
         return jax.jit(fn)
     try:

@@ -410,16 +410,16 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
 
     def _recorder_meta(self):
         """meta.csv's rows saying how this recorder measured (replay, recorder)."""
+        told = "the native tap" if self._told_ch is not None else "a host callback"
+        outputs = "; g_j read at the outputs of the forward rec.apply wrapped (outputs.py), " \
+            "the tap %s" % self.tap_kind if self.tapped else ""
         return [("replay", ("each step's update against the parameters seen next "
                             "(p + update, as optax.apply_updates adds it)")),
                 ("recorder", "accumcheck_jax: the gradient function (rec.grad: a program of "
                              "the recorder's beside yours, or an ordered io_callback in it) and "
                              "the optimizer's update (rec.optimizer: a call in its program, %s); "
-                             "%d coordinates kept of the parameters%s" % (
-                                 "the native tap" if self._told_ch is not None
-                                 else "a host callback", self.layout.d, "; g_j read at the outputs of the forward "
-                                 "rec.apply wrapped (outputs.py), the tap %s" % self.tap_kind
-                                 if self.tapped else ""))] + \
+                             "%d coordinates kept of the parameters%s" % (told, self.layout.d,
+                                                                           outputs))] + \
             ([("notes", " | ".join(self.notes))] if self.notes else [])
 
     def _fail(self, e):

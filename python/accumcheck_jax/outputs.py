@@ -168,15 +168,9 @@ class Outputs:
         jax, rec = self.jax, self
         self.tapped = True
         if self.tap_kind is None:
-            # The native tap on the CPU backend (the default backend: a
-            # program there has no accelerator to run on); elsewhere the
-            # operands are on the device, and a host callback hands them over.
-            lib, why = native.library(jax) if jax.default_backend() == "cpu" else (None, None)
-            if lib is not None:
-                self._channel = native.Channel(jax, lib)
-                self.tap_kind = "an XLA FFI call (native_tap.cc)"
-            else:
-                self.tap_kind = "a host callback" + (" (%s)" % why if why else "")
+            self._channel, why = self._native_channel()
+            self.tap_kind = "an XLA FFI call (native_tap.cc)" if self._channel is not None \
+                else "a host callback" + (" (%s)" % why if why else "")
 
         def tap(dtype, *ou):
             # The host callback's tap (no native tap).  No lock: the main
@@ -461,14 +455,22 @@ class Outputs:
         gradient function is traced into your program (its micro-batches
         then arrive by an ordered callback, which an update told later,
         at the recorder's next pull, would overtake)."""
-        if self.traced_grad or self.jax.default_backend() != "cpu":
+        if self.traced_grad:
             return None
         if self._told_ch is None:
-            lib, _ = native.library(self.jax)
-            if lib is None:
-                return None
-            self._told_ch = native.Channel(self.jax, lib)
+            self._told_ch, _ = self._native_channel()
         return self._told_ch
+
+    def _native_channel(self):
+        """(a new native.Channel, None) on jax's CPU backend (the default
+        backend: a program there has no accelerator to run on) where the
+        native tap loads; else (None, why not: None off the CPU backend,
+        where the operands are on the device and a host callback hands
+        them over)."""
+        if self.jax.default_backend() != "cpu":
+            return None, None
+        lib, why = native.library(self.jax)
+        return (native.Channel(self.jax, lib), None) if lib is not None else (None, why)
 
     def _take_told(self):
         """The updates whose programs were launched so far have run, and
