@@ -9,10 +9,11 @@ import copy
 import functools
 
 import torch
+from accumcheck_trace.heap import heap_trim
 
 from .batches import _compiled, _first, _on_device, _replaced, _same_values
 from .fit import EVIDENCE_WEIGHT_REL, U32
-from .guard import _never_raises, heap_trim
+from .guard import _never_raises
 from .outputs import _NotTheForward, _Output, _out_tensors, _output_dots, _tensors
 from .recompute import (_checkpoints_run_plain, _draw_once, _LossOf, _rng_states, _same_rng,
                         _set_rng_states, _to)

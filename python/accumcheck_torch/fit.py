@@ -8,8 +8,9 @@ import torch
 # evidence_weight_rel: which directions of a step fit the step does not
 # fix, _indistinct), one for every recorder.
 from accumcheck_trace.error_model import EVIDENCE_WEIGHT_REL, SUM_ULPS, U32
+from accumcheck_trace.heap import heap_trim
 
-from .guard import _never_raises, heap_trim
+from .guard import _never_raises
 from .sample import Coordinates
 from .trace import real
 
@@ -208,7 +209,7 @@ class StepFit:
 
     @_never_raises
     def _before_step(self):
-        heap_trim()  # before the optimizer's state and update (guard.heap_trim)
+        heap_trim()  # before the optimizer's state and update (accumcheck_trace.heap)
         self._ema_poll(at_step=True)
         self._flush_skip()  # a skipped window whose scaler.update() never came
         self._recompute_pending()
