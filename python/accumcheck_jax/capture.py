@@ -9,6 +9,8 @@ import sys
 import numpy as np
 from accumcheck_trace.trace import Refused
 
+from . import native
+
 
 def _jax():
     try:
@@ -259,12 +261,30 @@ def _told(jax, fn, state, *args, channel=None):
         args = [jax.numpy.asarray(a) for a in args]
         leaves[at] = leaves[at] + channel.zero(dtype, args, effect=True, handler=fn)
         return jax.tree_util.tree_unflatten(treedef, leaves)
-
-    def told(*a):
-        fn(*a)
-        return np.zeros((), dtype)
-    leaves[at] = leaves[at] + jax.pure_callback(told, jax.ShapeDtypeStruct((), dtype), *args)
+    leaves[at] = leaves[at] + jax.pure_callback(_Told(fn, dtype), jax.ShapeDtypeStruct((), dtype),
+                                                *args)
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+class _Told:
+    """_told's callback: fn(*args), then the dtype's zero.  Equal to another
+    of the same fn and dtype (jax compares a callback's function when it
+    caches the program that holds it: a new function at each call had an
+    optimizer update called outside jit compiled anew every step)."""
+
+    def __init__(self, fn, dtype):
+        self.fn, self.dtype = fn, np.dtype(dtype)
+        self._key = (native.same_handler(fn), self.dtype)
+
+    def __call__(self, *a):
+        self.fn(*a)
+        return np.zeros((), self.dtype)
+
+    def __eq__(self, other):
+        return isinstance(other, _Told) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
 
 
 def _lr_of(state):

@@ -15,6 +15,7 @@ is set, the tap stays a host callback and the recorder says so in
 meta.csv; the verdict is the same either way."""
 
 import ctypes
+import functools
 import hashlib
 import itertools
 import os
@@ -104,6 +105,14 @@ def library(jax):
         return _loaded
 
 
+def same_handler(handler):
+    """What makes two handlers the same: a functools.partial made anew at
+    each trace (the recorder's _arriving) by its function and arguments."""
+    if isinstance(handler, functools.partial):
+        return (handler.func, handler.args, tuple(sorted(handler.keywords.items())))
+    return handler
+
+
 class Channel:
     """A recorder's queue in the handler: the taps of its traced backwards
     (a site each: the layout of its operands), in the order your programs
@@ -114,6 +123,7 @@ class Channel:
         self.id = next(_channels)
         self.layouts = {}    # site -> [(shape, numpy dtype)] of its operands
         self.handlers = {}   # site -> the function told() hands them to
+        self.sites = {}      # (layout, handler) -> a side effect's site (zero())
         self.open = True
         lib.accumcheck_tap_open(self.id)
 
@@ -123,9 +133,22 @@ class Channel:
         for the program that holds it); handler: what pull() hands this
         site's operands to (told())."""
         jax = self.jax
-        site = next(_sites)
-        self.layouts[site] = [(tuple(x.shape), np.dtype(x.dtype)) for x in operands]
-        self.handlers[site] = handler
+        layout = [(tuple(x.shape), np.dtype(x.dtype)) for x in operands]
+        # A side effect's site is one for each layout and handler, not each
+        # trace: a site is an attribute of the call, so a new one each call
+        # had jax compile the call anew wherever it ran outside jit (an
+        # optimizer update called eagerly: a compilation every step,
+        # measured).  A call without side effect keeps a site of its own:
+        # XLA would merge two such calls of the same attributes and operands
+        # (a forward run twice), and the recorder counts them.
+        key = (tuple(layout), same_handler(handler)) if effect else None
+        site = self.sites.get(key) if effect else None
+        if site is None:
+            site = next(_sites)
+            self.layouts[site] = layout
+            self.handlers[site] = handler
+            if effect:
+                self.sites[key] = site
         call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((), dtype), has_side_effect=effect)
         return call(*operands, channel=np.int64(self.id), site=np.int64(site))
 
