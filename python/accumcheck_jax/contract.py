@@ -67,7 +67,7 @@ from accumcheck_trace.trace import (
 
 from .calibrate import Calibrate
 from .capture import _enable_x64, _host_call, _is_nnx, _jax, _Leaves, _lr_of, _pack, _told  # noqa: F401
-from .inbox import Inbox
+from .inbox import Inbox, _Compiles
 from .outputs import Outputs
 from .steps import Steps
 from .write import write
@@ -171,6 +171,7 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         self.draining = False
         self._lock = threading.Lock()
         self._outputs_init()
+        self._compiles = _Compiles(self.jax)  # when to hand the heap back (inbox.py _eager)
         self._recording = Recording(out, on_exit=self._abandon)
 
     # ---- wiring

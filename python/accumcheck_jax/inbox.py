@@ -11,6 +11,7 @@ import functools
 import weakref
 
 import numpy as np
+from accumcheck_trace.heap import heap_trim
 
 from .capture import _is_nnx, _pack
 
@@ -23,6 +24,53 @@ from .capture import _is_nnx, _pack
 # until the next calibration (the 10M decoder's peak at K = 4: 1,331-1,400
 # MB with them counted, 1,427-1,460 MB before).
 _INBOX_BYTES = 16 << 20
+
+
+# The event jax.monitoring reports for each program XLA compiles
+# (jax._src.dispatch.BACKEND_COMPILE_EVENT).
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class _Compiles:
+    """Whether jax compiled a program (yours or the recorder's) since the
+    recorder last asked: a listener on jax.monitoring's compile event.
+    Compiling is where glibc's heap grows in pieces (the compiler's
+    working memory freed around the buffers a program keeps), and the
+    heap the recorded run kept then made most of its peak above the plain
+    run's (docs/frameworks-jax-keras.md, memory); once nothing compiles,
+    a run's heap holds steady.  Where jax has no such listener, as if
+    every micro-batch followed a compilation."""
+
+    def __init__(self, jax):
+        self.since = True  # the first micro-batch: nothing seen yet
+        self._listener = None
+        mon = getattr(jax, "monitoring", None)
+        register = getattr(mon, "register_event_duration_secs_listener", None)
+        if register is None:
+            self.take = lambda: True
+            return
+
+        def listener(event, duration, **kwargs):
+            if event == _COMPILE_EVENT:
+                self.since = True
+        register(listener)
+        self._listener = (mon, listener)
+
+    def take(self):
+        seen, self.since = self.since, False
+        return seen
+
+    def close(self):
+        """The listener removed (where this jax can remove one)."""
+        if self._listener is not None:
+            mon, listener = self._listener
+            self._listener = None
+            remove = getattr(mon, "unregister_event_duration_listener", None)
+            if remove is not None:
+                try:
+                    remove(listener)
+                except Exception:  # noqa: BLE001 - jax's own bookkeeping: nothing to do
+                    pass
 
 
 def _held(taps):
@@ -69,6 +117,13 @@ class Inbox:
         if self.lazy and self.lazy * 3 * self.layout.d * 4 + _held(self.taps) + \
                 self._taps_held() >= _INBOX_BYTES:
             self._drain()
+        # The C heap's free pages handed back before your forward
+        # (accumcheck_trace.heap) when jax compiled a program since the last
+        # micro-batch (_Compiles): not every micro-batch, as each trim makes
+        # your next forward fault its working set in again (the 10M
+        # decoder: 1.8x your step's CPU trimmed every micro-batch).
+        if self._compiles.take():
+            heap_trim()
         out = fn(first, batch, *a, **k)
         c = out[1] if value_and_grad else out
         if self._output_path(first):

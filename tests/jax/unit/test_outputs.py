@@ -7,6 +7,7 @@ recorder says so in meta.csv and takes the full path."""
 import csv
 import os
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ import optax
 import pytest
 import train_optax
 from accumcheck_jax import ContractRecorder
-from accumcheck_jax import outputs
+from accumcheck_jax import inbox, native, outputs
 from accumcheck_jax.outputs import _dots_on_host, _fit_dots
 from accumcheck_trace import error_model
 
@@ -207,8 +208,9 @@ def test_dots_on_the_device_match_the_host(tmp_path, host_dots):
 
 
 def sized_loop(forward, logits_of, out=None, hidden=8, classes=3, seed=1, steps=4,
-               mean_of_means=False):
-    """A hand loop over micro-batches of 3 and 5 samples (K = 2), its loss
+               mean_of_means=False, sizes=None):
+    """A hand loop over micro-batches of 3 and 5 samples (K = 2; sizes: each
+    step's pair instead), its loss
     the summed cross-entropy of logits_of(f, params, x), f the forward
     (wrapped by rec.apply when recorded to out, else None); each window's
     gradient divided by its samples (or, mean_of_means, each micro-batch's
@@ -230,9 +232,9 @@ def sized_loop(forward, logits_of, out=None, hidden=8, classes=3, seed=1, steps=
     params = {"w1": jax.random.normal(k1, (6, hidden)), "w2": jax.random.normal(k2, (hidden, classes))}
     state = tx.init(params)
     rng = np.random.default_rng(seed)
-    for _ in range(steps):
+    for step in range(steps):
         acc, n = None, 0
-        for b in (3, 5):
+        for b in (sizes[step] if sizes else (3, 5)):
             batch = (jnp.asarray(rng.standard_normal((b, 6)), jnp.float32),
                      jnp.asarray(rng.integers(0, classes, b), jnp.int32))
             g = grad_fn(params, batch)
@@ -304,3 +306,57 @@ def test_bfloat16_forward_judged_in_its_precision(tmp_path, certify):
     r = certify(tmp_path / "m")
     assert "FAIL (contract tier)" in r.stdout and "diagnosis: matches sample-mean-of-means" \
         in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("tap", ["native", "callback"])
+def test_heap_handed_back_only_after_a_compilation(tmp_path, monkeypatch, tap):
+    """The recorder hands glibc's free heap back (accumcheck_trace.heap)
+    before a micro-batch only when jax compiled a program since the last
+    one (inbox._Compiles): at the first micro-batch, while the loop's
+    programs first compile, and after a micro-batch of a new size
+    recompiled your gradient; never in the windows between, where each
+    trim would only make your forward fault its memory in again.  The
+    optimizer update, called outside jit here, compiles once, through
+    either tap (its call was compiled anew every step)."""
+    if tap == "callback":
+        monkeypatch.setattr(native, "library", lambda jax: (None, "made to say no here"))
+    at = []
+
+    def counted():
+        at.append(sys._getframe(1).f_locals["self"].n_backward)
+    monkeypatch.setattr(inbox, "heap_trim", counted)
+    sizes = [(3, 5)] * 5 + [(4, 5)]
+    sized_loop(lambda p, x: jnp.tanh(x @ p["w1"]) @ p["w2"], lambda f, p, x: f(p, x),
+               tmp_path / "trace", steps=6, sizes=sizes)
+    assert at[0] == 0
+    assert not [j for j in at if 4 <= j <= 9], at  # windows 3 to 5 and the 6th's first
+    # The 4's own call follows its batch's first conversion to that shape
+    # (where no earlier test made one), the next follows its gradient's.
+    assert 11 in at, at
+
+
+def test_compiles_listener_sees_compilations_until_closed():
+    """inbox._Compiles: true at first, false once taken, true again after
+    jax compiles a program, and deaf once closed."""
+    c = inbox._Compiles(jax)
+    assert c.take() and not c.take()
+    jax.jit(lambda x: x * 3.0 + 1.0)(jnp.ones(7)).block_until_ready()
+    assert c.take() and not c.take()
+    c.close()
+    jax.jit(lambda x: x * 5.0 - 2.0)(jnp.ones(7)).block_until_ready()
+    assert not c.take()
+
+
+def test_heap_trim_only_with_enough_free_heap(monkeypatch):
+    """accumcheck_trace.heap.heap_trim calls glibc's malloc_trim(0) only
+    when mallinfo2 says at least HEAP_TRIM_FREE_BYTES are free."""
+    from types import SimpleNamespace
+
+    from accumcheck_trace import heap
+    calls, free = [], [heap.HEAP_TRIM_FREE_BYTES - 1]
+    monkeypatch.setattr(heap, "_TRIM", [(calls.append, lambda: SimpleNamespace(fordblks=free[0]))])
+    heap.heap_trim()
+    assert calls == []
+    free[0] = heap.HEAP_TRIM_FREE_BYTES
+    heap.heap_trim()
+    assert calls == [0]
