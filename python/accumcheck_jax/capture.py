@@ -9,8 +9,6 @@ import sys
 import numpy as np
 from accumcheck_trace.trace import Refused
 
-from . import native
-
 
 def _jax():
     try:
@@ -274,7 +272,7 @@ class _Told:
 
     def __init__(self, fn, dtype):
         self.fn, self.dtype = fn, np.dtype(dtype)
-        self._key = (native.same_handler(fn), self.dtype)
+        self._key = (fn, self.dtype)
 
     def __call__(self, *a):
         self.fn(*a)

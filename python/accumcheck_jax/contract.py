@@ -172,6 +172,7 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         self._lock = threading.Lock()
         self._outputs_init()
         self._compiles = _Compiles(self.jax)  # when to hand the heap back (inbox.py _eager)
+        self._arrivals = {}      # handler -> its callback function (inbox.py _arriving)
         self._recording = Recording(out, on_exit=self._abandon)
 
     # ---- wiring
@@ -358,7 +359,7 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
             self._refuse("ContractRecorder.close: no micro-batch gradient was recorded: call the "
                          "function rec.grad(...) returned for each micro-batch")
         self.closed = True
-        self._close_taps()
+        self._release()
         write(self)
         self._recording.done()
 
@@ -438,8 +439,14 @@ class ContractRecorder(Outputs, Calibrate, Inbox, Steps):
         self._abandon("the recorder refused: " + message)
         raise Refused(message)
 
+    def _release(self):
+        """What the recording holds outside itself let go: the native
+        queues (outputs.py _close_taps), jax's compile listener."""
+        self._close_taps()
+        self._compiles.close()
+
     def _abandon(self, why):
-        self._close_taps()  # (outputs.py) and the updates' channel
+        self._release()
         if not self.closed:
             self.closed = True
             self._recording.end(why)

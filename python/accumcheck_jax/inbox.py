@@ -46,8 +46,8 @@ class _Compiles:
         self._listener = None
         mon = getattr(jax, "monitoring", None)
         register = getattr(mon, "register_event_duration_secs_listener", None)
-        if register is None:
-            self.take = lambda: True
+        self.always = register is None
+        if self.always:
             return
 
         def listener(event, duration, **kwargs):
@@ -58,7 +58,7 @@ class _Compiles:
 
     def take(self):
         seen, self.since = self.since, False
-        return seen
+        return seen or self.always
 
     def close(self):
         """The listener removed (where this jax can remove one)."""
@@ -177,8 +177,15 @@ class Inbox:
 
     def _arriving(self, handler):
         """handler as a callback's function: taken in at once when nothing
-        told before it waits in the inbox, else queued behind it."""
-        return functools.partial(self._arrive, handler)
+        told before it waits in the inbox, else queued behind it.  One
+        function per handler, the same at every trace: jax compiles a
+        program anew for a call of another function (the native tap's site,
+        capture._Told), which had an optimizer update called outside jit
+        compiled at every step."""
+        fn = self._arrivals.get(handler)
+        if fn is None:
+            fn = self._arrivals[handler] = functools.partial(self._arrive, handler)
+        return fn
 
     def _arrive(self, handler, *args):
         """Inside your program's host callback: an error here ends the

@@ -15,7 +15,6 @@ is set, the tap stays a host callback and the recorder says so in
 meta.csv; the verdict is the same either way."""
 
 import ctypes
-import functools
 import hashlib
 import itertools
 import os
@@ -105,14 +104,6 @@ def library(jax):
         return _loaded
 
 
-def same_handler(handler):
-    """What makes two handlers the same: a functools.partial made anew at
-    each trace (the recorder's _arriving) by its function and arguments."""
-    if isinstance(handler, functools.partial):
-        return (handler.func, handler.args, tuple(sorted(handler.keywords.items())))
-    return handler
-
-
 class Channel:
     """A recorder's queue in the handler: the taps of its traced backwards
     (a site each: the layout of its operands), in the order your programs
@@ -141,7 +132,7 @@ class Channel:
         # measured).  A call without side effect keeps a site of its own:
         # XLA would merge two such calls of the same attributes and operands
         # (a forward run twice), and the recorder counts them.
-        key = (tuple(layout), same_handler(handler)) if effect else None
+        key = (tuple(layout), handler) if effect else None
         site = self.sites.get(key) if effect else None
         if site is None:
             site = next(_sites)

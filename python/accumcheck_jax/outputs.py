@@ -443,11 +443,7 @@ class Outputs:
         return self._channel.held() if self._channel is not None else 0
 
     def _close_taps(self):
-        """The native queues freed, their channels forgotten, the compile
-        listener removed (the recording ended)."""
-        compiles = getattr(self, "_compiles", None)
-        if compiles is not None:
-            compiles.close()
+        """The native queues freed, their channels forgotten (the recording ended)."""
         for ch in (getattr(self, "_channel", None), getattr(self, "_told_ch", None)):
             if ch is not None:
                 ch.close()

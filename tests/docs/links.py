@@ -48,7 +48,11 @@ def lines_outside_fences(path):
                 yield n, line
 
 
-def anchors(path, cache={}):  # noqa: B006 -- one parse a page per run
+_ANCHORS = {}  # page -> its anchors, each page parsed once a run
+
+
+def anchors(path, cache=_ANCHORS):
+    """The anchors a link into page `path` may name."""
     if path not in cache:
         found, seen = set(), {}
         for _, line in lines_outside_fences(path):
